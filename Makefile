@@ -1,0 +1,100 @@
+# train_gpt: host code in C11 (gcc), device code in CUDA (nvcc), one binary.
+#
+#   make              build ./train_gpt (needs the CUDA toolkit, not a GPU)
+#   make train        train configs/tiny.json (GPU if there is one, else CPU)
+#   make test         build and run every test (GPU tests run only where a GPU is present)
+#
+# Variables you may set:
+#   CUDA_HOME=/usr/local/cuda       toolkit location
+#   GPU_ARCH="-gencode arch=compute_90a,code=sm_90a"   device code target (Hopper by default)
+#   CJSON_PREFIX=dir                cJSON under dir/include and dir/lib instead of the system's
+#   MPI=0                           build without MPI even where mpicc exists
+#   SETUP=0                         never try to install missing packages
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CC        ?= gcc
+GPU_ARCH  ?= -gencode arch=compute_90a,code=sm_90a
+BUILD     := build
+
+# --- prerequisites: one line naming what is missing; on Debian/Ubuntu as root, install it -----
+SETUP ?= 1
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+PREREQ := $(shell SETUP=$(SETUP) CUDA_HOME=$(CUDA_HOME) CJSON_PREFIX=$(CJSON_PREFIX) sh scripts/check_prereqs.sh >&2; echo $$?)
+ifneq ($(PREREQ),0)
+$(error prerequisites missing (see the line above))
+endif
+endif
+
+# --- cJSON -------------------------------------------------------------------------------------
+ifneq ($(CJSON_PREFIX),)
+CJSON_CFLAGS := -I$(CJSON_PREFIX)/include
+CJSON_LIBS   := -L$(CJSON_PREFIX)/lib -Wl,-rpath,$(abspath $(CJSON_PREFIX))/lib -lcjson
+else
+CJSON_CFLAGS :=
+CJSON_LIBS   := -lcjson
+endif
+
+# --- MPI (optional) ----------------------------------------------------------------------------
+MPI ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+ifeq ($(MPI),1)
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null || mpicc -compile_info 2>/dev/null | cut -d' ' -f2-) -DUSE_MPI
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null || mpicc -link_info 2>/dev/null | cut -d' ' -f2-)
+endif
+
+# --- flags -------------------------------------------------------------------------------------
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc \
+            -I$(CUDA_HOME)/include $(CJSON_CFLAGS) $(MPI_CFLAGS)
+NVFLAGS  ?= -O3 -lineinfo
+NVFLAGS  += -std=c++17 $(GPU_ARCH) -Isrc $(CJSON_CFLAGS) -Xcompiler -fopenmp
+LDLIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lnccl \
+            $(CJSON_LIBS) $(MPI_LIBS) -fopenmp -lm -lpthread -ldl
+
+# --- sources -----------------------------------------------------------------------------------
+C_SRCS   := $(filter-out src/train_gpt.c,$(wildcard src/*.c))
+CU_SRCS  := $(wildcard src/*.cu)
+OBJS     := $(C_SRCS:src/%.c=$(BUILD)/obj/%.o) $(CU_SRCS:src/%.cu=$(BUILD)/obj/%.cu.o)
+LIB      := $(BUILD)/libtraingpt.a
+HEADERS  := $(wildcard src/*.h)
+
+TEST_C   := $(wildcard test/test_*.c)
+TEST_CU  := $(wildcard test/test_*.cu)
+TESTS    := $(TEST_C:test/%.c=$(BUILD)/tests/%) $(TEST_CU:test/%.cu=$(BUILD)/tests/%)
+
+.PHONY: all train test tests clean
+all: train_gpt
+
+$(BUILD)/obj/%.o: src/%.c $(HEADERS) | $(BUILD)/obj
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: src/%.cu $(HEADERS) | $(BUILD)/obj
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(LIB): $(OBJS)
+	rm -f $@ && ar rcs $@ $^
+
+train_gpt: src/train_gpt.c $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) src/train_gpt.c $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: test/%.c $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
+	$(CC) $(CFLAGS) -Itest $< $(LIB) $(LDLIBS) -o $@
+
+# .cu tests are host programs that use CUDA's own headers (e.g. cuda_fp8.h's host conversions)
+# and, when a GPU is present, kernels.
+$(BUILD)/tests/%: test/%.cu $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
+	$(NVCC) $(NVFLAGS) -Itest $< $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/obj $(BUILD)/tests:
+	mkdir -p $@
+
+tests: train_gpt $(TESTS)
+
+test: tests
+	sh test/run_tests.sh
+
+train: train_gpt
+	./train_gpt --config configs/tiny.json
+
+clean:
+	rm -rf $(BUILD) train_gpt

@@ -1,0 +1,158 @@
+// config.h: the typed run configuration, read from JSON (config.c) and validated strictly.
+//
+// The JSON file has these sections, every key optional unless marked (defaults in config.c):
+//   description   string, free text
+//   model         vocab_size (50257; padded up to a multiple of 128 for the embedding and head),
+//                 d_model*, n_layer*, n_head*, ffn_hidden* (SwiGLU hidden width), seq_len*,
+//                 position ("rope" | "none"), rope_theta (10000), qk_norm (false),
+//                 tied_embeddings (false), norm_eps (1e-5), init_std (0.02)
+//   data          train (glob, required for training), val (glob), shuffle (true), seed (1337)
+//   train         device ("auto" | "cpu" | "gpu"), micro_batch (sequences per rank per
+//                 micro-step), batch_tokens (global tokens per optimizer step; 0 = one
+//                 micro-batch per rank), steps, lr, min_lr_ratio, warmup_steps, schedule
+//                 ("cosine" | "linear" | "wsd" | "constant"), wsd_decay_fraction, weight_decay,
+//                 beta1, beta2, eps, grad_clip (0 = off), seed, recompute (false), threads (0=all)
+//   precision     attention ("fp32" | "bf16" | "fp8_naive" | "fp8_hybrid" | "fp8_dm" |
+//                 "fp8_dm_approx"), attention_grad_format ("e4m3" | "e5m2"), attention_scaling
+//                 ("block" | "delayed"), attention_p_scale (256, a power of two),
+//                 attention_amax_history (16), attention_block_q (128), attention_block_k (128),
+//                 linear ("bf16" | "fp8_tensor" | "fp8_block"), linear_grad_format
+//   eval          interval (steps; 0 = only at the end), batches, sample_interval (0 = off),
+//                 sample_tokens
+//   checkpoint    dir ("" = <log.dir>/checkpoints), interval (steps; 0 = only at the end),
+//                 keep (last N kept)
+//   log           dir (the run directory, "runs/<config name>"), interval (progress line every
+//                 N steps), metrics_file ("metrics.jsonl", inside log.dir)
+#ifndef CONFIG_H
+#define CONFIG_H
+
+#include "common.h"  // ErrBuf
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_GPU } DeviceKind;
+typedef enum { POS_ROPE = 0, POS_NONE } PositionKind;
+typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_WSD, SCHED_CONSTANT } ScheduleKind;
+
+// Attention precisions of ../shared/design/fp8-attention.md section 3 (plus fp32, the exact
+// CPU reference, and fp8_dm_approx, the ablation).
+typedef enum {
+    ATTN_FP32 = 0,
+    ATTN_BF16,
+    ATTN_FP8_NAIVE,
+    ATTN_FP8_HYBRID,
+    ATTN_FP8_DM,
+    ATTN_FP8_DM_APPROX,
+    ATTN_N_PRECISIONS
+} AttnPrecision;
+typedef enum { GRADFMT_E4M3 = 0, GRADFMT_E5M2 } GradFormat;
+typedef enum { SCALING_BLOCK = 0, SCALING_DELAYED } ScalingKind;
+typedef enum { LINEAR_BF16 = 0, LINEAR_FP8_TENSOR, LINEAR_FP8_BLOCK } LinearPrecision;
+
+typedef struct {
+    int vocab_size;         // real vocabulary (GPT-2: 50257)
+    int padded_vocab_size;  // derived: vocab_size rounded up to a multiple of 128
+    int d_model, n_layer, n_head, head_dim /* derived: d_model / n_head */, ffn_hidden;
+    int seq_len;
+    PositionKind position;
+    double rope_theta;
+    int qk_norm, tied_embeddings;
+    double norm_eps, init_std;
+} ModelConfig;
+
+typedef struct {
+    char train[1024], val[1024];  // glob patterns of llm.c token shards
+    int shuffle;
+    unsigned long long seed;
+} DataConfig;
+
+typedef struct {
+    DeviceKind device;
+    int micro_batch;
+    long long batch_tokens;  // 0 = micro_batch * seq_len * world_size
+    int steps;
+    double lr, min_lr_ratio;
+    int warmup_steps;
+    ScheduleKind schedule;
+    double wsd_decay_fraction;
+    double weight_decay, beta1, beta2, eps, grad_clip;
+    unsigned long long seed;
+    int recompute;
+    int threads;
+} TrainConfig;
+
+typedef struct {
+    AttnPrecision attention;
+    GradFormat attention_grad_format;
+    ScalingKind attention_scaling;
+    double attention_p_scale;
+    int attention_amax_history;
+    int attention_block_q, attention_block_k;
+    LinearPrecision linear;
+    GradFormat linear_grad_format;
+} PrecisionConfig;
+
+typedef struct {
+    int interval, batches, sample_interval, sample_tokens;
+} EvalConfig;
+
+typedef struct {
+    char dir[1024];
+    int interval, keep;
+} CheckpointConfig;
+
+typedef struct {
+    char dir[1024];
+    int interval;
+    char metrics_file[256];
+} LogConfig;
+
+typedef struct {
+    char source_path[1024];  // the file it was read from ("" for built-in defaults)
+    char description[1024];
+    ModelConfig model;
+    DataConfig data;
+    TrainConfig train;
+    PrecisionConfig precision;
+    EvalConfig eval;
+    CheckpointConfig checkpoint;
+    LogConfig log;
+} Config;
+
+// Fills every field with its default (model sizes 0: they must come from the file).
+void config_defaults(Config *c);
+
+// Reads and validates a JSON config file, then applies overrides ("section.key=value", parsed
+// as JSON when it parses, else as a string) in order, then validates the result. Returns 0, or
+// -1 with a message that names the file, the full key path (e.g. "model.n_head") and what was
+// expected (for an unknown key: the keys allowed there).
+int config_load(const char *path, const char *const *overrides, int n_overrides, Config *out, ErrBuf *e);
+
+// The same, from a JSON text in memory (name is used in messages in place of a file name).
+int config_parse(const char *json_text, const char *name, const char *const *overrides,
+                 int n_overrides, Config *out, ErrBuf *e);
+
+// Cross-field validation (also run by config_load/parse).
+int config_validate(const Config *c, ErrBuf *e);
+
+// The resolved config (every key, defaults filled in) as a JSON text; caller frees.
+char *config_to_json(const Config *c);
+
+// Writes the resolved config to dir/config.json atomically.
+int config_write_resolved(const Config *c, const char *dir, ErrBuf *e);
+
+// Names of enum values as they appear in JSON ("fp8_dm", "e5m2", ...).
+const char *attn_precision_name(AttnPrecision p);
+int attn_precision_from_name(const char *s, AttnPrecision *out);  // 0 ok, -1 unknown
+const char *grad_format_name(GradFormat f);
+const char *scaling_name(ScalingKind s);
+const char *schedule_name(ScheduleKind s);
+const char *linear_precision_name(LinearPrecision p);
+const char *device_name(DeviceKind d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // CONFIG_H

@@ -1,0 +1,50 @@
+// model_cpu.h: the CPU reference backend: the whole GPT of model.h, forward and backward in FP32,
+// with the attention precision of the config emulated by attention_cpu.c. Slow and obviously
+// correct; it trains tiny configs and is the oracle for the GPU backend.
+#ifndef MODEL_CPU_H
+#define MODEL_CPU_H
+
+#include <stdint.h>  // int32_t tokens
+
+#include "attention_cpu.h"  // AttnOptions, AttnDelayedState, AttnStats
+#include "config.h"         // Config
+#include "model.h"          // ParamTable
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    Config cfg;            // copy of the validated config
+    ParamTable table;
+    float *params;         // (table.total) FP32 parameters
+    float *grads;          // (table.total) FP32 gradients, accumulated by backward
+    int B, T;              // micro-batch shape the activations were sized for
+    AttnOptions attn;
+    AttnDelayedState *attn_delayed;  // (n_layer) delayed-scaling state
+    AttnStats attn_stats;            // summed over the last backward
+    void *acts;            // activation storage, private to model_cpu.c
+} CpuModel;
+
+// Allocates parameters (initialised with params_init(seed)), gradients and activations for
+// micro-batches of B sequences of T tokens (T <= model.seq_len).
+void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long long seed);
+void cpu_model_free(CpuModel *m);
+
+// Forward: tokens, targets (B, T) int32; targets < 0 are ignored. Returns the mean loss over
+// counted targets. Keeps the activations for backward.
+float cpu_model_forward(CpuModel *m, const int32_t *tokens, const int32_t *targets);
+
+// Backward of the last forward: ADDS d(loss * loss_scale)/d(params) into m->grads (so several
+// micro-batches accumulate; pass loss_scale = 1/grad_accum).
+void cpu_model_backward(CpuModel *m, float loss_scale);
+
+void cpu_model_zero_grad(CpuModel *m);
+
+// Logits of the last position only, for sampling: tokens (1, t) with t <= T; logits (Vp).
+void cpu_model_next_logits(CpuModel *m, const int32_t *tokens, int t, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MODEL_CPU_H
