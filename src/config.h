@@ -137,6 +137,12 @@ int config_parse(const char *json_text, const char *name, const char *const *ove
 // Cross-field validation (also run by config_load/parse).
 int config_validate(const Config *c, ErrBuf *e);
 
+// Fills the derived fields (model.padded_vocab_size, model.head_dim) and the default
+// directories (log.dir "" -> runs/<source_path's name without .json> or runs/default;
+// checkpoint.dir "" -> <log.dir>/checkpoints). Done by config_load/parse; call it after changing
+// a Config in code, before config_validate.
+void config_derive(Config *c);
+
 // The resolved config (every key, defaults filled in) as a JSON text; caller frees.
 char *config_to_json(const Config *c);
 
