@@ -11,6 +11,14 @@
 // the windows of B*T tokens in a seeded permutation; rank r of W takes every W-th window, so
 // ranks read disjoint slices. The whole position is a few integers (DataLoaderState) that a
 // checkpoint saves and restores exactly.
+//
+// Details: a shard of n tokens has (n - 1) / (B*T) windows; window w is tokens
+// [w*B*T, w*B*T + B*T + 1). Every rank takes n_windows / W windows of each shard (the last
+// n_windows % W of that epoch's order are skipped; with shuffle they change every epoch), so all
+// ranks move in lockstep and DataLoaderState is identical on every rank. A shard with fewer
+// windows than ranks gives each rank one window and ranks wrap (rank r reads window
+// r % n_windows), so windows repeat across ranks there. Orders come from splitmix64 keyed by
+// (seed, epoch) for shards and (seed, epoch, file index) for windows.
 #ifndef DATALOADER_H
 #define DATALOADER_H
 
@@ -40,8 +48,10 @@ typedef struct {
     int *shard_order;       // (n_files) this epoch's permutation
     long long cur_file;     // index into files of the loaded shard, -1 if none
     uint32_t *tokens;       // tokens of the loaded shard
-    long long *window_order;// this shard's window permutation
+    long long *window_order;// (n_windows) this shard's window permutation
     long long n_windows;
+    long long order_epoch;  // epoch shard_order was made for, -1 if none
+    long long window_epoch; // epoch window_order was made for, -1 if none
 } DataLoader;
 
 // Opens every shard matching pattern and validates it; returns 0 or -1 with a message naming
@@ -56,6 +66,11 @@ void dataloader_next(DataLoader *dl, int32_t *inputs, int32_t *targets);
 // Back to the start of the first epoch (validation uses the same windows every time).
 void dataloader_reset(DataLoader *dl);
 
+// Batches (calls to dataloader_next) in one epoch of this rank (the same on every rank).
+long long dataloader_batches_per_epoch(const DataLoader *dl);
+
+// The state names the NEXT window to serve; it is identical on every rank. set_state adopts the
+// saved seed too (the seed is part of the position).
 void dataloader_get_state(const DataLoader *dl, DataLoaderState *s);
 // Restores a saved position; returns -1 with a message if it does not fit these shards.
 int dataloader_set_state(DataLoader *dl, const DataLoaderState *s, ErrBuf *e);
