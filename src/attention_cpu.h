@@ -12,6 +12,9 @@
 #include "config.h"  // AttnPrecision, ScalingKind
 #include "fp8.h"     // Fp8Format
 
+#include <stddef.h>  // size_t
+#include <stdint.h>  // uint64_t
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,8 +35,8 @@ typedef enum { CAST_Q = 0, CAST_K, CAST_V, CAST_DO, CAST_P, CAST_DS, ATTN_N_CAST
 
 // Delayed scaling (scaling == SCALING_DELAYED): per layer, per tensor (Q, K, V, dO) an amax
 // history of the previous `len` steps; the scale of a step comes from the max of the history
-// (from the step's own amax while the history is empty). cur_amax collects this step's amax
-// over all heads; attn_delayed_commit() pushes it into the history at the end of a step.
+// (while the history is empty, i.e. on the first step, from the head's own amax). cur_amax
+// collects this step's amax over all heads; attn_delayed_commit() pushes it into the history at the end of a step.
 #define ATTN_MAX_AMAX_HISTORY 64
 typedef struct {
     int len, pos, filled;
@@ -43,11 +46,25 @@ typedef struct {
 void attn_delayed_init(AttnDelayedState *s, int history_len);
 void attn_delayed_commit(AttnDelayedState *s);
 
-// Counters a call adds to (callers zero them).
+// Block scaling: one scale per ATTN_SCALE_BLOCK tokens of the head's sequence for Q, K, V, dO,
+// independent of the kernel's block_q / block_k.
+#define ATTN_SCALE_BLOCK 128
+
+// Counters a call adds to (callers zero them). FP8 casts only (BF16 roundings are not counted).
+// Q, K, V casts are counted by the forward (the backward re-derives the same values); P by both
+// (forward PV, backward dV); dO and dS by the backward.
+//
+// Row-sum residual. resid_max is spec §4.1's max_i |sum_j dS_ij| / sum_j |dS_ij|, measured on
+// the FP32 dS before its cast (sums in FP64). For nearly one-hot rows (sharp attention, early
+// rows) dS itself is below FP32 resolution and that ratio is rounding noise, up to 1 even in the
+// fp32 mode; resid_cancel_max divides the same sum by the size of the terms that cancel in it,
+// sum_j P_ij (|dP_ij| + |D_i|) (sum_j dS_ij = sum_j P dP - D sum_j P), which is what FP32
+// rounding bounds: ~1e-7 for fp8_dm and fp32, 1e-3..1 for fp8_naive. Tests assert on it.
 typedef struct {
     long long saturated[ATTN_N_CASTS];  // values whose |x*s| exceeded the format's max
     long long casts[ATTN_N_CASTS];      // values cast
     double resid_max;                   // max over rows of |sum_j dS_ij| / sum_j |dS_ij|
+    double resid_cancel_max;            // max over rows of |sum_j dS_ij| / sum_j P_ij(|dP_ij|+|D_i|)
 } AttnStats;
 
 // Forward. q, k, v: (T, d). o: (T, d) output, stored as the GPU stores it (BF16-rounded in every
@@ -63,14 +80,40 @@ void attn_cpu_backward(const AttnOptions *opt, AttnDelayedState *ds, int T, int 
                        const float *lse, const float *dout, float *dq, float *dk, float *dv,
                        AttnStats *st, float *row_resid);
 
+// The FP8 operand as the kernels see it (which = CAST_Q, CAST_K, CAST_V or CAST_DO; fmt E4M3 for
+// Q, K, V, the grad format for dO): xhat = fp8(x*s)/s with s from the 128-token block's amax
+// (block scaling) or from the delayed state's history (delayed; that step's amax collected into
+// ds->cur_amax when update_amax). x, xhat: (T, d). scales (optional): (ceil(T/128)) the scale of
+// each 128-token block. Counts casts and saturations into st (optional).
+void attn_quantize_operand(const AttnOptions *opt, AttnDelayedState *ds, AttnCast which,
+                           Fp8Format fmt, int T, int d, const float *x, float *xhat,
+                           float *scales, AttnStats *st, int update_amax);
+
 // FP64 reference on the unquantized inputs (for tests and attn-check).
 void attn_ref_forward_f64(int T, int d, const double *q, const double *k, const double *v,
                           double *o, double *lse);
 void attn_ref_backward_f64(int T, int d, const double *q, const double *k, const double *v,
                            const double *dout, double *dq, double *dk, double *dv);
 
-// `train_gpt attn-check [--T N] [--d N] [--seed N] [--grad-format e4m3|e5m2] [--device cpu]`:
-// prints spec §4's table. Returns the process exit status.
+// One precision on one input set, against an FP64 reference computed by the caller on the same
+// unquantized inputs (attn_ref_*): forward + backward with a fresh delayed state, then the
+// row-sum residual (median and max over rows) and relative L2 errors of O, dQ, dK, dV.
+typedef struct {
+    double resid_median, resid_max;
+    double err_o, err_dq, err_dk, err_dv;
+    AttnStats stats;
+} AttnEval;
+void attn_eval_mode(const AttnOptions *opt, int T, int d, const float *q, const float *k,
+                    const float *v, const float *dout, const double *ref_o, const double *ref_dq,
+                    const double *ref_dk, const double *ref_dv, AttnEval *out);
+
+// n draws of N(0,1) from a seeded generator (splitmix64 + Box-Muller): the inputs of attn-check.
+void attn_fill_normal(float *x, size_t n, uint64_t seed);
+
+// `train_gpt attn-check [--T N] [--d N] [--seed N] [--grad-format e4m3|e5m2] [--block-q N]
+// [--block-k N] [--device cpu|gpu]` (argv[0] = "attn-check"): prints spec §4's table. Returns the
+// process exit status: 0, 1 (bad option or the fp8_dm invariant broken), 2 (--device gpu, not
+// built yet).
 int cmd_attn_check(int argc, char **argv);
 
 #ifdef __cplusplus
