@@ -13,7 +13,9 @@
 
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
-CC        ?= gcc
+ifeq ($(origin CC),default)
+CC        := gcc
+endif
 GPU_ARCH  ?= -gencode arch=compute_90a,code=sm_90a
 BUILD     := build
 
