@@ -22,7 +22,7 @@ typedef struct {
     int B, T;              // micro-batch shape the activations were sized for
     AttnOptions attn;
     AttnDelayedState *attn_delayed;  // (n_layer) delayed-scaling state
-    AttnStats attn_stats;            // summed over the last backward
+    AttnStats attn_stats;            // summed over the last forward and its backward
     void *acts;            // activation storage, private to model_cpu.c
 } CpuModel;
 
@@ -32,12 +32,19 @@ void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long lo
 void cpu_model_free(CpuModel *m);
 
 // Forward: tokens, targets (B, T) int32; targets < 0 are ignored. Returns the mean loss over
-// counted targets. Keeps the activations for backward.
+// counted targets. Keeps the activations for backward. The LM head is fused with the loss (as on
+// the GPU), so this already computes the head's gradients (unscaled, kept privately); backward
+// applies loss_scale to them. Token or target ids >= vocab_size are an internal error (FATAL).
 float cpu_model_forward(CpuModel *m, const int32_t *tokens, const int32_t *targets);
 
 // Backward of the last forward: ADDS d(loss * loss_scale)/d(params) into m->grads (so several
 // micro-batches accumulate; pass loss_scale = 1/grad_accum).
 void cpu_model_backward(CpuModel *m, float loss_scale);
+
+// Forward only, for evaluation: the same loss as cpu_model_forward (bit for bit) without
+// preparing a backward (the fused LM head then costs a third). A following
+// cpu_model_backward is an error.
+float cpu_model_loss(CpuModel *m, const int32_t *tokens, const int32_t *targets);
 
 void cpu_model_zero_grad(CpuModel *m);
 

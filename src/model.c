@@ -1,0 +1,276 @@
+// model.c: the GPT definition shared by both backends: the parameter table, seeded
+// initialisation, FLOP count, the per-GPU memory plan and the `--dry-run` summary.
+#include "model.h"
+
+#include <math.h>    // sqrt for the residual init scale
+#include <stdint.h>  // uint64_t for the generator
+#include <string.h>  // memset, snprintf
+
+#include "common.h"  // xcalloc, FATAL
+
+// --- parameter table -----------------------------------------------------------------------------
+
+static void add_param(ParamTable *t, int *cap, ParamKind kind, int layer, const char *name,
+                      long rows, long cols, InitKind init) {
+    if (t->n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        t->p = xrealloc(t->p, sizeof(ParamDesc) * (size_t)*cap);
+    }
+    ParamDesc *d = &t->p[t->n];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "%s", name);
+    d->kind = kind;
+    d->layer = layer;
+    d->ndim = cols > 1 ? 2 : 1;
+    d->rows = rows;
+    d->cols = cols;
+    d->numel = (size_t)rows * (size_t)cols;
+    d->offset = t->total;
+    d->init = init;
+    d->weight_decay = d->ndim == 2;
+    t->index[kind][layer < 0 ? 0 : layer] = t->n;
+    t->total += d->numel;
+    t->n++;
+}
+
+void param_table_build(ParamTable *t, const ModelConfig *m) {
+    if (m->n_layer < 1 || m->n_layer > 1024)
+        FATAL("param_table_build: n_layer %d outside [1, 1024] (the config should have been validated)", m->n_layer);
+    memset(t, 0, sizeof *t);
+    memset(t->index, 0xff, sizeof t->index);  // -1 everywhere
+    int cap = 0;
+    long C = m->d_model, F = m->ffn_hidden, Vp = m->padded_vocab_size, hd = m->head_dim;
+    char name[64];
+    add_param(t, &cap, P_WTE, -1, "wte.weight", Vp, C, INIT_NORMAL);
+    for (int l = 0; l < m->n_layer; l++) {
+#define ADD(kind, suffix, rows, cols, init)                            \
+    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);            \
+    add_param(t, &cap, kind, l, name, rows, cols, init);
+        ADD(P_ATTN_NORM, "attn_norm.weight", C, 1, INIT_ONES)
+        ADD(P_QKV, "attn.qkv.weight", 3 * C, C, INIT_NORMAL)
+        if (m->qk_norm) {
+            ADD(P_Q_NORM, "attn.q_norm.weight", hd, 1, INIT_ONES)
+            ADD(P_K_NORM, "attn.k_norm.weight", hd, 1, INIT_ONES)
+        }
+        ADD(P_ATTN_PROJ, "attn.proj.weight", C, C, INIT_NORMAL_RESID)
+        ADD(P_MLP_NORM, "mlp_norm.weight", C, 1, INIT_ONES)
+        ADD(P_MLP_FC, "mlp.fc.weight", 2 * F, C, INIT_NORMAL)
+        ADD(P_MLP_PROJ, "mlp.proj.weight", C, F, INIT_NORMAL_RESID)
+#undef ADD
+    }
+    add_param(t, &cap, P_FINAL_NORM, -1, "final_norm.weight", C, 1, INIT_ONES);
+    if (!m->tied_embeddings) add_param(t, &cap, P_LM_HEAD, -1, "lm_head.weight", Vp, C, INIT_NORMAL);
+}
+
+void param_table_free(ParamTable *t) {
+    free(t->p);
+    t->p = NULL;
+    t->n = 0;
+    t->total = 0;
+}
+
+const ParamDesc *param_find(const ParamTable *t, ParamKind kind, int layer) {
+    if (kind < 0 || kind >= P_N_KINDS) return NULL;
+    int block = kind != P_WTE && kind != P_FINAL_NORM && kind != P_LM_HEAD;
+    if (block && (layer < 0 || layer >= 1024)) return NULL;
+    int i = t->index[kind][block ? layer : 0];
+    return i < 0 ? NULL : &t->p[i];
+}
+
+// --- initialisation --------------------------------------------------------------------------------
+// A portable generator: splitmix64 (Steele, Lea, Flood 2014) gives the uniform bits; normals come
+// from Marsaglia's polar method with a logarithm written here from + - * / and sqrt only (all
+// correctly rounded in IEEE double), so the values do not depend on the C library or the CPU.
+
+static uint64_t splitmix64_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Uniform in (-1, 1) with 53 random bits.
+static double uniform_pm1(uint64_t *s) { return (double)(splitmix64_next(s) >> 11) * 0x1p-52 - 1.0; }
+
+// Natural log of x > 0: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(u),
+// u = (m - 1) / (m + 1), |u| < 0.172, by its series (terms fall by u^2 < 0.03 each).
+static double portable_log(double x) {
+    int e = 0;
+    while (x >= 1.4142135623730951) { x *= 0.5; e++; }
+    while (x < 0.70710678118654752) { x *= 2.0; e--; }
+    double u = (x - 1.0) / (x + 1.0), u2 = u * u, term = u, sum = 0.0;
+    for (int k = 1; k < 40; k += 2) {
+        sum += term / k;
+        term *= u2;
+    }
+    return 2.0 * sum + e * 0.69314718055994531;
+}
+
+typedef struct {
+    uint64_t state;
+    int have_spare;
+    double spare;
+} NormalGen;
+
+static double normal_next(NormalGen *g) {
+    if (g->have_spare) {
+        g->have_spare = 0;
+        return g->spare;
+    }
+    double u, v, s;
+    do {
+        u = uniform_pm1(&g->state);
+        v = uniform_pm1(&g->state);
+        s = u * u + v * v;
+    } while (s >= 1.0 || s == 0.0);
+    double f = sqrt(-2.0 * portable_log(s) / s);
+    g->spare = v * f;
+    g->have_spare = 1;
+    return u * f;
+}
+
+void params_init(const ParamTable *t, const ModelConfig *m, unsigned long long seed, float *params) {
+    double resid_std = m->init_std / sqrt(2.0 * m->n_layer);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < t->n; i++) {
+        const ParamDesc *d = &t->p[i];
+        float *w = params + d->offset;
+        // Each tensor has its own stream, seeded by (seed, tensor name): adding or removing a
+        // tensor (qk_norm, tied head) leaves every other tensor's values unchanged.
+        uint64_t mix = (uint64_t)seed, name_hash = 0xCBF29CE484222325ull;  // FNV-1a of the name
+        for (const char *c = d->name; *c; c++) name_hash = (name_hash ^ (unsigned char)*c) * 0x100000001B3ull;
+        NormalGen g = {0};
+        g.state = splitmix64_next(&mix) ^ name_hash;
+        if (d->init == INIT_ONES) {
+            for (size_t j = 0; j < d->numel; j++) w[j] = 1.0f;
+            continue;
+        }
+        double std = d->init == INIT_NORMAL_RESID ? resid_std : m->init_std;
+        // Rows of the padded vocabulary are never looked up nor trained: zero.
+        long live_rows = (d->kind == P_WTE || d->kind == P_LM_HEAD) ? m->vocab_size : d->rows;
+        size_t live = (size_t)live_rows * (size_t)d->cols;
+        for (size_t j = 0; j < live; j++) w[j] = (float)(std * normal_next(&g));
+        for (size_t j = live; j < d->numel; j++) w[j] = 0.0f;
+    }
+}
+
+// --- FLOPs -----------------------------------------------------------------------------------------
+// Training FLOPs per token = 6 * N_matmul + attention, where N_matmul counts every weight used
+// in a matmul (QKV, attention projection, MLP fc and proj, and the LM head over the padded
+// vocabulary, tied or not; the embedding lookup is not a matmul), and attention is the PaLM
+// count 12 * L * C * T for full attention (forward S = QK^T and PV: 2 * 2 * T * C per token;
+// backward twice that) halved for the causal mask: 6 * L * C * T.
+static double matmul_params(const ModelConfig *m) {
+    double C = m->d_model, F = m->ffn_hidden;
+    return m->n_layer * (3 * C * C + C * C + 2 * F * C + F * C) + (double)m->padded_vocab_size * C;
+}
+
+double model_flops_per_token(const ModelConfig *m) {
+    return 6.0 * matmul_params(m) + 6.0 * m->n_layer * (double)m->d_model * m->seq_len;
+}
+
+// --- memory plan -----------------------------------------------------------------------------------
+
+void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, MemoryPlan *out) {
+    const ModelConfig *m = &c->model;
+    ParamTable t;
+    param_table_build(&t, m);
+    size_t P = t.total;
+    param_table_free(&t);
+    size_t shards = (zero1 && world_size > 1) ? (size_t)world_size : 1;
+    memset(out, 0, sizeof *out);
+    out->weights = 2 * P;                           // BF16 working copy
+    out->master = (4 * P + shards - 1) / shards;    // FP32 master weights
+    out->optimizer = (8 * P + shards - 1) / shards; // AdamW m and v, FP32
+    out->grads = 4 * P;                             // FP32 gradients
+
+    // Activations saved for backward, per token and layer, in bytes (BF16 = 2, FP32 = 4).
+    size_t C = m->d_model, F = m->ffn_hidden, H = m->n_head, Vp = m->padded_vocab_size;
+    size_t rc = c->train.recompute ? 0 : 1;  // norm outputs and SwiGLU are recomputed if set
+    size_t per_layer = 2 * C            // residual input x
+                       + rc * 2 * C     // attention RMSNorm output
+                       + 2 * 3 * C      // qkv (after QK-norm and RoPE)
+                       + 2 * C + 4 * H  // attention output O and LSE
+                       + 2 * C          // residual after attention
+                       + rc * 2 * C     // MLP RMSNorm output
+                       + 2 * 2 * F      // fc output [gate | up]
+                       + rc * 2 * F     // SwiGLU output
+                       + 4 * 2          // RMSNorm rstd (attention, MLP)
+                       + (m->qk_norm ? 4 * 2 * H : 0);  // QK-norm rstd per head
+    size_t tokens = (size_t)micro_batch * m->seq_len;
+    size_t outside = 2 * C + 2 * C + 4;  // final residual, final norm output, its rstd
+    size_t head_tokens = tokens < 8192 ? tokens : 8192;  // one chunk of logits of the fused head
+    size_t wide = 3 * C > 2 * F ? 3 * C : 2 * F;
+    out->activations = tokens * (m->n_layer * per_layer + outside)
+                       + head_tokens * Vp * 2         // logits chunk, dlogits in place (BF16)
+                       + 2 * tokens * wide * 2        // backward scratch: two widest gradients
+                       + tokens * C * 4;              // residual-stream gradient (FP32)
+    // Workspace: cuBLASLt (32 MiB) and attention scratch (per (B, H, T): D and a row statistic).
+    out->workspace = ((size_t)32 << 20) + (size_t)micro_batch * H * m->seq_len * 4 * 2;
+    out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +
+                 out->workspace;
+}
+
+void memory_plan_print(FILE *f, const MemoryPlan *mp) {
+    const double GiB = 1024.0 * 1024.0 * 1024.0;
+    fprintf(f, "  %-28s %10s\n", "memory per GPU", "GiB");
+    fprintf(f, "  %-28s %10.3f\n", "weights (bf16)", mp->weights / GiB);
+    fprintf(f, "  %-28s %10.3f\n", "master weights (fp32)", mp->master / GiB);
+    fprintf(f, "  %-28s %10.3f\n", "AdamW m, v (fp32)", mp->optimizer / GiB);
+    fprintf(f, "  %-28s %10.3f\n", "gradients (fp32)", mp->grads / GiB);
+    fprintf(f, "  %-28s %10.3f\n", "activations (1 micro-batch)", mp->activations / GiB);
+    fprintf(f, "  %-28s %10.3f\n", "workspace", mp->workspace / GiB);
+    fprintf(f, "  %-28s %10.3f\n", "total", mp->total / GiB);
+}
+
+// --- summary -----------------------------------------------------------------------------------------
+
+// "569M" / "1.67B" with three significant digits.
+static void format_count(char *buf, size_t n, double x) {
+    const char *unit = "";
+    if (x >= 1e9) { x /= 1e9; unit = "B"; }
+    else if (x >= 1e6) { x /= 1e6; unit = "M"; }
+    else if (x >= 1e3) { x /= 1e3; unit = "K"; }
+    int decimals = x >= 100 ? 0 : x >= 10 ? 1 : 2;
+    snprintf(buf, n, "%.*f%s", decimals, x, unit);
+}
+
+static const char *init_name(InitKind k) {
+    switch (k) {
+    case INIT_NORMAL: return "normal";
+    case INIT_NORMAL_RESID: return "normal/sqrt(2L)";
+    case INIT_ONES: return "ones";
+    }
+    return "?";
+}
+
+void model_print_summary(FILE *f, const Config *c, const ParamTable *t, int world_size, int zero1) {
+    const ModelConfig *m = &c->model;
+    fprintf(f, "model: d_model %d, n_layer %d, n_head %d (head_dim %d), ffn_hidden %d, seq_len %d, "
+               "vocab %d (padded %d), position %s (theta %g), qk_norm %s, tied %s, norm_eps %g, init_std %g\n",
+            m->d_model, m->n_layer, m->n_head, m->head_dim, m->ffn_hidden, m->seq_len, m->vocab_size,
+            m->padded_vocab_size, m->position == POS_ROPE ? "rope" : "none", m->rope_theta,
+            m->qk_norm ? "on" : "off", m->tied_embeddings ? "yes" : "no", m->norm_eps, m->init_std);
+    fprintf(f, "  %-36s %-14s %14s  %-16s %s\n", "parameter", "shape", "numel", "init", "decay");
+    for (int i = 0; i < t->n; i++) {
+        const ParamDesc *d = &t->p[i];
+        char shape[32];
+        if (d->ndim == 2) snprintf(shape, sizeof shape, "(%ld, %ld)", d->rows, d->cols);
+        else snprintf(shape, sizeof shape, "(%ld)", d->rows);
+        fprintf(f, "  %-36s %-14s %14zu  %-16s %s\n", d->name, shape, d->numel, init_name(d->init),
+                d->weight_decay ? "yes" : "no");
+    }
+    char total[32], mm[32];
+    format_count(total, sizeof total, (double)t->total);
+    format_count(mm, sizeof mm, matmul_params(m));
+    fprintf(f, "total parameters: %zu (%s)\n", t->total, total);
+    fprintf(f, "matmul parameters (incl. LM head, excl. embedding lookup): %.0f (%s)\n",
+            matmul_params(m), mm);
+    fprintf(f, "training FLOPs per token: %.4g (6 * matmul params + 6 * n_layer * d_model * seq_len)\n",
+            model_flops_per_token(m));
+    MemoryPlan mp;
+    memory_plan(c, world_size, zero1, c->train.micro_batch, &mp);
+    fprintf(f, "memory plan: world_size %d, zero1 %s, micro_batch %d x seq_len %d\n", world_size,
+            zero1 ? "on" : "off", c->train.micro_batch, m->seq_len);
+    memory_plan_print(f, &mp);
+}
