@@ -1,0 +1,596 @@
+// layers.cu: the element-wise and row-wise GPU layers (see layers.h for the contracts).
+//
+// Patterns used throughout:
+//  - element-wise kernels: one thread per element, 64-bit indices;
+//  - row kernels (RMSNorm, QK-norm, dx of their backward): one warp per row, lane j handles
+//    columns j, j + 32, ...; warp sums with a fixed butterfly (deterministic);
+//  - reductions across rows (gain and embedding gradients, the gradient norm): a fixed partition
+//    of the rows into partial sums, then a fixed-order reduction. No floating-point atomics.
+#include "layers.h"
+
+#include <cuda_bf16.h>     // __nv_bfloat16 and its conversions
+#include <cuda_runtime.h>  // kernel launches
+#include <math.h>          // INFINITY, NAN
+#include <stdint.h>        // int32_t
+
+#include "common.h"      // FATAL
+#include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
+
+typedef __nv_bfloat16 bf16;
+
+#define ROW_BLOCK 256                 // threads per block of the warp-per-row kernels
+#define ROWS_PER_BLOCK (ROW_BLOCK / 32)
+#define EW_BLOCK 256                  // threads per block of element-wise kernels
+
+static __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static unsigned blocks_for(size_t n, int block) {
+    size_t b = (n + (size_t)block - 1) / (size_t)block;
+    if (b > 0x7fffffffu) FATAL("launch of %zu elements is too large for one grid (hint: split the call)", n);
+    return (unsigned)(b ? b : 1);
+}
+
+// Where row r of a row-wise op lives: rows come in groups of `group` consecutive rows of width
+// `dim` (the heads of a token), groups are `stride` elements apart. A plain (N, C) matrix is
+// group 1, stride C, dim C; the q heads of a packed (N, 3, H, hd) buffer are group H,
+// stride 3*H*hd, dim hd.
+struct RowMap {
+    int group;
+    long long stride;
+    int dim;
+};
+static __device__ __forceinline__ long long row_offset(RowMap m, long long r) {
+    return (r / m.group) * m.stride + (r % m.group) * (long long)m.dim;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding
+
+__global__ void embedding_forward_kernel(bf16 *x, const int32_t *tokens, const bf16 *wte, long long N,
+                                         int C, int Vp) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * C) return;
+    long long row = idx / C;
+    int c = (int)(idx % C);
+    int tok = tokens[row];
+    x[idx] = (tok >= 0 && tok < Vp) ? wte[(long long)tok * C + c] : f2bf(NAN);
+}
+
+extern "C" void embedding_forward_gpu(uint16_t *x, const int32_t *tokens, const uint16_t *wte, int N,
+                                      int C, int Vp, cudaStream_t stream) {
+    size_t n = (size_t)N * C;
+    embedding_forward_kernel<<<blocks_for(n, EW_BLOCK), EW_BLOCK, 0, stream>>>(
+        (bf16 *)x, tokens, (const bf16 *)wte, N, C, Vp);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Backward = bucket the positions by token (counting sort), then one block per vocabulary row
+// sums its positions' rows in increasing position order. The fill step places positions with
+// integer atomics (arbitrary order inside a bucket), so each block first sorts its bucket by
+// rank (positions are distinct): the final order is unique, the sums bitwise reproducible.
+// Scratch (int32): counts (Vp), offsets (Vp + 1), cursor (Vp), filled (N), sorted (N).
+extern "C" size_t embedding_backward_scratch_bytes(int N, int Vp) {
+    return sizeof(int32_t) * ((size_t)3 * Vp + 1 + (size_t)2 * N);
+}
+
+__global__ void embedding_count_kernel(int32_t *counts, const int32_t *tokens, int N, int Vp) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    int tok = tokens[i];
+    if (tok >= 0 && tok < Vp) atomicAdd(&counts[tok], 1);
+}
+
+// One block of 1024 threads: exclusive scan of counts into offsets (and a copy into cursor).
+__global__ void embedding_scan_kernel(int32_t *offsets, int32_t *cursor, const int32_t *counts, int Vp) {
+    __shared__ int32_t chunk_base[1024];
+    const int per = (Vp + 1023) / 1024;  // entries per thread, contiguous
+    const int lo = threadIdx.x * per, hi = min(lo + per, Vp);
+    int32_t s = 0;
+    for (int v = lo; v < hi; v++) s += counts[v];
+    chunk_base[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {  // 1024 serial adds: cheap next to the rest
+        int32_t run = 0;
+        for (int t = 0; t < 1024; t++) {
+            int32_t c = chunk_base[t];
+            chunk_base[t] = run;
+            run += c;
+        }
+        offsets[Vp] = run;
+    }
+    __syncthreads();
+    int32_t run = chunk_base[threadIdx.x];
+    for (int v = lo; v < hi; v++) {
+        offsets[v] = run;
+        cursor[v] = run;
+        run += counts[v];
+    }
+}
+
+__global__ void embedding_fill_kernel(int32_t *filled, int32_t *cursor, const int32_t *tokens, int N, int Vp) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    int tok = tokens[i];
+    if (tok >= 0 && tok < Vp) filled[atomicAdd(&cursor[tok], 1)] = i;
+}
+
+__global__ void embedding_accumulate_kernel(float *dwte, const bf16 *dx, const int32_t *offsets,
+                                            const int32_t *filled, int32_t *sorted, int C) {
+    const int v = blockIdx.x;
+    const int begin = offsets[v], n = offsets[v + 1] - begin;
+    if (n == 0) return;  // uniform over the block
+    const int32_t *bucket = filled + begin;
+    int32_t *order = sorted + begin;
+    if (n == 1) {
+        order = (int32_t *)bucket;  // nothing to sort
+    } else {
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {  // rank sort: position -> its rank
+            int p = bucket[e], rank = 0;
+            for (int j = 0; j < n; j++) rank += bucket[j] < p;
+            order[rank] = p;
+        }
+        __syncthreads();  // makes the block's global writes visible to the whole block
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < n; j++) acc += bf2f(dx[(long long)order[j] * C + c]);
+        dwte[(long long)v * C + c] += acc;
+    }
+}
+
+extern "C" void embedding_backward_gpu(float *dwte, const uint16_t *dx, const int32_t *tokens, void *scratch,
+                                       int N, int C, int Vp, cudaStream_t stream) {
+    int32_t *counts = (int32_t *)scratch;
+    int32_t *offsets = counts + Vp;
+    int32_t *cursor = offsets + Vp + 1;
+    int32_t *filled = cursor + Vp;
+    int32_t *sorted = filled + N;
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)Vp, stream));
+    embedding_count_kernel<<<blocks_for(N, EW_BLOCK), EW_BLOCK, 0, stream>>>(counts, tokens, N, Vp);
+    CUDA_CHECK_LAUNCH();
+    embedding_scan_kernel<<<1, 1024, 0, stream>>>(offsets, cursor, counts, Vp);
+    CUDA_CHECK_LAUNCH();
+    embedding_fill_kernel<<<blocks_for(N, EW_BLOCK), EW_BLOCK, 0, stream>>>(filled, cursor, tokens, N, Vp);
+    CUDA_CHECK_LAUNCH();
+    embedding_accumulate_kernel<<<Vp, 256, 0, stream>>>(dwte, (const bf16 *)dx, offsets, filled, sorted, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm (plain rows and per-head rows through RowMap)
+
+// One warp per row. With delta != NULL (fused residual): res_out = bf16(x + delta) is stored
+// first and the stored value is normalised. y may alias x (each lane rewrites only what it read).
+__global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
+                                       long long n_rows, float eps, const bf16 *delta, bf16 *res_out) {
+    const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= n_rows) return;
+    const int lane = threadIdx.x & 31, dim = map.dim;
+    const long long off = row_offset(map, row);
+    float ss = 0.0f;
+    if (delta) {
+        for (int c = lane; c < dim; c += 32) {
+            bf16 r = f2bf(bf2f(x[off + c]) + bf2f(delta[off + c]));
+            res_out[off + c] = r;
+            float v = bf2f(r);
+            ss += v * v;
+        }
+    } else {
+        for (int c = lane; c < dim; c += 32) {
+            float v = bf2f(x[off + c]);
+            ss += v * v;
+        }
+    }
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)dim + eps);
+    if (lane == 0) rstd[row] = r;
+    const bf16 *src = delta ? res_out : x;
+    for (int c = lane; c < dim; c += 32) y[off + c] = f2bf(bf2f(src[off + c]) * r * bf2f(g[c]));
+}
+
+// dx = r * (dy*g - xhat * mean(dy*g*xhat)), one warp per row; dx may alias dy.
+__global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *g,
+                                           const float *rstd, RowMap map, long long n_rows, int accumulate) {
+    const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= n_rows) return;
+    const int lane = threadIdx.x & 31, dim = map.dim;
+    const long long off = row_offset(map, row);
+    const float r = rstd[row];
+    float dot = 0.0f;
+    for (int c = lane; c < dim; c += 32) dot += bf2f(dy[off + c]) * bf2f(g[c]) * (bf2f(x[off + c]) * r);
+    const float mean = warp_sum(dot) / (float)dim;
+    for (int c = lane; c < dim; c += 32) {
+        float d = r * (bf2f(dy[off + c]) * bf2f(g[c]) - bf2f(x[off + c]) * r * mean);
+        if (accumulate) d += bf2f(dx[off + c]);
+        dx[off + c] = f2bf(d);
+    }
+}
+
+// Gain gradient, pass 1: the rows are cut into n_chunks fixed chunks; thread (chunk, column)
+// sums dy * xhat over its chunk in row order. Pass 2 adds the chunks in order (FP64).
+__global__ void norm_gain_partial_kernel(float *partial, const bf16 *dy, const bf16 *x, const float *rstd,
+                                         RowMap map, long long n_rows, long long chunk_rows) {
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= map.dim) return;
+    const long long r0 = (long long)blockIdx.x * chunk_rows;
+    const long long r1 = min(r0 + chunk_rows, n_rows);
+    float acc = 0.0f;
+    for (long long r = r0; r < r1; r++) {
+        long long off = row_offset(map, r);
+        acc += bf2f(dy[off + c]) * (bf2f(x[off + c]) * rstd[r]);
+    }
+    partial[(long long)blockIdx.x * map.dim + c] = acc;
+}
+
+__global__ void norm_gain_reduce_kernel(float *dg, const float *partial, int n_chunks, int dim) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= dim) return;
+    double acc = 0.0;
+    for (int k = 0; k < n_chunks; k++) acc += partial[(long long)k * dim + c];
+    dg[c] += (float)acc;
+}
+
+// Fixed partition of the rows for the gain gradient: at most 1024 chunks of >= 32 rows.
+static void norm_chunks(long long n_rows, int *n_chunks, long long *chunk_rows) {
+    long long nc = (n_rows + 31) / 32;
+    if (nc > 1024) nc = 1024;
+    if (nc < 1) nc = 1;
+    *chunk_rows = (n_rows + nc - 1) / nc;
+    *n_chunks = (int)((n_rows + *chunk_rows - 1) / *chunk_rows);
+    if (*n_chunks < 1) *n_chunks = 1;
+}
+
+static size_t norm_scratch_bytes(long long n_rows, int dim) {
+    int nc;
+    long long cr;
+    norm_chunks(n_rows, &nc, &cr);
+    return sizeof(float) * (size_t)nc * (size_t)dim;
+}
+
+static void rmsnorm_forward_launch(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
+                                   long long n_rows, float eps, const bf16 *delta, bf16 *res_out,
+                                   cudaStream_t stream) {
+    rmsnorm_forward_kernel<<<blocks_for((size_t)n_rows, ROWS_PER_BLOCK), ROW_BLOCK, 0, stream>>>(
+        y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Gain gradient first (dx may alias dy), then dx.
+static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const bf16 *dy, const bf16 *x,
+                                    const bf16 *g, const float *rstd, RowMap map, long long n_rows,
+                                    int accumulate, cudaStream_t stream) {
+    int n_chunks;
+    long long chunk_rows;
+    norm_chunks(n_rows, &n_chunks, &chunk_rows);
+    const int cols = map.dim < 256 ? ((map.dim + 31) / 32) * 32 : 256;
+    dim3 grid((unsigned)n_chunks, (unsigned)((map.dim + cols - 1) / cols));
+    norm_gain_partial_kernel<<<grid, cols, 0, stream>>>(scratch, dy, x, rstd, map, n_rows, chunk_rows);
+    CUDA_CHECK_LAUNCH();
+    norm_gain_reduce_kernel<<<blocks_for(map.dim, 256), 256, 0, stream>>>(dg, scratch, n_chunks, map.dim);
+    CUDA_CHECK_LAUNCH();
+    rmsnorm_backward_dx_kernel<<<blocks_for((size_t)n_rows, ROWS_PER_BLOCK), ROW_BLOCK, 0, stream>>>(
+        dx, dy, x, g, rstd, map, n_rows, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+static RowMap plain_rows(int C) { RowMap m = {1, C, C}; return m; }
+
+extern "C" void rmsnorm_forward_gpu(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *g, int N,
+                                    int C, float eps, cudaStream_t stream) {
+    rmsnorm_forward_launch((bf16 *)y, rstd, (const bf16 *)x, (const bf16 *)g, plain_rows(C), N, eps, NULL,
+                           NULL, stream);
+}
+
+extern "C" void residual_rmsnorm_forward_gpu(uint16_t *res_out, uint16_t *y, float *rstd,
+                                             const uint16_t *res_in, const uint16_t *delta, const uint16_t *g,
+                                             int N, int C, float eps, cudaStream_t stream) {
+    rmsnorm_forward_launch((bf16 *)y, rstd, (const bf16 *)res_in, (const bf16 *)g, plain_rows(C), N, eps,
+                           (const bf16 *)delta, (bf16 *)res_out, stream);
+}
+
+extern "C" size_t rmsnorm_backward_scratch_bytes(int N, int dim) { return norm_scratch_bytes(N, dim); }
+
+extern "C" void rmsnorm_backward_gpu(uint16_t *dx, float *dg, void *scratch, const uint16_t *dy,
+                                     const uint16_t *x, const uint16_t *g, const float *rstd, int N, int C,
+                                     int accumulate, cudaStream_t stream) {
+    rmsnorm_backward_launch((bf16 *)dx, dg, (float *)scratch, (const bf16 *)dy, (const bf16 *)x,
+                            (const bf16 *)g, rstd, plain_rows(C), N, accumulate, stream);
+}
+
+__global__ void residual_add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2bf(bf2f(a[i]) + bf2f(b[i]));
+}
+
+extern "C" void residual_add_gpu(uint16_t *out, const uint16_t *a, const uint16_t *b, size_t n,
+                                 cudaStream_t stream) {
+    residual_add_kernel<<<blocks_for(n, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)out, (const bf16 *)a,
+                                                                        (const bf16 *)b, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// QK-RMSNorm: the generic row kernels over the q heads, then the k heads, of (N, 3, H, hd).
+
+// Copies the v part (N, H*hd) of a packed (N, 3, H, hd) buffer.
+__global__ void copy_v_kernel(bf16 *dst, const bf16 *src, long long N, int Hhd) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * Hhd) return;
+    long long off = (idx / Hhd) * 3 * Hhd + 2 * (long long)Hhd + idx % Hhd;
+    dst[off] = src[off];
+}
+
+static void copy_v(bf16 *dst, const bf16 *src, int N, int H, int hd, cudaStream_t stream) {
+    if (dst == src) return;
+    copy_v_kernel<<<blocks_for((size_t)N * H * hd, EW_BLOCK), EW_BLOCK, 0, stream>>>(dst, src, N, H * hd);
+    CUDA_CHECK_LAUNCH();
+}
+
+static RowMap head_rows(int H, int hd) { RowMap m = {H, 3LL * H * hd, hd}; return m; }
+
+extern "C" void qk_rmsnorm_forward_gpu(uint16_t *qkv_out, float *rstd, const uint16_t *qkv_in,
+                                       const uint16_t *q_gain, const uint16_t *k_gain, int N, int H, int hd,
+                                       float eps, cudaStream_t stream) {
+    const RowMap m = head_rows(H, hd);
+    const long long rows = (long long)N * H, k_off = (long long)H * hd;
+    bf16 *out = (bf16 *)qkv_out;
+    const bf16 *in = (const bf16 *)qkv_in;
+    rmsnorm_forward_launch(out, rstd, in, (const bf16 *)q_gain, m, rows, eps, NULL, NULL, stream);
+    rmsnorm_forward_launch(out + k_off, rstd + rows, in + k_off, (const bf16 *)k_gain, m, rows, eps, NULL,
+                           NULL, stream);
+    copy_v(out, in, N, H, hd, stream);
+}
+
+extern "C" size_t qk_rmsnorm_backward_scratch_bytes(int N, int H, int hd) {
+    return norm_scratch_bytes((long long)N * H, hd);
+}
+
+extern "C" void qk_rmsnorm_backward_gpu(uint16_t *dqkv_in, float *dq_gain, float *dk_gain, void *scratch,
+                                        const uint16_t *dqkv_out, const uint16_t *qkv_in,
+                                        const uint16_t *q_gain, const uint16_t *k_gain, const float *rstd,
+                                        int N, int H, int hd, cudaStream_t stream) {
+    const RowMap m = head_rows(H, hd);
+    const long long rows = (long long)N * H, k_off = (long long)H * hd;
+    bf16 *dx = (bf16 *)dqkv_in;
+    const bf16 *dy = (const bf16 *)dqkv_out, *x = (const bf16 *)qkv_in;
+    // The k pass reuses the scratch after the q pass on the same stream: ordered.
+    rmsnorm_backward_launch(dx, dq_gain, (float *)scratch, dy, x, (const bf16 *)q_gain, rstd, m, rows, 0,
+                            stream);
+    rmsnorm_backward_launch(dx + k_off, dk_gain, (float *)scratch, dy + k_off, x + k_off,
+                            (const bf16 *)k_gain, rstd + rows, m, rows, 0, stream);
+    copy_v(dx, dy, N, H, hd, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+__global__ void rope_table_kernel(float *cos_sin, int T, int hd, double theta) {
+    const int half = hd / 2;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)T * half) return;
+    const int t = (int)(idx / half), i = (int)(idx % half);
+    const double angle = t * pow(theta, -2.0 * i / hd);
+    cos_sin[idx * 2 + 0] = (float)cos(angle);
+    cos_sin[idx * 2 + 1] = (float)sin(angle);
+}
+
+extern "C" void rope_table_gpu(float *cos_sin, int T, int hd, double theta, cudaStream_t stream) {
+    rope_table_kernel<<<blocks_for((size_t)T * (hd / 2), EW_BLOCK), EW_BLOCK, 0, stream>>>(cos_sin, T, hd, theta);
+    CUDA_CHECK_LAUNCH();
+}
+
+// One thread per pair (i, i + hd/2) of every q and k head.
+__global__ void rope_kernel(bf16 *qkv, const float *cos_sin, long long n_pairs, int T, int H, int hd, float sign) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_pairs) return;
+    const int half = hd / 2;
+    const int i = (int)(idx % half);
+    long long rest = idx / half;
+    const int h = (int)(rest % H);
+    rest /= H;
+    const int part = (int)(rest % 2);  // 0: q, 1: k
+    const long long token = rest / 2;  // b * T + t
+    const int t = (int)(token % T);
+    bf16 *p = qkv + token * 3 * H * hd + (long long)part * H * hd + (long long)h * hd;
+    const float c = cos_sin[((long long)t * half + i) * 2], s = sign * cos_sin[((long long)t * half + i) * 2 + 1];
+    const float a = bf2f(p[i]), b = bf2f(p[i + half]);
+    p[i] = f2bf(a * c - b * s);
+    p[i + half] = f2bf(b * c + a * s);
+}
+
+static void rope_launch(uint16_t *qkv, const float *cos_sin, int B, int T, int H, int hd, float sign,
+                        cudaStream_t stream) {
+    if (hd % 2) FATAL("RoPE needs an even head size, got %d (hint: the config validation missed it)", hd);
+    const long long n_pairs = (long long)B * T * 2 * H * (hd / 2);
+    rope_kernel<<<blocks_for((size_t)n_pairs, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)qkv, cos_sin, n_pairs,
+                                                                              T, H, hd, sign);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void rope_forward_gpu(uint16_t *qkv, const float *cos_sin, int B, int T, int H, int hd,
+                                 cudaStream_t stream) {
+    rope_launch(qkv, cos_sin, B, T, H, hd, 1.0f, stream);
+}
+extern "C" void rope_backward_gpu(uint16_t *dqkv, const float *cos_sin, int B, int T, int H, int hd,
+                                  cudaStream_t stream) {
+    rope_launch(dqkv, cos_sin, B, T, H, hd, -1.0f, stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+__global__ void swiglu_forward_kernel(bf16 *out, const bf16 *fc, long long N, int F) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * F) return;
+    const long long row = idx / F;
+    const int j = (int)(idx % F);
+    const float g = bf2f(fc[row * 2 * F + j]), u = bf2f(fc[row * 2 * F + F + j]);
+    out[idx] = f2bf(g / (1.0f + expf(-g)) * u);
+}
+
+// out = silu(g) * u:  du = dout * silu(g),  dg = dout * u * s * (1 + g * (1 - s)), s = sigmoid(g).
+__global__ void swiglu_backward_kernel(bf16 *dfc, const bf16 *dout, const bf16 *fc, long long N, int F) {
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * F) return;
+    const long long row = idx / F;
+    const int j = (int)(idx % F);
+    const float g = bf2f(fc[row * 2 * F + j]), u = bf2f(fc[row * 2 * F + F + j]), d = bf2f(dout[idx]);
+    const float s = 1.0f / (1.0f + expf(-g));
+    dfc[row * 2 * F + F + j] = f2bf(d * g * s);
+    dfc[row * 2 * F + j] = f2bf(d * u * s * (1.0f + g * (1.0f - s)));
+}
+
+extern "C" void swiglu_forward_gpu(uint16_t *out, const uint16_t *fc, int N, int F, cudaStream_t stream) {
+    swiglu_forward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)out,
+                                                                                     (const bf16 *)fc, N, F);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void swiglu_backward_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
+                                    cudaStream_t stream) {
+    swiglu_backward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>(
+        (bf16 *)dfc, (const bf16 *)dout, (const bf16 *)fc, N, F);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy: one block per row. Pass 1: per-thread online (max, sum of exp) over the real
+// columns, merged across the block; pass 2 rewrites the row with the gradient. Every element is
+// read and rewritten by the same thread, and the target logit is read before the first barrier,
+// so the in-place overwrite never races with a read.
+
+#define CE_BLOCK 512
+
+struct MaxSum {
+    float m, s;  // running max and sum of exp(x - m)
+};
+static __device__ __forceinline__ MaxSum maxsum_merge(MaxSum a, MaxSum b) {
+    if (a.m == -INFINITY) return b;
+    if (b.m == -INFINITY) return a;
+    float m = fmaxf(a.m, b.m);
+    MaxSum r = {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+    return r;
+}
+
+__global__ void __launch_bounds__(CE_BLOCK) cross_entropy_kernel(bf16 *logits, float *loss, const int32_t *targets,
+                                                                 int V, int Vp, float grad_scale) {
+    __shared__ MaxSum warp_part[CE_BLOCK / 32];
+    __shared__ MaxSum row_total;
+    const long long row = blockIdx.x;
+    bf16 *x = logits + row * Vp;
+    const int tgt = targets[row];
+    if (tgt < 0) {  // ignored row (uniform over the block)
+        if (threadIdx.x == 0) loss[row] = 0.0f;
+        if (grad_scale != 0.0f)
+            for (int j = threadIdx.x; j < Vp; j += blockDim.x) x[j] = f2bf(0.0f);
+        return;
+    }
+    const float target_logit = tgt < V ? bf2f(x[tgt]) : NAN;
+    MaxSum ms = {-INFINITY, 0.0f};
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = bf2f(x[j]);
+        if (v > ms.m) {
+            ms.s = ms.s * expf(ms.m - v) + 1.0f;  // exp(-inf) = 0 on the first element
+            ms.m = v;
+        } else {
+            ms.s += expf(v - ms.m);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        MaxSum other = {__shfl_xor_sync(0xffffffffu, ms.m, o), __shfl_xor_sync(0xffffffffu, ms.s, o)};
+        ms = maxsum_merge(ms, other);
+    }
+    if ((threadIdx.x & 31) == 0) warp_part[threadIdx.x / 32] = ms;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        MaxSum t = warp_part[0];
+        for (int w = 1; w < (int)(blockDim.x / 32); w++) t = maxsum_merge(t, warp_part[w]);
+        row_total = t;
+        loss[row] = logf(t.s) + t.m - target_logit;  // NaN when the target is >= V
+    }
+    __syncthreads();
+    if (grad_scale == 0.0f) return;
+    const float mx = row_total.m, scale = grad_scale / row_total.s;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float p = expf(bf2f(x[j]) - mx) * scale;
+        x[j] = f2bf(j == tgt ? p - grad_scale : p);
+    }
+    for (int j = V + threadIdx.x; j < Vp; j += blockDim.x) x[j] = f2bf(0.0f);
+}
+
+extern "C" void cross_entropy_gpu(uint16_t *logits, float *loss, const int32_t *targets, int N, int V, int Vp,
+                                  float grad_scale, cudaStream_t stream) {
+    if (V <= 0 || V > Vp) FATAL("cross-entropy over %d real of %d columns (hint: need 0 < V <= Vp)", V, Vp);
+    if (N == 0) return;
+    cross_entropy_kernel<<<N, CE_BLOCK, 0, stream>>>((bf16 *)logits, loss, targets, V, Vp, grad_scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient norm: GRAD_NORM_PARTIALS blocks, each a grid-stride FP64 sum and a fixed tree; one
+// block adds the partials in a fixed tree.
+
+#define NORM_BLOCK 256
+
+__global__ void __launch_bounds__(NORM_BLOCK) sumsq_partial_kernel(double *partials, const float *g, size_t n) {
+    __shared__ double sh[NORM_BLOCK];
+    double acc = 0.0;
+    for (size_t i = (size_t)blockIdx.x * NORM_BLOCK + threadIdx.x; i < n; i += (size_t)gridDim.x * NORM_BLOCK) {
+        double v = g[i];
+        acc += v * v;
+    }
+    sh[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = NORM_BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[blockIdx.x] = sh[0];
+}
+
+__global__ void __launch_bounds__(GRAD_NORM_PARTIALS) sumsq_final_kernel(double *out, const double *partials) {
+    __shared__ double sh[GRAD_NORM_PARTIALS];
+    sh[threadIdx.x] = partials[threadIdx.x];
+    __syncthreads();
+    for (int s = GRAD_NORM_PARTIALS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = sh[0];
+}
+
+extern "C" void grad_norm_squared_gpu(double *sumsq_out, double *partials, const float *g, size_t n,
+                                      cudaStream_t stream) {
+    sumsq_partial_kernel<<<GRAD_NORM_PARTIALS, NORM_BLOCK, 0, stream>>>(partials, g, n);
+    CUDA_CHECK_LAUNCH();
+    sumsq_final_kernel<<<1, GRAD_NORM_PARTIALS, 0, stream>>>(sumsq_out, partials);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Casts
+
+__global__ void cast_f32_to_bf16_kernel(bf16 *out, const float *in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2bf(in[i]);
+}
+__global__ void cast_bf16_to_f32_kernel(float *out, const bf16 *in, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = bf2f(in[i]);
+}
+
+extern "C" void cast_f32_to_bf16_gpu(uint16_t *out, const float *in, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    cast_f32_to_bf16_kernel<<<blocks_for(n, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)out, in, n);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void cast_bf16_to_f32_gpu(float *out, const uint16_t *in, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    cast_bf16_to_f32_kernel<<<blocks_for(n, EW_BLOCK), EW_BLOCK, 0, stream>>>(out, (const bf16 *)in, n);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,169 @@
+// matmul.cu: cuBLASLt BF16 GEMMs with FP32 accumulation, cached plans, one workspace
+// (see matmul.h).
+//
+// Row-major to cuBLAS's column-major: a row-major (R, C) matrix is a column-major (C, R) one,
+// so every product is computed transposed. With x (M, K), W (N, K):
+//   forward  Y^T (N, M)  = op_T(W as (K, N)) . (x as (K, M))       m=N n=M k=K  A=W^T B=x
+//   dgrad    dX^T (K, M) = (W as (K, N)) . (dy as (N, M))          m=K n=M k=N  A=W   B=dy
+//   wgrad    dW^T (K, N) = (x as (K, M)) . op_T(dy as (N, M))      m=K n=N k=M  A=x   B=dy^T
+#include "matmul.h"
+
+#include <cublasLt.h>      // the cuBLASLt API
+#include <cuda_runtime.h>  // cudaMalloc, cudaFree
+#include <stdint.h>        // uintptr_t
+#include <string.h>        // memset, memcmp
+
+#include "common.h"      // FATAL
+#include "cuda_check.h"  // CUDA_CHECK, CUBLASLT_CHECK
+
+// Everything that selects a plan. Pointer alignment is part of it because the heuristic only
+// returns algorithms valid for the alignment it was promised.
+typedef struct {
+    int transa, transb;   // 0: N, 1: T
+    int m, n, k;
+    long long lda, ldb, ldc;
+    int out_fp32;         // C/D type: 0 BF16, 1 FP32
+    int align_a, align_b, align_c;  // bytes, power of two <= 256
+} GemmKey;
+
+typedef struct {
+    GemmKey key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} GemmPlan;
+
+#define MAX_PLANS 64  // a model uses ~10 distinct shapes; the table evicts round-robin if full
+
+static cublasLtHandle_t handle;
+static void *workspace;  // MATMUL_WORKSPACE_BYTES on the device
+static GemmPlan plans[MAX_PLANS];
+static int n_plans, next_evict;
+
+extern "C" void matmul_gpu_init(void) {
+    if (handle) return;
+    CUBLASLT_CHECK(cublasLtCreate(&handle));
+    CUDA_CHECK(cudaMalloc(&workspace, MATMUL_WORKSPACE_BYTES));
+}
+
+static void plan_destroy(GemmPlan *p) {
+    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->a));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->b));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->c));
+    CUBLASLT_CHECK(cublasLtMatmulDescDestroy(p->op));
+}
+
+extern "C" void matmul_gpu_shutdown(void) {
+    if (!handle) return;
+    for (int i = 0; i < n_plans; i++) plan_destroy(&plans[i]);
+    n_plans = next_evict = 0;
+    CUDA_CHECK(cudaFree(workspace));
+    workspace = NULL;
+    CUBLASLT_CHECK(cublasLtDestroy(handle));
+    handle = NULL;
+}
+
+extern "C" int matmul_gpu_plan_count(void) { return n_plans; }
+
+static int pointer_alignment(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    int a = 1;
+    while (a < 256 && !(u & (uintptr_t)a)) a <<= 1;
+    return a;
+}
+
+// A stored (rows, cols) column-major matrix with leading dimension ld.
+static cublasLtMatrixLayout_t make_layout(cudaDataType_t type, long long rows, long long cols, long long ld) {
+    cublasLtMatrixLayout_t l;
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&l, type, (uint64_t)rows, (uint64_t)cols, ld));
+    return l;
+}
+
+static void plan_build(GemmPlan *p, const GemmKey *k) {
+    memset(p, 0, sizeof *p);
+    p->key = *k;
+    const cublasOperation_t ta = k->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = k->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    // Stored shapes: op(A) is (m, k), op(B) is (k, n), C/D is (m, n).
+    p->a = k->transa ? make_layout(CUDA_R_16BF, k->k, k->m, k->lda) : make_layout(CUDA_R_16BF, k->m, k->k, k->lda);
+    p->b = k->transb ? make_layout(CUDA_R_16BF, k->n, k->k, k->ldb) : make_layout(CUDA_R_16BF, k->k, k->n, k->ldb);
+    p->c = make_layout(k->out_fp32 ? CUDA_R_32F : CUDA_R_16BF, k->m, k->n, k->ldc);
+
+    cublasLtMatmulPreference_t pref;
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = MATMUL_WORKSPACE_BYTES;
+    uint32_t al_a = (uint32_t)k->align_a, al_b = (uint32_t)k->align_b, al_c = (uint32_t)k->align_c;
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (found == 0)
+        FATAL("cuBLASLt has no algorithm for GEMM m=%d n=%d k=%d trans=%d%d out=%s alignments %d/%d/%d "
+              "(hint: pad the dimensions to multiples of 8 and align the buffers to 16 bytes)",
+              k->m, k->n, k->k, k->transa, k->transb, k->out_fp32 ? "fp32" : "bf16", k->align_a, k->align_b,
+              k->align_c);
+    p->algo = result.algo;
+}
+
+static const GemmPlan *plan_get(const GemmKey *k) {
+    for (int i = 0; i < n_plans; i++)
+        if (memcmp(&plans[i].key, k, sizeof *k) == 0) return &plans[i];
+    GemmPlan *p;
+    if (n_plans < MAX_PLANS) {
+        p = &plans[n_plans++];
+    } else {  // full: replace the oldest slot in turn
+        p = &plans[next_evict];
+        next_evict = (next_evict + 1) % MAX_PLANS;
+        plan_destroy(p);
+    }
+    plan_build(p, k);
+    return p;
+}
+
+// D = A op B (+ D when accumulate) in column-major terms; D is also C.
+static void gemm(int transa, int transb, int m, int n, int k, const void *A, long long lda, const void *B,
+                 long long ldb, void *D, long long ldd, int out_fp32, int accumulate, cudaStream_t stream) {
+    if (!handle) FATAL("matmul used before matmul_gpu_init() (hint: call it once at start)");
+    if (m <= 0 || n <= 0 || k <= 0) FATAL("GEMM with empty shape m=%d n=%d k=%d", m, n, k);
+    GemmKey key;
+    memset(&key, 0, sizeof key);  // padding bytes too: the key is compared with memcmp
+    key.transa = transa;
+    key.transb = transb;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldd;
+    key.out_fp32 = out_fp32;
+    key.align_a = pointer_alignment(A);
+    key.align_b = pointer_alignment(B);
+    key.align_c = pointer_alignment(D);
+    const GemmPlan *p = plan_get(&key);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    CUBLASLT_CHECK(cublasLtMatmul(handle, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->algo,
+                                  workspace, MATMUL_WORKSPACE_BYTES, stream));
+}
+
+extern "C" void matmul_forward_gpu(uint16_t *y, const uint16_t *x, const uint16_t *w, int M, int N, int K,
+                                   int accumulate, cudaStream_t stream) {
+    gemm(1, 0, N, M, K, w, K, x, K, y, N, 0, accumulate, stream);
+}
+
+extern "C" void matmul_dgrad_gpu(uint16_t *dx, const uint16_t *dy, const uint16_t *w, int M, int N, int K,
+                                 int accumulate, cudaStream_t stream) {
+    gemm(0, 0, K, M, N, w, K, dy, N, dx, K, 0, accumulate, stream);
+}
+
+extern "C" void matmul_wgrad_gpu(float *dw, const uint16_t *dy, const uint16_t *x, int M, int N, int K,
+                                 cudaStream_t stream) {
+    gemm(0, 1, K, N, M, x, K, dy, N, dw, K, 1, 1, stream);
+}
