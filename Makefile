@@ -77,7 +77,7 @@ $(LIB): $(OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 train_gpt: src/train_gpt.c $(LIB) $(HEADERS)
-	$(CC) $(CFLAGS) src/train_gpt.c $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) src/train_gpt.c $(LIB) $(LDLIBS) -lstdc++ -o $@
 
 $(BUILD)/tests/%: test/%.c $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
 	$(CC) $(CFLAGS) -Itest $< $(LIB) $(LDLIBS) -o $@
@@ -85,7 +85,8 @@ $(BUILD)/tests/%: test/%.c $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
 # .cu tests are host programs that use CUDA's own headers (e.g. cuda_fp8.h's host conversions)
 # and, when a GPU is present, kernels.
 $(BUILD)/tests/%: test/%.cu $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
-	$(NVCC) $(NVFLAGS) -Itest $< $(LIB) $(LDLIBS) -o $@
+	$(NVCC) $(NVFLAGS) -Itest -c $< -o $@.o
+	$(CC) $@.o $(LIB) $(LDLIBS) -lstdc++ -o $@ && rm -f $@.o
 
 $(BUILD)/obj $(BUILD)/tests:
 	mkdir -p $@

@@ -1,0 +1,415 @@
+// trainer.c: the CPU run loop.
+//
+// Order of a run: validate every input (data shards, batch arithmetic, the run directory, the
+// checkpoint to resume from) before writing anything; then create the run directory, write the
+// resolved config and train. One step = grad_accum micro-batches of (B, T) forward + backward,
+// global-norm clipping, one AdamW update. A resumed run restores parameters, AdamW moments and
+// step, the data loader position, the attention delayed-scaling state and the sampling RNG, so
+// it reproduces the uninterrupted run's losses bit for bit.
+#include "trainer.h"
+
+#include <cjson/cJSON.h>  // parsing metrics lines when a resumed run trims them
+#include <math.h>         // isfinite
+#include <omp.h>          // omp_set_num_threads, omp_get_max_threads
+#include <signal.h>       // sigaction for SIGINT / SIGTERM
+#include <string.h>       // memcpy, strcmp
+#include <unistd.h>       // write (async-signal-safe) in the signal handler
+
+#include "checkpoint.h"  // CheckpointState, checkpoint_save/load, latest, prune
+#include "dataloader.h"  // DataLoader
+#include "model_cpu.h"   // CpuModel
+#include "optimizer.h"   // AdamW, lr_at_step, clipping
+#include "sample.h"      // sample_generate for the periodic samples
+#include "tokenizer.h"   // decoding samples
+
+// ---------------------------------------------------------------------------------------------
+// SIGINT / SIGTERM: finish the current step, checkpoint, exit 0. A second signal is not
+// waited for: the default action (termination) is restored by the first one.
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) {
+    static const char msg[] = "\ntrain_gpt: stopping after this step (with a checkpoint); signal again to abort\n";
+    stop_signal = sig;
+    if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing to do in a handler */ }
+    signal(sig, SIG_DFL);  // async-signal-safe
+}
+
+// Prints a number for JSON: non-finite values become null (JSON has no NaN).
+static void fprint_json_num(FILE *f, const char *key, double x, const char *fmt) {
+    fprintf(f, ", \"%s\": ", key);
+    if (isfinite(x)) fprintf(f, fmt, x);
+    else fprintf(f, "null");
+}
+
+static void format_duration(double s, char *out, size_t n) {
+    long t = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
+    if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
+    else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, n, "%lds", t);
+}
+
+// Keeps the metrics lines of steps <= last_step (a resumed run replaces what came after its
+// checkpoint) and drops a partial last line; rewrites the file atomically. Returns lines dropped.
+static int trim_metrics(const char *path, long long last_step, ErrBuf *e) {
+    size_t len;
+    char *text = read_file_text(path, &len, e);
+    if (!text) return -1;
+    char *out = xmalloc(len + 1);
+    size_t out_len = 0;
+    int dropped = 0;
+    for (char *line = text; *line;) {
+        char *nl = strchr(line, '\n');
+        if (!nl) { dropped++; break; }  // a partial line from a crash mid-write
+        *nl = '\0';
+        cJSON *obj = cJSON_Parse(line);
+        cJSON *step = obj ? cJSON_GetObjectItemCaseSensitive(obj, "step") : NULL;
+        if (cJSON_IsNumber(step) && step->valuedouble <= (double)last_step) {
+            size_t n = (size_t)(nl - line);
+            memcpy(out + out_len, line, n);
+            out[out_len + n] = '\n';
+            out_len += n + 1;
+        } else {
+            dropped++;
+        }
+        cJSON_Delete(obj);
+        line = nl + 1;
+    }
+    int rc = dropped ? write_file_atomic(path, out, out_len, e) : 0;
+    free(out);
+    free(text);
+    return rc ? -1 : dropped;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Everything a run holds, so the helpers below stay short.
+typedef struct {
+    Config c;
+    char ckpt_dir[2048], metrics_path[2048];
+    int B, T, grad_accum;
+    long long tokens_per_step;
+    DataLoader train, val;
+    int have_val;
+    CpuModel model;
+    AdamW adam;
+    int n_delayed;                 // layers with delayed-scaling state (0 when not in use)
+    AttnDelayedState *delayed_save;  // (n_delayed) scratch: eval and samples leave no trace
+    int32_t *inputs, *targets;     // (B, T)
+    unsigned long long sample_rng;
+    Tokenizer *tok;
+    int tok_failed;
+    char *config_json;             // resolved config, stored in every checkpoint
+    FILE *metrics;
+    double elapsed_before;         // training time of earlier sessions (from the checkpoint)
+} Run;
+
+// Mean loss over eval.batches validation windows, the same windows every time. Leaves the
+// training state exactly as it was: the delayed-scaling state is restored afterwards so that
+// evaluation never changes the scales training uses (the model commits amax histories itself,
+// at the end of each backward).
+static double evaluate(Run *r) {
+    if (r->n_delayed) memcpy(r->delayed_save, r->model.attn_delayed, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    dataloader_reset(&r->val);
+    int n = r->c.eval.batches > 0 ? r->c.eval.batches : 1;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next(&r->val, r->inputs, r->targets);
+        sum += cpu_model_loss(&r->model, r->inputs, r->targets);
+    }
+    if (r->n_delayed) memcpy(r->model.attn_delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    return sum / n;
+}
+
+// Prints a sample of eval.sample_tokens tokens (skipped with one note if no tokenizer).
+static void print_sample(Run *r, long long step) {
+    if (r->tok_failed) return;
+    if (!r->tok) {
+        ErrBuf e;
+        r->tok = tokenizer_load(NULL, &e);
+        if (!r->tok) {
+            printf("note: samples skipped: the tokenizer could not be loaded (%s)\n", e.msg);
+            r->tok_failed = 1;
+            return;
+        }
+    }
+    if (r->n_delayed) memcpy(r->delayed_save, r->model.attn_delayed, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    int n_new = r->c.eval.sample_tokens > 0 ? r->c.eval.sample_tokens : 32;
+    int32_t *tokens = xmalloc((size_t)(n_new + 1) * sizeof(int32_t));
+    tokens[0] = sample_default_start(r->c.model.vocab_size);
+    int n = sample_generate(&r->model, tokens, 1, n_new, 1.0, 40, &r->sample_rng);
+    if (r->n_delayed) memcpy(r->model.attn_delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    uint32_t *ids = xmalloc((size_t)n * sizeof(uint32_t));
+    for (int i = 1; i < n; i++) ids[i - 1] = (uint32_t)tokens[i];
+    size_t len;
+    char *text = tokenizer_decode(r->tok, ids, (size_t)(n - 1), &len);
+    if (text) printf("step %lld sample: %s\n", step, text);
+    else printf("step %lld sample: (ids past the tokenizer's vocabulary)\n", step);
+    free(text);
+    free(ids);
+    free(tokens);
+}
+
+static CheckpointState checkpoint_state_of(Run *r) {
+    CheckpointState s = {.model = &r->model.cfg.model, .table = &r->model.table, .config_json = r->config_json,
+                         .params = r->model.params, .adam_m = r->adam.m, .adam_v = r->adam.v,
+                         .adam_step = r->adam.step, .sample_rng = r->sample_rng,
+                         .delayed = r->n_delayed ? r->model.attn_delayed : NULL, .n_delayed = r->n_delayed};
+    return s;
+}
+
+// Writes step_<step>.ckpt, points `latest` at it, prunes to checkpoint.keep. 0 or -1.
+static int save_checkpoint(Run *r, long long step, double elapsed, ErrBuf *e) {
+    CheckpointState s = checkpoint_state_of(r);
+    s.train_step = step;
+    s.elapsed_s = elapsed;
+    dataloader_get_state(&r->train, &s.data);
+    char path[4096];
+    checkpoint_path_for_step(r->ckpt_dir, step, path, sizeof path);
+    if (checkpoint_save(path, &s, e) != 0) return -1;
+    if (checkpoint_mark_latest(r->ckpt_dir, path, e) != 0) return -1;
+    checkpoint_prune(r->ckpt_dir, r->c.checkpoint.keep);
+    printf("step %lld: checkpoint %s\n", step, path);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup: every check that can fail on user input, in an order that writes nothing.
+static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step) {
+    ErrBuf e, e2;
+    Config *c = &r->c;
+    r->B = c->train.micro_batch;
+    r->T = c->model.seq_len;
+    const int world = 1;  // one process until the GPU backend brings a process group
+    long long per_micro = (long long)r->B * r->T * world;
+    r->tokens_per_step = c->train.batch_tokens > 0 ? c->train.batch_tokens : per_micro;
+    if (r->tokens_per_step % per_micro != 0) {
+        errf(&e, "train.batch_tokens (%lld) must be a multiple of micro_batch x seq_len x world size = %d x %d x %d = %lld",
+             r->tokens_per_step, r->B, r->T, world, per_micro);
+        die_user(&e);
+    }
+    r->grad_accum = (int)(r->tokens_per_step / per_micro);
+
+    if (!c->data.train[0]) {
+        errf(&e, "data.train is empty: set the training shards' glob in the config or with --set data.train=PATTERN");
+        die_user(&e);
+    }
+    if (dataloader_open(&r->train, c->data.train, r->B, r->T, 0, world, c->data.shuffle, c->data.seed,
+                        c->model.vocab_size, &e2) != 0) {
+        errf(&e, "data.train (%s): %s", c->data.train, e2.msg);
+        die_user(&e);
+    }
+    r->have_val = c->data.val[0] != '\0';
+    if (r->have_val && dataloader_open(&r->val, c->data.val, r->B, r->T, 0, world, c->data.shuffle, c->data.seed,
+                                       c->model.vocab_size, &e2) != 0) {
+        errf(&e, "data.val (%s): %s", c->data.val, e2.msg);
+        die_user(&e);
+    }
+
+    checkpoint_dir_of(c, r->ckpt_dir, sizeof r->ckpt_dir);
+    snprintf(r->metrics_path, sizeof r->metrics_path, "%s/%s", c->log.dir, c->log.metrics_file);
+    int has_run = file_exists(r->metrics_path) || checkpoint_dir_has_any(r->ckpt_dir);
+    if (has_run && !opt->resume) {
+        errf(&e, "run dir %s already holds a run (%s): pass --resume to continue it, or choose another log.dir "
+                 "via --set log.dir=...", c->log.dir, file_exists(r->metrics_path) ? r->metrics_path : r->ckpt_dir);
+        die_user(&e);
+    }
+    char resume_path[4096] = "";
+    if (opt->resume) {
+        if (opt->resume_from && strcmp(opt->resume_from, "latest") != 0) {
+            snprintf(resume_path, sizeof resume_path, "%s", opt->resume_from);
+            if (!file_exists(resume_path)) {
+                errf(&e, "--resume %s: no such checkpoint file", resume_path);
+                die_user(&e);
+            }
+        } else if (checkpoint_find_latest(r->ckpt_dir, resume_path, sizeof resume_path, &e2) != 0) {
+            errf(&e, "--resume: %s", e2.msg);
+            die_user(&e);
+        }
+    }
+
+    cpu_model_init(&r->model, c, r->B, r->T, c->train.seed);
+    adamw_init(&r->adam, r->model.table.total);
+    r->n_delayed = r->model.attn_delayed ? c->model.n_layer : 0;
+    r->delayed_save = xcalloc((size_t)(r->n_delayed ? r->n_delayed : 1), sizeof(AttnDelayedState));
+    r->inputs = xmalloc((size_t)r->B * r->T * sizeof(int32_t));
+    r->targets = xmalloc((size_t)r->B * r->T * sizeof(int32_t));
+    r->sample_rng = sample_rng_seed(c->train.seed);
+    r->config_json = config_to_json(c);
+    *start_step = 0;
+    if (resume_path[0]) {
+        CheckpointState s = checkpoint_state_of(r);
+        if (checkpoint_load(resume_path, &s, &e) != 0) die_user(&e);
+        if (dataloader_set_state(&r->train, &s.data, &e2) != 0) {
+            errf(&e, "checkpoint %s: its data loader position does not fit data.train (%s): %s", resume_path,
+                 c->data.train, e2.msg);
+            die_user(&e);
+        }
+        if (s.train_step > c->train.steps) {
+            errf(&e, "checkpoint %s is at step %lld, past train.steps = %d (raise it with --set train.steps=N)",
+                 resume_path, s.train_step, c->train.steps);
+            die_user(&e);
+        }
+        r->adam.step = s.adam_step;
+        r->sample_rng = s.sample_rng;
+        r->elapsed_before = s.elapsed_s;
+        *start_step = s.train_step;
+        printf("resuming from %s (step %lld of %d)\n", resume_path, s.train_step, c->train.steps);
+    }
+
+    // Inputs are valid: now the run directory may be written.
+    if (make_dirs(c->log.dir, &e) != 0 || make_dirs(r->ckpt_dir, &e) != 0) die_user(&e);
+    if (config_write_resolved(c, c->log.dir, &e) != 0) die_user(&e);
+    if (*start_step > 0 && file_exists(r->metrics_path)) {
+        int dropped = trim_metrics(r->metrics_path, *start_step, &e);
+        if (dropped < 0) die_user(&e);
+        if (dropped) printf("note: dropped %d metrics lines written after step %lld\n", dropped, *start_step);
+    }
+    r->metrics = fopen(r->metrics_path, *start_step > 0 ? "ab" : "wb");
+    if (!r->metrics) FATAL("cannot open %s for writing (hint: is the run directory writable?)", r->metrics_path);
+}
+
+static void print_plan(const Run *r, long long start_step) {
+    const Config *c = &r->c;
+    double n_params = (double)r->model.table.total;
+    long long shard_tokens = 0;
+    for (int i = 0; i < r->train.n_files; i++) shard_tokens += r->train.n_tokens[i];
+    printf("train_gpt: %s | run dir %s\n", c->source_path[0] ? c->source_path : "(config)", c->log.dir);
+    printf("model: %.3fM parameters, %d layers, d_model %d, %d heads | attention %s | memory: params, grads, "
+           "AdamW m and v 4 x %.1f MB fp32\n",
+           n_params / 1e6, c->model.n_layer, c->model.d_model, c->model.n_head,
+           attn_precision_name(c->precision.attention), n_params * 4 / 1e6);
+    printf("batch: %d x %d tokens x %d accumulation = %lld tokens/step | %d steps from step %lld | data: %d train "
+           "shard(s), %lld tokens%s\n",
+           r->B, r->T, r->grad_accum, r->tokens_per_step, c->train.steps, start_step, r->train.n_files,
+           shard_tokens, r->have_val ? "" : " | no data.val: evaluation skipped");
+    printf("device: cpu (%d threads) | MFU n/a (CPU)\n", omp_get_max_threads());
+    fflush(stdout);
+}
+
+static void write_summary(const Run *r, long long steps_done, double train_loss, double val_loss, double elapsed) {
+    long long tokens = steps_done * r->tokens_per_step;
+    char dur[32];
+    format_duration(elapsed, dur, sizeof dur);
+    printf("done: %lld steps | final train loss %.4f | final val loss ", steps_done, train_loss);
+    if (isfinite(val_loss)) printf("%.4f", val_loss); else printf("n/a");
+    printf(" | %s | %lld tokens (%.0f tok/s)\n", dur, tokens, elapsed > 0 ? tokens / elapsed : 0.0);
+    char path[4096], text[1024];
+    snprintf(path, sizeof path, "%s/summary.json", r->c.log.dir);
+    FILE *mem = fmemopen(text, sizeof text, "w");
+    if (!mem) return;
+    fprintf(mem, "{\"steps\": %lld", steps_done);
+    fprint_json_num(mem, "final_train_loss", train_loss, "%.9g");
+    fprint_json_num(mem, "final_val_loss", val_loss, "%.9g");
+    fprint_json_num(mem, "elapsed_s", elapsed, "%.3f");
+    fprintf(mem, ", \"tokens\": %lld}\n", tokens);
+    long n = ftell(mem);
+    fclose(mem);
+    ErrBuf e;
+    if (write_file_atomic(path, text, (size_t)n, &e) != 0) fprintf(stderr, "train_gpt: warning: %s\n", e.msg);
+}
+
+// ---------------------------------------------------------------------------------------------
+int train_run(const Config *cfg, const TrainOptions *opt) {
+    Run *r = xcalloc(1, sizeof *r);
+    r->c = *cfg;
+    Config *c = &r->c;
+    if (c->train.threads > 0) omp_set_num_threads(c->train.threads);
+    long long start_step;
+    setup_or_die(r, opt, &start_step);
+    print_plan(r, start_step);
+
+    struct sigaction sa = {0}, old_int, old_term;
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    stop_signal = 0;
+
+    const int steps = c->train.steps;
+    const int log_every = c->log.interval > 0 ? c->log.interval : 1;
+    const size_t n_params = r->model.table.total;
+    double t_start = now_seconds();
+    double last_loss = NAN, last_val = NAN;
+    long long step = start_step, last_ckpt = -1;
+    int status = 0;
+    ErrBuf e;
+
+    for (step = start_step + 1; step <= steps; step++) {
+        double t0 = now_seconds();
+        cpu_model_zero_grad(&r->model);
+        double loss_sum = 0.0;
+        for (int a = 0; a < r->grad_accum; a++) {
+            dataloader_next(&r->train, r->inputs, r->targets);
+            loss_sum += cpu_model_forward(&r->model, r->inputs, r->targets);
+            cpu_model_backward(&r->model, 1.0f / (float)r->grad_accum);
+        }
+        double norm = grad_global_norm(r->model.grads, n_params);
+        double clip = grad_clip_factor(&c->train, norm);
+        double lr = lr_at_step(&c->train, (int)(step - 1));
+        adamw_step(&r->adam, &r->model.table, &c->train, r->model.params, r->model.grads, lr, clip);
+        double t1 = now_seconds();
+        last_loss = loss_sum / r->grad_accum;
+        double tok_s = r->tokens_per_step / (t1 - t0 > 0 ? t1 - t0 : 1e-9);
+        double session = t1 - t_start, elapsed = r->elapsed_before + session;
+
+        fprintf(r->metrics, "{\"step\": %lld", step);
+        fprint_json_num(r->metrics, "loss", last_loss, "%.9g");
+        fprint_json_num(r->metrics, "lr", lr, "%.9g");
+        fprint_json_num(r->metrics, "grad_norm", norm, "%.9g");
+        fprint_json_num(r->metrics, "tokens_per_s", tok_s, "%.1f");
+        fprint_json_num(r->metrics, "elapsed_s", elapsed, "%.3f");
+        fprintf(r->metrics, "}\n");
+        fflush(r->metrics);
+        if (!isfinite(last_loss)) printf("warning: step %lld: the loss is %f\n", step, last_loss);
+
+        if (step % log_every == 0 || step == start_step + 1 || step == steps) {
+            char eta[32];
+            format_duration(session / (double)(step - start_step) * (double)(steps - step), eta, sizeof eta);
+            printf("step %lld/%d | loss %.4f | lr %.2e | norm %.2f | %.0f tok/s | ETA %s\n", step, steps, last_loss, lr,
+                   norm, tok_s, eta);
+            fflush(stdout);
+        }
+        if (r->have_val && ((c->eval.interval > 0 && step % c->eval.interval == 0) || step == steps)) {
+            last_val = evaluate(r);
+            printf("step %lld/%d | val loss %.4f\n", step, steps, last_val);
+            fprintf(r->metrics, "{\"step\": %lld", step);
+            fprint_json_num(r->metrics, "val_loss", last_val, "%.9g");
+            fprintf(r->metrics, "}\n");
+            fflush(r->metrics);
+        }
+        if (c->eval.sample_interval > 0 && step % c->eval.sample_interval == 0) print_sample(r, step);
+
+        int stopping = stop_signal || (opt->stop_after > 0 && step >= opt->stop_after);
+        if ((c->checkpoint.interval > 0 && step % c->checkpoint.interval == 0) || step == steps || stopping) {
+            if (save_checkpoint(r, step, r->elapsed_before + (now_seconds() - t_start), &e) != 0) {
+                fprintf(stderr, "train_gpt: error: %s\n", e.msg);
+                status = 1;
+                break;
+            }
+            last_ckpt = step;
+        }
+        if (stopping && step < steps) {
+            if (stop_signal) printf("stopped by signal %d after step %lld: ", (int)stop_signal, step);
+            else printf("stopped after step %lld (--stop-after): ", step);
+            printf("checkpoint written; continue with --resume\n");
+            break;
+        }
+    }
+    if (step > steps) step = steps;
+    if (status == 0 && start_step >= steps) printf("the run is already at step %lld of %d: nothing to do\n", start_step, steps);
+    if (status == 0 && step == steps && last_ckpt == steps)
+        write_summary(r, step, last_loss, last_val, r->elapsed_before + (now_seconds() - t_start));
+
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    fclose(r->metrics);
+    if (r->tok) tokenizer_free(r->tok);
+    free(r->config_json);
+    free(r->inputs);
+    free(r->targets);
+    free(r->delayed_save);
+    adamw_free(&r->adam);
+    cpu_model_free(&r->model);
+    dataloader_close(&r->train);
+    if (r->have_val) dataloader_close(&r->val);
+    free(r);
+    return status;
+}

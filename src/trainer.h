@@ -1,0 +1,26 @@
+// trainer.h: the training run loop (CPU backend for now): data, gradient accumulation, AdamW,
+// progress lines, JSONL metrics, evaluation, samples, checkpoints, exact resume and a clean
+// stop on SIGINT/SIGTERM.
+#ifndef TRAINER_H
+#define TRAINER_H
+
+#include "config.h"  // Config
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int resume;               // --resume given: continue the run in log.dir
+    const char *resume_from;  // a checkpoint path; NULL or "latest": the newest of the run's checkpoints
+    long long stop_after;     // > 0: stop after this step, writing a checkpoint (tests, preemption drills)
+} TrainOptions;
+
+// Trains c (validated) on the CPU. Bad input (data, run dir, checkpoint) is reported as
+// "train_gpt: error: ..." before anything is written. Returns the process exit status.
+int train_run(const Config *c, const TrainOptions *opt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // TRAINER_H

@@ -1,0 +1,101 @@
+#!/bin/sh
+# cli_train.sh: a short CPU training run of a tiny model on generated shards: progress lines,
+# metrics, the resolved config, checkpoints with checkpoint.keep, sampling from the result;
+# and the --dry-run parameter count of the paper's 1.67B config.
+# Runs from the repo root after `make`; TRAIN_GPT overrides the binary.
+BIN=${TRAIN_GPT:-./train_gpt}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ok() { echo "ok - $1"; }
+fail() { echo "FAIL - $1: $2"; }
+check() {  # name, detail, command...: ok when the command succeeds
+  _name=$1; _detail=$2; shift 2
+  if "$@"; then ok "$_name"; else fail "$_name" "$_detail"; fi
+}
+
+# Shards: llm.c format (256 x int32 header, uint16 tokens) with a learnable pattern in [0, 500).
+python3 - "$tmp" <<'EOF'
+import random, struct, sys
+def shard(path, n, seed):
+    r = random.Random(seed)
+    toks = [r.randrange(500)]
+    for _ in range(n - 1):
+        toks.append((toks[-1] * 7 + 3) % 500 if r.random() < 0.8 else r.randrange(500))
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)))
+        f.write(struct.pack("<%dH" % n, *toks))
+d = sys.argv[1]
+shard(d + "/train_000000.bin", 3000, 1)
+shard(d + "/train_000001.bin", 2000, 2)
+shard(d + "/val_000000.bin", 1500, 3)
+EOF
+
+run=$tmp/run
+set -- --config configs/tiny.json --set model.vocab_size=512 --set model.n_layer=1 \
+  --set model.seq_len=16 --set model.ffn_hidden=256 --set train.micro_batch=2 \
+  --set train.batch_tokens=64 --set train.steps=12 --set train.warmup_steps=2 \
+  --set "data.train=$tmp/train_*.bin" --set "data.val=$tmp/val_*.bin" \
+  --set eval.interval=6 --set eval.batches=2 --set checkpoint.interval=4 --set checkpoint.keep=2 \
+  --set log.interval=3 --set "log.dir=$run" --set train.device=auto
+"$BIN" "$@" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check "train exits 0" "rc $rc: $(tail -3 "$tmp/err")" [ "$rc" -eq 0 ]
+check "device note" "$(head -2 "$tmp/out")" grep -q "training on the CPU" "$tmp/out"
+check "MFU n/a printed once" "$(grep -c 'MFU n/a' "$tmp/out") times" [ "$(grep -c 'MFU n/a' "$tmp/out")" -eq 1 ]
+check "progress lines" "$(cat "$tmp/out")" grep -Eq '^step 12/12 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| norm [0-9.]+ \| [0-9]+ tok/s \| ETA ' "$tmp/out"
+check "progress every log.interval" "$(grep -c '^step [0-9]*/12 | loss' "$tmp/out") lines" \
+  [ "$(grep -c '^step [0-9]*/12 | loss' "$tmp/out")" -eq 5 ]  # steps 1, 3, 6, 9, 12
+check "val loss printed" "$(cat "$tmp/out")" grep -q '^step 12/12 | val loss' "$tmp/out"
+check "summary printed" "$(tail -2 "$tmp/out")" grep -q '^done: 12 steps | final train loss' "$tmp/out"
+m=$run/metrics.jsonl
+n_steps=$(grep -c '"loss"' "$m" 2>/dev/null)
+check "metrics has 12 steps" "$n_steps lines" [ "$n_steps" = 12 ]
+check "metrics has 2 evals" "$(grep -c val_loss "$m")" [ "$(grep -c '"val_loss"' "$m")" = 2 ]
+check "metrics is JSON" "a line failed to parse" python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open('$m')]
+keys = {'step', 'loss', 'lr', 'grad_norm', 'tokens_per_s', 'elapsed_s'}
+sys.exit(0 if all(keys <= set(r) for r in rows if 'loss' in r) and [r['step'] for r in rows if 'loss' in r] == list(range(1, 13)) else 1)"
+check "loss decreases" "first/last $(head -1 "$m" | cut -c1-60) / $(grep '"loss"' "$m" | tail -1 | cut -c1-60)" python3 -c "
+import json
+rows = [json.loads(l) for l in open('$m') if '\"loss\"' in l]
+exit(0 if rows[-1]['loss'] < rows[0]['loss'] else 1)"
+check "resolved config written" "missing $run/config.json" [ -f "$run/config.json" ]
+"$BIN" --config "$run/config.json" --dry-run >"$tmp/dry" 2>&1
+check "resolved config reloads (--dry-run)" "$(tail -3 "$tmp/dry")" [ $? -eq 0 ]
+ck=$run/checkpoints
+n_ck=$(ls "$ck" | grep -c '^step_.*\.ckpt$')
+check "checkpoint.keep respected" "$(ls "$ck" | tr '\n' ' ')" [ "$n_ck" -eq 2 ] 
+check "newest checkpoints kept" "$(ls "$ck" | tr '\n' ' ')" [ -f "$ck/step_000008.ckpt" -a -f "$ck/step_000012.ckpt" ]
+check "latest points at step 12" "$(cat "$ck/latest")" [ "$(cat "$ck/latest")" = step_000012.ckpt ]
+check "no temp files left" "$(ls "$ck" "$run" | tr '\n' ' ')" [ -z "$(ls "$ck" "$run" | grep '\.tmp\.')" ]
+
+# A finished run refuses to be overwritten and resuming it has nothing left to do.
+"$BIN" "$@" >"$tmp/out2" 2>"$tmp/err2"
+rc=$?
+check "rerun into the same run dir refused" "rc $rc: $(cat "$tmp/err2")" grep -q 'already holds a run' "$tmp/err2"
+"$BIN" "$@" --resume >"$tmp/out2" 2>"$tmp/err2"
+check "resume of a finished run: nothing to do" "$(cat "$tmp/out2" "$tmp/err2")" grep -q 'nothing to do' "$tmp/out2"
+
+# Sampling needs only the checkpoint (its config is stored inside).
+"$BIN" sample --checkpoint "$run" --tokens 8 --seed 7 >"$tmp/s1" 2>"$tmp/serr"
+rc=$?
+check "sample exits 0" "rc $rc: $(cat "$tmp/serr")" [ "$rc" -eq 0 ]
+check "sample prints something" "empty output" [ -s "$tmp/s1" ]
+"$BIN" sample --checkpoint "$ck/step_000012.ckpt" --tokens 8 --seed 7 >"$tmp/s2" 2>/dev/null
+check "sample is deterministic for a seed" "$(cat "$tmp/s1") vs $(cat "$tmp/s2")" cmp -s "$tmp/s1" "$tmp/s2"
+"$BIN" sample --checkpoint "$ck/step_000012.ckpt" --tokens 8 --temperature 0 >"$tmp/s3" 2>/dev/null
+check "greedy sample runs" "rc $?" [ -s "$tmp/s3" ]
+
+# --dry-run of the paper's 1.67B config: the count is within 1% of 1.67e9.
+before=$(ls -d runs/paper_1p67b 2>/dev/null)
+"$BIN" --config configs/paper_1p67b.json --dry-run >"$tmp/dry" 2>&1
+rc=$?
+total=$(sed -n 's/^total parameters: \([0-9]*\).*/\1/p' "$tmp/dry")
+check "dry-run 1.67B exits 0" "rc $rc: $(tail -2 "$tmp/dry")" [ "$rc" -eq 0 ]
+check "dry-run 1.67B count within 1%" "total '$total'" python3 -c "exit(0 if abs(int('${total:-0}') / 1.67e9 - 1) < 0.01 else 1)"
+check "dry-run prints a memory plan" "$(tail -3 "$tmp/dry")" grep -q 'memory plan' "$tmp/dry"
+"$BIN" --config configs/paper_1p67b.json --dry-run --world-size 8 --zero1 --micro-batch 1 >"$tmp/dry8" 2>&1
+check "dry-run with world size and zero1" "$(tail -2 "$tmp/dry8")" grep -q 'world_size 8, zero1 on, micro_batch 1' "$tmp/dry8"
+check "dry-run wrote nothing" "runs/paper_1p67b appeared" [ -n "$before" -o ! -e runs/paper_1p67b ]
+exit 0
