@@ -284,6 +284,17 @@ static void print_plan(const Run *r, long long start_step) {
     fflush(stdout);
 }
 
+// Evaluates, prints the validation loss and appends it to the metrics file.
+static double evaluate_and_log(Run *r, long long step, int steps) {
+    double val = evaluate(r);
+    printf("step %lld/%d | val loss %.4f\n", step, steps, val);
+    fprintf(r->metrics, "{\"step\": %lld", step);
+    fprint_json_num(r->metrics, "val_loss", val, "%.9g");
+    fprintf(r->metrics, "}\n");
+    fflush(r->metrics);
+    return val;
+}
+
 static void write_summary(const Run *r, long long steps_done, double train_loss, double val_loss, double elapsed) {
     long long tokens = steps_done * r->tokens_per_step;
     char dur[32];
@@ -332,6 +343,9 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     int status = 0;
     ErrBuf e;
 
+    // The validation loss before the first step, so a run's log shows the whole fall from the
+    // initial ln(V). Evaluation leaves no trace in the training state, so resumes stay exact.
+    if (start_step == 0 && r->have_val && c->eval.interval > 0) last_val = evaluate_and_log(r, 0, steps);
     for (step = start_step + 1; step <= steps; step++) {
         double t0 = now_seconds();
         cpu_model_zero_grad(&r->model);
@@ -368,12 +382,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
             fflush(stdout);
         }
         if (r->have_val && ((c->eval.interval > 0 && step % c->eval.interval == 0) || step == steps)) {
-            last_val = evaluate(r);
-            printf("step %lld/%d | val loss %.4f\n", step, steps, last_val);
-            fprintf(r->metrics, "{\"step\": %lld", step);
-            fprint_json_num(r->metrics, "val_loss", last_val, "%.9g");
-            fprintf(r->metrics, "}\n");
-            fflush(r->metrics);
+            last_val = evaluate_and_log(r, step, steps);
         }
         if (c->eval.sample_interval > 0 && step % c->eval.sample_interval == 0) print_sample(r, step);
 
