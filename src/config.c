@@ -114,6 +114,9 @@ static const KeyDef PRECISION_KEYS[] = {
     KEY(precision, attention_block_k, KIND_INT),
     KEY_ENUM(precision, linear, LINEAR_NAMES),
     KEY_ENUM(precision, linear_grad_format, GRADFMT_NAMES),
+    KEY(precision, linear_keep_lm_head_bf16, KIND_BOOL),
+    KEY(precision, linear_bf16_first_layers, KIND_INT),
+    KEY(precision, linear_bf16_last_layers, KIND_INT),
 };
 static const KeyDef EVAL_KEYS[] = {
     KEY(eval, interval, KIND_INT), KEY(eval, batches, KIND_INT),
@@ -200,6 +203,9 @@ void config_defaults(Config *c) {
     p->attention_block_k = 128;
     p->linear = LINEAR_BF16;
     p->linear_grad_format = GRADFMT_E4M3;
+    p->linear_keep_lm_head_bf16 = 1;
+    p->linear_bf16_first_layers = 0;
+    p->linear_bf16_last_layers = 0;
     c->eval.interval = 100;
     c->eval.batches = 10;
     c->eval.sample_interval = 0;
@@ -659,6 +665,10 @@ static int validate_precision(const Config *c, ErrBuf *e) {
     for (int i = 0; i < 2; i++)
         if (!is_pow2(bval[i]) || bval[i] < 16 || bval[i] > 256)
             return errf(e, "%s: %s: must be a power of two in [16, 256], got %d", label(c), bkey[i], bval[i]);
+    // Keeping more blocks than the model has would be a typo, not a request.
+    if (range_int(c, "precision.linear_bf16_first_layers", p->linear_bf16_first_layers, 0, c->model.n_layer, e) ||
+        range_int(c, "precision.linear_bf16_last_layers", p->linear_bf16_last_layers, 0, c->model.n_layer, e))
+        return -1;
     return 0;
 }
 

@@ -16,7 +16,9 @@
 //                 "fp8_dm_approx"), attention_grad_format ("e4m3" | "e5m2"), attention_scaling
 //                 ("block" | "delayed"), attention_p_scale (256, a power of two),
 //                 attention_amax_history (16), attention_block_q (128), attention_block_k (128),
-//                 linear ("bf16" | "fp8_tensor" | "fp8_block"), linear_grad_format
+//                 linear ("bf16" | "fp8_tensor" | "fp8_block"), linear_grad_format,
+//                 linear_keep_lm_head_bf16 (true), linear_bf16_first_layers (0),
+//                 linear_bf16_last_layers (0)
 //   eval          interval (steps; 0 = only at the end), batches, sample_interval (0 = off),
 //                 sample_tokens
 //   checkpoint    dir ("" = <log.dir>/checkpoints), interval (steps; 0 = only at the end),
@@ -91,7 +93,10 @@ typedef struct {
     int attention_amax_history;
     int attention_block_q, attention_block_k;
     LinearPrecision linear;
-    GradFormat linear_grad_format;
+    GradFormat linear_grad_format;     // of output gradients with fp8_tensor (fp8_block: E4M3)
+    int linear_keep_lm_head_bf16;      // the LM head GEMMs stay in BF16 when linear is FP8
+    int linear_bf16_first_layers;      // this many first blocks keep BF16 linears
+    int linear_bf16_last_layers;       // this many last blocks keep BF16 linears
 } PrecisionConfig;
 
 typedef struct {

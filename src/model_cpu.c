@@ -7,6 +7,8 @@
 // for the input gradient and the head's weight gradient, so (B*T, Vp) is never stored.
 // Because the gradient of the head is produced during the forward, cpu_model_forward keeps it
 // unscaled (dhf, dhead) and cpu_model_backward applies loss_scale; cpu_model_loss skips it.
+// Every linear-layer GEMM goes through linear_fp8.c, which is the plain FP32 product for BF16
+// linears and quantizes the operands first for precision.linear = fp8_tensor / fp8_block.
 #include "model_cpu.h"
 
 #include <math.h>    // log for the loss
@@ -16,7 +18,7 @@
 
 #include "common.h"      // xmalloc, xcalloc, FATAL
 #include "layers_cpu.h"  // rmsnorm, rope, swiglu, cross-entropy
-#include "matmul_cpu.h"  // matmul_nt, matmul_nn, matmul_tn
+#include "linear_fp8.h"  // linear_forward / dgrad / wgrad in the linear precision of a layer
 
 #define HEAD_CHUNK 192  // tokens per chunk of the fused LM head + cross-entropy
 
@@ -52,6 +54,7 @@ typedef struct {
     float *dsw, *dfc;        // (BT, F), (BT, 2F)
     float *dout, *dq, *dk, *dv;  // (B, H, T, hd)
     AttnStats *head_stats;   // (B*H) per-head counters, merged in a fixed order
+    LinearFp8 lin;           // FP8 linear state: formats, counters, scratch
 } Acts;
 
 static float *falloc(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
@@ -67,6 +70,10 @@ static float *G(CpuModel *m, ParamKind kind, int layer) {
     return m->grads + d->offset;
 }
 static ParamKind head_kind(const CpuModel *m) { return m->cfg.model.tied_embeddings ? P_WTE : P_LM_HEAD; }
+// Precision of the linears of block `layer` (-1: the LM head).
+static LinearPrecision lin_prec(const CpuModel *m, int layer) {
+    return linear_precision_of(&m->cfg.precision, m->cfg.model.n_layer, layer);
+}
 
 void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long long seed) {
     memset(m, 0, sizeof *m);
@@ -136,6 +143,7 @@ void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long lo
     a->dk = falloc(BT * C);
     a->dv = falloc(BT * C);
     a->head_stats = xcalloc((size_t)B * H, sizeof(AttnStats));
+    linear_fp8_init(&a->lin, &c->precision);
     m->acts = a;
 }
 
@@ -155,6 +163,7 @@ void cpu_model_free(CpuModel *m) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
         free(a->tokens);
         free(a->head_stats);
+        linear_fp8_free(&a->lin);
         free(a->block);
         free(a);
     }
@@ -256,9 +265,10 @@ static void forward_blocks(CpuModel *m, const int32_t *tokens, int B, int T) {
     for (int l = 0; l < mc->n_layer; l++) {
         BlockActs *b = &a->block[l];
         float *x_out = l + 1 < mc->n_layer ? a->block[l + 1].x_in : a->x_final;
+        LinearPrecision lp = lin_prec(m, l);
         // attention
         rmsnorm_forward(b->h1, b->rstd1, b->x_in, P(m, P_ATTN_NORM, l), BT, C, eps);
-        matmul_nt(a->qkv, b->h1, P(m, P_QKV, l), BT, 3 * C, C, 0);              // (BT, 3C)
+        linear_forward(&a->lin, lp, a->qkv, b->h1, P(m, P_QKV, l), BT, 3 * C, C, 0);     // (BT, 3C)
         if (mc->qk_norm) {
             to_heads(b->q_raw, a->qkv, B, T, H, hd, 3 * C, 0);
             to_heads(b->k_raw, a->qkv, B, T, H, hd, 3 * C, C);
@@ -276,13 +286,13 @@ static void forward_blocks(CpuModel *m, const int32_t *tokens, int B, int T) {
         attention_forward(m, b, &m->attn_delayed[l], B, T);
         from_heads(b->att, b->o, B, T, H, hd, C, 0);
         memcpy(b->x_mid, b->x_in, sizeof(float) * (size_t)BT * C);
-        matmul_nt(b->x_mid, b->att, P(m, P_ATTN_PROJ, l), BT, C, C, 1);        // x += att @ W^T
+        linear_forward(&a->lin, lp, b->x_mid, b->att, P(m, P_ATTN_PROJ, l), BT, C, C, 1);  // x += att @ W^T
         // MLP
         rmsnorm_forward(b->h2, b->rstd2, b->x_mid, P(m, P_MLP_NORM, l), BT, C, eps);
-        matmul_nt(b->fc, b->h2, P(m, P_MLP_FC, l), BT, 2 * F, C, 0);            // (BT, 2F)
+        linear_forward(&a->lin, lp, b->fc, b->h2, P(m, P_MLP_FC, l), BT, 2 * F, C, 0);   // (BT, 2F)
         swiglu_forward(b->sw, b->fc, BT, F);
         memcpy(x_out, b->x_mid, sizeof(float) * (size_t)BT * C);
-        matmul_nt(x_out, b->sw, P(m, P_MLP_PROJ, l), BT, C, F, 1);             // x += sw @ W^T
+        linear_forward(&a->lin, lp, x_out, b->sw, P(m, P_MLP_PROJ, l), BT, C, F, 1);    // x += sw @ W^T
     }
     rmsnorm_forward(a->hf, a->rstd_f, a->x_final, P(m, P_FINAL_NORM, 0), BT, C, eps);
 }
@@ -294,6 +304,7 @@ static float head_and_loss(CpuModel *m, const int32_t *targets, int want_grad) {
     Acts *a = m->acts;
     int BT = a->B * a->T, C = mc->d_model, V = mc->vocab_size, Vp = mc->padded_vocab_size;
     const float *w = P(m, head_kind(m), 0);  // (Vp, C)
+    LinearPrecision hp = lin_prec(m, -1);
     int counted = 0;
     for (int i = 0; i < BT; i++) {
         if (targets[i] >= V)
@@ -305,12 +316,12 @@ static float head_and_loss(CpuModel *m, const int32_t *targets, int want_grad) {
     for (int c0 = 0; c0 < BT; c0 += HEAD_CHUNK) {
         int n = BT - c0 < HEAD_CHUNK ? BT - c0 : HEAD_CHUNK;
         const float *hf = a->hf + (long)c0 * C;
-        matmul_nt(a->logits, hf, w, n, Vp, C, 0);                               // (n, Vp)
+        linear_forward(&a->lin, hp, a->logits, hf, w, n, Vp, C, 0);             // (n, Vp)
         cross_entropy_rows(a->logits, a->losses + c0, targets + c0, n, V, Vp, grad_scale);
         if (want_grad) {
             if (grad_scale == 0.0f) memset(a->logits, 0, sizeof(float) * (size_t)n * Vp);
-            matmul_nn(a->dhf + (long)c0 * C, a->logits, w, n, C, Vp, 0);        // (n, C)
-            matmul_tn(a->dhead, a->logits, hf, Vp, C, n, c0 > 0);               // (Vp, C)
+            linear_dgrad(&a->lin, hp, a->dhf + (long)c0 * C, a->logits, w, n, Vp, C, 0);  // (n, C)
+            linear_wgrad(&a->lin, hp, a->dhead, a->logits, hf, n, Vp, C, c0 > 0);          // (Vp, C)
         }
     }
     a->grad_ready = want_grad;
@@ -335,7 +346,8 @@ void cpu_model_next_logits(CpuModel *m, const int32_t *tokens, int t, float *log
     ((Acts *)m->acts)->grad_ready = 0;
     const ModelConfig *mc = &m->cfg.model;
     const float *last = ((Acts *)m->acts)->hf + (long)(t - 1) * mc->d_model;
-    matmul_nt(logits, last, P(m, head_kind(m), 0), 1, mc->padded_vocab_size, mc->d_model, 0);
+    linear_forward(&((Acts *)m->acts)->lin, lin_prec(m, -1), logits, last, P(m, head_kind(m), 0), 1,
+                   mc->padded_vocab_size, mc->d_model, 0);
 }
 
 // --- backward ------------------------------------------------------------------------------------
@@ -361,17 +373,19 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
 
     for (int l = mc->n_layer - 1; l >= 0; l--) {
         BlockActs *b = &a->block[l];
+        LinearPrecision lp = lin_prec(m, l);
+        LinearFp8 *L = &a->lin;
         // MLP: x_out = x_mid + sw @ Wp^T, sw = swiglu(h2 @ Wfc^T), h2 = RMSNorm(x_mid)
-        matmul_tn(G(m, P_MLP_PROJ, l), a->dx, b->sw, C, F, BT, 1);             // (C, F)
-        matmul_nn(a->dsw, a->dx, P(m, P_MLP_PROJ, l), BT, F, C, 0);            // (BT, F)
+        linear_wgrad(L, lp, G(m, P_MLP_PROJ, l), a->dx, b->sw, BT, C, F, 1);     // (C, F)
+        linear_dgrad(L, lp, a->dsw, a->dx, P(m, P_MLP_PROJ, l), BT, C, F, 0);    // (BT, F)
         swiglu_backward(a->dfc, a->dsw, b->fc, BT, F);                         // (BT, 2F)
-        matmul_tn(G(m, P_MLP_FC, l), a->dfc, b->h2, 2 * F, C, BT, 1);          // (2F, C)
-        matmul_nn(a->dh, a->dfc, P(m, P_MLP_FC, l), BT, C, 2 * F, 0);          // (BT, C)
+        linear_wgrad(L, lp, G(m, P_MLP_FC, l), a->dfc, b->h2, BT, 2 * F, C, 1);  // (2F, C)
+        linear_dgrad(L, lp, a->dh, a->dfc, P(m, P_MLP_FC, l), BT, 2 * F, C, 0);  // (BT, C)
         rmsnorm_backward(a->dx, G(m, P_MLP_NORM, l), a->dh, b->x_mid, P(m, P_MLP_NORM, l),
                          b->rstd2, BT, C, 1);
         // Attention: x_mid = x_in + att @ Wo^T
-        matmul_tn(G(m, P_ATTN_PROJ, l), a->dx, b->att, C, C, BT, 1);           // (C, C)
-        matmul_nn(a->datt, a->dx, P(m, P_ATTN_PROJ, l), BT, C, C, 0);          // (BT, C)
+        linear_wgrad(L, lp, G(m, P_ATTN_PROJ, l), a->dx, b->att, BT, C, C, 1);   // (C, C)
+        linear_dgrad(L, lp, a->datt, a->dx, P(m, P_ATTN_PROJ, l), BT, C, C, 0);  // (BT, C)
         to_heads(a->dout, a->datt, B, T, H, hd, C, 0);
         attention_backward(m, b, &m->attn_delayed[l], B, T);                   // dq, dk, dv
         if (mc->position == POS_ROPE) {
@@ -387,8 +401,8 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
         from_heads(a->qkv, a->dq, B, T, H, hd, 3 * C, 0);                      // dQKV (BT, 3C)
         from_heads(a->qkv, a->dk, B, T, H, hd, 3 * C, C);
         from_heads(a->qkv, a->dv, B, T, H, hd, 3 * C, 2 * C);
-        matmul_tn(G(m, P_QKV, l), a->qkv, b->h1, 3 * C, C, BT, 1);             // (3C, C)
-        matmul_nn(a->dh, a->qkv, P(m, P_QKV, l), BT, C, 3 * C, 0);             // (BT, C)
+        linear_wgrad(L, lp, G(m, P_QKV, l), a->qkv, b->h1, BT, 3 * C, C, 1);     // (3C, C)
+        linear_dgrad(L, lp, a->dh, a->qkv, P(m, P_QKV, l), BT, 3 * C, C, 0);     // (BT, C)
         rmsnorm_backward(a->dx, G(m, P_ATTN_NORM, l), a->dh, b->x_in, P(m, P_ATTN_NORM, l),
                          b->rstd1, BT, C, 1);
     }

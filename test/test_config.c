@@ -322,6 +322,9 @@ static void random_config(Config *c, int i) {
     p->attention_block_k = 16 << rng_int(0, 4);
     p->linear = (LinearPrecision)rng_int(0, 2);
     p->linear_grad_format = (GradFormat)rng_int(0, 1);
+    p->linear_keep_lm_head_bf16 = rng_int(0, 1);
+    p->linear_bf16_first_layers = rng_int(0, c->model.n_layer);
+    p->linear_bf16_last_layers = rng_int(0, c->model.n_layer);
     c->eval.interval = rng_int(0, 10000);
     c->eval.batches = rng_int(1, 100);
     c->eval.sample_interval = rng_int(0, 10000);
@@ -367,7 +370,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log"};
-    const int expected[] = {12, 4, 17, 9, 4, 3, 3};
+    const int expected[] = {12, 4, 17, 12, 4, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 7 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];

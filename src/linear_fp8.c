@@ -1,0 +1,265 @@
+// linear_fp8.c: FP8 linear layers of the CPU backend (precision.linear = fp8_tensor | fp8_block).
+// The CPU quantizes every GEMM operand exactly as the GPU does (same groups, same power-of-two
+// scales, same FP8 codes) and then multiplies the dequantized values in FP32, so the GPU's
+// quantization kernels can be compared with fp8_quantize code for code, and its GEMMs with these
+// products to within accumulation rounding.
+//
+// ================================== CONTRACT FOR THE GPU SIDE ==================================
+// A linear layer y = x W^T: x (N, K) activations (N = B*T tokens), W (M, K) weight, y (N, M).
+// Its three GEMMs, with the reduction dimension of each:
+//   forward  y  (N, M) = x  (N, K) . W (M, K)^T       reduce over K
+//   dgrad    dx (N, K) = dy (N, M) . W (M, K)         reduce over M
+//   wgrad    dW (M, K) = dy (N, M)^T . x (N, K)       reduce over N (tokens)
+// cuBLASLt runs FP8 GEMMs only in the TN layout: both operands K-contiguous, i.e. in row-major
+// terms each operand is a (rows, reduction) matrix. So every operand below is named with the
+// row-major shape it has when it enters the GEMM, and its groups are slices of that matrix.
+//
+// Scales (both modes). For a group with amax = max |x| (NaN ignored, as fmaxf), the scale is
+// s = fp8_scale_for_amax(fmt, amax) = 2^floor(log2(FMAX / amax)) (fp8.h; s = 1 for amax 0 or
+// inf; exponent clamped to [-126, 126]); code = fp8_from_f32(fmt, x * s) (RNE, satfinite);
+// the value the GEMM sees is decode(code) / s, exactly. DeepSeek-V3 uses s = FMAX / amax in
+// FP32; we use power-of-two scales, as the attention spec does, so that dequantization is exact,
+// scales compose without rounding and the CPU and GPU agree bit for bit. The GPU passes 1/s
+// (also exact) to cuBLASLt's A/B scale pointers, which multiply. Scales are current: computed
+// from the tensor being quantized, every call (no amax history).
+//
+// fp8_tensor (per-tensor current scaling). x and W in E4M3; dy in precision.linear_grad_format
+// (E4M3 or E5M2; E5M2 x E5M2 never occurs since x and W are E4M3). One scale per tensor, so each
+// tensor has one set of codes whatever its layout: the dgrad and wgrad operands are transposed
+// copies of the same codes (W^T for dgrad; dy^T and x^T for wgrad). cuBLASLt scale mode
+// SCALAR_32F.
+//
+// fp8_block (DeepSeek-V3 fine-grained scaling, E4M3 everywhere):
+//   forward  x   (N, K)  1x128 slices along K              cuBLASLt VEC128_32F
+//            W   (M, K)  128x128 blocks                     BLK128x128_32F
+//   dgrad    dy  (N, M)  1x128 slices along M              VEC128_32F
+//            W^T (K, M)  128x128 blocks: the same blocks, amax and codes as the forward's W
+//                        (a block grid starting at (0, 0) is symmetric under transposition),
+//                        so the GPU transposes W's codes and its block-scale grid
+//   wgrad    dy^T (M, N) 1x128 slices along N (tokens)     VEC128_32F
+//            x^T  (K, N) 1x128 slices along N (tokens)     VEC128_32F
+//   wgrad quantizes dy and x again, along tokens: slice (m, tokens [128j, 128j+128)) of dy^T, not
+//   the forward's slices, as DeepSeek-V3 does ("128x1" tiles of the original layouts). 128x128 x
+//   128x128 is the one combination cuBLASLt refuses; VEC128 x VEC128, VEC128 x BLK128x128 and
+//   BLK128x128 x VEC128 all run in TN (measured on an H200, cuBLASLt 13.1.0: heuristic status
+//   15 = NOT_SUPPORTED only for BLK x BLK).
+//   Edges: the last slice of a row and the last row/column of blocks may be partial (K, M, N
+//   need not be multiples of 128); a partial group's amax is over its real elements only.
+//
+// Scale storage. fp8_quantize writes s row-major over the group grid: 1x128 of a (R, C) matrix:
+// scales[r * ceil(C/128) + j]; 128x128: scales[i * ceil(C/128) + j]. cuBLASLt (13.1, measured on
+// the H200 with distinct random power-of-two scales per group) wants, for an operand stored as
+// (R, C) row-major with C the reduction dimension:
+//   VEC128_32F:     dequant scale of (r, slice j) at [j * R + r]        (R fastest)
+//   BLK128x128_32F: dequant scale of block (i, j) at [i * L + j], L = ceil(C/128) rounded up to
+//                   a multiple of 4                                     (block columns fastest)
+// so the GPU writes 1/s in those layouts; a comparison with fp8_quantize permutes accordingly.
+//
+// Which GEMMs: the qkv, attention-projection, MLP-in and MLP-out linears of every block, except
+// the first precision.linear_bf16_first_layers and last linear_bf16_last_layers blocks. The LM
+// head (fused with the cross-entropy, in chunks of tokens) is FP8 only when
+// linear_keep_lm_head_bf16 is false; then each chunk's hf (n, C) and dlogits (n, Vp) are the
+// operand tensors (per-tensor scales and wgrad token slices are per chunk, so the GPU must use
+// the same chunking to match). The embedding is never quantized. Accumulation is FP32; outputs
+// (y, dx, dW) are written in the backend's own precision.
+// ===============================================================================================
+#include "linear_fp8.h"
+
+#include <math.h>    // fabsf, fmaxf
+#include <stdlib.h>  // free
+#include <string.h>  // memset
+
+#include "common.h"      // xrealloc, FATAL
+#include "matmul_cpu.h"  // matmul_nt, matmul_nn, matmul_tn
+
+// Below this many elements a quantization runs on one thread: an OpenMP region costs more than
+// the work (and much more when the machine is oversubscribed).
+#define PARALLEL_MIN_ELEMS (1L << 18)
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+long fp8_group_count(Fp8Grouping g, int rows, int cols) {
+    switch (g) {
+    case FP8_GROUP_TENSOR: return 1;
+    case FP8_GROUP_1x128: return (long)rows * ceil_div(cols, FP8_GROUP);
+    case FP8_GROUP_128x128: return (long)ceil_div(rows, FP8_GROUP) * ceil_div(cols, FP8_GROUP);
+    }
+    FATAL("fp8_group_count: unknown grouping %d", (int)g);
+}
+
+// max |x| over rows [r0, r0 + nr) x cols [c0, c0 + nc) of x (row stride ld); NaN ignored.
+static float block_amax(const float *x, long ld, int r0, int nr, int c0, int nc) {
+    float m = 0.0f;
+    for (int r = r0; r < r0 + nr; r++)
+        for (int c = c0; c < c0 + nc; c++) m = fmaxf(m, fabsf(x[(long)r * ld + c]));
+    return m;
+}
+
+// Quantizes one run of n elements with scale s; returns the saturation and NaN counts in *sat,
+// *n_nan (added to).
+static void quantize_run(float *out, uint8_t *codes, const float *x, long n, float s, Fp8Format fmt,
+                         long long *sat, long long *n_nan) {
+    float fmax = fp8_max(fmt);
+    for (long i = 0; i < n; i++) {
+        float v = x[i] * s;  // exact unless far below FP8's range (s is a power of two)
+        uint8_t q = fp8_from_f32(fmt, v);
+        if (v != v) (*n_nan)++;
+        else if (fabsf(v) > fmax) (*sat)++;
+        if (codes) codes[i] = q;
+        if (out) out[i] = fp8_to_f32(fmt, q) / s;  // exact: s is a power of two
+    }
+}
+
+void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int rows, int cols,
+                  Fp8Grouping g, Fp8Format fmt, Fp8QuantStats *stats) {
+    if (rows < 0 || cols < 0) FATAL("fp8_quantize: negative shape (%d, %d)", rows, cols);
+    long long sat = 0, n_nan = 0;
+    int par = (long)rows * cols >= PARALLEL_MIN_ELEMS;
+    int n_gc = ceil_div(cols, FP8_GROUP);  // slices or block columns per row
+    if (g == FP8_GROUP_TENSOR) {
+        float amax = 0.0f;  // max is exact, so the reduction order does not matter
+#pragma omp parallel for reduction(max : amax) schedule(static) if (par)
+        for (int r = 0; r < rows; r++) amax = fmaxf(amax, block_amax(x, cols, r, 1, 0, cols));
+        float s = fp8_scale_for_amax(fmt, amax);
+        if (scales) scales[0] = s;
+#pragma omp parallel for reduction(+ : sat, n_nan) schedule(static) if (par)
+        for (int r = 0; r < rows; r++) {
+            long off = (long)r * cols;
+            quantize_run(out ? out + off : NULL, codes ? codes + off : NULL, x + off, cols, s, fmt, &sat, &n_nan);
+        }
+    } else if (g == FP8_GROUP_1x128) {
+#pragma omp parallel for reduction(+ : sat, n_nan) schedule(static) if (par)
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < n_gc; j++) {
+                int c0 = j * FP8_GROUP, nc = cols - c0 < FP8_GROUP ? cols - c0 : FP8_GROUP;
+                long off = (long)r * cols + c0;
+                float s = fp8_scale_for_amax(fmt, block_amax(x, cols, r, 1, c0, nc));
+                if (scales) scales[(long)r * n_gc + j] = s;
+                quantize_run(out ? out + off : NULL, codes ? codes + off : NULL, x + off, nc, s, fmt, &sat, &n_nan);
+            }
+    } else if (g == FP8_GROUP_128x128) {
+        int n_gr = ceil_div(rows, FP8_GROUP);
+#pragma omp parallel for collapse(2) reduction(+ : sat, n_nan) schedule(static) if (par)
+        for (int i = 0; i < n_gr; i++)
+            for (int j = 0; j < n_gc; j++) {
+                int r0 = i * FP8_GROUP, nr = rows - r0 < FP8_GROUP ? rows - r0 : FP8_GROUP;
+                int c0 = j * FP8_GROUP, nc = cols - c0 < FP8_GROUP ? cols - c0 : FP8_GROUP;
+                float s = fp8_scale_for_amax(fmt, block_amax(x, cols, r0, nr, c0, nc));
+                if (scales) scales[(long)i * n_gc + j] = s;
+                for (int r = r0; r < r0 + nr; r++) {
+                    long off = (long)r * cols + c0;
+                    quantize_run(out ? out + off : NULL, codes ? codes + off : NULL, x + off, nc, s, fmt,
+                                 &sat, &n_nan);
+                }
+            }
+    } else {
+        FATAL("fp8_quantize: unknown grouping %d", (int)g);
+    }
+    if (stats) {
+        stats->casts += (long long)rows * cols;
+        stats->saturated += sat;
+        stats->nans += n_nan;
+    }
+}
+
+LinearPrecision linear_precision_of(const PrecisionConfig *p, int n_layer, int layer) {
+    if (p->linear == LINEAR_BF16) return LINEAR_BF16;
+    if (layer < 0) return p->linear_keep_lm_head_bf16 ? LINEAR_BF16 : p->linear;
+    if (layer < p->linear_bf16_first_layers || layer >= n_layer - p->linear_bf16_last_layers)
+        return LINEAR_BF16;
+    return p->linear;
+}
+
+// --- the three GEMMs ---------------------------------------------------------------------------
+
+void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p) {
+    memset(L, 0, sizeof *L);
+    // fp8_block: E4M3 for gradients too (1x128 slices leave no need for E5M2's range).
+    L->grad_format = (p->linear == LINEAR_FP8_TENSOR && p->linear_grad_format == GRADFMT_E5M2) ? FP8_E5M2
+                                                                                                 : FP8_E4M3;
+}
+
+void linear_fp8_free(LinearFp8 *L) {
+    for (int i = 0; i < 2; i++) free(L->scratch[i]);
+    memset(L, 0, sizeof *L);
+}
+
+// Scratch buffer i with room for n floats.
+static float *scratch(LinearFp8 *L, int i, size_t n) {
+    if (L->scratch_cap[i] < n) {
+        L->scratch[i] = xrealloc(L->scratch[i], sizeof(float) * n);
+        L->scratch_cap[i] = n;
+    }
+    return L->scratch[i];
+}
+
+// Groups of activations and gradients (1x128 along the reduction) and of weights (128x128).
+static Fp8Grouping act_grouping(LinearPrecision p) {
+    return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_1x128;
+}
+static Fp8Grouping weight_grouping(LinearPrecision p) {
+    return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_128x128;
+}
+
+static void check_precision(LinearPrecision p) {
+    if (p != LINEAR_FP8_TENSOR && p != LINEAR_FP8_BLOCK) FATAL("linear_fp8: unknown linear precision %d", (int)p);
+}
+
+// dst (cols, rows) = src (rows, cols)^T
+static void transpose(float *dst, const float *src, int rows, int cols) {
+#pragma omp parallel for schedule(static) if ((long)rows * cols >= PARALLEL_MIN_ELEMS)
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < rows; r++) dst[(long)c * rows + r] = src[(long)r * cols + c];
+}
+
+void linear_forward(LinearFp8 *L, LinearPrecision prec, float *y, const float *x, const float *w,
+                    int N, int M, int K, int accumulate) {
+    if (prec == LINEAR_BF16) {
+        matmul_nt(y, x, w, N, M, K, accumulate);
+        return;
+    }
+    check_precision(prec);
+    float *xq = scratch(L, 0, (size_t)N * K), *wq = scratch(L, 1, (size_t)M * K);
+    fp8_quantize(xq, NULL, NULL, x, N, K, act_grouping(prec), FP8_E4M3, &L->stats[LINEAR_X]);     // (N, K)
+    fp8_quantize(wq, NULL, NULL, w, M, K, weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);  // (M, K)
+    matmul_nt(y, xq, wq, N, M, K, accumulate);
+    L->gemms++;
+}
+
+void linear_dgrad(LinearFp8 *L, LinearPrecision prec, float *dx, const float *dy, const float *w,
+                  int N, int M, int K, int accumulate) {
+    if (prec == LINEAR_BF16) {
+        matmul_nn(dx, dy, w, N, K, M, accumulate);
+        return;
+    }
+    check_precision(prec);
+    float *dyq = scratch(L, 0, (size_t)N * M), *wq = scratch(L, 1, (size_t)M * K);
+    fp8_quantize(dyq, NULL, NULL, dy, N, M, act_grouping(prec), L->grad_format, &L->stats[LINEAR_DY]);  // along M
+    // W^T's blocks are W's blocks transposed: quantizing W in place gives the same values.
+    fp8_quantize(wq, NULL, NULL, w, M, K, weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);
+    matmul_nn(dx, dyq, wq, N, K, M, accumulate);
+    L->gemms++;
+}
+
+void linear_wgrad(LinearFp8 *L, LinearPrecision prec, float *dw, const float *dy, const float *x,
+                  int N, int M, int K, int accumulate) {
+    if (prec == LINEAR_BF16) {
+        matmul_tn(dw, dy, x, M, K, N, accumulate);
+        return;
+    }
+    check_precision(prec);
+    if (prec == LINEAR_FP8_TENSOR) {  // per-tensor codes do not depend on the layout
+        float *dyq = scratch(L, 0, (size_t)N * M), *xq = scratch(L, 1, (size_t)N * K);
+        fp8_quantize(dyq, NULL, NULL, dy, N, M, FP8_GROUP_TENSOR, L->grad_format, &L->stats[LINEAR_DY]);
+        fp8_quantize(xq, NULL, NULL, x, N, K, FP8_GROUP_TENSOR, FP8_E4M3, &L->stats[LINEAR_X]);
+        matmul_tn(dw, dyq, xq, M, K, N, accumulate);
+    } else {  // 1x128 slices along the tokens of the transposed operands, as on the GPU
+        float *dyt = scratch(L, 0, (size_t)M * N), *xt = scratch(L, 1, (size_t)K * N);
+        transpose(dyt, dy, N, M);  // (M, N)
+        transpose(xt, x, N, K);    // (K, N)
+        fp8_quantize(dyt, NULL, NULL, dyt, M, N, FP8_GROUP_1x128, FP8_E4M3, &L->stats[LINEAR_DY]);
+        fp8_quantize(xt, NULL, NULL, xt, K, N, FP8_GROUP_1x128, FP8_E4M3, &L->stats[LINEAR_X]);
+        matmul_nt(dw, dyt, xt, M, K, N, accumulate);  // dW (M, K) = dy^T (M, N) . (x^T (K, N))^T
+    }
+    L->gemms++;
+}

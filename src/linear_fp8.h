@@ -1,0 +1,84 @@
+// linear_fp8.h: FP8 linear layers of the CPU backend: quantization of GEMM operands exactly as the
+// GPU does it (power-of-two current scales, per tensor or DeepSeek-V3-style 1x128 / 128x128
+// groups), and the forward, input-gradient and weight-gradient GEMMs of y = x W^T on those
+// operands with FP32 accumulation. linear_fp8.c opens with the contract the GPU follows.
+#ifndef LINEAR_FP8_H
+#define LINEAR_FP8_H
+
+#include <stddef.h>  // size_t
+#include <stdint.h>  // uint8_t codes
+
+#include "config.h"  // LinearPrecision, PrecisionConfig
+#include "fp8.h"     // Fp8Format
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// How a (rows, cols) row-major matrix is cut into groups that share one scale. Slices always
+// run along cols, the contiguous dimension, which is the reduction dimension of the GEMM that
+// consumes the operand (the GPU's FP8 GEMMs exist only in the "TN" layout: both operands
+// K-contiguous).
+typedef enum {
+    FP8_GROUP_TENSOR = 0,  // one scale for the whole matrix
+    FP8_GROUP_1x128,       // per row, cols [128j, 128j + 128) (the last slice may be shorter)
+    FP8_GROUP_128x128,     // rows [128i, ...) x cols [128j, ...) (edge blocks may be smaller)
+} Fp8Grouping;
+
+#define FP8_GROUP 128  // slice length and block side
+
+// Counters of one or more quantizations (summed, never reset by the quantizer).
+typedef struct {
+    long long casts;      // elements quantized
+    long long saturated;  // elements clamped to +-FMAX (|x * s| beyond it; +-inf inputs)
+    long long nans;       // NaN inputs (they become the NaN code 0x7F)
+} Fp8QuantStats;
+
+// Number of scales of a (rows, cols) matrix: 1; rows * ceil(cols/128); ceil(rows/128) *
+// ceil(cols/128). Scales are stored row-major over the group grid: scales[gr * n_gc + gc].
+long fp8_group_count(Fp8Grouping g, int rows, int cols);
+
+// Quantize-dequantize x (rows, cols) group by group: amax = max |x| over the group (NaN ignored,
+// as fmaxf does), s = fp8_scale_for_amax(fmt, amax) (a power of two), code = fp8(x * s) with
+// RNE and saturation, out = decode(code) / s (exact: out * s is an FP8 value). out (rows, cols)
+// may be NULL or equal to x; codes (rows * cols) and scales (fp8_group_count) may be NULL.
+// Stored scales are the quantization multipliers s (cuBLASLt's scale pointers take 1/s).
+// stats (may be NULL) is added to.
+void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int rows, int cols,
+                  Fp8Grouping g, Fp8Format fmt, Fp8QuantStats *stats);
+
+// What one linear layer runs in: the config's precision.linear, or LINEAR_BF16 for the blocks
+// and the LM head kept in BF16 (layer = block index, or -1 for the LM head).
+LinearPrecision linear_precision_of(const PrecisionConfig *p, int n_layer, int layer);
+
+// State of the FP8 linears: formats, quantization counters and scratch (reused across calls).
+typedef struct {
+    Fp8Format grad_format;  // of output gradients (fp8_tensor: linear_grad_format; block: E4M3)
+    Fp8QuantStats stats[3]; // per operand role: activations x, weights W, output gradients dy
+    long long gemms;        // GEMMs run on quantized operands
+    float *scratch[2];      // quantized (and transposed) operand copies
+    size_t scratch_cap[2];  // in floats
+} LinearFp8;
+
+enum { LINEAR_X = 0, LINEAR_W = 1, LINEAR_DY = 2 };  // indices of LinearFp8.stats
+
+void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p);
+void linear_fp8_free(LinearFp8 *L);
+
+// The three GEMMs of y = x W^T, x (N, K), W (M, K), y (N, M), in precision prec. LINEAR_BF16
+// calls the FP32 matmul_cpu.c product directly (the CPU backend's BF16 is FP32); FP8 precisions
+// first quantize-dequantize both operands as the contract in linear_fp8.c says.
+// y (N, M) (+)= x W^T
+void linear_forward(LinearFp8 *L, LinearPrecision prec, float *y, const float *x, const float *w,
+                    int N, int M, int K, int accumulate);
+// dx (N, K) (+)= dy W, dy (N, M)
+void linear_dgrad(LinearFp8 *L, LinearPrecision prec, float *dx, const float *dy, const float *w,
+                  int N, int M, int K, int accumulate);
+// dW (M, K) (+)= dy^T x
+void linear_wgrad(LinearFp8 *L, LinearPrecision prec, float *dw, const float *dy, const float *x,
+                  int N, int M, int K, int accumulate);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // LINEAR_FP8_H
