@@ -3,6 +3,7 @@
 #   make              build ./train_gpt (needs the CUDA toolkit, not a GPU)
 #   make train        train configs/tiny.json (GPU if there is one, else CPU)
 #   make test         build and run every test (GPU tests run only where a GPU is present)
+#   make bench        build the CPU benchmarks into build/bench/
 #
 # Variables you may set:
 #   CUDA_HOME=/usr/local/cuda       toolkit location
@@ -64,7 +65,7 @@ TEST_C   := $(wildcard test/test_*.c)
 TEST_CU  := $(wildcard test/test_*.cu)
 TESTS    := $(TEST_C:test/%.c=$(BUILD)/tests/%) $(TEST_CU:test/%.cu=$(BUILD)/tests/%)
 
-.PHONY: all train test tests clean
+.PHONY: all train test tests bench clean
 all: train_gpt
 
 $(BUILD)/obj/%.o: src/%.c $(HEADERS) | $(BUILD)/obj
@@ -88,7 +89,13 @@ $(BUILD)/tests/%: test/%.cu $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
 	$(NVCC) $(NVFLAGS) -Itest -c $< -o $@.o
 	$(CC) $@.o $(LIB) $(LDLIBS) -lstdc++ -o $@ && rm -f $@.o
 
-$(BUILD)/obj $(BUILD)/tests:
+# CPU benchmarks (GPU benchmarks are built on the GPU machine by scripts/gpu_*_check.sh).
+BENCH_C  := $(wildcard bench/bench_*.c)
+bench: $(BENCH_C:bench/%.c=$(BUILD)/bench/%)
+$(BUILD)/bench/%: bench/%.c $(LIB) $(HEADERS) | $(BUILD)/bench
+	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -lstdc++ -o $@
+
+$(BUILD)/obj $(BUILD)/tests $(BUILD)/bench:
 	mkdir -p $@
 
 tests: train_gpt $(TESTS)
