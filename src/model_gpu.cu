@@ -1,0 +1,556 @@
+// model_gpu.cu: the GPU backend (see model_gpu.h): the GPT of model.h in BF16 with FP32
+// accumulation, FP32 master weights and gradients, AdamW on the device.
+//
+// Data flow of one block (BT = B*T rows; the residual stream x is BF16):
+//   h1 = RMSNorm(x_in)                       (fused with the previous residual add)
+//   qkv = h1 @ Wqkv^T                        (BT, 3C) = [q | k | v], heads (H, hd) inside each
+//   [QK-norm into buf1]; RoPE in place;      attention reads q, k, v as strided views
+//   o = attention(q, k, v), lse              (BT, C), (B, H, T)
+//   x_mid = x_in + o @ Wo^T; h2 = RMSNorm(x_mid)       (one fused kernel)
+//   fc = h2 @ Wfc^T (BT, 2F); sw = silu(gate) * up (BT, F)
+//   x_out = x_mid + sw @ Wp^T; next block's h1 = RMSNorm(x_out)   (fused)
+// Saved per layer: x_in, h1, qkv (raw, before QK-norm, when qk_norm; else after RoPE), o, lse,
+// x_mid, h2, fc, sw, rstd1, rstd2 (+ QK-norm rstd): exactly model.c's memory_plan per layer.
+// With qk_norm the backward re-derives the normalised, rotated q, k from the saved raw qkv
+// (two cheap kernels) instead of keeping a second (BT, 3C) copy. With train.recompute, h1, h2
+// and sw are not kept: they are recomputed in the backward from x_in, x_mid and fc.
+//
+// Scratch shared by all layers (sizes from the plan): buf1, buf2 (BT, max(3C, 2F)) BF16 and
+// two (BT, C) BF16 buffers: dres (the residual-stream gradient) and dhf (the head's input
+// gradient from the forward, then backward scratch). Forward: buf1 = QK-normed qkv, buf2 = the
+// GEMM outputs added to the residual (and, with recompute, h1 -> dhf, h2 -> dres, sw -> buf1).
+// Backward of a block: buf1 = sw (recompute) then dfc, then dqkv; buf2 = dsw then dh, then the
+// re-derived q, k, v, then h1 (recompute); dhf = h2 (recompute), datt, dh.
+#include "model_gpu.h"
+
+#include <cuda_runtime.h>  // cudaMalloc, streams, copies
+#include <math.h>          // sqrt for the norm
+#include <stdlib.h>        // free
+#include <string.h>        // memset, memcpy
+
+#include "adamw_gpu.h"      // adamw_update_gpu
+#include "attention_gpu.h"  // attn_gpu_forward/backward
+#include "common.h"         // FATAL, errf, xcalloc
+#include "cuda_check.h"     // CUDA_CHECK
+#include "layers.h"         // norms, RoPE, SwiGLU, cross-entropy, embedding, casts, grad norm
+#include "matmul.h"         // matmul_forward/dgrad/wgrad_gpu, MATMUL_WORKSPACE_BYTES
+
+#define HEAD_CHUNK_TOKENS 8192  // tokens per chunk of the fused LM head (model.c's plan agrees)
+#define ARENA_ALIGN 256         // every buffer starts on a 256-byte boundary
+
+typedef uint16_t bf16;  // BF16 bit patterns (the kernels' C interface)
+
+typedef struct {
+    bf16 *x_in, *h1, *qkv, *o, *x_mid, *h2, *fc, *sw;  // see the file comment for the shapes
+    float *rstd1, *rstd2, *lse, *rstd_qk;             // (BT), (BT), (B, H, T), (2, BT, H)
+} LayerBufs;
+
+typedef struct {
+    char *arena;                     // the one allocation
+    bf16 *w;                         // (P) BF16 working weights
+    float *p, *g, *m, *v;            // (P) FP32 masters, gradients, AdamW moments
+    LayerBufs *L;                    // (n_layer)
+    bf16 *x_final, *hf;              // (BT, C) residual after the last block, final norm output
+    float *rstd_f;                   // (BT)
+    bf16 *logits;                    // (head_chunk, Vp) one chunk of logits / dlogits
+    int head_chunk;
+    bf16 *buf1, *buf2;               // (BT, wide) scratch
+    bf16 *dres, *dhf;                // (BT, C) residual gradient; head input gradient / scratch
+    int32_t *tokens, *targets;       // (BT) the last forward's batch on the device
+    float *losses;                   // (BT) per-token loss
+    float *rope;                     // (T, hd/2, 2) cos, sin
+    void *attn_ws;                   // attention backward workspace
+    void *norm_scratch;              // RMSNorm / QK-norm backward scratch
+    void *emb_scratch;               // embedding backward scratch
+    double *norm_partials, *sumsq;   // (GRAD_NORM_PARTIALS), (1)
+    cudaStream_t stream;
+    int fwd_B, fwd_T;                // shape of the last forward
+    int grad_ready;                  // the last forward prepared a backward
+    float fwd_loss_scale;            // loss scale the last forward put into the head gradient
+    float *host_losses;              // (BT) host copy of the per-token losses
+    bf16 *host_logits;               // (Vp) host copy for next_logits
+} Dev;
+
+static size_t align_up(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
+
+// --- the plan: sizing and carving are one function ---------------------------------------------
+// With base == NULL only the sizes are added up (plan); with a base the pointers are set too.
+// Categories as in model.h's MemoryPlan; padding to ARENA_ALIGN is counted where it falls.
+
+typedef struct {
+    char *base;
+    size_t off;
+    MemoryPlan *plan;
+} Carver;
+
+static void *take(Carver *cv, size_t bytes, size_t *category) {
+    size_t n = align_up(bytes ? bytes : 1);
+    void *p = cv->base ? cv->base + cv->off : NULL;
+    cv->off += n;
+    *category += n;
+    return p;
+}
+
+static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
+    const ModelConfig *mc = &c->model;
+    if (c->precision.attention != ATTN_BF16)
+        return errf(e, "precision.attention \"%s\" is not available on the GPU backend yet (only \"bf16\"); "
+                       "use train.device \"cpu\" for the FP8 attention modes",
+                    attn_precision_name(c->precision.attention));
+    if (c->precision.linear != LINEAR_BF16)
+        return errf(e, "precision.linear \"%s\" is not available on the GPU backend yet (only \"bf16\")",
+                    linear_precision_name(c->precision.linear));
+    if (mc->head_dim != 64 && mc->head_dim != 128)
+        return errf(e, "model.d_model / model.n_head = head_dim %d: the GPU attention supports head_dim 64 or 128",
+                    mc->head_dim);
+    if (mc->d_model % 8 || mc->ffn_hidden % 8)
+        return errf(e, "model.d_model %d and model.ffn_hidden %d must be multiples of 8 on the GPU (16-byte rows)",
+                    mc->d_model, mc->ffn_hidden);
+    if (B < 1 || T < 1 || T > mc->seq_len)
+        return errf(e, "micro-batch %d x %d tokens does not fit model.seq_len %d", B, T, mc->seq_len);
+    return 0;
+}
+
+static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan *plan) {
+    const ModelConfig *mc = &c->model;
+    ParamTable t;
+    param_table_build(&t, mc);
+    size_t P = t.total;
+    param_table_free(&t);
+    size_t BT = (size_t)B * T, C = mc->d_model, F = mc->ffn_hidden, H = mc->n_head;
+    size_t hd = mc->head_dim, Vp = mc->padded_vocab_size, wide = 3 * C > 2 * F ? 3 * C : 2 * F;
+    int rc = c->train.recompute;
+    memset(plan, 0, sizeof *plan);
+    Carver cv = {base, 0, plan};
+    Dev dummy;
+    if (!d) d = &dummy;
+    d->arena = base;
+    // parameters and optimizer
+    d->w = (bf16 *)take(&cv, 2 * P, &plan->weights);
+    d->p = (float *)take(&cv, 4 * P, &plan->master);
+    d->m = (float *)take(&cv, 4 * P, &plan->optimizer);
+    d->v = (float *)take(&cv, 4 * P, &plan->optimizer);
+    d->g = (float *)take(&cv, 4 * P, &plan->grads);
+    // activations saved for backward
+    size_t *A = &plan->activations;
+    for (int l = 0; l < mc->n_layer; l++) {
+        LayerBufs lb;
+        memset(&lb, 0, sizeof lb);
+        lb.x_in = (bf16 *)take(&cv, 2 * BT * C, A);
+        if (!rc) lb.h1 = (bf16 *)take(&cv, 2 * BT * C, A);
+        lb.qkv = (bf16 *)take(&cv, 2 * BT * 3 * C, A);
+        lb.o = (bf16 *)take(&cv, 2 * BT * C, A);
+        lb.lse = (float *)take(&cv, 4 * BT * H, A);
+        lb.x_mid = (bf16 *)take(&cv, 2 * BT * C, A);
+        if (!rc) lb.h2 = (bf16 *)take(&cv, 2 * BT * C, A);
+        lb.fc = (bf16 *)take(&cv, 2 * BT * 2 * F, A);
+        if (!rc) lb.sw = (bf16 *)take(&cv, 2 * BT * F, A);
+        lb.rstd1 = (float *)take(&cv, 4 * BT, A);
+        lb.rstd2 = (float *)take(&cv, 4 * BT, A);
+        if (mc->qk_norm) lb.rstd_qk = (float *)take(&cv, 4 * 2 * BT * H, A);
+        if (base) d->L[l] = lb;
+    }
+    d->x_final = (bf16 *)take(&cv, 2 * BT * C, A);
+    d->hf = (bf16 *)take(&cv, 2 * BT * C, A);
+    d->rstd_f = (float *)take(&cv, 4 * BT, A);
+    d->head_chunk = BT < HEAD_CHUNK_TOKENS ? (int)BT : HEAD_CHUNK_TOKENS;
+    d->logits = (bf16 *)take(&cv, 2 * (size_t)d->head_chunk * Vp, A);
+    d->buf1 = (bf16 *)take(&cv, 2 * BT * wide, A);
+    d->buf2 = (bf16 *)take(&cv, 2 * BT * wide, A);
+    d->dres = (bf16 *)take(&cv, 2 * BT * C, A);
+    d->dhf = (bf16 *)take(&cv, 2 * BT * C, A);
+    d->tokens = (int32_t *)take(&cv, 4 * BT, A);   // the batch and its losses: 12 bytes a
+    d->targets = (int32_t *)take(&cv, 4 * BT, A);  // token that model.c's plan leaves out
+    d->losses = (float *)take(&cv, 4 * BT, A);
+    // workspace
+    size_t *W = &plan->workspace;
+    d->rope = (float *)take(&cv, 4 * (size_t)T * hd, W);
+    d->attn_ws = take(&cv, attn_gpu_backward_workspace_bytes(B, (int)H, T, (int)hd), W);
+    size_t ns = rmsnorm_backward_scratch_bytes((int)BT, (int)C);
+    if (mc->qk_norm) {
+        size_t q = qk_rmsnorm_backward_scratch_bytes((int)BT, (int)H, (int)hd);
+        if (q > ns) ns = q;
+    }
+    d->norm_scratch = take(&cv, ns, W);
+    d->emb_scratch = take(&cv, embedding_backward_scratch_bytes((int)BT, (int)Vp), W);
+    d->norm_partials = (double *)take(&cv, sizeof(double) * GRAD_NORM_PARTIALS, W);
+    d->sumsq = (double *)take(&cv, sizeof(double), W);
+    plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
+    plan->total = plan->weights + plan->master + plan->optimizer + plan->grads +
+                  plan->activations + plan->workspace;
+}
+
+int gpu_model_plan(const Config *c, int B, int T, MemoryPlan *out, ErrBuf *e) {
+    if (check_supported(c, B, T, e)) return -1;
+    carve(c, B, T, NULL, NULL, out);
+    return 0;
+}
+
+void gpu_model_plan_compare(FILE *f, const Config *c, int B, int T) {
+    MemoryPlan mine, ref;
+    ErrBuf e;
+    if (gpu_model_plan(c, B, T, &mine, &e)) {
+        fprintf(f, "  (no GPU plan: %s)\n", e.msg);
+        return;
+    }
+    Config cc = *c;  // model.c's plan sizes activations with micro_batch x seq_len
+    cc.model.seq_len = T;
+    memory_plan(&cc, 1, 0, B, &ref);
+    const double MiB = 1024.0 * 1024.0;
+    const char *names[] = {"weights (bf16)", "master weights (fp32)", "AdamW m, v (fp32)",
+                           "gradients (fp32)", "activations", "workspace", "total"};
+    size_t a[] = {mine.weights, mine.master, mine.optimizer, mine.grads, mine.activations,
+                  mine.workspace, mine.total};
+    size_t b[] = {ref.weights, ref.master, ref.optimizer, ref.grads, ref.activations,
+                  ref.workspace, ref.total};
+    fprintf(f, "  %-24s %12s %12s %12s\n", "GPU allocation (MiB)", "allocated", "memory_plan", "difference");
+    for (int i = 0; i < 7; i++)
+        fprintf(f, "  %-24s %12.3f %12.3f %+12.3f\n", names[i], a[i] / MiB, b[i] / MiB,
+                ((double)a[i] - (double)b[i]) / MiB);
+}
+
+// --- init / free ----------------------------------------------------------------------------------
+
+static Dev *dev_of(GpuModel *m) {
+    if (!m->priv) FATAL("model_gpu: the model is not initialised (gpu_model_init first)");
+    return (Dev *)m->priv;
+}
+
+static size_t param_offset(const GpuModel *m, ParamKind kind, int layer) {
+    const ParamDesc *d = param_find(&m->table, kind, layer);
+    if (!d) FATAL("model_gpu: parameter kind %d layer %d missing from the table", (int)kind, layer);
+    return d->offset;
+}
+static const bf16 *W(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->w + param_offset(m, kind, layer); }
+static float *G(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->g + param_offset(m, kind, layer); }
+static ParamKind head_kind(const GpuModel *m) { return m->cfg.model.tied_embeddings ? P_WTE : P_LM_HEAD; }
+
+int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
+                   FILE *plan_out, ErrBuf *e) {
+    memset(m, 0, sizeof *m);
+    if (check_supported(c, B, T, e)) return -1;
+    m->cfg = *c;
+    m->B = B;
+    m->T = T;
+    m->loss_scale = 1.0f;
+    param_table_build(&m->table, &c->model);
+    Dev *d = (Dev *)xcalloc(1, sizeof(Dev));
+    d->L = (LayerBufs *)xcalloc((size_t)c->model.n_layer, sizeof(LayerBufs));
+    carve(c, B, T, NULL, NULL, &m->plan);
+    if (plan_out) {
+        fprintf(plan_out, "GPU memory plan: micro-batch %d x %d tokens%s\n", B, T,
+                c->train.recompute ? ", recompute norms and SwiGLU" : "");
+        memory_plan_print(plan_out, &m->plan);
+    }
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (m->plan.total > free_b) {
+        param_table_free(&m->table);
+        free(d->L);
+        free(d);
+        return errf(e, "the GPU memory plan needs %.2f GiB but the GPU has %.2f GiB free (of %.2f): "
+                       "lower train.micro_batch, set train.recompute, or use a smaller model",
+                    m->plan.total / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+    }
+    size_t arena_bytes = m->plan.total - MATMUL_WORKSPACE_BYTES;
+    char *arena = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&arena, arena_bytes));
+    MemoryPlan again;
+    carve(c, B, T, arena, d, &again);
+    if (memcmp(&again, &m->plan, sizeof again)) FATAL("model_gpu: the plan changed between sizing and carving");
+    CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+    matmul_gpu_init();
+    d->host_losses = (float *)xcalloc((size_t)B * T, sizeof(float));
+    d->host_logits = (bf16 *)xcalloc((size_t)c->model.padded_vocab_size, sizeof(bf16));
+    m->priv = d;
+
+    // parameters: host init (the same values as the CPU backend), then FP32 masters + BF16 copy
+    size_t P = m->table.total;
+    float *host = (float *)xmalloc(sizeof(float) * P);
+    params_init(&m->table, &c->model, seed, host);
+    gpu_model_set_params(m, host);
+    free(host);
+    CUDA_CHECK(cudaMemsetAsync(d->g, 0, sizeof(float) * P, d->stream));
+    CUDA_CHECK(cudaMemsetAsync(d->m, 0, sizeof(float) * P, d->stream));
+    CUDA_CHECK(cudaMemsetAsync(d->v, 0, sizeof(float) * P, d->stream));
+    if (c->model.position == POS_ROPE)
+        rope_table_gpu(d->rope, T, c->model.head_dim, c->model.rope_theta, d->stream);
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
+    return 0;
+}
+
+void gpu_model_free(GpuModel *m) {
+    Dev *d = (Dev *)m->priv;
+    if (d) {
+        CUDA_CHECK(cudaStreamSynchronize(d->stream));
+        CUDA_CHECK(cudaFree(d->arena));
+        CUDA_CHECK(cudaStreamDestroy(d->stream));
+        free(d->L);
+        free(d->host_losses);
+        free(d->host_logits);
+        free(d);
+    }
+    param_table_free(&m->table);
+    memset(m, 0, sizeof *m);
+}
+
+void gpu_model_set_loss_scale(GpuModel *m, float loss_scale) { m->loss_scale = loss_scale; }
+
+// --- forward --------------------------------------------------------------------------------------
+
+// Checks the ids on the host (as the CPU backend does) and uploads them.
+static int upload_batch(GpuModel *m, const int32_t *tokens, const int32_t *targets, int BT) {
+    Dev *d = dev_of(m);
+    int V = m->cfg.model.vocab_size, counted = 0;
+    for (int i = 0; i < BT; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            FATAL("model_gpu: token id %d at position %d outside [0, %d) (hint: the data shard does not match the vocabulary)",
+                  tokens[i], i, V);
+    CUDA_CHECK(cudaMemcpyAsync(d->tokens, tokens, sizeof(int32_t) * BT, cudaMemcpyHostToDevice, d->stream));
+    if (targets) {
+        for (int i = 0; i < BT; i++) {
+            if (targets[i] >= V)
+                FATAL("model_gpu: target id %d at position %d outside [0, %d) (hint: the data shard does not match the vocabulary)",
+                      targets[i], i, V);
+            counted += targets[i] >= 0;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(d->targets, targets, sizeof(int32_t) * BT, cudaMemcpyHostToDevice, d->stream));
+    }
+    return counted;
+}
+
+// The normalised, rotated q, k, v of layer l for attention: the saved qkv itself, or (qk_norm)
+// QK-norm of the saved raw qkv into dst, then RoPE there.
+static const bf16 *attention_inputs(GpuModel *m, int l, bf16 *dst, int B, int T) {
+    Dev *d = dev_of(m);
+    const ModelConfig *mc = &m->cfg.model;
+    LayerBufs *lb = &d->L[l];
+    if (!mc->qk_norm) return lb->qkv;  // RoPE was applied in place by the forward
+    qk_rmsnorm_forward_gpu(dst, lb->rstd_qk, lb->qkv, W(m, P_Q_NORM, l), W(m, P_K_NORM, l), B * T,
+                           mc->n_head, mc->head_dim, (float)mc->norm_eps, d->stream);
+    if (mc->position == POS_ROPE) rope_forward_gpu(dst, d->rope, B, T, mc->n_head, mc->head_dim, d->stream);
+    return dst;
+}
+
+// Embedding and every block for the uploaded tokens (B, T); leaves x_final and hf = final norm.
+static void forward_blocks(GpuModel *m, int B, int T) {
+    Dev *d = dev_of(m);
+    const ModelConfig *mc = &m->cfg.model;
+    int BT = B * T, C = mc->d_model, F = mc->ffn_hidden, H = mc->n_head, hd = mc->head_dim;
+    int L = mc->n_layer, Vp = mc->padded_vocab_size, rc = m->cfg.train.recompute;
+    float eps = (float)mc->norm_eps;
+    cudaStream_t s = d->stream;
+    d->fwd_B = B;
+    d->fwd_T = T;
+    // With recompute the per-layer h1, h2, sw live in scratch (see the file comment).
+    embedding_forward_gpu(d->L[0].x_in, d->tokens, W(m, P_WTE, 0), BT, C, Vp, s);
+    rmsnorm_forward_gpu(rc ? d->dhf : d->L[0].h1, d->L[0].rstd1, d->L[0].x_in, W(m, P_ATTN_NORM, 0), BT, C, eps, s);
+    for (int l = 0; l < L; l++) {
+        LayerBufs *lb = &d->L[l];
+        bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
+        matmul_forward_gpu(lb->qkv, h1, W(m, P_QKV, l), BT, 3 * C, C, 0, s);      // (BT, 3C)
+        const bf16 *qkv = lb->qkv;
+        if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
+        else if (mc->position == POS_ROPE) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
+        attn_gpu_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, s);
+        matmul_forward_gpu(d->buf2, lb->o, W(m, P_ATTN_PROJ, l), BT, C, C, 0, s);  // (BT, C)
+        residual_rmsnorm_forward_gpu(lb->x_mid, h2, lb->rstd2, lb->x_in, d->buf2, W(m, P_MLP_NORM, l),
+                                     BT, C, eps, s);
+        matmul_forward_gpu(lb->fc, h2, W(m, P_MLP_FC, l), BT, 2 * F, C, 0, s);    // (BT, 2F)
+        swiglu_forward_gpu(sw, lb->fc, BT, F, s);                                  // (BT, F)
+        matmul_forward_gpu(d->buf2, sw, W(m, P_MLP_PROJ, l), BT, C, F, 0, s);     // (BT, C)
+        if (l + 1 < L) {
+            LayerBufs *nb = &d->L[l + 1];
+            residual_rmsnorm_forward_gpu(nb->x_in, rc ? d->dhf : nb->h1, nb->rstd1, lb->x_mid, d->buf2,
+                                         W(m, P_ATTN_NORM, l + 1), BT, C, eps, s);
+        } else {
+            residual_rmsnorm_forward_gpu(d->x_final, d->hf, d->rstd_f, lb->x_mid, d->buf2,
+                                         W(m, P_FINAL_NORM, 0), BT, C, eps, s);
+        }
+    }
+}
+
+// Fused LM head + cross-entropy, chunk by chunk (see model_gpu.h). With want_grad: dhf (BT, C)
+// = d(loss * loss_scale)/d(hf) and the head's weight gradient added into the gradients.
+static float head_and_loss(GpuModel *m, int counted, int want_grad) {
+    Dev *d = dev_of(m);
+    const ModelConfig *mc = &m->cfg.model;
+    int BT = d->fwd_B * d->fwd_T, C = mc->d_model, V = mc->vocab_size, Vp = mc->padded_vocab_size;
+    cudaStream_t s = d->stream;
+    const bf16 *w = W(m, head_kind(m), 0);                                          // (Vp, C)
+    float *gw = G(m, head_kind(m), 0);
+    float grad_scale = want_grad && counted ? m->loss_scale / (float)counted : 0.0f;
+    if (want_grad && grad_scale == 0.0f) CUDA_CHECK(cudaMemsetAsync(d->dhf, 0, sizeof(bf16) * (size_t)BT * C, s));
+    for (int c0 = 0; c0 < BT; c0 += d->head_chunk) {
+        int n = BT - c0 < d->head_chunk ? BT - c0 : d->head_chunk;
+        const bf16 *hf = d->hf + (size_t)c0 * C;
+        matmul_forward_gpu(d->logits, hf, w, n, Vp, C, 0, s);                        // (n, Vp)
+        cross_entropy_gpu(d->logits, d->losses + c0, d->targets + c0, n, V, Vp, grad_scale, s);
+        if (grad_scale != 0.0f) {  // the chunk now holds dlogits
+            matmul_dgrad_gpu(d->dhf + (size_t)c0 * C, d->logits, w, n, Vp, C, 0, s);  // (n, C)
+            matmul_wgrad_gpu(gw, d->logits, hf, n, Vp, C, s);                         // (Vp, C)
+        }
+    }
+    d->grad_ready = want_grad;
+    d->fwd_loss_scale = m->loss_scale;
+    CUDA_CHECK(cudaMemcpyAsync(d->host_losses, d->losses, sizeof(float) * BT, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    double sum = 0.0;  // fixed order, as on the CPU
+    for (int i = 0; i < BT; i++) sum += d->host_losses[i];
+    return counted ? (float)(sum / counted) : 0.0f;
+}
+
+float gpu_model_forward(GpuModel *m, const int32_t *tokens, const int32_t *targets) {
+    int counted = upload_batch(m, tokens, targets, m->B * m->T);
+    forward_blocks(m, m->B, m->T);
+    return head_and_loss(m, counted, 1);
+}
+
+float gpu_model_loss(GpuModel *m, const int32_t *tokens, const int32_t *targets) {
+    int counted = upload_batch(m, tokens, targets, m->B * m->T);
+    forward_blocks(m, m->B, m->T);
+    return head_and_loss(m, counted, 0);
+}
+
+void gpu_model_next_logits(GpuModel *m, const int32_t *tokens, int t, float *logits) {
+    Dev *d = dev_of(m);
+    const ModelConfig *mc = &m->cfg.model;
+    if (t < 1 || t > m->T) FATAL("gpu_model_next_logits: %d tokens, expected 1..%d", t, m->T);
+    upload_batch(m, tokens, NULL, t);
+    forward_blocks(m, 1, t);
+    d->grad_ready = 0;
+    int C = mc->d_model, Vp = mc->padded_vocab_size;
+    matmul_forward_gpu(d->logits, d->hf + (size_t)(t - 1) * C, W(m, head_kind(m), 0), 1, Vp, C, 0, d->stream);
+    CUDA_CHECK(cudaMemcpyAsync(d->host_logits, d->logits, sizeof(bf16) * Vp, cudaMemcpyDeviceToHost, d->stream));
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
+    for (int i = 0; i < Vp; i++) {
+        uint32_t bits = (uint32_t)d->host_logits[i] << 16;
+        memcpy(&logits[i], &bits, sizeof bits);
+    }
+}
+
+// --- backward -------------------------------------------------------------------------------------
+
+void gpu_model_backward(GpuModel *m, float loss_scale) {
+    Dev *d = dev_of(m);
+    const ModelConfig *mc = &m->cfg.model;
+    if (!d->grad_ready)
+        FATAL("gpu_model_backward: the last forward did not prepare a backward (it was gpu_model_loss or gpu_model_next_logits)");
+    if (loss_scale != d->fwd_loss_scale)
+        FATAL("gpu_model_backward: loss_scale %g but the forward's head gradient used %g (hint: call gpu_model_set_loss_scale before the forward)",
+              (double)loss_scale, (double)d->fwd_loss_scale);
+    d->grad_ready = 0;
+    int B = d->fwd_B, T = d->fwd_T, BT = B * T, C = mc->d_model, F = mc->ffn_hidden;
+    int H = mc->n_head, hd = mc->head_dim, Vp = mc->padded_vocab_size, rc = m->cfg.train.recompute;
+    float eps = (float)mc->norm_eps;
+    cudaStream_t s = d->stream;
+
+    // Final RMSNorm: dres = d(loss * loss_scale)/d(x_final) (dhf already carries the scale).
+    rmsnorm_backward_gpu(d->dres, G(m, P_FINAL_NORM, 0), d->norm_scratch, d->dhf, d->x_final,
+                         W(m, P_FINAL_NORM, 0), d->rstd_f, BT, C, 0, s);
+    for (int l = mc->n_layer - 1; l >= 0; l--) {
+        LayerBufs *lb = &d->L[l];
+        // MLP: x_out = x_mid + sw @ Wp^T, sw = swiglu(fc), fc = h2 @ Wfc^T, h2 = RMSNorm(x_mid)
+        const bf16 *sw = lb->sw;
+        if (rc) {
+            swiglu_forward_gpu(d->buf1, lb->fc, BT, F, s);
+            sw = d->buf1;
+        }
+        matmul_wgrad_gpu(G(m, P_MLP_PROJ, l), d->dres, sw, BT, C, F, s);           // (C, F)
+        matmul_dgrad_gpu(d->buf2, d->dres, W(m, P_MLP_PROJ, l), BT, C, F, 0, s);   // dsw (BT, F)
+        swiglu_backward_gpu(d->buf1, d->buf2, lb->fc, BT, F, s);                    // dfc (BT, 2F)
+        const bf16 *h2 = lb->h2;
+        if (rc) {
+            rmsnorm_forward_gpu(d->dhf, lb->rstd2, lb->x_mid, W(m, P_MLP_NORM, l), BT, C, eps, s);
+            h2 = d->dhf;
+        }
+        matmul_wgrad_gpu(G(m, P_MLP_FC, l), d->buf1, h2, BT, 2 * F, C, s);         // (2F, C)
+        matmul_dgrad_gpu(d->buf2, d->buf1, W(m, P_MLP_FC, l), BT, 2 * F, C, 0, s); // dh (BT, C)
+        rmsnorm_backward_gpu(d->dres, G(m, P_MLP_NORM, l), d->norm_scratch, d->buf2, lb->x_mid,
+                             W(m, P_MLP_NORM, l), lb->rstd2, BT, C, 1, s);
+        // Attention: x_mid = x_in + o @ Wo^T
+        matmul_wgrad_gpu(G(m, P_ATTN_PROJ, l), d->dres, lb->o, BT, C, C, s);        // (C, C)
+        matmul_dgrad_gpu(d->dhf, d->dres, W(m, P_ATTN_PROJ, l), BT, C, C, 0, s);    // do (BT, C)
+        const bf16 *qkv = attention_inputs(m, l, d->buf2, B, T);
+        bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
+        attn_gpu_backward(qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv,
+                          dqkv + C, dqkv + 2 * C, 3 * C, d->attn_ws, B, H, T, hd, s);
+        if (mc->position == POS_ROPE) rope_backward_gpu(dqkv, d->rope, B, T, H, hd, s);
+        if (mc->qk_norm)  // in place: d(raw qkv) from d(normalised qkv); v copied through
+            qk_rmsnorm_backward_gpu(dqkv, G(m, P_Q_NORM, l), G(m, P_K_NORM, l), d->norm_scratch, dqkv,
+                                    lb->qkv, W(m, P_Q_NORM, l), W(m, P_K_NORM, l), lb->rstd_qk, BT, H, hd, s);
+        const bf16 *h1 = lb->h1;
+        if (rc) {
+            rmsnorm_forward_gpu(d->buf2, lb->rstd1, lb->x_in, W(m, P_ATTN_NORM, l), BT, C, eps, s);
+            h1 = d->buf2;
+        }
+        matmul_wgrad_gpu(G(m, P_QKV, l), dqkv, h1, BT, 3 * C, C, s);                // (3C, C)
+        matmul_dgrad_gpu(d->dhf, dqkv, W(m, P_QKV, l), BT, 3 * C, C, 0, s);         // dh (BT, C)
+        rmsnorm_backward_gpu(d->dres, G(m, P_ATTN_NORM, l), d->norm_scratch, d->dhf, lb->x_in,
+                             W(m, P_ATTN_NORM, l), lb->rstd1, BT, C, 1, s);
+    }
+    embedding_backward_gpu(G(m, P_WTE, 0), d->dres, d->tokens, d->emb_scratch, BT, C, Vp, s);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+// --- optimizer, norms, host copies ------------------------------------------------------------------
+
+void gpu_model_zero_grad(GpuModel *m) {
+    Dev *d = dev_of(m);
+    CUDA_CHECK(cudaMemsetAsync(d->g, 0, sizeof(float) * m->table.total, d->stream));
+}
+
+double gpu_model_grad_norm(GpuModel *m) {
+    Dev *d = dev_of(m);
+    double sumsq = 0.0;
+    grad_norm_squared_gpu(d->sumsq, d->norm_partials, d->g, m->table.total, d->stream);
+    CUDA_CHECK(cudaMemcpyAsync(&sumsq, d->sumsq, sizeof sumsq, cudaMemcpyDeviceToHost, d->stream));
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
+    return sqrt(sumsq);
+}
+
+void gpu_model_step(GpuModel *m, double lr, double clip, const TrainConfig *tc) {
+    Dev *d = dev_of(m);
+    for (int k = 0; k < m->table.n; k++) {
+        const ParamDesc *pd = &m->table.p[k];
+        size_t o = pd->offset;
+        adamw_update_gpu(d->p + o, d->w + o, d->g + o, d->m + o, d->v + o, pd->numel, lr, tc->beta1,
+                         tc->beta2, tc->eps, pd->weight_decay ? tc->weight_decay : 0.0, clip,
+                         m->step + 1, d->stream);
+    }
+    m->step++;
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
+}
+
+static void copy_out(GpuModel *m, float *host, const float *dev) {
+    Dev *d = dev_of(m);
+    CUDA_CHECK(cudaMemcpyAsync(host, dev, sizeof(float) * m->table.total, cudaMemcpyDeviceToHost, d->stream));
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
+}
+static void copy_in(GpuModel *m, float *dev, const float *host) {
+    Dev *d = dev_of(m);
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, sizeof(float) * m->table.total, cudaMemcpyHostToDevice, d->stream));
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
+}
+
+void gpu_model_get_params(GpuModel *m, float *params) { copy_out(m, params, dev_of(m)->p); }
+void gpu_model_get_grads(GpuModel *m, float *grads) { copy_out(m, grads, dev_of(m)->g); }
+
+void gpu_model_set_params(GpuModel *m, const float *params) {
+    Dev *d = dev_of(m);
+    copy_in(m, d->p, params);
+    cast_f32_to_bf16_gpu(d->w, d->p, m->table.total, d->stream);
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
+}
+
+void gpu_model_get_opt_state(GpuModel *m, float *adam_m, float *adam_v, long long *step) {
+    copy_out(m, adam_m, dev_of(m)->m);
+    copy_out(m, adam_v, dev_of(m)->v);
+    *step = m->step;
+}
+
+void gpu_model_set_opt_state(GpuModel *m, const float *adam_m, const float *adam_v, long long step) {
+    copy_in(m, dev_of(m)->m, adam_m);
+    copy_in(m, dev_of(m)->v, adam_v);
+    m->step = step;
+}
