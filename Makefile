@@ -59,7 +59,7 @@ C_SRCS   := $(filter-out src/train_gpt.c,$(wildcard src/*.c))
 CU_SRCS  := $(wildcard src/*.cu)
 OBJS     := $(C_SRCS:src/%.c=$(BUILD)/obj/%.o) $(CU_SRCS:src/%.cu=$(BUILD)/obj/%.cu.o)
 LIB      := $(BUILD)/libtraingpt.a
-HEADERS  := $(wildcard src/*.h)
+HEADERS  := $(wildcard src/*.h) $(wildcard src/*.cuh)
 
 TEST_C   := $(wildcard test/test_*.c)
 TEST_CU  := $(wildcard test/test_*.cu)

@@ -1,17 +1,28 @@
 #!/usr/bin/env python3
-"""bench_attention.py: our fused causal BF16 attention against PyTorch SDPA (cuDNN and
-FlashAttention-2 backends), forward and backward timed separately, B*T fixed, H=16, d=128,
-T = 1K, 2K, 4K, 8K. TFLOP/s with forward 4*B*H*T^2*d/2 and backward 2.5x that (causal).
+"""bench_attention.py: our fused causal BF16 attention (attention_gpu.h) against PyTorch SDPA's
+cuDNN and FlashAttention-2 backends, forward and backward timed separately, B*T fixed, H=16,
+d=128, T = 1K, 2K, 4K, 8K. TFLOP/s with forward 4*B*H*T^2*d/2 and backward 2.5x that (causal).
 
-Our numbers come from the standalone binary bench/bench_attention.cu (run as a subprocess,
-median of CUDA-event-timed runs after warm-up); PyTorch's are timed here the same way.
+Our kernels are called in this process through ctypes from a shared library built from
+src/attention_fwd.cu, src/attention_bwd.cu and src/common.c (scripts/gpu_attention_check.sh
+builds it), so every implementation runs on the same tensors and the timings interleave: each
+round times one call of every implementation, in a rotating order, between its own CUDA events;
+the table gives the median over the rounds. Interleaving spreads clock and thermal drift evenly
+over the implementations instead of letting the one timed last run on a hotter, slower chip.
 
-  python3 bench/bench_attention.py --ours build/bench_attention [--tokens 16384] [--T 1024 2048]
+"ours" is the library's default forward kernel, named in the header line. --impls adds other
+forward kernels (ATTN_GPU_FWD values: wgmma_tma, wgmma_pipe, mma), each from its own copy of
+the library (the choice is read once per process, per library copy), as extra forward columns.
+
+  python3 bench/bench_attention.py --lib /tmp/gpu_attn_build/libattn.so [--impls wgmma_pipe mma]
+                                   [--tokens 16384] [--T 1024 2048] [--rounds 30]
 """
 import argparse
-import re
-import subprocess
+import ctypes
+import os
+import shutil
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -23,90 +34,189 @@ def flops(B, H, T, d):
     return fwd, 2.5 * fwd
 
 
-def time_ms(fn, warmup=5, iters=30):
-    """Median milliseconds of fn() over iters runs, each between its own CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    times.sort()
-    return times[len(times) // 2]
+class Ours:
+    """One copy of the attention library with its forward kernel fixed to `impl` (None: default)."""
+
+    def __init__(self, lib_path, impl):
+        tmp = tempfile.mkdtemp(prefix="attn_bench_")
+        path = os.path.join(tmp, f"libattn_{impl or 'default'}.so")
+        shutil.copy(lib_path, path)  # a separate copy: its own static state (the impl choice)
+        saved = os.environ.pop("ATTN_GPU_FWD", None)
+        if impl:
+            os.environ["ATTN_GPU_FWD"] = impl
+        self.lib = ctypes.CDLL(path)
+        self.lib.attn_gpu_forward_impl_name.restype = ctypes.c_char_p
+        self.name = self.lib.attn_gpu_forward_impl_name().decode()  # latches the choice now
+        os.environ.pop("ATTN_GPU_FWD", None)
+        if saved is not None:
+            os.environ["ATTN_GPU_FWD"] = saved
+        self.lib.attn_gpu_backward_workspace_bytes.restype = ctypes.c_size_t
+        P, I = ctypes.c_void_p, ctypes.c_int
+        self.lib.attn_gpu_forward.argtypes = [P, P, P, I, P, I, P, I, I, I, I, P]
+        self.lib.attn_gpu_backward.argtypes = [P, P, P, I, P, P, I, P, P, P, P, I, P, I, I, I, I, P]
+        self.lib.attn_gpu_backward_workspace_bytes.argtypes = [I, I, I, I]
+
+    def setup(self, qkv, dout, B, H, T, d):
+        """Closures (fwd, bwd) over packed qkv (B, T, 3, H, d) and dout (B, T, H, d), and the
+        forward's output tensors (o, lse)."""
+        C = H * d
+        o = torch.empty(B, T, H, d, device="cuda", dtype=torch.bfloat16)
+        lse = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
+        dqkv = torch.empty_like(qkv)
+        ws = torch.empty(self.lib.attn_gpu_backward_workspace_bytes(B, H, T, d), device="cuda",
+                         dtype=torch.uint8)
+        q, k, v = (qkv.data_ptr() + i * C * 2 for i in range(3))
+        dq, dk, dv = (dqkv.data_ptr() + i * C * 2 for i in range(3))
+        stream = torch.cuda.current_stream().cuda_stream
+        lib = self.lib
+
+        def fwd():
+            lib.attn_gpu_forward(q, k, v, 3 * C, o.data_ptr(), C, lse.data_ptr(), B, H, T, d, stream)
+
+        def bwd():
+            lib.attn_gpu_backward(q, k, v, 3 * C, o.data_ptr(), dout.data_ptr(), C, lse.data_ptr(),
+                                  dq, dk, dv, 3 * C, ws.data_ptr(), B, H, T, d, stream)
+
+        fwd()  # the backward needs this forward's o and lse
+        return fwd, bwd, (o, lse)
 
 
-def bench_torch(backend, B, H, T, d):
-    """(fwd_ms, bwd_ms) of SDPA with one backend, q/k/v views of a packed (B, T, 3, H, d) tensor."""
-    qkv = (torch.rand(B, T, 3, H, d, device="cuda", dtype=torch.bfloat16) * 4 - 2).requires_grad_(True)
-    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, T, d) views
-    dout = torch.rand(B, H, T, d, device="cuda", dtype=torch.bfloat16) * 4 - 2
+def torch_setup(backend, qkv, dout_bhtd):
+    """Closures (fwd, bwd) of SDPA with one backend on (B, H, T, d) views of the packed qkv."""
+    leaf = qkv.detach().requires_grad_(True)
+    q, k, v = (leaf[:, :, i].transpose(1, 2) for i in range(3))
+
+    def fwd():
+        with sdpa_kernel(backend), torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     with sdpa_kernel(backend):
-        with torch.no_grad():
-            fwd = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        # autograd.grad returns fresh gradients (no accumulation kernel into .grad)
-        bwd = time_ms(lambda: torch.autograd.grad(out, (qkv,), dout, retain_graph=True))
+
+    def bwd():
+        # autograd.grad returns fresh gradients (no accumulation into .grad)
+        with sdpa_kernel(backend):
+            torch.autograd.grad(out, (leaf,), dout_bhtd, retain_graph=True)
+
+    fwd()
+    bwd()  # fails here, not mid-timing, if the backend cannot run this shape
     return fwd, bwd
 
 
-def run_ours(binary, tokens, H, d, Ts):
-    res = {}
-    cmd = [binary, str(tokens), str(H), str(d)] + [str(t) for t in Ts]
-    text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    for line in text.splitlines():
-        m = re.search(r"T=(\d+) .*fwd_ms=([\d.]+) .*bwd_ms=([\d.]+)", line)
-        if m:
-            res[int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
-    return res
+def time_interleaved(fns, rounds, warmup=3):
+    """Median ms of each fn in fns (dict name -> fn): every round runs each once, rotating order."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    torch.cuda.synchronize()
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU spin: the queue stays ahead of the host
+        ev = []
+        for n in order:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fns[n]()
+            e1.record()
+            ev.append((n, e0, e1))
+        torch.cuda.synchronize()
+        for n, e0, e1 in ev:
+            times[n].append(e0.elapsed_time(e1))
+    out = {}
+    for n in names:
+        t = sorted(times[n])
+        out[n] = (t[len(t) // 2], t[0], t[-1])
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ours", help="path of the bench_attention binary (omit to time PyTorch only)")
+    ap.add_argument("--lib", required=True, help="shared library with attention_gpu.h's functions")
+    ap.add_argument("--impls", nargs="*", default=[], help="other forward kernels to time too")
     ap.add_argument("--tokens", type=int, default=16384, help="B*T")
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--default-status", default="", help="the default kernel's test result, for the header")
     a = ap.parse_args()
 
-    ours = run_ours(a.ours, a.tokens, a.H, a.d, a.T) if a.ours else {}
+    ours = Ours(a.lib, None)
+    extra = [Ours(a.lib, impl) for impl in a.impls]
+    extra = [e for e in extra if e.name != ours.name]
     backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)]
     rows = []
     for T in a.T:
         B = max(a.tokens // T, 1)
         ff, fb = flops(B, a.H, T, a.d)
-        r = {"T": T, "B": B}
-        if T in ours:
-            r["ours"] = (ff / ours[T][0] / 1e9, fb / ours[T][1] / 1e9)  # ms -> TFLOP/s
+        qkv = torch.rand(B, T, 3, a.H, a.d, device="cuda", dtype=torch.bfloat16) * 4 - 2
+        dout = torch.rand(B, T, a.H, a.d, device="cuda", dtype=torch.bfloat16) * 4 - 2
+        fwds, bwds = {}, {}
+        outs = {}
+        fwds["ours"], bwds["ours"], outs["ours"] = ours.setup(qkv, dout, B, a.H, T, a.d)
+        for e in extra:
+            fwds[e.name], _, outs[e.name] = e.setup(qkv, dout, B, a.H, T, a.d)
         for name, be in backends:
             try:
-                fwd, bwd = bench_torch(be, B, a.H, T, a.d)
-                r[name] = (ff / fwd / 1e9, fb / bwd / 1e9)
-            except Exception as e:  # a backend PyTorch cannot run here is reported, not fatal
-                print(f"# {name} T={T}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+                fwds[name], bwds[name] = torch_setup(be, qkv, dout.transpose(1, 2))
+            except Exception as ex:  # a backend PyTorch cannot run here is reported, not fatal
+                print(f"# {name} T={T}: {type(ex).__name__}: {str(ex).splitlines()[0][:120]}",
+                      file=sys.stderr)
+        tf = time_interleaved(fwds, a.rounds)
+        tb = time_interleaved(bwds, a.rounds)
+        r = {"T": T, "B": B, "f": {n: ff / v[0] / 1e9 for n, v in tf.items()},
+             "b": {n: fb / v[0] / 1e9 for n, v in tb.items()}, "tf": tf, "tb": tb}
         rows.append(r)
+        print(f"# T={T} B={B} ms median [min, max] over {a.rounds} rounds: fwd "
+              + ", ".join(f"{n} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for n, v in tf.items())
+              + "; bwd " + ", ".join(f"{n} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for n, v in tb.items()),
+              flush=True)
+        # same inputs, so the forward kernels must agree (the same algorithm bit for bit; the
+        # mma.sync kernel's 64-key blocks round P differently): a check at the timed sizes
+        # (every |O| <= max |V| = 2: O rows are convex combinations of V rows)
+        o0, l0 = (x.float() for x in outs["ours"])
+        for n in outs:
+            o1, l1 = (x.float() for x in outs[n])
+            bad = int((o1.abs() > 2.02).sum().item())
+            msg = f"# T={T}: {n}: {bad} elements with |O| > max |V|"
+            if n != "ours":
+                diff = (o1 - o0).abs()
+                i = int(diff.argmax().item())
+                where = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), diff.shape))
+                msg += (f"; vs {ours.name}: O max |diff| {diff.max().item():.3e} at (b, t, h, c) = "
+                        f"{where} ({o1.flatten()[i].item():.4g} vs {o0.flatten()[i].item():.4g}), "
+                        f"LSE max |diff| {(l1 - l0).abs().max().item():.3e}")
+            print(msg, flush=True)
+        del fwds, bwds, outs, qkv, dout
         torch.cuda.empty_cache()
 
-    def cell(r, name, i):
-        return f"{r[name][i]:7.1f}" if name in r else "    n/a"
+    def cell(d, n):
+        return f"{d[n]:7.1f}" if n in d else "    n/a"
 
-    def ratio(r, name, i):
-        return f"{r['ours'][i] / r[name][i]:5.2f}" if "ours" in r and name in r else "  n/a"
+    def ratio(d, n):
+        return f"{d['ours'] / d[n]:5.2f}" if n in d and "ours" in d else "  n/a"
 
-    print(f"causal attention, BF16, H={a.H}, d={a.d}, B*T={a.tokens}; TFLOP/s "
-          f"(fwd 4BHT^2d/2, bwd 2.5x); torch {torch.__version__}, "
+    print(f"causal attention, BF16, H={a.H}, d={a.d}, B*T={a.tokens}; TFLOP/s (fwd 4BHT^2d/2, "
+          f"bwd 2.5x), medians of {a.rounds} interleaved rounds; torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")
-    print("    T    B | ours_f cudnn_f   fa2_f | ours_b cudnn_b   fa2_b | f/cud f/fa2 b/cud b/fa2")
+    status = f"; {a.default_status}" if a.default_status else ""
+    print(f"ours = forward kernel '{ours.name}' (the default{status}); backward: mma.sync kernel")
+    xh = "".join(f" {e.name[:12]:>12}" for e in extra)
+    print(f"    T    B |  ours_f{xh} cudnn_f   fa2_f |  ours_b cudnn_b   fa2_b |"
+          f" f/cud f/fa2 b/cud b/fa2")
     for r in rows:
-        print(f"{r['T']:5d} {r['B']:4d} | {cell(r, 'ours', 0)} {cell(r, 'cudnn', 0)} {cell(r, 'fa2', 0)} | "
-              f"{cell(r, 'ours', 1)} {cell(r, 'cudnn', 1)} {cell(r, 'fa2', 1)} | "
-              f"{ratio(r, 'cudnn', 0)} {ratio(r, 'fa2', 0)} {ratio(r, 'cudnn', 1)} {ratio(r, 'fa2', 1)}")
+        f, b = r["f"], r["b"]
+        xs = "".join(f" {f[e.name]:12.1f}" if e.name in f else "          n/a" for e in extra)
+        print(f"{r['T']:5d} {r['B']:4d} | {cell(f, 'ours')}{xs} {cell(f, 'cudnn')} {cell(f, 'fa2')} | "
+              f"{cell(b, 'ours')} {cell(b, 'cudnn')} {cell(b, 'fa2')} | "
+              f"{ratio(f, 'cudnn')} {ratio(f, 'fa2')} {ratio(b, 'cudnn')} {ratio(b, 'fa2')}")
+    if extra:
+        for e in extra:
+            print(f"   {e.name} fwd / cuDNN fwd: "
+                  + " ".join(f"T={r['T']}: {r['f'][e.name] / r['f']['cudnn']:.2f}"
+                             for r in rows if e.name in r["f"] and "cudnn" in r["f"]))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // attention_gpu.h: fused causal flash attention on the GPU (BF16 now; the FP8 modes of
-// ../shared/design/fp8-attention.md slot into the same kernels: same tiles, same pass order,
-// D computed in the same preprocess step). Kernels in attention_fp8.cu.
+// docs/fp8-attention.md slot into the same kernels: same tiles, same pass order, D computed in
+// the same preprocess step). Kernels: attention_fwd.cu (forward), attention_bwd.cu (backward),
+// attention_gpu_common.cuh (PTX wrappers and tile loaders shared by both).
 //
 // Layout. Every BF16 tensor is token-major, (B, T, H, d) with a row stride: element
 // (b, t, h, c) of q lives at q[(b*T + t)*stride + h*d + c]. So q, k, v may be views of the
@@ -39,6 +40,9 @@ void attn_gpu_block_sizes(int d, int *block_q, int *block_k);
 void attn_gpu_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v, int qkv_stride,
                       uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d,
                       cudaStream_t stream);
+
+// Name of the forward kernel in use ("wgmma_tma" by default; ATTN_GPU_FWD selects another).
+const char *attn_gpu_forward_impl_name(void);
 
 // Bytes of FP32 scratch the backward needs: dQ accumulator (B, H, T, d) and D (B, H, T).
 size_t attn_gpu_backward_workspace_bytes(int B, int H, int T, int d);

@@ -1,0 +1,708 @@
+// attention_fwd.cu: fused causal flash attention, forward (../shared/design/fp8-attention.md).
+// This first version is the BF16 mode; the FP8 modes reuse its tiling and pass order: one query
+// block per CTA walking the key blocks upward with an online softmax. Interface: attention_gpu.h;
+// shared device helpers: attention_gpu_common.cuh.
+//   attn_fwd_wgmma_tma_kernel (default; wgmma m64nNk16, 128x128 tiles, sm_90a, softmax
+//     overlapped with P V, tiles by TMA from a producer warpgroup), attn_fwd_wgmma_pipe_kernel
+//     (the same with cp.async loads), attn_fwd_kernel (mma.sync m16n8k16, 128x64 tiles).
+//     ATTN_GPU_FWD picks one (table fwd_impls at the end).
+#include "attention_gpu.h"
+
+#include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
+#include <cuda_runtime.h>  // launches, cudaFuncSetAttribute, cudaGetDriverEntryPointByVersion
+#include <math.h>          // INFINITY
+#include <stdint.h>        // uint32_t, uint64_t
+#include <stdio.h>         // fprintf (the experimental-kernel warning)
+#include <stdlib.h>        // getenv, atoi
+#include <string.h>        // strcmp
+#include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
+
+#include "attention_gpu_common.cuh"  // PTX wrappers, tile loaders, check_args
+#include "common.h"                  // FATAL
+
+// Tile sizes of the mma.sync kernel: 128 query rows per CTA (8 warps x 16 rows), key blocks of 64.
+#define FWD_BQ 128
+#define FWD_BK 64
+#define FWD_WARPS 8
+// Tile sizes of the wgmma kernel: 128 query rows (2 warpgroups x 64), key blocks of 128.
+#define WG_BQ 128
+#define WG_BK 128
+
+// --- forward -----------------------------------------------------------------------------------
+// grid (ceil(T/FWD_BQ), B*H), block FWD_WARPS*32. Warp w owns query rows q0+16w .. q0+16w+15.
+// Online softmax in the log2 domain: p = 2^(s*scale_log2 - m*scale_log2), scale_log2 =
+// tau*log2(e); the running max m advances once per key block; P is rounded to BF16 for PV,
+// the row sum l accumulates the FP32 P.
+template <int D>
+__global__ void __launch_bounds__(FWD_WARPS * 32, 1)
+    attn_fwd_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
+                    const bf16 *__restrict__ v, int qkv_stride, bf16 *__restrict__ o,
+                    int o_stride, float *__restrict__ lse, int H, int T, float scale_log2) {
+    constexpr int P = D + 8;  // shared row pitch
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *sQ = reinterpret_cast<bf16 *>(smem_raw);  // (FWD_BQ, P)
+    bf16 *sK = sQ + FWD_BQ * P;                     // 2 x (FWD_BK, P)
+    bf16 *sV = sK + 2 * FWD_BK * P;                 // 2 x (FWD_BK, P)
+
+    const int qb = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks start first
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const long base = (long)b * T * qkv_stride + (long)h * D;
+    const bf16 *gq = q + base, *gk = k + base, *gv = v + base;
+    const int q0 = qb * FWD_BQ;
+    const int row_w0 = q0 + warp * 16;                         // warp's first query row
+    const int n_kb = (min(q0 + FWD_BQ, T) - 1) / FWD_BK + 1;  // key blocks with a visible key
+
+    load_tile<FWD_BQ, D, FWD_WARPS * 32>(sQ, gq, qkv_stride, q0, T, tid);
+    load_tile<FWD_BK, D, FWD_WARPS * 32>(sK, gk, qkv_stride, 0, T, tid);
+    load_tile<FWD_BK, D, FWD_WARPS * 32>(sV, gv, qkv_stride, 0, T, tid);
+    cp_async_commit();
+
+    uint32_t qf[D / 16][4];  // this warp's 16 query rows as A fragments
+    float oacc[D / 8][4];    // (16, D) output accumulator
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY};  // running max (raw score units) of rows g, g+8
+    float l[2] = {0.f, 0.f};              // this thread's part of the row sums
+
+    for (int kb = 0; kb < n_kb; kb++) {
+        const int buf = kb & 1;
+        cp_async_wait_all();
+        __syncthreads();  // tile kb is visible; everyone is done with buffer buf^1
+        if (kb == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++)
+                ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8);
+        }
+        if (kb + 1 < n_kb) {
+            load_tile<FWD_BK, D, FWD_WARPS * 32>(sK + (buf ^ 1) * FWD_BK * P, gk, qkv_stride,
+                                                 (kb + 1) * FWD_BK, T, tid);
+            load_tile<FWD_BK, D, FWD_WARPS * 32>(sV + (buf ^ 1) * FWD_BK * P, gv, qkv_stride,
+                                                 (kb + 1) * FWD_BK, T, tid);
+            cp_async_commit();
+        }
+        const int k0 = kb * FWD_BK;
+        if (k0 > row_w0 + 15) continue;  // every key of this block is after this warp's rows
+        const bf16 *cK = sK + buf * FWD_BK * P, *cV = sV + buf * FWD_BK * P;
+
+        // S = Q K^T for (16, FWD_BK)
+        float s[FWD_BK / 8][4];
+#pragma unroll
+        for (int i = 0; i < FWD_BK / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+            for (int n2 = 0; n2 < FWD_BK / 16; n2++) {
+                uint32_t bk[4];
+                ldmatrix_x4(bk, cK + (n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 +
+                                    ((lane >> 3) & 1) * 8);
+                mma_bf16(s[2 * n2], qf[kk], bk[0], bk[1]);
+                mma_bf16(s[2 * n2 + 1], qf[kk], bk[2], bk[3]);
+            }
+        }
+        // causal mask (and keys past T) on blocks that reach the diagonal or the end
+        if (k0 + FWD_BK - 1 > row_w0 || k0 + FWD_BK > T) {
+#pragma unroll
+            for (int n = 0; n < FWD_BK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int col = k0 + n * 8 + 2 * t4 + (e & 1), row = row_w0 + g + (e >> 1) * 8;
+                    if (col > row || col >= T) s[n][e] = -INFINITY;
+                }
+        }
+        // online softmax. Block 0 always has key 0 visible to every row, so m is finite from
+        // then on and fully masked rows of later blocks give p = 0, alpha = 1.
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int n = 0; n < FWD_BK / 8; n++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+        }
+        float ms[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            ms[r] = mx[r] * scale_log2;
+            alpha[r] = exp2f(m[r] * scale_log2 - ms[r]);
+            m[r] = mx[r];
+        }
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int n = 0; n < FWD_BK / 8; n++) {
+            s[n][0] = exp2f(s[n][0] * scale_log2 - ms[0]);
+            s[n][1] = exp2f(s[n][1] * scale_log2 - ms[0]);
+            s[n][2] = exp2f(s[n][2] * scale_log2 - ms[1]);
+            s[n][3] = exp2f(s[n][3] * scale_log2 - ms[1]);
+            rs[0] += s[n][0] + s[n][1];
+            rs[1] += s[n][2] + s[n][3];
+        }
+        l[0] = l[0] * alpha[0] + rs[0];
+        l[1] = l[1] * alpha[1] + rs[1];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            oacc[n][0] *= alpha[0];
+            oacc[n][1] *= alpha[0];
+            oacc[n][2] *= alpha[1];
+            oacc[n][3] *= alpha[1];
+        }
+        // O += P V, P as BF16 A fragments straight from the S accumulators
+#pragma unroll
+        for (int kk = 0; kk < FWD_BK / 16; kk++) {
+            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                              pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int n2 = 0; n2 < D / 16; n2++) {
+                uint32_t bv[4];
+                ldmatrix_x4_trans(bv, cV + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P +
+                                          n2 * 16 + (lane >> 4) * 8);
+                mma_bf16(oacc[2 * n2], pa, bv[0], bv[1]);
+                mma_bf16(oacc[2 * n2 + 1], pa, bv[2], bv[3]);
+            }
+        }
+    }
+
+    // epilogue: full row sums, O = acc / l in BF16, LSE in natural log
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    const long obase = (long)b * T * o_stride + (long)h * D;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row_w0 + g + r * 8;
+        if (row >= T) continue;
+        const float inv = 1.f / l[r];
+        bf16 *orow = o + obase + (long)row * o_stride;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
+                pack_bf16(oacc[n][2 * r] * inv, oacc[n][2 * r + 1] * inv);
+        if (t4 == 0) lse[(long)bh * T + row] = (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f;
+    }
+}
+
+// --- forward on wgmma (sm_90a) -----------------------------------------------------------------
+// Same algorithm and numerics as attn_fwd_kernel, with 128 x 128 tiles: 2 warpgroups, each owns
+// 64 query rows; S = Q K^T with both operands from shared memory, O += P V with P from registers
+// (BF16, straight from the S accumulators) and V N-major from shared memory. The accumulator
+// layout of wgmma m64nN is, per warp of the warpgroup, that of mma.m16n8 repeated over N/8 tiles:
+// d[4j + e] = (row 16*warp + g + 8*(e/2), col 8j + 2t + e%2). In both wgmma kernels the softmax
+// of key block j runs while the tensor cores compute O += P_{j-1} V_{j-1} (FlashAttention-3's
+// intra-warpgroup overlap); they differ in how tiles arrive:
+//   attn_fwd_wgmma_tma_kernel (default): a producer warpgroup issues TMA copies, mbarriers pace
+//     them, the two consumer warpgroups never wait for each other;
+//   attn_fwd_wgmma_pipe_kernel (ATTN_GPU_FWD=wgmma_pipe): all 256 threads issue cp.async for the
+//     next tiles, one CTA-wide barrier per key block (no TMA, no driver entry point needed).
+// Both compute the same thing in the same precision (max per key block, P in BF16, FP32 sums)
+// and match the mma.sync kernel up to FP32 summation order.
+static_assert(WG_BQ == WG_BK, "only the last (diagonal) key block of a query block is masked");
+
+// Online-softmax step on one (64 x WG_BK) S tile held as wgmma accumulators: mask (MASKED: the
+// causal mask and keys past T, needed on the diagonal block only, the last one a query block
+// visits and the only one that can reach past T), running max m
+// (raw score units) and row sums l (this thread's part) updated, s replaced by
+// P = 2^(s*scale_log2 - m*scale_log2) in FP32, alpha = the factor by which O must be rescaled.
+// Every row has a visible key in every block it visits (key k0 <= row on the diagonal block), so
+// m is finite after block 0 and alpha = 0 there (O and l start at zero).
+template <bool MASKED>
+__device__ __forceinline__ void softmax_block(float (&s)[WG_BK / 2], float (&m)[2], float (&l)[2],
+                                              float (&alpha)[2], int k0, int row_w0, int T, int g,
+                                              int t4, float scale_log2) {
+    if (MASKED) {
+#pragma unroll
+        for (int n = 0; n < WG_BK / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = k0 + n * 8 + 2 * t4 + (e & 1), row = row_w0 + g + (e >> 1) * 8;
+                if (col > row || col >= T) s[4 * n + e] = -INFINITY;
+            }
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < WG_BK / 8; n++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * n + 0], s[4 * n + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+    float ms[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        ms[r] = mx[r] * scale_log2;
+        alpha[r] = exp2f(m[r] * scale_log2 - ms[r]);
+        m[r] = mx[r];
+    }
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < WG_BK / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[4 * n + e] = fast_exp2(fmaf(s[4 * n + e], scale_log2, -ms[e >> 1]));
+        rs[0] += s[4 * n + 0] + s[4 * n + 1];
+        rs[1] += s[4 * n + 2] + s[4 * n + 3];
+    }
+    l[0] = l[0] * alpha[0] + rs[0];
+    l[1] = l[1] * alpha[1] + rs[1];
+}
+
+// s (64 x WG_BK) = Q_wg K^T: D/16 wgmmas, both operands 128-byte-swizzled in shared memory (the
+// caller fences before and commits after). sQb: this warpgroup's 64 rows of Q; cK: one K stage.
+template <int D>
+__device__ __forceinline__ void wg_issue_qk(float (&s)[WG_BK / 2], const unsigned char *sQb,
+                                            const unsigned char *cK) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const int reg = kk >> 2, off = (kk & 3) * 32;  // 64-column region, 32 bytes per k16
+        wgmma_m64n128_ss(s, wgmma_desc(sQb + reg * WG_BQ * 128 + off, 16, 1024),
+                         wgmma_desc(cK + reg * WG_BK * 128 + off, 16, 1024), kk > 0);
+    }
+}
+
+// oacc (64 x D) += P (64 x WG_BK, BF16 A fragments in registers) V (WG_BK x D, one V stage,
+// N-major, descriptor offsets v_lbo/v_sbo). The caller fences before and commits after.
+template <int D>
+__device__ __forceinline__ void wg_issue_pv(float (&oacc)[D / 2], const uint32_t (&pa)[WG_BK / 16][4],
+                                            const unsigned char *cV, uint32_t v_lbo, uint32_t v_sbo) {
+#pragma unroll
+    for (int kk = 0; kk < WG_BK / 16; kk++) {
+        uint64_t dv = wgmma_desc(cV + kk * 16 * 128, v_lbo, v_sbo);
+        if constexpr (D == 128) wgmma_m64n128_rs_nmajor(oacc, pa[kk], dv);
+        else wgmma_m64n64_rs_nmajor(oacc, pa[kk], dv);
+    }
+}
+
+// P (FP32 in the S accumulator layout) -> the BF16 A fragments of the PV wgmma.
+__device__ __forceinline__ void wg_pack_p(uint32_t (&pa)[WG_BK / 16][4], const float (&s)[WG_BK / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < WG_BK / 16; kk++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) pa[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+
+// O *= alpha (per row: elements e = 0, 1 of each n-tile are row g, e = 2, 3 row g + 8).
+template <int N>
+__device__ __forceinline__ void wg_rescale(float (&oacc)[N], const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) oacc[i] *= alpha[(i >> 1) & 1];
+}
+
+// Per-CTA indices and shared-memory carve-up of the wgmma kernels.
+// tid: the thread's index among the 256 that compute (2 warpgroups).
+struct WgFwdCta {
+    bf16 *sQ, *sK, *sV;           // Q: D/64 regions of (WG_BQ x 64); K, V: 2 stages of D/64 regions
+    const unsigned char *sQb;     // this warpgroup's 64 rows of Q (bytes)
+    long qkv_base, obase;         // this (b, h)'s first element of q/k/v and of o
+    int b, h, bh, q0, row_w0, n_kb, tid, g, t4;
+};
+template <int D>
+__device__ __forceinline__ WgFwdCta wg_fwd_cta(unsigned char *smem_raw, int qkv_stride, int o_stride,
+                                               int H, int T, int tid) {
+    WgFwdCta c;
+    unsigned char *smem = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    c.sQ = reinterpret_cast<bf16 *>(smem);
+    c.sK = c.sQ + WG_BQ * D;
+    c.sV = c.sK + 2 * WG_BK * D;
+    // 1-D grid over (query block, b*H + h), heaviest first: every head's last query block before
+    // any head's second-to-last, so the longest jobs start first and the shortest fill the tail
+    // (measured on the H200, pipe kernel: +2-4% at T = 4K-8K over walking head by head).
+    const int n_qb = (T + WG_BQ - 1) / WG_BQ, n_bh = gridDim.x / n_qb;
+    const int qb = n_qb - 1 - blockIdx.x / n_bh;
+    c.bh = blockIdx.x % n_bh;
+    const int b = c.bh / H, h = c.bh % H;
+    c.b = b;
+    c.h = h;
+    c.tid = tid;
+    const int wg = c.tid / 128, warp = (c.tid % 128) / 32, lane = c.tid % 32;
+    c.g = lane >> 2;
+    c.t4 = lane & 3;
+    c.qkv_base = (long)b * T * qkv_stride + (long)h * D;
+    c.obase = (long)b * T * o_stride + (long)h * D;
+    c.q0 = qb * WG_BQ;
+    c.row_w0 = c.q0 + wg * 64 + warp * 16;  // warp's first query row
+    c.n_kb = (min(c.q0 + WG_BQ, T) - 1) / WG_BK + 1;
+    c.sQb = reinterpret_cast<const unsigned char *>(c.sQ) + wg * 64 * 128;
+    return c;
+}
+
+// Epilogue: full row sums, O = acc / l in BF16, LSE in natural log.
+template <int D>
+__device__ __forceinline__ void wg_store_output(const WgFwdCta &c, const float (&oacc)[D / 2],
+                                                const float (&m)[2], float (&l)[2], bf16 *o,
+                                                int o_stride, float *lse, int T, float scale_log2) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = c.row_w0 + c.g + r * 8;
+        if (row >= T) continue;
+        const float inv = 1.f / l[r];
+        bf16 *orow = o + c.obase + (long)row * o_stride;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * c.t4) =
+                pack_bf16(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
+        if (c.t4 == 0) lse[(long)c.bh * T + row] = (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f;
+    }
+}
+
+__device__ __forceinline__ const unsigned char *as_bytes(const bf16 *p) {
+    return reinterpret_cast<const unsigned char *>(p);
+}
+
+// Key block j: S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued as two wgmma groups; the softmax
+// of S_j runs once the first retires, while the tensor cores still work on the second; P_j
+// overwrites the registers of P_{j-1} only after the second retires (wgmma.wait_group 0).
+// Block 0 (S and softmax only) and the diagonal block (masked) are peeled out of the loop, so
+// every wgmma issue and wait in it is unconditional: ptxas must see that the registers of P stay
+// read by the tensor cores until the wait (seen with a conditional PV issue: it reused them for
+// softmax temporaries and the result was wrong). Tiles (cp.async, two stages each): K_{j+1} and
+// V_j load during block j; Q, K_0 before block 0.
+template <int D>
+__global__ void __launch_bounds__(256, 1)
+    attn_fwd_wgmma_pipe_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
+                               const bf16 *__restrict__ v, int qkv_stride, bf16 *__restrict__ o,
+                               int o_stride, float *__restrict__ lse, int H, int T,
+                               float scale_log2, uint32_t v_lbo, uint32_t v_sbo) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const WgFwdCta c = wg_fwd_cta<D>(smem_raw, qkv_stride, o_stride, H, T, threadIdx.x);
+    const bf16 *gq = q + c.qkv_base, *gk = k + c.qkv_base, *gv = v + c.qkv_base;
+    constexpr int KV_TILE = WG_BK * D;
+    float oacc[D / 2], s[WG_BK / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) oacc[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < WG_BK / 2; i++) s[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+    uint32_t pa[WG_BK / 16][4];  // P of the previous block: A operand of the PV wgmmas
+
+    // block 0: Q and K_0 first; K_1 and V_0 load while S_0 and its softmax run
+    load_tile_sw128<WG_BQ, D, 256>(c.sQ, gq, qkv_stride, c.q0, T, c.tid);
+    load_tile_sw128<WG_BK, D, 256>(c.sK, gk, qkv_stride, 0, T, c.tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+    if (c.n_kb > 1)
+        load_tile_sw128<WG_BK, D, 256>(c.sK + KV_TILE, gk, qkv_stride, WG_BK, T, c.tid);
+    load_tile_sw128<WG_BK, D, 256>(c.sV, gv, qkv_stride, 0, T, c.tid);
+    cp_async_commit();
+    reg_fence(s);
+    wgmma_fence();
+    wg_issue_qk<D>(s, c.sQb, as_bytes(c.sK));
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+    if (c.n_kb == 1) softmax_block<true>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
+    else softmax_block<false>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
+    wg_pack_p(pa, s);  // O is zero: no rescale
+
+    auto step = [&](int kb, auto mask) {
+        cp_async_wait_all();  // K_kb and V_{kb-1} (this thread's part)
+        fence_proxy_async();
+        __syncthreads();  // ... everyone's part; every warpgroup retired S_{kb-1} and PV_{kb-2},
+                          // so K stage (kb+1)&1 and V stage kb&1 are free
+        if (kb + 1 < c.n_kb)
+            load_tile_sw128<WG_BK, D, 256>(c.sK + ((kb + 1) & 1) * KV_TILE, gk, qkv_stride, (kb + 1) * WG_BK, T, c.tid);
+        load_tile_sw128<WG_BK, D, 256>(c.sV + (kb & 1) * KV_TILE, gv, qkv_stride, kb * WG_BK, T, c.tid);
+        cp_async_commit();
+        reg_fence(s);
+        reg_fence(oacc);
+        wgmma_fence();
+        wg_issue_qk<D>(s, c.sQb, as_bytes(c.sK + (kb & 1) * KV_TILE));
+        wgmma_commit();
+        wg_issue_pv<D>(oacc, pa, as_bytes(c.sV + ((kb - 1) & 1) * KV_TILE), v_lbo, v_sbo);
+        wgmma_commit();
+        wgmma_wait<1>();  // groups retire in order: S_kb is done, PV may still run
+        reg_fence(s);
+        softmax_block<decltype(mask)::value>(s, m, l, alpha, kb * WG_BK, c.row_w0, T, c.g, c.t4, scale_log2);
+        wgmma_wait<0>();  // PV done: O and the registers of P_{kb-1} may change now
+        reg_fence(oacc);
+        reg_fence(pa);
+        wg_rescale(oacc, alpha);
+        wg_pack_p(pa, s);
+    };
+    for (int kb = 1; kb < c.n_kb - 1; kb++) step(kb, std::false_type());
+    if (c.n_kb > 1) step(c.n_kb - 1, std::true_type());
+
+    // the last block's O += P V
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();
+    reg_fence(oacc);
+    wgmma_fence();
+    wg_issue_pv<D>(oacc, pa, as_bytes(c.sV + ((c.n_kb - 1) & 1) * KV_TILE), v_lbo, v_sbo);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(oacc);
+    reg_fence(pa);
+    wg_store_output<D>(c, oacc, m, l, o, o_stride, lse, T, scale_log2);
+}
+
+// Warp-specialized form of attn_fwd_wgmma_pipe_kernel (same math, same order): warpgroup 0 is
+// the producer: one thread issues TMA bulk tensor copies of Q, then K_j and V_j into two stages
+// each, and the warpgroup hands most of its registers to the others (setmaxnreg). Warpgroups 1
+// and 2 compute as in the pipelined kernel, with no CTA-wide barrier in the loop: a consumer
+// waits on a stage's "full" mbarrier (TMA bytes landed) before its wgmma reads the stage, and
+// arrives on its "empty" mbarrier once the wgmma that read it retired; the producer waits for
+// all 256 consumer arrivals before it refills the stage. Tensor maps: 4-D (c, h, t, b) views of
+// q, k, v with boxes of 64 columns x 128 rows in the 128-byte swizzle (the layout of
+// load_tile_sw128); rows past T are zero-filled by the copy engine.
+template <int D>
+__global__ void __launch_bounds__(384, 1)
+    attn_fwd_wgmma_tma_kernel(const __grid_constant__ CUtensorMap tm_q,
+                              const __grid_constant__ CUtensorMap tm_k,
+                              const __grid_constant__ CUtensorMap tm_v, bf16 *__restrict__ o,
+                              int o_stride, float *__restrict__ lse, int H, int T,
+                              float scale_log2, uint32_t v_lbo, uint32_t v_sbo) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int KV_TILE = WG_BK * D;
+    constexpr uint32_t Q_BYTES = WG_BQ * D * 2, KV_BYTES = WG_BK * D * 2;
+    const int ctid = (int)threadIdx.x - 128;  // index among the consumer threads (< 0: producer)
+    const WgFwdCta c = wg_fwd_cta<D>(smem_raw, 0, o_stride, H, T, ctid < 0 ? 0 : ctid);
+    uint64_t *bars = reinterpret_cast<uint64_t *>(c.sV + 2 * KV_TILE);
+    uint64_t *full_q = bars, *full_k = bars + 1, *full_v = bars + 3, *empty_k = bars + 5,
+             *empty_v = bars + 7;
+    if (threadIdx.x == 0) {
+        mbar_init(full_q, 1);
+        for (int i = 0; i < 2; i++) {
+            mbar_init(full_k + i, 1);
+            mbar_init(full_v + i, 1);
+            mbar_init(empty_k + i, 256);
+            mbar_init(empty_v + i, 256);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // producer
+        setmaxnreg_dec<24>();
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(full_q, Q_BYTES);
+            for (int r = 0; r < D / 64; r++)
+                tma_load_4d(c.sQ + r * WG_BQ * 64, &tm_q, full_q, r * 64, c.h, c.q0, c.b);
+            for (int kb = 0; kb < c.n_kb; kb++) {
+                const int st = kb & 1;
+                const uint32_t freed = ((kb >> 1) & 1) ^ 1;  // parity of the release of use kb-2
+                if (kb >= 2) mbar_wait(empty_k + st, freed);
+                mbar_arrive_expect_tx(full_k + st, KV_BYTES);
+                for (int r = 0; r < D / 64; r++)
+                    tma_load_4d(c.sK + st * KV_TILE + r * WG_BK * 64, &tm_k, full_k + st, r * 64, c.h,
+                                kb * WG_BK, c.b);
+                if (kb >= 2) mbar_wait(empty_v + st, freed);
+                mbar_arrive_expect_tx(full_v + st, KV_BYTES);
+                for (int r = 0; r < D / 64; r++)
+                    tma_load_4d(c.sV + st * KV_TILE + r * WG_BK * 64, &tm_v, full_v + st, r * 64, c.h,
+                                kb * WG_BK, c.b);
+            }
+        }
+    } else {  // consumers
+        setmaxnreg_inc<240>();
+        float oacc[D / 2], s[WG_BK / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) oacc[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < WG_BK / 2; i++) s[i] = 0.f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+        uint32_t pa[WG_BK / 16][4];
+
+        mbar_wait(full_q, 0);
+        mbar_wait(full_k, 0);
+        reg_fence(s);
+        wgmma_fence();
+        wg_issue_qk<D>(s, c.sQb, as_bytes(c.sK));
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+        mbar_arrive(empty_k);
+        if (c.n_kb == 1) softmax_block<true>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
+        else softmax_block<false>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
+        wg_pack_p(pa, s);
+
+        auto step = [&](int kb, auto mask) {
+            mbar_wait(full_k + (kb & 1), (kb >> 1) & 1);
+            mbar_wait(full_v + ((kb - 1) & 1), ((kb - 1) >> 1) & 1);
+            reg_fence(s);
+            reg_fence(oacc);
+            wgmma_fence();
+            wg_issue_qk<D>(s, c.sQb, as_bytes(c.sK + (kb & 1) * KV_TILE));
+            wgmma_commit();
+            wg_issue_pv<D>(oacc, pa, as_bytes(c.sV + ((kb - 1) & 1) * KV_TILE), v_lbo, v_sbo);
+            wgmma_commit();
+            wgmma_wait<1>();
+            reg_fence(s);
+            mbar_arrive(empty_k + (kb & 1));
+            softmax_block<decltype(mask)::value>(s, m, l, alpha, kb * WG_BK, c.row_w0, T, c.g, c.t4, scale_log2);
+            wgmma_wait<0>();
+            reg_fence(oacc);
+            reg_fence(pa);
+            mbar_arrive(empty_v + ((kb - 1) & 1));
+            wg_rescale(oacc, alpha);
+            wg_pack_p(pa, s);
+        };
+        for (int kb = 1; kb < c.n_kb - 1; kb++) step(kb, std::false_type());
+        if (c.n_kb > 1) step(c.n_kb - 1, std::true_type());
+
+        const int last = c.n_kb - 1;
+        mbar_wait(full_v + (last & 1), (last >> 1) & 1);
+        reg_fence(oacc);
+        wgmma_fence();
+        wg_issue_pv<D>(oacc, pa, as_bytes(c.sV + (last & 1) * KV_TILE), v_lbo, v_sbo);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(oacc);
+        reg_fence(pa);
+        wg_store_output<D>(c, oacc, m, l, o, o_stride, lse, T, scale_log2);
+    }
+}
+
+// --- launchers ---------------------------------------------------------------------------------
+// Forward implementations, one read from ATTN_GPU_FWD per process (unset: FWD_DEFAULT). All of
+// them pass test_attention_gpu (scripts/gpu_attention_check.sh runs it with each); the ones that
+// are not the default stay for comparisons and as fallbacks.
+enum FwdKernel { K_MMA, K_WG_PIPE, K_WG_TMA };
+struct FwdImpl {
+    const char *name;
+    FwdKernel kernel;
+};
+static const FwdImpl fwd_impls[] = {
+    {"wgmma_tma", K_WG_TMA},    // wgmma, softmax overlapped with PV, TMA producer warpgroup
+    {"wgmma_pipe", K_WG_PIPE},  // the same with cp.async loads by every thread
+    {"mma", K_MMA},             // mma.sync, 128 x 64 tiles
+};
+#define N_FWD_IMPLS (int)(sizeof fwd_impls / sizeof fwd_impls[0])
+#define FWD_DEFAULT 0  // wgmma_tma
+static const FwdImpl &fwd_impl(void) {
+    static int impl = -1;
+    if (impl < 0) {
+        const char *e = getenv("ATTN_GPU_FWD");
+        impl = FWD_DEFAULT;
+        if (e && *e) {
+            int found = -1;
+            for (int i = 0; i < N_FWD_IMPLS; i++)
+                if (strcmp(e, fwd_impls[i].name) == 0) found = i;
+            if (found < 0)
+                fprintf(stderr, "attention: ATTN_GPU_FWD=%s is not a forward kernel of "
+                                "attention_fwd.cu; using %s\n", e, fwd_impls[FWD_DEFAULT].name);
+            else
+                impl = found;
+        }
+    }
+    return fwd_impls[impl];
+}
+
+// Name of the forward kernel in use ("wgmma_pipe", ...), for benchmarks and logs. Not in
+// attention_gpu.h (its API is fixed); bench/bench_attention.{cu,py} declare it themselves.
+extern "C" const char *attn_gpu_forward_impl_name(void) { return fwd_impl().name; }
+
+extern "C" void attn_gpu_block_sizes(int d, int *block_q, int *block_k) {
+    (void)d;
+    const bool wg = fwd_impl().kernel != K_MMA;
+    *block_q = wg ? WG_BQ : FWD_BQ;
+    *block_k = wg ? WG_BK : FWD_BK;
+}
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no -lcuda at link time).
+typedef CUresult (*EncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static EncodeTiledFn encode_tiled_fn(void) {
+    static EncodeTiledFn fn = nullptr;
+    if (!fn) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult st;
+        CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &st));
+        if (st != cudaDriverEntryPointSuccess || !p)
+            FATAL("cuTensorMapEncodeTiled not found in the CUDA driver (the TMA forward needs CUDA 12+; "
+                  "ATTN_GPU_FWD=wgmma_pipe avoids it)");
+        fn = (EncodeTiledFn)p;
+    }
+    return fn;
+}
+// (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x 128 x 1.
+static CUtensorMap make_tmap(const bf16 *base, int B, int H, int T, int D, int stride) {
+    CUtensorMap m;
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)stride * 2, (cuuint64_t)T * stride * 2};
+    const cuuint32_t box[4] = {64, 1, WG_BK, 1}, elem_strides[4] = {1, 1, 1, 1};
+    CUresult r = encode_tiled_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides,
+                                   box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) FATAL("cuTensorMapEncodeTiled failed (%d) for B=%d H=%d T=%d d=%d stride=%d", (int)r, B, H, T, D, stride);
+    return m;
+}
+
+template <int D>
+static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, const bf16 *v,
+                            int qkv_stride, bf16 *o, int o_stride, float *lse, int B, int H, int T,
+                            cudaStream_t stream) {
+    const size_t tiles = (size_t)(WG_BQ + 4 * WG_BK) * D * sizeof(bf16) + 1024;  // +1024: alignment
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
+    const long n_cta = (long)((T + WG_BQ - 1) / WG_BQ) * B * H;
+    if (n_cta > 0x7fffffffL) FATAL("attn_gpu_forward: B*H*ceil(T/%d) = %ld CTAs is too many", WG_BQ, n_cta);
+    // V's descriptor offsets: next 64-column region (leading), next 8 keys (stride).
+    const uint32_t v_lbo = WG_BK * 128, v_sbo = 1024;
+    static bool attr_set[2] = {false, false};  // one device per process (one GPU per rank)
+    if (impl.kernel == K_WG_TMA) {
+        const size_t smem = tiles + 9 * sizeof(uint64_t);  // + the mbarriers
+        if (!attr_set[0]) {
+            CUDA_OK(cudaFuncSetAttribute(attn_fwd_wgmma_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            attr_set[0] = true;
+        }
+        const CUtensorMap tq = make_tmap(q, B, H, T, D, qkv_stride), tk = make_tmap(k, B, H, T, D, qkv_stride),
+                          tv = make_tmap(v, B, H, T, D, qkv_stride);
+        attn_fwd_wgmma_tma_kernel<D><<<(unsigned)n_cta, 384, smem, stream>>>(
+            tq, tk, tv, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo);
+    } else {
+        if (!attr_set[1]) {
+            CUDA_OK(cudaFuncSetAttribute(attn_fwd_wgmma_pipe_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tiles));
+            attr_set[1] = true;
+        }
+        attn_fwd_wgmma_pipe_kernel<D><<<(unsigned)n_cta, 256, tiles, stream>>>(
+            q, k, v, qkv_stride, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo);
+    }
+    CUDA_OK(cudaGetLastError());
+}
+
+template <int D>
+static void forward_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o,
+                      int o_stride, float *lse, int B, int H, int T, cudaStream_t stream) {
+    const FwdImpl &impl = fwd_impl();
+    if (impl.kernel != K_MMA) {
+        forward_wgmma_d<D>(impl, q, k, v, qkv_stride, o, o_stride, lse, B, H, T, stream);
+        return;
+    }
+    const size_t smem = (size_t)(FWD_BQ + 4 * FWD_BK) * (D + 8) * sizeof(bf16);
+    static bool attr_set = false;  // one device per process (the trainer uses one GPU per rank)
+    if (!attr_set) {
+        CUDA_OK(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
+    }
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
+    dim3 grid((T + FWD_BQ - 1) / FWD_BQ, B * H);
+    attn_fwd_kernel<D><<<grid, FWD_WARPS * 32, smem, stream>>>(q, k, v, qkv_stride, o, o_stride, lse,
+                                                               H, T, scale_log2);
+    CUDA_OK(cudaGetLastError());
+}
+
+extern "C" void attn_gpu_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                 int qkv_stride, uint16_t *o, int o_stride, float *lse, int B,
+                                 int H, int T, int d, cudaStream_t stream) {
+    const void *ptrs[] = {q, k, v, o};
+    const int strides[] = {qkv_stride, o_stride};
+    check_args("attn_gpu_forward", ptrs, 4, strides, 2, B, H, T, d);
+    if (d == 64)
+        forward_d<64>((const bf16 *)q, (const bf16 *)k, (const bf16 *)v, qkv_stride, (bf16 *)o,
+                      o_stride, lse, B, H, T, stream);
+    else
+        forward_d<128>((const bf16 *)q, (const bf16 *)k, (const bf16 *)v, qkv_stride, (bf16 *)o,
+                       o_stride, lse, B, H, T, stream);
+}

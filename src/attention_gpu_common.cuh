@@ -1,0 +1,240 @@
+// attention_gpu_common.cuh: device helpers shared by the fused attention kernels
+// (attention_fwd.cu, attention_bwd.cu): PTX wrappers (cp.async, ldmatrix, mma.sync, wgmma and its
+// fences), the 128-byte-swizzle wgmma descriptors, shared-memory tile loaders, and the host-side
+// argument check. Everything here is inline/static: each .cu that includes it gets its own copy.
+//
+// Fragment layouts of mma.m16n8k16 (g = lane/4, t = lane%4) used throughout:
+//   A (16x16, row): a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B (16x8, col):  b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   C (16x8):       c0,c1 (g, 2t..2t+1)   c2,c3 (g+8, 2t..2t+1)
+// so the C fragments of two neighbouring n-tiles of S are the A fragment of P for PV (no
+// shuffles). Padded shared-memory tiles (load_tile) have rows padded by 8 elements (16 bytes),
+// which makes every ldmatrix and 16-byte cp.async free of bank conflicts.
+#ifndef ATTENTION_GPU_COMMON_CUH
+#define ATTENTION_GPU_COMMON_CUH
+
+#include <cuda_bf16.h>     // __nv_bfloat16, __floats2bfloat162_rn
+#include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
+#include <stdint.h>        // uint32_t, uint64_t, uintptr_t
+
+#include "common.h"  // FATAL
+
+typedef __nv_bfloat16 bf16;
+
+#define CUDA_OK(call)                                                                    \
+    do {                                                                                 \
+        cudaError_t err_ = (call);                                                       \
+        if (err_ != cudaSuccess)                                                         \
+            FATAL("%s failed: %s (check the GPU and the arguments of the attention call)", \
+                  #call, cudaGetErrorString(err_));                                      \
+    } while (0)
+
+// Tile sizes. Forward: 128 query rows per CTA (8 warps x 16 rows), key blocks of 64.
+
+// --- small PTX wrappers ------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16-byte async copy global -> shared; when !valid the destination is zero-filled (src-size 0).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c += a * b, BF16 inputs, FP32 accumulators.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> packed BF16 pair (lo in the low half), round to nearest even.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns used) into a shared
+// tile with row pitch D+8; rows >= T become zeros (so masked keys never bring NaN into PV).
+template <int ROWS, int D, int NTHREADS>
+__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, long stride, int row0, int T,
+                                          int tid) {
+    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+    static_assert(ROWS * CHUNKS % NTHREADS == 0, "tile copy must split evenly over the threads");
+#pragma unroll
+    for (int i = 0; i < ROWS * CHUNKS / NTHREADS; i++) {
+        int c = tid + i * NTHREADS;
+        int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+        int t = row0 + r;
+        bool ok = t < T;
+        cp_async16(s + r * (D + 8) + col, g + (long)(ok ? t : 0) * stride + col, ok);
+    }
+}
+// --- wgmma (sm_90a) helpers ------------------------------------------------------------------
+// Shared tiles for wgmma use the 128-byte swizzle: a tile of R rows x 64 BF16 (128 bytes a row)
+// is one region; 16-byte chunk c of row r sits at chunk c ^ (r % 8); a d = 128 tile is two such
+// regions (columns 0-63, 64-127). Regions start at 1024-byte boundaries.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>  // wait until at most N committed wgmma groups are pending
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// 2^x on the special-function unit (the softmax exponentials; inputs <= 0 or -inf)
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// Keeps the compiler from moving reads/writes of accumulator registers across wgmma waits.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// Matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle.
+// K-major operand: stride offset = 1024 (next 8 rows), leading offset unused.
+// N-major operand (V in PV): leading offset = bytes to the next 64-column region, stride = 1024
+// (next 8 rows along K).
+__device__ __forceinline__ uint64_t wgmma_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    uint64_t addr = smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+#define WG_ACC8(b) "+f"(d[(b) + 0]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3]), \
+                   "+f"(d[(b) + 4]), "+f"(d[(b) + 5]), "+f"(d[(b) + 6]), "+f"(d[(b) + 7])
+#define WG_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_REGS64 WG_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, " \
+                  "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+
+// d (64 x 128, FP32) (+)= A (64 x 16, smem, K-major) * B (16 x 128, smem, K-major)
+__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+// d (64 x 128) += A (64 x 16, registers) * B (16 x 128, smem, N-major)
+__device__ __forceinline__ void wgmma_m64n128_rs_nmajor(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+// d (64 x 64) += A (64 x 16, registers) * B (16 x 64, smem, N-major)
+__device__ __forceinline__ void wgmma_m64n64_rs_nmajor(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+// Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns) into D/64 swizzled
+// regions of ROWS x 128 bytes; rows >= T become zeros.
+template <int ROWS, int D, int NTHREADS>
+__device__ __forceinline__ void load_tile_sw128(bf16 *s, const bf16 *g, long stride, int row0, int T,
+                                                int tid) {
+    constexpr int CHUNKS = D / 8;
+    static_assert(ROWS * CHUNKS % NTHREADS == 0, "tile copy must split evenly over the threads");
+    unsigned char *sb = reinterpret_cast<unsigned char *>(s);
+#pragma unroll
+    for (int i = 0; i < ROWS * CHUNKS / NTHREADS; i++) {
+        int c = tid + i * NTHREADS;
+        int r = c / CHUNKS, ch = c % CHUNKS;
+        int t = row0 + r;
+        bool ok = t < T;
+        unsigned char *dst = sb + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+        cp_async16(dst, g + (long)(ok ? t : 0) * stride + ch * 8, ok);
+    }
+}
+
+// --- TMA (bulk tensor copies), mbarriers, register reallocation (sm_90) -------------------------
+// An mbarrier counts arrivals and, for TMA, transaction bytes; a phase completes when both reach
+// zero, and waiters name the phase by its parity (0, 1, 0, ...).
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// Makes barrier inits visible to the async proxy (TMA) before the CTA-wide barrier that follows.
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// One arrival that also announces `bytes` of TMA transactions for the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+// TMA: box at coordinates (c0 innermost .. c3) of the 4-D tensor map -> shared memory at dst;
+// completion is counted on bar (bytes of the whole box, zero-filled parts included).
+__device__ __forceinline__ void tma_load_4d(void *dst, const void *tmap, uint64_t *bar, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(
+            smem_addr(dst)),
+        "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        : "memory");
+}
+// Register budget per thread of the executing warpgroup (needs a register cap at kernel entry:
+// __launch_bounds__(threads, 1)).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// --- host side -----------------------------------------------------------------------------
+static inline void check_args(const char *what, const void *const *ptrs, int nptr, const int *strides,
+                       int nstride, int B, int H, int T, int d) {
+    if (d != 64 && d != 128) FATAL("%s: head dim %d unsupported (64 or 128)", what, d);
+    if (B <= 0 || H <= 0 || T <= 0) FATAL("%s: bad shape B=%d H=%d T=%d", what, B, H, T);
+    for (int i = 0; i < nptr; i++)
+        if ((uintptr_t)ptrs[i] % 16) FATAL("%s: pointer %d not 16-byte aligned", what, i);
+    for (int i = 0; i < nstride; i++)
+        if (strides[i] % 8 || strides[i] < H * d)
+            FATAL("%s: row stride %d must be a multiple of 8 and >= H*d = %d", what, strides[i], H * d);
+}
+
+// Forward implementation, read once from ATTN_GPU_FWD: unset or "wgmma": wgmma, one key block at
+// a time (default, tested); "mma": the mma.sync kernel (tested); "wgmma_pipe": wgmma with the
+
+#endif  // ATTENTION_GPU_COMMON_CUH
