@@ -17,31 +17,11 @@
 #include <vector>          // host buffers
 
 #include "attention_gpu.h"  // the kernels under test
+#include "gpu_test.h"  // CU, rng_uniform/rng_normal, gpu_test_have_gpu
 #include "test.h"           // CHECK, test_summary
 
 // Defined in attention_fwd.cu, not part of attention_gpu.h: the forward kernel's name.
 
-#define CU(call)                                                                              \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            printf("FAIL - cuda call %s (%s:%d): %s\n", #call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
-
-static uint64_t rng_state;
-static double rng_uniform(void) {  // splitmix64 -> [0, 1)
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (z >> 11) * (1.0 / 9007199254740992.0);
-}
-static double rng_normal(void) {
-    double u1 = rng_uniform() + 1e-300, u2 = rng_uniform();
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
 static uint16_t f2bf(float x) {
     __nv_bfloat16 b = __float2bfloat16(x);
     uint16_t u;
@@ -327,12 +307,7 @@ static void run_case(const Case &cs, int seed) {
 }
 
 int main(void) {
-    int n = 0;
-    cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess || n == 0) {
-        printf("skipped: test_attention_gpu (no GPU: %s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-        return 0;
-    }
+    if (!gpu_test_have_gpu("test_attention_gpu")) return 0;
     const Case cases[] = {
         {2, 3, 200, 64, true, 1.0},     // T below one tile, several heads
         {1, 2, 517, 128, false, 2.0},   // T not a multiple of any tile

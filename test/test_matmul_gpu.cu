@@ -13,32 +13,12 @@
 
 #include "fp8.h"     // bf16_from_f32, bf16_to_f32
 #include "matmul.h"  // the GEMMs under test
+#include "gpu_test.h"  // CU, rng_uniform/rng_normal, gpu_test_have_gpu
 #include "test.h"    // CHECK, test_summary
-
-#define CU(call)                                                                                      \
-    do {                                                                                              \
-        cudaError_t e_ = (call);                                                                      \
-        if (e_ != cudaSuccess) {                                                                      \
-            printf("FAIL - cuda call %s (%s:%d): %s\n", #call, __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
 
 typedef std::vector<uint16_t> Bf;
 typedef std::vector<double> Dv;
 
-static uint64_t rng_state = 0xC0FFEE11ull;
-static double rng_uniform(void) {  // splitmix64 -> [0, 1)
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (z >> 11) * (1.0 / 9007199254740992.0);
-}
-static double rng_normal(void) {
-    double u1 = rng_uniform() + 1e-300, u2 = rng_uniform();
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
 static Bf rand_bf(size_t n, double scale) {
     Bf v(n);
     for (size_t i = 0; i < n; i++) v[i] = bf16_from_f32((float)(scale * rng_normal()));
@@ -196,12 +176,8 @@ static void time_gemm(const char *what, int M, int N, int K) {
 }
 
 int main(void) {
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        printf("skipped: test_matmul_gpu (no GPU: %s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-        return 0;
-    }
+    if (!gpu_test_have_gpu("test_matmul_gpu")) return 0;
+    rng_state = 0xC0FFEE11ull;
     matmul_gpu_init();
     test_shape(64, 128, 96);
     test_shape(512, 768, 256);

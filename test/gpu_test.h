@@ -1,0 +1,50 @@
+// gpu_test.h: what the GPU tests share: a CUDA-call check that reports a failed check instead
+// of crashing, a seeded generator for fresh random inputs, and the "skipped" line printed where
+// there is no GPU (run_tests.sh counts it as neither passed nor failed).
+#ifndef GPU_TEST_H
+#define GPU_TEST_H
+
+#include <cuda_runtime.h>  // cudaError_t, cudaGetDeviceCount
+#include <math.h>          // sqrt, log, cos for the normal generator
+#include <stdint.h>        // uint64_t
+#include <stdio.h>         // printf
+#include <stdlib.h>        // exit
+
+// A failing CUDA call is reported as a FAIL line and ends the test program.
+#define CU(call)                                                                                \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            printf("FAIL - cuda call %s (%s:%d): %s\n", #call, __FILE__, __LINE__,              \
+                   cudaGetErrorString(e_));                                                     \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+// splitmix64; each test sets rng_state to its own seed before drawing.
+static uint64_t rng_state = 0x1234ABCDull;
+static inline double rng_uniform(void) {  // [0, 1)
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (z >> 11) * (1.0 / 9007199254740992.0);
+}
+static inline double rng_normal(void) {  // N(0, 1), Box-Muller
+    double u1 = rng_uniform() + 1e-300, u2 = rng_uniform();
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+// 1 when a CUDA device is usable; otherwise prints "skipped: <name> (no GPU: <why>)" and
+// returns 0, so the caller returns 0 without any ok/FAIL line.
+static inline int gpu_test_have_gpu(const char *name) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        printf("skipped: %s (no GPU: %s)\n", name, err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+        return 0;
+    }
+    return 1;
+}
+
+#endif  // GPU_TEST_H
