@@ -1,5 +1,6 @@
 // model.c: the GPT definition shared by both backends: the parameter table, seeded
-// initialisation, FLOP count, the per-GPU memory plan and the `--dry-run` summary.
+// initialisation, FLOP count, the per-GPU memory plan (exactly the GPU backend's allocation) and
+// the `--dry-run` summary.
 #include "model.h"
 
 #include <math.h>    // sqrt for the residual init scale
@@ -7,6 +8,8 @@
 #include <string.h>  // memset, snprintf
 
 #include "common.h"  // xcalloc, FATAL
+#include "layers.h"  // GRAD_NORM_PARTIALS (a constant; model.c links no GPU code)
+#include "matmul.h"  // MATMUL_WORKSPACE_BYTES (likewise)
 
 // --- parameter table -----------------------------------------------------------------------------
 
@@ -170,6 +173,39 @@ double model_flops_per_token(const ModelConfig *m) {
 }
 
 // --- memory plan -----------------------------------------------------------------------------------
+// The GPU backend's allocation, buffer by buffer in model_gpu.cu's order (its carve()): one arena
+// where every buffer starts on a 256-byte boundary (the padding counts in the buffer's
+// category), plus cuBLASLt's own workspace. Plain C arithmetic (model.c links no GPU code, so
+// `--dry-run` and the CPU tests need no CUDA runtime); the scratch sizes below restate those of
+// layers.cu and attention_bwd.cu, and test_backend checks the whole plan equals gpu_model_plan
+// byte for byte for several configs.
+
+#define PLAN_ALIGN 256               // model_gpu.cu's ARENA_ALIGN
+#define PLAN_HEAD_CHUNK_TOKENS 8192  // model_gpu.cu's HEAD_CHUNK_TOKENS: tokens per LM-head chunk
+
+// attn_gpu_backward_workspace_bytes: the FP32 dQ accumulator (B, H, T, d) and D = rowsum(dO*O).
+static size_t plan_attn_bwd_workspace(size_t B, size_t H, size_t T, size_t d) {
+    return B * H * T * d * 4 + B * H * T * 4;
+}
+// rmsnorm_backward_scratch_bytes / qk_rmsnorm_backward_scratch_bytes: FP32 gain-gradient
+// partials (n_chunks, dim), rows split into at most 1024 chunks of at least 32 rows.
+static size_t plan_norm_scratch(long long n_rows, size_t dim) {
+    long long nc = (n_rows + 31) / 32;
+    if (nc > 1024) nc = 1024;
+    if (nc < 1) nc = 1;
+    long long chunk_rows = (n_rows + nc - 1) / nc;
+    long long n_chunks = (n_rows + chunk_rows - 1) / chunk_rows;
+    if (n_chunks < 1) n_chunks = 1;
+    return 4 * (size_t)n_chunks * dim;
+}
+// embedding_backward_scratch_bytes: int32 counts, offsets, cursors (Vp each, +1) and the
+// token-sorted positions (2 N).
+static size_t plan_embedding_scratch(size_t N, size_t Vp) { return 4 * (3 * Vp + 1 + 2 * N); }
+
+static void plan_take(size_t *category, size_t bytes) {
+    if (bytes == 0) bytes = 1;
+    *category += (bytes + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
+}
 
 void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, MemoryPlan *out) {
     const ModelConfig *m = &c->model;
@@ -178,49 +214,71 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
     size_t P = t.total;
     param_table_free(&t);
     size_t shards = (zero1 && world_size > 1) ? (size_t)world_size : 1;
+    size_t P_shard = (P + shards - 1) / shards;  // ZeRO-1: each rank keeps a slice of masters and moments
     memset(out, 0, sizeof *out);
-    out->weights = 2 * P;                           // BF16 working copy
-    out->master = (4 * P + shards - 1) / shards;    // FP32 master weights
-    out->optimizer = (8 * P + shards - 1) / shards; // AdamW m and v, FP32
-    out->grads = 4 * P;                             // FP32 gradients
+    plan_take(&out->weights, 2 * P);            // BF16 working copy
+    plan_take(&out->master, 4 * P_shard);       // FP32 master weights
+    plan_take(&out->optimizer, 4 * P_shard);    // AdamW m (FP32)
+    plan_take(&out->optimizer, 4 * P_shard);    // AdamW v (FP32)
+    plan_take(&out->grads, 4 * P);              // FP32 gradients (full: reduced before the step)
 
-    // Activations saved for backward, per token and layer, in bytes (BF16 = 2, FP32 = 4).
-    size_t C = m->d_model, F = m->ffn_hidden, H = m->n_head, Vp = m->padded_vocab_size;
-    size_t rc = c->train.recompute ? 0 : 1;  // norm outputs and SwiGLU are recomputed if set
-    size_t per_layer = 2 * C            // residual input x
-                       + rc * 2 * C     // attention RMSNorm output
-                       + 2 * 3 * C      // qkv (after QK-norm and RoPE)
-                       + 2 * C + 4 * H  // attention output O and LSE
-                       + 2 * C          // residual after attention
-                       + rc * 2 * C     // MLP RMSNorm output
-                       + 2 * 2 * F      // fc output [gate | up]
-                       + rc * 2 * F     // SwiGLU output
-                       + 4 * 2          // RMSNorm rstd (attention, MLP)
-                       + (m->qk_norm ? 4 * 2 * H : 0);  // QK-norm rstd per head
-    size_t tokens = (size_t)micro_batch * m->seq_len;
-    size_t outside = 2 * C + 2 * C + 4;  // final residual, final norm output, its rstd
-    size_t head_tokens = tokens < 8192 ? tokens : 8192;  // one chunk of logits of the fused head
+    // Activations of one micro-batch (BT tokens): BF16 = 2 bytes, FP32 = 4.
+    size_t BT = (size_t)micro_batch * m->seq_len, T = (size_t)m->seq_len;
+    size_t C = m->d_model, F = m->ffn_hidden, H = m->n_head, hd = m->head_dim, Vp = m->padded_vocab_size;
     size_t wide = 3 * C > 2 * F ? 3 * C : 2 * F;
-    out->activations = tokens * (m->n_layer * per_layer + outside)
-                       + head_tokens * Vp * 2         // logits chunk, dlogits in place (BF16)
-                       + 2 * tokens * wide * 2        // backward scratch: two widest gradients
-                       + tokens * C * 4;              // residual-stream gradient (FP32)
-    // Workspace: cuBLASLt (32 MiB) and attention scratch (per (B, H, T): D and a row statistic).
-    out->workspace = ((size_t)32 << 20) + (size_t)micro_batch * H * m->seq_len * 4 * 2;
+    int rc = c->train.recompute;  // norm outputs and SwiGLU are recomputed in the backward if set
+    size_t *A = &out->activations;
+    for (int l = 0; l < m->n_layer; l++) {  // saved per layer for the backward
+        plan_take(A, 2 * BT * C);                   // residual input x_in
+        if (!rc) plan_take(A, 2 * BT * C);          // attention RMSNorm output h1
+        plan_take(A, 2 * BT * 3 * C);               // qkv (raw with QK-norm, else after RoPE)
+        plan_take(A, 2 * BT * C);                   // attention output o
+        plan_take(A, 4 * BT * H);                   // its log-sum-exp (B, H, T)
+        plan_take(A, 2 * BT * C);                   // residual after attention x_mid
+        if (!rc) plan_take(A, 2 * BT * C);          // MLP RMSNorm output h2
+        plan_take(A, 2 * BT * 2 * F);               // fc output [gate | up]
+        if (!rc) plan_take(A, 2 * BT * F);          // SwiGLU output
+        plan_take(A, 4 * BT);                       // attention RMSNorm rstd
+        plan_take(A, 4 * BT);                       // MLP RMSNorm rstd
+        if (m->qk_norm) plan_take(A, 4 * 2 * BT * H);  // QK-norm rstd per head (q and k)
+    }
+    size_t head_chunk = BT < PLAN_HEAD_CHUNK_TOKENS ? BT : PLAN_HEAD_CHUNK_TOKENS;
+    plan_take(A, 2 * BT * C);           // residual after the last block
+    plan_take(A, 2 * BT * C);           // final RMSNorm output
+    plan_take(A, 4 * BT);               // its rstd
+    plan_take(A, 2 * head_chunk * Vp);  // one chunk of logits, overwritten by dlogits (fused head)
+    plan_take(A, 2 * BT * wide);        // backward scratch 1 (BT, max(3C, 2F))
+    plan_take(A, 2 * BT * wide);        // backward scratch 2
+    plan_take(A, 2 * BT * C);           // residual-stream gradient (BF16)
+    plan_take(A, 2 * BT * C);           // the head's input gradient, then backward scratch (BF16)
+    plan_take(A, 4 * BT);               // input token ids
+    plan_take(A, 4 * BT);               // target ids
+    plan_take(A, 4 * BT);               // per-token losses
+
+    size_t *W = &out->workspace;
+    plan_take(W, 4 * T * hd);  // RoPE table (T, hd/2) cos and sin
+    plan_take(W, plan_attn_bwd_workspace((size_t)micro_batch, H, T, hd));  // attention backward
+    size_t norm_scratch = plan_norm_scratch((long long)BT, C);            // RMSNorm backward
+    if (m->qk_norm) {
+        size_t q = plan_norm_scratch((long long)(BT * H), hd);            // QK-norm backward
+        if (q > norm_scratch) norm_scratch = q;
+    }
+    plan_take(W, norm_scratch);
+    plan_take(W, plan_embedding_scratch(BT, Vp));  // embedding backward (token sort for wte)
+    plan_take(W, sizeof(double) * GRAD_NORM_PARTIALS);                 // grad-norm partial sums
+    plan_take(W, sizeof(double));                                      // and their total
+    *W += MATMUL_WORKSPACE_BYTES;  // cuBLASLt's workspace, allocated by matmul.cu outside the arena
     out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +
                  out->workspace;
 }
 
 void memory_plan_print(FILE *f, const MemoryPlan *mp) {
     const double GiB = 1024.0 * 1024.0 * 1024.0;
-    fprintf(f, "  %-28s %10s\n", "memory per GPU", "GiB");
-    fprintf(f, "  %-28s %10.3f\n", "weights (bf16)", mp->weights / GiB);
-    fprintf(f, "  %-28s %10.3f\n", "master weights (fp32)", mp->master / GiB);
-    fprintf(f, "  %-28s %10.3f\n", "AdamW m, v (fp32)", mp->optimizer / GiB);
-    fprintf(f, "  %-28s %10.3f\n", "gradients (fp32)", mp->grads / GiB);
-    fprintf(f, "  %-28s %10.3f\n", "activations (1 micro-batch)", mp->activations / GiB);
-    fprintf(f, "  %-28s %10.3f\n", "workspace", mp->workspace / GiB);
-    fprintf(f, "  %-28s %10.3f\n", "total", mp->total / GiB);
+    const char *names[] = {"weights (bf16)", "master weights (fp32)", "AdamW m, v (fp32)", "gradients (fp32)",
+                           "activations (1 micro-batch)", "workspace", "total"};
+    size_t bytes[] = {mp->weights, mp->master, mp->optimizer, mp->grads, mp->activations, mp->workspace, mp->total};
+    fprintf(f, "  %-28s %10s %16s\n", "memory per GPU", "GiB", "bytes");
+    for (int i = 0; i < 7; i++) fprintf(f, "  %-28s %10.3f %16zu\n", names[i], bytes[i] / GiB, bytes[i]);
 }
 
 // --- summary -----------------------------------------------------------------------------------------

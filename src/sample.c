@@ -1,4 +1,4 @@
-// sample.c: sampling from the CPU model and the `sample` command.
+// sample.c: sampling from a model on either backend, and the `sample` command.
 #include "sample.h"
 
 #include <math.h>     // exp
@@ -60,15 +60,16 @@ int sample_pick(const float *logits, int vocab, double temperature, int top_k, u
     return last;  // rounding left u at the very top: the last candidate
 }
 
-int sample_generate(CpuModel *m, int32_t *tokens, int n_prompt, int n_new, double temperature, int top_k,
+int sample_generate(Backend *b, int32_t *tokens, int n_prompt, int n_new, double temperature, int top_k,
                     unsigned long long *rng) {
-    int vocab = m->cfg.model.vocab_size;
-    float *logits = xmalloc((size_t)m->cfg.model.padded_vocab_size * sizeof(float));  // (Vp)
+    const ModelConfig *mc = &backend_config(b)->model;
+    int vocab = mc->vocab_size;
+    float *logits = xmalloc((size_t)mc->padded_vocab_size * sizeof(float));           // (Vp)
     float *scratch = xmalloc((size_t)vocab * sizeof(float));                          // (V)
     int n = n_prompt;
     for (int i = 0; i < n_new; i++) {
-        int ctx = n < m->T ? n : m->T;  // the model sees its last T tokens at most
-        cpu_model_next_logits(m, tokens + (n - ctx), ctx, logits);
+        int ctx = n < b->T ? n : b->T;  // the model sees its last T tokens at most
+        backend_next_logits(b, tokens + (n - ctx), ctx, logits);
         tokens[n++] = sample_pick(logits, vocab, temperature, top_k, rng, scratch);
     }
     free(logits);
@@ -84,13 +85,15 @@ int32_t sample_default_start(int vocab_size) { return vocab_size > GPT2_EOT ? GP
 static void sample_usage(FILE *f) {
     fprintf(f,
             "usage: train_gpt sample --checkpoint PATH [--prompt TEXT] [--tokens N] [--temperature T]\n"
-            "                        [--top-k K] [--seed S]\n"
+            "                        [--top-k K] [--seed S] [--device cpu|gpu|auto]\n"
             "  --checkpoint PATH  a step_*.ckpt file, or a run or checkpoint directory (its newest)\n"
             "  --prompt TEXT      text to continue (default: start from <|endoftext|>)\n"
             "  --tokens N         tokens to generate (default 64)\n"
             "  --temperature T    softmax temperature, 0 = greedy (default 1.0)\n"
             "  --top-k K          sample among the K most likely tokens, 0 = all (default 40)\n"
-            "  --seed S           RNG seed (default 1337)\n");
+            "  --seed S           RNG seed (default 1337)\n"
+            "  --device D         cpu, gpu or auto (default auto: the GPU when there is one and it runs\n"
+            "                     the checkpoint's config, else the CPU)\n");
 }
 
 static int is_dir(const char *path) {
@@ -115,6 +118,7 @@ int cmd_sample(int argc, char **argv) {
     long n_tokens = 64, top_k = 40;
     double temperature = 1.0;
     unsigned long long seed = 1337;
+    DeviceKind device = DEVICE_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
@@ -135,6 +139,12 @@ int cmd_sample(int argc, char **argv) {
         } else if (!strcmp(a, "--top-k") && has_val) {
             top_k = strtol(argv[++i], &end, 10);
             if (*end || top_k < 0) goto bad_value;
+        } else if (!strcmp(a, "--device") && has_val) {
+            const char *d = argv[++i];
+            if (!strcmp(d, "cpu")) device = DEVICE_CPU;
+            else if (!strcmp(d, "gpu")) device = DEVICE_GPU;
+            else if (!strcmp(d, "auto")) device = DEVICE_AUTO;
+            else goto bad_value;
         } else if (!strcmp(a, "--seed") && has_val) {
             seed = strtoull(argv[++i], &end, 10);
             if (*end) goto bad_value;
@@ -163,11 +173,22 @@ int cmd_sample(int argc, char **argv) {
     if (config_parse(cfg_text, path, NULL, 0, &cfg, &e) != 0) die_user(&e);
     free(cfg_text);
 
-    CpuModel model;
-    cpu_model_init(&model, &cfg, 1, cfg.model.seq_len, cfg.train.seed);
-    CheckpointState st = {.model = &model.cfg.model, .table = &model.table, .params = model.params,
-                          .delayed = model.attn_delayed, .n_delayed = model.attn_delayed ? cfg.model.n_layer : 0};
+    // One sequence of up to seq_len tokens; the parameters come from the checkpoint.
+    char note[1536];
+    int kind = backend_choose_device(&cfg, device, 1, cfg.model.seq_len, "sampling", NULL, note, sizeof note, &e);
+    if (kind < 0) die_user(&e);
+    if (note[0] && device == DEVICE_AUTO) fprintf(stderr, "%s\n", note);
+    Backend model;
+    if (backend_init(&model, &cfg, (DeviceKind)kind, 1, cfg.model.seq_len, cfg.train.seed, 1, NULL, &e) != 0)
+        die_user(&e);
+    float *params = xmalloc(backend_table(&model)->total * sizeof(float));
+    int n_delayed;
+    AttnDelayedState *delayed = backend_delayed_state(&model, &n_delayed);
+    CheckpointState st = {.model = &backend_config(&model)->model, .table = backend_table(&model), .params = params,
+                          .delayed = delayed, .n_delayed = n_delayed};
     if (checkpoint_load(path, &st, &e) != 0) die_user(&e);
+    backend_set_state(&model, params, NULL, NULL, 0);
+    free(params);
 
     ErrBuf tok_err;
     Tokenizer *tok = tokenizer_load(NULL, &tok_err);
@@ -197,8 +218,8 @@ int cmd_sample(int argc, char **argv) {
         tokens[0] = sample_default_start(vocab);
         n_prompt = 1;
     }
-    fprintf(stderr, "sampling %ld tokens from %s (step %lld, temperature %g, top-k %ld, seed %llu)\n", n_tokens, path,
-            st.train_step, temperature, top_k, seed);
+    fprintf(stderr, "sampling %ld tokens from %s (step %lld, temperature %g, top-k %ld, seed %llu, %s)\n", n_tokens,
+            path, st.train_step, temperature, top_k, seed, backend_name(&model));
     unsigned long long rng = sample_rng_seed(seed);
     int n = sample_generate(&model, tokens, n_prompt, (int)n_tokens, temperature, (int)top_k, &rng);
 
@@ -224,6 +245,6 @@ int cmd_sample(int argc, char **argv) {
         printf("\n");
     }
     free(tokens);
-    cpu_model_free(&model);
+    backend_free(&model);
     return 0;
 }

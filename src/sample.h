@@ -1,11 +1,11 @@
-// sample.h: text generation from the CPU model (temperature, top-k, seeded RNG) shared by the
-// `sample` command and the trainer's periodic samples.
+// sample.h: text generation from a model on either backend (backend.h; temperature, top-k,
+// seeded RNG) shared by the `sample` command and the trainer's periodic samples.
 #ifndef SAMPLE_H
 #define SAMPLE_H
 
 #include <stdint.h>  // int32_t tokens
 
-#include "model_cpu.h"  // CpuModel
+#include "backend.h"    // Backend
 #include "tokenizer.h"  // Tokenizer
 
 #ifdef __cplusplus
@@ -24,15 +24,16 @@ int sample_pick(const float *logits, int vocab, double temperature, int top_k, u
                 float *scratch);
 
 // Appends n_new sampled ids to the n_prompt ids of tokens (capacity n_prompt + n_new); the
-// model sees at most its last m->T tokens. Returns n_prompt + n_new.
-int sample_generate(CpuModel *m, int32_t *tokens, int n_prompt, int n_new, double temperature, int top_k,
+// model sees at most its last b->T tokens. Returns n_prompt + n_new.
+int sample_generate(Backend *b, int32_t *tokens, int n_prompt, int n_new, double temperature, int top_k,
                     unsigned long long *rng);
 
 // The first token of an unprompted sample: <|endoftext|> when the vocabulary has it, else 0.
 int32_t sample_default_start(int vocab_size);
 
 // `train_gpt sample --checkpoint C [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]
-// [--seed S]`: prints generated text. argv[0] is "sample". Returns the process exit status.
+// [--seed S] [--device cpu|gpu|auto]`: prints generated text (auto: the GPU when there is one
+// and the GPU backend runs the checkpoint's config, as for training). argv[0] is "sample". Returns the process exit status.
 int cmd_sample(int argc, char **argv);
 
 #ifdef __cplusplus

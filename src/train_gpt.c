@@ -1,5 +1,5 @@
-// train_gpt.c: main: the command line, command dispatch and the choice of device. The run loop
-// lives in trainer.c; each subcommand in its module.
+// train_gpt.c: main: the command line and command dispatch. The run loop (and the choice of
+// device, which needs the micro-batch shape) lives in trainer.c; each subcommand in its module.
 #include <stdio.h>   // printf, fprintf
 #include <stdlib.h>  // strtol
 #include <string.h>  // strcmp, strncmp
@@ -7,7 +7,6 @@
 #include "attention_cpu.h"  // cmd_attn_check
 #include "common.h"         // ErrBuf, die_user
 #include "config.h"         // config_load
-#include "gpu_info.h"       // gpu_info_query for --device auto
 #include "model.h"          // param_table_build, model_print_summary for --dry-run
 #include "sample.h"         // cmd_sample
 #include "tokenizer.h"      // cmd_encode, cmd_decode, cmd_tokenize
@@ -57,24 +56,6 @@ static long parse_positive(const char *s) {
     char *end;
     long v = strtol(s, &end, 10);
     return (*end || end == s || v <= 0 || v > 1000000000L) ? -1 : v;
-}
-
-// Device choice: auto takes the GPU only when one exists AND a GPU backend is built; there is no
-// GPU backend yet, so every run trains on the CPU, saying why.
-static int resolve_device(DeviceKind want) {
-    if (want == DEVICE_CPU) return 0;
-    if (want == DEVICE_GPU) {
-        ErrBuf e;
-        errf(&e, "train.device is \"gpu\" but the GPU backend is not available yet in this build "
-                 "(use --device cpu or auto)");
-        die_user(&e);
-    }
-    GpuInfo g;
-    char why[256] = "";
-    gpu_info_query(&g, why, sizeof why);
-    if (g.count > 0) printf("note: GPU found (%s) but the GPU backend is not built yet: training on the CPU\n", g.name);
-    else printf("note: no GPU (%s): training on the CPU\n", why);
-    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -161,8 +142,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (world_size != 1 || zero1)
-        return usage_error("%s apply to --dry-run only: multi-GPU training needs the GPU backend", "--world-size/--zero1");
-    resolve_device(c.train.device);
+        return usage_error("%s apply to --dry-run only: multi-GPU training is not wired into the trainer yet", "--world-size/--zero1");
     topt.stop_after = stop_after;
     return train_run(&c, &topt);
 }

@@ -1,11 +1,13 @@
-// trainer.c: the CPU run loop.
+// trainer.c: the run loop, on either backend (backend.h: the CPU reference or the GPU).
 //
 // Order of a run: validate every input (data shards, batch arithmetic, the run directory, the
-// checkpoint to resume from) before writing anything; then create the run directory, write the
-// resolved config and train. One step = grad_accum micro-batches of (B, T) forward + backward,
+// checkpoint to resume from, the device) before writing anything; then create the run directory,
+// write the resolved config and train. One step = grad_accum micro-batches of (B, T) forward + backward,
 // global-norm clipping, one AdamW update. A resumed run restores parameters, AdamW moments and
 // step, the data loader position, the attention delayed-scaling state and the sampling RNG, so
-// it reproduces the uninterrupted run's losses bit for bit.
+// it reproduces the uninterrupted run's losses bit for bit on the CPU. On the GPU the state is
+// restored exactly too, but the attention backward's dQ atomics make any two GPU runs differ at
+// FP32 rounding level, so a resumed GPU run follows the uninterrupted one closely, not bitwise.
 #include "trainer.h"
 
 #include <cjson/cJSON.h>  // parsing metrics lines when a resumed run trims them
@@ -15,10 +17,12 @@
 #include <string.h>       // memcpy, strcmp
 #include <unistd.h>       // write (async-signal-safe) in the signal handler
 
+#include "backend.h"     // Backend: the model and its optimizer on the CPU or the GPU
 #include "checkpoint.h"  // CheckpointState, checkpoint_save/load, latest, prune
 #include "dataloader.h"  // DataLoader
-#include "model_cpu.h"   // CpuModel
-#include "optimizer.h"   // AdamW, lr_at_step, clipping
+#include "gpu_info.h"    // GpuInfo: device name and peak for MFU
+#include "model.h"       // model_flops_per_token for MFU
+#include "optimizer.h"   // lr_at_step, grad_clip_factor
 #include "sample.h"      // sample_generate for the periodic samples
 #include "tokenizer.h"   // decoding samples
 
@@ -88,10 +92,13 @@ typedef struct {
     long long tokens_per_step;
     DataLoader train, val;
     int have_val;
-    CpuModel model;
-    AdamW adam;
+    Backend be;                    // the model and its optimizer, on the CPU or the GPU
+    GpuInfo gpu;                   // what gpu_info found (count 0 without a GPU)
+    double flops_per_token;        // training FLOPs per token, for MFU
+    AttnDelayedState *delayed;     // (n_delayed) the backend's delayed-scaling state, or NULL
     int n_delayed;                 // layers with delayed-scaling state (0 when not in use)
     AttnDelayedState *delayed_save;  // (n_delayed) scratch: eval and samples leave no trace
+    float *host_params, *host_m, *host_v;  // (total) host copies for checkpoints, allocated once
     int32_t *inputs, *targets;     // (B, T)
     unsigned long long sample_rng;
     Tokenizer *tok;
@@ -106,15 +113,15 @@ typedef struct {
 // evaluation never changes the scales training uses (the model commits amax histories itself,
 // at the end of each backward).
 static double evaluate(Run *r) {
-    if (r->n_delayed) memcpy(r->delayed_save, r->model.attn_delayed, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    if (r->n_delayed) memcpy(r->delayed_save, r->delayed, (size_t)r->n_delayed * sizeof *r->delayed_save);
     dataloader_reset(&r->val);
     int n = r->c.eval.batches > 0 ? r->c.eval.batches : 1;
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         dataloader_next(&r->val, r->inputs, r->targets);
-        sum += cpu_model_loss(&r->model, r->inputs, r->targets);
+        sum += backend_eval_loss(&r->be, r->inputs, r->targets);
     }
-    if (r->n_delayed) memcpy(r->model.attn_delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    if (r->n_delayed) memcpy(r->delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
     return sum / n;
 }
 
@@ -130,12 +137,12 @@ static void print_sample(Run *r, long long step) {
             return;
         }
     }
-    if (r->n_delayed) memcpy(r->delayed_save, r->model.attn_delayed, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    if (r->n_delayed) memcpy(r->delayed_save, r->delayed, (size_t)r->n_delayed * sizeof *r->delayed_save);
     int n_new = r->c.eval.sample_tokens > 0 ? r->c.eval.sample_tokens : 32;
     int32_t *tokens = xmalloc((size_t)(n_new + 1) * sizeof(int32_t));
     tokens[0] = sample_default_start(r->c.model.vocab_size);
-    int n = sample_generate(&r->model, tokens, 1, n_new, 1.0, 40, &r->sample_rng);
-    if (r->n_delayed) memcpy(r->model.attn_delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    int n = sample_generate(&r->be, tokens, 1, n_new, 1.0, 40, &r->sample_rng);
+    if (r->n_delayed) memcpy(r->delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
     uint32_t *ids = xmalloc((size_t)n * sizeof(uint32_t));
     for (int i = 1; i < n; i++) ids[i - 1] = (uint32_t)tokens[i];
     size_t len;
@@ -147,17 +154,26 @@ static void print_sample(Run *r, long long step) {
     free(tokens);
 }
 
+// The checkpoint's view of the run: the host copies of parameters and AdamW moments (filled
+// from the backend before a save, copied into it after a load) and the host-side state.
 static CheckpointState checkpoint_state_of(Run *r) {
-    CheckpointState s = {.model = &r->model.cfg.model, .table = &r->model.table, .config_json = r->config_json,
-                         .params = r->model.params, .adam_m = r->adam.m, .adam_v = r->adam.v,
-                         .adam_step = r->adam.step, .sample_rng = r->sample_rng,
-                         .delayed = r->n_delayed ? r->model.attn_delayed : NULL, .n_delayed = r->n_delayed};
+    const ParamTable *t = backend_table(&r->be);
+    if (!r->host_params) {
+        r->host_params = xmalloc(t->total * sizeof(float));
+        r->host_m = xmalloc(t->total * sizeof(float));
+        r->host_v = xmalloc(t->total * sizeof(float));
+    }
+    CheckpointState s = {.model = &backend_config(&r->be)->model, .table = t, .config_json = r->config_json,
+                         .params = r->host_params, .adam_m = r->host_m, .adam_v = r->host_v,
+                         .sample_rng = r->sample_rng, .delayed = r->n_delayed ? r->delayed : NULL,
+                         .n_delayed = r->n_delayed};
     return s;
 }
 
 // Writes step_<step>.ckpt, points `latest` at it, prunes to checkpoint.keep. 0 or -1.
 static int save_checkpoint(Run *r, long long step, double elapsed, ErrBuf *e) {
     CheckpointState s = checkpoint_state_of(r);
+    backend_get_state(&r->be, s.params, s.adam_m, s.adam_v, &s.adam_step);
     s.train_step = step;
     s.elapsed_s = elapsed;
     dataloader_get_state(&r->train, &s.data);
@@ -186,6 +202,12 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
         die_user(&e);
     }
     r->grad_accum = (int)(r->tokens_per_step / per_micro);
+
+    // The device: AUTO takes a GPU the GPU backend can use, else the CPU with a note saying why.
+    char note[1536];
+    int device = backend_choose_device(c, c->train.device, r->B, r->T, "training", &r->gpu, note, sizeof note, &e);
+    if (device < 0) die_user(&e);
+    if (note[0]) printf("%s\n", note);
 
     if (!c->data.train[0]) {
         errf(&e, "data.train is empty: set the training shards' glob in the config or with --set data.train=PATTERN");
@@ -225,9 +247,10 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
         }
     }
 
-    cpu_model_init(&r->model, c, r->B, r->T, c->train.seed);
-    adamw_init(&r->adam, r->model.table.total);
-    r->n_delayed = r->model.attn_delayed ? c->model.n_layer : 0;
+    if (backend_init(&r->be, c, (DeviceKind)device, r->B, r->T, c->train.seed, r->grad_accum, stdout, &e) != 0)
+        die_user(&e);
+    r->flops_per_token = model_flops_per_token(&c->model);
+    r->delayed = backend_delayed_state(&r->be, &r->n_delayed);
     r->delayed_save = xcalloc((size_t)(r->n_delayed ? r->n_delayed : 1), sizeof(AttnDelayedState));
     r->inputs = xmalloc((size_t)r->B * r->T * sizeof(int32_t));
     r->targets = xmalloc((size_t)r->B * r->T * sizeof(int32_t));
@@ -237,6 +260,7 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
     if (resume_path[0]) {
         CheckpointState s = checkpoint_state_of(r);
         if (checkpoint_load(resume_path, &s, &e) != 0) die_user(&e);
+        backend_set_state(&r->be, s.params, s.adam_m, s.adam_v, s.adam_step);
         if (dataloader_set_state(&r->train, &s.data, &e2) != 0) {
             errf(&e, "checkpoint %s: its data loader position does not fit data.train (%s): %s", resume_path,
                  c->data.train, e2.msg);
@@ -247,7 +271,6 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
                  resume_path, s.train_step, c->train.steps);
             die_user(&e);
         }
-        r->adam.step = s.adam_step;
         r->sample_rng = s.sample_rng;
         r->elapsed_before = s.elapsed_s;
         *start_step = s.train_step;
@@ -268,20 +291,34 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
 
 static void print_plan(const Run *r, long long start_step) {
     const Config *c = &r->c;
-    double n_params = (double)r->model.table.total;
+    double n_params = (double)backend_table(&r->be)->total;
     long long shard_tokens = 0;
     for (int i = 0; i < r->train.n_files; i++) shard_tokens += r->train.n_tokens[i];
     printf("train_gpt: %s | run dir %s\n", c->source_path[0] ? c->source_path : "(config)", c->log.dir);
-    printf("model: %.3fM parameters, %d layers, d_model %d, %d heads | attention %s | memory: params, grads, "
-           "AdamW m and v 4 x %.1f MB fp32\n",
-           n_params / 1e6, c->model.n_layer, c->model.d_model, c->model.n_head,
-           attn_precision_name(c->precision.attention), n_params * 4 / 1e6);
+    printf("model: %.3fM parameters, %d layers, d_model %d, %d heads | attention %s | ", n_params / 1e6,
+           c->model.n_layer, c->model.d_model, c->model.n_head, attn_precision_name(c->precision.attention));
+    if (r->be.kind == DEVICE_CPU) printf("memory: params, grads, AdamW m and v 4 x %.1f MB fp32\n", n_params * 4 / 1e6);
+    else printf("memory: the GPU memory plan above\n");
     printf("batch: %d x %d tokens x %d accumulation = %lld tokens/step | %d steps from step %lld | data: %d train "
            "shard(s), %lld tokens%s\n",
            r->B, r->T, r->grad_accum, r->tokens_per_step, c->train.steps, start_step, r->train.n_files,
            shard_tokens, r->have_val ? "" : " | no data.val: evaluation skipped");
-    printf("device: cpu (%d threads) | MFU n/a (CPU)\n", omp_get_max_threads());
+    if (r->be.kind == DEVICE_CPU) {
+        printf("device: cpu (%d threads) | MFU n/a (CPU)\n", omp_get_max_threads());
+    } else {
+        printf("device: gpu (%s, %.0f GiB, sm_%d%d) | %.4g FLOPs/token | ", r->gpu.name, r->gpu.mem_gib,
+               r->gpu.sm_major, r->gpu.sm_minor, r->flops_per_token);
+        if (r->gpu.peak_bf16_tflops > 0) printf("MFU against a bf16 peak of %.0f TFLOP/s\n", r->gpu.peak_bf16_tflops);
+        else printf("MFU n/a (unknown GPU peak)\n");
+    }
     fflush(stdout);
+}
+
+// Model FLOPs utilisation of a step at tok_s tokens/s: achieved FLOP/s over the GPU's dense
+// BF16 peak. -1 on the CPU or when the GPU's peak is unknown.
+static double mfu_of(const Run *r, double tok_s) {
+    if (r->be.kind != DEVICE_GPU || !(r->gpu.peak_bf16_tflops > 0) || !(tok_s > 0)) return -1.0;
+    return tok_s * r->flops_per_token / (r->gpu.peak_bf16_tflops * 1e12);
 }
 
 // Evaluates, prints the validation loss and appends it to the metrics file.
@@ -336,7 +373,6 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
 
     const int steps = c->train.steps;
     const int log_every = c->log.interval > 0 ? c->log.interval : 1;
-    const size_t n_params = r->model.table.total;
     double t_start = now_seconds();
     double last_loss = NAN, last_val = NAN;
     long long step = start_step, last_ckpt = -1;
@@ -348,20 +384,20 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     if (start_step == 0 && r->have_val && c->eval.interval > 0) last_val = evaluate_and_log(r, 0, steps);
     for (step = start_step + 1; step <= steps; step++) {
         double t0 = now_seconds();
-        cpu_model_zero_grad(&r->model);
+        backend_zero_grad(&r->be);
         double loss_sum = 0.0;
         for (int a = 0; a < r->grad_accum; a++) {
             dataloader_next(&r->train, r->inputs, r->targets);
-            loss_sum += cpu_model_forward(&r->model, r->inputs, r->targets);
-            cpu_model_backward(&r->model, 1.0f / (float)r->grad_accum);
+            loss_sum += backend_forward_backward(&r->be, r->inputs, r->targets);
         }
-        double norm = grad_global_norm(r->model.grads, n_params);
+        double norm = backend_grad_norm(&r->be);
         double clip = grad_clip_factor(&c->train, norm);
         double lr = lr_at_step(&c->train, (int)(step - 1));
-        adamw_step(&r->adam, &r->model.table, &c->train, r->model.params, r->model.grads, lr, clip);
-        double t1 = now_seconds();
+        backend_step(&r->be, lr, clip, &c->train);
+        double t1 = now_seconds();  // the GPU calls return after their stream is done
         last_loss = loss_sum / r->grad_accum;
         double tok_s = r->tokens_per_step / (t1 - t0 > 0 ? t1 - t0 : 1e-9);
+        double mfu = mfu_of(r, tok_s);  // < 0: not applicable (CPU, unknown peak)
         double session = t1 - t_start, elapsed = r->elapsed_before + session;
 
         fprintf(r->metrics, "{\"step\": %lld", step);
@@ -370,6 +406,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
         fprint_json_num(r->metrics, "grad_norm", norm, "%.9g");
         fprint_json_num(r->metrics, "tokens_per_s", tok_s, "%.1f");
         fprint_json_num(r->metrics, "elapsed_s", elapsed, "%.3f");
+        if (mfu >= 0) fprint_json_num(r->metrics, "mfu", mfu, "%.4f");
         fprintf(r->metrics, "}\n");
         fflush(r->metrics);
         if (!isfinite(last_loss)) printf("warning: step %lld: the loss is %f\n", step, last_loss);
@@ -377,8 +414,13 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
         if (step % log_every == 0 || step == start_step + 1 || step == steps) {
             char eta[32];
             format_duration(session / (double)(step - start_step) * (double)(steps - step), eta, sizeof eta);
-            printf("step %lld/%d | loss %.4f | lr %.2e | norm %.2f | %.0f tok/s | ETA %s\n", step, steps, last_loss, lr,
+            printf("step %lld/%d | loss %.4f | lr %.2e | norm %.2f | %.0f tok/s | ETA %s", step, steps, last_loss, lr,
                    norm, tok_s, eta);
+            if (r->be.kind == DEVICE_GPU) {
+                if (mfu >= 0) printf(" | MFU %.1f%%", 100.0 * mfu);
+                else printf(" | MFU n/a (unknown GPU peak)");
+            }
+            printf("\n");
             fflush(stdout);
         }
         if (r->have_val && ((c->eval.interval > 0 && step % c->eval.interval == 0) || step == steps)) {
@@ -415,8 +457,10 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     free(r->inputs);
     free(r->targets);
     free(r->delayed_save);
-    adamw_free(&r->adam);
-    cpu_model_free(&r->model);
+    free(r->host_params);
+    free(r->host_m);
+    free(r->host_v);
+    backend_free(&r->be);
     dataloader_close(&r->train);
     if (r->have_val) dataloader_close(&r->val);
     free(r);

@@ -1,7 +1,9 @@
 #!/bin/sh
-# cli_train.sh: a short CPU training run of a tiny model on generated shards: progress lines,
-# metrics, the resolved config, checkpoints with checkpoint.keep, sampling from the result;
-# and the --dry-run parameter count of the paper's 1.67B config.
+# cli_train.sh: a short training run of a tiny model on generated shards (device auto: the CPU,
+# or the GPU where there is one, then with MFU lines and its memory plan checked against
+# --dry-run): progress lines, metrics, the resolved config, checkpoints with checkpoint.keep,
+# sampling from the result; the --dry-run parameter count of the paper's 1.67B config and the
+# tiny config's plan summing up.
 # Runs from the repo root after `make`; TRAIN_GPT overrides the binary.
 BIN=${TRAIN_GPT:-./train_gpt}
 tmp=$(mktemp -d)
@@ -40,8 +42,20 @@ set -- --config configs/tiny.json --set model.vocab_size=512 --set model.n_layer
 "$BIN" "$@" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 check "train exits 0" "rc $rc: $(tail -3 "$tmp/err")" [ "$rc" -eq 0 ]
-check "device note" "$(head -2 "$tmp/out")" grep -q "training on the CPU" "$tmp/out"
-check "MFU n/a printed once" "$(grep -c 'MFU n/a' "$tmp/out") times" [ "$(grep -c 'MFU n/a' "$tmp/out")" -eq 1 ]
+if grep -q '^device: gpu' "$tmp/out"; then  # a machine with a GPU: auto took it
+  ok "device note (GPU machine: auto took the GPU)"
+  n_prog=$(grep -c '^step [0-9]*/12 | loss' "$tmp/out"); n_mfu=$(grep -Ec '^step [0-9]*/12 \| loss .*\| MFU ([0-9.]+%|n/a \(unknown GPU peak\))$' "$tmp/out")
+  check "MFU on every GPU progress line, never negative" "$n_mfu of $n_prog lines" [ "$n_prog" -gt 0 -a "$n_mfu" -eq "$n_prog" ]
+  # The plan the GPU backend printed is --dry-run's, byte for byte.
+  "$BIN" "$@" --dry-run >"$tmp/dry_gpu" 2>&1
+  sed -n '/^GPU memory plan/,/^  total/p' "$tmp/out" | tail -n +2 >"$tmp/plan_run"
+  sed -n '/^memory plan:/,/^  total/p' "$tmp/dry_gpu" | tail -n +2 >"$tmp/plan_dry"
+  check "GPU memory plan equals --dry-run's" "$(diff "$tmp/plan_run" "$tmp/plan_dry" | head -4 | tr '\n' ' ')" \
+    sh -c "[ -s '$tmp/plan_run' ] && cmp -s '$tmp/plan_run' '$tmp/plan_dry'"
+else
+  check "device note" "$(head -2 "$tmp/out")" grep -q "training on the CPU" "$tmp/out"
+  check "MFU n/a printed once" "$(grep -c 'MFU n/a' "$tmp/out") times" [ "$(grep -c 'MFU n/a' "$tmp/out")" -eq 1 ]
+fi
 check "progress lines" "$(cat "$tmp/out")" grep -Eq '^step 12/12 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| norm [0-9.]+ \| [0-9]+ tok/s \| ETA ' "$tmp/out"
 check "progress every log.interval" "$(grep -c '^step [0-9]*/12 | loss' "$tmp/out") lines" \
   [ "$(grep -c '^step [0-9]*/12 | loss' "$tmp/out")" -eq 5 ]  # steps 1, 3, 6, 9, 12
@@ -50,7 +64,7 @@ check "summary printed" "$(tail -2 "$tmp/out")" grep -q '^done: 12 steps | final
 m=$run/metrics.jsonl
 n_steps=$(grep -c '"loss"' "$m" 2>/dev/null)
 check "metrics has 12 steps" "$n_steps lines" [ "$n_steps" = 12 ]
-check "metrics has 2 evals" "$(grep -c val_loss "$m")" [ "$(grep -c '"val_loss"' "$m")" = 2 ]
+check "metrics has 3 evals (steps 0, 6, 12)" "$(grep -c val_loss "$m")" [ "$(grep -c '"val_loss"' "$m")" = 3 ]
 check "metrics is JSON" "a line failed to parse" python3 -c "
 import json, sys
 rows = [json.loads(l) for l in open('$m')]
@@ -95,6 +109,13 @@ total=$(sed -n 's/^total parameters: \([0-9]*\).*/\1/p' "$tmp/dry")
 check "dry-run 1.67B exits 0" "rc $rc: $(tail -2 "$tmp/dry")" [ "$rc" -eq 0 ]
 check "dry-run 1.67B count within 1%" "total '$total'" python3 -c "exit(0 if abs(int('${total:-0}') / 1.67e9 - 1) < 0.01 else 1)"
 check "dry-run prints a memory plan" "$(tail -3 "$tmp/dry")" grep -q 'memory plan' "$tmp/dry"
+# The tiny config's plan (bytes column): every category > 0 and the total is their sum.
+"$BIN" --config configs/tiny.json --dry-run >"$tmp/dry_tiny" 2>&1
+check "dry-run plan: categories > 0, total is their sum" "$(tail -8 "$tmp/dry_tiny" | tr '\n' '|')" python3 -c "
+import re, sys
+rows = [l for l in open('$tmp/dry_tiny') if re.match(r'  \S.* +[0-9.]+ +[0-9]+$', l)]
+b = [int(l.split()[-1]) for l in rows]
+sys.exit(0 if len(b) == 7 and all(x > 0 for x in b) and sum(b[:6]) == b[6] else 1)"
 "$BIN" --config configs/paper_1p67b.json --dry-run --world-size 8 --zero1 --micro-batch 1 >"$tmp/dry8" 2>&1
 check "dry-run with world size and zero1" "$(tail -2 "$tmp/dry8")" grep -q 'world_size 8, zero1 on, micro_batch 1' "$tmp/dry8"
 check "dry-run wrote nothing" "runs/paper_1p67b appeared" [ -n "$before" -o ! -e runs/paper_1p67b ]

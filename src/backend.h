@@ -1,0 +1,95 @@
+// backend.h: one face for the two model backends, so the trainer and the sampler do not care
+// which one runs: the CPU reference (model_cpu.h with optimizer.h's AdamW on the host) or the
+// GPU backend (model_gpu.h, AdamW on the device).
+//
+// A training step is, on either backend:
+//   backend_zero_grad(b);
+//   for each micro-batch: loss += backend_forward_backward(b, inputs, targets);
+//   norm = backend_grad_norm(b);
+//   backend_step(b, lr, grad_clip_factor(tc, norm), tc);
+// Checkpoints see the state as host FP32 arrays (backend_get_state / backend_set_state), so the
+// checkpoint format does not depend on the backend: a run saved on one resumes on the other.
+//
+// Exactness: the CPU path is the CPU reference's arithmetic unchanged, so a CPU resume is bit
+// for bit. On the GPU, parameters, AdamW state and step are restored exactly, but the
+// attention backward adds dQ with FP32 atomics in arbitrary order, so two GPU runs (resumed or
+// not) agree only to FP32 rounding in the gradients, not bit for bit.
+#ifndef BACKEND_H
+#define BACKEND_H
+
+#include <stdint.h>  // int32_t tokens
+#include <stdio.h>   // FILE for the memory plan
+
+#include "attention_cpu.h"  // AttnDelayedState
+#include "common.h"         // ErrBuf
+#include "config.h"         // Config, DeviceKind, TrainConfig
+#include "gpu_info.h"       // GpuInfo
+#include "model.h"          // ParamTable
+#include "model_cpu.h"      // CpuModel
+#include "model_gpu.h"      // GpuModel
+#include "optimizer.h"      // AdamW
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    DeviceKind kind;    // DEVICE_CPU or DEVICE_GPU (never DEVICE_AUTO)
+    int B, T;           // micro-batch shape
+    int grad_accum;     // micro-batches per step: each backward is scaled by 1 / grad_accum
+    CpuModel cpu;       // CPU: the model (parameters, gradients, activations)
+    AdamW adam;         // CPU: AdamW moments and step
+    GpuModel gpu;       // GPU: everything on the device
+} Backend;
+
+// Which device a run uses. want: the config's train.device (or --device). AUTO takes the GPU
+// when gpu_info finds one and the GPU backend supports the config (for micro-batches (B, T));
+// otherwise the CPU, with a one-line note saying why in note (may be NULL), e.g. "note: no GPU
+// (...): <activity> on the CPU" (activity: "training", "sampling"). An explicit GPU request
+// without a GPU, or with a config the GPU backend cannot run, is a user error: -1 with e filled.
+// info (may be NULL) receives what gpu_info_query found. Returns DEVICE_CPU or DEVICE_GPU.
+int backend_choose_device(const Config *c, DeviceKind want, int B, int T, const char *activity,
+                          GpuInfo *info, char *note, int note_len, ErrBuf *e);
+
+// Builds the model for micro-batches (B, T) with parameters from params_init(seed) and zeroed
+// optimizer state. kind: DEVICE_CPU or DEVICE_GPU (resolve AUTO with backend_choose_device
+// first). The GPU backend prints its memory plan to plan_out (NULL: silent). Returns 0, or -1
+// with e filled when the GPU backend refuses the config or the plan does not fit.
+int backend_init(Backend *b, const Config *c, DeviceKind kind, int B, int T, unsigned long long seed,
+                 int grad_accum, FILE *plan_out, ErrBuf *e);
+void backend_free(Backend *b);
+
+const ParamTable *backend_table(const Backend *b);
+const Config *backend_config(const Backend *b);
+
+void backend_zero_grad(Backend *b);
+// One micro-step: forward and backward of inputs, targets (B, T) host int32; ADDS the gradient
+// of loss / grad_accum. Returns the micro-batch's mean loss.
+float backend_forward_backward(Backend *b, const int32_t *inputs, const int32_t *targets);
+// Global L2 norm of the accumulated gradients.
+double backend_grad_norm(Backend *b);
+// One AdamW step with learning rate lr, gradients multiplied by clip first.
+void backend_step(Backend *b, double lr, double clip, const TrainConfig *tc);
+// Forward only (no gradient work): the mean loss of inputs, targets (B, T).
+float backend_eval_loss(Backend *b, const int32_t *inputs, const int32_t *targets);
+// Logits (Vp floats, host) of the last of t <= T tokens, for sampling.
+void backend_next_logits(Backend *b, const int32_t *tokens, int t, float *logits);
+
+// Host FP32 copies for checkpoints: params, adam_m, adam_v have backend_table(b)->total
+// elements; any of them (and step) may be NULL to skip it.
+void backend_get_state(Backend *b, float *params, float *adam_m, float *adam_v, long long *step);
+// Restores them; adam_m and adam_v NULL: the optimizer state is left as it is (sampling).
+void backend_set_state(Backend *b, const float *params, const float *adam_m, const float *adam_v,
+                       long long step);
+
+// The per-layer attention delayed-scaling state (n_layer entries, in *n) that checkpoints keep:
+// the CPU model's; NULL with *n = 0 on the GPU (its BF16 attention has none).
+AttnDelayedState *backend_delayed_state(Backend *b, int *n);
+
+// "cpu" / "gpu".
+const char *backend_name(const Backend *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // BACKEND_H
