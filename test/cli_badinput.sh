@@ -6,8 +6,7 @@
 BIN=${TRAIN_GPT:-./train_gpt}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-ok() { echo "ok - $1"; }
-fail() { echo "FAIL - $1: $2"; }
+. test/cli_lib.sh
 
 python3 - "$tmp" <<'EOF'
 import random, struct, sys

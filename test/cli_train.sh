@@ -8,29 +8,9 @@
 BIN=${TRAIN_GPT:-./train_gpt}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-ok() { echo "ok - $1"; }
-fail() { echo "FAIL - $1: $2"; }
-check() {  # name, detail, command...: ok when the command succeeds
-  _name=$1; _detail=$2; shift 2
-  if "$@"; then ok "$_name"; else fail "$_name" "$_detail"; fi
-}
+. test/cli_lib.sh
 
-# Shards: llm.c format (256 x int32 header, uint16 tokens) with a learnable pattern in [0, 500).
-python3 - "$tmp" <<'EOF'
-import random, struct, sys
-def shard(path, n, seed):
-    r = random.Random(seed)
-    toks = [r.randrange(500)]
-    for _ in range(n - 1):
-        toks.append((toks[-1] * 7 + 3) % 500 if r.random() < 0.8 else r.randrange(500))
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *([20240520, 1, n] + [0] * 253)))
-        f.write(struct.pack("<%dH" % n, *toks))
-d = sys.argv[1]
-shard(d + "/train_000000.bin", 3000, 1)
-shard(d + "/train_000001.bin", 2000, 2)
-shard(d + "/val_000000.bin", 1500, 3)
-EOF
+pattern_shards "$tmp" train_000000.bin:3000:1 train_000001.bin:2000:2 val_000000.bin:1500:3
 
 run=$tmp/run
 set -- --config configs/tiny.json --set model.vocab_size=512 --set model.n_layer=1 \
