@@ -208,6 +208,7 @@ static void merge_stats(AttnStats *into, const AttnStats *s) {
         into->casts[i] += s->casts[i];
     }
     if (s->resid_max > into->resid_max) into->resid_max = s->resid_max;
+    if (s->resid_cancel_max > into->resid_cancel_max) into->resid_cancel_max = s->resid_cancel_max;
 }
 
 static void attention_forward(CpuModel *m, BlockActs *b, AttnDelayedState *ds, int B, int T) {
