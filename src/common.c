@@ -59,6 +59,11 @@ void die_user(const ErrBuf *e) {
 }
 
 char *read_file_text(const char *path, size_t *len_out, ErrBuf *e) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        errf(e, "%s: is %s, not a regular file", path, S_ISDIR(st.st_mode) ? "a directory" : "not a file");
+        return NULL;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) { errf(e, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
     if (fseek(f, 0, SEEK_END) != 0) { fclose(f); errf(e, "%s: cannot seek (is it a regular file?)", path); return NULL; }

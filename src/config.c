@@ -582,11 +582,11 @@ static bool is_pow2(long long v) { return v > 0 && (v & (v - 1)) == 0; }
 static int validate_model(const Config *c, ErrBuf *e) {
     const ModelConfig *m = &c->model;
     if (range_int(c, "model.vocab_size", m->vocab_size, 1, INT_MAX - 127, e) ||
-        range_int(c, "model.d_model", m->d_model, 1, LLONG_MAX, e) ||
-        range_int(c, "model.n_layer", m->n_layer, 1, LLONG_MAX, e) ||
-        range_int(c, "model.n_head", m->n_head, 1, LLONG_MAX, e) ||
-        range_int(c, "model.ffn_hidden", m->ffn_hidden, 1, LLONG_MAX, e) ||
-        range_int(c, "model.seq_len", m->seq_len, 1, LLONG_MAX, e))
+        range_int(c, "model.d_model", m->d_model, 1, 65536, e) ||
+        range_int(c, "model.n_layer", m->n_layer, 1, 1024, e) ||  // model.h's ParamTable index
+        range_int(c, "model.n_head", m->n_head, 1, 1024, e) ||
+        range_int(c, "model.ffn_hidden", m->ffn_hidden, 1, 1 << 20, e) ||
+        range_int(c, "model.seq_len", m->seq_len, 1, 1 << 20, e))
         return -1;
     if (m->d_model % m->n_head != 0)
         return errf(e, "%s: model.d_model: %d is not divisible by model.n_head %d", label(c), m->d_model, m->n_head);
