@@ -180,7 +180,10 @@ static void test_ranges(void) {
             "{\"model\": {\"d_model\": 768, \"n_layer\": 2, \"n_head\": 8, \"ffn_hidden\": 8, \"seq_len\": 8}}",
             "model.n_head", "96", "64 or 128", "n_head 12 or 6");
     REJECTS("seq_len >= 1", "{\"model\": {\"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 8, \"seq_len\": 0}}",
-            "model.seq_len: must be >= 1, got 0");
+            "model.seq_len: must be in [1, 1048576], got 0");
+    REJECTS("n_layer above the parameter table's 1024",
+            "{\"model\": {\"d_model\": 128, \"n_layer\": 2000, \"n_head\": 2, \"ffn_hidden\": 8, \"seq_len\": 8}}",
+            "model.n_layer: must be in [1, 1024], got 2000");
     REJECTS("duplicate section", "{" MODEL_OK ", \"model\": {}}", "model: section appears twice");
     REJECTS("lr > 0", "{" MODEL_OK ", \"train\": {\"lr\": 0}}", "train.lr: must be > 0, got 0");
     REJECTS("beta2 < 1", "{" MODEL_OK ", \"train\": {\"beta2\": 1.0}}", "train.beta2: must be in [0, 1), got 1");
@@ -419,6 +422,9 @@ static void test_files(void) {
     snprintf(path, sizeof path, "%s/nope/missing.json", dir);
     rc = config_load(path, NULL, 0, &c, &e);
     CHECK(rc == -1 && has_all(e.msg, path, "cannot open", (const char *)NULL), "non-existent file names the path",
+          "%s", e.msg);
+    rc = config_load(dir, NULL, 0, &c, &e);  // a directory where a file is expected
+    CHECK(rc == -1 && has_all(e.msg, dir, "directory", (const char *)NULL), "a directory is refused by name",
           "%s", e.msg);
     // write_resolved creates nested directories; the written file loads back to the same config
     rc = config_load("configs/tiny.json", NULL, 0, &c, &e);
