@@ -103,6 +103,7 @@ static const KeyDef TRAIN_KEYS[] = {
     KEY(train, beta2, KIND_F64),           KEY(train, eps, KIND_F64),
     KEY(train, grad_clip, KIND_F64),       KEY(train, seed, KIND_U64),
     KEY(train, recompute, KIND_BOOL),      KEY(train, threads, KIND_INT),
+    KEY(train, zero1, KIND_BOOL),          KEY(train, comm_timeout_s, KIND_F64),
 };
 static const KeyDef PRECISION_KEYS[] = {
     KEY_ENUM(precision, attention, ATTN_NAMES),
@@ -129,6 +130,11 @@ static const KeyDef CHECKPOINT_KEYS[] = {
 static const KeyDef LOG_KEYS[] = {
     KEY(log, dir, KIND_STR), KEY(log, interval, KIND_INT), KEY(log, metrics_file, KIND_STR),
 };
+static const char *const DIAG_REFERENCE_NAMES[] = {"fp32", "bf16", NULL};  // AttnPrecision 0 and 1
+static const KeyDef DIAGNOSTICS_KEYS[] = {
+    KEY(diagnostics, interval, KIND_INT), KEY(diagnostics, bias_probe_batches, KIND_INT),
+    KEY_ENUM(diagnostics, reference, DIAG_REFERENCE_NAMES),
+};
 
 typedef struct {
     const char *name;
@@ -141,11 +147,11 @@ static const SectionDef SECTIONS[] = {
     SECTION("model", MODEL_KEYS),   SECTION("data", DATA_KEYS),
     SECTION("train", TRAIN_KEYS),   SECTION("precision", PRECISION_KEYS),
     SECTION("eval", EVAL_KEYS),     SECTION("checkpoint", CHECKPOINT_KEYS),
-    SECTION("log", LOG_KEYS),
+    SECTION("log", LOG_KEYS),       SECTION("diagnostics", DIAGNOSTICS_KEYS),
 };
 #define N_SECTIONS ((int)(sizeof(SECTIONS) / sizeof(SECTIONS[0])))
 #define MAX_KEYS 32  // per section, for the "seen" flags
-#define TOP_LEVEL_NAMES "description, model, data, train, precision, eval, checkpoint, log"
+#define TOP_LEVEL_NAMES "description, model, data, train, precision, eval, checkpoint, log, diagnostics"
 
 // JSON numbers are doubles: integers beyond 2^53 would silently lose digits.
 static const double MAX_EXACT_INT = 9007199254740992.0;
@@ -193,6 +199,11 @@ void config_defaults(Config *c) {
     t->seed = 42;
     t->recompute = 0;
     t->threads = 0;
+    t->zero1 = 0;
+    t->comm_timeout_s = 60.0;
+    c->diagnostics.interval = 0;
+    c->diagnostics.bias_probe_batches = 8;
+    c->diagnostics.reference = ATTN_BF16;
     PrecisionConfig *p = &c->precision;
     p->attention = ATTN_BF16;
     p->attention_grad_format = GRADFMT_E4M3;
@@ -638,7 +649,8 @@ static int validate_train(const Config *c, ErrBuf *e) {
         range_real(c, "train.beta2", t->beta2, 0, false, 1, true, e) ||
         range_real(c, "train.eps", t->eps, 0, true, INFINITY, false, e) ||
         range_real(c, "train.grad_clip", t->grad_clip, 0, false, INFINITY, false, e) ||
-        range_int(c, "train.threads", t->threads, 0, LLONG_MAX, e))
+        range_int(c, "train.threads", t->threads, 0, LLONG_MAX, e) ||
+        range_real(c, "train.comm_timeout_s", t->comm_timeout_s, 0, true, 86400, false, e))
         return -1;
     if ((double)t->seed > MAX_EXACT_INT || (double)c->data.seed > MAX_EXACT_INT)
         return errf(e, "%s: %s: must be at most 2^53 (JSON numbers are exact only up to there)", label(c),
@@ -680,7 +692,10 @@ int config_validate(const Config *c, ErrBuf *e) {
         range_int(c, "eval.sample_tokens", c->eval.sample_tokens, 1, LLONG_MAX, e) ||
         range_int(c, "checkpoint.interval", c->checkpoint.interval, 0, LLONG_MAX, e) ||
         range_int(c, "checkpoint.keep", c->checkpoint.keep, 1, LLONG_MAX, e) ||
-        range_int(c, "log.interval", c->log.interval, 1, LLONG_MAX, e))
+        range_int(c, "log.interval", c->log.interval, 1, LLONG_MAX, e) ||
+        range_int(c, "diagnostics.interval", c->diagnostics.interval, 0, LLONG_MAX, e) ||
+        range_int(c, "diagnostics.bias_probe_batches", c->diagnostics.bias_probe_batches, 0, 1024, e) ||
+        check_enum(c, "diagnostics.reference", (int)c->diagnostics.reference, DIAG_REFERENCE_NAMES, e))
         return -1;
     // Run files are named <dir>/<file>: leave room for the names below the directories.
     if (c->log.dir[0] == '\0' || strlen(c->log.dir) > 900)

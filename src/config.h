@@ -25,6 +25,8 @@
 //                 keep (last N kept)
 //   log           dir (the run directory, "runs/<config name>"), interval (progress line every
 //                 N steps), metrics_file ("metrics.jsonl", inside log.dir)
+//   diagnostics   interval (0 = off), bias_probe_batches (8; 0 = off), reference ("bf16" | "fp32")
+// and in train: zero1 (false), comm_timeout_s (60)
 #ifndef CONFIG_H
 #define CONFIG_H
 
@@ -83,6 +85,8 @@ typedef struct {
     unsigned long long seed;
     int recompute;
     int threads;
+    int zero1;               // shard FP32 masters and AdamW state across data-parallel ranks
+    double comm_timeout_s;   // a collective or rendezvous waiting longer than this is an error
 } TrainConfig;
 
 typedef struct {
@@ -108,6 +112,16 @@ typedef struct {
     int interval, keep;
 } CheckpointConfig;
 
+// FP8 attention diagnostics on a probe micro-batch (docs/fp8-attention.md; issue "FP8 attention
+// on the GPU"): per-layer row-sum residuals of dS, FP8 saturation counts, the error of the
+// attention input gradients against a recomputation in `reference` precision, and the
+// gradient-bias ratio over bias_probe_batches probes.
+typedef struct {
+    int interval;            // steps between diagnostics; 0 = off
+    int bias_probe_batches;  // N probe batches of the gradient-bias ratio; 0 = off
+    AttnPrecision reference; // precision of the recomputation the FP8 gradients are compared with
+} DiagnosticsConfig;
+
 typedef struct {
     char dir[1024];
     int interval;
@@ -124,6 +138,7 @@ typedef struct {
     EvalConfig eval;
     CheckpointConfig checkpoint;
     LogConfig log;
+    DiagnosticsConfig diagnostics;
 } Config;
 
 // Fills every field with its default (model sizes 0: they must come from the file).

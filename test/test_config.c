@@ -326,6 +326,11 @@ static void random_config(Config *c, int i) {
     p->linear = (LinearPrecision)rng_int(0, 2);
     p->linear_grad_format = (GradFormat)rng_int(0, 1);
     p->linear_keep_lm_head_bf16 = rng_int(0, 1);
+    c->train.zero1 = rng_int(0, 1);
+    c->train.comm_timeout_s = 0.5 + rng_int(0, 1000);
+    c->diagnostics.interval = rng_int(0, 1000);
+    c->diagnostics.bias_probe_batches = rng_int(0, 64);
+    c->diagnostics.reference = (AttnPrecision)rng_int(0, 1);
     p->linear_bf16_first_layers = rng_int(0, c->model.n_layer);
     p->linear_bf16_last_layers = rng_int(0, c->model.n_layer);
     c->eval.interval = rng_int(0, 10000);
@@ -372,12 +377,12 @@ static void test_random_roundtrip(void) {
     random_config(&c, 1);
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
-    const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log"};
-    const int expected[] = {12, 4, 17, 12, 4, 3, 3};
+    const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
+    const int expected[] = {12, 4, 19, 12, 4, 3, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
-    for (int s = 0; s < 7 && all; s++)
+    for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];
-    CHECK(all && cJSON_GetArraySize(root) == 8, "to_json writes every key", "%s", json);
+    CHECK(all && cJSON_GetArraySize(root) == 9, "to_json writes every key", "%s", json);
     size_t raw_controls = 0;  // strict JSON readers (Python's json) reject raw control characters
     for (const char *p = json; *p; p++) raw_controls += (unsigned char)*p < 0x20 && *p != '\n';
     CHECK(raw_controls == 0 && strstr(json, "\\u0001") && strstr(json, "\\\"config\\\""),
