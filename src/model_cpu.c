@@ -9,6 +9,9 @@
 // unscaled (dhf, dhead) and cpu_model_backward applies loss_scale; cpu_model_loss skips it.
 // Every linear-layer GEMM goes through linear_fp8.c, which is the plain FP32 product for BF16
 // linears and quantizes the operands first for precision.linear = fp8_tensor / fp8_block.
+// cpu_model_probe (for diagnostics.c) reruns a forward + backward in another attention precision
+// with the training state set aside; its hooks in the attention wrappers are inert (a NULL
+// pointer test) on the training path, which stays bit-identical.
 #include "model_cpu.h"
 
 #include <math.h>    // log for the loss
@@ -55,6 +58,7 @@ typedef struct {
     float *dout, *dq, *dk, *dv;  // (B, H, T, hd)
     AttnStats *head_stats;   // (B*H) per-head counters, merged in a fixed order
     LinearFp8 lin;           // FP8 linear state: formats, counters, scratch
+    CpuProbe *probe;         // non-NULL only inside cpu_model_probe: per-layer records go there
 } Acts;
 
 static float *falloc(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
@@ -211,7 +215,7 @@ static void merge_stats(AttnStats *into, const AttnStats *s) {
     if (s->resid_cancel_max > into->resid_cancel_max) into->resid_cancel_max = s->resid_cancel_max;
 }
 
-static void attention_forward(CpuModel *m, BlockActs *b, AttnDelayedState *ds, int B, int T) {
+static void attention_forward(CpuModel *m, int layer, BlockActs *b, AttnDelayedState *ds, int B, int T) {
     Acts *a = m->acts;
     int H = m->cfg.model.n_head, hd = m->cfg.model.head_dim, n = B * H;
     memset(a->head_stats, 0, sizeof(AttnStats) * (size_t)n);
@@ -223,11 +227,50 @@ static void attention_forward(CpuModel *m, BlockActs *b, AttnDelayedState *ds, i
                          b->lse + (long)i * T, &a->head_stats[i]);
     }
     for (int i = 0; i < n; i++) merge_stats(&m->attn_stats, &a->head_stats[i]);
+    if (a->probe)
+        for (int i = 0; i < n; i++) merge_stats(&a->probe->layer_stats[layer], &a->head_stats[i]);
 }
 
-static void attention_backward(CpuModel *m, BlockActs *b, AttnDelayedState *ds, int B, int T) {
+// Probe with a local reference: this layer's attention alone, on the very inputs q, k, v and
+// output gradient dout the probe's attention received, recomputed in p->local_ref precision
+// (block scaling: the reference is BF16 or FP32); adds sum (x - x_ref)^2 and sum x_ref^2 of
+// dq, dk, dv into p->local_sq[layer]. Per-head sums are merged in a fixed order.
+static void local_reference(CpuModel *m, CpuProbe *p, int layer, const BlockActs *b, int B, int T) {
     Acts *a = m->acts;
     int H = m->cfg.model.n_head, hd = m->cfg.model.head_dim, n = B * H;
+    AttnOptions ref = m->attn;
+    ref.precision = p->local_ref;
+    ref.scaling = SCALING_BLOCK;
+    double *sums = xcalloc((size_t)n * 6, sizeof(double));  // (n, 6) per head
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < n; i++) {
+        size_t th = (size_t)T * hd;
+        long off = (long)i * T * hd;
+        float *o = falloc(th), *lse = falloc((size_t)T), *g = falloc(3 * th);  // g: dq, dk, dv
+        attn_cpu_forward(&ref, NULL, T, hd, b->q + off, b->k + off, b->v + off, o, lse, NULL);
+        attn_cpu_backward(&ref, NULL, T, hd, b->q + off, b->k + off, b->v + off, o, lse, a->dout + off, g,
+                          g + th, g + 2 * th, NULL, NULL);
+        const float *mine[3] = {a->dq + off, a->dk + off, a->dv + off};
+        for (int t = 0; t < 3; t++)
+            for (size_t x = 0; x < th; x++) {
+                double r = g[t * th + x], dlt = (double)mine[t][x] - r;
+                sums[i * 6 + 2 * t] += dlt * dlt;
+                sums[i * 6 + 2 * t + 1] += r * r;
+            }
+        free(o);
+        free(lse);
+        free(g);
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 6; k++) p->local_sq[layer * 6 + k] += sums[i * 6 + k];
+    free(sums);
+}
+
+static void attention_backward(CpuModel *m, int layer, BlockActs *b, AttnDelayedState *ds, int B, int T) {
+    Acts *a = m->acts;
+    int H = m->cfg.model.n_head, hd = m->cfg.model.head_dim, n = B * H;
+    // A probe also records each row's residual (written only: the arithmetic is the same).
+    float *row_resid = a->probe ? a->probe->row_resid + (size_t)layer * a->probe->n_rows : NULL;
     memset(a->head_stats, 0, sizeof(AttnStats) * (size_t)n);
     int serial = m->attn.scaling == SCALING_DELAYED;
 #pragma omp parallel for schedule(dynamic, 1) if (!serial)
@@ -235,9 +278,18 @@ static void attention_backward(CpuModel *m, BlockActs *b, AttnDelayedState *ds, 
         long off = (long)i * T * hd;
         attn_cpu_backward(&m->attn, ds, T, hd, b->q + off, b->k + off, b->v + off, b->o + off,
                           b->lse + (long)i * T, a->dout + off, a->dq + off, a->dk + off,
-                          a->dv + off, &a->head_stats[i], NULL);
+                          a->dv + off, &a->head_stats[i], row_resid ? row_resid + (long)i * T : NULL);
     }
     for (int i = 0; i < n; i++) merge_stats(&m->attn_stats, &a->head_stats[i]);
+    if (a->probe) {
+        CpuProbe *p = a->probe;
+        size_t nel = (size_t)n * T * hd, at = (size_t)layer * p->n_attn;
+        for (int i = 0; i < n; i++) merge_stats(&p->layer_stats[layer], &a->head_stats[i]);
+        memcpy(p->dq + at, a->dq, sizeof(float) * nel);
+        memcpy(p->dk + at, a->dk, sizeof(float) * nel);
+        memcpy(p->dv + at, a->dv, sizeof(float) * nel);
+        if (p->local_ref != ATTN_N_PRECISIONS) local_reference(m, p, layer, b, B, T);
+    }
 }
 
 // --- forward -------------------------------------------------------------------------------------
@@ -284,7 +336,7 @@ static void forward_blocks(CpuModel *m, const int32_t *tokens, int B, int T) {
             rope_forward(b->q, a->rope, BT * H, T, hd);
             rope_forward(b->k, a->rope, BT * H, T, hd);
         }
-        attention_forward(m, b, &m->attn_delayed[l], B, T);
+        attention_forward(m, l, b, &m->attn_delayed[l], B, T);
         from_heads(b->att, b->o, B, T, H, hd, C, 0);
         memcpy(b->x_mid, b->x_in, sizeof(float) * (size_t)BT * C);
         linear_forward(&a->lin, lp, b->x_mid, b->att, P(m, P_ATTN_PROJ, l), BT, C, C, 1);  // x += att @ W^T
@@ -388,7 +440,7 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
         linear_wgrad(L, lp, G(m, P_ATTN_PROJ, l), a->dx, b->att, BT, C, C, 1);   // (C, C)
         linear_dgrad(L, lp, a->datt, a->dx, P(m, P_ATTN_PROJ, l), BT, C, C, 0);  // (BT, C)
         to_heads(a->dout, a->datt, B, T, H, hd, C, 0);
-        attention_backward(m, b, &m->attn_delayed[l], B, T);                   // dq, dk, dv
+        attention_backward(m, l, b, &m->attn_delayed[l], B, T);                // dq, dk, dv
         if (mc->position == POS_ROPE) {
             rope_backward(a->dq, a->rope, BT * H, T, hd);
             rope_backward(a->dk, a->rope, BT * H, T, hd);
@@ -415,4 +467,74 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
         for (int j = 0; j < C; j++) row[j] += d[j];
     }
     for (int l = 0; l < mc->n_layer; l++) attn_delayed_commit(&m->attn_delayed[l]);
+}
+
+// --- probes (diagnostics) ------------------------------------------------------------------------
+
+void cpu_probe_alloc(CpuProbe *p, const CpuModel *m) {
+    const ModelConfig *mc = &m->cfg.model;
+    memset(p, 0, sizeof *p);
+    p->n_layer = mc->n_layer;
+    p->n_rows = (size_t)m->B * mc->n_head * m->T;
+    p->n_attn = p->n_rows * mc->head_dim;
+    size_t L = (size_t)mc->n_layer;
+    p->layer_stats = xcalloc(L ? L : 1, sizeof(AttnStats));
+    p->row_resid = falloc(L * p->n_rows);
+    p->dq = falloc(L * p->n_attn);
+    p->dk = falloc(L * p->n_attn);
+    p->dv = falloc(L * p->n_attn);
+    p->grads = falloc(m->table.total);
+    p->local_sq = xcalloc((L ? L : 1) * 6, sizeof(double));
+    p->local_ref = ATTN_N_PRECISIONS;
+}
+
+void cpu_probe_free(CpuProbe *p) {
+    free(p->layer_stats);
+    free(p->row_resid);
+    free(p->dq);
+    free(p->dk);
+    free(p->dv);
+    free(p->grads);
+    free(p->local_sq);
+    memset(p, 0, sizeof *p);
+}
+
+// Everything a forward + backward writes besides the activations is set aside first and put back
+// afterwards: the gradient buffer (swapped for the probe's own), the attention precision, the
+// delayed-scaling amax histories (the backward commits into them), the statistics of the last
+// training step and the FP8-linear counters. Parameters are only read.
+void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_ref, const int32_t *tokens,
+                     const int32_t *targets, CpuProbe *out) {
+    Acts *a = m->acts;
+    int L = m->cfg.model.n_layer;
+    if (out->n_layer != L || out->n_rows != (size_t)m->B * m->cfg.model.n_head * m->T)
+        FATAL("cpu_model_probe: the probe was allocated for another model (cpu_probe_alloc)");
+    float *grads_saved = m->grads;
+    AttnOptions attn_saved = m->attn;
+    AttnStats stats_saved = m->attn_stats;
+    AttnDelayedState *delayed_saved = xmalloc((size_t)(L ? L : 1) * sizeof(AttnDelayedState));
+    memcpy(delayed_saved, m->attn_delayed, (size_t)L * sizeof(AttnDelayedState));
+    Fp8QuantStats lin_stats_saved[3];
+    memcpy(lin_stats_saved, a->lin.stats, sizeof lin_stats_saved);
+    long long lin_gemms_saved = a->lin.gemms;
+
+    m->grads = out->grads;
+    memset(out->grads, 0, sizeof(float) * m->table.total);
+    memset(out->layer_stats, 0, sizeof(AttnStats) * (size_t)L);
+    memset(out->local_sq, 0, sizeof(double) * 6 * (size_t)L);
+    out->local_ref = local_ref;
+    m->attn.precision = precision;
+    a->probe = out;
+    out->loss = cpu_model_forward(m, tokens, targets);
+    cpu_model_backward(m, 1.0f);
+    a->probe = NULL;
+
+    m->grads = grads_saved;
+    m->attn = attn_saved;
+    m->attn_stats = stats_saved;
+    memcpy(m->attn_delayed, delayed_saved, (size_t)L * sizeof(AttnDelayedState));
+    free(delayed_saved);
+    memcpy(a->lin.stats, lin_stats_saved, sizeof lin_stats_saved);
+    a->lin.gemms = lin_gemms_saved;
+    a->grad_ready = 0;  // the activations are the probe's now: a backward needs a new forward
 }
