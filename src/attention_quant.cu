@@ -1,0 +1,188 @@
+// attention_quant.cu: FP8 quantization of the attention operands (interface and layouts:
+// attention_quant.h). One CTA per (tensor, b, h, 128-token block): the block is read from
+// global memory once into registers (16-byte loads), its amax reduced, the scale derived with
+// fp8.h's fp8_scale_for_amax and every value cast with fp8.h's encoder, so that codes and
+// scales equal the CPU emulation's (attention_cpu.c, attn_quantize_operand) bit for bit. The
+// encoder is integer-only; x * s with a power-of-two s is exact in FP32 (denormals are kept:
+// this file must not be built with -use_fast_math / -ftz=true). Optionally the dequantized
+// values are written back in BF16 in the input's layout (fp8_hybrid's BF16 backward reads them).
+#include "attention_quant.h"
+
+#include <cuda_runtime.h>  // launches, cudaGetLastError
+#include <stdint.h>        // uint8_t, uint32_t, uintptr_t
+
+#include "common.h"      // FATAL
+#include "cuda_check.h"  // CUDA_CHECK_LAUNCH
+#include "fp8.h"         // fp8_from_f32, fp8_scale_for_amax, bf16_to_f32, fp8_max
+
+#define QB ATTN_SCALE_BLOCK  // tokens per CTA = tokens per scale (128)
+#define QTHREADS 256
+#define T_PITCH (QB + 4)     // bytes per row of the transposed shared tile (see below)
+
+struct AttnQuantBatch {
+    AttnQuantTensor t[ATTN_QUANT_MAX_TENSORS];
+};
+
+// grid (B*H*nblk, n_tensors), block QTHREADS. Thread i of the CTA holds 16-byte chunks
+// c = i + j*QTHREADS (j < PER) of the (QB, D) tile: row c / CH, columns 8*(c % CH) .. +7, so a
+// warp reads and writes whole contiguous row segments.
+template <int D>
+__global__ void __launch_bounds__(QTHREADS)
+    attn_quant_kernel(const AttnQuantBatch batch, int H, int T, int nblk) {
+    constexpr int CH = D / 8;               // 16-byte BF16 chunks per row
+    constexpr int PER = QB * CH / QTHREADS; // chunks per thread (4 or 8)
+    static_assert(QB * CH % QTHREADS == 0, "tile must split evenly");
+    // Transposed tile (D rows of QB codes). Pitch QB + 4 bytes: a warp's byte stores (one code
+    // column of CH chunks x 32/CH rows) land in 4 different banks instead of one (2- or 4-way
+    // conflicts left: this kernel is bound by global memory), and rows stay 4-byte aligned for
+    // the word reads that write codes_t.
+    __shared__ __align__(16) uint8_t sT[D * T_PITCH];
+    __shared__ float red[QTHREADS / 32];
+    __shared__ float s_scale;
+
+    const AttnQuantTensor &a = batch.t[blockIdx.y];
+    const int blk = blockIdx.x % nblk, bh = blockIdx.x / nblk, b = bh / H, h = bh % H;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int Tp = nblk * QB;
+
+    // load the block (rows past T are zeros: they change no amax and become code 0)
+    uint4 raw[PER];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int c = tid + j * QTHREADS, r = c / CH, ch = c % CH, t = blk * QB + r;
+        if (t < T) {
+            raw[j] = *reinterpret_cast<const uint4 *>(a.x + ((long)b * T + t) * a.stride + (long)h * D + ch * 8);
+        } else {
+            raw[j] = make_uint4(0u, 0u, 0u, 0u);
+        }
+        const uint32_t w[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            amax = fmaxf(amax, fabsf(bf16_to_f32((uint16_t)(w[e] & 0xFFFFu))));
+            amax = fmaxf(amax, fabsf(bf16_to_f32((uint16_t)(w[e] >> 16))));
+        }
+    }
+    // block amax (max is exact in any order) -> scale
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) red[warp] = amax;
+    __syncthreads();
+    if (tid == 0) {
+        float m = red[0];
+        for (int w = 1; w < QTHREADS / 32; w++) m = fmaxf(m, red[w]);
+        float s;
+        if (a.scale_in) s = a.scale_in[a.scale_in_per_head ? bh : 0];
+        else s = fp8_scale_for_amax(a.fmt, m);
+        s_scale = s;
+        const long sidx = (long)bh * nblk + blk;
+        if (a.scales) a.scales[sidx] = s;
+        if (a.block_amax) a.block_amax[sidx] = m;
+    }
+    __syncthreads();
+    const float s = s_scale, inv_s = 1.0f / s, fmax = fp8_max(a.fmt);  // 1/s exact: a power of two
+    const Fp8Format fmt = a.fmt;
+
+    // cast; row-major codes straight to global (8 bytes per chunk), transposed into shared
+    unsigned sat = 0;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int c = tid + j * QTHREADS, r = c / CH, ch = c % CH;
+        const uint32_t w[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+        uint32_t packed[2] = {0u, 0u}, deq[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const uint16_t hbits = (uint16_t)((e & 1) ? (w[e >> 1] >> 16) : (w[e >> 1] & 0xFFFFu));
+            const float xs = bf16_to_f32(hbits) * s;
+            sat += fabsf(xs) > fmax;
+            const uint8_t q = fp8_from_f32(fmt, xs);
+            packed[e >> 2] |= (uint32_t)q << (8 * (e & 3));
+            sT[(ch * 8 + e) * T_PITCH + r] = q;
+            deq[e >> 1] |= (uint32_t)bf16_from_f32(fp8_to_f32(fmt, q) * inv_s) << (16 * (e & 1));
+        }
+        if (a.codes)
+            *reinterpret_cast<uint2 *>(a.codes + ((long)bh * Tp + (long)blk * QB + r) * D + ch * 8) =
+                make_uint2(packed[0], packed[1]);
+        const int t = blk * QB + r;
+        if (a.dequant && t < T)
+            *reinterpret_cast<uint4 *>(a.dequant + ((long)b * T + t) * a.dequant_stride + (long)h * D + ch * 8) =
+                make_uint4(deq[0], deq[1], deq[2], deq[3]);
+    }
+    if (a.saturated) {
+        sat = __reduce_add_sync(0xffffffffu, sat);
+        if (lane == 0 && sat) atomicAdd(a.saturated, (unsigned long long)sat);
+    }
+    if (a.codes_t) {
+        __syncthreads();
+        // D rows of QB bytes = 32 words each: a warp writes one whole 128-byte row segment
+#pragma unroll
+        for (int j = 0; j < D * (QB / 4) / QTHREADS; j++) {
+            const int wi = tid + j * QTHREADS, row = wi / (QB / 4), word = wi % (QB / 4);
+            const uint32_t v = *reinterpret_cast<const uint32_t *>(sT + row * T_PITCH + word * 4);
+            *reinterpret_cast<uint32_t *>(a.codes_t + ((long)bh * D + row) * Tp + (long)blk * QB + word * 4) = v;
+        }
+    }
+}
+
+// grid n_groups, block 256: max |in| over each group of group_len floats.
+__global__ void attn_amax_reduce_kernel(const float *__restrict__ in, int group_len, Fp8Format fmt,
+                                        float *__restrict__ amax_out, float *__restrict__ scale_out) {
+    __shared__ float red[8];
+    const long base = (long)blockIdx.x * group_len;
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < group_len; i += blockDim.x) m = fmaxf(m, fabsf(in[base + i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; w++) m = fmaxf(m, red[w]);
+        if (amax_out) amax_out[blockIdx.x] = m;
+        if (scale_out) scale_out[blockIdx.x] = fp8_scale_for_amax(fmt, m);
+    }
+}
+
+// --- launchers ---------------------------------------------------------------------------------
+
+static void check_tensor(const AttnQuantTensor *t, int i, int H, int d) {
+    if (!t->x) FATAL("attn_gpu_quantize: tensor %d has no input", i);
+    if ((uintptr_t)t->x % 16) FATAL("attn_gpu_quantize: tensor %d input not 16-byte aligned", i);
+    if (t->stride % 8 || t->stride < H * d)
+        FATAL("attn_gpu_quantize: tensor %d row stride %d must be a multiple of 8 and >= H*d = %d", i,
+              t->stride, H * d);
+    if ((uintptr_t)t->codes % 16 || (uintptr_t)t->codes_t % 16)
+        FATAL("attn_gpu_quantize: tensor %d code buffers must be 16-byte aligned", i);
+    if (t->fmt != FP8_E4M3 && t->fmt != FP8_E5M2) FATAL("attn_gpu_quantize: tensor %d format %d", i, (int)t->fmt);
+    if (t->dequant && ((uintptr_t)t->dequant % 16 || t->dequant_stride % 8 || t->dequant_stride < H * d))
+        FATAL("attn_gpu_quantize: tensor %d dequant output must be 16-byte aligned with a row stride "
+              "(%d) that is a multiple of 8 and >= H*d = %d", i, t->dequant_stride, H * d);
+    if (t->scale_in_per_head != 0 && t->scale_in_per_head != 1)
+        FATAL("attn_gpu_quantize: tensor %d scale_in_per_head must be 0 or 1", i);
+}
+
+extern "C" void attn_gpu_quantize(const AttnQuantTensor *tensors, int n, int B, int H, int T, int d,
+                                  cudaStream_t stream) {
+    if (n < 1 || n > ATTN_QUANT_MAX_TENSORS) FATAL("attn_gpu_quantize: %d tensors (1..%d)", n, ATTN_QUANT_MAX_TENSORS);
+    if (d != 64 && d != 128) FATAL("attn_gpu_quantize: head dim %d unsupported (64 or 128)", d);
+    if (B <= 0 || H <= 0 || T <= 0) FATAL("attn_gpu_quantize: bad shape B=%d H=%d T=%d", B, H, T);
+    AttnQuantBatch batch;
+    for (int i = 0; i < n; i++) {
+        check_tensor(&tensors[i], i, H, d);
+        batch.t[i] = tensors[i];
+    }
+    const int nblk = attn_quant_n_blocks(T);
+    const long n_cta = (long)B * H * nblk;
+    if (n_cta > 0x7fffffffL) FATAL("attn_gpu_quantize: B*H*ceil(T/128) = %ld CTAs is too many", n_cta);
+    dim3 grid((unsigned)n_cta, (unsigned)n);
+    if (d == 64) attn_quant_kernel<64><<<grid, QTHREADS, 0, stream>>>(batch, H, T, nblk);
+    else attn_quant_kernel<128><<<grid, QTHREADS, 0, stream>>>(batch, H, T, nblk);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void attn_gpu_amax_reduce(const float *in, int n_groups, int group_len, Fp8Format fmt,
+                                     float *amax_out, float *scale_out, cudaStream_t stream) {
+    if (n_groups <= 0 || group_len <= 0)
+        FATAL("attn_gpu_amax_reduce: %d groups of %d (both must be positive)", n_groups, group_len);
+    attn_amax_reduce_kernel<<<n_groups, 256, 0, stream>>>(in, group_len, fmt, amax_out, scale_out);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,97 @@
+// attention_quant.h: FP8 quantization of the attention operands on the GPU (Q, K, V in E4M3 for
+// the forward, dO in the gradient format for the backward), docs/fp8-attention.md §2, and the
+// FP8 forward that consumes them (attention_fwd_fp8.cu). The codes
+// and scales are bit-identical to the CPU emulation's attn_quantize_operand (attention_cpu.h):
+// same power-of-two scale rule (fp8_scale_for_amax), same encoder (fp8.h), same granularity.
+//
+// Layouts. Input: BF16 (B, T, H, d) with a row stride, as in attention_gpu.h (q/k/v may be views
+// of the packed QKV buffer). Outputs are head-major and padded to whole 128-token blocks,
+// Tp = attn_quant_padded_len(T), padding rows written as code 0 (so FP8 kernels load whole
+// tiles without bounds checks, and zeros add nothing to a matmul):
+//   codes   (B, H, Tp, d) uint8: K-major for matmuls that reduce over d (S = Q K^T, dP = dO V^T)
+//   codes_t (B, H, d, Tp) uint8: the transpose, K-major for matmuls that reduce over tokens
+//           (O = P V needs V^T, dV = P^T dO needs dO^T, dQ = dS K needs K^T, dK = dS^T Q needs Q^T);
+//           FP8 wgmma takes only K-major operands and Hopper has no 8-bit transposing ldmatrix.
+//   scales  (B, H, nblk) FP32, nblk = Tp / 128: the scale s of each (b, h, 128-token block);
+//           quantized value = fp8_to_f32(code) / s (exact, s is a power of two).
+//
+// Scaling. Block (scale_in == NULL): s = fp8_scale_for_amax(fmt, amax of the block's current
+// values). Delayed (scale_in != NULL): s is read from device memory, one per tensor
+// (scale_in[0]) or one per head (scale_in[b*H + h], the CPU's first step, whose scale comes from
+// the head's own amax); attn_gpu_amax_reduce turns amax histories or block amaxes into those
+// scales on the device, without a host round trip. Either way the block amax can be written
+// out (block_amax) to feed the next steps' history.
+#ifndef ATTENTION_QUANT_H
+#define ATTENTION_QUANT_H
+
+#include <stdint.h>            // uint8_t, uint16_t
+#include <cuda_runtime_api.h>  // cudaStream_t
+
+#include "attention_cpu.h"  // ATTN_SCALE_BLOCK (128 tokens per scale)
+#include "fp8.h"            // Fp8Format
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// T rounded up to whole scale blocks: the token extent of the quantized layouts.
+static inline int attn_quant_padded_len(int T) {
+    return (T + ATTN_SCALE_BLOCK - 1) / ATTN_SCALE_BLOCK * ATTN_SCALE_BLOCK;
+}
+static inline int attn_quant_n_blocks(int T) { return (T + ATTN_SCALE_BLOCK - 1) / ATTN_SCALE_BLOCK; }
+
+// One tensor to quantize. Pointers are device pointers; NULL outputs are skipped.
+typedef struct {
+    const uint16_t *x;              // (B, T, H, d) BF16, row stride `stride` (elements)
+    int stride;
+    Fp8Format fmt;                  // E4M3 for Q, K, V; the grad format for dO
+    uint8_t *codes;                 // (B, H, Tp, d) or NULL
+    uint8_t *codes_t;               // (B, H, d, Tp) or NULL
+    float *scales;                  // (B, H, nblk) or NULL
+    float *block_amax;              // (B, H, nblk) or NULL: max |x| of each block
+    const float *scale_in;          // NULL: block scaling; else delayed: the scale(s) to use
+    int scale_in_per_head;          // delayed: 0 = scale_in[0] for all, 1 = scale_in[b*H + h]
+    unsigned long long *saturated;  // or NULL: += number of values with |x*s| > the format's max
+    uint16_t *dequant;              // or NULL: (B, T, H, d) BF16, row stride dequant_stride: the
+    int dequant_stride;             // quantized values fp8(x*s)/s (exact in BF16 but for BF16
+                                    // subnormals), e.g. for fp8_hybrid's BF16 backward on Q̂, K̂, V̂
+} AttnQuantTensor;
+
+#define ATTN_QUANT_MAX_TENSORS 4
+
+// Quantizes n (1..4) tensors of the same shape in one launch: one CTA per (tensor, b, h,
+// 128-token block) reads the block once, reduces its amax, casts, and writes both layouts (the
+// transposed one through shared memory, so that its global writes are coalesced). d is 64 or
+// 128; strides and pointers as attention_gpu.h requires (16-byte aligned rows); codes/codes_t
+// 16-byte aligned. Checked; FATAL on violation.
+void attn_gpu_quantize(const AttnQuantTensor *tensors, int n, int B, int H, int T, int d,
+                       cudaStream_t stream);
+
+// out[g] over n_groups groups of group_len consecutive floats of `in` (device pointers):
+// amax_out[g] = max_i |in[g*group_len + i]| (optional), scale_out[g] = fp8_scale_for_amax(fmt,
+// that max) (optional). Examples: per-head scales from block amaxes (group_len = nblk), the
+// tensor's amax (one group over everything), the delayed scale from an amax history.
+void attn_gpu_amax_reduce(const float *in, int n_groups, int group_len, Fp8Format fmt,
+                          float *amax_out, float *scale_out, cudaStream_t stream);
+
+// fp8_hybrid's backward needs no kernel of its own: attn_gpu_backward (attention_gpu.h, BF16) run
+// on the `dequant` copies of Q̂, K̂, V̂, the FP8 forward's O and LSE and the BF16 dO is exactly
+// what the CPU emulation's fp8_hybrid does (test/test_attention_fp8_gpu.cu checks it).
+//
+// FP8 forward (attention_fwd_fp8.cu): the forward of fp8_naive / fp8_hybrid / fp8_dm on the
+// operands quantized above: q_codes, k_codes (B, H, Tp, d) E4M3 and vt_codes (B, H, d, Tp) E4M3
+// with their scales (B, H, nblk); p_scale: the static scale of P before its E4M3 cast (256).
+// o: (B, T, H, d) BF16 with row stride o_stride (written); lse: (B, H, T) FP32 natural log
+// (written). Tiles: ATTN_FP8_FWD_BLOCK_Q x ATTN_FP8_FWD_BLOCK_K, the block sizes the CPU
+// emulation (attn_cpu_forward) must be run with to compare P̂ code for code.
+#define ATTN_FP8_FWD_BLOCK_Q 128
+#define ATTN_FP8_FWD_BLOCK_K 128
+void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const uint8_t *vt_codes,
+                          const float *q_scales, const float *k_scales, const float *v_scales,
+                          float p_scale, uint16_t *o, int o_stride, float *lse, int B, int H, int T,
+                          int d, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // ATTENTION_QUANT_H

@@ -1,0 +1,624 @@
+// linear_fp8_gpu.cu: FP8 quantization kernels and cuBLASLt FP8 GEMMs of the linear layers (see
+// linear_fp8_gpu.h; the contract is at the top of linear_fp8.c).
+//
+// Quantization. Every kernel reads BF16, takes amax over a group as the max of |x|'s bits (NaN
+// ignored, exact, so any reduction order gives the same result), computes s with fp8.h's
+// fp8_scale_for_amax and encodes x * s with fp8.h's integer encoder: the same functions the CPU
+// runs, hence the same codes bit for bit. Kernels:
+//   amax_kernel + cast_tensor_kernel  per tensor, no transpose: flat, 16-byte loads
+//   tile128_kernel     one 128x128 tile of x in shared memory; writes Q(x) and/or Q(x^T) from it
+//                      (128x128 blocks, or per tensor with the amax of amax_kernel)
+//   vec128_kernel      one warp per 1x128 slice along cols
+//   vec128t_kernel     128 rows x 32 cols of x in shared memory: 32 slices along rows, written
+//                      as rows of x^T
+// GEMMs. out (n, m) row-major is column-major (m, n): D = op(A) . B with A = rhs stored (k, m)
+// column-major, transposed ("T"), and B = lhs stored (k, n) column-major ("N"), the TN layout
+// FP8 needs. A's scales are rhs's, B's are lhs's. Plans are cached per shape/format/grouping; the
+// scale pointers are data, set on the cached descriptor before each call.
+#include "linear_fp8_gpu.h"
+
+#include <cublasLt.h>      // the cuBLASLt API
+#include <cuda_runtime.h>  // cudaMalloc, launches
+#include <stdint.h>        // uintptr_t
+#include <string.h>        // memset, memcmp
+
+#include "common.h"      // FATAL
+#include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
+
+#define THREADS 256   // every kernel; flush_counts needs whole warps
+#define G FP8_GROUP   // 128
+
+__host__ __device__ static inline int cdiv(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ static inline int round4(int a) { return (a + 3) & ~3; }
+
+long fp8_gpu_scale_count(Fp8Grouping g, int rows, int cols) {
+    switch (g) {
+    case FP8_GROUP_TENSOR: return 2;  // 1/s and the amax
+    case FP8_GROUP_1x128:  // (ceil(cols/128), rows); room for both padded to 4 (never written)
+        return (long)round4(cdiv(cols, G)) * round4(rows);
+    case FP8_GROUP_128x128: return (long)round4(cdiv(rows, G)) * round4(cdiv(cols, G));
+    }
+    FATAL("fp8_gpu_scale_count: unknown grouping %d", (int)g);
+}
+
+void fp8_operand_alloc(Fp8Operand *op, int rows, int cols, Fp8Grouping g, Fp8Format fmt) {
+    if (rows <= 0 || cols <= 0) FATAL("fp8_operand_alloc: empty shape (%d, %d)", rows, cols);
+    memset(op, 0, sizeof *op);
+    CUDA_CHECK(cudaMalloc(&op->codes, (size_t)rows * cols));
+    CUDA_CHECK(cudaMalloc(&op->scales, sizeof(float) * (size_t)fp8_gpu_scale_count(g, rows, cols)));
+    op->rows = rows;
+    op->cols = cols;
+    op->grouping = g;
+    op->fmt = fmt;
+}
+
+void fp8_operand_free(Fp8Operand *op) {
+    if (op->codes) CUDA_CHECK(cudaFree(op->codes));
+    if (op->scales) CUDA_CHECK(cudaFree(op->scales));
+    memset(op, 0, sizeof *op);
+}
+
+// ================================ quantization kernels ========================================
+
+// |x| of a BF16 as bits, ordered like the values; NaN -> 0 so it never wins a max (fmaxf ignores
+// NaN on the CPU).
+__device__ __forceinline__ unsigned abs_bits(unsigned b) {
+    b &= 0x7FFFu;
+    return b > 0x7F80u ? 0u : b;
+}
+__device__ __forceinline__ unsigned max_abs8(const uint32_t w[4]) {
+    unsigned m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) m = max(m, max(abs_bits(w[k] & 0xFFFFu), abs_bits(w[k] >> 16)));
+    return m;
+}
+__device__ __forceinline__ float scale_of_bits(Fp8Format fmt, unsigned amax_bits) {
+    return fp8_scale_for_amax(fmt, bf16_to_f32((uint16_t)amax_bits));
+}
+
+// code = fp8(x * s), counting saturations and NaNs exactly as linear_fp8.c's quantize_run.
+template <Fp8Format FMT>
+__device__ __forceinline__ uint32_t quant(unsigned bf, float s, unsigned &sat, unsigned &nan) {
+    const float v = bf16_to_f32((uint16_t)bf) * s;  // exact: s is a power of two
+    if (v != v) nan++;
+    else if (fabsf(v) > fp8_max(FMT)) sat++;
+    return fp8_from_f32(FMT, v);
+}
+__device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    return a | (b << 8) | (c << 16) | (d << 24);  // element 0 in the lowest byte
+}
+// Eight BF16 (element 0 in the low half of w[0]) -> eight codes.
+template <Fp8Format FMT>
+__device__ __forceinline__ uint2 quant8(const uint32_t w[4], float s, unsigned &sat, unsigned &nan) {
+    uint32_t o[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        o[h] = pack4(quant<FMT>(w[2 * h] & 0xFFFFu, s, sat, nan), quant<FMT>(w[2 * h] >> 16, s, sat, nan),
+                     quant<FMT>(w[2 * h + 1] & 0xFFFFu, s, sat, nan), quant<FMT>(w[2 * h + 1] >> 16, s, sat, nan));
+    return make_uint2(o[0], o[1]);
+}
+
+// Adds this warp's counts to counts[0] (saturated) and counts[1] (NaN). All 32 lanes must call.
+__device__ __forceinline__ void flush_counts(unsigned long long *counts, unsigned sat, unsigned nan) {
+    if (counts == nullptr) return;
+    sat = __reduce_add_sync(0xFFFFFFFFu, sat);
+    nan = __reduce_add_sync(0xFFFFFFFFu, nan);
+    if ((threadIdx.x & 31) == 0) {
+        if (sat) atomicAdd(counts, (unsigned long long)sat);
+        if (nan) atomicAdd(counts + 1, (unsigned long long)nan);
+    }
+}
+
+// Max over the block (all threads get it). red: 32 words of shared memory.
+__device__ unsigned block_max(unsigned v, unsigned *red) {
+    v = __reduce_max_sync(0xFFFFFFFFu, v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    unsigned r = lane < (int)(blockDim.x >> 5) ? red[lane] : 0u;
+    r = __reduce_max_sync(0xFFFFFFFFu, r);
+    __syncthreads();  // red may be reused
+    return r;
+}
+
+// Eight BF16 of row `src` at columns [c, c + 8) of a group with nc valid columns: one 16-byte
+// load when allowed, else element by element; missing elements are 0.
+__device__ __forceinline__ void load8(uint32_t w[4], const uint16_t *src, int c, int nc, bool vec) {
+    if (vec && c + 8 <= nc) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(src);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+        return;
+    }
+    w[0] = w[1] = w[2] = w[3] = 0;
+    for (int e = 0; e < 8; e++)
+        if (c + e < nc) w[e >> 1] |= (uint32_t)src[e] << (16 * (e & 1));
+}
+
+// Per tensor, pass 1: *amax_f32 = max |x| (as FP32 bits; non-negative floats order like their
+// bits, so atomicMax on the bits is a float max). *amax_f32 must be 0 before.
+__global__ void __launch_bounds__(THREADS) amax_kernel(const uint16_t *x, long n, unsigned *amax_f32) {
+    __shared__ unsigned red[32];
+    const long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
+    const long n8 = ((uintptr_t)x & 15) == 0 ? n / 8 : 0;
+    unsigned m = 0;
+    for (long i = tid; i < n8; i += stride) {
+        const uint4 v = reinterpret_cast<const uint4 *>(x)[i];
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        m = max(m, max_abs8(w));
+    }
+    for (long i = n8 * 8 + tid; i < n; i += stride) m = max(m, abs_bits(x[i]));
+    m = block_max(m, red);
+    if (threadIdx.x == 0 && m) atomicMax(amax_f32, m << 16);
+}
+
+// Per tensor, pass 2: codes (n) = fp8(x * s); scales[0] = 1/s from the amax in scales[1].
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(THREADS)
+    cast_tensor_kernel(uint8_t *codes, const uint16_t *x, long n, float *scales, unsigned long long *counts) {
+    const float s = fp8_scale_for_amax(FMT, scales[1]);
+    if (blockIdx.x == 0 && threadIdx.x == 0) scales[0] = 1.0f / s;  // exact: s is a power of two
+    const long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
+    const long n8 = (((uintptr_t)x & 15) == 0 && ((uintptr_t)codes & 7) == 0) ? n / 8 : 0;
+    unsigned sat = 0, nan = 0;
+    for (long i = tid; i < n8; i += stride) {
+        const uint4 v = reinterpret_cast<const uint4 *>(x)[i];
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        reinterpret_cast<uint2 *>(codes)[i] = quant8<FMT>(w, s, sat, nan);
+    }
+    for (long i = n8 * 8 + tid; i < n; i += stride) codes[i] = (uint8_t)quant<FMT>(x[i], s, sat, nan);
+    flush_counts(counts, sat, nan);
+}
+
+// Block (i, j) of a 128x128 grid of n_gr x n_gc blocks gets 1/s at [i * L + j]; the block at the
+// end of a row also fills that row's padding, the last block the padding rows (1.0: harmless).
+__device__ void write_block_scale(float *scales, int i, int j, int n_gr, int n_gc, float inv) {
+    const int L = round4(n_gc);
+    scales[(long)i * L + j] = inv;
+    if (j == n_gc - 1) {
+        for (int jj = n_gc; jj < L; jj++) scales[(long)i * L + jj] = 1.0f;
+        if (i == n_gr - 1)
+            for (int ii = n_gr; ii < round4(n_gr); ii++)
+                for (int jj = 0; jj < L; jj++) scales[(long)ii * L + jj] = 1.0f;
+    }
+}
+
+// One 128x128 tile of x (rows, cols): block (blockIdx.y, blockIdx.x). Scale: the tile's own amax
+// (128x128 blocks) or, when tensor_amax is given, the tensor's (per-tensor scaling). Writes the
+// tile's codes to q (rows, cols) and/or transposed to qt (cols, rows), and the scales.
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(THREADS)
+    tile128_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
+                   float *qt_scales, const float *tensor_amax, unsigned long long *counts) {
+    __shared__ __align__(16) uint16_t tile[G][G + 2];  // +2: the transposed reads hit 8 banks, not 1
+    __shared__ unsigned red[32];
+    const int bi = blockIdx.y, bj = blockIdx.x;
+    const int r0 = bi * G, c0 = bj * G;
+    const int nr = min(G, rows - r0), nc = min(G, cols - c0);
+    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
+    unsigned m = 0;
+    for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {  // 16 chunks of 8 per row
+        const int r = id / 16, c = (id % 16) * 8;
+        uint32_t w[4] = {0, 0, 0, 0};
+        if (r < nr) load8(w, x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
+        m = max(m, max_abs8(w));
+        uint32_t *dst = reinterpret_cast<uint32_t *>(&tile[r][c]);  // 4-byte aligned (260 B rows)
+        dst[0] = w[0]; dst[1] = w[1]; dst[2] = w[2]; dst[3] = w[3];
+    }
+    float s;
+    if (tensor_amax) s = fp8_scale_for_amax(FMT, *tensor_amax);  // uniform branch
+    else s = scale_of_bits(FMT, block_max(m, red));
+    __syncthreads();  // the tile is complete
+    if (threadIdx.x == 0) {
+        const float inv = 1.0f / s;
+        if (tensor_amax) {
+            if (bi == 0 && bj == 0) {
+                if (q_scales) q_scales[0] = inv;
+                if (qt_scales) qt_scales[0] = inv;
+                if (q_scales && qt_scales) qt_scales[1] = *tensor_amax;  // the amax sits in q's
+            }
+        } else {
+            if (q_scales) write_block_scale(q_scales, bi, bj, cdiv(rows, G), cdiv(cols, G), inv);
+            if (qt_scales) write_block_scale(qt_scales, bj, bi, cdiv(cols, G), cdiv(rows, G), inv);
+        }
+    }
+    unsigned sat = 0, nan = 0, tsat = 0, tnan = 0;
+    if (q) {
+        const bool vec_out = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
+        for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {
+            const int r = id / 16, c = (id % 16) * 8;
+            if (r >= nr) continue;
+            uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
+            if (vec_out && c + 8 <= nc) {
+                const uint32_t *src = reinterpret_cast<const uint32_t *>(&tile[r][c]);
+                const uint32_t w[4] = {src[0], src[1], src[2], src[3]};
+                *reinterpret_cast<uint2 *>(dst) = quant8<FMT>(w, s, sat, nan);
+            } else {
+                for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)quant<FMT>(tile[r][c + e], s, sat, nan);
+            }
+        }
+    }
+    if (qt) {  // row c of x^T holds column c0 + c of x; each thread writes 4 consecutive codes
+        const bool vec_out = rows % 4 == 0 && ((uintptr_t)qt & 3) == 0;
+        for (int id = threadIdx.x; id < G * G / 4; id += THREADS) {
+            const int c = id / 32, r = (id % 32) * 4;
+            if (c >= nc) continue;
+            uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + r;
+            if (vec_out && r + 4 <= nr) {
+                *reinterpret_cast<uint32_t *>(dst) =
+                    pack4(quant<FMT>(tile[r][c], s, tsat, tnan), quant<FMT>(tile[r + 1][c], s, tsat, tnan),
+                          quant<FMT>(tile[r + 2][c], s, tsat, tnan), quant<FMT>(tile[r + 3][c], s, tsat, tnan));
+            } else {
+                for (int e = 0; e < 4 && r + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[r + e][c], s, tsat, tnan);
+            }
+        }
+    }
+    if (!q) { sat = tsat; nan = tnan; }  // each element counted once
+    flush_counts(counts, sat, nan);
+}
+
+// 1x128 slices along cols: one warp per slice (row r, slice j), 4 elements per lane.
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(THREADS)
+    vec128_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *scales, unsigned long long *counts) {
+    const int n_gc = (cols + G - 1) / G;
+    const long slice = (long)blockIdx.x * (THREADS / 32) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    unsigned sat = 0, nan = 0;
+    if (slice < (long)rows * n_gc) {  // uniform across the warp
+        const int r = (int)(slice / n_gc), j = (int)(slice % n_gc);
+        const int nc = min(G, cols - j * G), cl = lane * 4;  // valid columns; this lane's first
+        const size_t off = (size_t)r * cols + (size_t)j * G + cl;
+        unsigned b[4] = {0, 0, 0, 0};
+        if (cols % 4 == 0 && ((uintptr_t)x & 7) == 0 && cl + 4 <= nc) {
+            const uint2 v = *reinterpret_cast<const uint2 *>(x + off);
+            b[0] = v.x & 0xFFFFu; b[1] = v.x >> 16; b[2] = v.y & 0xFFFFu; b[3] = v.y >> 16;
+        } else {
+            for (int e = 0; e < 4; e++)
+                if (cl + e < nc) b[e] = x[off + e];
+        }
+        unsigned m = max(max(abs_bits(b[0]), abs_bits(b[1])), max(abs_bits(b[2]), abs_bits(b[3])));
+        m = __reduce_max_sync(0xFFFFFFFFu, m);
+        const float s = scale_of_bits(FMT, m);
+        if (lane == 0) scales[(size_t)j * rows + r] = 1.0f / s;  // VEC128: [j * R + r]
+        if (cols % 4 == 0 && ((uintptr_t)q & 3) == 0 && cl + 4 <= nc) {
+            *reinterpret_cast<uint32_t *>(q + off) = pack4(quant<FMT>(b[0], s, sat, nan), quant<FMT>(b[1], s, sat, nan),
+                                                           quant<FMT>(b[2], s, sat, nan), quant<FMT>(b[3], s, sat, nan));
+        } else {
+            for (int e = 0; e < 4 && cl + e < nc; e++) q[off + e] = (uint8_t)quant<FMT>(b[e], s, sat, nan);
+        }
+    }
+    flush_counts(counts, sat, nan);
+}
+
+// 1x128 slices of x^T (cols, rows) along its cols = x's rows (the tokens): block (blockIdx.y =
+// token slice j, blockIdx.x = 32 columns of x). Writes 32 rows of qt, 128 codes each.
+#define VT_COLS 32
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(THREADS)
+    vec128t_kernel(const uint16_t *x, int rows, int cols, uint8_t *qt, float *scales, unsigned long long *counts) {
+    __shared__ __align__(16) uint16_t tile[G][VT_COLS + 2];
+    __shared__ unsigned part[THREADS / VT_COLS][VT_COLS];
+    __shared__ float scale[VT_COLS];
+    const int j = blockIdx.y, r0 = j * G, c0 = blockIdx.x * VT_COLS;
+    const int nr = min(G, rows - r0), nc = min(VT_COLS, cols - c0);
+    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
+    for (int id = threadIdx.x; id < G * VT_COLS / 8; id += THREADS) {  // 4 chunks of 8 per row
+        const int r = id / 4, c = (id % 4) * 8;
+        uint32_t w[4] = {0, 0, 0, 0};
+        if (r < nr) load8(w, x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
+        uint32_t *dst = reinterpret_cast<uint32_t *>(&tile[r][c]);  // 4-byte aligned (68 B rows)
+        dst[0] = w[0]; dst[1] = w[1]; dst[2] = w[2]; dst[3] = w[3];
+    }
+    __syncthreads();
+    {  // column amax in 8 parts of 16 rows
+        const int c = threadIdx.x % VT_COLS, p = threadIdx.x / VT_COLS;
+        unsigned m = 0;
+        for (int k = 0; k < G / (THREADS / VT_COLS); k++) m = max(m, abs_bits(tile[p * 16 + k][c]));
+        part[p][c] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x < VT_COLS) {
+        unsigned m = 0;
+        for (int p = 0; p < THREADS / VT_COLS; p++) m = max(m, part[p][threadIdx.x]);
+        const float s = scale_of_bits(FMT, m);
+        scale[threadIdx.x] = s;
+        if (threadIdx.x < nc) scales[(size_t)j * cols + c0 + threadIdx.x] = 1.0f / s;  // [j * R + r], R = cols
+    }
+    __syncthreads();
+    unsigned sat = 0, nan = 0;
+    const int c = threadIdx.x / 8, seg = (threadIdx.x % 8) * 16;  // row c of this block's qt rows, 16 codes
+    if (c < nc) {
+        const float s = scale[c];
+        uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + seg;
+        if (rows % 16 == 0 && ((uintptr_t)qt & 15) == 0 && seg + 16 <= nr) {
+            uint32_t o[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                o[k] = pack4(quant<FMT>(tile[seg + 4 * k][c], s, sat, nan), quant<FMT>(tile[seg + 4 * k + 1][c], s, sat, nan),
+                             quant<FMT>(tile[seg + 4 * k + 2][c], s, sat, nan),
+                             quant<FMT>(tile[seg + 4 * k + 3][c], s, sat, nan));
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+        } else {
+            for (int e = 0; e < 16 && seg + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[seg + e][c], s, sat, nan);
+        }
+    }
+    flush_counts(counts, sat, nan);
+}
+
+// Launches kernel<E4M3 or E5M2> on `stream`, then checks the launch.
+#define LAUNCH_FMT(fmt, kernel, grid, ...)                                                        \
+    do {                                                                                          \
+        if ((fmt) == FP8_E4M3) kernel<FP8_E4M3><<<(grid), THREADS, 0, stream>>>(__VA_ARGS__);     \
+        else kernel<FP8_E5M2><<<(grid), THREADS, 0, stream>>>(__VA_ARGS__);                       \
+        CUDA_CHECK_LAUNCH();                                                                      \
+    } while (0)
+
+static void check_operand(const Fp8Operand *op, int rows, int cols, const char *what) {
+    if (!op->codes || !op->scales) FATAL("fp8_quantize_gpu: %s has no buffers (hint: fp8_operand_alloc)", what);
+    if (op->rows != rows || op->cols != cols)
+        FATAL("fp8_quantize_gpu: %s is (%d, %d), expected (%d, %d)", what, op->rows, op->cols, rows, cols);
+}
+
+void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                      unsigned long long *counts, cudaStream_t stream) {
+    if (!q && !qt) return;
+    if (rows <= 0 || cols <= 0) FATAL("fp8_quantize_gpu: empty shape (%d, %d)", rows, cols);
+    if (q) check_operand(q, rows, cols, "q");
+    if (qt) check_operand(qt, cols, rows, "qt");
+    if (q && qt && (q->grouping != qt->grouping || q->fmt != qt->fmt))
+        FATAL("fp8_quantize_gpu: q and qt differ in grouping (%d, %d) or format (%d, %d)", (int)q->grouping,
+              (int)qt->grouping, (int)q->fmt, (int)qt->fmt);
+    const Fp8Operand *any = q ? q : qt;
+    const Fp8Format fmt = any->fmt;
+    uint8_t *qc = q ? q->codes : NULL, *qtc = qt ? qt->codes : NULL;
+    float *qs = q ? q->scales : NULL, *qts = qt ? qt->scales : NULL;
+    const dim3 tiles(cdiv(cols, G), cdiv(rows, G));
+    switch (any->grouping) {
+    case FP8_GROUP_TENSOR: {
+        const long n = (long)rows * cols;
+        float *amax = any->scales + 1;
+        CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+        const long blocks = n / (THREADS * 8) + 1;
+        amax_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), THREADS, 0, stream>>>(x, n, (unsigned *)amax);
+        CUDA_CHECK_LAUNCH();
+        if (!qt) {
+            LAUNCH_FMT(fmt, cast_tensor_kernel, (unsigned)(blocks < 4096 ? blocks : 4096), qc, x, n, qs, counts);
+        } else {
+            LAUNCH_FMT(fmt, tile128_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, counts);
+        }
+        break;
+    }
+    case FP8_GROUP_128x128:
+        LAUNCH_FMT(fmt, tile128_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, (const float *)NULL, counts);
+        break;
+    case FP8_GROUP_1x128:
+        if (q) {
+            const long slices = (long)rows * cdiv(cols, G);
+            const unsigned blocks = (unsigned)((slices + THREADS / 32 - 1) / (THREADS / 32));  // a warp per slice
+            LAUNCH_FMT(fmt, vec128_kernel, blocks, x, rows, cols, qc, qs, counts);
+        }
+        if (qt) {
+            const dim3 grid(cdiv(cols, VT_COLS), cdiv(rows, G));
+            LAUNCH_FMT(fmt, vec128t_kernel, grid, x, rows, cols, qtc, qts, q ? NULL : counts);
+        }
+        break;
+    default: FATAL("fp8_quantize_gpu: unknown grouping %d", (int)any->grouping);
+    }
+}
+
+void fp8_scales_to_rowmajor(float *s, const float *dev, Fp8Grouping g, int rows, int cols) {
+    const int n_gc = cdiv(cols, G), n_gr = cdiv(rows, G);
+    switch (g) {
+    case FP8_GROUP_TENSOR: s[0] = 1.0f / dev[0]; return;
+    case FP8_GROUP_1x128:
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < n_gc; j++) s[(long)r * n_gc + j] = 1.0f / dev[(long)j * rows + r];
+        return;
+    case FP8_GROUP_128x128:
+        for (int i = 0; i < n_gr; i++)
+            for (int j = 0; j < n_gc; j++) s[(long)i * n_gc + j] = 1.0f / dev[(long)i * round4(n_gc) + j];
+        return;
+    }
+    FATAL("fp8_scales_to_rowmajor: unknown grouping %d", (int)g);
+}
+
+// ==================================== GEMMs ====================================================
+
+// Everything that selects a plan (the scale pointers are per call).
+typedef struct {
+    int m, n, k;
+    int a_fmt, b_fmt;  // Fp8Format of A (rhs) and B (lhs)
+    int a_grp, b_grp;  // Fp8Grouping
+    int out_fp32;
+    int align_c;  // bytes, power of two <= 256
+} Fp8GemmKey;
+
+typedef struct {
+    Fp8GemmKey key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} Fp8GemmPlan;
+
+#define MAX_PLANS 64  // evicted round-robin when full
+
+static cublasLtHandle_t handle;
+static void *workspace;  // LINEAR_FP8_WORKSPACE_BYTES on the device
+static Fp8GemmPlan plans[MAX_PLANS];
+static int n_plans, next_evict;
+
+void linear_fp8_gpu_init(void) {
+    if (handle) return;
+    CUBLASLT_CHECK(cublasLtCreate(&handle));
+    CUDA_CHECK(cudaMalloc(&workspace, LINEAR_FP8_WORKSPACE_BYTES));
+}
+
+static void plan_destroy(Fp8GemmPlan *p) {
+    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->a));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->b));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->c));
+    CUBLASLT_CHECK(cublasLtMatmulDescDestroy(p->op));
+}
+
+void linear_fp8_gpu_shutdown(void) {
+    if (!handle) return;
+    for (int i = 0; i < n_plans; i++) plan_destroy(&plans[i]);
+    n_plans = next_evict = 0;
+    CUDA_CHECK(cudaFree(workspace));
+    workspace = NULL;
+    CUBLASLT_CHECK(cublasLtDestroy(handle));
+    handle = NULL;
+}
+
+int linear_fp8_gpu_plan_count(void) { return n_plans; }
+
+static int pointer_alignment(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    int a = 1;
+    while (a < 256 && !(u & (uintptr_t)a)) a <<= 1;
+    return a;
+}
+static cudaDataType_t fp8_type(int fmt) { return fmt == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+static int32_t scale_mode(int grp) {
+    return grp == FP8_GROUP_TENSOR  ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+           : grp == FP8_GROUP_1x128 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                    : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+static void set_scale_pointers(cublasLtMatmulDesc_t op, const float *a_scales, const float *b_scales) {
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof a_scales));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof b_scales));
+}
+
+// Builds the plan for key; returns CUBLAS_STATUS_SUCCESS, or why cuBLASLt has no algorithm
+// (then *p holds nothing).
+static cublasStatus_t plan_build(Fp8GemmPlan *p, const Fp8GemmKey *k, const float *a_scales, const float *b_scales) {
+    memset(p, 0, sizeof *p);
+    p->key = *k;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;  // TN: the only FP8 layout
+    const int32_t mode_a = scale_mode(k->a_grp), mode_b = scale_mode(k->b_grp);
+    const int8_t fast_accum = 0;  // promoted accumulation (block scaling forces it anyway)
+    CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b));
+    set_scale_pointers(p->op, a_scales, b_scales);
+    // Stored column-major: A (k, m) ld k, B (k, n) ld k, C = D (m, n) ld m.
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p->a, fp8_type(k->a_fmt), (uint64_t)k->k, (uint64_t)k->m, k->k));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p->b, fp8_type(k->b_fmt), (uint64_t)k->k, (uint64_t)k->n, k->k));
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p->c, k->out_fp32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)k->m,
+                                              (uint64_t)k->n, k->m));
+    cublasLtMatmulPreference_t pref;
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = LINEAR_FP8_WORKSPACE_BYTES;
+    const uint32_t al_ab = 16, al_c = (uint32_t)k->align_c;  // codes: checked >= 16 by the caller
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_ab, sizeof al_ab));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_ab, sizeof al_ab));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (st == CUBLAS_STATUS_SUCCESS && found == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        plan_destroy(p);
+        memset(p, 0, sizeof *p);
+        return st;
+    }
+    p->algo = result.algo;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// The cached plan for key (built on first use), or NULL with *status saying why there is none.
+static Fp8GemmPlan *plan_get(const Fp8GemmKey *k, const float *a_scales, const float *b_scales, cublasStatus_t *status) {
+    *status = CUBLAS_STATUS_SUCCESS;
+    for (int i = 0; i < n_plans; i++)
+        if (memcmp(&plans[i].key, k, sizeof *k) == 0) return &plans[i];
+    Fp8GemmPlan fresh;
+    *status = plan_build(&fresh, k, a_scales, b_scales);
+    if (*status != CUBLAS_STATUS_SUCCESS) return NULL;
+    Fp8GemmPlan *p;
+    if (n_plans < MAX_PLANS) {
+        p = &plans[n_plans++];
+    } else {  // full: replace the oldest slot in turn
+        p = &plans[next_evict];
+        next_evict = (next_evict + 1) % MAX_PLANS;
+        plan_destroy(p);
+    }
+    *p = fresh;
+    return p;
+}
+
+// The key of out (n, m) = lhs (n, k) . rhs (m, k)^T; misuse is FATAL.
+static Fp8GemmKey gemm_key(const void *out, int out_fp32, const Fp8Operand *lhs, const Fp8Operand *rhs) {
+    if (!handle) FATAL("linear_fp8 GEMM used before linear_fp8_gpu_init() (hint: call it once at start)");
+    if (lhs->cols != rhs->cols)
+        FATAL("fp8_gemm_gpu: reductions differ: lhs (%d, %d), rhs (%d, %d)", lhs->rows, lhs->cols, rhs->rows, rhs->cols);
+    if (lhs->cols % 16 != 0)
+        FATAL("fp8_gemm_gpu: reduction %d is not a multiple of 16 (cuBLASLt's FP8 rule; hint: pad the tokens or "
+              "channels)", lhs->cols);
+    if (lhs->fmt == FP8_E5M2 && rhs->fmt == FP8_E5M2) FATAL("fp8_gemm_gpu: E5M2 x E5M2 is not supported by cuBLASLt");
+    if (lhs->grouping == FP8_GROUP_128x128 && rhs->grouping == FP8_GROUP_128x128)
+        FATAL("fp8_gemm_gpu: 128x128 x 128x128 block scaling is not supported by cuBLASLt (hint: 1x128 on one side)");
+    // cuBLASLt's VEC128 scale tensor is (ceil(C/128), R) with R fastest; the stride R was measured
+    // only with R a multiple of 4 (cuBLASLt may pad R to 4, as the 128x128 layout pads), so other R
+    // are refused rather than risk a silently wrong product.
+    if ((lhs->grouping == FP8_GROUP_1x128 && lhs->rows % 4) || (rhs->grouping == FP8_GROUP_1x128 && rhs->rows % 4))
+        FATAL("fp8_gemm_gpu: a 1x128-scaled operand has %d rows, not a multiple of 4 (the VEC128 scale layout is "
+              "only known for those)", lhs->grouping == FP8_GROUP_1x128 && lhs->rows % 4 ? lhs->rows : rhs->rows);
+    if (pointer_alignment(lhs->codes) < 16 || pointer_alignment(rhs->codes) < 16)
+        FATAL("fp8_gemm_gpu: FP8 codes must be 16-byte aligned (hint: fp8_operand_alloc)");
+    Fp8GemmKey k;
+    memset(&k, 0, sizeof k);  // padding too: keys are compared with memcmp
+    k.m = rhs->rows;
+    k.n = lhs->rows;
+    k.k = lhs->cols;
+    k.a_fmt = rhs->fmt;
+    k.b_fmt = lhs->fmt;
+    k.a_grp = rhs->grouping;
+    k.b_grp = lhs->grouping;
+    k.out_fp32 = out_fp32 ? 1 : 0;
+    k.align_c = pointer_alignment(out);
+    return k;
+}
+
+int fp8_gemm_gpu_supported(int out_fp32, const Fp8Operand *lhs, const Fp8Operand *rhs) {
+    const Fp8GemmKey k = gemm_key((const void *)(uintptr_t)256, out_fp32, lhs, rhs);  // any aligned output
+    cublasStatus_t st;
+    return plan_get(&k, rhs->scales, lhs->scales, &st) != NULL;
+}
+
+int fp8_gemm_gpu(void *out, int out_fp32, int accumulate, const Fp8Operand *lhs, const Fp8Operand *rhs,
+                 cudaStream_t stream) {
+    const Fp8GemmKey k = gemm_key(out, out_fp32, lhs, rhs);
+    cublasStatus_t st;
+    Fp8GemmPlan *p = plan_get(&k, rhs->scales, lhs->scales, &st);
+    if (!p) return (int)st;
+    set_scale_pointers(p->op, rhs->scales, lhs->scales);  // A = rhs, B = lhs
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    return (int)cublasLtMatmul(handle, p->op, &alpha, rhs->codes, p->a, lhs->codes, p->b, &beta, out, p->c, out, p->c,
+                               &p->algo, workspace, LINEAR_FP8_WORKSPACE_BYTES, stream);
+}
+
+static void gemm_or_die(const char *what, void *out, int out_fp32, int accumulate, const Fp8Operand *lhs,
+                        const Fp8Operand *rhs, cudaStream_t stream) {
+    const int st = fp8_gemm_gpu(out, out_fp32, accumulate, lhs, rhs, stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        FATAL("linear_fp8 %s GEMM (%d, %d) . (%d, %d)^T, groupings %d x %d, formats %d x %d failed: %s (%s)", what,
+              lhs->rows, lhs->cols, rhs->rows, rhs->cols, (int)lhs->grouping, (int)rhs->grouping, (int)lhs->fmt,
+              (int)rhs->fmt, cublasLtGetStatusName((cublasStatus_t)st), cublaslt_error_hint((cublasStatus_t)st));
+}
+
+void linear_fp8_forward_gpu(uint16_t *y, const Fp8Operand *x, const Fp8Operand *w, cudaStream_t stream) {
+    gemm_or_die("forward", y, 0, 0, x, w, stream);
+}
+void linear_fp8_dgrad_gpu(uint16_t *dx, const Fp8Operand *dy, const Fp8Operand *wt, cudaStream_t stream) {
+    gemm_or_die("dgrad", dx, 0, 0, dy, wt, stream);
+}
+void linear_fp8_wgrad_gpu(float *dw, const Fp8Operand *dyt, const Fp8Operand *xt, int accumulate, cudaStream_t stream) {
+    gemm_or_die("wgrad", dw, 1, accumulate, dyt, xt, stream);
+}
