@@ -6,7 +6,8 @@
 # Requirements: train_gpt built with MPI at the same path on every node (a shared file system,
 # which also holds the data and the run directory), passwordless ssh from this node to the
 # others, and the same OpenMPI everywhere. Rank 0 runs on the first host.
-# NOTE: the trainer does not call comm_init yet (docs/multi-gpu.md, "Status").
+# All ranks train one model (data parallel, NCCL all-reduce of the gradients); rank 0 alone
+# writes the run directory (log.dir must be on the shared file system for --resume).
 #
 # NCCL variables that matter across nodes (set them before calling; each is passed when set):
 #   NCCL_SOCKET_IFNAME  the interface NCCL bootstraps over and uses for TCP traffic, e.g. eth0 or

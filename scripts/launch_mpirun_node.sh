@@ -7,8 +7,11 @@
 # Needs train_gpt built with MPI (`make` does this when mpicc is on the PATH; `make MPI=0` does
 # not). Each rank learns its rank from MPI, its GPU from its rank on the node, and gets the NCCL
 # id through MPI_Bcast. Without MPI, use torchrun-style variables instead (docs/multi-gpu.md).
-# NOTE: the trainer does not call comm_init yet (docs/multi-gpu.md, "Status"); until it does,
-# this starts N independent single-GPU runs.
+# The N ranks train one model (data parallel: each reads its own share of the data, gradients
+# are all-reduced with NCCL); rank 0 alone prints and writes the run directory. The global batch
+# is train.batch_tokens = micro_batch x seq_len x accumulation x N. Options after CONFIG go to
+# every rank unchanged (they must be the same everywhere: ranks with different configs are
+# refused), e.g. --resume. --zero1 is CPU-only for now (an error on the GPU backend).
 #
 # Variables passed to every rank when set (see docs/multi-gpu.md):
 #   NCCL_NVLS_ENABLE          0 unless you set it: NVLink multicast stays off (required on shared

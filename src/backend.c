@@ -3,9 +3,11 @@
 // and their bit-exact resumes, are unchanged); the GPU branch calls model_gpu.h.
 #include "backend.h"
 
+#include <math.h>    // sqrt
 #include <string.h>  // memcpy, memset
 
-#include "optimizer.h"  // adamw_step, grad_global_norm
+#include "comm.h"       // collectives for data parallelism
+#include "optimizer.h"  // adamw_step, adamw_update_slice, grad_global_norm
 
 // --- device choice ---------------------------------------------------------------------------------
 
@@ -63,6 +65,7 @@ int backend_init(Backend *b, const Config *c, DeviceKind kind, int B, int T, uns
 }
 
 void backend_free(Backend *b) {
+    free(b->zero1_buf);
     if (b->kind == DEVICE_CPU) {
         adamw_free(&b->adam);
         cpu_model_free(&b->cpu);
@@ -132,6 +135,7 @@ void backend_get_state(Backend *b, float *params, float *adam_m, float *adam_v, 
         if (step) *step = b->gpu.step;
         return;
     }
+    if (b->zero1 && (adam_m || adam_v)) FATAL("backend_get_state: ZeRO-1 moments are sharded: use backend_dp_get_state");
     size_t bytes = b->cpu.table.total * sizeof(float);
     if (params) memcpy(params, b->cpu.params, bytes);
     if (adam_m) memcpy(adam_m, b->adam.m, bytes);
@@ -149,7 +153,14 @@ void backend_set_state(Backend *b, const float *params, const float *adam_m, con
     }
     size_t bytes = b->cpu.table.total * sizeof(float);
     if (params) memcpy(b->cpu.params, params, bytes);
-    if (adam_m) {
+    if (adam_m && b->zero1) {  // this rank's slice; the padding past total stays zero
+        size_t n = b->shard_end - b->shard_begin;
+        memset(b->adam.m, 0, b->shard_len * sizeof(float));
+        memset(b->adam.v, 0, b->shard_len * sizeof(float));
+        memcpy(b->adam.m, adam_m + b->shard_begin, n * sizeof(float));
+        memcpy(b->adam.v, adam_v + b->shard_begin, n * sizeof(float));
+        b->adam.step = step;
+    } else if (adam_m) {
         memcpy(b->adam.m, adam_m, bytes);
         memcpy(b->adam.v, adam_v, bytes);
         b->adam.step = step;
@@ -163,4 +174,97 @@ AttnDelayedState *backend_delayed_state(Backend *b, int *n) {
     }
     *n = 0;
     return NULL;
+}
+
+// --- data parallelism -------------------------------------------------------------------------------
+
+int backend_dp_init(Backend *b, struct Comm *comm, int zero1, ErrBuf *e) {
+    b->comm = comm;
+    if (b->kind == DEVICE_GPU) comm->stream = gpu_model_stream(&b->gpu);  // collectives follow the model's work
+    const size_t total = backend_table(b)->total, world = (size_t)comm->world;
+    b->shard_len = (total + world - 1) / world;
+    b->shard_begin = (size_t)comm->rank * b->shard_len;
+    if (b->shard_begin > total) b->shard_begin = total;
+    b->shard_end = b->shard_begin + b->shard_len < total ? b->shard_begin + b->shard_len : total;
+    if (!zero1 || world == 1) return 0;
+    if (b->kind == DEVICE_GPU)
+        return errf(e, "train.zero1: ZeRO-1 on the GPU backend is not implemented yet: set train.zero1=false "
+                       "(plain data parallelism keeps the full AdamW state on every GPU)");
+    b->zero1 = 1;
+    adamw_free(&b->adam);
+    adamw_init(&b->adam, b->shard_len);  // the moments of this rank's slice only
+    b->zero1_buf = xcalloc(world * b->shard_len, sizeof(float));
+    return 0;
+}
+
+// Sum of squares of x[begin, end), sequentially in double: the per-slice part of the norm, in the
+// same order whether the slices live on one rank (plain) or on their own ranks (ZeRO-1).
+static double sum_squares(const float *x, size_t begin, size_t end) {
+    double s = 0.0;
+    for (size_t i = begin; i < end; i++) s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+int backend_dp_sync_grads(Backend *b, double *norm, ErrBuf *e) {
+    Comm *c = b->comm;
+    const size_t total = backend_table(b)->total, S = b->shard_len;
+    if (b->kind == DEVICE_GPU) {  // plain data parallelism on the device gradients, on the model's stream
+        if (comm_allreduce_sum_f32(c, gpu_model_grads_device(&b->gpu), total, e)) return -1;
+        *norm = gpu_model_grad_norm(&b->gpu);
+        return 0;
+    }
+    if (!b->zero1) {
+        if (comm_allreduce_sum_f32(c, b->cpu.grads, total, e)) return -1;
+        double s = 0.0;  // the slices' sums in rank order, as ZeRO-1 adds them
+        for (int r = 0; r < c->world; r++) {
+            size_t lo = (size_t)r * S < total ? (size_t)r * S : total, hi = lo + S < total ? lo + S : total;
+            s += sum_squares(b->cpu.grads, lo, hi);
+        }
+        *norm = sqrt(s);
+        return 0;
+    }
+    float *buf = b->zero1_buf;  // (world * S): the gradients, zero-padded, summed into this rank's slice
+    memcpy(buf, b->cpu.grads, total * sizeof(float));
+    memset(buf + total, 0, ((size_t)c->world * S - total) * sizeof(float));
+    if (comm_reduce_scatter(c, buf, buf + (size_t)c->rank * S, S, COMM_F32, e)) return -1;
+    double s = sum_squares(buf, b->shard_begin, b->shard_end);
+    if (comm_allreduce_sum(c, &s, 1, COMM_F64, e)) return -1;
+    *norm = sqrt(s);
+    return 0;
+}
+
+int backend_dp_step(Backend *b, double lr, double clip, const TrainConfig *tc, ErrBuf *e) {
+    if (!b->zero1) {  // every rank holds the same summed gradients: the same full update everywhere
+        backend_step(b, lr, clip, tc);
+        return 0;
+    }
+    Comm *c = b->comm;
+    const size_t total = b->cpu.table.total, S = b->shard_len;
+    float *buf = b->zero1_buf;
+    adamw_update_slice(&b->cpu.table, tc, b->cpu.params, buf, b->adam.m, b->adam.v, b->shard_begin, b->shard_end,
+                       lr, clip, b->adam.step + 1);
+    b->adam.step++;
+    // All-gather the updated slices through the same buffer (the gradients are no longer needed).
+    memcpy(buf + b->shard_begin, b->cpu.params + b->shard_begin, (b->shard_end - b->shard_begin) * sizeof(float));
+    memset(buf + total, 0, ((size_t)c->world * S - total) * sizeof(float));
+    if (comm_allgather(c, buf + (size_t)c->rank * S, buf, S, COMM_F32, e)) return -1;
+    memcpy(b->cpu.params, buf, total * sizeof(float));
+    return 0;
+}
+
+int backend_dp_get_state(Backend *b, float *params, float *adam_m, float *adam_v, long long *step, ErrBuf *e) {
+    if (!b->zero1) {
+        backend_get_state(b, params, adam_m, adam_v, step);
+        return 0;
+    }
+    backend_get_state(b, params, NULL, NULL, step);
+    Comm *c = b->comm;
+    const size_t total = b->cpu.table.total, S = b->shard_len;
+    float *buf = b->zero1_buf, *moments[2] = {b->adam.m, b->adam.v}, *outs[2] = {adam_m, adam_v};
+    for (int k = 0; k < 2; k++) {  // every rank takes part; those without an output discard it
+        memcpy(buf + (size_t)c->rank * S, moments[k], S * sizeof(float));
+        if (comm_allgather(c, buf + (size_t)c->rank * S, buf, S, COMM_F32, e)) return -1;
+        if (outs[k]) memcpy(outs[k], buf, total * sizeof(float));
+    }
+    return 0;
 }

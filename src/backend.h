@@ -7,6 +7,15 @@
 //   for each micro-batch: loss += backend_forward_backward(b, inputs, targets);
 //   norm = backend_grad_norm(b);
 //   backend_step(b, lr, grad_clip_factor(tc, norm), tc);
+// Data parallelism (world > 1, after backend_dp_init): every rank runs the micro-batches of its
+// data, then backend_dp_sync_grads sums the gradients over the ranks (each backward is scaled by
+// 1 / (grad_accum x world), so the sum is the mean) and returns the global norm, and
+// backend_dp_step updates. ZeRO-1 (CPU only for now): the sum is a reduce-scatter, each rank
+// keeps AdamW moments for its contiguous slice [rank*S, min((rank+1)*S, total)) of the flat
+// parameters, S = ceil(total / world) (model.h's memory plan's P_shard), updates only that slice
+// and all-gathers the parameters. The collectives are comm.h's: NCCL on the GPU's device buffers,
+// the host transport on the CPU.
+//
 // Checkpoints see the state as host FP32 arrays (backend_get_state / backend_set_state), so the
 // checkpoint format does not depend on the backend: a run saved on one resumes on the other.
 //
@@ -29,6 +38,8 @@
 #include "model_gpu.h"      // GpuModel
 #include "optimizer.h"      // AdamW
 
+struct Comm;  // comm.h
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -36,10 +47,17 @@ extern "C" {
 typedef struct {
     DeviceKind kind;    // DEVICE_CPU or DEVICE_GPU (never DEVICE_AUTO)
     int B, T;           // micro-batch shape
-    int grad_accum;     // micro-batches per step: each backward is scaled by 1 / grad_accum
+    int grad_accum;     // micro-batches per step over all ranks: each backward is scaled by
+                        // 1 / grad_accum (the trainer passes its accumulation x world size)
     CpuModel cpu;       // CPU: the model (parameters, gradients, activations)
-    AdamW adam;         // CPU: AdamW moments and step
+    AdamW adam;         // CPU: AdamW moments and step (ZeRO-1: n = shard_len, the slice only)
     GpuModel gpu;       // GPU: everything on the device
+    // Data parallelism (backend_dp_init); comm NULL: one process.
+    struct Comm *comm;
+    int zero1;                     // AdamW state sharded (CPU)
+    size_t shard_begin, shard_end; // ZeRO-1: this rank's slice of the flat parameters
+    size_t shard_len;              // S = ceil(total / world): every rank's slice length, padded
+    float *zero1_buf;              // ZeRO-1: (world * S) gradients, then parameters, for the collectives
 } Backend;
 
 // Which device a run uses. want: the config's train.device (or --device). AUTO takes the GPU
@@ -75,10 +93,24 @@ float backend_eval_loss(Backend *b, const int32_t *inputs, const int32_t *target
 // Logits (Vp floats, host) of the last of t <= T tokens, for sampling.
 void backend_next_logits(Backend *b, const int32_t *tokens, int t, float *logits);
 
+// Data parallelism over comm (world > 1): zero1 shards the AdamW state (CPU only; on the GPU it
+// is refused with -1 and a message). Call after backend_init and before any step.
+int backend_dp_init(Backend *b, struct Comm *comm, int zero1, ErrBuf *e);
+// Sums the gradients over the ranks (the backward scale makes it the mean) and returns their
+// global L2 norm in *norm (the same value on every rank). 0, or -1 with e (a peer failed).
+int backend_dp_sync_grads(Backend *b, double *norm, ErrBuf *e);
+// The AdamW step after backend_dp_sync_grads (ZeRO-1: the slice, then an all-gather). 0 or -1.
+int backend_dp_step(Backend *b, double lr, double clip, const TrainConfig *tc, ErrBuf *e);
+// backend_get_state for every rank together (a collective under ZeRO-1: the moments are
+// gathered, so a checkpoint holds the full state whatever the world size). 0 or -1.
+int backend_dp_get_state(Backend *b, float *params, float *adam_m, float *adam_v, long long *step, ErrBuf *e);
+
 // Host FP32 copies for checkpoints: params, adam_m, adam_v have backend_table(b)->total
 // elements; any of them (and step) may be NULL to skip it.
 void backend_get_state(Backend *b, float *params, float *adam_m, float *adam_v, long long *step);
-// Restores them; adam_m and adam_v NULL: the optimizer state is left as it is (sampling).
+// Under ZeRO-1 use backend_dp_get_state (this one refuses the moments).
+// Restores them; adam_m and adam_v NULL: the optimizer state is left as it is (sampling). Under
+// ZeRO-1 each rank keeps its slice of the full adam_m, adam_v.
 void backend_set_state(Backend *b, const float *params, const float *adam_m, const float *adam_v,
                        long long step);
 

@@ -1,22 +1,16 @@
-// comm.c: the process group: launcher detection from the environment, the exchange of the NCCL
-// unique id (MPI or a TCP rendezvous at rank 0), the NCCL communicator in non-blocking mode and
-// collectives that wait under a deadline instead of hanging when a peer dies. See comm.h.
+// comm.c: the process group: launcher detection from the environment, the NCCL communicator in
+// non-blocking mode and collectives that wait under a deadline instead of hanging when a peer
+// dies; the collectives go to the host transport (comm_tcp.c) when the CPU backend uses it.
+// The TCP rendezvous that hands out the NCCL id lives in comm_tcp.c. See comm.h.
 #include "comm.h"
 
-#include <arpa/inet.h>     // htonl, ntohl, inet_ntop
-#include <errno.h>         // errno codes of sockets and strtol
-#include <fcntl.h>         // O_NONBLOCK for sockets
-#include <netdb.h>         // getaddrinfo
-#include <netinet/in.h>    // sockaddr_in(6), IN6_IS_ADDR_LOOPBACK
-#include <poll.h>          // poll: every socket wait has a deadline
-#include <string.h>        // memcpy, strerror
-#include <sys/resource.h>  // RLIMIT_NOFILE: rank 0 holds world - 1 sockets
-#include <sys/socket.h>    // socket, bind, listen, accept, connect
-#include <time.h>          // nanosleep between retries
-#include <unistd.h>        // close
+#include <errno.h>   // errno of strtol
+#include <string.h>  // memset, strcmp
 
 #include <cuda_runtime.h>  // cudaSetDevice, cudaStreamQuery, scratch memory
 #include <nccl.h>          // ncclComm_t, non-blocking communicator, collectives
+
+#include "comm_tcp.h"  // the rendezvous and the host transport
 #ifdef USE_MPI
 #include <mpi.h>  // MPI_Init, shared-memory split, MPI_Ibcast of the NCCL id
 #endif
@@ -27,6 +21,7 @@ void comm_options_default(CommOptions *o) {
     o->timeout_s = DEFAULT_TIMEOUT_S;
     o->init_nccl = 1;
     o->job_token = NULL;
+    o->host_transport = 0;
 }
 
 const char *comm_launcher_name(CommLauncher l) {
@@ -43,11 +38,6 @@ uint64_t comm_hash_str(uint64_t h, const char *s) {
     return (h ^ 0xff) * 1099511628211ull;  // separator, so ("ab","c") differs from ("a","bc")
 }
 
-static void sleep_s(double s) {
-    if (s <= 0) return;
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Environment. env_int: 0 absent, 1 read into *out, -1 bad (e names the variable).
@@ -240,282 +230,6 @@ int comm_detect(Comm *c, const CommOptions *o, ErrBuf *e) {
     return 0;
 }
 
-// ---------------------------------------------------------------------------------------------
-// The TCP exchange. Messages are 32 bytes, big-endian:
-//   hello (rank r -> rank 0): magic, version, rank, world (u32), job token, payload bytes (u64)
-//   reply (rank 0 -> rank r): magic, status, world, ranks arrived (u32), job token, bytes (u64)
-// followed, when status is TCP_OK, by the payload.
-#define TCP_MAGIC 0x54475043u  // "TGPC"
-#define TCP_VERSION 1u
-enum { TCP_OK = 0, TCP_WRONG_JOB, TCP_WRONG_WORLD, TCP_WRONG_SIZE, TCP_BAD_RANK, TCP_GAVE_UP };
-
-typedef struct { uint32_t magic, word1, world, rank_or_arrived; uint64_t token, nbytes; } TcpMsg;
-
-static void msg_pack(const TcpMsg *m, unsigned char out[32]) {
-    uint32_t w[4] = {htonl(m->magic), htonl(m->word1), htonl(m->world), htonl(m->rank_or_arrived)};
-    memcpy(out, w, 16);
-    for (int i = 0; i < 8; i++) out[16 + i] = (unsigned char)(m->token >> (56 - 8 * i));
-    for (int i = 0; i < 8; i++) out[24 + i] = (unsigned char)(m->nbytes >> (56 - 8 * i));
-}
-
-static void msg_unpack(const unsigned char in[32], TcpMsg *m) {
-    uint32_t w[4];
-    memcpy(w, in, 16);
-    m->magic = ntohl(w[0]), m->word1 = ntohl(w[1]), m->world = ntohl(w[2]), m->rank_or_arrived = ntohl(w[3]);
-    m->token = m->nbytes = 0;
-    for (int i = 0; i < 8; i++) m->token = (m->token << 8) | in[16 + i];
-    for (int i = 0; i < 8; i++) m->nbytes = (m->nbytes << 8) | in[24 + i];
-}
-
-// Sends or receives all n bytes on a non-blocking socket before the deadline.
-// 0 done, -1 error or peer closed (errno; 0 for a clean close), -2 deadline passed.
-static int io_full(int fd, void *buf, size_t n, int sending, double deadline) {
-    unsigned char *p = buf;
-    while (n > 0) {
-        ssize_t k = sending ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-        if (k > 0) { p += k, n -= (size_t)k; continue; }
-        if (k == 0) { errno = 0; return -1; }
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return -1;
-        double left = deadline - now_seconds();
-        if (left <= 0) return -2;
-        struct pollfd pfd = {fd, (short)(sending ? POLLOUT : POLLIN), 0};
-        poll(&pfd, 1, (int)(left * 1000) + 1);
-    }
-    return 0;
-}
-
-static int set_nonblocking(int fd) {
-    int fl = fcntl(fd, F_GETFL, 0);
-    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
-static int send_reply(int fd, uint32_t status, int world, int arrived, uint64_t token, const void *buf,
-                      size_t n, double deadline) {
-    TcpMsg m = {TCP_MAGIC, status, (uint32_t)world, (uint32_t)arrived, token, n};
-    unsigned char raw[32];
-    msg_pack(&m, raw);
-    if (io_full(fd, raw, 32, 1, deadline)) return -1;
-    return status == TCP_OK ? io_full(fd, (void *)buf, n, 1, deadline) : 0;
-}
-
-// Rank 0's listening socket on port: on the loopback address itself when addr is a loopback
-// address (tests stay off the network), else on every interface of addr's family.
-static int tcp_listen(const char *addr, int port, int world, ErrBuf *e) {
-    struct addrinfo hints = {0}, *ai = NULL;
-    hints.ai_socktype = SOCK_STREAM;
-    int family = AF_INET, loopback = 0;
-    struct sockaddr_storage sa = {0};
-    if (getaddrinfo(addr, NULL, &hints, &ai) == 0 && ai) {
-        family = ai->ai_family;
-        if (family == AF_INET)
-            loopback = (ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-        else if (family == AF_INET6)
-            loopback = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr);
-        if (loopback) memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
-    }
-    if (ai) freeaddrinfo(ai);
-    sa.ss_family = (sa_family_t)family;
-    socklen_t len;
-    if (family == AF_INET6) {
-        ((struct sockaddr_in6 *)&sa)->sin6_port = htons((uint16_t)port);
-        if (!loopback) ((struct sockaddr_in6 *)&sa)->sin6_addr = in6addr_any;
-        len = sizeof(struct sockaddr_in6);
-    } else {
-        ((struct sockaddr_in *)&sa)->sin_port = htons((uint16_t)port);
-        if (!loopback) ((struct sockaddr_in *)&sa)->sin_addr.s_addr = htonl(INADDR_ANY);
-        len = sizeof(struct sockaddr_in);
-    }
-    int fd = socket(family, SOCK_STREAM, 0), one = 1;
-    if (fd < 0) return errf(e, "rank 0: cannot create a socket: %s", strerror(errno));
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&sa, len) || listen(fd, world < 4096 ? world : 4096) || set_nonblocking(fd)) {
-        int err = errno;
-        close(fd);
-        return errf(e, "rank 0 cannot listen on port %d (MASTER_PORT) for %s: %s%s", port, addr, strerror(err),
-                    err == EADDRINUSE ? " (another program or job on this node uses the port: choose another MASTER_PORT)" : "");
-    }
-    return fd;
-}
-
-// Rank 0: waits for world - 1 ranks, then sends them buf.
-static int tcp_serve(const void *buf, size_t n, int world, const char *addr, int port, uint64_t token,
-                     double timeout_s, ErrBuf *e) {
-    double deadline = now_seconds() + timeout_s;
-    struct rlimit rl;  // rank 0 holds one socket per rank until everyone has arrived
-    if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < (rlim_t)world + 64) {
-        rl.rlim_cur = rl.rlim_max < (rlim_t)world + 64 ? rl.rlim_max : (rlim_t)world + 64;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-    int lfd = tcp_listen(addr, port, world, e);
-    if (lfd < 0) return -1;
-    int *peer = xmalloc(sizeof(int) * (size_t)world);
-    for (int r = 0; r < world; r++) peer[r] = -1;
-    int arrived = 1, turned_away = 0;
-    char why[400] = "";
-    while (arrived < world) {
-        double left = deadline - now_seconds();
-        if (left <= 0) break;
-        struct pollfd pfd = {lfd, POLLIN, 0};
-        if (poll(&pfd, 1, (int)(left * 1000) + 1) <= 0) continue;
-        struct sockaddr_storage from;
-        socklen_t flen = sizeof from;
-        int fd = accept(lfd, (struct sockaddr *)&from, &flen);
-        if (fd < 0) continue;
-        char host[INET6_ADDRSTRLEN] = "?";
-        if (from.ss_family == AF_INET) inet_ntop(AF_INET, &((struct sockaddr_in *)&from)->sin_addr, host, sizeof host);
-        if (from.ss_family == AF_INET6) inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&from)->sin6_addr, host, sizeof host);
-        set_nonblocking(fd);
-        unsigned char raw[32];
-        TcpMsg m;
-        double hello_deadline = now_seconds() + 5 < deadline ? now_seconds() + 5 : deadline;
-        int status = -1;
-        if (io_full(fd, raw, 32, 0, hello_deadline) == 0) {
-            msg_unpack(raw, &m);
-            if (m.magic != TCP_MAGIC || m.word1 != TCP_VERSION) status = -1;
-            else if (m.token != token) status = TCP_WRONG_JOB;
-            else if (m.world != (uint32_t)world) status = TCP_WRONG_WORLD;
-            else if (m.nbytes != n) status = TCP_WRONG_SIZE;
-            else if (m.rank_or_arrived == 0 || m.rank_or_arrived >= (uint32_t)world || peer[m.rank_or_arrived] >= 0) status = TCP_BAD_RANK;
-            else status = TCP_OK;
-        }
-        if (status == TCP_OK) {
-            peer[m.rank_or_arrived] = fd;
-            arrived++;
-            continue;
-        }
-        turned_away++;
-        if (status < 0) {
-            snprintf(why, sizeof why, "a connection from %s sent no train_gpt hello (another program uses the port?)", host);
-        } else {
-            snprintf(why, sizeof why, "rank %u from %s was turned away: %s", m.rank_or_arrived, host,
-                     status == TCP_WRONG_JOB ? "it belongs to another job (job token differs)"
-                     : status == TCP_WRONG_WORLD ? "its world size differs"
-                     : status == TCP_WRONG_SIZE ? "it expects another payload size (another train_gpt version?)"
-                                                : "its rank is out of range or already taken");
-            send_reply(fd, (uint32_t)status, world, arrived, token, NULL, 0, hello_deadline);
-        }
-        fprintf(stderr, "train_gpt: warning: rank 0 (port %d): %s\n", port, why);
-        close(fd);
-    }
-    int rc = 0;
-    if (arrived < world) {
-        char missing[200] = "";
-        size_t len = 0;
-        for (int r = 1, shown = 0; r < world && len + 16 < sizeof missing; r++)
-            if (peer[r] < 0) len += (size_t)snprintf(missing + len, sizeof missing - len, shown++ ? ", %d" : "%d", r);
-        rc = errf(e, "rank 0: only %d of %d ranks arrived at port %d (MASTER_PORT) within %g s (missing ranks: %s%s)%s%s; "
-                     "a rank died, was not started, or uses another MASTER_ADDR/MASTER_PORT",
-                  arrived, world, port, timeout_s, missing, len + 16 >= sizeof missing ? ", ..." : "",
-                  turned_away ? "; last one turned away: " : "", turned_away ? why : "");
-        for (int r = 1; r < world; r++)  // tell those who came why there is nothing to receive
-            if (peer[r] >= 0) send_reply(peer[r], TCP_GAVE_UP, world, arrived, token, NULL, 0, now_seconds() + 1);
-    } else {
-        for (int r = 1; r < world && !rc; r++)
-            if (send_reply(peer[r], TCP_OK, world, arrived, token, buf, n, now_seconds() + timeout_s))
-                rc = errf(e, "rank 0: sending the id to rank %d failed: %s (did it die?)", r, errno ? strerror(errno) : "connection closed");
-    }
-    for (int r = 1; r < world; r++)
-        if (peer[r] >= 0) close(peer[r]);
-    free(peer);
-    close(lfd);
-    return rc;
-}
-
-// Other ranks: connect to rank 0 (retrying while it is not listening yet), say hello, receive.
-static int tcp_fetch(void *buf, size_t n, int rank, int world, const char *addr, int port, uint64_t token,
-                     double timeout_s, ErrBuf *e) {
-    double deadline = now_seconds() + timeout_s;
-    char port_s[16];
-    snprintf(port_s, sizeof port_s, "%d", port);
-    int fd = -1, last_err = 0;
-    const char *last_what = "no attempt";
-    while (fd < 0 && now_seconds() < deadline) {
-        struct addrinfo hints = {0}, *ai = NULL;
-        hints.ai_socktype = SOCK_STREAM;
-        int g = getaddrinfo(addr, port_s, &hints, &ai);
-        if (g && g != EAI_AGAIN)
-            return errf(e, "rank %d cannot resolve MASTER_ADDR '%s': %s", rank, addr, gai_strerror(g));
-        for (struct addrinfo *a = g ? NULL : ai; a && fd < 0; a = a->ai_next) {
-            int s = socket(a->ai_family, SOCK_STREAM, 0);
-            if (s < 0 || set_nonblocking(s)) { last_err = errno, last_what = "socket"; if (s >= 0) close(s); continue; }
-            int err = connect(s, a->ai_addr, a->ai_addrlen) ? errno : 0;
-            if (err == EINPROGRESS) {  // wait for the handshake, at most 2 s per attempt
-                double left = deadline - now_seconds();
-                struct pollfd pfd = {s, POLLOUT, 0};
-                err = ETIMEDOUT;
-                if (poll(&pfd, 1, (int)((left < 2 ? left : 2) * 1000) + 1) > 0) {
-                    socklen_t el = sizeof err;
-                    getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el);
-                }
-            }
-            if (err) { last_err = err, last_what = "connect"; close(s); continue; }
-            fd = s;
-        }
-        if (ai) freeaddrinfo(ai);
-        if (fd < 0) {
-            if (g) last_err = EAGAIN, last_what = "resolving MASTER_ADDR";
-            double left = deadline - now_seconds();
-            sleep_s(left < 0.1 ? left : 0.1);
-        }
-    }
-    if (fd < 0)
-        return errf(e, "rank %d could not reach rank 0 at %s:%d (MASTER_ADDR:MASTER_PORT) within %g s: %s: %s "
-                       "(is rank 0 running, on that host, with the same MASTER_PORT?)",
-                    rank, addr, port, timeout_s, last_what, strerror(last_err));
-
-    TcpMsg m = {TCP_MAGIC, TCP_VERSION, (uint32_t)world, (uint32_t)rank, token, n};
-    unsigned char raw[32];
-    msg_pack(&m, raw);
-    // Rank 0 answers at its own deadline at the latest; a grace second lets its reason arrive.
-    double reply_deadline = deadline + 1;
-    int rc = io_full(fd, raw, 32, 1, reply_deadline);
-    if (!rc) rc = io_full(fd, raw, 32, 0, reply_deadline);
-    if (rc) {
-        int err = errno;
-        close(fd);
-        if (rc == -2)
-            return errf(e, "rank %d connected to rank 0 at %s:%d but got no answer within %g s: rank 0 is still "
-                           "waiting for other ranks (one may have died or not started)", rank, addr, port, timeout_s);
-        return errf(e, "rank %d: rank 0 at %s:%d closed the connection (%s): did rank 0 die?", rank, addr, port,
-                    err ? strerror(err) : "end of stream");
-    }
-    msg_unpack(raw, &m);
-    if (m.magic != TCP_MAGIC) {
-        close(fd);
-        return errf(e, "rank %d: the program listening at %s:%d is not train_gpt's rank 0: choose another MASTER_PORT",
-                    rank, addr, port);
-    }
-    if (m.word1 != TCP_OK) {
-        close(fd);
-        switch (m.word1) {
-        case TCP_WRONG_JOB:
-            return errf(e, "rank %d: rank 0 at %s:%d belongs to another job (job token differs): two jobs use the "
-                           "same MASTER_ADDR:MASTER_PORT, or the ranks were started with different configs", rank, addr, port);
-        case TCP_WRONG_WORLD:
-            return errf(e, "rank %d: rank 0 at %s:%d has world size %u, this rank has %d: the ranks disagree about "
-                           "WORLD_SIZE", rank, addr, port, m.world, world);
-        case TCP_GAVE_UP:
-            return errf(e, "rank %d: rank 0 at %s:%d gave up: only %u of %d ranks arrived within its timeout",
-                        rank, addr, port, m.rank_or_arrived, world);
-        default:
-            return errf(e, "rank %d: rank 0 at %s:%d turned this rank away (status %u: rank taken twice, or another "
-                           "train_gpt version)", rank, addr, port, m.word1);
-        }
-    }
-    rc = m.nbytes == n ? io_full(fd, buf, n, 0, reply_deadline) : -1;
-    close(fd);
-    if (rc) return errf(e, "rank %d: receiving the id from rank 0 at %s:%d failed (%s)", rank, addr, port,
-                        rc == -2 ? "timed out" : "connection closed");
-    return 0;
-}
-
-int comm_tcp_broadcast(void *buf, size_t n, int rank, int world, const char *addr, int port,
-                       uint64_t job_token, double timeout_s, ErrBuf *e) {
-    if (world <= 1) return 0;
-    if (rank < 0 || rank >= world) return errf(e, "comm_tcp_broadcast: rank %d out of range for world %d", rank, world);
-    if (rank == 0) return tcp_serve(buf, n, world, addr, port, job_token, timeout_s, e);
-    return tcp_fetch(buf, n, rank, world, addr, port, job_token, timeout_s, e);
-}
 
 // ---------------------------------------------------------------------------------------------
 // MPI: ranks from MPI itself; the id by MPI_Ibcast, polled under the deadline.
@@ -529,7 +243,7 @@ static int mpi_wait(MPI_Request *req, double timeout_s, const char *what, int ra
         if (done) return 0;
         if (now_seconds() > deadline)
             return errf(e, "rank %d: MPI %s did not finish within %g s: a rank died or stopped responding", rank, what, timeout_s);
-        sleep_s(1e-3);
+        comm_sleep_s(1e-3);
     }
 }
 
@@ -598,14 +312,20 @@ static int comm_wait(Comm *c, int stream_too, const char *what, ErrBuf *e) {
             return comm_fail(c, e, what, "did not finish within %s s: another rank died, hangs, or is far behind "
                                          "(raise TRAIN_GPT_COMM_TIMEOUT_S if it is only slow)", t);
         }
-        if (polls > 100) sleep_s(50e-6);  // spin briefly for short collectives, then poll gently
+        if (polls > 100) comm_sleep_s(50e-6);  // spin briefly for short collectives, then poll gently
     }
 }
 
 static ncclDataType_t nccl_type(CommDtype t) {
-    return t == COMM_BF16 ? ncclBfloat16 : t == COMM_I32 ? ncclInt32 : ncclFloat32;
+    switch (t) {
+    case COMM_BF16: return ncclBfloat16;
+    case COMM_I32: return ncclInt32;
+    case COMM_F64: return ncclFloat64;
+    case COMM_U8: return ncclUint8;
+    default: return ncclFloat32;
+    }
 }
-static size_t dtype_size(CommDtype t) { return t == COMM_BF16 ? 2 : 4; }
+static size_t dtype_size(CommDtype t) { return t == COMM_BF16 ? 2 : t == COMM_F64 ? 8 : t == COMM_U8 ? 1 : 4; }
 
 // The result of a collective's enqueue: success or in progress go on to the wait.
 static int enqueued(Comm *c, ncclResult_t r, const char *what, ErrBuf *e) {
@@ -668,11 +388,18 @@ int comm_init(Comm *c, const CommOptions *o, ErrBuf *e) {
 #ifdef USE_MPI
     if (c->launcher == COMM_MPI && mpi_setup(c, e)) return -1;
 #endif
+    if (c->world > 1 && o->host_transport) {
+        if (c->launcher == COMM_MPI)
+            return errf(e, "rank %d: the CPU backend's data parallelism talks over TCP and needs RANK, WORLD_SIZE, "
+                           "MASTER_ADDR and MASTER_PORT (or srun), not mpirun", c->rank);
+        return comm_host_connect(c, e);
+    }
     if (c->world == 1 || !o->init_nccl) return 0;
     return nccl_setup(c, e);
 }
 
 void comm_destroy(Comm *c) {
+    comm_host_close(c);
     if (c->nccl && !c->failed) {
         ErrBuf ignored;
         ncclResult_t r = ncclCommFinalize((ncclComm_t)c->nccl);  // flushes, then waits for peers
@@ -694,6 +421,7 @@ void comm_destroy(Comm *c) {
 }
 
 void comm_abort(Comm *c, int code) {
+    comm_host_close(c);
     if (c->nccl) ncclCommAbort((ncclComm_t)c->nccl);
     c->nccl = NULL;
 #ifdef USE_MPI
@@ -707,13 +435,47 @@ void comm_abort(Comm *c, int code) {
 // ---------------------------------------------------------------------------------------------
 // Collectives.
 
+// NCCL works on device memory: a host buffer (a loss, a norm, a resumed state) goes through a
+// temporary device copy. 1 if p is ordinary or pinned host memory.
+static int is_host_memory(const void *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();  // clear the error: an unknown pointer is host memory
+        return 1;
+    }
+    return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+}
+
+// to_device: a new device buffer *dev with a copy of host buf (bytes); else copies *dev back
+// into buf and frees it.
+static int stage(Comm *c, void *buf, size_t bytes, void **dev, int to_device, ErrBuf *e) {
+    cudaStream_t s = (cudaStream_t)c->stream;
+    if (to_device) {
+        if (cudaMalloc(dev, bytes) != cudaSuccess ||
+            cudaMemcpyAsync(*dev, buf, bytes, cudaMemcpyHostToDevice, s) != cudaSuccess)
+            return errf(e, "rank %d: staging %zu bytes of host memory for NCCL failed", c->rank, bytes);
+        return 0;
+    }
+    int ok = cudaMemcpyAsync(buf, *dev, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+             cudaStreamSynchronize(s) == cudaSuccess;
+    cudaFree(*dev);
+    return ok ? 0 : errf(e, "rank %d: copying %zu bytes back from the device failed", c->rank, bytes);
+}
+
 int comm_allreduce_sum(Comm *c, void *buf, size_t count, CommDtype t, ErrBuf *e) {
     if (c->world == 1) return 0;
+    if (c->host_fds || c->failed) return comm_host_allreduce(c, buf, count, t, e);
     if (usable(c, "all-reduce", e)) return -1;
     char what[96];
     snprintf(what, sizeof what, "all-reduce of %zu values", count);
-    return enqueued(c, ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, (ncclComm_t)c->nccl,
-                                     (cudaStream_t)c->stream), what, e);
+    void *dev = buf;
+    int host = is_host_memory(buf);
+    if (host && stage(c, buf, count * dtype_size(t), &dev, 1, e)) return -1;
+    int rc = enqueued(c, ncclAllReduce(dev, dev, count, nccl_type(t), ncclSum, (ncclComm_t)c->nccl,
+                                       (cudaStream_t)c->stream), what, e);
+    if (host && !rc) return stage(c, buf, count * dtype_size(t), &dev, 0, e);
+    if (host) cudaFree(dev);
+    return rc;
 }
 
 // world 1: recv = send (a device copy when they differ).
@@ -725,6 +487,7 @@ static int copy_single(Comm *c, const void *send, void *recv, size_t count, Comm
 
 int comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t recv_count, CommDtype t, ErrBuf *e) {
     if (c->world == 1) return copy_single(c, send, recv, recv_count, t, e);
+    if (c->host_fds || c->failed) return comm_host_reduce_scatter(c, send, recv, recv_count, t, e);
     if (usable(c, "reduce-scatter", e)) return -1;
     char what[96];
     snprintf(what, sizeof what, "reduce-scatter of %zu values per rank", recv_count);
@@ -734,6 +497,7 @@ int comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t recv_count
 
 int comm_allgather(Comm *c, const void *send, void *recv, size_t send_count, CommDtype t, ErrBuf *e) {
     if (c->world == 1) return copy_single(c, send, recv, send_count, t, e);
+    if (c->host_fds || c->failed) return comm_host_allgather(c, send, recv, send_count, t, e);
     if (usable(c, "all-gather", e)) return -1;
     char what[96];
     snprintf(what, sizeof what, "all-gather of %zu values per rank", send_count);
@@ -744,6 +508,7 @@ int comm_allgather(Comm *c, const void *send, void *recv, size_t send_count, Com
 // Max over ranks of one int, through the scratch buffers; the copies run only on an idle stream
 // so no CUDA call can block past the deadline.
 static int allreduce_max_int(Comm *c, int v, int *out, const char *what, ErrBuf *e) {
+    if (c->host_fds || c->failed) return comm_host_max_int(c, v, out, what, e);
     if (usable(c, what, e)) return -1;
     cudaStream_t s = (cudaStream_t)c->stream;
     *(int32_t *)c->host_scratch = v;
@@ -766,4 +531,26 @@ int comm_barrier(Comm *c, ErrBuf *e) {
 int comm_any(Comm *c, int local_flag, int *any_out, ErrBuf *e) {
     *any_out = local_flag != 0;
     return c->world == 1 ? 0 : allreduce_max_int(c, local_flag != 0, any_out, "agreement on stopping", e);
+}
+
+int comm_broadcast(Comm *c, void *buf, size_t bytes, ErrBuf *e) {
+    if (c->world == 1 || bytes == 0) return 0;
+    if (c->host_fds || c->failed) return comm_host_broadcast(c, buf, bytes, e);
+    if (usable(c, "broadcast", e)) return -1;
+    char what[96];
+    snprintf(what, sizeof what, "broadcast of %zu bytes", bytes);
+    void *dev = buf;
+    int host = is_host_memory(buf);
+    if (host && stage(c, buf, bytes, &dev, 1, e)) return -1;
+    int rc = enqueued(c, ncclBroadcast(dev, dev, bytes, ncclUint8, 0, (ncclComm_t)c->nccl, (cudaStream_t)c->stream),
+                      what, e);
+    if (host && !rc) return stage(c, buf, bytes, &dev, 0, e);
+    if (host) cudaFree(dev);
+    return rc;
+}
+
+void comm_select_device(Comm *c) {
+    int ndev = 0;
+    if (c->world > 1 && cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0 && cudaSetDevice(c->local_rank % ndev) == cudaSuccess)
+        c->device = c->local_rank % ndev;
 }

@@ -36,7 +36,7 @@ extern "C" {
 
 typedef enum { COMM_SINGLE = 0, COMM_MPI, COMM_SLURM, COMM_ENV } CommLauncher;
 
-typedef enum { COMM_F32 = 0, COMM_BF16, COMM_I32 } CommDtype;
+typedef enum { COMM_F32 = 0, COMM_BF16, COMM_I32, COMM_F64, COMM_U8 } CommDtype;
 
 typedef struct {
     double timeout_s;       // every wait's deadline in seconds; <= 0: 60
@@ -45,6 +45,9 @@ typedef struct {
     const char *job_token;  // optional text every rank of one job shares (e.g. a digest of the
                             // resolved config); mixed into the TCP exchange's job token so a
                             // rank of another job, or with another config, is turned away
+    int host_transport;     // 1 (with init_nccl 0): keep the TCP connections of the rendezvous and
+                            // run the collectives on HOST memory over them (comm_tcp.h): data
+                            // parallelism of the CPU backend. Needs the ENV or SLURM launcher.
 } CommOptions;
 
 typedef struct Comm {
@@ -65,6 +68,11 @@ typedef struct Comm {
     void *scratch;                // device int32[2] for barrier and comm_any
     void *host_scratch;           // pinned host int32[2], the same
     int failed;                   // a collective timed out or failed: the communicator is gone
+    int *host_fds;                // host transport (comm_tcp.h): rank 0: socket of rank r at [r];
+                                  // other ranks: [0] to rank 0; NULL when not in use
+    uint64_t host_seq;            // host transport: collectives so far (checked in every message)
+    void *host_scratch_buf;       // host transport: rank 0's receive buffer
+    size_t host_scratch_bytes;
 } Comm;
 
 void comm_options_default(CommOptions *o);
@@ -91,8 +99,10 @@ void comm_destroy(Comm *c);
 // the other ranks at once; otherwise exits with code.
 void comm_abort(Comm *c, int code) __attribute__((noreturn));
 
-// Collectives on device memory, summing; they return 0, or -1 with e naming the operation and
-// the cause, after which the communicator is unusable (c->failed). With world == 1 they make no
+// Collectives, summing: on device memory (NCCL; all-reduce and broadcast also take host buffers,
+// staged through the device), or on host memory with the host transport (comm_tcp.h). They
+// return 0, or -1 with e naming the operation and the cause, after which the communicator is
+// unusable (c->failed). With world == 1 they make no
 // NCCL call: all-reduce is a no-op; reduce-scatter/all-gather copy send to recv if they differ.
 // buf: (count,) in place on every rank.
 int comm_allreduce_sum(Comm *c, void *buf, size_t count, CommDtype t, ErrBuf *e);
@@ -107,6 +117,8 @@ int comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t recv_count
 // In place when send == recv + rank * send_count (elements).
 int comm_allgather(Comm *c, const void *send, void *recv, size_t send_count, CommDtype t,
                    ErrBuf *e);
+// bytes of buf from rank 0 to every rank (device memory under NCCL, host with the host transport).
+int comm_broadcast(Comm *c, void *buf, size_t bytes, ErrBuf *e);
 // Returns once every rank has reached it (or -1 after timeout_s).
 int comm_barrier(Comm *c, ErrBuf *e);
 // *any_out = 1 if local_flag is non-zero on any rank. The trainer calls it once per step with
@@ -120,6 +132,10 @@ int comm_any(Comm *c, int local_flag, int *any_out, ErrBuf *e);
 // disturbing the rest. Errors name host:port, the rank, and how many ranks had arrived.
 int comm_tcp_broadcast(void *buf, size_t n, int rank, int world, const char *addr, int port,
                        uint64_t job_token, double timeout_s, ErrBuf *e);
+
+// Selects the GPU of this rank (local_rank % devices) before anything else touches CUDA, so that
+// device queries do not open contexts on GPU 0 from every rank. No-op for world 1 or no GPU.
+void comm_select_device(Comm *c);
 
 // FNV-1a of s mixed into h (job tokens).
 uint64_t comm_hash_str(uint64_t h, const char *s);

@@ -535,6 +535,8 @@ static void copy_in(GpuModel *m, float *dev, const float *host) {
 
 void gpu_model_get_params(GpuModel *m, float *params) { copy_out(m, params, dev_of(m)->p); }
 void gpu_model_get_grads(GpuModel *m, float *grads) { copy_out(m, grads, dev_of(m)->g); }
+float *gpu_model_grads_device(GpuModel *m) { return dev_of(m)->g; }
+void *gpu_model_stream(GpuModel *m) { return (void *)dev_of(m)->stream; }
 
 void gpu_model_set_params(GpuModel *m, const float *params) {
     Dev *d = dev_of(m);

@@ -99,6 +99,11 @@ void gpu_model_get_grads(GpuModel *m, float *grads);
 void gpu_model_get_opt_state(GpuModel *m, float *adam_m, float *adam_v, long long *step);
 void gpu_model_set_opt_state(GpuModel *m, const float *adam_m, const float *adam_v, long long step);
 
+// Data parallelism (comm.h's NCCL collectives run on the model's buffers, on its stream): the
+// device FP32 gradients (table.total values) and the cudaStream_t all of the model's work uses.
+float *gpu_model_grads_device(GpuModel *m);
+void *gpu_model_stream(GpuModel *m);
+
 #ifdef __cplusplus
 }
 #endif

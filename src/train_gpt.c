@@ -27,11 +27,14 @@ static void usage(FILE *f) {
             "  --set KEY=VALUE      override one config key, e.g. --set train.steps=100 (repeatable)\n"
             "  --device D           cpu, gpu or auto (default: the config's train.device)\n"
             "  --resume [C]         continue the run in log.dir from its newest checkpoint, or from C\n"
+            "  --zero1              shard the AdamW state across data-parallel ranks (= --set train.zero1=true)\n"
+            "  multi-GPU / multi-node: start one process per GPU with RANK, WORLD_SIZE, MASTER_ADDR and\n"
+            "                       MASTER_PORT set, or with srun or mpirun (docs/multi-gpu.md)\n"
             "  --stop-after N       stop after step N with a checkpoint, as a preemption would (for tests\n"
             "                       and preemption drills; the schedule still follows train.steps)\n"
             "  --dry-run            print the model's shapes, parameter count and memory plan, then exit\n"
             "    --world-size N     GPUs the plan assumes (default 1)\n"
-            "    --zero1            shard the AdamW state across the GPUs in the plan\n"
+            "    --zero1            the plan with the AdamW state sharded (as above)\n"
             "    --micro-batch N    sequences per GPU per micro-step in the plan (default: the config's)\n"
             "\n"
             "Commands:\n"
@@ -70,7 +73,7 @@ int main(int argc, char **argv) {
     }
 
     const char *config_path = NULL, *device = NULL;
-    const char *overrides[MAX_OVERRIDES + 2];
+    const char *overrides[MAX_OVERRIDES + 3];
     int n_overrides = 0, dry_run = 0, zero1 = 0;
     long world_size = 1, micro_batch = 0, stop_after = 0;
     TrainOptions topt = {0};
@@ -129,6 +132,10 @@ int main(int argc, char **argv) {
         snprintf(micro_override, sizeof micro_override, "train.micro_batch=%ld", micro_batch);
         overrides[n_overrides++] = micro_override;
     }
+    if (zero1) overrides[n_overrides++] = "train.zero1=true";
+    if (world_size != 1 && !dry_run)
+        return usage_error("%s applies to --dry-run only: a training run's world size comes from its launcher "
+                           "(RANK and WORLD_SIZE, srun or mpirun; see docs/multi-gpu.md)", "--world-size");
 
     ErrBuf e;
     Config c;
@@ -137,12 +144,10 @@ int main(int argc, char **argv) {
     if (dry_run) {
         ParamTable t;
         param_table_build(&t, &c.model);
-        model_print_summary(stdout, &c, &t, (int)world_size, zero1);
+        model_print_summary(stdout, &c, &t, (int)world_size, c.train.zero1);
         param_table_free(&t);
         return 0;
     }
-    if (world_size != 1 || zero1)
-        return usage_error("%s apply to --dry-run only: multi-GPU training is not wired into the trainer yet", "--world-size/--zero1");
     topt.stop_after = stop_after;
     return train_run(&c, &topt);
 }

@@ -8,6 +8,15 @@
 // it reproduces the uninterrupted run's losses bit for bit on the CPU. On the GPU the state is
 // restored exactly too, but the attention backward's dQ atomics make any two GPU runs differ at
 // FP32 rounding level, so a resumed GPU run follows the uninterrupted one closely, not bitwise.
+//
+// Data parallelism (a launcher started world > 1 processes, comm.h): every rank reads its own
+// windows of the data (dataloader rank/world), runs grad_accum = batch_tokens / (micro_batch x
+// seq_len x world) micro-batches, and the ranks sum their gradients (backend_dp_*: NCCL on the
+// GPU, the host transport on the CPU) before one identical AdamW step (ZeRO-1: sharded). Rank 0
+// alone prints, writes the run directory and loads a checkpoint to resume (it broadcasts the
+// state); the others write nothing. A stop signal on any rank stops all after the same step
+// (comm_any), with one checkpoint; a dead or hung rank makes the others fail within
+// train.comm_timeout_s. World 1 makes no comm call: the single-process path is unchanged.
 #include "trainer.h"
 
 #include <cjson/cJSON.h>  // parsing metrics lines when a resumed run trims them
@@ -19,7 +28,9 @@
 
 #include "backend.h"     // Backend: the model and its optimizer on the CPU or the GPU
 #include "checkpoint.h"  // CheckpointState, checkpoint_save/load, latest, prune
+#include "comm.h"        // the process group of data parallelism
 #include "dataloader.h"  // DataLoader
+#include "diagnostics.h" // FP8-attention diagnostics on probe batches (diagnostics section)
 #include "gpu_info.h"    // GpuInfo: device name and peak for MFU
 #include "model.h"       // model_flops_per_token for MFU
 #include "optimizer.h"   // lr_at_step, grad_clip_factor
@@ -106,7 +117,32 @@ typedef struct {
     char *config_json;             // resolved config, stored in every checkpoint
     FILE *metrics;
     double elapsed_before;         // training time of earlier sessions (from the checkpoint)
+    Comm comm;                     // the process group (world 1: never used)
+    int rank, world;               // this process and the data-parallel world size
+    Diagnostics diag;              // the diagnostics section: probe batches, buffers, last report
 } Run;
+
+// A failed collective (a peer died, hangs, or failed): say so and leave at once, non-zero.
+static void dp_fail(Run *r, const ErrBuf *e) {
+    fflush(stdout);
+    fprintf(stderr, "train_gpt: error: %s\n", e->msg);
+    comm_abort(&r->comm, 1);
+}
+
+// The same flag on every rank: 1 if any rank raised it.
+static int dp_any(Run *r, int flag) {
+    ErrBuf e;
+    int any = flag;
+    if (r->world > 1 && comm_any(&r->comm, flag, &any, &e)) dp_fail(r, &e);
+    return any;
+}
+
+// Sums x over the ranks (rank order, so every rank gets the same double).
+static double dp_sum(Run *r, double x) {
+    ErrBuf e;
+    if (r->world > 1 && comm_allreduce_sum(&r->comm, &x, 1, COMM_F64, &e)) dp_fail(r, &e);
+    return x;
+}
 
 // Mean loss over eval.batches validation windows, the same windows every time. Leaves the
 // training state exactly as it was: the delayed-scaling state is restored afterwards so that
@@ -122,7 +158,7 @@ static double evaluate(Run *r) {
         sum += backend_eval_loss(&r->be, r->inputs, r->targets);
     }
     if (r->n_delayed) memcpy(r->delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
-    return sum / n;
+    return dp_sum(r, sum) / ((double)n * r->world);  // each rank evaluated its own windows
 }
 
 // Prints a sample of eval.sample_tokens tokens (skipped with one note if no tokenizer).
@@ -170,13 +206,34 @@ static CheckpointState checkpoint_state_of(Run *r) {
     return s;
 }
 
+static int save_checkpoint_file(Run *r, CheckpointState *sp, long long step, double elapsed, ErrBuf *e);
+
 // Writes step_<step>.ckpt, points `latest` at it, prunes to checkpoint.keep. 0 or -1.
+// With world > 1 every rank calls it (ZeRO-1 gathers the AdamW moments), rank 0 writes, and all
+// agree on the outcome.
 static int save_checkpoint(Run *r, long long step, double elapsed, ErrBuf *e) {
     CheckpointState s = checkpoint_state_of(r);
+    if (r->world > 1) {
+        if (backend_dp_get_state(&r->be, r->rank == 0 ? s.params : NULL, r->rank == 0 ? s.adam_m : NULL,
+                                 r->rank == 0 ? s.adam_v : NULL, &s.adam_step, e))
+            dp_fail(r, e);
+        int failed = r->rank == 0 && save_checkpoint_file(r, &s, step, elapsed, e) != 0;
+        int any = dp_any(r, failed);
+        if (any && !failed) errf(e, "rank 0 could not write the checkpoint of step %lld (see its message)", step);
+        return any ? -1 : 0;
+    }
     backend_get_state(&r->be, s.params, s.adam_m, s.adam_v, &s.adam_step);
+    return save_checkpoint_file(r, &s, step, elapsed, e);
+}
+
+static int save_checkpoint_file(Run *r, CheckpointState *sp, long long step, double elapsed, ErrBuf *e) {
+    CheckpointState s = *sp;
     s.train_step = step;
     s.elapsed_s = elapsed;
     dataloader_get_state(&r->train, &s.data);
+    // The loader counts windows per rank; the checkpoint counts those all ranks took together, so
+    // that a run resumes on another world size at the same place (world 1: the same number).
+    s.data.window_pos *= r->world;
     char path[4096];
     checkpoint_path_for_step(r->ckpt_dir, step, path, sizeof path);
     if (checkpoint_save(path, &s, e) != 0) return -1;
@@ -186,14 +243,75 @@ static int save_checkpoint(Run *r, long long step, double elapsed, ErrBuf *e) {
     return 0;
 }
 
+// The process group: world 1 (no launcher) makes no comm call at all. Otherwise the device is
+// chosen first (it decides the transport: NCCL on the GPU, the host transport on the CPU), and
+// the job token is a digest of the resolved config and device, so ranks that were given another
+// config are turned away at the rendezvous. Ranks other than 0 print nothing to stdout.
+static int setup_comm_or_die(Run *r, char *note, size_t note_len) {
+    ErrBuf e;
+    Config *c = &r->c;
+    CommOptions o;
+    comm_options_default(&o);
+    o.timeout_s = c->train.comm_timeout_s;
+    if (comm_detect(&r->comm, &o, &e) != 0) die_user(&e);
+    int multi = r->comm.world > 1 || r->comm.launcher == COMM_MPI;
+    if (multi && c->train.device != DEVICE_CPU) comm_select_device(&r->comm);
+    int device = backend_choose_device(c, c->train.device, c->train.micro_batch, c->model.seq_len, "training", &r->gpu,
+                                       note, (int)note_len, &e);
+    if (device < 0) die_user(&e);
+    r->rank = 0, r->world = 1;
+    if (!multi) return device;
+
+    char *json = config_to_json(c);
+    size_t len = strlen(json);
+    char *token = xmalloc(len + 32);
+    snprintf(token, len + 32, "%s|device=%s", json, device == DEVICE_GPU ? "gpu" : "cpu");
+    free(json);
+    o.job_token = token;
+    o.init_nccl = device == DEVICE_GPU;
+    o.host_transport = device == DEVICE_CPU;
+    int rc = comm_init(&r->comm, &o, &e);
+    free(token);
+    if (rc != 0) {
+        fprintf(stderr, "train_gpt: error: %s\n", e.msg);
+        comm_abort(&r->comm, 1);
+    }
+    r->rank = r->comm.rank, r->world = r->comm.world;
+    if (r->world == 1) comm_destroy(&r->comm);  // mpirun -np 1
+    if (r->rank != 0 && !freopen("/dev/null", "w", stdout)) FATAL("rank %d: cannot silence stdout", r->rank);
+    return device;
+}
+
+// Rank 0 loaded the checkpoint into s's buffers and scalars; the other ranks receive them.
+static void broadcast_resume(Run *r, CheckpointState *s) {
+    struct {
+        long long adam_step, train_step;
+        double elapsed_s;
+        unsigned long long sample_rng;
+        DataLoaderState data;
+    } sc = {s->adam_step, s->train_step, s->elapsed_s, s->sample_rng, s->data};
+    const size_t n = backend_table(&r->be)->total * sizeof(float);
+    ErrBuf e;
+    if (comm_broadcast(&r->comm, &sc, sizeof sc, &e) || comm_broadcast(&r->comm, s->params, n, &e) ||
+        comm_broadcast(&r->comm, s->adam_m, n, &e) || comm_broadcast(&r->comm, s->adam_v, n, &e) ||
+        (r->n_delayed && comm_broadcast(&r->comm, r->delayed, (size_t)r->n_delayed * sizeof *r->delayed, &e)))
+        dp_fail(r, &e);
+    s->adam_step = sc.adam_step, s->train_step = sc.train_step, s->elapsed_s = sc.elapsed_s;
+    s->sample_rng = sc.sample_rng, s->data = sc.data;
+}
+
 // ---------------------------------------------------------------------------------------------
-// Setup: every check that can fail on user input, in an order that writes nothing.
+// Setup: every check that can fail on user input, in an order that writes nothing. With world > 1
+// only rank 0 looks at the run directory (the others write nothing and get a resumed state from
+// rank 0); a rank that fails here exits 1 and the others fail at their next collective.
 static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step) {
     ErrBuf e, e2;
     Config *c = &r->c;
     r->B = c->train.micro_batch;
     r->T = c->model.seq_len;
-    const int world = 1;  // one process until the GPU backend brings a process group
+    char note[1536];
+    int device = setup_comm_or_die(r, note, sizeof note);
+    const int world = r->world;
     long long per_micro = (long long)r->B * r->T * world;
     r->tokens_per_step = c->train.batch_tokens > 0 ? c->train.batch_tokens : per_micro;
     if (r->tokens_per_step % per_micro != 0) {
@@ -202,24 +320,19 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
         die_user(&e);
     }
     r->grad_accum = (int)(r->tokens_per_step / per_micro);
-
-    // The device: AUTO takes a GPU the GPU backend can use, else the CPU with a note saying why.
-    char note[1536];
-    int device = backend_choose_device(c, c->train.device, r->B, r->T, "training", &r->gpu, note, sizeof note, &e);
-    if (device < 0) die_user(&e);
     if (note[0]) printf("%s\n", note);
 
     if (!c->data.train[0]) {
         errf(&e, "data.train is empty: set the training shards' glob in the config or with --set data.train=PATTERN");
         die_user(&e);
     }
-    if (dataloader_open(&r->train, c->data.train, r->B, r->T, 0, world, c->data.shuffle, c->data.seed,
+    if (dataloader_open(&r->train, c->data.train, r->B, r->T, r->rank, world, c->data.shuffle, c->data.seed,
                         c->model.vocab_size, &e2) != 0) {
         errf(&e, "data.train (%s): %s", c->data.train, e2.msg);
         die_user(&e);
     }
     r->have_val = c->data.val[0] != '\0';
-    if (r->have_val && dataloader_open(&r->val, c->data.val, r->B, r->T, 0, world, c->data.shuffle, c->data.seed,
+    if (r->have_val && dataloader_open(&r->val, c->data.val, r->B, r->T, r->rank, world, c->data.shuffle, c->data.seed,
                                        c->model.vocab_size, &e2) != 0) {
         errf(&e, "data.val (%s): %s", c->data.val, e2.msg);
         die_user(&e);
@@ -227,28 +340,34 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
 
     checkpoint_dir_of(c, r->ckpt_dir, sizeof r->ckpt_dir);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/%s", c->log.dir, c->log.metrics_file);
-    int has_run = file_exists(r->metrics_path) || checkpoint_dir_has_any(r->ckpt_dir);
-    if (has_run && !opt->resume) {
-        errf(&e, "run dir %s already holds a run (%s): pass --resume to continue it, or choose another log.dir "
-                 "via --set log.dir=...", c->log.dir, file_exists(r->metrics_path) ? r->metrics_path : r->ckpt_dir);
-        die_user(&e);
-    }
     char resume_path[4096] = "";
-    if (opt->resume) {
-        if (opt->resume_from && strcmp(opt->resume_from, "latest") != 0) {
-            snprintf(resume_path, sizeof resume_path, "%s", opt->resume_from);
-            if (!file_exists(resume_path)) {
-                errf(&e, "--resume %s: no such checkpoint file", resume_path);
+    if (r->rank == 0) {
+        int has_run = file_exists(r->metrics_path) || checkpoint_dir_has_any(r->ckpt_dir);
+        if (has_run && !opt->resume) {
+            errf(&e, "run dir %s already holds a run (%s): pass --resume to continue it, or choose another log.dir "
+                     "via --set log.dir=...", c->log.dir, file_exists(r->metrics_path) ? r->metrics_path : r->ckpt_dir);
+            die_user(&e);
+        }
+        if (opt->resume) {
+            if (opt->resume_from && strcmp(opt->resume_from, "latest") != 0) {
+                snprintf(resume_path, sizeof resume_path, "%s", opt->resume_from);
+                if (!file_exists(resume_path)) {
+                    errf(&e, "--resume %s: no such checkpoint file", resume_path);
+                    die_user(&e);
+                }
+            } else if (checkpoint_find_latest(r->ckpt_dir, resume_path, sizeof resume_path, &e2) != 0) {
+                errf(&e, "--resume: %s", e2.msg);
                 die_user(&e);
             }
-        } else if (checkpoint_find_latest(r->ckpt_dir, resume_path, sizeof resume_path, &e2) != 0) {
-            errf(&e, "--resume: %s", e2.msg);
-            die_user(&e);
         }
     }
 
-    if (backend_init(&r->be, c, (DeviceKind)device, r->B, r->T, c->train.seed, r->grad_accum, stdout, &e) != 0)
+    // Each backward is scaled by 1 / (grad_accum x world): the ranks' sum is the mean gradient.
+    if (backend_init(&r->be, c, (DeviceKind)device, r->B, r->T, c->train.seed, r->grad_accum * world,
+                     r->rank == 0 ? stdout : NULL, &e) != 0)
         die_user(&e);
+    if (world > 1 && backend_dp_init(&r->be, &r->comm, c->train.zero1, &e) != 0) die_user(&e);
+    if (diagnostics_init(&r->diag, c, r->B, r->T, &e) != 0) die_user(&e);
     r->flops_per_token = model_flops_per_token(&c->model);
     r->delayed = backend_delayed_state(&r->be, &r->n_delayed);
     r->delayed_save = xcalloc((size_t)(r->n_delayed ? r->n_delayed : 1), sizeof(AttnDelayedState));
@@ -257,10 +376,12 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
     r->sample_rng = sample_rng_seed(c->train.seed);
     r->config_json = config_to_json(c);
     *start_step = 0;
-    if (resume_path[0]) {
+    if (resume_path[0] || (world > 1 && opt->resume)) {
         CheckpointState s = checkpoint_state_of(r);
-        if (checkpoint_load(resume_path, &s, &e) != 0) die_user(&e);
+        if (resume_path[0] && checkpoint_load(resume_path, &s, &e) != 0) die_user(&e);
+        if (world > 1) broadcast_resume(r, &s);
         backend_set_state(&r->be, s.params, s.adam_m, s.adam_v, s.adam_step);
+        s.data.window_pos /= world;  // windows of all ranks -> this loader's (see save_checkpoint_file)
         if (dataloader_set_state(&r->train, &s.data, &e2) != 0) {
             errf(&e, "checkpoint %s: its data loader position does not fit data.train (%s): %s", resume_path,
                  c->data.train, e2.msg);
@@ -276,6 +397,7 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
         *start_step = s.train_step;
         printf("resuming from %s (step %lld of %d)\n", resume_path, s.train_step, c->train.steps);
     }
+    if (r->rank != 0) return;  // the run directory is rank 0's
 
     // Inputs are valid: now the run directory may be written.
     if (make_dirs(c->log.dir, &e) != 0 || make_dirs(r->ckpt_dir, &e) != 0) die_user(&e);
@@ -299,10 +421,16 @@ static void print_plan(const Run *r, long long start_step) {
            c->model.n_layer, c->model.d_model, c->model.n_head, attn_precision_name(c->precision.attention));
     if (r->be.kind == DEVICE_CPU) printf("memory: params, grads, AdamW m and v 4 x %.1f MB fp32\n", n_params * 4 / 1e6);
     else printf("memory: the GPU memory plan above\n");
-    printf("batch: %d x %d tokens x %d accumulation = %lld tokens/step | %d steps from step %lld | data: %d train "
-           "shard(s), %lld tokens%s\n",
-           r->B, r->T, r->grad_accum, r->tokens_per_step, c->train.steps, start_step, r->train.n_files,
-           shard_tokens, r->have_val ? "" : " | no data.val: evaluation skipped");
+    printf("batch: %d x %d tokens x %d accumulation", r->B, r->T, r->grad_accum);
+    if (r->world > 1) printf(" x %d ranks", r->world);
+    printf(" = %lld tokens/step | %d steps from step %lld | data: %d train shard(s), %lld tokens%s\n",
+           r->tokens_per_step, c->train.steps, start_step, r->train.n_files, shard_tokens,
+           r->have_val ? "" : " | no data.val: evaluation skipped");
+    if (r->world > 1)
+        printf("data parallel: %d ranks (%s launcher, %d per node) | %s | ZeRO-1 %s | comm timeout %g s\n", r->world,
+               comm_launcher_name(r->comm.launcher), r->comm.local_world,
+               r->be.kind == DEVICE_GPU ? "NCCL" : "host transport over TCP",
+               r->be.zero1 ? "on (AdamW state sharded)" : "off", r->comm.timeout_s);
     if (r->be.kind == DEVICE_CPU) {
         printf("device: cpu (%d threads) | MFU n/a (CPU)\n", omp_get_max_threads());
     } else {
@@ -325,6 +453,7 @@ static double mfu_of(const Run *r, double tok_s) {
 static double evaluate_and_log(Run *r, long long step, int steps) {
     double val = evaluate(r);
     printf("step %lld/%d | val loss %.4f\n", step, steps, val);
+    if (!r->metrics) return val;  // ranks other than 0
     fprintf(r->metrics, "{\"step\": %lld", step);
     fprint_json_num(r->metrics, "val_loss", val, "%.9g");
     fprintf(r->metrics, "}\n");
@@ -333,6 +462,7 @@ static double evaluate_and_log(Run *r, long long step, int steps) {
 }
 
 static void write_summary(const Run *r, long long steps_done, double train_loss, double val_loss, double elapsed) {
+    if (r->rank != 0) return;
     long long tokens = steps_done * r->tokens_per_step;
     char dur[32];
     format_duration(elapsed, dur, sizeof dur);
@@ -390,25 +520,34 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
             dataloader_next(&r->train, r->inputs, r->targets);
             loss_sum += backend_forward_backward(&r->be, r->inputs, r->targets);
         }
-        double norm = backend_grad_norm(&r->be);
-        double clip = grad_clip_factor(&c->train, norm);
-        double lr = lr_at_step(&c->train, (int)(step - 1));
-        backend_step(&r->be, lr, clip, &c->train);
+        double norm, clip, lr = lr_at_step(&c->train, (int)(step - 1));
+        if (r->world == 1) {
+            norm = backend_grad_norm(&r->be);
+            clip = grad_clip_factor(&c->train, norm);
+            backend_step(&r->be, lr, clip, &c->train);
+        } else {  // the mean gradient of all ranks, its norm, and the same step everywhere
+            loss_sum = dp_sum(r, loss_sum);
+            if (backend_dp_sync_grads(&r->be, &norm, &e) != 0) dp_fail(r, &e);
+            clip = grad_clip_factor(&c->train, norm);
+            if (backend_dp_step(&r->be, lr, clip, &c->train, &e) != 0) dp_fail(r, &e);
+        }
         double t1 = now_seconds();  // the GPU calls return after their stream is done
-        last_loss = loss_sum / r->grad_accum;
+        last_loss = loss_sum / ((double)r->grad_accum * r->world);
         double tok_s = r->tokens_per_step / (t1 - t0 > 0 ? t1 - t0 : 1e-9);
         double mfu = mfu_of(r, tok_s);  // < 0: not applicable (CPU, unknown peak)
         double session = t1 - t_start, elapsed = r->elapsed_before + session;
 
-        fprintf(r->metrics, "{\"step\": %lld", step);
-        fprint_json_num(r->metrics, "loss", last_loss, "%.9g");
-        fprint_json_num(r->metrics, "lr", lr, "%.9g");
-        fprint_json_num(r->metrics, "grad_norm", norm, "%.9g");
-        fprint_json_num(r->metrics, "tokens_per_s", tok_s, "%.1f");
-        fprint_json_num(r->metrics, "elapsed_s", elapsed, "%.3f");
-        if (mfu >= 0) fprint_json_num(r->metrics, "mfu", mfu, "%.4f");
-        fprintf(r->metrics, "}\n");
-        fflush(r->metrics);
+        if (r->metrics) {  // rank 0
+            fprintf(r->metrics, "{\"step\": %lld", step);
+            fprint_json_num(r->metrics, "loss", last_loss, "%.9g");
+            fprint_json_num(r->metrics, "lr", lr, "%.9g");
+            fprint_json_num(r->metrics, "grad_norm", norm, "%.9g");
+            fprint_json_num(r->metrics, "tokens_per_s", tok_s, "%.1f");
+            fprint_json_num(r->metrics, "elapsed_s", elapsed, "%.3f");
+            if (mfu >= 0) fprint_json_num(r->metrics, "mfu", mfu, "%.4f");
+            fprintf(r->metrics, "}\n");
+            fflush(r->metrics);
+        }
         if (!isfinite(last_loss)) printf("warning: step %lld: the loss is %f\n", step, last_loss);
 
         if (step % log_every == 0 || step == start_step + 1 || step == steps) {
@@ -423,12 +562,16 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
             printf("\n");
             fflush(stdout);
         }
+        // Diagnostics probe the model between steps and leave no trace in the training state;
+        // under data parallelism rank 0 runs them while the others wait at the next collective.
+        if (r->rank == 0)
+            diagnostics_maybe_run(&r->diag, r->be.kind == DEVICE_CPU ? &r->be.cpu : NULL, step, r->metrics, stdout);
         if (r->have_val && ((c->eval.interval > 0 && step % c->eval.interval == 0) || step == steps)) {
             last_val = evaluate_and_log(r, step, steps);
         }
-        if (c->eval.sample_interval > 0 && step % c->eval.sample_interval == 0) print_sample(r, step);
+        if (r->rank == 0 && c->eval.sample_interval > 0 && step % c->eval.sample_interval == 0) print_sample(r, step);
 
-        int stopping = stop_signal || (opt->stop_after > 0 && step >= opt->stop_after);
+        int stopping = dp_any(r, stop_signal || (opt->stop_after > 0 && step >= opt->stop_after));
         if ((c->checkpoint.interval > 0 && step % c->checkpoint.interval == 0) || step == steps || stopping) {
             if (save_checkpoint(r, step, r->elapsed_before + (now_seconds() - t_start), &e) != 0) {
                 fprintf(stderr, "train_gpt: error: %s\n", e.msg);
@@ -439,7 +582,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
         }
         if (stopping && step < steps) {
             if (stop_signal) printf("stopped by signal %d after step %lld: ", (int)stop_signal, step);
-            else printf("stopped after step %lld (--stop-after): ", step);
+            else if (opt->stop_after > 0 && step >= opt->stop_after) printf("stopped after step %lld (--stop-after): ", step);
+            else printf("stopped after step %lld (a stop signal reached another rank): ", step);
             printf("checkpoint written; continue with --resume\n");
             break;
         }
@@ -451,7 +595,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
 
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    fclose(r->metrics);
+    if (r->metrics) fclose(r->metrics);
+    if (r->world > 1) comm_destroy(&r->comm);
     if (r->tok) tokenizer_free(r->tok);
     free(r->config_json);
     free(r->inputs);
@@ -460,6 +605,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     free(r->host_params);
     free(r->host_m);
     free(r->host_v);
+    diagnostics_free(&r->diag);
     backend_free(&r->be);
     dataloader_close(&r->train);
     if (r->have_val) dataloader_close(&r->val);

@@ -2,7 +2,8 @@
 // environment (torchrun-style, Slurm, mpirun, forced, single), the job token, single-process
 // collectives, and the TCP exchange of the NCCL id between forked processes on 127.0.0.1 (all
 // ranks get rank 0's bytes; a rank of another job is turned away; a missing rank 0 and a missing
-// rank end in errors naming host:port and the count within the timeout). Where two GPUs are
+// rank end in errors naming host:port and the count within the timeout), the host transport's
+// collectives between 3 forked ranks (CPU data parallelism) and its dead-rank drill. Where two GPUs are
 // present, it also runs NCCL collectives between two forked ranks and a dead-peer drill.
 #include <arpa/inet.h>   // htonl, htons for the probe and stray sockets
 #include <math.h>        // fabs, fmax: errors of the NCCL sums
@@ -430,6 +431,126 @@ static void test_tcp_exchange(void) {
 // Two GPUs: NCCL collectives between two forked ranks (env launcher over 127.0.0.1), then a
 // dead-peer drill: rank 1 exits, rank 0's next all-reduce must fail within its timeout.
 
+// ---------------------------------------------------------------------------------------------
+// The host transport (CPU data parallelism) between 3 forked ranks: every collective against a
+// reference computed here in the same rank order (so sums must match bit for bit), then a rank
+// that dies: the others fail at their next collective, at once, naming it.
+
+enum { H_ALLREDUCE, H_F64, H_RS, H_AG, H_BCAST, H_ANY, H_DEAD, H_N };
+typedef struct {
+    int rc[H_N], ok[H_N];
+    double dead_seconds;
+    char msg[H_N][512];
+} HostResult;
+
+#define H_WORLD 3
+#define H_COUNT 100003  // per-rank slice of the reduce-scatter; odd, not a multiple of anything
+
+static float host_value(int rank, size_t i, unsigned seed) {  // a fresh pseudo-random value in [-2, 2)
+    uint64_t h = ((uint64_t)seed * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)rank << 40) ^ (uint64_t)i;
+    h ^= h >> 33, h *= 0xff51afd7ed558ccdull, h ^= h >> 33;
+    return (float)((double)(h >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+}
+
+static void host_rank(int rank, int port, unsigned seed, HostResult *out) {
+    char rs[8], ps[8];
+    snprintf(rs, sizeof rs, "%d", rank);
+    snprintf(ps, sizeof ps, "%d", port);
+    set_env(ENV("RANK", rs, "WORLD_SIZE", "3", "MASTER_ADDR", "127.0.0.1", "MASTER_PORT", ps));
+    CommOptions o;
+    comm_options_default(&o);
+    o.init_nccl = 0, o.host_transport = 1, o.timeout_s = 5, o.job_token = "host transport test";
+    Comm c;
+    ErrBuf e = {""};
+    if (comm_init(&c, &o, &e)) {
+        for (int i = 0; i < H_N; i++) out->rc[i] = -1, snprintf(out->msg[i], sizeof out->msg[i], "init: %s", e.msg);
+        return;
+    }
+    const size_t full = (size_t)H_WORLD * H_COUNT;
+    float *x = malloc(full * sizeof(float)), *want = malloc(full * sizeof(float));
+    for (size_t i = 0; i < full; i++) {
+        x[i] = host_value(rank, i, seed);
+        want[i] = host_value(0, i, seed);
+        for (int r = 1; r < H_WORLD; r++) want[i] += host_value(r, i, seed);  // rank order, in float
+    }
+    // all-reduce in place
+    out->rc[H_ALLREDUCE] = comm_allreduce_sum_f32(&c, x, full, &e);
+    out->ok[H_ALLREDUCE] = !out->rc[H_ALLREDUCE] && !memcmp(x, want, full * sizeof(float));
+    snprintf(out->msg[H_ALLREDUCE], 512, "%s", e.msg);
+    // F64: one value
+    double d = rank + 0.25, dwant = 0.25 + 1.25 + 2.25;
+    out->rc[H_F64] = comm_allreduce_sum(&c, &d, 1, COMM_F64, &e);
+    out->ok[H_F64] = !out->rc[H_F64] && d == dwant;
+    snprintf(out->msg[H_F64], 512, "%s (got %g)", e.msg, d);
+    // reduce-scatter in place: this rank's slice of the sums
+    for (size_t i = 0; i < full; i++) x[i] = host_value(rank, i, seed);
+    float *mine = x + (size_t)rank * H_COUNT;
+    out->rc[H_RS] = comm_reduce_scatter(&c, x, mine, H_COUNT, COMM_F32, &e);
+    out->ok[H_RS] = !out->rc[H_RS] && !memcmp(mine, want + (size_t)rank * H_COUNT, H_COUNT * sizeof(float));
+    snprintf(out->msg[H_RS], 512, "%s", e.msg);
+    // all-gather in place: every rank's slice (after the reduce-scatter: the full sums)
+    out->rc[H_AG] = comm_allgather(&c, mine, x, H_COUNT, COMM_F32, &e);
+    out->ok[H_AG] = !out->rc[H_AG] && !memcmp(x, want, full * sizeof(float));
+    snprintf(out->msg[H_AG], 512, "%s", e.msg);
+    // broadcast of rank 0's bytes
+    unsigned char b[1000];
+    for (int i = 0; i < 1000; i++) b[i] = rank == 0 ? (unsigned char)(i * 7 + seed) : 0;
+    out->rc[H_BCAST] = comm_broadcast(&c, b, sizeof b, &e);
+    out->ok[H_BCAST] = !out->rc[H_BCAST];
+    for (int i = 0; i < 1000; i++) out->ok[H_BCAST] &= b[i] == (unsigned char)(i * 7 + seed);
+    snprintf(out->msg[H_BCAST], 512, "%s", e.msg);
+    // comm_any: only rank 2 raises its flag; then nobody; a barrier between
+    int any1 = -1, any2 = -1;
+    out->rc[H_ANY] = comm_any(&c, rank == 2, &any1, &e) | comm_barrier(&c, &e) | comm_any(&c, 0, &any2, &e);
+    out->ok[H_ANY] = !out->rc[H_ANY] && any1 == 1 && any2 == 0;
+    snprintf(out->msg[H_ANY], 512, "%s (any %d then %d)", e.msg, any1, any2);
+    // rank 2 dies without a word; the others' next all-reduce fails at once
+    if (rank == 2) _exit(0);
+    double t0 = now_seconds();
+    out->rc[H_DEAD] = comm_allreduce_sum_f32(&c, x, full, &e);
+    out->dead_seconds = now_seconds() - t0;
+    snprintf(out->msg[H_DEAD], 512, "%s", e.msg);
+    out->ok[H_DEAD] = out->rc[H_DEAD] == -1 && c.failed &&
+                      strstr(e.msg, rank == 0 ? "rank 2 closed" : "rank 0 closed the connection") && out->dead_seconds < 2;
+    comm_destroy(&c);
+    free(x);
+    free(want);
+}
+
+static void test_host_transport(void) {
+    HostResult *res = mmap(NULL, sizeof(HostResult) * H_WORLD, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    memset(res, 0, sizeof(HostResult) * H_WORLD);
+    int port = pick_port();
+    unsigned seed = next_rand();
+    pid_t pids[H_WORLD];
+    for (int r = 0; r < H_WORLD; r++) {
+        fflush(stdout);
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            alarm(20);  // a safety net: no test may hang
+            host_rank(r, port, seed, &res[r]);
+            _exit(0);
+        }
+    }
+    for (int r = 0; r < H_WORLD; r++) waitpid(pids[r], NULL, 0);
+    static const char *names[H_DEAD] = {
+        "host: all-reduce of 300009 floats: every rank gets the rank-order float sum, bit for bit",
+        "host: all-reduce of a double", "host: reduce-scatter in place: each rank its slice of the sums",
+        "host: all-gather in place", "host: broadcast of rank 0's bytes", "host: comm_any and barrier"};
+    for (int i = 0; i < H_DEAD; i++) {
+        int ok = 1;
+        for (int r = 0; r < H_WORLD; r++) ok &= res[r].ok[i];
+        CHECK(ok, names[i], "rc %d %d %d: %s / %s / %s", res[0].rc[i], res[1].rc[i], res[2].rc[i], res[0].msg[i],
+              res[1].msg[i], res[2].msg[i]);
+    }
+    CHECK(res[0].ok[H_DEAD], "host: a dead rank: rank 0's next collective fails at once, naming it", "after %.2f s: %s",
+          res[0].dead_seconds, res[0].msg[H_DEAD]);
+    CHECK(res[1].ok[H_DEAD], "host: a dead rank: the other ranks fail too (rank 0 closed)", "after %.2f s: %s",
+          res[1].dead_seconds, res[1].msg[H_DEAD]);
+    printf("# dead-rank drill (host transport): rank 0 said after %.3f s: %s\n", res[0].dead_seconds, res[0].msg[H_DEAD]);
+    munmap(res, sizeof(HostResult) * H_WORLD);
+}
+
 static int gpu_count_in_child(void) {
     int *shared = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     *shared = 0;
@@ -559,6 +680,7 @@ int main(void) {
     test_mpi_forced_timeout_token();
     test_single_process();
     test_tcp_exchange();
+    test_host_transport();
     test_two_gpus();
     clear_env();
     return test_summary("test_comm");
