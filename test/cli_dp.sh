@@ -29,7 +29,7 @@ set -- --config "$CONFIG" --set model.vocab_size=512 --set model.n_layer=2 --set
   --set model.ffn_hidden=256 --set train.micro_batch=2 --set train.batch_tokens=64 --set train.steps=20 \
   --set train.warmup_steps=2 --set "data.train=$tmp/train_*.bin" --set "data.val=$tmp/val_*.bin" \
   --set eval.interval=10 --set eval.batches=2 --set checkpoint.interval=10 --set log.interval=5 \
-  --set train.threads=1 --set train.comm_timeout_s=3 --device cpu
+  --set train.threads=1 --set train.comm_timeout_s=20 --device cpu
 TINY="$*"  # (no argument holds a space)
 set -f     # $TINY is split unquoted: its data globs must stay globs
 
@@ -147,7 +147,7 @@ d=$(maxdiff "$tmp/l1" "$tmp/lr")
 check "resume 1 -> 2: steps 11..20 follow the 1-rank run (within 5e-3)" "max difference $d" lt "$d" 5e-3
 
 # (d) a killed rank, a hung rank: the other fails within comm_timeout_s (3 s) + margin.
-long="--set train.steps=1000000 --set checkpoint.interval=1000000 --set eval.interval=0"
+long="--set train.steps=1000000 --set checkpoint.interval=1000000 --set eval.interval=0 --set train.comm_timeout_s=3"
 # started STEP NAME: waits (10 s at most) until rank 0 has logged STEP training steps
 started() {
   _n=0
@@ -201,8 +201,8 @@ check "files: rank 1 printed nothing on stdout" "$(head -3 "$tmp/files.r1")" [ !
 
 # (g) ranks started with different configs are refused at the rendezvous.
 next_port
-start mixed 0 --set "log.dir=$tmp/mixed"
-start mixed 1 --set "log.dir=$tmp/mixed" --set train.lr=0.001
+start mixed 0 --set "log.dir=$tmp/mixed" --set train.comm_timeout_s=3
+start mixed 1 --set "log.dir=$tmp/mixed" --set train.comm_timeout_s=3 --set train.lr=0.001
 wait_for "$pid_1" 10; rc1=$rc
 wait_for "$pid_0" 10; rc0=$rc
 check "different configs: both ranks fail" "rc $rc0 $rc1" [ "$rc0" -ne 0 -a "$rc0" -ne 124 -a "$rc1" -ne 0 -a "$rc1" -ne 124 ]
