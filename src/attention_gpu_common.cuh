@@ -237,4 +237,13 @@ static inline void check_args(const char *what, const void *const *ptrs, int npt
 // Forward implementation, read once from ATTN_GPU_FWD: unset or "wgmma": wgmma, one key block at
 // a time (default, tested); "mma": the mma.sync kernel (tested); "wgmma_pipe": wgmma with the
 
+// Tile sizes of the mma.sync kernel: 128 query rows per CTA (8 warps x 16 rows), key blocks of 64.
+#define FWD_BQ 128
+#define FWD_BK 64
+#define FWD_WARPS 8
+
+// The mma.sync forward (attention_fwd_mma.cu) for head dim d, launched by attn_gpu_forward.
+void attn_fwd_mma_launch(int d, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o,
+                         int o_stride, float *lse, int B, int H, int T, cudaStream_t stream);
+
 #endif  // ATTENTION_GPU_COMMON_CUH
