@@ -10,6 +10,7 @@
 #include "common.h"  // xcalloc, FATAL
 #include "layers.h"  // GRAD_NORM_PARTIALS (a constant; model.c links no GPU code)
 #include "matmul.h"  // MATMUL_WORKSPACE_BYTES (likewise)
+#include "linear_fp8_gpu.h"  // LINEAR_FP8_WORKSPACE_BYTES (likewise)
 
 // --- parameter table -----------------------------------------------------------------------------
 
@@ -202,6 +203,19 @@ static size_t plan_norm_scratch(long long n_rows, size_t dim) {
 // token-sorted positions (2 N).
 static size_t plan_embedding_scratch(size_t N, size_t Vp) { return 4 * (3 * Vp + 1 + 2 * N); }
 
+// fp8_gpu_scale_count (linear_fp8_gpu.cu): floats in an FP8 operand's scale buffer (rows, cols)
+// with cuBLASLt's padding: per tensor 2; 1x128 round4(ceil(cols/128)) * round4(rows); 128x128
+// round4(ceil(rows/128)) * round4(ceil(cols/128)).
+static size_t plan_fp8_scales(LinearPrecision p, int weight, size_t rows, size_t cols) {
+#define PLAN_CDIV128(x) (((x) + 127) / 128)
+#define PLAN_ROUND4(x) (((x) + 3) / 4 * 4)
+    if (p == LINEAR_FP8_TENSOR) return 2;
+    if (!weight) return PLAN_ROUND4(PLAN_CDIV128(cols)) * PLAN_ROUND4(rows);
+    return PLAN_ROUND4(PLAN_CDIV128(rows)) * PLAN_ROUND4(PLAN_CDIV128(cols));
+#undef PLAN_CDIV128
+#undef PLAN_ROUND4
+}
+
 static void plan_take(size_t *category, size_t bytes) {
     if (bytes == 0) bytes = 1;
     *category += (bytes + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN;
@@ -268,6 +282,28 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
     plan_take(W, sizeof(double) * GRAD_NORM_PARTIALS);                 // grad-norm partial sums
     plan_take(W, sizeof(double));                                      // and their total
     *W += MATMUL_WORKSPACE_BYTES;  // cuBLASLt's workspace, allocated by matmul.cu outside the arena
+    if (c->precision.linear != LINEAR_BF16) {
+        // FP8 linears: model_gpu.cu's three operand slots (codes, then scales), each sized for
+        // the largest of the shapes it takes (fp8_slot_shapes there), then linear_fp8_gpu's
+        // cuBLASLt workspace outside the arena.
+        size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {3 * C, BT}, {C, BT}, {2 * F, BT}};
+        size_t s1[][2] = {{C, BT}, {F, BT}};
+        size_t s2[][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}, {C, 3 * C}, {C, 2 * F}, {F, C}};
+        size_t (*slots[3])[2] = {s0, s1, s2};
+        int n_shapes[3] = {7, 2, 7};
+        for (int slot = 0; slot < 3; slot++) {
+            size_t codes = 0, scales = 0;
+            for (int i = 0; i < n_shapes[slot]; i++) {
+                size_t r = slots[slot][i][0], cc = slots[slot][i][1];
+                size_t ns = plan_fp8_scales(c->precision.linear, slot == 2, r, cc);
+                if (r * cc > codes) codes = r * cc;
+                if (ns > scales) scales = ns;
+            }
+            plan_take(W, codes);       // FP8 codes
+            plan_take(W, 4 * scales);  // their scales
+        }
+        *W += LINEAR_FP8_WORKSPACE_BYTES;
+    }
     out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +
                  out->workspace;
 }

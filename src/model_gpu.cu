@@ -21,6 +21,19 @@
 // GEMM outputs added to the residual (and, with recompute, h1 -> dhf, h2 -> dres, sw -> buf1).
 // Backward of a block: buf1 = sw (recompute) then dfc, then dqkv; buf2 = dsw then dh, then the
 // re-derived q, k, v, then h1 (recompute); dhf = h2 (recompute), datt, dh.
+//
+// Linear layers (precision.linear): every GEMM of the qkv, attention-projection, MLP-in and
+// MLP-out linears goes through lin_forward / lin_dgrad / lin_wgrad, which run the BF16 cuBLASLt
+// GEMM of matmul.h, or, for the blocks linear_precision_of() puts in fp8_tensor / fp8_block,
+// quantize both operands with linear_fp8_gpu.h's kernels exactly as linear_fp8.c's contract
+// says and multiply the codes with its FP8 GEMMs. The FP8 operands live in three scratch slots
+// (sized for the largest operand of any linear), quantized on the fly just before each GEMM:
+// the weight too (from the BF16 working copy), every GEMM, so nothing has to be refreshed
+// after the optimizer step. Cost of that simplicity: each weight is quantized 3 times a step
+// (forward, dgrad; wgrad quantizes the activations twice more), small next to the activations
+// for d_model ~ 1k, and every activation or gradient operand is quantized just before its GEMM
+// instead of where it is produced. The LM head stays BF16 (linear_keep_lm_head_bf16 = false is
+// refused: the CPU's per-chunk FP8 scales would need the CPU's chunking to match).
 #include "model_gpu.h"
 
 #include <cuda_runtime.h>  // cudaMalloc, streams, copies
@@ -33,6 +46,8 @@
 #include "common.h"         // FATAL, errf, xcalloc
 #include "cuda_check.h"     // CUDA_CHECK
 #include "layers.h"         // norms, RoPE, SwiGLU, cross-entropy, embedding, casts, grad norm
+#include "linear_fp8.h"     // linear_precision_of, Fp8Grouping
+#include "linear_fp8_gpu.h" // fp8_quantize_gpu, linear_fp8_forward/dgrad/wgrad_gpu
 #include "matmul.h"         // matmul_forward/dgrad/wgrad_gpu, MATMUL_WORKSPACE_BYTES
 
 #define HEAD_CHUNK_TOKENS 8192  // tokens per chunk of the fused LM head (model.c's plan agrees)
@@ -69,6 +84,12 @@ typedef struct {
     float fwd_loss_scale;            // loss scale the last forward put into the head gradient
     float *host_losses;              // (BT) host copy of the per-token losses
     bf16 *host_logits;               // (Vp) host copy for next_logits
+    // FP8 linears (precision.linear != bf16 only): operand slots, see fp8_slot_shapes
+    uint8_t *q8_codes[3];            // slot 0: lhs of every FP8 GEMM (x, dy, dy^T); 1: wgrad's
+    float *q8_scales[3];             // x^T; 2: the weight (W or W^T)
+    size_t q8_codes_cap[3];          // bytes
+    long q8_scales_cap[3];           // floats
+    long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
 } Dev;
 
 static size_t align_up(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
@@ -97,9 +118,6 @@ static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
         return errf(e, "precision.attention \"%s\" is not available on the GPU backend yet (only \"bf16\"); "
                        "use train.device \"cpu\" for the FP8 attention modes",
                     attn_precision_name(c->precision.attention));
-    if (c->precision.linear != LINEAR_BF16)
-        return errf(e, "precision.linear \"%s\" is not available on the GPU backend yet (only \"bf16\")",
-                    linear_precision_name(c->precision.linear));
     if (mc->head_dim != 64 && mc->head_dim != 128)
         return errf(e, "model.d_model / model.n_head = head_dim %d: the GPU attention supports head_dim 64 or 128",
                     mc->head_dim);
@@ -108,7 +126,57 @@ static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
                     mc->d_model, mc->ffn_hidden);
     if (B < 1 || T < 1 || T > mc->seq_len)
         return errf(e, "micro-batch %d x %d tokens does not fit model.seq_len %d", B, T, mc->seq_len);
+    if (c->precision.linear != LINEAR_BF16) {
+        const char *lp = linear_precision_name(c->precision.linear);
+        if (!c->precision.linear_keep_lm_head_bf16)
+            return errf(e, "precision.linear_keep_lm_head_bf16 = false (an FP8 LM head) is not available on the GPU "
+                           "backend yet: set it to true (precision.linear \"%s\" then covers the blocks' linears), or "
+                           "use train.device \"cpu\"", lp);
+        if (mc->d_model % 16 || mc->ffn_hidden % 16)
+            return errf(e, "precision.linear \"%s\" on the GPU needs model.d_model (%d) and model.ffn_hidden (%d) to "
+                           "be multiples of 16 (cuBLASLt's FP8 GEMMs reduce over them)", lp, mc->d_model, mc->ffn_hidden);
+        if (((long)B * T) % 16)
+            return errf(e, "precision.linear \"%s\" on the GPU needs micro-batch x tokens (%d x %d = %ld) to be a "
+                           "multiple of 16 (the FP8 weight-gradient GEMM reduces over the tokens)", lp, B, T, (long)B * T);
+    }
     return 0;
+}
+
+// --- FP8 operand slots ------------------------------------------------------------------------
+// Shapes (rows, cols) every FP8 operand of one micro-batch takes, per slot (cols = the
+// reduction of the consuming GEMM; model.c's memory_plan repeats this list):
+//   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F); wgrad dy^T (3C, BT)
+//           (C, BT) (2F, BT)
+//   slot 1: wgrad x^T (C, BT) (F, BT)
+//   slot 2: forward W (3C, C) (C, C) (2F, C) (C, F); dgrad W^T (C, 3C) (C, 2F) (F, C)
+#define FP8_MAX_SHAPES 8
+static int fp8_slot_shapes(int slot, long BT, long C, long F, long shapes[][2]) {
+    long s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {3 * C, BT}, {C, BT}, {2 * F, BT}};
+    long s1[][2] = {{C, BT}, {F, BT}};
+    long s2[][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}, {C, 3 * C}, {C, 2 * F}, {F, C}};
+    long(*src)[2] = slot == 0 ? s0 : slot == 1 ? s1 : s2;
+    int n = slot == 0 ? 7 : slot == 1 ? 2 : 7;
+    for (int i = 0; i < n; i++) {
+        shapes[i][0] = src[i][0];
+        shapes[i][1] = src[i][1];
+    }
+    return n;
+}
+static Fp8Grouping act_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_1x128 : FP8_GROUP_TENSOR; }
+static Fp8Grouping weight_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_128x128 : FP8_GROUP_TENSOR; }
+// Bytes of codes and floats of scales slot `slot` needs for config c's linears.
+static void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
+    long shapes[FP8_MAX_SHAPES][2];
+    int n = fp8_slot_shapes(slot, BT, c->model.d_model, c->model.ffn_hidden, shapes);
+    Fp8Grouping g = slot == 2 ? weight_groups(c->precision.linear) : act_groups(c->precision.linear);
+    *codes = 0;
+    *scales = 0;
+    for (int i = 0; i < n; i++) {
+        size_t nc = (size_t)shapes[i][0] * (size_t)shapes[i][1];
+        long ns = fp8_gpu_scale_count(g, (int)shapes[i][0], (int)shapes[i][1]);
+        if (nc > *codes) *codes = nc;
+        if (ns > *scales) *scales = ns;
+    }
 }
 
 static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan *plan) {
@@ -176,6 +244,18 @@ static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan 
     d->norm_partials = (double *)take(&cv, sizeof(double) * GRAD_NORM_PARTIALS, W);
     d->sumsq = (double *)take(&cv, sizeof(double), W);
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
+    if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots, and linear_fp8_gpu's workspace
+        for (int slot = 0; slot < 3; slot++) {
+            size_t nc;
+            long ns;
+            fp8_slot_size(c, slot, (long)BT, &nc, &ns);
+            d->q8_codes[slot] = (uint8_t *)take(&cv, nc, W);
+            d->q8_scales[slot] = (float *)take(&cv, sizeof(float) * (size_t)ns, W);
+            d->q8_codes_cap[slot] = nc;
+            d->q8_scales_cap[slot] = ns;
+        }
+        plan->workspace += LINEAR_FP8_WORKSPACE_BYTES;  // allocated by linear_fp8_gpu.cu
+    }
     plan->total = plan->weights + plan->master + plan->optimizer + plan->grads +
                   plan->activations + plan->workspace;
 }
@@ -225,6 +305,87 @@ static const bf16 *W(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)-
 static float *G(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->g + param_offset(m, kind, layer); }
 static ParamKind head_kind(const GpuModel *m) { return m->cfg.model.tied_embeddings ? P_WTE : P_LM_HEAD; }
 
+// --- linear layers: BF16 GEMMs, or FP8 operands as linear_fp8.c's contract says -------------------
+// kind/layer name the weight W (M, K) of y = x W^T; x (N, K) with N = tokens.
+
+static LinearPrecision lin_prec(const GpuModel *m, int layer) {
+    return linear_precision_of(&m->cfg.precision, m->cfg.model.n_layer, layer);
+}
+// Output gradients: linear_grad_format with fp8_tensor, E4M3 with fp8_block (as linear_fp8_init).
+static Fp8Format grad_format(const GpuModel *m) {
+    const PrecisionConfig *p = &m->cfg.precision;
+    return p->linear == LINEAR_FP8_TENSOR && p->linear_grad_format == GRADFMT_E5M2 ? FP8_E5M2 : FP8_E4M3;
+}
+// An operand (rows, cols) in slot `slot` (capacity checked: the plan must have room for it).
+static Fp8Operand fp8_slot(Dev *d, int slot, int rows, int cols, Fp8Grouping g, Fp8Format fmt) {
+    if (!d->q8_codes[slot]) FATAL("model_gpu: FP8 linear used but no FP8 slots were planned (precision.linear bf16?)");
+    if ((size_t)rows * cols > d->q8_codes_cap[slot] || fp8_gpu_scale_count(g, rows, cols) > d->q8_scales_cap[slot])
+        FATAL("model_gpu: FP8 operand (%d, %d) does not fit slot %d (%zu codes, %ld scales planned)", rows, cols,
+              slot, d->q8_codes_cap[slot], d->q8_scales_cap[slot]);
+    Fp8Operand op;
+    memset(&op, 0, sizeof op);
+    op.codes = d->q8_codes[slot];
+    op.scales = d->q8_scales[slot];
+    op.rows = rows;
+    op.cols = cols;
+    op.grouping = g;
+    op.fmt = fmt;
+    return op;
+}
+
+// y (N, M) BF16 = x (N, K) . W^T. A 1x128-scaled x needs N % 4 == 0 (cuBLASLt's VEC128 layout):
+// only gpu_model_next_logits can break that (training checks B*T % 16), and such a forward
+// runs in BF16 (the CPU would still quantize: sampling logits may then differ slightly).
+static void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x, int N, int M, int K) {
+    Dev *d = dev_of(m);
+    LinearPrecision p = lin_prec(m, layer);
+    const bf16 *w = W(m, kind, layer);
+    if (p == LINEAR_BF16 || (act_groups(p) == FP8_GROUP_1x128 && N % 4)) {
+        matmul_forward_gpu(y, x, w, N, M, K, 0, d->stream);
+        return;
+    }
+    Fp8Operand xq = fp8_slot(d, 0, N, K, act_groups(p), FP8_E4M3);     // (N, K)
+    Fp8Operand wq = fp8_slot(d, 2, M, K, weight_groups(p), FP8_E4M3);  // (M, K)
+    fp8_quantize_gpu(&xq, NULL, x, N, K, NULL, d->stream);
+    fp8_quantize_gpu(&wq, NULL, w, M, K, NULL, d->stream);
+    linear_fp8_forward_gpu(y, &xq, &wq, d->stream);
+    d->fp8_gemms++;
+}
+
+// dx (N, K) BF16 = dy (N, M) . W
+static void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy, int N, int M, int K) {
+    Dev *d = dev_of(m);
+    LinearPrecision p = lin_prec(m, layer);
+    const bf16 *w = W(m, kind, layer);
+    if (p == LINEAR_BF16) {
+        matmul_dgrad_gpu(dx, dy, w, N, M, K, 0, d->stream);
+        return;
+    }
+    Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));  // (N, M), groups along M
+    Fp8Operand wt = fp8_slot(d, 2, K, M, weight_groups(p), FP8_E4M3);     // W^T (K, M)
+    fp8_quantize_gpu(&dyq, NULL, dy, N, M, NULL, d->stream);
+    fp8_quantize_gpu(NULL, &wt, w, M, K, NULL, d->stream);
+    linear_fp8_dgrad_gpu(dx, &dyq, &wt, d->stream);
+    d->fp8_gemms++;
+}
+
+// dW (M, K) FP32 += dy (N, M)^T . x (N, K): both operands transposed, groups along the tokens.
+static void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf16 *x, int N, int M, int K) {
+    Dev *d = dev_of(m);
+    LinearPrecision p = lin_prec(m, layer);
+    float *gw = G(m, kind, layer);
+    if (p == LINEAR_BF16) {
+        matmul_wgrad_gpu(gw, dy, x, N, M, K, d->stream);
+        return;
+    }
+    Fp8Operand dyt = fp8_slot(d, 0, M, N, act_groups(p), grad_format(m));  // dy^T (M, N)
+    Fp8Operand xt = fp8_slot(d, 1, K, N, act_groups(p), FP8_E4M3);        // x^T (K, N)
+    fp8_quantize_gpu(NULL, &dyt, dy, N, M, NULL, d->stream);
+    fp8_quantize_gpu(NULL, &xt, x, N, K, NULL, d->stream);
+    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, d->stream);
+    d->fp8_gemms++;
+}
+
 int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
                    FILE *plan_out, ErrBuf *e) {
     memset(m, 0, sizeof *m);
@@ -253,6 +414,7 @@ int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long lon
                     m->plan.total / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
     }
     size_t arena_bytes = m->plan.total - MATMUL_WORKSPACE_BYTES;
+    if (c->precision.linear != LINEAR_BF16) arena_bytes -= LINEAR_FP8_WORKSPACE_BYTES;
     char *arena = NULL;
     CUDA_CHECK(cudaMalloc((void **)&arena, arena_bytes));
     MemoryPlan again;
@@ -260,6 +422,7 @@ int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long lon
     if (memcmp(&again, &m->plan, sizeof again)) FATAL("model_gpu: the plan changed between sizing and carving");
     CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
     matmul_gpu_init();
+    if (c->precision.linear != LINEAR_BF16) linear_fp8_gpu_init();
     d->host_losses = (float *)xcalloc((size_t)B * T, sizeof(float));
     d->host_logits = (bf16 *)xcalloc((size_t)c->model.padded_vocab_size, sizeof(bf16));
     m->priv = d;
@@ -348,17 +511,17 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     for (int l = 0; l < L; l++) {
         LayerBufs *lb = &d->L[l];
         bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
-        matmul_forward_gpu(lb->qkv, h1, W(m, P_QKV, l), BT, 3 * C, C, 0, s);      // (BT, 3C)
+        lin_forward(m, P_QKV, l, lb->qkv, h1, BT, 3 * C, C);                       // (BT, 3C)
         const bf16 *qkv = lb->qkv;
         if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
         else if (mc->position == POS_ROPE) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
         attn_gpu_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, s);
-        matmul_forward_gpu(d->buf2, lb->o, W(m, P_ATTN_PROJ, l), BT, C, C, 0, s);  // (BT, C)
+        lin_forward(m, P_ATTN_PROJ, l, d->buf2, lb->o, BT, C, C);                  // (BT, C)
         residual_rmsnorm_forward_gpu(lb->x_mid, h2, lb->rstd2, lb->x_in, d->buf2, W(m, P_MLP_NORM, l),
                                      BT, C, eps, s);
-        matmul_forward_gpu(lb->fc, h2, W(m, P_MLP_FC, l), BT, 2 * F, C, 0, s);    // (BT, 2F)
+        lin_forward(m, P_MLP_FC, l, lb->fc, h2, BT, 2 * F, C);                     // (BT, 2F)
         swiglu_forward_gpu(sw, lb->fc, BT, F, s);                                  // (BT, F)
-        matmul_forward_gpu(d->buf2, sw, W(m, P_MLP_PROJ, l), BT, C, F, 0, s);     // (BT, C)
+        lin_forward(m, P_MLP_PROJ, l, d->buf2, sw, BT, C, F);                      // (BT, C)
         if (l + 1 < L) {
             LayerBufs *nb = &d->L[l + 1];
             residual_rmsnorm_forward_gpu(nb->x_in, rc ? d->dhf : nb->h1, nb->rstd1, lb->x_mid, d->buf2,
@@ -456,21 +619,21 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
             swiglu_forward_gpu(d->buf1, lb->fc, BT, F, s);
             sw = d->buf1;
         }
-        matmul_wgrad_gpu(G(m, P_MLP_PROJ, l), d->dres, sw, BT, C, F, s);           // (C, F)
-        matmul_dgrad_gpu(d->buf2, d->dres, W(m, P_MLP_PROJ, l), BT, C, F, 0, s);   // dsw (BT, F)
+        lin_wgrad(m, P_MLP_PROJ, l, d->dres, sw, BT, C, F);                         // (C, F)
+        lin_dgrad(m, P_MLP_PROJ, l, d->buf2, d->dres, BT, C, F);                    // dsw (BT, F)
         swiglu_backward_gpu(d->buf1, d->buf2, lb->fc, BT, F, s);                    // dfc (BT, 2F)
         const bf16 *h2 = lb->h2;
         if (rc) {
             rmsnorm_forward_gpu(d->dhf, lb->rstd2, lb->x_mid, W(m, P_MLP_NORM, l), BT, C, eps, s);
             h2 = d->dhf;
         }
-        matmul_wgrad_gpu(G(m, P_MLP_FC, l), d->buf1, h2, BT, 2 * F, C, s);         // (2F, C)
-        matmul_dgrad_gpu(d->buf2, d->buf1, W(m, P_MLP_FC, l), BT, 2 * F, C, 0, s); // dh (BT, C)
+        lin_wgrad(m, P_MLP_FC, l, d->buf1, h2, BT, 2 * F, C);                       // (2F, C)
+        lin_dgrad(m, P_MLP_FC, l, d->buf2, d->buf1, BT, 2 * F, C);                  // dh (BT, C)
         rmsnorm_backward_gpu(d->dres, G(m, P_MLP_NORM, l), d->norm_scratch, d->buf2, lb->x_mid,
                              W(m, P_MLP_NORM, l), lb->rstd2, BT, C, 1, s);
         // Attention: x_mid = x_in + o @ Wo^T
-        matmul_wgrad_gpu(G(m, P_ATTN_PROJ, l), d->dres, lb->o, BT, C, C, s);        // (C, C)
-        matmul_dgrad_gpu(d->dhf, d->dres, W(m, P_ATTN_PROJ, l), BT, C, C, 0, s);    // do (BT, C)
+        lin_wgrad(m, P_ATTN_PROJ, l, d->dres, lb->o, BT, C, C);                      // (C, C)
+        lin_dgrad(m, P_ATTN_PROJ, l, d->dhf, d->dres, BT, C, C);                     // do (BT, C)
         const bf16 *qkv = attention_inputs(m, l, d->buf2, B, T);
         bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
         attn_gpu_backward(qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv,
@@ -484,8 +647,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
             rmsnorm_forward_gpu(d->buf2, lb->rstd1, lb->x_in, W(m, P_ATTN_NORM, l), BT, C, eps, s);
             h1 = d->buf2;
         }
-        matmul_wgrad_gpu(G(m, P_QKV, l), dqkv, h1, BT, 3 * C, C, s);                // (3C, C)
-        matmul_dgrad_gpu(d->dhf, dqkv, W(m, P_QKV, l), BT, 3 * C, C, 0, s);         // dh (BT, C)
+        lin_wgrad(m, P_QKV, l, dqkv, h1, BT, 3 * C, C);                              // (3C, C)
+        lin_dgrad(m, P_QKV, l, d->dhf, dqkv, BT, 3 * C, C);                          // dh (BT, C)
         rmsnorm_backward_gpu(d->dres, G(m, P_ATTN_NORM, l), d->norm_scratch, d->dhf, lb->x_in,
                              W(m, P_ATTN_NORM, l), lb->rstd1, BT, C, 1, s);
     }
@@ -536,6 +699,7 @@ static void copy_in(GpuModel *m, float *dev, const float *host) {
 void gpu_model_get_params(GpuModel *m, float *params) { copy_out(m, params, dev_of(m)->p); }
 void gpu_model_get_grads(GpuModel *m, float *grads) { copy_out(m, grads, dev_of(m)->g); }
 float *gpu_model_grads_device(GpuModel *m) { return dev_of(m)->g; }
+long long gpu_model_fp8_gemm_count(GpuModel *m) { return dev_of(m)->fp8_gemms; }
 void *gpu_model_stream(GpuModel *m) { return (void *)dev_of(m)->stream; }
 
 void gpu_model_set_params(GpuModel *m, const float *params) {

@@ -18,8 +18,12 @@
 // A forward that is not followed by a backward therefore leaves the head's gradient in the
 // gradients: use gpu_model_loss for evaluation (it computes no gradient).
 //
-// Precision: precision.attention must be "bf16" and precision.linear "bf16" (the FP8 modes
-// are not on the GPU yet): gpu_model_init returns -1 with a message otherwise.
+// Precision: precision.attention must be "bf16" (gpu_model_init returns -1 with a message
+// otherwise). precision.linear may be "bf16", "fp8_tensor" or "fp8_block": the blocks'
+// linears that linear_precision_of (linear_fp8.h) puts in FP8 quantize their GEMM operands with
+// linear_fp8_gpu.h exactly as linear_fp8.c's contract says (the CPU backend emulates the same
+// codes). FP8 linears need linear_keep_lm_head_bf16 = true (an FP8 LM head is refused),
+// d_model and ffn_hidden multiples of 16, and B*T a multiple of 16.
 // train.recompute: the attention/MLP RMSNorm outputs and the SwiGLU output are not kept per
 // layer but recomputed in the backward from the saved residuals (one norm or SwiGLU kernel
 // each), which saves 2*(2C + F) bytes per token and layer.
@@ -103,6 +107,10 @@ void gpu_model_set_opt_state(GpuModel *m, const float *adam_m, const float *adam
 // device FP32 gradients (table.total values) and the cudaStream_t all of the model's work uses.
 float *gpu_model_grads_device(GpuModel *m);
 void *gpu_model_stream(GpuModel *m);
+
+// FP8 GEMMs (forward, dgrad and wgrad each count one) run since gpu_model_init: 12 per FP8 block
+// per forward + backward, 4 per forward only. For tests.
+long long gpu_model_fp8_gemm_count(GpuModel *m);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,410 @@
+// test_model_gpu_fp8.cu: FP8 linear layers on the GPU backend (precision.linear = fp8_tensor |
+// fp8_block, model_gpu.cu's lin_forward / lin_dgrad / lin_wgrad) against the CPU backend's
+// emulation of the same contract (linear_fp8.c).
+//
+// Everywhere (host code only): model.c's memory_plan (what --dry-run prints) equals
+// gpu_model_plan byte for byte in FP8 modes, the FP8 slots are the only difference from BF16,
+// and the configs the GPU refuses in FP8 (FP8 LM head, B*T or widths not multiples of 16) are
+// user errors with messages naming the field. Without a GPU: then one "skipped" line, exit 0.
+// With a GPU, on test_model_gpu.cu's tiny config and batches (d 128, 2 layers, 2 heads of 64,
+// SwiGLU 352, B 8, T 64):
+//   bf16: the numbers of test_model_gpu's "base" case (same batches, same seed), printed in
+//   the same format, and no FP8 GEMM runs.
+//   fp8_tensor (grads E4M3), fp8_tensor (grads E5M2), fp8_block: GPU vs CPU in the same mode:
+//   the loss, EVERY parameter gradient (rel L2, printed with the CPU's own FP8 effect, i.e.
+//   rel L2 of the CPU's BF16 gradient against its FP8 one), the size of the FP8 effect on the
+//   GPU against the CPU's (catches an FP8 path that is silently BF16, or a wrong format), the
+//   number of FP8 GEMMs (12 per FP8 block per step), next-token logits, and 10 AdamW steps.
+//   keep-first/last options: layer 0 or layer 1 kept BF16 (6 -> 12 FP8 GEMMs), and both kept
+//   (all BF16: the same gradients as the BF16 run).
+//   Timing (information): the 125M config's shapes in bf16, fp8_tensor and fp8_block.
+#include <cuda_runtime.h>  // cudaGetDeviceCount (via gpu_test.h)
+#include <math.h>          // sqrt, isfinite, fabs
+#include <stdint.h>        // int32_t
+#include <stdio.h>         // printf
+#include <stdlib.h>        // exit
+#include <string.h>        // memcmp, strstr
+#include <vector>          // host buffers
+
+#include "attention_gpu.h"  // attn_gpu_block_sizes (the CPU emulates those tiles)
+#include "common.h"         // ErrBuf, now_seconds
+#include "config.h"         // Config, config_parse
+#include "gpu_test.h"       // gpu_test_have_gpu
+#include "linear_fp8.h"     // linear_precision_of: which blocks run FP8
+#include "model.h"          // memory_plan, model_flops_per_token
+#include "model_cpu.h"      // the reference backend
+#include "model_gpu.h"      // the backend under test
+#include "optimizer.h"      // AdamW, grad_global_norm, grad_clip_factor
+#include "test.h"           // CHECK, test_summary
+
+// test_model_gpu.cu's tiny config, unchanged.
+static const char *TINY_JSON =
+    "{\"model\": {\"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 352, \"seq_len\": 64},"
+    " \"train\": {\"micro_batch\": 8, \"steps\": 10, \"lr\": 3e-3, \"schedule\": \"constant\","
+    " \"warmup_steps\": 0, \"weight_decay\": 0.1, \"grad_clip\": 1.0},"
+    " \"precision\": {\"attention\": \"bf16\"}}";
+
+static Config make_config(const char *json, const char *const *overrides, int n) {
+    Config c;
+    ErrBuf e;
+    if (config_parse(json, "test_model_gpu_fp8", overrides, n, &c, &e)) {
+        printf("FAIL - config (%s:%d): %s\n", __FILE__, __LINE__, e.msg);
+        exit(1);
+    }
+    return c;
+}
+
+// --- test_model_gpu.cu's batches (same generator, same seed: its "base" case sees these) ---------
+static uint64_t rng = 0xC0FFEE123ull;
+static uint32_t rnd(void) {
+    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+static void make_batch(int32_t *tokens, int32_t *targets, int B, int T, int V) {
+    for (int b = 0; b < B; b++) {
+        int32_t x = (int32_t)(rnd() % 997);
+        for (int t = 0; t <= T; t++) {
+            if (t < T) tokens[b * T + t] = x;
+            if (t > 0) targets[b * T + t - 1] = (rnd() % 100 < 3) ? -1 : x;
+            x = (rnd() % 100 < 85) ? (7 * x + 13) % 997 : (int32_t)(rnd() % (uint32_t)V);
+        }
+    }
+}
+
+static double rel_l2(const float *a, const float *ref, size_t n, double *cosine) {
+    double num = 0, den = 0, ab = 0, aa = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        ab += (double)a[i] * ref[i];
+        aa += (double)a[i] * a[i];
+    }
+    if (cosine) *cosine = (aa > 0 && den > 0) ? ab / sqrt(aa * den) : (aa == den ? 1.0 : 0.0);
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+// --- host-only: plans and user errors --------------------------------------------------------------
+static void plan_tests(void) {
+    const char *modes[] = {"precision.linear=\"fp8_tensor\"", "precision.linear=\"fp8_block\""};
+    const char *big[] = {"model.d_model=768", "model.n_head=6", "model.ffn_hidden=2048", "model.seq_len=1024",
+                         "model.n_layer=3", "model.tied_embeddings=true", "train.micro_batch=16"};
+    const char *odd[] = {"model.d_model=192", "model.n_head=3", "model.ffn_hidden=528", "train.micro_batch=3"};
+    const char *rc_qk[] = {"train.recompute=true", "model.qk_norm=true"};
+    struct { const char *label; const char *const *ov; int n; } shapes[] = {
+        {"tiny", NULL, 0}, {"d768 B16 T1024", big, 7}, {"d192 F528 B3 (partial 128-groups)", odd, 4},
+        {"tiny recompute qk_norm", rc_qk, 2}};
+    for (int mi = 0; mi < 2; mi++)
+        for (auto &s : shapes) {
+            std::vector<const char *> ov(s.ov, s.ov + s.n);
+            ov.push_back(modes[mi]);
+            Config c = make_config(TINY_JSON, ov.data(), (int)ov.size());
+            Config cb = make_config(TINY_JSON, s.ov, s.n);  // the same shape in BF16
+            int B = c.train.micro_batch, T = c.model.seq_len;
+            MemoryPlan dry, gpu, dry_b, gpu_b;
+            ErrBuf e;
+            char name[220];
+            memory_plan(&c, 1, 0, B, &dry);
+            int rc = gpu_model_plan(&c, B, T, &gpu, &e);
+            snprintf(name, sizeof name, "plan %s %s: gpu_model_plan accepts it", s.label, modes[mi]);
+            CHECK(rc == 0, name, "%s", rc ? e.msg : "");
+            snprintf(name, sizeof name, "plan %s %s: --dry-run's plan equals the GPU allocation in every category",
+                     s.label, modes[mi]);
+            CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry), name,
+                  "dry/gpu: weights %zu/%zu master %zu/%zu opt %zu/%zu grads %zu/%zu act %zu/%zu ws %zu/%zu total "
+                  "%zu/%zu",
+                  dry.weights, gpu.weights, dry.master, gpu.master, dry.optimizer, gpu.optimizer, dry.grads,
+                  gpu.grads, dry.activations, gpu.activations, dry.workspace, gpu.workspace, dry.total, gpu.total);
+            memory_plan(&cb, 1, 0, B, &dry_b);
+            gpu_model_plan(&cb, B, T, &gpu_b, &e);
+            // FP8 adds only workspace: 3 code slots (>= BT*max(3C,2F), BT*max(C,F), C*max(3C,2F)
+            // bytes), their scales and linear_fp8_gpu's 32 MiB.
+            size_t BT = (size_t)B * T, C = c.model.d_model, F = c.model.ffn_hidden;
+            size_t wide = 3 * C > 2 * F ? 3 * C : 2 * F, narrow = C > F ? C : F;
+            size_t min_extra = BT * wide + BT * narrow + C * wide + ((size_t)32 << 20);
+            size_t extra = gpu.workspace - gpu_b.workspace;
+            printf("# plan %s %s: FP8 slots + cuBLASLt workspace %.3f MiB (codes alone %.3f MiB)\n", s.label,
+                   modes[mi], extra / 1048576.0, (min_extra - ((size_t)32 << 20)) / 1048576.0);
+            snprintf(name, sizeof name, "plan %s %s: only the workspace grows, by the FP8 slots", s.label, modes[mi]);
+            CHECK(gpu.weights == gpu_b.weights && gpu.master == gpu_b.master && gpu.optimizer == gpu_b.optimizer &&
+                      gpu.grads == gpu_b.grads && gpu.activations == gpu_b.activations && extra >= min_extra &&
+                      extra < min_extra + min_extra / 4 + 8192 && !memcmp(&dry_b, &gpu_b, sizeof dry_b),
+                  name, "workspace +%zu bytes, expected at least %zu", extra, min_extra);
+        }
+    // User errors.
+    ErrBuf e;
+    MemoryPlan mp;
+    const char *ov_head[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_keep_lm_head_bf16=false"};
+    Config c = make_config(TINY_JSON, ov_head, 2);
+    int rc = gpu_model_plan(&c, 8, 64, &mp, &e);
+    CHECK(rc == -1 && strstr(e.msg, "linear_keep_lm_head_bf16"), "plan: an FP8 LM head is a user error on the GPU",
+          "rc %d msg %s", rc, rc ? e.msg : "");
+    const char *ov_blk[] = {"precision.linear=\"fp8_block\""};
+    c = make_config(TINY_JSON, ov_blk, 1);
+    rc = gpu_model_plan(&c, 1, 63, &mp, &e);
+    CHECK(rc == -1 && strstr(e.msg, "multiple of 16") && strstr(e.msg, "63"),
+          "plan: fp8 with B*T = 63 tokens is a user error", "rc %d msg %s", rc, rc ? e.msg : "");
+    rc = gpu_model_plan(&c, 1, 48, &mp, &e);
+    CHECK(rc == 0, "plan: fp8 with B*T = 48 tokens is accepted", "%s", rc ? e.msg : "");
+    c.model.ffn_hidden = 344;  // a multiple of 8 (BF16 is fine) but not of 16
+    rc = gpu_model_plan(&c, 8, 64, &mp, &e);
+    CHECK(rc == -1 && strstr(e.msg, "ffn_hidden") && strstr(e.msg, "344"),
+          "plan: fp8 with ffn_hidden 344 is a user error", "rc %d msg %s", rc, rc ? e.msg : "");
+    c = make_config(TINY_JSON, NULL, 0);
+    c.model.ffn_hidden = 344;
+    rc = gpu_model_plan(&c, 8, 64, &mp, &e);
+    CHECK(rc == 0, "plan: bf16 with ffn_hidden 344 is still accepted", "%s", rc ? e.msg : "");
+    const char *ov_att[] = {"precision.linear=\"fp8_tensor\"", "precision.attention=\"fp8_dm\""};
+    c = make_config(TINY_JSON, ov_att, 2);
+    rc = gpu_model_plan(&c, 8, 64, &mp, &e);
+    CHECK(rc == -1 && strstr(e.msg, "precision.attention"), "plan: FP8 attention is still refused with FP8 linears",
+          "rc %d msg %s", rc, rc ? e.msg : "");
+}
+
+// --- GPU vs CPU in one linear precision ----------------------------------------------------------------
+#define STEPS 10
+#define SEED 1234
+
+struct Batches {
+    int B, T, n;
+    std::vector<int32_t> tokens, targets;
+};
+
+// Reference gradients of batch 0 in BF16 on both backends (filled by the bf16 run).
+struct Ref {
+    std::vector<float> gpu_bf16, cpu_bf16;
+};
+
+static int fp8_layers(const Config &c) {
+    int n = 0;
+    for (int l = 0; l < c.model.n_layer; l++) n += linear_precision_of(&c.precision, c.model.n_layer, l) != LINEAR_BF16;
+    return n;
+}
+
+// label: printed prefix; steps: AdamW steps compared (0: gradients only); tol: per-tensor
+// gradient rel L2 bound. Fills ref in the BF16 run.
+static void run_mode(const char *label, const Config &c_in, const Batches &bt, int steps, double tol, Ref *ref) {
+    Config c = c_in;  // the CPU emulates the GPU kernel's attention tiles
+    attn_gpu_block_sizes(c.model.head_dim, &c.precision.attention_block_q, &c.precision.attention_block_k);
+    const ModelConfig *mc = &c.model;
+    int B = bt.B, T = bt.T, BT = B * T, n_fp8 = fp8_layers(c), is_bf16 = c.precision.linear == LINEAR_BF16;
+    char name[220];
+    CpuModel cpu;
+    cpu_model_init(&cpu, &c, B, T, SEED);
+    GpuModel gpu;
+    ErrBuf e;
+    int rc = gpu_model_init(&gpu, &c, B, T, SEED, NULL, &e);
+    snprintf(name, sizeof name, "%s: gpu_model_init", label);
+    CHECK(rc == 0, name, "%s", rc ? e.msg : "");
+    if (rc) {
+        cpu_model_free(&cpu);
+        return;
+    }
+    size_t P = gpu.table.total;
+    std::vector<float> gg(P), cg(P), gp(P);
+    printf("# %s: %d of %d blocks in %s (grads %s), LM head bf16\n", label, n_fp8, mc->n_layer,
+           linear_precision_name(c.precision.linear),
+           c.precision.linear == LINEAR_FP8_TENSOR && c.precision.linear_grad_format == GRADFMT_E5M2 ? "e5m2" : "e4m3");
+
+    // loss and gradients of batch 0
+    float lc = cpu_model_forward(&cpu, bt.tokens.data(), bt.targets.data());
+    cpu_model_backward(&cpu, 1.0f);
+    gpu_model_zero_grad(&gpu);
+    float lg = gpu_model_forward(&gpu, bt.tokens.data(), bt.targets.data());
+    gpu_model_backward(&gpu, 1.0f);
+    gpu_model_get_grads(&gpu, gg.data());
+    memcpy(cg.data(), cpu.grads, P * sizeof(float));
+    long long n_gemms = gpu_model_fp8_gemm_count(&gpu);
+    printf("# %s: loss cpu %.6f gpu %.6f (rel %.2e)\n", label, lc, lg, fabs(lg - lc) / fabs(lc));
+    snprintf(name, sizeof name, "%s: loss matches the CPU in the same mode (rel 1e-2)", label);
+    CHECK(isfinite(lg) && fabs(lg - lc) <= 1e-2 * fabs(lc), name, "cpu %.6f gpu %.6f", lc, lg);
+    snprintf(name, sizeof name, "%s: %d FP8 GEMMs in one forward + backward (12 per FP8 block)", label, 12 * n_fp8);
+    CHECK(n_gemms == 12LL * n_fp8, name, "ran %lld", n_gemms);
+    if (is_bf16) {
+        ref->gpu_bf16 = gg;
+        ref->cpu_bf16 = cg;
+    }
+    double worst = 0;
+    for (int i = 0; i < gpu.table.n; i++) {
+        const ParamDesc *p = &gpu.table.p[i];
+        double cosv, r = rel_l2(gg.data() + p->offset, cg.data() + p->offset, p->numel, &cosv);
+        if (!(r <= worst)) worst = r;
+        if (is_bf16) {  // test_model_gpu's format
+            printf("#   %-12s %-32s rel L2 %.3e  cos %.6f\n", "base", p->name, r, cosv);
+        } else {
+            // the CPU's own FP8 effect on this tensor: a correct GPU is well below it
+            double fx = rel_l2(ref->cpu_bf16.data() + p->offset, cg.data() + p->offset, p->numel, NULL);
+            printf("#   %-22s %-28s rel L2 %.3e  cos %.6f  (cpu fp8 effect %.3e, ratio %.2f)\n", label, p->name, r,
+                   cosv, fx, fx > 0 ? r / fx : 0.0);
+        }
+        snprintf(name, sizeof name, "%s: gradient of %s (rel L2 < %.0e)", label, p->name, tol);
+        CHECK(r < tol, name, "rel L2 %.3e, cosine %.6f", r, cosv);
+    }
+    printf("# %s: worst gradient rel L2 %.3e\n", label, worst);
+    if (!is_bf16 && n_fp8 > 0) {
+        // Size of the FP8 effect: GPU fp8 vs GPU bf16 against CPU fp8 vs CPU bf16 (whole vector).
+        // A GPU that silently ran BF16 has ratio ~0; E5M2 where E4M3 belongs ~2.
+        double eg = rel_l2(gg.data(), ref->gpu_bf16.data(), P, NULL);
+        double ec = rel_l2(cg.data(), ref->cpu_bf16.data(), P, NULL);
+        double same = rel_l2(gg.data(), cg.data(), P, NULL);
+        printf("# %s: FP8 effect on all gradients: gpu %.3e cpu %.3e (ratio %.2f); gpu vs cpu fp8 %.3e\n", label, eg,
+               ec, ec > 0 ? eg / ec : 0.0, same);
+        snprintf(name, sizeof name, "%s: the FP8 effect on the gradients has the CPU's size (ratio in [0.5, 2])",
+                 label);
+        CHECK(ec > 0 && eg / ec > 0.5 && eg / ec < 2.0, name, "gpu %.3e cpu %.3e", eg, ec);
+    }
+    if (!is_bf16 && n_fp8 == 0) {  // every block kept BF16: the BF16 run's gradients
+        // Not bit for bit: the attention backward adds dQ with atomics (run-to-run order).
+        double r = rel_l2(gg.data(), ref->gpu_bf16.data(), P, NULL);
+        int identical = !memcmp(gg.data(), ref->gpu_bf16.data(), P * sizeof(float));
+        printf("# %s: gradients vs the bf16 GPU run: rel L2 %.3e%s\n", label, r, identical ? " (bit-identical)" : "");
+        snprintf(name, sizeof name, "%s: all blocks kept BF16 give the bf16 run's gradients (rel L2 < 5e-3)", label);
+        CHECK(r < 5e-3, name, "rel L2 %.3e", r);
+        snprintf(name, sizeof name, "%s: on the CPU too, bit for bit", label);
+        CHECK(!memcmp(cg.data(), ref->cpu_bf16.data(), P * sizeof(float)), name, "rel L2 %.3e",
+              rel_l2(cg.data(), ref->cpu_bf16.data(), P, NULL));
+    }
+
+    // evaluation path and next-token logits
+    float le = gpu_model_loss(&gpu, bt.tokens.data(), bt.targets.data());
+    snprintf(name, sizeof name, "%s: gpu_model_loss equals the forward's loss", label);
+    CHECK(fabs(le - lg) <= 1e-6 * fabs(lg), name, "forward %.7f loss %.7f", lg, le);
+    snprintf(name, sizeof name, "%s: an evaluation forward runs %d FP8 GEMMs", label, 4 * n_fp8);
+    CHECK(gpu_model_fp8_gemm_count(&gpu) - n_gemms == 4LL * n_fp8, name, "ran %lld",
+          gpu_model_fp8_gemm_count(&gpu) - n_gemms);
+    {
+        int t = T / 2;
+        std::vector<float> a(mc->padded_vocab_size), b(mc->padded_vocab_size);
+        gpu_model_next_logits(&gpu, bt.tokens.data(), t, a.data());
+        cpu_model_next_logits(&cpu, bt.tokens.data(), t, b.data());
+        double r = rel_l2(a.data(), b.data(), (size_t)mc->vocab_size, NULL);
+        printf("# %s: next_logits (t %d) rel L2 %.3e\n", label, t, r);
+        snprintf(name, sizeof name, "%s: next_logits match the CPU (rel L2 < 2e-2)", label);
+        CHECK(r < 2e-2, name, "rel L2 %.3e", r);
+    }
+
+    if (steps > 0) {  // AdamW run: the same batches on both backends
+        AdamW opt;
+        adamw_init(&opt, P);
+        std::vector<float> gl(steps), cl(steps);
+        int ok_curve = 1;
+        double worst_curve = 0;
+        for (int k = 0; k < steps; k++) {
+            const int32_t *tk = &bt.tokens[(size_t)k * BT], *tg = &bt.targets[(size_t)k * BT];
+            double lr = lr_at_step(&c.train, k);
+            cpu_model_zero_grad(&cpu);
+            cl[k] = cpu_model_forward(&cpu, tk, tg);
+            cpu_model_backward(&cpu, 1.0f);
+            double cn = grad_global_norm(cpu.grads, P);
+            adamw_step(&opt, &cpu.table, &c.train, cpu.params, cpu.grads, lr, grad_clip_factor(&c.train, cn));
+            gpu_model_zero_grad(&gpu);
+            gl[k] = gpu_model_forward(&gpu, tk, tg);
+            gpu_model_backward(&gpu, 1.0f);
+            double n = gpu_model_grad_norm(&gpu);
+            gpu_model_step(&gpu, lr, grad_clip_factor(&c.train, n), &c.train);
+            double r = fabs(gl[k] - cl[k]) / fabs(cl[k]);
+            if (r > worst_curve) worst_curve = r;
+            if (!(r <= 1e-2)) ok_curve = 0;
+            printf("#   %-22s step %2d  loss cpu %.5f gpu %.5f (rel %.1e)  grad norm cpu %.4f gpu %.4f\n", label, k,
+                   cl[k], gl[k], r, cn, n);
+        }
+        snprintf(name, sizeof name, "%s: %d AdamW steps track the CPU (loss rel 1e-2 each step)", label, steps);
+        CHECK(ok_curve, name, "worst rel difference %.3e", worst_curve);
+        snprintf(name, sizeof name, "%s: the loss falls over the run", label);
+        CHECK(gl[steps - 1] < gl[0] - 0.1, name, "first %.4f last %.4f", gl[0], gl[steps - 1]);
+        gpu_model_get_params(&gpu, gp.data());
+        double r = rel_l2(gp.data(), cpu.params, P, NULL);
+        printf("# %s: parameters after %d steps, GPU vs CPU rel L2 %.3e (information)\n", label, steps, r);
+        adamw_free(&opt);
+    }
+    gpu_model_free(&gpu);
+    cpu_model_free(&cpu);
+}
+
+// --- timing on the 125M config's shapes -------------------------------------------------------------
+static double timed_run(const char *label, const char *const *ov, int n_ov) {
+    const char *s125 =
+        "{\"model\": {\"d_model\": 768, \"n_layer\": 12, \"n_head\": 6, \"ffn_hidden\": 2048, \"seq_len\": 1024,"
+        " \"tied_embeddings\": true}, \"train\": {\"micro_batch\": 16, \"grad_clip\": 1.0},"
+        " \"precision\": {\"attention\": \"bf16\"}}";
+    Config c = make_config(s125, ov, n_ov);
+    int B = c.train.micro_batch, T = c.model.seq_len, BT = B * T;
+    std::vector<int32_t> tokens(BT), targets(BT);
+    make_batch(tokens.data(), targets.data(), B, T, c.model.vocab_size);
+    GpuModel m;
+    ErrBuf e;
+    char name[160];
+    int rc = gpu_model_init(&m, &c, B, T, 42, NULL, &e);
+    snprintf(name, sizeof name, "timing 125M %s: gpu_model_init", label);
+    CHECK(rc == 0, name, "%s", rc ? e.msg : "");
+    if (rc) return 0;
+    int ok = 1, n_steps = 8, warm = 3;
+    double t0 = 0;
+    float first = 0, last = 0;
+    for (int k = 0; k < n_steps; k++) {
+        if (k == warm) t0 = now_seconds();
+        gpu_model_zero_grad(&m);
+        float l = gpu_model_forward(&m, tokens.data(), targets.data());
+        gpu_model_backward(&m, 1.0f);
+        double n = gpu_model_grad_norm(&m);
+        gpu_model_step(&m, 6e-4, grad_clip_factor(&c.train, n), &c.train);
+        if (!isfinite(l) || !isfinite(n)) ok = 0;
+        if (k == 0) first = l;
+        last = l;
+    }
+    double dt = (now_seconds() - t0) / (n_steps - warm);
+    double flops = model_flops_per_token(&c.model) * BT;
+    printf("# timing: 125M L12 T1024 B%d %-10s: %.2f ms/step, %.0f tokens/s, %.1f TFLOP/s (model FLOPs), %.2f GiB "
+           "planned, loss %.4f -> %.4f (same batch)\n",
+           B, label, dt * 1e3, BT / dt, flops / dt / 1e12, m.plan.total / 1073741824.0, first, last);
+    snprintf(name, sizeof name, "timing 125M %s: loss and gradient norm finite", label);
+    CHECK(ok, name, "loss %.4f -> %.4f", first, last);
+    gpu_model_free(&m);
+    return BT / dt;
+}
+
+int main(void) {
+    plan_tests();
+    if (!gpu_test_have_gpu("test_model_gpu_fp8")) return test_summary("test_model_gpu_fp8");
+    double t0 = now_seconds();
+    Config base = make_config(TINY_JSON, NULL, 0);
+    Batches bt;
+    bt.B = base.train.micro_batch;
+    bt.T = base.model.seq_len;
+    bt.n = STEPS;
+    size_t BT = (size_t)bt.B * bt.T;
+    bt.tokens.resize(STEPS * BT);
+    bt.targets.resize(STEPS * BT);
+    for (int k = 0; k < STEPS; k++)  // exactly test_model_gpu's "base" batches
+        make_batch(&bt.tokens[k * BT], &bt.targets[k * BT], bt.B, bt.T, base.model.vocab_size);
+    Ref ref;
+    run_mode("bf16 (= test_model_gpu base)", base, bt, STEPS, 3e-2, &ref);
+    if (ref.gpu_bf16.empty()) return test_summary("test_model_gpu_fp8");
+
+    const char *ov_t4[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_grad_format=\"e4m3\""};
+    const char *ov_t5[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_grad_format=\"e5m2\""};
+    const char *ov_b[] = {"precision.linear=\"fp8_block\""};
+    run_mode("fp8_tensor e4m3", make_config(TINY_JSON, ov_t4, 2), bt, STEPS, 3e-2, &ref);
+    run_mode("fp8_tensor e5m2", make_config(TINY_JSON, ov_t5, 2), bt, STEPS, 5e-2, &ref);
+    run_mode("fp8_block", make_config(TINY_JSON, ov_b, 1), bt, STEPS, 3e-2, &ref);
+    const char *ov_first[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_bf16_first_layers=1"};
+    const char *ov_last[] = {"precision.linear=\"fp8_block\"", "precision.linear_bf16_last_layers=1"};
+    const char *ov_both[] = {"precision.linear=\"fp8_block\"", "precision.linear_bf16_first_layers=1",
+                             "precision.linear_bf16_last_layers=1"};
+    run_mode("fp8_tensor first=1", make_config(TINY_JSON, ov_first, 2), bt, 0, 3e-2, &ref);
+    run_mode("fp8_block last=1", make_config(TINY_JSON, ov_last, 2), bt, 0, 3e-2, &ref);
+    run_mode("fp8_block first=last=1", make_config(TINY_JSON, ov_both, 3), bt, 0, 3e-2, &ref);
+    printf("# tiny modes took %.1f s\n", now_seconds() - t0);
+
+    double tb = timed_run("bf16", NULL, 0);
+    const char *ov_tt[] = {"precision.linear=\"fp8_tensor\""};
+    double tt = timed_run("fp8_tensor", ov_tt, 1);
+    double tk = timed_run("fp8_block", ov_b, 1);
+    if (tb > 0)
+        printf("# timing: 125M tokens/s relative to bf16: fp8_tensor %.2fx, fp8_block %.2fx (weights quantized per "
+               "GEMM, operands just before each GEMM)\n",
+               tt / tb, tk / tb);
+    return test_summary("test_model_gpu_fp8");
+}
