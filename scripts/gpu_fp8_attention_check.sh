@@ -1,7 +1,8 @@
 #!/bin/bash
 # gpu_fp8_attention_check.sh: on a GPU machine, build and run the FP8 attention tests
 # (test/test_attention_fp8_gpu.cu: the quantize kernels of src/attention_quant.cu against the CPU
-# emulation, code for code; src/attention_fwd_fp8.cu's forward and fp8_hybrid's backward), show
+# emulation, code for code; src/attention_fwd_fp8.cu's forward, fp8_hybrid's backward and
+# src/attention_bwd_fp8.cu's FP8 backward; ATTN_FP8_TEST_BWD_ONLY=1 runs only the latter), show
 # the register/spill report and the SASS instruction mix of the FP8 kernels (QGMMA = FP8 wgmma),
 # and print a summary last. Builds with the Makefile (build/); if that fails (e.g. another
 # module of the tree does not compile), falls back to explicit nvcc commands for just the files
@@ -18,6 +19,9 @@ CUOBJDUMP=$(command -v cuobjdump || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuob
 NVF="-std=c++17 -O3 -lineinfo -gencode arch=compute_90a,code=sm_90a -Isrc -Xcompiler -fopenmp"  # the Makefile's NVFLAGS
 CU_SRCS="attention_quant"
 [ -f src/attention_fwd_fp8.cu ] && CU_SRCS="$CU_SRCS attention_fwd_fp8"
+[ -f src/attention_bwd_fp8.cu ] && CU_SRCS="$CU_SRCS attention_bwd_fp8"
+BF16_SRCS="attention_fwd attention_bwd"  # the BF16 kernels (fp8_hybrid's backward runs on them)
+[ -f src/attention_fwd_mma.cu ] && BF16_SRCS="$BF16_SRCS attention_fwd_mma"
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null
 
@@ -38,7 +42,7 @@ else
     objs="$objs $BD/$f.o"
   done
   # + the BF16 kernels (fp8_hybrid's backward runs on them)
-  for f in $CU_SRCS attention_fwd attention_bwd; do $NVCC $NVF -c src/$f.cu -o "$BD/$f.cu.o" || ok=0; objs="$objs $BD/$f.cu.o"; done
+  for f in $CU_SRCS $BF16_SRCS; do $NVCC $NVF -c src/$f.cu -o "$BD/$f.cu.o" || ok=0; objs="$objs $BD/$f.cu.o"; done
   $NVCC $NVF -Itest test/test_attention_fp8_gpu.cu $objs -o "$BD/test_attention_fp8_gpu" || ok=0
   TEST=$BD/test_attention_fp8_gpu; OBJDIR=$BD; OBJSUF=.cu.o
   summary+=("build: Makefile FAILED, explicit build $([ $ok = 1 ] && echo ok || echo FAILED)")
@@ -62,6 +66,12 @@ awk '/Function :/ {name=$3; names[name]=1} /QGMMA/ {q[name]++} /HGMMA/ {g[name]+
   "$OUT/fp8_attention.sass" | tee "$OUT/sass_mix.txt"
 nq=$(grep -c QGMMA "$OUT/fp8_attention.sass")
 summary+=("SASS: $nq QGMMA in $CU_SRCS; local memory: $(grep -cE ' (LDL|STL)' "$OUT/fp8_attention.sass") LDL/STL")
+# the FP8 backward's kernels one by one (expected QGMMA: main 16 for d=128 / 12 for d=64, delta
+# pass 8 / 4; the d=128 main kernel spilled ~84 bytes at the first compile)
+if [ -f "$OBJDIR/attention_bwd_fp8$OBJSUF" ]; then
+  bwd_mix=$(grep -E 'attn_bwd_fp8_(kernel|delta_kernel)' "$OUT/sass_mix.txt" | awk '{printf "%s:%d QGMMA %d LDL %d STL; ", $1, $2, $6, $7}')
+  summary+=("FP8 backward SASS: ${bwd_mix:-no kernels found}")
+fi
 
 echo "== test (120 s limit)"
 t0=$(date +%s)

@@ -91,6 +91,43 @@ void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const 
                           float p_scale, uint16_t *o, int o_stride, float *lse, int B, int H, int T,
                           int d, cudaStream_t stream);
 
+// FP8 backward (attention_bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
+// (docs/fp8-attention.md §3) on the quantized operands above and the FP8 forward's O and LSE.
+// Tiles: ATTN_FP8_BWD_BLOCK_Q queries x ATTN_FP8_BWD_BLOCK_K keys (the block sizes
+// attn_cpu_backward must be run with: dS gets one power-of-two scale per tile; the forward's
+// values do not depend on block_q, so the same CPU options serve the forward too). One CTA per
+// (key block, b, h) walks the query blocks at or below the diagonal: S^T = K̂ Q̂^T and
+// dP^T = V̂ dÔ^T (FP8 wgmma), P = exp(tau S - LSE) (FP32), dS = P (dP - D) (FP32), dŜ in the grad
+// format with the tile's scale, P̂ = E4M3(P p_scale); dV += P̂^T dÔ, dK += dŜ^T Q̂, dQ += dŜ K̂
+// (each tile's product in a fresh FP32 accumulator, added in FP32 registers / FP32 atomics).
+// D: fp8_naive rowsum(dO ∘ O) (BF16 dO, stored O); fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the
+// delta pass (a kernel per query block walking the key blocks through the very same S -> P, dP
+// device routine as the main kernel, D = sum P dP / sum P).
+#define ATTN_FP8_BWD_BLOCK_Q 64
+#define ATTN_FP8_BWD_BLOCK_K 128
+typedef struct {
+    AttnPrecision precision;  // ATTN_FP8_NAIVE, ATTN_FP8_DM or ATTN_FP8_DM_APPROX
+    Fp8Format grad_format;    // format of the dO codes and of dŜ
+    float p_scale;            // static scale of P before its E4M3 cast (256)
+    // codes (B, H, Tp, d) and transposed codes (B, H, d, Tp) from attn_gpu_quantize; scales
+    // (B, H, nblk). Q, K, V in E4M3, dO in grad_format.
+    const uint8_t *q_codes, *qt_codes, *k_codes, *kt_codes, *v_codes, *do_codes, *dot_codes;
+    const float *q_scales, *k_scales, *v_scales, *do_scales;
+    const uint16_t *o;     // (B, T, H, d) BF16, row stride o_stride: the forward's output
+    const uint16_t *dout;  // (B, T, H, d) BF16, row stride o_stride: dO (read by fp8_naive only)
+    int o_stride;
+    const float *lse;      // (B, H, T) the forward's LSE
+    uint16_t *dq, *dk, *dv;  // (B, T, H, d) BF16, row stride dqkv_stride (overwritten)
+    int dqkv_stride;
+    void *workspace;       // attn_gpu_backward_fp8_workspace_bytes(), 16-byte aligned
+    float *delta_out;      // optional (B, H, T): D as used (written)
+    // optional diagnostics (both or neither), (B, H, T): per row sum_j dS_ij and
+    // sum_j P_ij (|dP_ij| + |D_i|) over the FP32 dS before its cast (spec §4.1)
+    float *row_ds_sum, *row_cancel;
+} AttnFp8BwdArgs;
+size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d);
+void attn_gpu_backward_fp8(const AttnFp8BwdArgs *args, int B, int H, int T, int d, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,8 @@
 // zero, the (B, H, d, Tp) copy equal to the transpose, every scale and block amax identical,
 // saturation counts equal; delayed scaling on the first step (per-head scale from the head's
 // own amax) and on a later step with a stale history (values saturate; counts compared).
+// Appended: the FP8 backward (attention_bwd_fp8.cu) in fp8_naive, fp8_dm and fp8_dm_approx against
+// attn_cpu_backward of the same mode, D, and the row-sum invariant on the GPU (see run_bwd_case).
 // Without a GPU: prints one "skipped" line, returns 0.
 #include <cuda_bf16.h>     // __float2bfloat16 (host side)
 #include <cuda_runtime.h>  // device memory, events
@@ -520,6 +522,354 @@ static void bench_quant(void) {
     cudaEventDestroy(e1);
 }
 
+// --- FP8 backward (attention_bwd_fp8.cu) against attn_cpu_backward in the same mode ------------
+// Fresh Q, K, V, dO (BF16), quantized on the GPU (Q, K, V E4M3, dO in the grad format; both
+// layouts), the FP8 forward's O and LSE, then attn_gpu_backward_fp8 in fp8_naive, fp8_dm and
+// fp8_dm_approx. Per mode, against attn_cpu_backward of that mode (block_q x block_k = the
+// kernel's 64 x 128, fed the GPU's O and LSE):
+//   - dQ, dK, dV rel L2 (printed; < 5e-2: accumulation order, Hopper's truncating FP8 sums and
+//     the FP8 code flips they cause in dŜ and P̂, estimated from the forward's 2e-4..4e-3 on O
+//     with the coarser E5M2 dŜ; a wrong layout or scale gives errors of order 1)
+//     and their error against FP64 attention no worse than the emulation's (x1.25 + 2e-3);
+//   - D against an FP64 recomputation from the same quantized operands (dm: sum P dP / sum P;
+//     naive: BF16 dO . O; approx: dÔ . O), relative to the size of the terms;
+//   - the row-sum invariant measured on the GPU's FP32 dS: max_i |sum_j dS_ij| /
+//     sum_j P_ij (|dP_ij| + |D_i|) <= 1e-5 for fp8_dm, and far larger for fp8_naive (printed,
+//     with the emulation's own value).
+// Pinpointing a failure: dV depends on neither D nor dS (P̂^T and dÔ^T layouts, p_scale); dK on
+// dŜ^T and Q̂^T; dQ on dŜ and K̂^T and the atomics; a D mismatch in dm with correct naive
+// gradients points at the delta kernel; a broken invariant with a correct D at the bitwise
+// identity of the two passes. The qk*0 case (S = 0, P_ij = 1/(i+1)) isolates the dP, dV and D
+// paths from the S recompute.
+static const char *mode_name(AttnPrecision p) {
+    return p == ATTN_FP8_NAIVE ? "fp8_naive" : p == ATTN_FP8_DM ? "fp8_dm" : "fp8_dm_approx";
+}
+
+static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
+    const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, C = H * d;
+    const int Tp = attn_quant_padded_len(T), nblk = attn_quant_n_blocks(T);
+    const int qs = cs.packed ? 3 * C : C;
+    const size_t n_tok = (size_t)B * T, nbht = (size_t)B * H * T;
+    rng_state = 0xF8B0D000ull + (uint64_t)seed;
+    char tag[160], name[256];
+    snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f %s", B, H, T, d, cs.packed ? "packed" : "separate",
+             cs.qk_scale, gfmt == FP8_E5M2 ? "e5m2" : "e4m3");
+    printf("# fp8 backward case: %s\n", tag);
+    const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
+    auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
+    std::vector<uint16_t> hqkv(qkv_elems, 0), hdo(n_tok * C);
+    fill_tensor(hqkv, offs(0), qs, cs, cs.qk_scale, false, false);
+    fill_tensor(hqkv, offs(1), qs, cs, cs.qk_scale, false, false);
+    fill_tensor(hqkv, offs(2), qs, cs, 1.0, false, false);
+    fill_tensor(hdo, 0, C, cs, 1e-2, false, false);  // small gradients: dO scales > 1
+
+    uint16_t *d_qkv, *d_do, *d_o, *d_dqkv;
+    float *d_lse, *d_delta, *d_rs, *d_rc;
+    void *d_ws;
+    const size_t ws = attn_gpu_backward_fp8_workspace_bytes(B, H, T, d);
+    CU(cudaMalloc(&d_qkv, qkv_elems * 2));
+    CU(cudaMalloc(&d_do, n_tok * C * 2));
+    CU(cudaMalloc(&d_o, n_tok * C * 2));
+    CU(cudaMalloc(&d_dqkv, 3 * n_tok * C * 2));
+    CU(cudaMalloc(&d_lse, nbht * 4));
+    CU(cudaMalloc(&d_delta, nbht * 4));
+    CU(cudaMalloc(&d_rs, nbht * 4));
+    CU(cudaMalloc(&d_rc, nbht * 4));
+    CU(cudaMalloc(&d_ws, ws));
+    CU(cudaMemcpy(d_qkv, hqkv.data(), qkv_elems * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_do, hdo.data(), n_tok * C * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemset(d_o, 0xFF, n_tok * C * 2));
+    CU(cudaMemset(d_lse, 0xFF, nbht * 4));
+    DevOut o[4];
+    for (int i = 0; i < 4; i++) o[i] = dev_out_alloc(B, H, Tp, d, nblk);
+    AttnQuantTensor ts[4] = {qt(d_qkv + offs(0), qs, FP8_E4M3, o[0], C), qt(d_qkv + offs(1), qs, FP8_E4M3, o[1], C),
+                             qt(d_qkv + offs(2), qs, FP8_E4M3, o[2], C), qt(d_do, C, gfmt, o[3], C)};
+    for (int i = 0; i < 4; i++) ts[i].dequant = NULL;
+    attn_gpu_quantize(ts, 4, B, H, T, d, 0);
+    attn_gpu_forward_fp8(o[0].codes, o[1].codes, o[2].codes_t, o[0].scales, o[1].scales, o[2].scales, 256.0f, d_o, C,
+                         d_lse, B, H, T, d, 0);
+    cudaError_t err = cudaDeviceSynchronize();
+    CHECK(err == cudaSuccess, "attn fp8 backward: quantize + forward run", "%s: %s", tag, cudaGetErrorString(err));
+    if (err != cudaSuccess) exit(1);
+    std::vector<uint16_t> g_o(n_tok * C);
+    std::vector<float> g_lse(nbht);
+    CU(cudaMemcpy(g_o.data(), d_o, g_o.size() * 2, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(g_lse.data(), d_lse, g_lse.size() * 4, cudaMemcpyDeviceToHost));
+
+    std::vector<int> heads;
+    if ((double)B * H * T * T <= 4.0e6) for (int i = 0; i < B * H; i++) heads.push_back(i);
+    else { heads.push_back(0); if (B * H > 1) heads.push_back(B * H - 1); }
+
+    // Per head, once: inputs as floats/doubles, the stored O and LSE, the quantized operands
+    // (what the kernels multiply), the FP64 gradients of exact attention.
+    const size_t hn = (size_t)T * d;
+    const int nh = (int)heads.size();
+    std::vector<std::vector<float>> hx(nh * 4), hq(nh * 4), ho(nh), hl(nh);
+    std::vector<std::vector<double>> r64(nh * 3);
+    AttnOptions opt;
+    memset(&opt, 0, sizeof opt);
+    opt.scaling = SCALING_BLOCK;
+    opt.grad_format = gfmt;
+    opt.p_scale = 256.0f;
+    opt.block_q = ATTN_FP8_BWD_BLOCK_Q;
+    opt.block_k = ATTN_FP8_BWD_BLOCK_K;
+    for (int hi = 0; hi < nh; hi++) {
+        const int bh = heads[hi], b = bh / H, h = bh % H;
+        std::vector<double> xd[4];
+        for (int i = 0; i < 4; i++) {
+            hx[hi * 4 + i].resize(hn);
+            hq[hi * 4 + i].resize(hn);
+            xd[i].resize(hn);
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < d; c++) {
+                    const uint16_t u = i < 3 ? hqkv[offs(i) + ((size_t)b * T + t) * qs + (size_t)h * d + c]
+                                             : hdo[((size_t)b * T + t) * C + (size_t)h * d + c];
+                    hx[hi * 4 + i][(size_t)t * d + c] = bf16_to_f32(u);
+                    xd[i][(size_t)t * d + c] = bf16_to_f32(u);
+                }
+            attn_quantize_operand(&opt, NULL, (AttnCast)(CAST_Q + i), i < 3 ? FP8_E4M3 : gfmt, T, d,
+                                  hx[hi * 4 + i].data(), hq[hi * 4 + i].data(), NULL, NULL, 0);
+        }
+        ho[hi].resize(hn);
+        hl[hi].resize(T);
+        for (int t = 0; t < T; t++) {
+            hl[hi][t] = g_lse[(size_t)bh * T + t];
+            for (int c = 0; c < d; c++) ho[hi][(size_t)t * d + c] = bf16_to_f32(g_o[((size_t)b * T + t) * C + (size_t)h * d + c]);
+        }
+        for (int i = 0; i < 3; i++) r64[hi * 3 + i].resize(hn);
+        attn_ref_backward_f64(T, d, xd[0].data(), xd[1].data(), xd[2].data(), xd[3].data(), r64[hi * 3].data(),
+                              r64[hi * 3 + 1].data(), r64[hi * 3 + 2].data());
+    }
+
+    const AttnPrecision modes[3] = {ATTN_FP8_NAIVE, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
+    double inv_max[3] = {0, 0, 0};
+    const double tau = 1.0 / sqrt((double)d);
+    for (int mi = 0; mi < 3; mi++) {
+        const AttnPrecision mode = modes[mi];
+        AttnFp8BwdArgs a;
+        memset(&a, 0, sizeof a);
+        a.precision = mode;
+        a.grad_format = gfmt;
+        a.p_scale = 256.0f;
+        a.q_codes = o[0].codes; a.qt_codes = o[0].codes_t;
+        a.k_codes = o[1].codes; a.kt_codes = o[1].codes_t;
+        a.v_codes = o[2].codes;
+        a.do_codes = o[3].codes; a.dot_codes = o[3].codes_t;
+        a.q_scales = o[0].scales; a.k_scales = o[1].scales; a.v_scales = o[2].scales; a.do_scales = o[3].scales;
+        a.o = d_o; a.dout = d_do; a.o_stride = C;
+        a.lse = d_lse;
+        a.dq = d_dqkv; a.dk = d_dqkv + n_tok * C; a.dv = d_dqkv + 2 * n_tok * C;
+        a.dqkv_stride = C;
+        a.workspace = d_ws;
+        a.delta_out = d_delta;
+        a.row_ds_sum = d_rs;
+        a.row_cancel = d_rc;
+        CU(cudaMemset(d_dqkv, 0xFF, 3 * n_tok * C * 2));  // NaN poison: every output must be written
+        CU(cudaMemset(d_delta, 0xFF, nbht * 4));
+        CU(cudaMemset(d_ws, 0xFF, ws));
+        attn_gpu_backward_fp8(&a, B, H, T, d, 0);
+        err = cudaDeviceSynchronize();
+        snprintf(name, sizeof name, "attn %s backward runs: %s", mode_name(mode), tag);
+        CHECK(err == cudaSuccess, name, "%s", cudaGetErrorString(err));
+        if (err != cudaSuccess) exit(1);
+        std::vector<uint16_t> g_d(3 * n_tok * C);
+        std::vector<float> g_delta(nbht), g_rs(nbht), g_rc(nbht);
+        CU(cudaMemcpy(g_d.data(), d_dqkv, g_d.size() * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(g_delta.data(), d_delta, nbht * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(g_rs.data(), d_rs, nbht * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(g_rc.data(), d_rc, nbht * 4, cudaMemcpyDeviceToHost));
+        long nonfinite = 0;
+        for (uint16_t u : g_d) nonfinite += !isfinite(bf16_to_f32(u));
+        for (size_t i = 0; i < nbht; i++) nonfinite += !isfinite(g_delta[i]) + !isfinite(g_rs[i]) + !isfinite(g_rc[i]);
+        snprintf(name, sizeof name, "attn %s backward writes every output (dQ, dK, dV, D, row sums): %s", mode_name(mode), tag);
+        CHECK(nonfinite == 0, name, "%ld values not finite", nonfinite);
+
+        opt.precision = mode;
+        double num[3] = {0, 0, 0}, den[3] = {0, 0, 0}, e64g[3] = {0, 0, 0}, e64c[3] = {0, 0, 0}, d64[3] = {0, 0, 0};
+        double d_err = 0, cpu_cancel = 0, gpu_cancel = 0;
+        int d_err_row = -1;
+        std::vector<float> cg[3];
+        for (int i = 0; i < 3; i++) cg[i].resize(hn);
+        for (int hi = 0; hi < nh; hi++) {
+            const int bh = heads[hi], b = bh / H, h = bh % H;
+            AttnStats st;
+            memset(&st, 0, sizeof st);
+            attn_cpu_backward(&opt, NULL, T, d, hx[hi * 4].data(), hx[hi * 4 + 1].data(), hx[hi * 4 + 2].data(),
+                              ho[hi].data(), hl[hi].data(), hx[hi * 4 + 3].data(), cg[0].data(), cg[1].data(),
+                              cg[2].data(), &st, NULL);
+            cpu_cancel = fmax(cpu_cancel, st.resid_cancel_max);
+            for (int i = 0; i < 3; i++)
+                for (int t = 0; t < T; t++)
+                    for (int c = 0; c < d; c++) {
+                        const double got = bf16_to_f32(g_d[i * n_tok * C + ((size_t)b * T + t) * C + (size_t)h * d + c]);
+                        const double ref = cg[i][(size_t)t * d + c], exact = r64[hi * 3 + i][(size_t)t * d + c];
+                        num[i] += (got - ref) * (got - ref);
+                        den[i] += ref * ref;
+                        e64g[i] += (got - exact) * (got - exact);
+                        e64c[i] += (ref - exact) * (ref - exact);
+                        d64[i] += exact * exact;
+                    }
+            // D in FP64 from the quantized operands (what the kernels multiply)
+            const float *qh = hq[hi * 4].data(), *kh = hq[hi * 4 + 1].data(), *vh = hq[hi * 4 + 2].data();
+            const float *doh = hq[hi * 4 + 3].data(), *dob = hx[hi * 4 + 3].data(), *oo = ho[hi].data();
+            for (int t = 0; t < T; t++) {
+                double ref = 0, size = 0;
+                if (mode == ATTN_FP8_DM) {
+                    double spd = 0, sp = 0, spa = 0;
+                    for (int j = 0; j <= t; j++) {
+                        double sdot = 0, pdot = 0;
+                        for (int c = 0; c < d; c++) {
+                            sdot += (double)qh[(size_t)t * d + c] * kh[(size_t)j * d + c];
+                            pdot += (double)doh[(size_t)t * d + c] * vh[(size_t)j * d + c];
+                        }
+                        const double pj = exp(tau * sdot - hl[hi][t]);
+                        spd += pj * pdot;
+                        spa += pj * fabs(pdot);
+                        sp += pj;
+                    }
+                    ref = spd / sp;
+                    size = spa / sp;
+                } else {
+                    const float *g = mode == ATTN_FP8_NAIVE ? dob : doh;
+                    for (int c = 0; c < d; c++) {
+                        ref += (double)g[(size_t)t * d + c] * oo[(size_t)t * d + c];
+                        size += fabs((double)g[(size_t)t * d + c] * oo[(size_t)t * d + c]);
+                    }
+                }
+                const double e = fabs(g_delta[(size_t)bh * T + t] - ref) / (size + 1e-30);
+                if (e > d_err) { d_err = e; d_err_row = t; }
+                // the GPU's row-sum invariant
+                const double rc = g_rc[(size_t)bh * T + t];
+                if (rc > 0) gpu_cancel = fmax(gpu_cancel, fabs((double)g_rs[(size_t)bh * T + t]) / rc);
+            }
+        }
+        inv_max[mi] = gpu_cancel;
+        const char *gname[3] = {"dQ", "dK", "dV"};
+        double rel[3], rg[3], rcpu[3];
+        for (int i = 0; i < 3; i++) {
+            rel[i] = den[i] > 0 ? sqrt(num[i] / den[i]) : sqrt(num[i]);
+            rg[i] = d64[i] > 0 ? sqrt(e64g[i] / d64[i]) : sqrt(e64g[i]);
+            rcpu[i] = d64[i] > 0 ? sqrt(e64c[i] / d64[i]) : sqrt(e64c[i]);
+            snprintf(name, sizeof name, "attn %s backward %s vs CPU emulation (rel L2 < 5e-2): %s", mode_name(mode),
+                     gname[i], tag);
+            CHECK(rel[i] < 5e-2, name, "rel L2 %.3e", rel[i]);
+            snprintf(name, sizeof name, "attn %s backward %s vs f64 no worse than the emulation's (x1.25 + 2e-3): %s",
+                     mode_name(mode), gname[i], tag);
+            CHECK(rg[i] <= 1.25 * rcpu[i] + 2e-3, name, "gpu %.3e, emulation %.3e", rg[i], rcpu[i]);
+        }
+        printf("#   %-13s vs emul rel L2: dQ %.3e dK %.3e dV %.3e | vs f64 gpu/emul: dQ %.3e/%.3e dK %.3e/%.3e "
+               "dV %.3e/%.3e\n", mode_name(mode), rel[0], rel[1], rel[2], rg[0], rcpu[0], rg[1], rcpu[1], rg[2], rcpu[2]);
+        const double d_tol = mode == ATTN_FP8_DM ? 5e-2 : 1e-4;
+        snprintf(name, sizeof name, "attn %s backward D vs FP64 from the same operands (rel to term size < %.0e): %s",
+                 mode_name(mode), d_tol, tag);
+        CHECK(d_err < d_tol, name, "max %.3e at row %d", d_err, d_err_row);
+        printf("#   %-13s D max rel err %.3e | row-sum invariant (max |sum dS| / sum P(|dP|+|D|)): gpu %.3e, "
+               "emulation %.3e\n", mode_name(mode), d_err, gpu_cancel, cpu_cancel);
+        if (mode == ATTN_FP8_DM) {
+            snprintf(name, sizeof name, "attn fp8_dm backward row-sum invariant on the GPU <= 1e-5: %s", tag);
+            CHECK(gpu_cancel <= 1e-5, name, "max %.3e (emulation %.3e)", gpu_cancel, cpu_cancel);
+            // again without the optional outputs (D kept in the workspace, no row diagnostics):
+            // dK, dV bitwise the same (deterministic), dQ up to the order of its FP32 atomics
+            a.delta_out = NULL;
+            a.row_ds_sum = a.row_cancel = NULL;
+            CU(cudaMemset(d_dqkv, 0xFF, 3 * n_tok * C * 2));
+            attn_gpu_backward_fp8(&a, B, H, T, d, 0);
+            err = cudaDeviceSynchronize();
+            CHECK(err == cudaSuccess, "attn fp8_dm backward runs without the optional outputs", "%s: %s", tag,
+                  cudaGetErrorString(err));
+            if (err != cudaSuccess) exit(1);
+            std::vector<uint16_t> g_d2(3 * n_tok * C);
+            CU(cudaMemcpy(g_d2.data(), d_dqkv, g_d2.size() * 2, cudaMemcpyDeviceToHost));
+            long kv_diff = 0;
+            double qn = 0, qd = 0;
+            for (size_t i = 0; i < n_tok * C; i++) {
+                const double x1 = bf16_to_f32(g_d[i]), x2 = bf16_to_f32(g_d2[i]);
+                qn += (x1 - x2) * (x1 - x2);
+                qd += x1 * x1;
+            }
+            for (size_t i = n_tok * C; i < g_d.size(); i++) kv_diff += g_d[i] != g_d2[i];
+            const double qrel = qd > 0 ? sqrt(qn / qd) : sqrt(qn);
+            snprintf(name, sizeof name, "attn fp8_dm backward without optional outputs: same dK, dV, dQ (rel < 1e-2): %s", tag);
+            CHECK(kv_diff == 0 && qrel < 1e-2, name, "%ld dK/dV values differ, dQ rel %.3e", kv_diff, qrel);
+        }
+    }
+    snprintf(name, sizeof name, "attn fp8_naive row-sum residual far above fp8_dm's on the GPU (x10, > 1e-5): %s", tag);
+    CHECK(inv_max[0] > 10 * inv_max[1] && inv_max[0] > 1e-5, name, "naive %.3e, dm %.3e", inv_max[0], inv_max[1]);
+
+    for (int i = 0; i < 4; i++) dev_out_free(o[i]);
+    cudaFree(d_qkv); cudaFree(d_do); cudaFree(d_o); cudaFree(d_dqkv); cudaFree(d_lse); cudaFree(d_delta);
+    cudaFree(d_rs); cudaFree(d_rc); cudaFree(d_ws);
+}
+
+// Time of the FP8 backward per mode at a training shape (information only): quantize and the
+// FP8 forward once, then each mode's backward (delta pass included for fp8_dm); TFLOP/s with the
+// spec's count (causal backward 5 B H T^2 d), and for fp8_dm the delta pass's share.
+static void bench_bwd(void) {
+    const int B = 4, H = 16, T = 2048, d = 128, C = H * d, Tp = attn_quant_padded_len(T), nblk = attn_quant_n_blocks(T);
+    const size_t n_tok = (size_t)B * T;
+    uint16_t *x, *dout, *o, *dqkv;
+    float *lse;
+    void *ws;
+    CU(cudaMalloc(&x, n_tok * 3 * C * 2));
+    CU(cudaMalloc(&dout, n_tok * C * 2));
+    CU(cudaMalloc(&o, n_tok * C * 2));
+    CU(cudaMalloc(&dqkv, n_tok * 3 * C * 2));
+    CU(cudaMalloc(&lse, (size_t)B * H * T * 4));
+    CU(cudaMalloc(&ws, attn_gpu_backward_fp8_workspace_bytes(B, H, T, d)));
+    std::vector<uint16_t> h(n_tok * 3 * C);
+    rng_state = 0xBE4C4ull;
+    for (size_t i = 0; i < h.size(); i++) h[i] = f2bf((float)rng_normal());
+    CU(cudaMemcpy(x, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dout, h.data(), n_tok * C * 2, cudaMemcpyHostToDevice));
+    DevOut q[4];
+    for (int i = 0; i < 4; i++) q[i] = dev_out_alloc(B, H, Tp, d, nblk);
+    AttnQuantTensor ts[4];
+    for (int i = 0; i < 3; i++) ts[i] = qt(x + (size_t)i * C, 3 * C, FP8_E4M3, q[i], C);
+    ts[3] = qt(dout, C, FP8_E5M2, q[3], C);
+    for (int i = 0; i < 4; i++) ts[i].dequant = NULL;
+    attn_gpu_quantize(ts, 4, B, H, T, d, 0);
+    attn_gpu_forward_fp8(q[0].codes, q[1].codes, q[2].codes_t, q[0].scales, q[1].scales, q[2].scales, 256.0f, o, C, lse,
+                         B, H, T, d, 0);
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    const AttnPrecision modes[3] = {ATTN_FP8_NAIVE, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
+    float ms_mode[3] = {0, 0, 0};
+    for (int mi = 0; mi < 3; mi++) {
+        AttnFp8BwdArgs a;
+        memset(&a, 0, sizeof a);
+        a.precision = modes[mi];
+        a.grad_format = FP8_E5M2;
+        a.p_scale = 256.0f;
+        a.q_codes = q[0].codes; a.qt_codes = q[0].codes_t; a.k_codes = q[1].codes; a.kt_codes = q[1].codes_t;
+        a.v_codes = q[2].codes; a.do_codes = q[3].codes; a.dot_codes = q[3].codes_t;
+        a.q_scales = q[0].scales; a.k_scales = q[1].scales; a.v_scales = q[2].scales; a.do_scales = q[3].scales;
+        a.o = o; a.dout = dout; a.o_stride = C; a.lse = lse;
+        a.dq = dqkv; a.dk = dqkv + C; a.dv = dqkv + 2 * C; a.dqkv_stride = 3 * C;
+        a.workspace = ws;
+        attn_gpu_backward_fp8(&a, B, H, T, d, 0);  // warm-up
+        CU(cudaEventRecord(e0));
+        const int reps = 5;
+        for (int r = 0; r < reps; r++) attn_gpu_backward_fp8(&a, B, H, T, d, 0);
+        CU(cudaEventRecord(e1));
+        CU(cudaEventSynchronize(e1));
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        ms_mode[mi] = ms / reps;
+        const double flops = 5.0 * B * H * (double)T * T * d;
+        printf("# fp8 backward %-13s (B=%d H=%d T=%d d=%d, e5m2): %.3f ms, %.0f TFLOP/s\n", mode_name(modes[mi]), B, H,
+               T, d, ms_mode[mi], flops / (1e-3 * ms_mode[mi]) / 1e12);
+    }
+    printf("# fp8_dm delta pass share of the backward (dm - naive time) / dm: %.0f%%\n",
+           100.0 * (ms_mode[1] - ms_mode[0]) / ms_mode[1]);
+    cudaError_t err = cudaDeviceSynchronize();
+    CHECK(err == cudaSuccess, "attn fp8 backward benchmark runs", "%s", cudaGetErrorString(err));
+    for (int i = 0; i < 4; i++) dev_out_free(q[i]);
+    cudaFree(x); cudaFree(dout); cudaFree(o); cudaFree(dqkv); cudaFree(lse); cudaFree(ws);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 int main(void) {
     if (!gpu_test_have_gpu("test_attention_fp8_gpu")) return 0;
     const Case cases[] = {
@@ -534,7 +884,10 @@ int main(void) {
     const char *small = getenv("ATTN_FP8_TEST_SMALL");
     const bool is_small = small && atoi(small);
     const int n_cases = is_small ? 2 : (int)(sizeof cases / sizeof cases[0]);
-    for (int i = 0; i < n_cases; i++) run_case(cases[i], i);
+    // ATTN_FP8_TEST_BWD_ONLY=1: only the FP8 backward section (appended last)
+    const char *bwd_only_env = getenv("ATTN_FP8_TEST_BWD_ONLY");
+    const bool bwd_only = bwd_only_env && atoi(bwd_only_env);
+    for (int i = 0; i < n_cases && !bwd_only; i++) run_case(cases[i], i);
     const Case fwd_cases[] = {
         {2, 3, 200, 64, true, 1.0},    // one and a half query blocks, several heads
         {1, 2, 517, 128, false, 2.0},  // T not a multiple of 128, d = 128
@@ -548,7 +901,22 @@ int main(void) {
         {2, 1, 256, 64, true, 0.0},
     };
     const int n_fwd = is_small ? 2 : (int)(sizeof fwd_cases / sizeof fwd_cases[0]);
-    for (int i = 0; i < n_fwd; i++) run_fwd_case(fwd_cases[i], i);
-    if (!is_small) bench_quant();
+    for (int i = 0; i < n_fwd && !bwd_only; i++) run_fwd_case(fwd_cases[i], i);
+    // FP8 backward (appended section): shapes, sharpness and both gradient formats
+    struct BwdCase { Case cs; Fp8Format gfmt; };
+    const BwdCase bwd_cases[] = {
+        {{1, 2, 200, 64, true, 1.0}, FP8_E4M3},    // T not a multiple of 128, two heads
+        {{1, 1, 517, 128, false, 2.0}, FP8_E5M2},  // d = 128, hybrid format
+        {{1, 2, 300, 128, false, 0.0}, FP8_E4M3},  // Q = K = 0: dP, dV and D paths alone
+        {{1, 1, 64, 128, true, 1.0}, FP8_E4M3},    // less than one block
+        {{2, 1, 1024, 64, true, 3.0}, FP8_E5M2},   // sharp, whole blocks
+        {{2, 1, 1024, 64, true, 3.0}, FP8_E4M3},
+        {{1, 1, 384, 128, true, 2.0}, FP8_E4M3},
+        {{1, 1, 333, 64, false, 2.0}, FP8_E5M2},
+    };
+    const int n_bwd = is_small ? 2 : (int)(sizeof bwd_cases / sizeof bwd_cases[0]);
+    for (int i = 0; i < n_bwd; i++) run_bwd_case(bwd_cases[i].cs, bwd_cases[i].gfmt, i);
+    if (!is_small && !bwd_only) bench_quant();
+    if (!is_small) bench_bwd();
     return test_summary("test_attention_fp8_gpu");
 }
