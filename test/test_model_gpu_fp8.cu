@@ -35,56 +35,9 @@
 #include "model_cpu.h"      // the reference backend
 #include "model_gpu.h"      // the backend under test
 #include "optimizer.h"      // AdamW, grad_global_norm, grad_clip_factor
+#include "model_test.h"  // TINY_JSON, make_config, make_batch, rel_l2
 #include "test.h"           // CHECK, test_summary
 
-// test_model_gpu.cu's tiny config, unchanged.
-static const char *TINY_JSON =
-    "{\"model\": {\"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 352, \"seq_len\": 64},"
-    " \"train\": {\"micro_batch\": 8, \"steps\": 10, \"lr\": 3e-3, \"schedule\": \"constant\","
-    " \"warmup_steps\": 0, \"weight_decay\": 0.1, \"grad_clip\": 1.0},"
-    " \"precision\": {\"attention\": \"bf16\"}}";
-
-static Config make_config(const char *json, const char *const *overrides, int n) {
-    Config c;
-    ErrBuf e;
-    if (config_parse(json, "test_model_gpu_fp8", overrides, n, &c, &e)) {
-        printf("FAIL - config (%s:%d): %s\n", __FILE__, __LINE__, e.msg);
-        exit(1);
-    }
-    return c;
-}
-
-// --- test_model_gpu.cu's batches (same generator, same seed: its "base" case sees these) ---------
-static uint64_t rng = 0xC0FFEE123ull;
-static uint32_t rnd(void) {
-    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (uint32_t)((z ^ (z >> 31)) >> 32);
-}
-static void make_batch(int32_t *tokens, int32_t *targets, int B, int T, int V) {
-    for (int b = 0; b < B; b++) {
-        int32_t x = (int32_t)(rnd() % 997);
-        for (int t = 0; t <= T; t++) {
-            if (t < T) tokens[b * T + t] = x;
-            if (t > 0) targets[b * T + t - 1] = (rnd() % 100 < 3) ? -1 : x;
-            x = (rnd() % 100 < 85) ? (7 * x + 13) % 997 : (int32_t)(rnd() % (uint32_t)V);
-        }
-    }
-}
-
-static double rel_l2(const float *a, const float *ref, size_t n, double *cosine) {
-    double num = 0, den = 0, ab = 0, aa = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-        ab += (double)a[i] * ref[i];
-        aa += (double)a[i] * a[i];
-    }
-    if (cosine) *cosine = (aa > 0 && den > 0) ? ab / sqrt(aa * den) : (aa == den ? 1.0 : 0.0);
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 // --- host-only: plans and user errors --------------------------------------------------------------
 static void plan_tests(void) {

@@ -1,0 +1,67 @@
+// model_test.h: what the GPU model tests share: the tiny config they build on, config parsing that
+// fails the test loudly, the structured batches, and the relative L2 error. Both
+// test_model_gpu.cu and test_model_gpu_fp8.cu use the same generator and seed, so the BF16 base
+// case of each sees the same batches.
+#ifndef MODEL_TEST_H
+#define MODEL_TEST_H
+
+#include <math.h>    // sqrt
+#include <stdint.h>  // int32_t, uint32_t, uint64_t
+#include <stdio.h>   // printf
+#include <stdlib.h>  // exit
+
+#include "common.h"  // ErrBuf
+#include "config.h"  // Config, config_parse
+
+static const char *TINY_JSON =
+    "{\"model\": {\"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 352, \"seq_len\": 64},"
+    " \"train\": {\"micro_batch\": 8, \"steps\": 10, \"lr\": 3e-3, \"schedule\": \"constant\","
+    " \"warmup_steps\": 0, \"weight_decay\": 0.1, \"grad_clip\": 1.0},"
+    " \"precision\": {\"attention\": \"bf16\"}}";
+
+// A config from JSON plus --set-style overrides; a parse error is a FAIL line and exit(1).
+static inline Config make_config(const char *json, const char *const *overrides, int n) {
+    Config c;
+    ErrBuf e;
+    if (config_parse(json, "model_test", overrides, n, &c, &e)) {
+        printf("FAIL - config (%s:%d): %s\n", __FILE__, __LINE__, e.msg);
+        exit(1);
+    }
+    return c;
+}
+
+// Structured batches: x[t+1] = (7 x[t] + 13) mod 997 with probability 0.85, else uniform over the
+// whole vocabulary; ~3% of targets ignored (-1).
+static uint64_t model_test_rng = 0xC0FFEE123ull;
+static inline uint32_t model_test_rnd(void) {
+    uint64_t z = (model_test_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+static inline void make_batch(int32_t *tokens, int32_t *targets, int B, int T, int V) {
+    for (int b = 0; b < B; b++) {
+        int32_t x = (int32_t)(model_test_rnd() % 997);
+        for (int t = 0; t <= T; t++) {
+            if (t < T) tokens[b * T + t] = x;
+            if (t > 0) targets[b * T + t - 1] = (model_test_rnd() % 100 < 3) ? -1 : x;
+            x = (model_test_rnd() % 100 < 85) ? (7 * x + 13) % 997 : (int32_t)(model_test_rnd() % (uint32_t)V);
+        }
+    }
+}
+
+// ||a - ref|| / ||ref|| (the plain norm when ref is 0); *cosine (optional) gets cos(a, ref).
+static inline double rel_l2(const float *a, const float *ref, size_t n, double *cosine) {
+    double num = 0, den = 0, ab = 0, aa = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        ab += (double)a[i] * ref[i];
+        aa += (double)a[i] * a[i];
+    }
+    if (cosine) *cosine = (aa > 0 && den > 0) ? ab / sqrt(aa * den) : (aa == den ? 1.0 : 0.0);
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#endif  // MODEL_TEST_H
