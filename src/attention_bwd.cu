@@ -13,6 +13,7 @@
 
 #include "attention_gpu_common.cuh"  // PTX wrappers, tile loaders, check_args
 #include "common.h"                  // FATAL
+#include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (shared with the memory plan)
 
 // Tile sizes: 64 keys per CTA (4 warps x 16 keys), query blocks of 64.
 #define BWD_BQ 64
@@ -275,7 +276,7 @@ __global__ void attn_bwd_convert_dq_kernel(const float *__restrict__ dq_acc, bf1
 
 // --- launchers ---------------------------------------------------------------------------------
 extern "C" size_t attn_gpu_backward_workspace_bytes(int B, int H, int T, int d) {
-    return (size_t)B * H * T * d * sizeof(float) + (size_t)B * H * T * sizeof(float);
+    return gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d);
 }
 
 template <int D>

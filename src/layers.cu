@@ -15,6 +15,7 @@
 
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
+#include "gpu_sizes.h"   // gpu_norm_chunks and the scratch sizes the memory plan uses too
 
 typedef __nv_bfloat16 bf16;
 
@@ -76,7 +77,7 @@ extern "C" void embedding_forward_gpu(uint16_t *x, const int32_t *tokens, const 
 // rank (positions are distinct): the final order is unique, the sums bitwise reproducible.
 // Scratch (int32): counts (Vp), offsets (Vp + 1), cursor (Vp), filled (N), sorted (N).
 extern "C" size_t embedding_backward_scratch_bytes(int N, int Vp) {
-    return sizeof(int32_t) * ((size_t)3 * Vp + 1 + (size_t)2 * N);
+    return gpu_embedding_scratch_bytes((size_t)N, (size_t)Vp);
 }
 
 __global__ void embedding_count_kernel(int32_t *counts, const int32_t *tokens, int N, int Vp) {
@@ -236,23 +237,7 @@ __global__ void norm_gain_reduce_kernel(float *dg, const float *partial, int n_c
     dg[c] += (float)acc;
 }
 
-// Fixed partition of the rows for the gain gradient: at most 1024 chunks of >= 32 rows.
-static void norm_chunks(long long n_rows, int *n_chunks, long long *chunk_rows) {
-    long long nc = (n_rows + 31) / 32;
-    if (nc > 1024) nc = 1024;
-    if (nc < 1) nc = 1;
-    *chunk_rows = (n_rows + nc - 1) / nc;
-    *n_chunks = (int)((n_rows + *chunk_rows - 1) / *chunk_rows);
-    if (*n_chunks < 1) *n_chunks = 1;
-}
-
-static size_t norm_scratch_bytes(long long n_rows, int dim) {
-    int nc;
-    long long cr;
-    norm_chunks(n_rows, &nc, &cr);
-    return sizeof(float) * (size_t)nc * (size_t)dim;
-}
-
+// (The gain gradient partitions the rows with gpu_norm_chunks: at most 1024 chunks of >= 32 rows.)
 static void rmsnorm_forward_launch(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
                                    long long n_rows, float eps, const bf16 *delta, bf16 *res_out,
                                    cudaStream_t stream) {
@@ -267,7 +252,7 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
                                     int accumulate, cudaStream_t stream) {
     int n_chunks;
     long long chunk_rows;
-    norm_chunks(n_rows, &n_chunks, &chunk_rows);
+    gpu_norm_chunks(n_rows, &n_chunks, &chunk_rows);
     const int cols = map.dim < 256 ? ((map.dim + 31) / 32) * 32 : 256;
     dim3 grid((unsigned)n_chunks, (unsigned)((map.dim + cols - 1) / cols));
     norm_gain_partial_kernel<<<grid, cols, 0, stream>>>(scratch, dy, x, rstd, map, n_rows, chunk_rows);
@@ -294,7 +279,7 @@ extern "C" void residual_rmsnorm_forward_gpu(uint16_t *res_out, uint16_t *y, flo
                            (const bf16 *)delta, (bf16 *)res_out, stream);
 }
 
-extern "C" size_t rmsnorm_backward_scratch_bytes(int N, int dim) { return norm_scratch_bytes(N, dim); }
+extern "C" size_t rmsnorm_backward_scratch_bytes(int N, int dim) { return gpu_norm_scratch_bytes(N, (size_t)dim); }
 
 extern "C" void rmsnorm_backward_gpu(uint16_t *dx, float *dg, void *scratch, const uint16_t *dy,
                                      const uint16_t *x, const uint16_t *g, const float *rstd, int N, int C,
@@ -348,7 +333,7 @@ extern "C" void qk_rmsnorm_forward_gpu(uint16_t *qkv_out, float *rstd, const uin
 }
 
 extern "C" size_t qk_rmsnorm_backward_scratch_bytes(int N, int H, int hd) {
-    return norm_scratch_bytes((long long)N * H, hd);
+    return gpu_norm_scratch_bytes((long long)N * H, (size_t)hd);
 }
 
 extern "C" void qk_rmsnorm_backward_gpu(uint16_t *dqkv_in, float *dq_gain, float *dk_gain, void *scratch,

@@ -24,6 +24,7 @@
 
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
+#include "gpu_sizes.h"   // the scale-buffer sizes (shared with the memory plan)
 
 #define THREADS 256   // every kernel; flush_counts needs whole warps
 #define G FP8_GROUP   // 128
@@ -33,10 +34,10 @@ __host__ __device__ static inline int round4(int a) { return (a + 3) & ~3; }
 
 long fp8_gpu_scale_count(Fp8Grouping g, int rows, int cols) {
     switch (g) {
-    case FP8_GROUP_TENSOR: return 2;  // 1/s and the amax
+    case FP8_GROUP_TENSOR: return (long)gpu_fp8_scales_tensor();  // 1/s and the amax
     case FP8_GROUP_1x128:  // (ceil(cols/128), rows); room for both padded to 4 (never written)
-        return (long)round4(cdiv(cols, G)) * round4(rows);
-    case FP8_GROUP_128x128: return (long)round4(cdiv(rows, G)) * round4(cdiv(cols, G));
+        return (long)gpu_fp8_scales_1x128((size_t)rows, (size_t)cols);
+    case FP8_GROUP_128x128: return (long)gpu_fp8_scales_128x128((size_t)rows, (size_t)cols);
     }
     FATAL("fp8_gpu_scale_count: unknown grouping %d", (int)g);
 }

@@ -2,6 +2,7 @@
 // initialisation, FLOP count, the per-GPU memory plan (exactly the GPU backend's allocation) and
 // the `--dry-run` summary.
 #include "model.h"
+#include "gpu_sizes.h"  // scratch sizes of the GPU kernels, for the memory plan
 
 #include <math.h>    // sqrt for the residual init scale
 #include <stdint.h>  // uint64_t for the generator
@@ -177,43 +178,18 @@ double model_flops_per_token(const ModelConfig *m) {
 // The GPU backend's allocation, buffer by buffer in model_gpu.cu's order (its carve()): one arena
 // where every buffer starts on a 256-byte boundary (the padding counts in the buffer's
 // category), plus cuBLASLt's own workspace. Plain C arithmetic (model.c links no GPU code, so
-// `--dry-run` and the CPU tests need no CUDA runtime); the scratch sizes below restate those of
-// layers.cu and attention_bwd.cu, and test_backend checks the whole plan equals gpu_model_plan
-// byte for byte for several configs.
+// `--dry-run` and the CPU tests need no CUDA runtime); the kernels' scratch sizes come from
+// gpu_sizes.h, which their launchers use too, and test_backend checks the whole plan equals
+// gpu_model_plan byte for byte for several configs.
 
 #define PLAN_ALIGN 256               // model_gpu.cu's ARENA_ALIGN
 #define PLAN_HEAD_CHUNK_TOKENS 8192  // model_gpu.cu's HEAD_CHUNK_TOKENS: tokens per LM-head chunk
 
-// attn_gpu_backward_workspace_bytes: the FP32 dQ accumulator (B, H, T, d) and D = rowsum(dO*O).
-static size_t plan_attn_bwd_workspace(size_t B, size_t H, size_t T, size_t d) {
-    return B * H * T * d * 4 + B * H * T * 4;
-}
-// rmsnorm_backward_scratch_bytes / qk_rmsnorm_backward_scratch_bytes: FP32 gain-gradient
-// partials (n_chunks, dim), rows split into at most 1024 chunks of at least 32 rows.
-static size_t plan_norm_scratch(long long n_rows, size_t dim) {
-    long long nc = (n_rows + 31) / 32;
-    if (nc > 1024) nc = 1024;
-    if (nc < 1) nc = 1;
-    long long chunk_rows = (n_rows + nc - 1) / nc;
-    long long n_chunks = (n_rows + chunk_rows - 1) / chunk_rows;
-    if (n_chunks < 1) n_chunks = 1;
-    return 4 * (size_t)n_chunks * dim;
-}
-// embedding_backward_scratch_bytes: int32 counts, offsets, cursors (Vp each, +1) and the
-// token-sorted positions (2 N).
-static size_t plan_embedding_scratch(size_t N, size_t Vp) { return 4 * (3 * Vp + 1 + 2 * N); }
-
-// fp8_gpu_scale_count (linear_fp8_gpu.cu): floats in an FP8 operand's scale buffer (rows, cols)
-// with cuBLASLt's padding: per tensor 2; 1x128 round4(ceil(cols/128)) * round4(rows); 128x128
-// round4(ceil(rows/128)) * round4(ceil(cols/128)).
+// FP8 scale floats of an operand of the GPU model's linears: activations and gradients per
+// tensor or in 1x128 slices, weights per tensor or in 128x128 blocks (linear_fp8_gpu.cu).
 static size_t plan_fp8_scales(LinearPrecision p, int weight, size_t rows, size_t cols) {
-#define PLAN_CDIV128(x) (((x) + 127) / 128)
-#define PLAN_ROUND4(x) (((x) + 3) / 4 * 4)
-    if (p == LINEAR_FP8_TENSOR) return 2;
-    if (!weight) return PLAN_ROUND4(PLAN_CDIV128(cols)) * PLAN_ROUND4(rows);
-    return PLAN_ROUND4(PLAN_CDIV128(rows)) * PLAN_ROUND4(PLAN_CDIV128(cols));
-#undef PLAN_CDIV128
-#undef PLAN_ROUND4
+    if (p == LINEAR_FP8_TENSOR) return gpu_fp8_scales_tensor();
+    return weight ? gpu_fp8_scales_128x128(rows, cols) : gpu_fp8_scales_1x128(rows, cols);
 }
 
 static void plan_take(size_t *category, size_t bytes) {
@@ -271,14 +247,14 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
 
     size_t *W = &out->workspace;
     plan_take(W, 4 * T * hd);  // RoPE table (T, hd/2) cos and sin
-    plan_take(W, plan_attn_bwd_workspace((size_t)micro_batch, H, T, hd));  // attention backward
-    size_t norm_scratch = plan_norm_scratch((long long)BT, C);            // RMSNorm backward
+    plan_take(W, gpu_attn_bwd_workspace_bytes((size_t)micro_batch, H, T, hd));  // attention backward
+    size_t norm_scratch = gpu_norm_scratch_bytes((long long)BT, C);            // RMSNorm backward
     if (m->qk_norm) {
-        size_t q = plan_norm_scratch((long long)(BT * H), hd);            // QK-norm backward
+        size_t q = gpu_norm_scratch_bytes((long long)(BT * H), hd);            // QK-norm backward
         if (q > norm_scratch) norm_scratch = q;
     }
     plan_take(W, norm_scratch);
-    plan_take(W, plan_embedding_scratch(BT, Vp));  // embedding backward (token sort for wte)
+    plan_take(W, gpu_embedding_scratch_bytes(BT, Vp));  // embedding backward (token sort for wte)
     plan_take(W, sizeof(double) * GRAD_NORM_PARTIALS);                 // grad-norm partial sums
     plan_take(W, sizeof(double));                                      // and their total
     *W += MATMUL_WORKSPACE_BYTES;  // cuBLASLt's workspace, allocated by matmul.cu outside the arena

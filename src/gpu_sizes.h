@@ -1,0 +1,52 @@
+// gpu_sizes.h: the byte counts of the GPU kernels' scratch buffers, as plain C. The kernels'
+// launchers (layers.cu, attention_bwd.cu, linear_fp8_gpu.cu) and the memory plan (model.c, which
+// links no GPU code so that --dry-run needs no CUDA runtime) both use these, so the plan cannot
+// drift from what the kernels need.
+#ifndef GPU_SIZES_H
+#define GPU_SIZES_H
+
+#include <stddef.h>  // size_t
+#include <stdint.h>  // int32_t
+
+// RMSNorm and QK-norm backward: the gain gradient is summed in FP32 partials over row chunks:
+// at most 1024 chunks of at least 32 rows, each giving one partial row of `dim` floats.
+static inline void gpu_norm_chunks(long long n_rows, int *n_chunks, long long *chunk_rows) {
+    long long nc = (n_rows + 31) / 32;
+    if (nc > 1024) nc = 1024;
+    if (nc < 1) nc = 1;
+    *chunk_rows = (n_rows + nc - 1) / nc;
+    *n_chunks = (int)((n_rows + *chunk_rows - 1) / *chunk_rows);
+    if (*n_chunks < 1) *n_chunks = 1;
+}
+static inline size_t gpu_norm_scratch_bytes(long long n_rows, size_t dim) {
+    int nc;
+    long long cr;
+    gpu_norm_chunks(n_rows, &nc, &cr);
+    return sizeof(float) * (size_t)nc * dim;
+}
+
+// Embedding backward (deterministic counting sort of the N positions by token): int32 counts,
+// offsets (+1) and cursors per vocabulary row (Vp), then the filled and sorted positions (2 N).
+static inline size_t gpu_embedding_scratch_bytes(size_t N, size_t Vp) {
+    return sizeof(int32_t) * (3 * Vp + 1 + 2 * N);
+}
+
+// BF16 attention backward: the FP32 dQ accumulator (B, H, T, d) and D = rowsum(dO * O) (B, H, T).
+static inline size_t gpu_attn_bwd_workspace_bytes(size_t B, size_t H, size_t T, size_t d) {
+    return B * H * T * d * sizeof(float) + B * H * T * sizeof(float);
+}
+
+// Floats in an FP8 operand's scale buffer (rows, cols with cols the reduction), with cuBLASLt's
+// padding: per tensor 2 (1/s and the amax); 1x128 slices round4(ceil(cols/128)) * round4(rows);
+// 128x128 blocks round4(ceil(rows/128)) * round4(ceil(cols/128)).
+static inline size_t gpu_round4(size_t x) { return (x + 3) / 4 * 4; }
+static inline size_t gpu_cdiv128(size_t x) { return (x + 127) / 128; }
+static inline size_t gpu_fp8_scales_tensor(void) { return 2; }
+static inline size_t gpu_fp8_scales_1x128(size_t rows, size_t cols) {
+    return gpu_round4(gpu_cdiv128(cols)) * gpu_round4(rows);
+}
+static inline size_t gpu_fp8_scales_128x128(size_t rows, size_t cols) {
+    return gpu_round4(gpu_cdiv128(rows)) * gpu_round4(gpu_cdiv128(cols));
+}
+
+#endif  // GPU_SIZES_H
