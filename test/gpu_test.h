@@ -47,4 +47,46 @@ static inline int gpu_test_have_gpu(const char *name) {
     return 1;
 }
 
+#ifdef __cplusplus
+#include <vector>  // host copies of device buffers
+
+// Device buffers: dnew allocates n elements poisoned with 0xFF bytes (NaN for float and BF16),
+// so an output a kernel forgot to write shows up; dup copies a host vector to the device; back
+// copies n elements to the host after the device is done; poison re-poisons a buffer.
+template <class T> static T *dnew(size_t n) {
+    T *p = NULL;
+    CU(cudaMalloc(&p, (n ? n : 1) * sizeof(T)));
+    CU(cudaMemset(p, 0xFF, (n ? n : 1) * sizeof(T)));
+    return p;
+}
+template <class T> static T *dup(const std::vector<T> &h) {
+    T *p = dnew<T>(h.size());
+    CU(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+template <class T> static std::vector<T> back(const T *d, size_t n) {
+    std::vector<T> h(n);
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+template <class T> static void poison(T *d, size_t n) { CU(cudaMemset(d, 0xFF, n * sizeof(T))); }
+
+// Error of an output against its reference: relative L2 (a zero reference makes any error
+// huge), max abs error, and the count of non-finite outputs (which fail ok()).
+struct Err {
+    double num = 0, den = 0, maxabs = 0;
+    long nonfinite = 0;
+    void add(double got, double ref) {
+        if (!isfinite(got)) { nonfinite++; return; }
+        double d = got - ref;
+        num += d * d;
+        den += ref * ref;
+        if (fabs(d) > maxabs) maxabs = fabs(d);
+    }
+    double rel() const { return sqrt(num / (den > 0 ? den : 1e-300)); }
+    bool ok(double tol) const { return nonfinite == 0 && rel() < tol; }
+};
+#endif  // __cplusplus
+
 #endif  // GPU_TEST_H

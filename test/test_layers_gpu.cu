@@ -20,7 +20,7 @@
 #include "fp8.h"        // bf16_from_f32, bf16_to_f32 (host reference conversions)
 #include "layers.h"     // the kernels under test
 #include "optimizer.h"  // adamw_update_range (the CPU AdamW the kernel must match)
-#include "gpu_test.h"  // CU, rng_uniform/rng_normal, gpu_test_have_gpu
+#include "gpu_test.h"  // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
 #include "test.h"       // CHECK, test_summary
 
 typedef std::vector<uint16_t> Bf;
@@ -39,40 +39,6 @@ static std::vector<float> rand_f(size_t n, double scale) {
 }
 static double bv(uint16_t b) { return bf16_to_f32(b); }
 
-// --- device helpers --------------------------------------------------------------------------
-template <class T> static T *dnew(size_t n) {
-    T *p = NULL;
-    CU(cudaMalloc(&p, (n ? n : 1) * sizeof(T)));
-    CU(cudaMemset(p, 0xFF, (n ? n : 1) * sizeof(T)));  // poisoned: NaN for float and BF16
-    return p;
-}
-template <class T> static T *dup(const std::vector<T> &h) {
-    T *p = dnew<T>(h.size());
-    CU(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-template <class T> static std::vector<T> back(const T *d, size_t n) {
-    std::vector<T> h(n);
-    CU(cudaDeviceSynchronize());
-    CU(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
-template <class T> static void poison(T *d, size_t n) { CU(cudaMemset(d, 0xFF, n * sizeof(T))); }
-
-// --- error measures --------------------------------------------------------------------------
-struct Err {
-    double num = 0, den = 0, maxabs = 0;
-    long nonfinite = 0;
-    void add(double got, double ref) {
-        if (!isfinite(got)) { nonfinite++; return; }
-        double d = got - ref;
-        num += d * d;
-        den += ref * ref;
-        if (fabs(d) > maxabs) maxabs = fabs(d);
-    }
-    double rel() const { return sqrt(num / (den > 0 ? den : 1e-300)); }
-    bool ok(double tol) const { return nonfinite == 0 && rel() < tol; }
-};
 static Err err_bf(const Bf &got, const Dv &ref) {
     Err e;
     for (size_t i = 0; i < ref.size(); i++) e.add(bv(got[i]), ref[i]);

@@ -27,7 +27,7 @@
 #include "linear_fp8.h"      // fp8_quantize, linear_forward/dgrad/wgrad: the CPU emulation
 #include "linear_fp8_gpu.h"  // under test
 #include "matmul.h"          // the BF16 GEMMs timed for comparison
-#include "gpu_test.h"        // CU, rng_uniform/rng_normal, gpu_test_have_gpu
+#include "gpu_test.h"        // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
 #include "test.h"            // CHECK, test_summary
 
 typedef std::vector<uint16_t> Bf;
@@ -73,19 +73,6 @@ static Fv transpose(const Fv &a, int rows, int cols) {  // (cols, rows)
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) t[(size_t)c * rows + r] = a[(size_t)r * cols + c];
     return t;
-}
-
-template <class T> static T *dup(const std::vector<T> &h) {
-    T *p = NULL;
-    CU(cudaMalloc(&p, h.size() * sizeof(T)));
-    CU(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-template <class T> static std::vector<T> back(const T *d, size_t n) {
-    std::vector<T> h(n);
-    CU(cudaDeviceSynchronize());
-    CU(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
 }
 
 // --- 1. quantization ----------------------------------------------------------------------------
@@ -171,17 +158,6 @@ static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int 
 }
 
 // --- 2. GEMMs -----------------------------------------------------------------------------------
-
-struct Err {
-    double num = 0, den = 0;
-    long nonfinite = 0;
-    void add(double got, double ref) {
-        if (!isfinite(got)) { nonfinite++; return; }
-        num += (got - ref) * (got - ref);
-        den += ref * ref;
-    }
-    double rel() const { return sqrt(num / (den > 0 ? den : 1e-300)); }
-};
 
 // rounded (may be NULL): the same output against the reference rounded to BF16 (information:
 // what is left once the output's own rounding is taken out).

@@ -13,7 +13,7 @@
 
 #include "fp8.h"     // bf16_from_f32, bf16_to_f32
 #include "matmul.h"  // the GEMMs under test
-#include "gpu_test.h"  // CU, rng_uniform/rng_normal, gpu_test_have_gpu
+#include "gpu_test.h"  // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
 #include "test.h"    // CHECK, test_summary
 
 typedef std::vector<uint16_t> Bf;
@@ -29,36 +29,6 @@ static Dv to_d(const Bf &b) {
     for (size_t i = 0; i < b.size(); i++) d[i] = bf16_to_f32(b[i]);
     return d;
 }
-
-template <class T> static T *dup(const std::vector<T> &h) {
-    T *p = NULL;
-    CU(cudaMalloc(&p, h.size() * sizeof(T)));
-    CU(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-template <class T> static T *dpoisoned(size_t n) {
-    T *p = NULL;
-    CU(cudaMalloc(&p, n * sizeof(T)));
-    CU(cudaMemset(p, 0xFF, n * sizeof(T)));
-    return p;
-}
-template <class T> static std::vector<T> back(const T *d, size_t n) {
-    std::vector<T> h(n);
-    CU(cudaDeviceSynchronize());
-    CU(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
-
-struct Err {
-    double num = 0, den = 0;
-    long nonfinite = 0;
-    void add(double got, double ref) {
-        if (!isfinite(got)) { nonfinite++; return; }
-        num += (got - ref) * (got - ref);
-        den += ref * ref;
-    }
-    double rel() const { return sqrt(num / (den > 0 ? den : 1e-300)); }
-};
 
 static void report(const Err &e, double tol, const char *what, int M, int N, int K, int acc) {
     char nm[128];
@@ -91,8 +61,8 @@ static void test_shape(int M, int N, int K) {
         }
     uint16_t *d_x = dup(x), *d_w = dup(w), *d_dy = dup(dy);
     for (int acc = 0; acc < 2; acc++) {
-        uint16_t *d_y = acc ? dup(y0) : dpoisoned<uint16_t>((size_t)M * N);
-        uint16_t *d_dx = acc ? dup(dx0) : dpoisoned<uint16_t>((size_t)M * K);
+        uint16_t *d_y = acc ? dup(y0) : dnew<uint16_t>((size_t)M * N);
+        uint16_t *d_dx = acc ? dup(dx0) : dnew<uint16_t>((size_t)M * K);
         matmul_forward_gpu(d_y, d_x, d_w, M, N, K, acc, 0);
         matmul_dgrad_gpu(d_dx, d_dy, d_w, M, N, K, acc, 0);
         Bf y = back(d_y, (size_t)M * N), dx = back(d_dx, (size_t)M * K);
