@@ -35,8 +35,9 @@ static float bf2f(uint16_t u) {
 }
 static double bfr(double x) { return bf2f(f2bf((float)x)); }  // the value BF16 keeps
 
-// Error accumulator: relative L2 and max abs error (and max |ref| to put it in scale).
-struct Err {
+// Error accumulator: relative L2 (absolute when the reference is zero) and max abs error, with
+// max |ref| to put it in scale (gpu_test.h's Err counts a zero reference as failing instead).
+struct AttnErr {
     double num = 0, den = 0, maxabs = 0, maxref = 0;
     long nonfinite = 0;
     void add(double got, double ref) {
@@ -261,7 +262,7 @@ static void run_case(const Case &cs, int seed) {
     }
     int block_q, block_k;
     attn_gpu_block_sizes(d, &block_q, &block_k);
-    Err eo[2], el[2], edq[2], edk[2], edv[2];
+    AttnErr eo[2], el[2], edq[2], edk[2], edv[2];
     std::vector<double> hq((size_t)T * d), hk((size_t)T * d), hv((size_t)T * d), hdo((size_t)T * d);
     for (int bh : heads) {
         int b = bh / H, h = bh % H;
@@ -289,12 +290,12 @@ static void run_case(const Case &cs, int seed) {
             }
     }
     const char *names[5] = {"O", "LSE", "dQ", "dK", "dV"};
-    Err *errs[5] = {eo, el, edq, edk, edv};
+    AttnErr *errs[5] = {eo, el, edq, edk, edv};
     const double tol_rel[2] = {1e-2, 2e-3};     // f64: BF16 arithmetic; emul: same numerics
     const double tol_max[2] = {5e-2, 1.5e-2};   // max abs error relative to max |ref|
     for (int r = 0; r < 2; r++)
         for (int n = 0; n < 5; n++) {
-            const Err &e = errs[n][r];
+            const AttnErr &e = errs[n][r];
             char name[256];
             snprintf(name, sizeof name, "attn gpu %s vs %s: %s", names[n], r ? "bf16 emulation" : "f64", tag);
             double relmax = e.maxabs / (e.maxref > 0 ? e.maxref : 1);
