@@ -10,8 +10,11 @@
 #include <stdio.h>   // printf
 #include <stdlib.h>  // exit
 
-#include "common.h"  // ErrBuf
-#include "config.h"  // Config, config_parse
+#include "common.h"     // ErrBuf, now_seconds
+#include "config.h"     // Config, config_parse
+#include "model_cpu.h"  // CpuModel, for the paired training steps
+#include "model_gpu.h"  // GpuModel, for the paired and timed training steps
+#include "optimizer.h"  // AdamW, adamw_step, grad_global_norm, grad_clip_factor
 
 static const char *TINY_JSON =
     "{\"model\": {\"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 352, \"seq_len\": 64},"
@@ -62,6 +65,46 @@ static inline double rel_l2(const float *a, const float *ref, size_t n, double *
     }
     if (cosine) *cosine = (aa > 0 && den > 0) ? ab / sqrt(aa * den) : (aa == den ? 1.0 : 0.0);
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+// n_steps training steps of m on one batch (lr 6e-4, clipping from c), the first `warm` untimed.
+// Returns seconds per timed step; *first and *last get the first and last loss, *finite 0 if a
+// loss or gradient norm was not finite.
+static inline double timed_steps(GpuModel *m, const Config *c, const int32_t *tokens, const int32_t *targets,
+                                 int n_steps, int warm, float *first, float *last, int *finite) {
+    double t0 = now_seconds();
+    *finite = 1;
+    for (int k = 0; k < n_steps; k++) {
+        if (k == warm) t0 = now_seconds();
+        gpu_model_zero_grad(m);
+        float l = gpu_model_forward(m, tokens, targets);
+        gpu_model_backward(m, 1.0f);
+        double n = gpu_model_grad_norm(m);
+        gpu_model_step(m, 6e-4, grad_clip_factor(&c->train, n), &c->train);
+        if (!isfinite(l) || !isfinite(n)) *finite = 0;
+        if (k == 0) *first = l;
+        *last = l;
+    }
+    return (now_seconds() - t0) / (n_steps - warm);
+}
+
+// One training step of the same batch at learning rate lr on the CPU backend (with its AdamW)
+// and on the GPU model; *cl/*gl get the losses, *cn/*gn the gradient norms. Returns the loss's
+// relative difference |gl - cl| / |cl|.
+static inline double paired_step(CpuModel *cpu, AdamW *opt, GpuModel *gpu, const Config *c, const int32_t *tk,
+                                 const int32_t *tg, double lr, float *cl, float *gl, double *cn, double *gn) {
+    const size_t P = cpu->table.total;
+    cpu_model_zero_grad(cpu);
+    *cl = cpu_model_forward(cpu, tk, tg);
+    cpu_model_backward(cpu, 1.0f);
+    *cn = grad_global_norm(cpu->grads, P);
+    adamw_step(opt, &cpu->table, &c->train, cpu->params, cpu->grads, lr, grad_clip_factor(&c->train, *cn));
+    gpu_model_zero_grad(gpu);
+    *gl = gpu_model_forward(gpu, tk, tg);
+    gpu_model_backward(gpu, 1.0f);
+    *gn = gpu_model_grad_norm(gpu);
+    gpu_model_step(gpu, lr, grad_clip_factor(&c->train, *gn), &c->train);
+    return fabs(*gl - *cl) / fabs(*cl);
 }
 
 #endif  // MODEL_TEST_H

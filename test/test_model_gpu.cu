@@ -218,19 +218,9 @@ static void run_variant(const char *label, const Config &c_in, int steps, const 
         for (int k = 0; k < steps; k++) {
             const int32_t *tk = &tokens[(size_t)k * BT], *tg = &targets[(size_t)k * BT];
             double lr = lr_at_step(&c.train, k);
-            cpu_model_zero_grad(&cpu);
-            cl[k] = cpu_model_forward(&cpu, tk, tg);
-            cpu_model_backward(&cpu, 1.0f);
-            double cn = grad_global_norm(cpu.grads, P);
-            adamw_step(&opt, &cpu.table, &c.train, cpu.params, cpu.grads, lr, grad_clip_factor(&c.train, cn));
-
-            gpu_model_zero_grad(&gpu);
-            gl[k] = gpu_model_forward(&gpu, tk, tg);
-            gpu_model_backward(&gpu, 1.0f);
-            double n = gpu_model_grad_norm(&gpu);
+            double cn, n;
+            double r = paired_step(&cpu, &opt, &gpu, &c, tk, tg, lr, &cl[k], &gl[k], &cn, &n);
             gn[k] = (float)n;
-            gpu_model_step(&gpu, lr, grad_clip_factor(&c.train, n), &c.train);
-            double r = fabs(gl[k] - cl[k]) / fabs(cl[k]);
             if (r > worst_curve) worst_curve = r;
             if (!(r <= 1e-2)) ok_curve = 0;
             printf("#   %-12s step %2d  loss cpu %.5f gpu %.5f (rel %.1e)  grad norm cpu %.4f gpu %.4f\n", label, k,
@@ -328,21 +318,9 @@ static void smoke_test(const char *label, const char *json, const char *const *o
     CHECK(rc == 0, name, "%s", e.msg);
     if (rc) return;
     if (print_plan) gpu_model_plan_compare(stdout, &c, B, T);
-    int ok = 1, n_steps = 8, warm = 3;
-    double t0 = 0;
+    int ok = 1;
     float first = 0, last = 0;
-    for (int k = 0; k < n_steps; k++) {
-        if (k == warm) t0 = now_seconds();
-        gpu_model_zero_grad(&m);
-        float l = gpu_model_forward(&m, tokens.data(), targets.data());
-        gpu_model_backward(&m, 1.0f);
-        double n = gpu_model_grad_norm(&m);
-        gpu_model_step(&m, 6e-4, grad_clip_factor(&c.train, n), &c.train);
-        if (!isfinite(l) || !isfinite(n)) ok = 0;
-        if (k == 0) first = l;
-        last = l;
-    }
-    double dt = (now_seconds() - t0) / (n_steps - warm);
+    double dt = timed_steps(&m, &c, tokens.data(), targets.data(), 8, 3, &first, &last, &ok);
     double flops = model_flops_per_token(&c.model) * BT;
     printf("# timing: smoke %s B%d: %.2f ms/step, %.0f tokens/s, %.1f TFLOP/s (model FLOPs), %.2f GiB planned, loss %.4f -> %.4f (same batch)\n",
            label, B, dt * 1e3, BT / dt, flops / dt / 1e12, m.plan.total / 1073741824.0, first, last);
