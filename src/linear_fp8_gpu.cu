@@ -25,6 +25,7 @@
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
 #include "gpu_sizes.h"   // the scale-buffer sizes (shared with the memory plan)
+#include "matmul.h"      // the shared cuBLASLt handle and workspace
 
 #define THREADS 256   // every kernel; flush_counts needs whole warps
 #define G FP8_GROUP   // 128
@@ -443,15 +444,16 @@ typedef struct {
 
 #define MAX_PLANS 64  // evicted round-robin when full
 
-static cublasLtHandle_t handle;
-static void *workspace;  // LINEAR_FP8_WORKSPACE_BYTES on the device
+static cublasLtHandle_t handle;  // matmul.cu's, shared (see matmul.h)
+static void *workspace;          // matmul.cu's MATMUL_WORKSPACE_BYTES
 static Fp8GemmPlan plans[MAX_PLANS];
 static int n_plans, next_evict;
 
 void linear_fp8_gpu_init(void) {
     if (handle) return;
-    CUBLASLT_CHECK(cublasLtCreate(&handle));
-    CUDA_CHECK(cudaMalloc(&workspace, LINEAR_FP8_WORKSPACE_BYTES));
+    matmul_gpu_init();  // idempotent
+    handle = (cublasLtHandle_t)matmul_gpu_lt_handle();
+    workspace = matmul_gpu_workspace();
 }
 
 static void plan_destroy(Fp8GemmPlan *p) {
@@ -465,9 +467,7 @@ void linear_fp8_gpu_shutdown(void) {
     if (!handle) return;
     for (int i = 0; i < n_plans; i++) plan_destroy(&plans[i]);
     n_plans = next_evict = 0;
-    CUDA_CHECK(cudaFree(workspace));
-    workspace = NULL;
-    CUBLASLT_CHECK(cublasLtDestroy(handle));
+    workspace = NULL;  // both belong to matmul.cu, which frees them in matmul_gpu_shutdown()
     handle = NULL;
 }
 
@@ -513,7 +513,7 @@ static cublasStatus_t plan_build(Fp8GemmPlan *p, const Fp8GemmKey *k, const floa
                                               (uint64_t)k->n, k->m));
     cublasLtMatmulPreference_t pref;
     CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = LINEAR_FP8_WORKSPACE_BYTES;
+    const uint64_t ws = MATMUL_WORKSPACE_BYTES;
     const uint32_t al_ab = 16, al_c = (uint32_t)k->align_c;  // codes: checked >= 16 by the caller
     CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_ab, sizeof al_ab));
@@ -602,7 +602,7 @@ int fp8_gemm_gpu(void *out, int out_fp32, int accumulate, const Fp8Operand *lhs,
     set_scale_pointers(p->op, rhs->scales, lhs->scales);  // A = rhs, B = lhs
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     return (int)cublasLtMatmul(handle, p->op, &alpha, rhs->codes, p->a, lhs->codes, p->b, &beta, out, p->c, out, p->c,
-                               &p->algo, workspace, LINEAR_FP8_WORKSPACE_BYTES, stream);
+                               &p->algo, workspace, MATMUL_WORKSPACE_BYTES, stream);
 }
 
 static void gemm_or_die(const char *what, void *out, int out_fp32, int accumulate, const Fp8Operand *lhs,

@@ -23,8 +23,8 @@
 //                      multiple of 4 rows) hold 1.0                             (BLK128x128_32F)
 // fp8_scales_to_rowmajor() converts them back to fp8_quantize's order (s, row-major over groups).
 //
-// Streams: quantizations may run on any stream; all GEMMs share one workspace, so they must be
-// issued on one stream (or otherwise serialised), as with matmul.h.
+// Streams: quantizations may run on any stream; the GEMMs use matmul.h's cuBLASLt handle and
+// workspace, so they must be issued on the same stream as every other GEMM (or serialised).
 #ifndef LINEAR_FP8_GPU_H
 #define LINEAR_FP8_GPU_H
 
@@ -37,8 +37,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define LINEAR_FP8_WORKSPACE_BYTES ((size_t)32 << 20)
 
 // One FP8 GEMM operand on the device.
 typedef struct {

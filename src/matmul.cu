@@ -46,6 +46,16 @@ extern "C" void matmul_gpu_init(void) {
     CUDA_CHECK(cudaMalloc(&workspace, MATMUL_WORKSPACE_BYTES));
 }
 
+extern "C" void *matmul_gpu_lt_handle(void) {
+    if (!handle) FATAL("matmul_gpu_lt_handle before matmul_gpu_init() (hint: call it once at start)");
+    return (void *)handle;
+}
+
+extern "C" void *matmul_gpu_workspace(void) {
+    if (!handle) FATAL("matmul_gpu_workspace before matmul_gpu_init() (hint: call it once at start)");
+    return workspace;
+}
+
 static void plan_destroy(GemmPlan *p) {
     CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->a));
     CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->b));

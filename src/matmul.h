@@ -29,6 +29,12 @@ extern "C" {
 void matmul_gpu_init(void);
 void matmul_gpu_shutdown(void);
 
+// The module's cuBLASLt handle (a cublasLtHandle_t) and its MATMUL_WORKSPACE_BYTES workspace, for
+// the other cuBLASLt user, the FP8 GEMMs of linear_fp8_gpu.cu: every GEMM of a process runs on one
+// stream, one after another, so one handle and one workspace serve them all.
+void *matmul_gpu_lt_handle(void);
+void *matmul_gpu_workspace(void);
+
 // y (M, N) = x (M, K) @ w (N, K)^T; accumulate != 0 adds to y instead (y = y + x w^T).
 void matmul_forward_gpu(uint16_t *y, const uint16_t *x, const uint16_t *w, int M, int N, int K,
                         int accumulate, cudaStream_t stream);

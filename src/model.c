@@ -11,7 +11,6 @@
 #include "common.h"  // xcalloc, FATAL
 #include "layers.h"  // GRAD_NORM_PARTIALS (a constant; model.c links no GPU code)
 #include "matmul.h"  // MATMUL_WORKSPACE_BYTES (likewise)
-#include "linear_fp8_gpu.h"  // LINEAR_FP8_WORKSPACE_BYTES (likewise)
 
 // --- parameter table -----------------------------------------------------------------------------
 
@@ -260,8 +259,8 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
     *W += MATMUL_WORKSPACE_BYTES;  // cuBLASLt's workspace, allocated by matmul.cu outside the arena
     if (c->precision.linear != LINEAR_BF16) {
         // FP8 linears: model_gpu.cu's three operand slots (codes, then scales), each sized for
-        // the largest of the shapes it takes (fp8_slot_shapes there), then linear_fp8_gpu's
-        // cuBLASLt workspace outside the arena.
+        // the largest of the shapes it takes (fp8_slot_shapes there); the FP8 GEMMs share
+        // matmul.cu's cuBLASLt workspace.
         size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {3 * C, BT}, {C, BT}, {2 * F, BT}};
         size_t s1[][2] = {{C, BT}, {F, BT}};
         size_t s2[][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}, {C, 3 * C}, {C, 2 * F}, {F, C}};
@@ -278,7 +277,6 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
             plan_take(W, codes);       // FP8 codes
             plan_take(W, 4 * scales);  // their scales
         }
-        *W += LINEAR_FP8_WORKSPACE_BYTES;
     }
     out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +
                  out->workspace;

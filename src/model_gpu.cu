@@ -244,7 +244,7 @@ static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan 
     d->norm_partials = (double *)take(&cv, sizeof(double) * GRAD_NORM_PARTIALS, W);
     d->sumsq = (double *)take(&cv, sizeof(double), W);
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
-    if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots, and linear_fp8_gpu's workspace
+    if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots (the GEMMs share matmul's workspace)
         for (int slot = 0; slot < 3; slot++) {
             size_t nc;
             long ns;
@@ -254,7 +254,6 @@ static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan 
             d->q8_codes_cap[slot] = nc;
             d->q8_scales_cap[slot] = ns;
         }
-        plan->workspace += LINEAR_FP8_WORKSPACE_BYTES;  // allocated by linear_fp8_gpu.cu
     }
     plan->total = plan->weights + plan->master + plan->optimizer + plan->grads +
                   plan->activations + plan->workspace;
@@ -414,7 +413,6 @@ int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long lon
                     m->plan.total / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
     }
     size_t arena_bytes = m->plan.total - MATMUL_WORKSPACE_BYTES;
-    if (c->precision.linear != LINEAR_BF16) arena_bytes -= LINEAR_FP8_WORKSPACE_BYTES;
     char *arena = NULL;
     CUDA_CHECK(cudaMalloc((void **)&arena, arena_bytes));
     MemoryPlan again;
