@@ -11,17 +11,12 @@
 
 #include "common.h"  // xmalloc
 #include "config.h"  // attn_precision_name, grad_format_name, scaling_name
+#include "rng.h"     // splitmix64_next for the seeded inputs
 
 #define ATTN_INVARIANT_TOL 1e-5
 
 // --- seeded normal draws (splitmix64 + Box-Muller) --------------------------------------------
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double uniform01(uint64_t *s) { return ((double)(splitmix64_next(s) >> 11) + 0.5) * 0x1.0p-53; }
 
 void attn_fill_normal(float *x, size_t n, uint64_t seed) {
     uint64_t s = seed;

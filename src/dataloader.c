@@ -11,6 +11,7 @@
 // ranks wrap (rank r reads window order[r % n_windows]): windows repeat across ranks there.
 // Because all ranks step in lockstep, DataLoaderState is the same on every rank.
 #include "dataloader.h"
+#include "rng.h"  // splitmix64 for the seeded orders
 
 #include <errno.h>     // errno for messages
 #include <glob.h>      // glob: the shard pattern
@@ -26,18 +27,8 @@
 // ---------------------------------------------------------------------------------------------
 // A small portable generator for the orders: splitmix64 and an unbiased Fisher-Yates.
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static uint64_t splitmix64_next(uint64_t *state) {
-    uint64_t z = *state;
-    *state += 0x9E3779B97F4A7C15ULL;
-    return mix64(z);
-}
+// A stateless mix: one splitmix64 step from z.
+static uint64_t mix64(uint64_t z) { return splitmix64_mix(z + SPLITMIX64_GAMMA); }
 
 // Uniform in [0, n) by rejection (no modulo bias).
 static uint64_t rand_below(uint64_t *state, uint64_t n) {

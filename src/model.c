@@ -11,6 +11,7 @@
 #include "common.h"  // xcalloc, FATAL
 #include "layers.h"  // GRAD_NORM_PARTIALS (a constant; model.c links no GPU code)
 #include "matmul.h"  // MATMUL_WORKSPACE_BYTES (likewise)
+#include "rng.h"     // splitmix64_next for the seeded init
 
 // --- parameter table -----------------------------------------------------------------------------
 
@@ -85,13 +86,6 @@ const ParamDesc *param_find(const ParamTable *t, ParamKind kind, int layer) {
 // A portable generator: splitmix64 (Steele, Lea, Flood 2014) gives the uniform bits; normals come
 // from Marsaglia's polar method with a logarithm written here from + - * / and sqrt only (all
 // correctly rounded in IEEE double), so the values do not depend on the C library or the CPU.
-
-static uint64_t splitmix64_next(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 // Uniform in (-1, 1) with 53 random bits.
 static double uniform_pm1(uint64_t *s) { return (double)(splitmix64_next(s) >> 11) * 0x1p-52 - 1.0; }

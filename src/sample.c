@@ -8,16 +8,14 @@
 
 #include "checkpoint.h"  // checkpoint_read_config, checkpoint_load, checkpoint_find_latest
 #include "config.h"      // config_parse
+#include "rng.h"         // splitmix64 for the sampling generator
 
 // ---------------------------------------------------------------------------------------------
 // splitmix64: tiny, full-period over 2^64 states, and its state is one integer to checkpoint.
 unsigned long long sample_rng_seed(unsigned long long seed) { return seed ^ 0x5DEECE66Dull; }
 
 static unsigned long long rng_next(unsigned long long *state) {
-    unsigned long long z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return splitmix64_mix(*state += SPLITMIX64_GAMMA);
 }
 
 double sample_rng_uniform(unsigned long long *state) {

@@ -25,6 +25,7 @@
 #include <unistd.h>    // isatty: progress bar only on a terminal
 
 #include "dataloader.h"  // shard_write
+#include "rng.h"         // splitmix64_mix: the hash that splits documents
 
 #define DEFAULT_SHARD_TOKENS 100000000LL
 #define DEFAULT_VAL_FRACTION 0.05
@@ -223,10 +224,7 @@ static bool next_document(const char *text, size_t len, size_t *pos, const Token
 
 // splitmix64: a well-mixed 64-bit hash of (seed, document index).
 static unsigned long long doc_hash(unsigned long long seed, long long index) {
-    unsigned long long z = seed + 0x9E3779B97F4A7C15ULL * (unsigned long long)(index + 1);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+    return splitmix64_mix(seed + SPLITMIX64_GAMMA * (unsigned long long)(index + 1));
 }
 
 typedef struct {
