@@ -60,13 +60,23 @@ static int finish_stdout(void) {
     return 0;
 }
 
-int cmd_encode(int argc, char **argv) {
+// What both commands start with: the tokenizer (from --vocab or the default place) and all of
+// standard input. Returns 0, or the exit status after reporting the error.
+static int open_command(int argc, char **argv, Tokenizer **t, char **text, size_t *len) {
     ErrBuf e;
-    Tokenizer *t = load_from_args(argc, argv, &e);
-    if (!t) return fail(&e);
+    *t = load_from_args(argc, argv, &e);
+    if (!*t) return fail(&e);
+    *text = read_stdin(len, &e);
+    if (!*text) { tokenizer_free(*t); return fail(&e); }
+    return 0;
+}
+
+int cmd_encode(int argc, char **argv) {
+    Tokenizer *t;
+    char *text;
     size_t len;
-    char *text = read_stdin(&len, &e);
-    if (!text) { tokenizer_free(t); return fail(&e); }
+    int rc = open_command(argc, argv, &t, &text, &len);
+    if (rc) return rc;
     uint32_t *ids;
     size_t n = tokenizer_encode(t, text, len, &ids);
     for (size_t k = 0; k < n; k++) printf(k ? " %u" : "%u", ids[k]);
@@ -78,12 +88,11 @@ int cmd_encode(int argc, char **argv) {
 }
 
 int cmd_decode(int argc, char **argv) {
-    ErrBuf e;
-    Tokenizer *t = load_from_args(argc, argv, &e);
-    if (!t) return fail(&e);
+    Tokenizer *t;
+    char *text;
     size_t len;
-    char *text = read_stdin(&len, &e);
-    if (!text) { tokenizer_free(t); return fail(&e); }
+    if (open_command(argc, argv, &t, &text, &len)) return 1;
+    ErrBuf e;
     // Check every id before writing anything, so a bad id leaves stdout empty.
     size_t cap = 1024, n = 0;
     uint32_t *ids = xmalloc(cap * sizeof *ids);
