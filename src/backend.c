@@ -147,10 +147,18 @@ void backend_get_state(Backend *b, float *params, float *adam_m, float *adam_v, 
     }
     if (b->zero1 && (adam_m || adam_v)) FATAL("backend_get_state: ZeRO-1 moments are sharded: use backend_dp_get_state");
     size_t bytes = b->cpu.table.total * sizeof(float);
-    if (params) memcpy(params, b->cpu.params, bytes);
-    if (adam_m) memcpy(adam_m, b->adam.m, bytes);
-    if (adam_v) memcpy(adam_v, b->adam.v, bytes);
+    if (params && params != b->cpu.params) memcpy(params, b->cpu.params, bytes);  // equal: in place
+    if (adam_m && adam_m != b->adam.m) memcpy(adam_m, b->adam.m, bytes);
+    if (adam_v && adam_v != b->adam.v) memcpy(adam_v, b->adam.v, bytes);
     if (step) *step = b->adam.step;
+}
+
+int backend_state_in_place(Backend *b, float **params, float **adam_m, float **adam_v) {
+    if (b->kind != DEVICE_CPU || b->zero1) return 0;
+    *params = b->cpu.params;
+    *adam_m = b->adam.m;
+    *adam_v = b->adam.v;
+    return 1;
 }
 
 void backend_set_state(Backend *b, const float *params, const float *adam_m, const float *adam_v,
@@ -162,7 +170,7 @@ void backend_set_state(Backend *b, const float *params, const float *adam_m, con
         return;
     }
     size_t bytes = b->cpu.table.total * sizeof(float);
-    if (params) memcpy(b->cpu.params, params, bytes);
+    if (params && params != b->cpu.params) memcpy(b->cpu.params, params, bytes);  // equal: in place
     if (adam_m && b->zero1) {  // this rank's slice; the padding past total stays zero
         size_t n = b->shard_end - b->shard_begin;
         memset(b->adam.m, 0, b->shard_len * sizeof(float));
@@ -171,8 +179,8 @@ void backend_set_state(Backend *b, const float *params, const float *adam_m, con
         memcpy(b->adam.v, adam_v + b->shard_begin, n * sizeof(float));
         b->adam.step = step;
     } else if (adam_m) {
-        memcpy(b->adam.m, adam_m, bytes);
-        memcpy(b->adam.v, adam_v, bytes);
+        if (adam_m != b->adam.m) memcpy(b->adam.m, adam_m, bytes);
+        if (adam_v != b->adam.v) memcpy(b->adam.v, adam_v, bytes);
         b->adam.step = step;
     }
 }

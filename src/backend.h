@@ -113,6 +113,10 @@ void backend_get_state(Backend *b, float *params, float *adam_m, float *adam_v, 
 // ZeRO-1 each rank keeps its slice of the full adam_m, adam_v.
 void backend_set_state(Backend *b, const float *params, const float *adam_m, const float *adam_v,
                        long long step);
+// The CPU backend keeps its state in host FP32 arrays already: returns 1 and points params,
+// adam_m, adam_v at them, so a checkpoint reads and fills them in place (get/set_state then skip
+// the copies); 0 where the state must be copied (GPU, ZeRO-1 shards).
+int backend_state_in_place(Backend *b, float **params, float **adam_m, float **adam_v);
 
 // The per-layer attention delayed-scaling state (n_layer entries, in *n) that checkpoints keep:
 // the CPU model's; NULL with *n = 0 on the GPU (its BF16 attention has none).

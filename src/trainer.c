@@ -109,7 +109,8 @@ typedef struct {
     AttnDelayedState *delayed;     // (n_delayed) the backend's delayed-scaling state, or NULL
     int n_delayed;                 // layers with delayed-scaling state (0 when not in use)
     AttnDelayedState *delayed_save;  // (n_delayed) scratch: eval and samples leave no trace
-    float *host_params, *host_m, *host_v;  // (total) host copies for checkpoints, allocated once
+    float *host_params, *host_m, *host_v;  // (total) the state checkpoints see (see checkpoint_state_of)
+    int host_state_owned;          // host_* were allocated here (not the CPU backend's own arrays)
     int32_t *inputs, *targets;     // (B, T)
     unsigned long long sample_rng;
     Tokenizer *tok;
@@ -190,11 +191,13 @@ static void print_sample(Run *r, long long step) {
     free(tokens);
 }
 
-// The checkpoint's view of the run: the host copies of parameters and AdamW moments (filled
-// from the backend before a save, copied into it after a load) and the host-side state.
+// The checkpoint's view of the run: the parameters and AdamW moments as host FP32 arrays (the
+// CPU backend's own, read and filled in place; for the GPU and ZeRO-1, host copies filled from
+// the backend before a save and copied into it after a load) and the host-side state.
 static CheckpointState checkpoint_state_of(Run *r) {
     const ParamTable *t = backend_table(&r->be);
-    if (!r->host_params) {
+    if (!r->host_params && !backend_state_in_place(&r->be, &r->host_params, &r->host_m, &r->host_v)) {
+        r->host_state_owned = 1;
         r->host_params = xmalloc(t->total * sizeof(float));
         r->host_m = xmalloc(t->total * sizeof(float));
         r->host_v = xmalloc(t->total * sizeof(float));
@@ -602,9 +605,11 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     free(r->inputs);
     free(r->targets);
     free(r->delayed_save);
-    free(r->host_params);
-    free(r->host_m);
-    free(r->host_v);
+    if (r->host_state_owned) {
+        free(r->host_params);
+        free(r->host_m);
+        free(r->host_v);
+    }
     diagnostics_free(&r->diag);
     backend_free(&r->be);
     dataloader_close(&r->train);
