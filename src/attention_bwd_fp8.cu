@@ -42,6 +42,7 @@
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, check_args
 #include "common.h"                  // FATAL
 #include "fp8.h"                     // encoders, fp8_scale_for_amax, fp8_to_f32
+#include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
 
 #define B8_BQ ATTN_FP8_BWD_BLOCK_Q  // 64 queries per tile
 #define B8_BK ATTN_FP8_BWD_BLOCK_K  // 128 keys per tile = per CTA
@@ -505,7 +506,7 @@ __global__ void attn_bwd_fp8_dq_kernel(const float *__restrict__ dq_acc, bf16 *_
 
 // --- launchers ---------------------------------------------------------------------------------
 extern "C" size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d) {
-    return (size_t)B * H * T * d * sizeof(float) + (size_t)B * H * T * sizeof(float);
+    return gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d);  // the BF16 backward's layout
 }
 
 template <int D, bool E5>

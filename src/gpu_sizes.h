@@ -36,6 +36,24 @@ static inline size_t gpu_attn_bwd_workspace_bytes(size_t B, size_t H, size_t T, 
     return B * H * T * d * sizeof(float) + B * H * T * sizeof(float);
 }
 
+// Attention of one layer in a precision mode (attention_fp8.h's attn_mode_workspace_bytes):
+// BF16 needs the backward's scratch only. The FP8 modes add the quantized operands: codes and
+// transposed codes of Q, K, V, dO, each (B, H, Tp, d) bytes with Tp = T rounded up to 128, and
+// their per-128-token-block scales (B, H, Tp/128) FP32; then fp8_hybrid the dequantized Q̂, K̂,
+// V̂ in BF16 (B, T, 3, H, d) for its BF16 backward, the others the FP8 backward's scratch (the
+// same dQ accumulator and D). Every part starts on a 256-byte boundary.
+static inline size_t gpu_align256(size_t n) { return (n + 255) / 256 * 256; }
+static inline size_t gpu_attn_mode_workspace_bytes(int is_fp8, int is_hybrid, size_t B, size_t H, size_t T,
+                                                   size_t d) {
+    size_t bwd = gpu_align256(gpu_attn_bwd_workspace_bytes(B, H, T, d));
+    if (!is_fp8) return bwd;
+    size_t Tp = (T + 127) / 128 * 128;
+    size_t codes = gpu_align256(B * H * Tp * d), scales = gpu_align256(sizeof(float) * B * H * (Tp / 128));
+    size_t n = 8 * codes + 4 * scales + bwd;
+    if (is_hybrid) n += gpu_align256(2 * 3 * B * T * H * d);
+    return n;
+}
+
 // Floats in an FP8 operand's scale buffer (rows, cols with cols the reduction), with cuBLASLt's
 // padding: per tensor 2 (1/s and the amax); 1x128 slices round4(ceil(cols/128)) * round4(rows);
 // 128x128 blocks round4(ceil(rows/128)) * round4(ceil(cols/128)).

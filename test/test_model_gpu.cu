@@ -363,12 +363,13 @@ static void plan_tests(void) {
         CHECK(mine.total == mine.weights + mine.master + mine.optimizer + mine.grads + mine.activations + mine.workspace,
               name, "total %zu", mine.total);
     }
-    const char *ov_fp8[] = {"precision.attention=\"fp8_dm\""};
-    Config c = make_config(TINY_JSON, ov_fp8, 1);
+    const char *ov_fp8[] = {"precision.attention=\"fp8_dm\"", "precision.attention_scaling=\"delayed\""};
+    Config c = make_config(TINY_JSON, ov_fp8, 2);
     MemoryPlan mp;
     int rc = gpu_model_plan(&c, 8, 64, &mp, &e);
-    CHECK(rc == -1 && strstr(e.msg, "precision.attention") && strstr(e.msg, "fp8_dm"),
-          "plan: FP8 attention is a user error on the GPU backend", "rc %d msg %s", rc, rc ? e.msg : "");
+    CHECK(rc == -1 && strstr(e.msg, "precision.attention") && strstr(e.msg, "fp8_dm") && strstr(e.msg, "delayed"),
+          "plan: FP8 attention with delayed scaling is a user error on the GPU backend", "rc %d msg %s", rc,
+          rc ? e.msg : "");
     c = make_config(TINY_JSON, NULL, 0);  // config_validate rejects this too; the backend checks on its own
     c.model.n_head = 4;
     c.model.head_dim = 32;

@@ -1,22 +1,25 @@
-// test_model_gpu_fp8.cu: FP8 linear layers on the GPU backend (precision.linear = fp8_tensor |
-// fp8_block, model_gpu.cu's lin_forward / lin_dgrad / lin_wgrad) against the CPU backend's
-// emulation of the same contract (linear_fp8.c).
+// test_model_gpu_fp8.cu: FP8 in the GPU model against the CPU backend's emulation of the same mode:
+// FP8 linear layers (precision.linear = fp8_tensor | fp8_block, model_gpu.cu's lin_forward /
+// lin_dgrad / lin_wgrad, contract in linear_fp8.c) and FP8 attention (precision.attention =
+// fp8_naive | fp8_hybrid | fp8_dm | fp8_dm_approx through attention_fp8.h), alone and together.
 //
 // Everywhere (host code only): model.c's memory_plan (what --dry-run prints) equals
-// gpu_model_plan byte for byte in FP8 modes, the FP8 slots are the only difference from BF16,
-// and the configs the GPU refuses in FP8 (FP8 LM head, B*T or widths not multiples of 16) are
-// user errors with messages naming the field. Without a GPU: then one "skipped" line, exit 0.
+// gpu_model_plan byte for byte in FP8 modes, the FP8 slots / quantized attention operands are the
+// only difference from BF16, and the configs the GPU refuses (FP8 LM head, B*T or widths not
+// multiples of 16, delayed attention scaling, fp32 attention) are user errors with messages naming
+// the field. Without a GPU: then one "skipped" line, exit 0.
 // With a GPU, on test_model_gpu.cu's tiny config and batches (d 128, 2 layers, 2 heads of 64,
 // SwiGLU 352, B 8, T 64):
 //   bf16: the numbers of test_model_gpu's "base" case (same batches, same seed), printed in
 //   the same format, and no FP8 GEMM runs.
-//   fp8_tensor (grads E4M3), fp8_tensor (grads E5M2), fp8_block: GPU vs CPU in the same mode:
-//   the loss, EVERY parameter gradient (rel L2, printed with the CPU's own FP8 effect, i.e.
-//   rel L2 of the CPU's BF16 gradient against its FP8 one), the size of the FP8 effect on the
-//   GPU against the CPU's (catches an FP8 path that is silently BF16, or a wrong format), the
-//   number of FP8 GEMMs (12 per FP8 block per step), next-token logits, and 10 AdamW steps.
-//   keep-first/last options: layer 0 or layer 1 kept BF16 (6 -> 12 FP8 GEMMs), and both kept
-//   (all BF16: the same gradients as the BF16 run).
+//   each FP8 mode: GPU vs CPU in the same mode (the CPU emulating the GPU kernels' tiles): the
+//   loss, EVERY parameter gradient (rel L2 against a bound from the CPU's own FP8 effect on the
+//   tensor, printed), the size and direction of the FP8 effect on the GPU against the CPU's
+//   (catches an FP8 path that is silently BF16, a wrong format, or an error that is not the
+//   emulation's), the number of FP8 GEMMs (12 per FP8 block per step), next-token logits, and
+//   10 AdamW steps. keep-first/last options: layer 0 or layer 1 kept BF16 (6 -> 12 FP8 GEMMs),
+//   and both kept (all BF16: the same gradients as the BF16 run).
+//   The row-sum invariant inside the model: fp8_dm's rows of dS sum to zero in every layer.
 //   Timing (information): the 125M config's shapes in bf16, fp8_tensor and fp8_block.
 #include <cuda_runtime.h>  // cudaGetDeviceCount (via gpu_test.h)
 #include <math.h>          // sqrt, isfinite, fabs
@@ -26,7 +29,8 @@
 #include <string.h>        // memcmp, strstr
 #include <vector>          // host buffers
 
-#include "attention_gpu.h"  // attn_gpu_block_sizes (the CPU emulates those tiles)
+#include "attention_fp8.h"  // attn_mode_block_sizes (the CPU emulates those tiles), AttnModeDiag
+#include "cuda_check.h"     // CUDA_CHECK
 #include "common.h"         // ErrBuf, now_seconds
 #include "config.h"         // Config, config_parse
 #include "gpu_test.h"       // gpu_test_have_gpu
@@ -112,8 +116,42 @@ static void plan_tests(void) {
     const char *ov_att[] = {"precision.linear=\"fp8_tensor\"", "precision.attention=\"fp8_dm\""};
     c = make_config(TINY_JSON, ov_att, 2);
     rc = gpu_model_plan(&c, 8, 64, &mp, &e);
-    CHECK(rc == -1 && strstr(e.msg, "precision.attention"), "plan: FP8 attention is still refused with FP8 linears",
-          "rc %d msg %s", rc, rc ? e.msg : "");
+    CHECK(rc == 0, "plan: FP8 attention with FP8 linears is accepted", "%s", rc ? e.msg : "");
+    const char *ov_del[] = {"precision.attention=\"fp8_dm\"", "precision.attention_scaling=\"delayed\""};
+    c = make_config(TINY_JSON, ov_del, 2);
+    rc = gpu_model_plan(&c, 8, 64, &mp, &e);
+    CHECK(rc == -1 && strstr(e.msg, "delayed") && strstr(e.msg, "train.device"),
+          "plan: delayed attention scaling is a user error on the GPU, naming the way out", "rc %d msg %s", rc,
+          rc ? e.msg : "");
+    const char *ov_f32[] = {"precision.attention=\"fp32\""};
+    c = make_config(TINY_JSON, ov_f32, 1);
+    rc = gpu_model_plan(&c, 8, 64, &mp, &e);
+    CHECK(rc == -1 && strstr(e.msg, "fp32"), "plan: fp32 attention is a user error on the GPU", "rc %d msg %s", rc,
+          rc ? e.msg : "");
+    // FP8 attention: --dry-run's plan equals the GPU allocation; only the workspace grows, by the
+    // codes and transposed codes of Q, K, V, dO (8 * B*H*Tp*d bytes), their scales and (hybrid) the
+    // dequantized Q̂ K̂ V̂ (6 * B*T*C bytes).
+    const char *amodes[] = {"precision.attention=\"fp8_naive\"", "precision.attention=\"fp8_hybrid\"",
+                            "precision.attention=\"fp8_dm\"", "precision.attention=\"fp8_dm_approx\""};
+    for (int ai = 0; ai < 4; ai++)
+        for (int sh = 0; sh < 2; sh++) {  // tiny (T 64 pads to 128) and T 1024
+            const char *ov[] = {amodes[ai], "model.seq_len=1024"};
+            Config ca = make_config(TINY_JSON, ov, sh ? 2 : 1), cb = make_config(TINY_JSON, ov + 1, sh ? 1 : 0);
+            int B = ca.train.micro_batch, T = ca.model.seq_len;
+            MemoryPlan dry, gpu, gpu_b;
+            char name[220];
+            memory_plan(&ca, 1, 0, B, &dry);
+            rc = gpu_model_plan(&ca, B, T, &gpu, &e);
+            gpu_model_plan(&cb, B, T, &gpu_b, &e);
+            size_t Tp = (T + 127) / 128 * 128, C = ca.model.d_model, codes = 8 * (size_t)B * Tp * C;
+            size_t extra = gpu.workspace - gpu_b.workspace, deq = ai == 1 ? 6 * (size_t)B * T * C : 0;
+            snprintf(name, sizeof name, "plan %s T %d: --dry-run's plan equals the GPU allocation, workspace +codes",
+                     amodes[ai], T);
+            CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry) && gpu.activations == gpu_b.activations &&
+                      extra >= codes + deq && extra < codes + deq + 64 * 1024,
+                  name, "rc %d dry ws %zu gpu ws %zu, extra %zu expected %zu", rc, dry.workspace, gpu.workspace, extra,
+                  codes + deq);
+        }
 }
 
 // --- GPU vs CPU in one linear precision ----------------------------------------------------------------
@@ -139,10 +177,14 @@ static int fp8_layers(const Config &c) {
 // label: printed prefix; steps: AdamW steps compared (0: gradients only); tol: per-tensor
 // gradient rel L2 bound. Fills ref in the BF16 run.
 static void run_mode(const char *label, const Config &c_in, const Batches &bt, int steps, double tol, Ref *ref) {
-    Config c = c_in;  // the CPU emulates the GPU kernel's attention tiles
-    attn_gpu_block_sizes(c.model.head_dim, &c.precision.attention_block_q, &c.precision.attention_block_k);
+    Config c = c_in;  // the CPU emulates the GPU kernels' attention tiles in this mode
+    AttnOptions ao;
+    attn_options_from_config(&ao, &c.precision);
+    attn_mode_block_sizes(&ao, c.model.head_dim, &c.precision.attention_block_q, &c.precision.attention_block_k);
     const ModelConfig *mc = &c.model;
-    int B = bt.B, T = bt.T, BT = B * T, n_fp8 = fp8_layers(c), is_bf16 = c.precision.linear == LINEAR_BF16;
+    int B = bt.B, T = bt.T, BT = B * T, n_fp8 = fp8_layers(c);
+    int attn_fp8 = c.precision.attention != ATTN_BF16;
+    int is_bf16 = c.precision.linear == LINEAR_BF16 && !attn_fp8, fp8_effect = n_fp8 > 0 || attn_fp8;
     char name[220];
     CpuModel cpu;
     cpu_model_init(&cpu, &c, B, T, SEED);
@@ -157,9 +199,11 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     }
     size_t P = gpu.table.total;
     std::vector<float> gg(P), cg(P), gp(P);
-    printf("# %s: %d of %d blocks in %s (grads %s), LM head bf16\n", label, n_fp8, mc->n_layer,
-           linear_precision_name(c.precision.linear),
-           c.precision.linear == LINEAR_FP8_TENSOR && c.precision.linear_grad_format == GRADFMT_E5M2 ? "e5m2" : "e4m3");
+    printf("# %s: %d of %d blocks' linears in %s (grads %s), LM head bf16; attention %s (grads %s, tiles %d x %d)\n",
+           label, n_fp8, mc->n_layer, linear_precision_name(c.precision.linear),
+           c.precision.linear == LINEAR_FP8_TENSOR && c.precision.linear_grad_format == GRADFMT_E5M2 ? "e5m2" : "e4m3",
+           attn_precision_name(c.precision.attention), grad_format_name(c.precision.attention_grad_format),
+           c.precision.attention_block_q, c.precision.attention_block_k);
 
     // loss and gradients of batch 0
     float lc = cpu_model_forward(&cpu, bt.tokens.data(), bt.targets.data());
@@ -192,23 +236,44 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
             printf("#   %-22s %-28s rel L2 %.3e  cos %.6f  (cpu fp8 effect %.3e, ratio %.2f)\n", label, p->name, r,
                    cosv, fx, fx > 0 ? r / fx : 0.0);
         }
-        snprintf(name, sizeof name, "%s: gradient of %s (rel L2 < %.0e)", label, p->name, tol);
-        CHECK(r < tol, name, "rel L2 %.3e, cosine %.6f", r, cosv);
+        // Bound: tol, or in FP8 modes 1.5x the CPU's own FP8 effect on the tensor. The CPU reference
+        // keeps activations in FP32 where the GPU stores BF16, so a few percent of the FP8 codes
+        // differ (a BF16 rounding crosses an FP8 rounding boundary) and the GPU-vs-CPU distance
+        // reaches the size of the FP8 effect itself (measured on an H200: up to 1.11x for FP8
+        // linears, < 1x for FP8 attention). The kernels' codes are checked exactly elsewhere
+        // (test_linear_fp8_gpu, test_attention_fp8_gpu); the direction check below catches an FP8
+        // path whose error is not the CPU's.
+        double fx_t = fp8_effect ? rel_l2(ref->cpu_bf16.data() + p->offset, cg.data() + p->offset, p->numel, NULL)
+                                 : 0.0;
+        double bound = tol > 1.5 * fx_t ? tol : 1.5 * fx_t;
+        snprintf(name, sizeof name, "%s: gradient of %s (rel L2 < max(%.0e, 1.5x the CPU's FP8 effect))", label,
+                 p->name, tol);
+        CHECK(r < bound, name, "rel L2 %.3e (bound %.3e), cosine %.6f", r, bound, cosv);
     }
     printf("# %s: worst gradient rel L2 %.3e\n", label, worst);
-    if (!is_bf16 && n_fp8 > 0) {
+    if (fp8_effect) {
         // Size of the FP8 effect: GPU fp8 vs GPU bf16 against CPU fp8 vs CPU bf16 (whole vector).
         // A GPU that silently ran BF16 has ratio ~0; E5M2 where E4M3 belongs ~2.
         double eg = rel_l2(gg.data(), ref->gpu_bf16.data(), P, NULL);
         double ec = rel_l2(cg.data(), ref->cpu_bf16.data(), P, NULL);
         double same = rel_l2(gg.data(), cg.data(), P, NULL);
-        printf("# %s: FP8 effect on all gradients: gpu %.3e cpu %.3e (ratio %.2f); gpu vs cpu fp8 %.3e\n", label, eg,
-               ec, ec > 0 ? eg / ec : 0.0, same);
-        snprintf(name, sizeof name, "%s: the FP8 effect on the gradients has the CPU's size (ratio in [0.5, 2])",
+        // Direction: cos(g_gpu_fp8 - g_gpu_bf16, g_cpu_fp8 - g_cpu_bf16). Independent errors of the
+        // same size give ~0; the shared FP8 codes make it ~0.6 (linears) to ~0.75 (attention).
+        double dot = 0, na = 0, nb = 0;
+        for (size_t i = 0; i < P; i++) {
+            double a = (double)gg[i] - ref->gpu_bf16[i], b = (double)cg[i] - ref->cpu_bf16[i];
+            dot += a * b, na += a * a, nb += b * b;
+        }
+        double dir = na > 0 && nb > 0 ? dot / sqrt(na * nb) : 0.0;
+        printf("# %s: FP8 effect on all gradients: gpu %.3e cpu %.3e (ratio %.2f); gpu vs cpu fp8 %.3e; direction "
+               "cosine %.3f\n", label, eg, ec, ec > 0 ? eg / ec : 0.0, same, dir);
+        snprintf(name, sizeof name, "%s: the FP8 effect on the gradients has the CPU's size (ratio in [0.8, 1.25])",
                  label);
-        CHECK(ec > 0 && eg / ec > 0.5 && eg / ec < 2.0, name, "gpu %.3e cpu %.3e", eg, ec);
+        CHECK(ec > 0 && eg / ec > 0.8 && eg / ec < 1.25, name, "gpu %.3e cpu %.3e", eg, ec);
+        snprintf(name, sizeof name, "%s: ... and the CPU's direction (cosine > 0.4)", label);
+        CHECK(dir > 0.4, name, "cosine %.3f", dir);
     }
-    if (!is_bf16 && n_fp8 == 0) {  // every block kept BF16: the BF16 run's gradients
+    if (!is_bf16 && !fp8_effect) {  // every block kept BF16: the BF16 run's gradients
         // Not bit for bit: the attention backward adds dQ with atomics (run-to-run order).
         double r = rel_l2(gg.data(), ref->gpu_bf16.data(), P, NULL);
         int identical = !memcmp(gg.data(), ref->gpu_bf16.data(), P * sizeof(float));
@@ -234,8 +299,11 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
         cpu_model_next_logits(&cpu, bt.tokens.data(), t, b.data());
         double r = rel_l2(a.data(), b.data(), (size_t)mc->vocab_size, NULL);
         printf("# %s: next_logits (t %d) rel L2 %.3e\n", label, t, r);
-        snprintf(name, sizeof name, "%s: next_logits match the CPU (rel L2 < 2e-2)", label);
-        CHECK(r < 2e-2, name, "rel L2 %.3e", r);
+        // FP8 linears: the forward's code differences (see the gradient bound) reach the logits;
+        // measured 2.2e-2 .. 3.2e-2 on an H200, against 5.9e-3 in BF16.
+        double lt = n_fp8 > 0 ? 5e-2 : 2e-2;
+        snprintf(name, sizeof name, "%s: next_logits match the CPU (rel L2 < %.0e)", label, lt);
+        CHECK(r < lt, name, "rel L2 %.3e", r);
     }
 
     if (steps > 0) {  // AdamW run: the same batches on both backends
@@ -265,6 +333,67 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     }
     gpu_model_free(&gpu);
     cpu_model_free(&cpu);
+}
+
+// --- the row-sum invariant inside the model ----------------------------------------------------
+// The attention diagnostics outputs of every layer (attention_fp8.h): in fp8_dm each row of dS
+// sums to zero to FP32 rounding (cancellation-scaled residual <= 1e-5 in every layer); in
+// fp8_naive it does not (far above). fp8_dm_approx lies in between.
+static double max_residual(const Batches &bt, const char *mode, std::vector<double> *per_layer) {
+    const char *ov[] = {mode};
+    Config c = make_config(TINY_JSON, ov, 1);
+    int B = bt.B, T = bt.T, L = c.model.n_layer, H = c.model.n_head;
+    GpuModel g;
+    ErrBuf e;
+    if (gpu_model_init(&g, &c, B, T, SEED, NULL, &e)) {
+        CHECK(0, "invariant: gpu_model_init", "%s", e.msg);
+        return NAN;
+    }
+    size_t n = (size_t)B * H * T;
+    float *buf;
+    CUDA_CHECK(cudaMalloc(&buf, 2 * n * L * sizeof(float)));
+    std::vector<AttnModeDiag> diag(L);
+    for (int l = 0; l < L; l++) {
+        memset(&diag[l], 0, sizeof diag[l]);
+        diag[l].row_ds_sum = buf + 2 * n * l;
+        diag[l].row_cancel = buf + 2 * n * l + n;
+    }
+    gpu_model_set_attn_diag(&g, diag.data());
+    gpu_model_forward(&g, bt.tokens.data(), bt.targets.data());
+    gpu_model_backward(&g, 1.0f);
+    std::vector<float> h(2 * n * L);
+    CUDA_CHECK(cudaMemcpy(h.data(), buf, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int l = 0; l < L; l++) {
+        double w = 0;
+        for (size_t i = 0; i < n; i++) {
+            double r = fabs(h[2 * n * l + i]) / (h[2 * n * l + n + i] > 0 ? h[2 * n * l + n + i] : 1e-30);
+            if (!(r <= w)) w = r;
+        }
+        per_layer->push_back(w);
+        if (!(w <= worst)) worst = w;
+    }
+    gpu_model_set_attn_diag(&g, NULL);
+    CUDA_CHECK(cudaFree(buf));
+    gpu_model_free(&g);
+    return worst;
+}
+
+static void invariant_check(const Batches &bt) {
+    const char *modes[] = {"precision.attention=\"fp8_dm\"", "precision.attention=\"fp8_naive\"",
+                           "precision.attention=\"fp8_dm_approx\""};
+    double r[3];
+    for (int i = 0; i < 3; i++) {
+        std::vector<double> pl;
+        r[i] = max_residual(bt, modes[i], &pl);
+        printf("# invariant %s: max cancellation-scaled row-sum residual of dS per layer:", modes[i]);
+        for (double x : pl) printf(" %.3e", x);
+        printf("\n");
+    }
+    CHECK(r[0] <= 1e-5, "invariant: fp8_dm's rows of dS sum to zero in every layer of the model (<= 1e-5)",
+          "max %.3e", r[0]);
+    CHECK(r[1] > 100 * 1e-5, "invariant: fp8_naive's do not (max > 1e-3)", "max %.3e", r[1]);
+    CHECK(r[2] > r[0], "invariant: fp8_dm_approx's residual is above fp8_dm's", "approx %.3e dm %.3e", r[2], r[0]);
 }
 
 // --- timing on the 125M config's shapes -------------------------------------------------------------
@@ -328,6 +457,20 @@ int main(void) {
     run_mode("fp8_tensor first=1", make_config(TINY_JSON, ov_first, 2), bt, 0, 3e-2, &ref);
     run_mode("fp8_block last=1", make_config(TINY_JSON, ov_last, 2), bt, 0, 3e-2, &ref);
     run_mode("fp8_block first=last=1", make_config(TINY_JSON, ov_both, 3), bt, 0, 3e-2, &ref);
+    // FP8 attention (linears BF16), then both together.
+    const char *ov_an[] = {"precision.attention=\"fp8_naive\""};
+    const char *ov_ah[] = {"precision.attention=\"fp8_hybrid\""};
+    const char *ov_ad[] = {"precision.attention=\"fp8_dm\""};
+    const char *ov_aa[] = {"precision.attention=\"fp8_dm_approx\""};
+    const char *ov_ad5[] = {"precision.attention=\"fp8_dm\"", "precision.attention_grad_format=\"e5m2\""};
+    const char *ov_all[] = {"precision.attention=\"fp8_dm\"", "precision.linear=\"fp8_block\""};
+    run_mode("attn fp8_naive", make_config(TINY_JSON, ov_an, 1), bt, STEPS, 3e-2, &ref);
+    run_mode("attn fp8_hybrid", make_config(TINY_JSON, ov_ah, 1), bt, STEPS, 3e-2, &ref);
+    run_mode("attn fp8_dm", make_config(TINY_JSON, ov_ad, 1), bt, STEPS, 3e-2, &ref);
+    run_mode("attn fp8_dm_approx", make_config(TINY_JSON, ov_aa, 1), bt, 0, 3e-2, &ref);
+    run_mode("attn fp8_dm e5m2", make_config(TINY_JSON, ov_ad5, 2), bt, 0, 5e-2, &ref);
+    run_mode("attn fp8_dm + fp8_block", make_config(TINY_JSON, ov_all, 2), bt, STEPS, 3e-2, &ref);
+    invariant_check(bt);
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
     double tb = timed_run("bf16", NULL, 0);

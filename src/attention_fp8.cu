@@ -1,0 +1,271 @@
+// attention_fp8.cu: one layer's attention in any precision mode (attention_fp8.h): which
+// quantize passes run, into which parts of the workspace, and which forward and backward kernels
+// consume them. No kernel of its own; the kernels are in attention_fwd*.cu, attention_bwd*.cu and
+// attention_quant.cu.
+#include "attention_fp8.h"
+
+#include <string.h>  // memset
+
+#include "attention_gpu.h"    // attn_gpu_forward / attn_gpu_backward (BF16)
+#include "attention_quant.h"  // attn_gpu_quantize, attn_gpu_forward_fp8, attn_gpu_backward_fp8
+#include "common.h"           // FATAL
+#include "cuda_check.h"       // CUDA_CHECK
+#include "gpu_sizes.h"        // gpu_attn_mode_workspace_bytes (shared with model.c's memory plan)
+
+typedef uint16_t bf16;
+
+static int is_fp8(AttnPrecision p) {
+    return p == ATTN_FP8_NAIVE || p == ATTN_FP8_HYBRID || p == ATTN_FP8_DM || p == ATTN_FP8_DM_APPROX;
+}
+
+extern "C" int attn_mode_supported(const AttnOptions *opt, int d, const char **why) {
+    const char *w = NULL;
+    if (d != 64 && d != 128) w = "the GPU attention supports head_dim 64 or 128";
+    else if (opt->precision == ATTN_FP32) w = "fp32 attention is the CPU backend's reference mode";
+    else if (opt->precision != ATTN_BF16 && !is_fp8(opt->precision)) w = "unknown attention precision";
+    else if (is_fp8(opt->precision) && opt->scaling != SCALING_BLOCK)
+        w = "delayed scaling of the FP8 attention operands runs on the CPU backend only so far";
+    else if (is_fp8(opt->precision) && opt->p_scale != 256.0f)
+        w = "the GPU's FP8 attention kernels use the static P scale 256 (precision.attention_p_scale)";
+    if (why) *why = w;
+    return w ? -1 : 0;
+}
+
+extern "C" void attn_mode_block_sizes(const AttnOptions *opt, int d, int *block_q, int *block_k) {
+    if (is_fp8(opt->precision)) {
+        *block_q = ATTN_FP8_BWD_BLOCK_Q;
+        *block_k = ATTN_FP8_BWD_BLOCK_K;
+    } else {
+        attn_gpu_block_sizes(d, block_q, block_k);
+    }
+}
+
+extern "C" size_t attn_mode_workspace_bytes(const AttnOptions *opt, int B, int H, int T, int d) {
+    return gpu_attn_mode_workspace_bytes(is_fp8(opt->precision), opt->precision == ATTN_FP8_HYBRID, (size_t)B,
+                                         (size_t)H, (size_t)T, (size_t)d);
+}
+
+// --- the workspace, carved in gpu_attn_mode_workspace_bytes' order --------------------------------
+enum { OP_Q = 0, OP_K, OP_V, OP_DO };
+typedef struct {
+    uint8_t *codes[4], *codes_t[4];  // (B, H, Tp, d), (B, H, d, Tp) per operand
+    float *scales[4];                // (B, H, Tp/128)
+    void *bwd;                       // the backward's FP32 scratch (dQ accumulator, D)
+    bf16 *deq;                       // fp8_hybrid: (B, T, 3, H, d) dequantized Q̂ K̂ V̂
+} Parts;
+
+static Parts carve_parts(const AttnOptions *opt, void *ws, int B, int H, int T, int d) {
+    Parts p;
+    memset(&p, 0, sizeof p);
+    char *c = (char *)ws;
+    if (((uintptr_t)c) % 256) FATAL("attention: workspace %p is not 256-byte aligned", ws);
+    size_t bwd = gpu_align256(gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d));
+    if (is_fp8(opt->precision)) {
+        size_t Tp = (size_t)attn_quant_padded_len(T);
+        size_t codes = gpu_align256((size_t)B * H * Tp * d);
+        size_t scales = gpu_align256(sizeof(float) * B * H * (Tp / 128));
+        for (int i = 0; i < 4; i++, c += codes) p.codes[i] = (uint8_t *)c;
+        for (int i = 0; i < 4; i++, c += codes) p.codes_t[i] = (uint8_t *)c;
+        for (int i = 0; i < 4; i++, c += scales) p.scales[i] = (float *)c;
+    }
+    p.bwd = c;
+    c += bwd;
+    if (opt->precision == ATTN_FP8_HYBRID) p.deq = (bf16 *)c;
+    return p;
+}
+
+static void check_mode(const AttnOptions *opt, int d) {
+    const char *why;
+    if (attn_mode_supported(opt, d, &why)) FATAL("attention %s on the GPU: %s", attn_precision_name(opt->precision), why);
+}
+
+// One operand to quantize; outputs left NULL are not written.
+static AttnQuantTensor operand(const bf16 *x, int stride, Fp8Format fmt, uint8_t *codes, uint8_t *codes_t,
+                               float *scales, const AttnModeDiag *diag, AttnCast which) {
+    AttnQuantTensor t;
+    memset(&t, 0, sizeof t);
+    t.x = x;
+    t.stride = stride;
+    t.fmt = fmt;
+    t.codes = codes;
+    t.codes_t = codes_t;
+    t.scales = scales;
+    t.saturated = diag && diag->saturated ? diag->saturated + which : NULL;
+    return t;
+}
+
+extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
+                                  bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, void *workspace,
+                                  const AttnModeDiag *diag, cudaStream_t stream) {
+    check_mode(opt, d);
+    if (!is_fp8(opt->precision)) {
+        attn_gpu_forward(q, k, v, qkv_stride, o, o_stride, lse, B, H, T, d, stream);
+        return;
+    }
+    Parts p = carve_parts(opt, workspace, B, H, T, d);
+    // S = Q̂ K̂^T reduces over d (codes), O = P̂ V̂ over tokens (V's transposed codes)
+    AttnQuantTensor ts[3] = {
+        operand(q, qkv_stride, FP8_E4M3, p.codes[OP_Q], NULL, p.scales[OP_Q], diag, CAST_Q),
+        operand(k, qkv_stride, FP8_E4M3, p.codes[OP_K], NULL, p.scales[OP_K], diag, CAST_K),
+        operand(v, qkv_stride, FP8_E4M3, NULL, p.codes_t[OP_V], p.scales[OP_V], diag, CAST_V)};
+    attn_gpu_quantize(ts, 3, B, H, T, d, stream);
+    attn_gpu_forward_fp8(p.codes[OP_Q], p.codes[OP_K], p.codes_t[OP_V], p.scales[OP_Q], p.scales[OP_K],
+                         p.scales[OP_V], opt->p_scale, o, o_stride, lse, B, H, T, d, stream);
+}
+
+static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
+                          const bf16 *o, const bf16 *dout, int o_stride, const float *lse, bf16 *dq, bf16 *dk,
+                          bf16 *dv, int dqkv_stride, int B, int H, int T, int d, void *workspace,
+                          const AttnModeDiag *diag, cudaStream_t stream);
+
+// sq[2i] += sum (x_i - r_i)^2, sq[2i+1] += sum r_i^2 over (rows, C) for i = dq, dk, dv: x_i is
+// the i-th of the strided views xs[i] (row stride x_stride), r_i is (rows, 3, C) packed. FP64
+// partial sums per block, one atomic add each (order-dependent in the last bits only).
+__global__ void diff_sq_kernel(const bf16 *x0, const bf16 *x1, const bf16 *x2, int x_stride, const bf16 *r,
+                               size_t rows, int C, double *sq) {
+    const bf16 *xs[3] = {x0, x1, x2};
+    const int i = blockIdx.y;  // which of dq, dk, dv
+    double e = 0.0, n = 0.0;
+    size_t total = rows * (size_t)C;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (size_t)gridDim.x * blockDim.x) {
+        size_t t = k / C, c = k % C;
+        float x = __uint_as_float((uint32_t)xs[i][t * x_stride + c] << 16);
+        float y = __uint_as_float((uint32_t)r[t * 3 * C + (size_t)i * C + c] << 16);
+        e += ((double)x - y) * ((double)x - y);
+        n += (double)y * y;
+    }
+    __shared__ double se[256], sn[256];
+    se[threadIdx.x] = e;
+    sn[threadIdx.x] = n;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) {
+            se[threadIdx.x] += se[threadIdx.x + w];
+            sn[threadIdx.x] += sn[threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        atomicAdd(&sq[2 * i], se[0]);
+        atomicAdd(&sq[2 * i + 1], sn[0]);
+    }
+}
+
+static void diff_sq(const bf16 *dq, const bf16 *dk, const bf16 *dv, int stride, const bf16 *ref, size_t rows, int C,
+                    double *sq, cudaStream_t stream) {
+    diff_sq_kernel<<<dim3(264, 3), 256, 0, stream>>>(dq, dk, dv, stride, ref, rows, C, sq);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The probe outputs of AttnModeDiag: the kept copy, the comparison, the local reference.
+static void probe_outputs(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, const bf16 *dout,
+                          int o_stride, const bf16 *dq, const bf16 *dk, const bf16 *dv, int dqkv_stride, int B,
+                          int H, int T, int d, void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
+    const int C = H * d;
+    const size_t row = (size_t)C * sizeof(bf16), rows = (size_t)B * T;
+    if (diag->dqkv_keep) {
+        const bf16 *src[3] = {dq, dk, dv};
+        for (int i = 0; i < 3; i++)
+            CUDA_CHECK(cudaMemcpy2DAsync(diag->dqkv_keep + (size_t)i * C, 3 * row, src[i],
+                                         (size_t)dqkv_stride * sizeof(bf16), row, rows, cudaMemcpyDeviceToDevice,
+                                         stream));
+    }
+    if (diag->dqkv_cmp) {
+        if (!diag->cmp_sq) FATAL("attention diagnostics: dqkv_cmp needs cmp_sq");
+        diff_sq(dq, dk, dv, dqkv_stride, diag->dqkv_cmp, rows, C, diag->cmp_sq, stream);
+    }
+    if (diag->local_ref) {
+        const AttnOptions *r = diag->local_ref;
+        if (!diag->ref_o || !diag->ref_lse || !diag->ref_dqkv || !diag->local_sq)
+            FATAL("attention diagnostics: local_ref needs ref_o, ref_lse, ref_dqkv and local_sq");
+        attn_mode_forward(r, q, k, v, qkv_stride, diag->ref_o, C, diag->ref_lse, B, H, T, d, workspace, NULL, stream);
+        backward_mode(r, q, k, v, qkv_stride, diag->ref_o, dout, o_stride, diag->ref_lse, diag->ref_dqkv,
+                      diag->ref_dqkv + C, diag->ref_dqkv + 2 * C, 3 * C, B, H, T, d, workspace, NULL, stream);
+        diff_sq(dq, dk, dv, dqkv_stride, diag->ref_dqkv, rows, C, diag->local_sq, stream);
+    }
+}
+
+extern "C" void attn_mode_backward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v,
+                                   int qkv_stride, const bf16 *o, const bf16 *dout, int o_stride, const float *lse,
+                                   bf16 *dq, bf16 *dk, bf16 *dv, int dqkv_stride, int B, int H, int T, int d,
+                                   void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
+    backward_mode(opt, q, k, v, qkv_stride, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride, B, H, T, d, workspace,
+                  diag, stream);
+    if (diag && diag->local_ref &&
+        attn_mode_workspace_bytes(diag->local_ref, B, H, T, d) > attn_mode_workspace_bytes(opt, B, H, T, d))
+        FATAL("attention diagnostics: the local reference %s needs more workspace than %s",
+              attn_precision_name(diag->local_ref->precision), attn_precision_name(opt->precision));
+    if (diag) probe_outputs(q, k, v, qkv_stride, dout, o_stride, dq, dk, dv, dqkv_stride, B, H, T, d, workspace, diag,
+                            stream);
+}
+
+static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
+                          const bf16 *o, const bf16 *dout, int o_stride, const float *lse, bf16 *dq, bf16 *dk,
+                          bf16 *dv, int dqkv_stride, int B, int H, int T, int d, void *workspace,
+                          const AttnModeDiag *diag, cudaStream_t stream) {
+    check_mode(opt, d);
+    Parts p = carve_parts(opt, workspace, B, H, T, d);
+    if (opt->precision == ATTN_BF16) {
+        attn_gpu_backward(q, k, v, qkv_stride, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride, p.bwd, B, H, T, d,
+                          stream);
+        return;
+    }
+    const int C = H * d;
+    if (opt->precision == ATTN_FP8_HYBRID) {
+        // The BF16 backward on Q̂, K̂, V̂ (the forward's quantized values, exact in BF16) and the
+        // BF16 dO. Saturations were counted by the forward's casts of the same values.
+        AttnQuantTensor ts[3];
+        const bf16 *x[3] = {q, k, v};
+        for (int i = 0; i < 3; i++) {
+            ts[i] = operand(x[i], qkv_stride, FP8_E4M3, NULL, NULL, NULL, NULL, CAST_Q);
+            ts[i].dequant = p.deq + (size_t)i * C;
+            ts[i].dequant_stride = 3 * C;
+        }
+        attn_gpu_quantize(ts, 3, B, H, T, d, stream);
+        attn_gpu_backward(p.deq, p.deq + C, p.deq + 2 * C, 3 * C, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride,
+                          p.bwd, B, H, T, d, stream);
+        return;
+    }
+    // FP8 backward: S^T = K̂ Q̂^T and dP^T = V̂ dÔ^T reduce over d (codes); dV = P̂^T dÔ, dK = dŜ^T Q̂
+    // and dQ = dŜ K̂ over tokens (transposed codes of dO, Q, K). Q, K, V are the forward's codes
+    // again (block scales are functions of the values); their saturations were counted there.
+    AttnQuantTensor ts[4] = {
+        operand(q, qkv_stride, FP8_E4M3, p.codes[OP_Q], p.codes_t[OP_Q], p.scales[OP_Q], NULL, CAST_Q),
+        operand(k, qkv_stride, FP8_E4M3, p.codes[OP_K], p.codes_t[OP_K], p.scales[OP_K], NULL, CAST_K),
+        operand(v, qkv_stride, FP8_E4M3, p.codes[OP_V], NULL, p.scales[OP_V], NULL, CAST_V),
+        operand(dout, o_stride, opt->grad_format, p.codes[OP_DO], p.codes_t[OP_DO], p.scales[OP_DO], diag,
+                CAST_DO)};
+    attn_gpu_quantize(ts, 4, B, H, T, d, stream);
+    AttnFp8BwdArgs a;
+    memset(&a, 0, sizeof a);
+    a.precision = opt->precision;
+    a.grad_format = opt->grad_format;
+    a.p_scale = opt->p_scale;
+    a.q_codes = p.codes[OP_Q];
+    a.qt_codes = p.codes_t[OP_Q];
+    a.k_codes = p.codes[OP_K];
+    a.kt_codes = p.codes_t[OP_K];
+    a.v_codes = p.codes[OP_V];
+    a.do_codes = p.codes[OP_DO];
+    a.dot_codes = p.codes_t[OP_DO];
+    a.q_scales = p.scales[OP_Q];
+    a.k_scales = p.scales[OP_K];
+    a.v_scales = p.scales[OP_V];
+    a.do_scales = p.scales[OP_DO];
+    a.o = o;
+    a.dout = dout;
+    a.o_stride = o_stride;
+    a.lse = lse;
+    a.dq = dq;
+    a.dk = dk;
+    a.dv = dv;
+    a.dqkv_stride = dqkv_stride;
+    a.workspace = p.bwd;
+    if (diag) {
+        a.delta_out = diag->delta;
+        a.row_ds_sum = diag->row_ds_sum;
+        a.row_cancel = diag->row_cancel;
+        if (!a.row_ds_sum != !a.row_cancel) FATAL("attention diagnostics: row_ds_sum and row_cancel go together");
+    }
+    attn_gpu_backward_fp8(&a, B, H, T, d, stream);
+}

@@ -1,0 +1,91 @@
+// attention_fp8.h: attention of one layer in any precision of docs/fp8-attention.md on the GPU:
+// the dispatcher the model, `attn-check --device gpu` and the benchmarks call. It strings the
+// kernels together per mode (attention_gpu.h for BF16, attention_quant.h for the FP8 quantize,
+// forward and backward kernels):
+//
+//   mode           forward                                  backward
+//   bf16           BF16 flash forward                       BF16 flash backward
+//   fp8_naive      quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, FP8 backward, D = rowsum(dO o O)
+//   fp8_hybrid     quantize Q K V (E4M3), FP8 forward       BF16 backward on the dequantized Q̂ K̂ V̂, BF16 dO
+//   fp8_dm         quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, delta pass, FP8 backward
+//   fp8_dm_approx  quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, FP8 backward, D = rowsum(dÔ o O)
+//
+// The backward quantizes Q, K, V again from the same BF16 inputs rather than keeping the
+// forward's codes: with block scaling the codes are a function of the values, so they are the
+// forward's codes bit for bit, and the model keeps 6 bytes per q/k/v element instead of 12.
+// Scaling: block scaling only (per 128-token block for Q, K, V, dO, per tile for dS, static 2^8
+// for P); precision.attention_scaling = "delayed" runs on the CPU backend only so far.
+//
+// Layouts as in attention_gpu.h: q, k, v (B, T, H, d) BF16 with row stride qkv_stride (views
+// of the packed QKV buffer), o and dout (B, T, H, d) with row stride o_stride, lse (B, H, T)
+// FP32, dq/dk/dv with row stride dqkv_stride. The CPU emulation of the same mode
+// (attention_cpu.h) must run with the tiles attn_mode_block_sizes gives.
+#ifndef ATTENTION_FP8_H
+#define ATTENTION_FP8_H
+
+#include <stddef.h>            // size_t
+#include <stdint.h>            // uint16_t (BF16 bits)
+#include <cuda_runtime_api.h>  // cudaStream_t
+
+#include "attention_cpu.h"  // AttnOptions (precision, grad_format, scaling, p_scale), AttnCast
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// 0 when opt can run on the GPU; else -1 with a one-line reason in why (may be NULL):
+// fp32 attention and delayed scaling are CPU-only.
+int attn_mode_supported(const AttnOptions *opt, int d, const char **why);
+
+// Tiles the CPU emulation (attn_cpu_forward / attn_cpu_backward) must use to reproduce this
+// mode's GPU numerics: the BF16 kernels' tiles for bf16, else the FP8 backward's (64 x 128;
+// the FP8 forward's values depend on block_k = 128 only).
+void attn_mode_block_sizes(const AttnOptions *opt, int d, int *block_q, int *block_k);
+
+// Bytes of device scratch a forward or backward of this shape needs (the same buffer serves
+// both; its contents do not survive from forward to backward). 256-byte aligned.
+size_t attn_mode_workspace_bytes(const AttnOptions *opt, int B, int H, int T, int d);
+
+// Optional outputs for diagnostics and tests (any pointer may be NULL; device memory).
+typedef struct {
+    // += number of FP8 casts past the format's max, per AttnCast (Q, K, V by the forward, dO by
+    // the backward; P and dS never saturate: P <= 1 under its static 2^8 scale, dS's scale is
+    // its tile's amax).
+    unsigned long long *saturated;  // (ATTN_N_CASTS)
+    // FP8 backward modes (naive, dm, dm_approx): per row sum_j dS_ij and sum_j P_ij(|dP_ij| +
+    // |D_i|) over the FP32 dS before its cast, (B, H, T) each; the cancellation-scaled row-sum
+    // residual of spec §4.1 is |row_ds_sum| / row_cancel. Not written in bf16 / fp8_hybrid.
+    float *row_ds_sum, *row_cancel;
+    float *delta;  // (B, H, T): D as the backward used it (FP8 backward modes)
+    // Probes (diagnostics), after the backward, on its dq, dk, dv (x below):
+    //   dqkv_keep (B, T, 3, H, d) BF16: a copy of dq | dk | dv;
+    //   dqkv_cmp (same layout) with cmp_sq (6 doubles): += sum (x - cmp)^2 and sum cmp^2 for dq,
+    //     dk, dv in turn (the gradients of another run of the same batch, kept by dqkv_keep);
+    //   local_ref with local_sq (6 doubles): this layer's attention recomputed in the reference
+    //     precision (forward and backward, same q, k, v, dout) into the scratch ref_o (B, T, H, d),
+    //     ref_lse (B, H, T), ref_dqkv (B, T, 3, H, d); += sum (x - ref)^2 and sum ref^2 as above.
+    //     The reference reuses the workspace: it must not need more of it than the mode (bf16
+    //     never does).
+    uint16_t *dqkv_keep;
+    const uint16_t *dqkv_cmp;
+    double *cmp_sq;
+    const AttnOptions *local_ref;
+    uint16_t *ref_o, *ref_dqkv;
+    float *ref_lse;
+    double *local_sq;
+} AttnModeDiag;
+
+void attn_mode_forward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                       int qkv_stride, uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d,
+                       void *workspace, const AttnModeDiag *diag, cudaStream_t stream);
+
+// dq, dk, dv are overwritten. o and lse: what attn_mode_forward wrote for the same q, k, v.
+void attn_mode_backward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                        int qkv_stride, const uint16_t *o, const uint16_t *dout, int o_stride, const float *lse,
+                        uint16_t *dq, uint16_t *dk, uint16_t *dv, int dqkv_stride, int B, int H, int T, int d,
+                        void *workspace, const AttnModeDiag *diag, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // ATTENTION_FP8_H
