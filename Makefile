@@ -81,7 +81,7 @@ train_gpt: src/train_gpt.c $(LIB) $(HEADERS)
 	$(CC) $(CFLAGS) src/train_gpt.c $(LIB) $(LDLIBS) -lstdc++ -o $@
 
 $(BUILD)/tests/%: test/%.c $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
-	$(CC) $(CFLAGS) -Itest $< $(LIB) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) -Itest $< $(LIB) $(LDLIBS) -lstdc++ -o $@
 
 # .cu tests are host programs that use CUDA's own headers (e.g. cuda_fp8.h's host conversions)
 # and, when a GPU is present, kernels.

@@ -108,8 +108,13 @@ void diagnostics_free(Diagnostics *d) {
     free(d->inputs);
     free(d->targets);
     if (d->prepared) {
-        cpu_probe_free(&d->run);
-        cpu_probe_free(&d->ref);
+        if (d->on_gpu) {
+            gpu_probe_free(&d->run);
+            gpu_probe_free(&d->ref);
+        } else {
+            cpu_probe_free(&d->run);
+            cpu_probe_free(&d->ref);
+        }
         bias_probe_free(&d->bias);
         free(d->last.layers);
     }
@@ -147,21 +152,28 @@ static double rel_err(double num, double den) { return den > 0.0 ? sqrt(num / de
 // The per-layer table from the probes of batch 0 (d->run in the run's precision, d->ref in the
 // reference).
 static void fill_layers(Diagnostics *d) {
-    const CpuProbe *run = &d->run, *ref = &d->ref;
+    const ModelProbe *run = &d->run, *ref = &d->ref;
     float *scratch = xmalloc((run->n_rows ? run->n_rows : 1) * sizeof(float));
     for (int l = 0; l < run->n_layer; l++) {
         DiagLayer *L = &d->last.layers[l];
         const AttnStats *st = &run->layer_stats[l];
-        L->resid_median = median_of(run->row_resid + (size_t)l * run->n_rows, run->n_rows, scratch);
+        double med = median_of(run->row_resid + (size_t)l * run->n_rows, run->n_rows, scratch);
+        L->resid_median = run->resid_cancel_rows ? NAN : med;  // the GPU's rows are cancellation-scaled
+        L->resid_cancel_median = run->resid_cancel_rows ? med : NAN;
         L->resid_max = st->resid_max;
         L->resid_cancel_max = st->resid_cancel_max;
         memcpy(L->saturated, st->saturated, sizeof L->saturated);
         memcpy(L->casts, st->casts, sizeof L->casts);
-        size_t at = (size_t)l * run->n_attn, n = run->n_attn;
         double nq = 0, dq = 0, nk = 0, dk = 0, nv = 0, dv = 0;
-        diff_norms(run->dq + at, ref->dq + at, n, &nq, &dq);
-        diff_norms(run->dk + at, ref->dk + at, n, &nk, &dk);
-        diff_norms(run->dv + at, ref->dv + at, n, &nv, &dv);
+        if (run->dq) {  // CPU: both probes' gradients on the host
+            size_t at = (size_t)l * run->n_attn, n = run->n_attn;
+            diff_norms(run->dq + at, ref->dq + at, n, &nq, &dq);
+            diff_norms(run->dk + at, ref->dk + at, n, &nk, &dk);
+            diff_norms(run->dv + at, ref->dv + at, n, &nv, &dv);
+        } else {  // GPU: compared on the device against the reference probe's kept gradients
+            const double *c = run->cmp_sq + 6 * (size_t)l;
+            nq = c[0], dq = c[1], nk = c[2], dk = c[3], nv = c[4], dv = c[5];
+        }
         L->err_dq = rel_err(nq, dq);
         L->err_dk = rel_err(nk, dk);
         L->err_dv = rel_err(nv, dv);
@@ -175,14 +187,21 @@ static void fill_layers(Diagnostics *d) {
     free(scratch);
 }
 
-static void prepare(Diagnostics *d, CpuModel *m) {
-    if (m->B != d->B || m->T != d->T)
-        FATAL("diagnostics: probe batches of %d x %d tokens for a model sized for %d x %d", d->B, d->T, m->B, m->T);
+static void prepare(Diagnostics *d, CpuModel *m, GpuModel *g) {
+    int B = m ? m->B : g->B, T = m ? m->T : g->T;
+    if (B != d->B || T != d->T)
+        FATAL("diagnostics: probe batches of %d x %d tokens for a model sized for %d x %d", d->B, d->T, B, T);
     if (d->prepared) return;
-    cpu_probe_alloc(&d->run, m);
-    cpu_probe_alloc(&d->ref, m);
-    bias_probe_init(&d->bias, m->table.total);
-    d->last.n_layer = m->cfg.model.n_layer;
+    if (m) {
+        cpu_probe_alloc(&d->run, m);
+        cpu_probe_alloc(&d->ref, m);
+    } else {  // the reference keeps its dq, dk, dv on the device for the run's probe to compare with
+        gpu_probe_alloc(&d->run, g, 0);
+        gpu_probe_alloc(&d->ref, g, 1);
+    }
+    d->on_gpu = m == NULL;
+    bias_probe_init(&d->bias, m ? m->table.total : g->table.total);
+    d->last.n_layer = m ? m->cfg.model.n_layer : g->cfg.model.n_layer;
     d->last.layers = xcalloc((size_t)(d->last.n_layer ? d->last.n_layer : 1), sizeof(DiagLayer));
     d->prepared = 1;
 }
@@ -209,6 +228,7 @@ char *diagnostics_json(const DiagReport *r) {
         cJSON_AddNumberToObject(o, "layer", l);
         json_num(o, "resid_median", L->resid_median);
         json_num(o, "resid_max", L->resid_max);
+        json_num(o, "resid_cancel_median", L->resid_cancel_median);
         json_num(o, "resid_cancel_max", L->resid_cancel_max);
         cJSON *sat = cJSON_AddObjectToObject(o, "saturated");
         cJSON *casts = cJSON_AddObjectToObject(o, "casts");
@@ -250,8 +270,8 @@ static void print_table(FILE *f, const DiagReport *r, int B, int T) {
     fprintf(f, "diagnostics step %lld | attention %s vs reference %s | probe %d x %d tokens, loss %.4f (ref %.4f) | %.1fs\n",
             r->step, attn_precision_name(r->mode), attn_precision_name(r->reference), B, T, r->loss_mode,
             r->loss_ref, r->seconds);
-    fprintf(f, "  %5s %9s %9s %9s  %-24s %8s %8s %8s %8s %8s %8s %8s\n", "layer", "resid_med", "resid_max",
-            "cancel", "saturated q/k/v/do/p/ds", "sat_frac", "err_dq", "err_dk", "err_dv", "loc_dq", "loc_dk",
+    fprintf(f, "  %5s %9s %9s %9s %9s  %-24s %8s %8s %8s %8s %8s %8s %8s\n", "layer", "resid_med", "resid_max",
+            "canc_med", "canc_max", "saturated q/k/v/do/p/ds", "sat_frac", "err_dq", "err_dk", "err_dv", "loc_dq", "loc_dk",
             "loc_dv");
     for (int l = 0; l < r->n_layer; l++) {
         const DiagLayer *L = &r->layers[l];
@@ -264,8 +284,8 @@ static void print_table(FILE *f, const DiagReport *r, int B, int T) {
             ns += L->saturated[k];
             nc += L->casts[k];
         }
-        fprintf(f, "  %5d %9.2e %9.2e %9.2e  %-24s %8.1e %8.2e %8.2e %8.2e %8.2e %8.2e %8.2e\n", l, L->resid_median,
-                L->resid_max, L->resid_cancel_max, sat, nc ? (double)ns / nc : 0.0, L->err_dq, L->err_dk, L->err_dv,
+        fprintf(f, "  %5d %9.2e %9.2e %9.2e %9.2e  %-24s %8.1e %8.2e %8.2e %8.2e %8.2e %8.2e %8.2e\n", l,
+                L->resid_median, L->resid_max, L->resid_cancel_median, L->resid_cancel_max, sat, nc ? (double)ns / nc : 0.0, L->err_dq, L->err_dk, L->err_dv,
                 L->local_dq, L->local_dk, L->local_dv);
     }
     if (r->bias_n > 0 && isfinite(r->bias_ratio))
@@ -280,20 +300,28 @@ static void print_table(FILE *f, const DiagReport *r, int B, int T) {
 
 // --- events --------------------------------------------------------------------------------------
 
-const DiagReport *diagnostics_run(Diagnostics *d, CpuModel *m, long long step, FILE *metrics, FILE *log) {
+const DiagReport *diagnostics_run(Diagnostics *d, CpuModel *m, GpuModel *g, long long step, FILE *metrics,
+                                  FILE *log) {
+    if (!m == !g) FATAL("diagnostics_run: pass exactly one of the CPU and the GPU model");
     double t0 = now_seconds();
-    prepare(d, m);
+    prepare(d, m, g);
     DiagReport *r = &d->last;
     r->step = step;
-    r->mode = m->attn.precision;
+    r->mode = m ? m->attn.precision : gpu_model_attention(g);
     r->reference = d->reference;
     bias_probe_reset(&d->bias);
     size_t bt = (size_t)d->B * d->T;
     int n = d->n_bias > 1 ? d->n_bias : 1;
     for (int b = 0; b < n; b++) {
         const int32_t *in = d->inputs + (size_t)b * bt, *tg = d->targets + (size_t)b * bt;
-        cpu_model_probe(m, r->mode, b == 0 ? r->reference : ATTN_N_PRECISIONS, in, tg, &d->run);
-        cpu_model_probe(m, r->reference, ATTN_N_PRECISIONS, in, tg, &d->ref);
+        AttnPrecision local = b == 0 ? r->reference : ATTN_N_PRECISIONS;
+        if (m) {
+            cpu_model_probe(m, r->reference, ATTN_N_PRECISIONS, in, tg, &d->ref);
+            cpu_model_probe(m, r->mode, local, in, tg, &d->run);
+        } else {
+            gpu_model_probe(g, r->reference, ATTN_N_PRECISIONS, in, tg, NULL, &d->ref);
+            gpu_model_probe(g, r->mode, local, in, tg, &d->ref, &d->run);
+        }
         if (b == 0) {
             fill_layers(d);
             r->loss_mode = d->run.loss;
@@ -314,15 +342,7 @@ const DiagReport *diagnostics_run(Diagnostics *d, CpuModel *m, long long step, F
     return r;
 }
 
-void diagnostics_maybe_run(Diagnostics *d, CpuModel *cpu, long long step, FILE *metrics, FILE *log) {
+void diagnostics_maybe_run(Diagnostics *d, CpuModel *cpu, GpuModel *gpu, long long step, FILE *metrics, FILE *log) {
     if (!diagnostics_due(d, step)) return;
-    if (!cpu) {
-        if (!d->gpu_noted && log) {
-            fprintf(log, "diagnostics: not available on the GPU backend yet\n");
-            fflush(log);
-        }
-        d->gpu_noted = 1;
-        return;
-    }
-    diagnostics_run(d, cpu, step, metrics, log);
+    diagnostics_run(d, cpu, gpu, step, metrics, log);
 }

@@ -13,8 +13,11 @@
 //    way every time (a bias the optimizer integrates).
 // Output: a compact table to the log and one JSON line per event into the metrics file.
 //
-// Only the CPU backend implements the probe so far; on the GPU the trainer passes no CpuModel and
-// the diagnostics print one note and skip.
+// Both backends run the probes (cpu_model_probe, gpu_model_probe). On the GPU: the reference must be
+// "bf16" (fp32 attention is CPU-only); the per-row measure is the cancellation-scaled residual
+// (resid_median / resid_max, which need sum_j |dS_ij|, print as nan), and only the Q, K, V and dO
+// casts are counted (P and dS cannot saturate: P <= 1 under its static 2^8 scale, dS is scaled
+// by its own tile's amax).
 #ifndef DIAGNOSTICS_H
 #define DIAGNOSTICS_H
 
@@ -25,7 +28,8 @@
 #include "attention_cpu.h"  // AttnStats, ATTN_N_CASTS
 #include "common.h"         // ErrBuf
 #include "config.h"         // Config, AttnPrecision
-#include "model_cpu.h"      // CpuModel, CpuProbe
+#include "model_cpu.h"      // CpuModel, ModelProbe
+#include "model_gpu.h"      // GpuModel, gpu_model_probe
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,7 +53,8 @@ void bias_probe_free(BiasProbe *bp);
 // One layer of a diagnostics event.
 typedef struct {
     double resid_median, resid_max;     // over rows of |sum_j dS_ij| / sum_j |dS_ij|
-    double resid_cancel_max;            // max over rows of |sum_j dS_ij| / sum_j P(|dP|+|D|)
+    double resid_cancel_median;         // median and max over rows of the cancellation-scaled
+    double resid_cancel_max;            // |sum_j dS_ij| / sum_j P(|dP|+|D|) (the median: GPU only)
     long long saturated[ATTN_N_CASTS];  // FP8 casts past the format's max, per AttnCast
     long long casts[ATTN_N_CASTS];      // FP8 casts, per AttnCast (0 in bf16 / fp32)
     // Relative L2 error of the attention input gradients against the reference, two ways:
@@ -81,10 +86,10 @@ typedef struct {
     int B, T, n_batches;       // probe batches held: max(1, n_bias), each (B, T)
     int32_t *inputs, *targets; // (n_batches, B, T)
     int prepared;              // the probe buffers below exist (made on the first event)
-    CpuProbe run, ref;         // the run's precision, the reference precision
+    ModelProbe run, ref;       // the run's precision, the reference precision
     BiasProbe bias;
     DiagReport last;           // the latest event (layers allocated with the probes)
-    int gpu_noted;             // "not available on the GPU" printed once
+    int on_gpu;                // the probes are GPU probes (model_gpu.h)
 } Diagnostics;
 
 // From the config: disabled (returns 0, every call a no-op) when diagnostics.interval is 0.
@@ -101,13 +106,14 @@ void diagnostics_free(Diagnostics *d);
 // Whether `step` is a diagnostics step.
 int diagnostics_due(const Diagnostics *d, long long step);
 
-// Call once per step after the optimizer update. At a due step runs the event on cpu (its B, T
-// must be the probe batches'); cpu NULL (the GPU backend) prints one note to log and skips.
+// Call once per step after the optimizer update. At a due step runs the event on the one model
+// given (cpu or gpu, the other NULL; its B, T must be the probe batches').
 // Writes the table to log and one JSON line to metrics (either may be NULL).
-void diagnostics_maybe_run(Diagnostics *d, CpuModel *cpu, long long step, FILE *metrics, FILE *log);
+void diagnostics_maybe_run(Diagnostics *d, CpuModel *cpu, GpuModel *gpu, long long step, FILE *metrics, FILE *log);
 
 // Runs an event now, whatever the step; fills and returns d->last.
-const DiagReport *diagnostics_run(Diagnostics *d, CpuModel *cpu, long long step, FILE *metrics, FILE *log);
+const DiagReport *diagnostics_run(Diagnostics *d, CpuModel *cpu, GpuModel *gpu, long long step, FILE *metrics,
+                                  FILE *log);
 
 // The event as one JSON line ({"step": s, "diagnostics": {...}} and '\n'); caller frees.
 char *diagnostics_json(const DiagReport *r);

@@ -58,7 +58,7 @@ typedef struct {
     float *dout, *dq, *dk, *dv;  // (B, H, T, hd)
     AttnStats *head_stats;   // (B*H) per-head counters, merged in a fixed order
     LinearFp8 lin;           // FP8 linear state: formats, counters, scratch
-    CpuProbe *probe;         // non-NULL only inside cpu_model_probe: per-layer records go there
+    ModelProbe *probe;         // non-NULL only inside cpu_model_probe: per-layer records go there
 } Acts;
 
 static float *falloc(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
@@ -235,7 +235,7 @@ static void attention_forward(CpuModel *m, int layer, BlockActs *b, AttnDelayedS
 // output gradient dout the probe's attention received, recomputed in p->local_ref precision
 // (block scaling: the reference is BF16 or FP32); adds sum (x - x_ref)^2 and sum x_ref^2 of
 // dq, dk, dv into p->local_sq[layer]. Per-head sums are merged in a fixed order.
-static void local_reference(CpuModel *m, CpuProbe *p, int layer, const BlockActs *b, int B, int T) {
+static void local_reference(CpuModel *m, ModelProbe *p, int layer, const BlockActs *b, int B, int T) {
     Acts *a = m->acts;
     int H = m->cfg.model.n_head, hd = m->cfg.model.head_dim, n = B * H;
     AttnOptions ref = m->attn;
@@ -282,7 +282,7 @@ static void attention_backward(CpuModel *m, int layer, BlockActs *b, AttnDelayed
     }
     for (int i = 0; i < n; i++) merge_stats(&m->attn_stats, &a->head_stats[i]);
     if (a->probe) {
-        CpuProbe *p = a->probe;
+        ModelProbe *p = a->probe;
         size_t nel = (size_t)n * T * hd, at = (size_t)layer * p->n_attn;
         for (int i = 0; i < n; i++) merge_stats(&p->layer_stats[layer], &a->head_stats[i]);
         memcpy(p->dq + at, a->dq, sizeof(float) * nel);
@@ -471,7 +471,7 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
 
 // --- probes (diagnostics) ------------------------------------------------------------------------
 
-void cpu_probe_alloc(CpuProbe *p, const CpuModel *m) {
+void cpu_probe_alloc(ModelProbe *p, const CpuModel *m) {
     const ModelConfig *mc = &m->cfg.model;
     memset(p, 0, sizeof *p);
     p->n_layer = mc->n_layer;
@@ -488,7 +488,7 @@ void cpu_probe_alloc(CpuProbe *p, const CpuModel *m) {
     p->local_ref = ATTN_N_PRECISIONS;
 }
 
-void cpu_probe_free(CpuProbe *p) {
+void cpu_probe_free(ModelProbe *p) {
     free(p->layer_stats);
     free(p->row_resid);
     free(p->dq);
@@ -504,7 +504,7 @@ void cpu_probe_free(CpuProbe *p) {
 // delayed-scaling amax histories (the backward commits into them), the statistics of the last
 // training step and the FP8-linear counters. Parameters are only read.
 void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_ref, const int32_t *tokens,
-                     const int32_t *targets, CpuProbe *out) {
+                     const int32_t *targets, ModelProbe *out) {
     Acts *a = m->acts;
     int L = m->cfg.model.n_layer;
     if (out->n_layer != L || out->n_rows != (size_t)m->B * m->cfg.model.n_head * m->T)

@@ -10,6 +10,7 @@
 #include "attention_cpu.h"  // AttnOptions, AttnDelayedState, AttnStats
 #include "config.h"         // Config
 #include "model.h"          // ParamTable
+#include "probe.h"          // ModelProbe
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,29 +53,15 @@ void cpu_model_zero_grad(CpuModel *m);
 // Logits of the last position only, for sampling: tokens (1, t) with t <= T; logits (Vp).
 void cpu_model_next_logits(CpuModel *m, const int32_t *tokens, int t, float *logits);
 
-// --- probes, for diagnostics (diagnostics.h) ----------------------------------------------------
+// --- probes, for diagnostics (diagnostics.h, probe.h) -----------------------------------------------
 // A probe is a forward + backward of one micro-batch (m->B, m->T) in a chosen attention precision
 // that leaves the training state bit-identical: parameters, m->grads, m->attn, m->attn_stats, the
 // delayed-scaling amax histories and the FP8-linear counters are as they were before. Only the
 // activations are overwritten, so call it between steps (after cpu_model_backward has been used),
 // never between a forward and its backward.
-typedef struct {
-    int n_layer;
-    size_t n_rows;           // B*H*T: rows of one layer's attention
-    size_t n_attn;           // B*H*T*hd: elements of one layer's dq (and dk, dv)
-    AttnStats *layer_stats;  // (n_layer) that layer's forward + backward counters, all heads
-    float *row_resid;        // (n_layer, B, H, T) per row |sum_j dS_ij| / sum_j |dS_ij|
-    float *dq, *dk, *dv;     // (n_layer, B, H, T, hd) gradients of the attention inputs q, k, v
-                             // (after QK-norm and RoPE: what attention itself receives)
-    float *grads;            // (table.total) d(mean loss)/d(params) of the probe's batch alone
-    float loss;              // the batch's mean loss
-    AttnPrecision local_ref; // the local reference of the last probe (ATTN_N_PRECISIONS: none)
-    double *local_sq;        // (n_layer, 6) with a local reference: sum (x - x_ref)^2, sum x_ref^2
-                             // for x = dq, dk, dv of each layer's attention alone
-} CpuProbe;
 
-void cpu_probe_alloc(CpuProbe *p, const CpuModel *m);
-void cpu_probe_free(CpuProbe *p);
+void cpu_probe_alloc(ModelProbe *p, const CpuModel *m);
+void cpu_probe_free(ModelProbe *p);
 
 // Runs the probe on tokens, targets (m->B, m->T) with attention in `precision` (every other
 // attention option as configured: grad format, scaling, p_scale, block sizes) and fills out.
@@ -83,7 +70,7 @@ void cpu_probe_free(CpuProbe *p);
 // received, and compare its dq, dk, dv with the probe's (out->local_sq): the error this layer's
 // attention adds by itself, without what earlier layers propagated into its inputs.
 void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_ref, const int32_t *tokens,
-                     const int32_t *targets, CpuProbe *out);
+                     const int32_t *targets, ModelProbe *out);
 
 #ifdef __cplusplus
 }

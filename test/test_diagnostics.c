@@ -80,7 +80,7 @@ static DiagReport event(AttnPrecision mode, AttnPrecision reference, double p_sc
     model_init(&m, &c);
     Diagnostics d;
     diagnostics_init_batches(&d, &c, B, T, probe_in, probe_tg, N_BIAS);
-    DiagReport r = *diagnostics_run(&d, &m, 10, NULL, NULL);
+    DiagReport r = *diagnostics_run(&d, &m, NULL, 10, NULL, NULL);
     memcpy(layers_out, r.layers, sizeof(DiagLayer) * L);
     r.layers = layers_out;
     diagnostics_free(&d);
@@ -116,7 +116,7 @@ static void test_probe_is_training_and_leaves_no_trace(void) {
 
     Diagnostics d;
     diagnostics_init_batches(&d, &c, B, T, probe_in, probe_tg, N_BIAS);
-    diagnostics_run(&d, &a, 10, NULL, NULL);
+    diagnostics_run(&d, &a, NULL, 10, NULL, NULL);
     CHECK(memcmp(params0, a.params, n * sizeof(float)) == 0, "probe: parameters untouched", "they changed");
     CHECK(memcmp(grads0, a.grads, n * sizeof(float)) == 0, "probe: gradients untouched", "they changed");
     CHECK(memcmp(ds0, a.attn_delayed, sizeof ds0) == 0, "probe: delayed-scaling amax histories untouched",
@@ -137,7 +137,7 @@ static void test_probe_is_training_and_leaves_no_trace(void) {
           "loss %.9g vs %.9g", la, lb);
 
     // The probe's gradient is the training gradient of the same batch at the same state.
-    CpuProbe p;
+    ModelProbe p;
     cpu_probe_alloc(&p, &b);
     memcpy(ds0, b.attn_delayed, sizeof ds0);
     cpu_model_probe(&b, ATTN_FP8_DM, ATTN_BF16, probe_in, probe_tg, &p);
@@ -283,7 +283,7 @@ static void test_output_and_schedule(void) {
     Diagnostics d;
     diagnostics_init_batches(&d, &c, B, T, probe_in, probe_tg, N_BIAS);
     FILE *metrics = tmpfile(), *log = tmpfile();
-    for (long long s = 1; s <= 10; s++) diagnostics_maybe_run(&d, &m, s, metrics, log);
+    for (long long s = 1; s <= 10; s++) diagnostics_maybe_run(&d, &m, NULL, s, metrics, log);
     char *line = slurp(metrics), *text = slurp(log);
     printf("%s", text);
     int n_lines = 0;
@@ -313,18 +313,6 @@ static void test_output_and_schedule(void) {
     fclose(metrics);
     fclose(log);
 
-    // GPU backend: no CpuModel; one note, once, and nothing in the metrics.
-    metrics = tmpfile();
-    log = tmpfile();
-    for (long long s = 1; s <= 30; s++) diagnostics_maybe_run(&d, NULL, s, metrics, log);
-    line = slurp(metrics);
-    text = slurp(log);
-    CHECK(line[0] == '\0' && strcmp(text, "diagnostics: not available on the GPU backend yet\n") == 0,
-          "diagnostics: on the GPU, one note and no metrics", "log '%s' metrics '%s'", text, line);
-    free(line);
-    free(text);
-    fclose(metrics);
-    fclose(log);
     diagnostics_free(&d);
 
     // Interval 0: disabled, never due.
