@@ -8,6 +8,7 @@
 
 #include "comm.h"       // collectives for data parallelism
 #include "optimizer.h"  // adamw_step, adamw_update_slice, grad_global_norm
+#include "zero1_gpu.h"  // ZeRO-1 and the data-parallel norm on the GPU
 
 // --- device choice ---------------------------------------------------------------------------------
 
@@ -53,8 +54,9 @@ int backend_choose_device(const Config *c, DeviceKind want, int B, int T, const 
 
 // --- life cycle -------------------------------------------------------------------------------------
 
-int backend_init(Backend *b, const Config *c, DeviceKind kind, int B, int T, unsigned long long seed,
-                 int grad_accum, FILE *plan_out, ErrBuf *e) {
+// backend_init with the GPU model sharded for ZeRO-1 when shard_world > 1 (rank shard_rank).
+static int init_model(Backend *b, const Config *c, DeviceKind kind, int B, int T, unsigned long long seed,
+                      int grad_accum, FILE *plan_out, int shard_rank, int shard_world, ErrBuf *e) {
     memset(b, 0, sizeof *b);
     if (kind != DEVICE_CPU && kind != DEVICE_GPU)
         FATAL("backend_init: device %d is not resolved (call backend_choose_device first)", (int)kind);
@@ -68,10 +70,29 @@ int backend_init(Backend *b, const Config *c, DeviceKind kind, int B, int T, uns
         adamw_init(&b->adam, b->cpu.table.total);
         return 0;
     }
-    if (gpu_model_init(&b->gpu, c, B, T, seed, plan_out, e) != 0) return -1;
+    if (gpu_model_init_sharded(&b->gpu, c, B, T, seed, shard_rank, shard_world, plan_out, e) != 0) return -1;
     // The head's gradient is made during the forward, so the scale must be in place before it.
     gpu_model_set_loss_scale(&b->gpu, 1.0f / (float)grad_accum);
     return 0;
+}
+
+int backend_init(Backend *b, const Config *c, DeviceKind kind, int B, int T, unsigned long long seed,
+                 int grad_accum, FILE *plan_out, ErrBuf *e) {
+    return init_model(b, c, kind, B, T, seed, grad_accum, plan_out, 0, 1, e);
+}
+
+static int dp_setup(Backend *b, struct Comm *comm, int zero1, ErrBuf *e);
+
+int backend_init_dp(Backend *b, const Config *c, DeviceKind kind, int B, int T, unsigned long long seed,
+                    int grad_accum, FILE *plan_out, struct Comm *comm, int zero1, ErrBuf *e) {
+    if (!comm || comm->world == 1) return backend_init(b, c, kind, B, T, seed, grad_accum, plan_out, e);
+    // ZeRO-1 on the GPU shards the allocation itself (the memory plan is per rank), so the model
+    // learns its slice before it allocates; the CPU shards its moments afterwards (dp_setup).
+    int sharded = zero1 && kind == DEVICE_GPU;
+    if (init_model(b, c, kind, B, T, seed, grad_accum, plan_out, sharded ? comm->rank : 0, sharded ? comm->world : 1,
+                   e) != 0)
+        return -1;
+    return dp_setup(b, comm, zero1, e);
 }
 
 void backend_free(Backend *b) {
@@ -133,6 +154,9 @@ void backend_next_logits(Backend *b, const int32_t *tokens, int t, float *logits
 
 void backend_get_state(Backend *b, float *params, float *adam_m, float *adam_v, long long *step) {
     if (b->kind == DEVICE_GPU) {
+        if (b->zero1 && (params || adam_m || adam_v))
+            FATAL("backend_get_state: under ZeRO-1 on the GPU the FP32 masters and moments are sharded: use "
+                  "backend_dp_get_state");
         if (params) gpu_model_get_params(&b->gpu, params);
         if (adam_m || adam_v) {
             // model_gpu.h copies both moments at once: a skipped one goes through a scratch array.
@@ -196,7 +220,7 @@ AttnDelayedState *backend_delayed_state(Backend *b, int *n) {
 
 // --- data parallelism -------------------------------------------------------------------------------
 
-int backend_dp_init(Backend *b, struct Comm *comm, int zero1, ErrBuf *e) {
+static int dp_setup(Backend *b, struct Comm *comm, int zero1, ErrBuf *e) {
     b->comm = comm;
     if (b->kind == DEVICE_GPU) comm->stream = gpu_model_stream(&b->gpu);  // collectives follow the model's work
     const size_t total = backend_table(b)->total, world = (size_t)comm->world;
@@ -205,10 +229,15 @@ int backend_dp_init(Backend *b, struct Comm *comm, int zero1, ErrBuf *e) {
     if (b->shard_begin > total) b->shard_begin = total;
     b->shard_end = b->shard_begin + b->shard_len < total ? b->shard_begin + b->shard_len : total;
     if (!zero1 || world == 1) return 0;
-    if (b->kind == DEVICE_GPU)
-        return errf(e, "train.zero1: ZeRO-1 on the GPU backend is not implemented yet: set train.zero1=false "
-                       "(plain data parallelism keeps the full AdamW state on every GPU)");
     b->zero1 = 1;
+    if (b->kind == DEVICE_GPU) {  // the model allocated its slice (backend_init_dp); zero1_gpu.h does the rest
+        if (total < world)  // zero1_gpu.c's scratch layouts assume at least one value per rank
+            return errf(e, "train.zero1: %zu parameters cannot be sharded over %zu GPUs", total, world);
+        if (b->gpu.shard_world != comm->world || b->gpu.shard_lo != b->shard_begin || b->gpu.shard_hi != b->shard_end)
+            FATAL("backend: the GPU model's ZeRO-1 slice [%zu, %zu) of %d ranks is not the backend's [%zu, %zu) of %d",
+                  b->gpu.shard_lo, b->gpu.shard_hi, b->gpu.shard_world, b->shard_begin, b->shard_end, comm->world);
+        return 0;
+    }
     adamw_free(&b->adam);
     adamw_init(&b->adam, b->shard_len);  // the moments of this rank's slice only
     b->zero1_buf = xcalloc(world * b->shard_len, sizeof(float));
@@ -226,9 +255,10 @@ static double sum_squares(const float *x, size_t begin, size_t end) {
 int backend_dp_sync_grads(Backend *b, double *norm, ErrBuf *e) {
     Comm *c = b->comm;
     const size_t total = backend_table(b)->total, S = b->shard_len;
-    if (b->kind == DEVICE_GPU) {  // plain data parallelism on the device gradients, on the model's stream
+    if (b->kind == DEVICE_GPU) {  // on the device gradients, on the model's stream
+        if (b->zero1) return zero1_gpu_sync_grads(&b->gpu, c, norm, e);
         if (comm_allreduce_sum_f32(c, gpu_model_grads_device(&b->gpu), total, e)) return -1;
-        *norm = gpu_model_grad_norm(&b->gpu);
+        *norm = zero1_gpu_full_norm(&b->gpu, c->world);  // the slices in rank order, as ZeRO-1 adds them
         return 0;
     }
     if (!b->zero1) {
@@ -256,6 +286,7 @@ int backend_dp_step(Backend *b, double lr, double clip, const TrainConfig *tc, E
         backend_step(b, lr, clip, tc);
         return 0;
     }
+    if (b->kind == DEVICE_GPU) return zero1_gpu_step(&b->gpu, b->comm, lr, clip, tc, e);
     Comm *c = b->comm;
     const size_t total = b->cpu.table.total, S = b->shard_len;
     float *buf = b->zero1_buf;
@@ -274,6 +305,10 @@ int backend_dp_get_state(Backend *b, float *params, float *adam_m, float *adam_v
     if (!b->zero1) {
         backend_get_state(b, params, adam_m, adam_v, step);
         return 0;
+    }
+    if (b->kind == DEVICE_GPU) {
+        if (step) *step = b->gpu.step;
+        return zero1_gpu_gather_state(&b->gpu, b->comm, params, adam_m, adam_v, e);
     }
     backend_get_state(b, params, NULL, NULL, step);
     Comm *c = b->comm;

@@ -7,14 +7,16 @@
 //   for each micro-batch: loss += backend_forward_backward(b, inputs, targets);
 //   norm = backend_grad_norm(b);
 //   backend_step(b, lr, grad_clip_factor(tc, norm), tc);
-// Data parallelism (world > 1, after backend_dp_init): every rank runs the micro-batches of its
-// data, then backend_dp_sync_grads sums the gradients over the ranks (each backward is scaled by
-// 1 / (grad_accum x world), so the sum is the mean) and returns the global norm, and
-// backend_dp_step updates. ZeRO-1 (CPU only for now): the sum is a reduce-scatter, each rank
-// keeps AdamW moments for its contiguous slice [rank*S, min((rank+1)*S, total)) of the flat
-// parameters, S = ceil(total / world) (model.h's memory plan's P_shard), updates only that slice
-// and all-gathers the parameters. The collectives are comm.h's: NCCL on the GPU's device buffers,
-// the host transport on the CPU.
+// Data parallelism (world > 1, a backend made by backend_init_dp): every rank runs the
+// micro-batches of its data, then backend_dp_sync_grads sums the gradients over the ranks (each
+// backward is scaled by 1 / (grad_accum x world), so the sum is the mean) and returns the global
+// norm, and backend_dp_step updates. ZeRO-1: the sum is a reduce-scatter, each rank keeps AdamW
+// moments for its contiguous slice [rank*S, min((rank+1)*S, total)) of the flat parameters,
+// S = ceil(total / world) (model.h's memory plan's P_shard), updates only that slice and
+// all-gathers the parameters. On the GPU the FP32 masters are sharded too and the all-gather
+// carries the BF16 working weights (zero1_gpu.h). The norm is the sum of the slices' sums of
+// squares in rank order, in plain DP too, so ZeRO-1 and plain runs clip alike, bit for bit. The
+// collectives are comm.h's: NCCL on the GPU's device buffers, the host transport on the CPU.
 //
 // Checkpoints see the state as host FP32 arrays (backend_get_state / backend_set_state), so the
 // checkpoint format does not depend on the backend: a run saved on one resumes on the other.
@@ -52,9 +54,9 @@ typedef struct {
     CpuModel cpu;       // CPU: the model (parameters, gradients, activations)
     AdamW adam;         // CPU: AdamW moments and step (ZeRO-1: n = shard_len, the slice only)
     GpuModel gpu;       // GPU: everything on the device
-    // Data parallelism (backend_dp_init); comm NULL: one process.
+    // Data parallelism (backend_init_dp); comm NULL: one process.
     struct Comm *comm;
-    int zero1;                     // AdamW state sharded (CPU)
+    int zero1;                     // AdamW state sharded (CPU: the moments; GPU: masters and moments)
     size_t shard_begin, shard_end; // ZeRO-1: this rank's slice of the flat parameters
     size_t shard_len;              // S = ceil(total / world): every rank's slice length, padded
     float *zero1_buf;              // ZeRO-1: (world * S) gradients, then parameters, for the collectives
@@ -93,9 +95,12 @@ float backend_eval_loss(Backend *b, const int32_t *inputs, const int32_t *target
 // Logits (Vp floats, host) of the last of t <= T tokens, for sampling.
 void backend_next_logits(Backend *b, const int32_t *tokens, int t, float *logits);
 
-// Data parallelism over comm (world > 1): zero1 shards the AdamW state (CPU only; on the GPU it
-// is refused with -1 and a message). Call after backend_init and before any step.
-int backend_dp_init(Backend *b, struct Comm *comm, int zero1, ErrBuf *e);
+// backend_init for one rank of data parallelism over comm (NULL or world 1: backend_init).
+// zero1 shards the AdamW state over the ranks (on the GPU the FP32 masters too, at allocation:
+// the printed memory plan is this rank's, as --dry-run --world-size N --zero1 shows it).
+// Returns 0, or -1 with e filled.
+int backend_init_dp(Backend *b, const Config *c, DeviceKind kind, int B, int T, unsigned long long seed,
+                    int grad_accum, FILE *plan_out, struct Comm *comm, int zero1, ErrBuf *e);
 // Sums the gradients over the ranks (the backward scale makes it the mean) and returns their
 // global L2 norm in *norm (the same value on every rank). 0, or -1 with e (a peer failed).
 int backend_dp_sync_grads(Backend *b, double *norm, ErrBuf *e);
@@ -108,9 +113,10 @@ int backend_dp_get_state(Backend *b, float *params, float *adam_m, float *adam_v
 // Host FP32 copies for checkpoints: params, adam_m, adam_v have backend_table(b)->total
 // elements; any of them (and step) may be NULL to skip it.
 void backend_get_state(Backend *b, float *params, float *adam_m, float *adam_v, long long *step);
-// Under ZeRO-1 use backend_dp_get_state (this one refuses the moments).
+// Under ZeRO-1 use backend_dp_get_state (this one refuses the moments, and on the GPU the params).
 // Restores them; adam_m and adam_v NULL: the optimizer state is left as it is (sampling). Under
-// ZeRO-1 each rank keeps its slice of the full adam_m, adam_v.
+// ZeRO-1 each rank keeps its slice of the full adam_m, adam_v (GPU: and of params; the BF16
+// weights take all of params; the GPU's gradients are overwritten, so call it between steps).
 void backend_set_state(Backend *b, const float *params, const float *adam_m, const float *adam_v,
                        long long step);
 // The CPU backend keeps its state in host FP32 arrays already: returns 1 and points params,

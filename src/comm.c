@@ -501,8 +501,24 @@ int comm_allgather(Comm *c, const void *send, void *recv, size_t send_count, Com
     if (usable(c, "all-gather", e)) return -1;
     char what[96];
     snprintf(what, sizeof what, "all-gather of %zu values per rank", send_count);
-    return enqueued(c, ncclAllGather(send, recv, send_count, nccl_type(t), (ncclComm_t)c->nccl,
-                                     (cudaStream_t)c->stream), what, e);
+    if (!is_host_memory(recv))
+        return enqueued(c, ncclAllGather(send, recv, send_count, nccl_type(t), (ncclComm_t)c->nccl,
+                                         (cudaStream_t)c->stream), what, e);
+    // Host buffers (a few scalars per rank, e.g. ZeRO-1's slice norms): through a device copy,
+    // this rank's part placed where an in-place all-gather expects it.
+    size_t part = send_count * dtype_size(t), all = part * (size_t)c->world;
+    void *dev = NULL;
+    if (cudaMalloc(&dev, all) != cudaSuccess ||
+        cudaMemcpyAsync((char *)dev + (size_t)c->rank * part, send, part, cudaMemcpyDefault,
+                        (cudaStream_t)c->stream) != cudaSuccess) {
+        if (dev) cudaFree(dev);
+        return errf(e, "rank %d: staging %zu bytes of host memory for NCCL failed", c->rank, all);
+    }
+    int rc = enqueued(c, ncclAllGather((char *)dev + (size_t)c->rank * part, dev, send_count, nccl_type(t),
+                                       (ncclComm_t)c->nccl, (cudaStream_t)c->stream), what, e);
+    if (!rc) return stage(c, recv, all, &dev, 0, e);  // copies back and frees
+    cudaFree(dev);
+    return rc;
 }
 
 // Max over ranks of one int, through the scratch buffers; the copies run only on an idle stream

@@ -99,8 +99,9 @@ void comm_destroy(Comm *c);
 // the other ranks at once; otherwise exits with code.
 void comm_abort(Comm *c, int code) __attribute__((noreturn));
 
-// Collectives, summing: on device memory (NCCL; all-reduce and broadcast also take host buffers,
-// staged through the device), or on host memory with the host transport (comm_tcp.h). They
+// Collectives, summing: on device memory (NCCL; all-reduce, all-gather and broadcast also take
+// host buffers, staged through the device: meant for a few scalars), or on host memory with the
+// host transport (comm_tcp.h). They
 // return 0, or -1 with e naming the operation and the cause, after which the communicator is
 // unusable (c->failed). With world == 1 they make no
 // NCCL call: all-reduce is a no-op; reduce-scatter/all-gather copy send to recv if they differ.

@@ -42,7 +42,7 @@
 #include <string.h>        // memset, memcpy
 
 #include "adamw_gpu.h"      // adamw_update_gpu
-#include "attention_gpu.h"  // attn_gpu_forward/backward
+#include "attention_fp8.h"  // attn_mode_forward/backward: attention in precision.attention
 #include "common.h"         // FATAL, errf, xcalloc
 #include "cuda_check.h"     // CUDA_CHECK
 #include "layers.h"         // norms, RoPE, SwiGLU, cross-entropy, embedding, casts, grad norm
@@ -74,7 +74,10 @@ typedef struct {
     int32_t *tokens, *targets;       // (BT) the last forward's batch on the device
     float *losses;                   // (BT) per-token loss
     float *rope;                     // (T, hd/2, 2) cos, sin
-    void *attn_ws;                   // attention backward workspace
+    AttnOptions attn;                // precision.attention and its options (attention_fp8.h)
+    void *attn_ws;                   // attention workspace (quantized operands, backward scratch)
+    size_t attn_ws_bytes;
+    const AttnModeDiag *attn_diag;   // (n_layer) diagnostics outputs, or NULL (gpu_model_set_attn_diag)
     void *norm_scratch;              // RMSNorm / QK-norm backward scratch
     void *emb_scratch;               // embedding backward scratch
     double *norm_partials, *sumsq;   // (GRAD_NORM_PARTIALS), (1)
@@ -114,13 +117,16 @@ static void *take(Carver *cv, size_t bytes, size_t *category) {
 
 static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
     const ModelConfig *mc = &c->model;
-    if (c->precision.attention != ATTN_BF16)
-        return errf(e, "precision.attention \"%s\" is not available on the GPU backend yet (only \"bf16\"); "
-                       "use train.device \"cpu\" for the FP8 attention modes",
-                    attn_precision_name(c->precision.attention));
     if (mc->head_dim != 64 && mc->head_dim != 128)
         return errf(e, "model.d_model / model.n_head = head_dim %d: the GPU attention supports head_dim 64 or 128",
                     mc->head_dim);
+    AttnOptions ao;
+    const char *why;
+    attn_options_from_config(&ao, &c->precision);
+    if (attn_mode_supported(&ao, mc->head_dim, &why))
+        return errf(e, "precision.attention \"%s\" (attention_scaling \"%s\") cannot run on the GPU backend: %s; "
+                       "use train.device \"cpu\" for it", attn_precision_name(ao.precision),
+                    scaling_name(ao.scaling), why);
     if (mc->d_model % 8 || mc->ffn_hidden % 8)
         return errf(e, "model.d_model %d and model.ffn_hidden %d must be multiples of 8 on the GPU (16-byte rows)",
                     mc->d_model, mc->ffn_hidden);
@@ -179,11 +185,13 @@ static void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, lon
     }
 }
 
-static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan *plan) {
+// shards: 1, or the world size under ZeRO-1 (masters and moments of S = ceil(P / shards) only,
+// as memory_plan sizes them).
+static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d, MemoryPlan *plan) {
     const ModelConfig *mc = &c->model;
     ParamTable t;
     param_table_build(&t, mc);
-    size_t P = t.total;
+    size_t P = t.total, S = (P + (size_t)shards - 1) / (size_t)shards;
     param_table_free(&t);
     size_t BT = (size_t)B * T, C = mc->d_model, F = mc->ffn_hidden, H = mc->n_head;
     size_t hd = mc->head_dim, Vp = mc->padded_vocab_size, wide = 3 * C > 2 * F ? 3 * C : 2 * F;
@@ -195,9 +203,9 @@ static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan 
     d->arena = base;
     // parameters and optimizer
     d->w = (bf16 *)take(&cv, 2 * P, &plan->weights);
-    d->p = (float *)take(&cv, 4 * P, &plan->master);
-    d->m = (float *)take(&cv, 4 * P, &plan->optimizer);
-    d->v = (float *)take(&cv, 4 * P, &plan->optimizer);
+    d->p = (float *)take(&cv, 4 * S, &plan->master);
+    d->m = (float *)take(&cv, 4 * S, &plan->optimizer);
+    d->v = (float *)take(&cv, 4 * S, &plan->optimizer);
     d->g = (float *)take(&cv, 4 * P, &plan->grads);
     // activations saved for backward
     size_t *A = &plan->activations;
@@ -233,7 +241,10 @@ static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan 
     // workspace
     size_t *W = &plan->workspace;
     d->rope = (float *)take(&cv, 4 * (size_t)T * hd, W);
-    d->attn_ws = take(&cv, attn_gpu_backward_workspace_bytes(B, (int)H, T, (int)hd), W);
+    AttnOptions ao;
+    attn_options_from_config(&ao, &c->precision);
+    d->attn_ws_bytes = attn_mode_workspace_bytes(&ao, B, (int)H, T, (int)hd);
+    d->attn_ws = take(&cv, d->attn_ws_bytes, W);
     size_t ns = rmsnorm_backward_scratch_bytes((int)BT, (int)C);
     if (mc->qk_norm) {
         size_t q = qk_rmsnorm_backward_scratch_bytes((int)BT, (int)H, (int)hd);
@@ -260,8 +271,12 @@ static void carve(const Config *c, int B, int T, char *base, Dev *d, MemoryPlan 
 }
 
 int gpu_model_plan(const Config *c, int B, int T, MemoryPlan *out, ErrBuf *e) {
+    return gpu_model_plan_sharded(c, B, T, 1, 0, out, e);
+}
+
+int gpu_model_plan_sharded(const Config *c, int B, int T, int world, int zero1, MemoryPlan *out, ErrBuf *e) {
     if (check_supported(c, B, T, e)) return -1;
-    carve(c, B, T, NULL, NULL, out);
+    carve(c, B, T, zero1 && world > 1 ? world : 1, NULL, NULL, out);
     return 0;
 }
 
@@ -387,19 +402,34 @@ static void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, co
 
 int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
                    FILE *plan_out, ErrBuf *e) {
+    return gpu_model_init_sharded(m, c, B, T, seed, 0, 1, plan_out, e);
+}
+
+int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned long long seed, int rank,
+                           int world, FILE *plan_out, ErrBuf *e) {
     memset(m, 0, sizeof *m);
+    if (world < 1 || rank < 0 || rank >= world) FATAL("gpu_model_init_sharded: rank %d of %d", rank, world);
     if (check_supported(c, B, T, e)) return -1;
     m->cfg = *c;
     m->B = B;
     m->T = T;
     m->loss_scale = 1.0f;
     param_table_build(&m->table, &c->model);
+    // This rank's slice, as backend.c's CPU ZeRO-1 cuts it (both ends clipped to P).
+    const size_t P = m->table.total;
+    m->shard_rank = rank;
+    m->shard_world = world;
+    m->shard_len = (P + (size_t)world - 1) / (size_t)world;
+    m->shard_lo = (size_t)rank * m->shard_len < P ? (size_t)rank * m->shard_len : P;
+    m->shard_hi = m->shard_lo + m->shard_len < P ? m->shard_lo + m->shard_len : P;
     Dev *d = (Dev *)xcalloc(1, sizeof(Dev));
     d->L = (LayerBufs *)xcalloc((size_t)c->model.n_layer, sizeof(LayerBufs));
-    carve(c, B, T, NULL, NULL, &m->plan);
+    carve(c, B, T, world, NULL, NULL, &m->plan);
     if (plan_out) {
-        fprintf(plan_out, "GPU memory plan: micro-batch %d x %d tokens%s\n", B, T,
+        fprintf(plan_out, "GPU memory plan: micro-batch %d x %d tokens%s", B, T,
                 c->train.recompute ? ", recompute norms and SwiGLU" : "");
+        if (world > 1) fprintf(plan_out, ", ZeRO-1: masters and AdamW state 1/%d (%zu of %zu values)", world, m->shard_len, P);
+        fprintf(plan_out, "\n");
         memory_plan_print(plan_out, &m->plan);
     }
     size_t free_b = 0, total_b = 0;
@@ -416,24 +446,24 @@ int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long lon
     char *arena = NULL;
     CUDA_CHECK(cudaMalloc((void **)&arena, arena_bytes));
     MemoryPlan again;
-    carve(c, B, T, arena, d, &again);
+    carve(c, B, T, world, arena, d, &again);
     if (memcmp(&again, &m->plan, sizeof again)) FATAL("model_gpu: the plan changed between sizing and carving");
     CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
     matmul_gpu_init();
     if (c->precision.linear != LINEAR_BF16) linear_fp8_gpu_init();
     d->host_losses = (float *)xcalloc((size_t)B * T, sizeof(float));
     d->host_logits = (bf16 *)xcalloc((size_t)c->model.padded_vocab_size, sizeof(bf16));
+    attn_options_from_config(&d->attn, &c->precision);
     m->priv = d;
 
     // parameters: host init (the same values as the CPU backend), then FP32 masters + BF16 copy
-    size_t P = m->table.total;
     float *host = (float *)xmalloc(sizeof(float) * P);
     params_init(&m->table, &c->model, seed, host);
     gpu_model_set_params(m, host);
     free(host);
     CUDA_CHECK(cudaMemsetAsync(d->g, 0, sizeof(float) * P, d->stream));
-    CUDA_CHECK(cudaMemsetAsync(d->m, 0, sizeof(float) * P, d->stream));
-    CUDA_CHECK(cudaMemsetAsync(d->v, 0, sizeof(float) * P, d->stream));
+    CUDA_CHECK(cudaMemsetAsync(d->m, 0, sizeof(float) * m->shard_len, d->stream));
+    CUDA_CHECK(cudaMemsetAsync(d->v, 0, sizeof(float) * m->shard_len, d->stream));
     if (c->model.position == POS_ROPE)
         rope_table_gpu(d->rope, T, c->model.head_dim, c->model.rope_theta, d->stream);
     CUDA_CHECK(cudaStreamSynchronize(d->stream));
@@ -480,6 +510,8 @@ static int upload_batch(GpuModel *m, const int32_t *tokens, const int32_t *targe
     return counted;
 }
 
+static const AttnModeDiag *attn_diag(Dev *d, int l) { return d->attn_diag ? &d->attn_diag[l] : NULL; }
+
 // The normalised, rotated q, k, v of layer l for attention: the saved qkv itself, or (qk_norm)
 // QK-norm of the saved raw qkv into dst, then RoPE there.
 static const bf16 *attention_inputs(GpuModel *m, int l, bf16 *dst, int B, int T) {
@@ -513,7 +545,8 @@ static void forward_blocks(GpuModel *m, int B, int T) {
         const bf16 *qkv = lb->qkv;
         if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
         else if (mc->position == POS_ROPE) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
-        attn_gpu_forward(qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, s);
+        attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, d->attn_ws,
+                          attn_diag(d, l), s);
         lin_forward(m, P_ATTN_PROJ, l, d->buf2, lb->o, BT, C, C);                  // (BT, C)
         residual_rmsnorm_forward_gpu(lb->x_mid, h2, lb->rstd2, lb->x_in, d->buf2, W(m, P_MLP_NORM, l),
                                      BT, C, eps, s);
@@ -634,8 +667,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         lin_dgrad(m, P_ATTN_PROJ, l, d->dhf, d->dres, BT, C, C);                     // do (BT, C)
         const bf16 *qkv = attention_inputs(m, l, d->buf2, B, T);
         bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
-        attn_gpu_backward(qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv,
-                          dqkv + C, dqkv + 2 * C, 3 * C, d->attn_ws, B, H, T, hd, s);
+        attn_mode_backward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv, dqkv + C,
+                           dqkv + 2 * C, 3 * C, B, H, T, hd, d->attn_ws, attn_diag(d, l), s);
         if (mc->position == POS_ROPE) rope_backward_gpu(dqkv, d->rope, B, T, H, hd, s);
         if (mc->qk_norm)  // in place: d(raw qkv) from d(normalised qkv); v copied through
             qk_rmsnorm_backward_gpu(dqkv, G(m, P_Q_NORM, l), G(m, P_K_NORM, l), d->norm_scratch, dqkv,
@@ -656,31 +689,74 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
 
 // --- optimizer, norms, host copies ------------------------------------------------------------------
 
+int gpu_model_set_attention(GpuModel *m, AttnPrecision p) {
+    Dev *d = dev_of(m);
+    AttnOptions o = d->attn;
+    o.precision = p;
+    if (attn_mode_supported(&o, m->cfg.model.head_dim, NULL)) return -1;
+    if (attn_mode_workspace_bytes(&o, m->B, m->cfg.model.n_head, m->T, m->cfg.model.head_dim) > d->attn_ws_bytes)
+        return -1;
+    d->attn = o;
+    d->grad_ready = 0;  // a backward must follow a forward in the same precision
+    return 0;
+}
+AttnPrecision gpu_model_attention(GpuModel *m) { return dev_of(m)->attn.precision; }
+void gpu_model_set_attn_diag(GpuModel *m, const AttnModeDiag *per_layer) { dev_of(m)->attn_diag = per_layer; }
+
 void gpu_model_zero_grad(GpuModel *m) {
     Dev *d = dev_of(m);
     CUDA_CHECK(cudaMemsetAsync(d->g, 0, sizeof(float) * m->table.total, d->stream));
 }
 
-double gpu_model_grad_norm(GpuModel *m) {
+// Sum of squares of g[lo, hi): the partition of grad_norm_squared_gpu over that range, so the
+// norm of plain data parallelism and of ZeRO-1 (backend.c adds the same slices in rank order)
+// agree bit for bit.
+double gpu_model_grad_sumsq(GpuModel *m, size_t lo, size_t hi) {
     Dev *d = dev_of(m);
+    if (lo > hi || hi > m->table.total)
+        FATAL("gpu_model_grad_sumsq: range [%zu, %zu) outside the %zu gradients", lo, hi, m->table.total);
+    if (lo == hi) return 0.0;  // an empty slice (more ranks than values past the end)
     double sumsq = 0.0;
-    grad_norm_squared_gpu(d->sumsq, d->norm_partials, d->g, m->table.total, d->stream);
+    grad_norm_squared_gpu(d->sumsq, d->norm_partials, d->g + lo, hi - lo, d->stream);
     CUDA_CHECK(cudaMemcpyAsync(&sumsq, d->sumsq, sizeof sumsq, cudaMemcpyDeviceToHost, d->stream));
     CUDA_CHECK(cudaStreamSynchronize(d->stream));
-    return sqrt(sumsq);
+    return sumsq;
 }
 
-void gpu_model_step(GpuModel *m, double lr, double clip, const TrainConfig *tc) {
+double gpu_model_grad_norm(GpuModel *m) { return sqrt(gpu_model_grad_sumsq(m, 0, m->table.total)); }
+
+// AdamW over the flat elements [lo, hi), cut at tensor boundaries so that each piece gets its own
+// tensor's weight decay (adamw_update_slice's loop in optimizer.c). Weights and gradients are
+// full (P) buffers; masters and moments start at element lo (their [0] is element lo).
+static void adamw_range(GpuModel *m, size_t lo, size_t hi, double lr, double clip, const TrainConfig *tc) {
     Dev *d = dev_of(m);
     for (int k = 0; k < m->table.n; k++) {
         const ParamDesc *pd = &m->table.p[k];
-        size_t o = pd->offset;
-        adamw_update_gpu(d->p + o, d->w + o, d->g + o, d->m + o, d->v + o, pd->numel, lr, tc->beta1,
-                         tc->beta2, tc->eps, pd->weight_decay ? tc->weight_decay : 0.0, clip,
+        size_t a = pd->offset > lo ? pd->offset : lo;
+        size_t b = pd->offset + pd->numel < hi ? pd->offset + pd->numel : hi;
+        if (a >= b) continue;  // the tensor lies outside [lo, hi)
+        adamw_update_gpu(d->p + (a - lo), d->w + a, d->g + a, d->m + (a - lo), d->v + (a - lo), b - a, lr,
+                         tc->beta1, tc->beta2, tc->eps, pd->weight_decay ? tc->weight_decay : 0.0, clip,
                          m->step + 1, d->stream);
     }
     m->step++;
     CUDA_CHECK(cudaStreamSynchronize(d->stream));
+}
+
+// Under ZeRO-1 no GPU holds the full FP32 masters or moments.
+static void refuse_sharded(const GpuModel *m, const char *what) {
+    if (m->shard_world > 1)
+        FATAL("%s: the FP32 masters and AdamW moments are sharded (ZeRO-1, rank %d of %d) (hint: the backend "
+              "gathers them with zero1_gpu_gather_state)", what, m->shard_rank, m->shard_world);
+}
+
+void gpu_model_step(GpuModel *m, double lr, double clip, const TrainConfig *tc) {
+    refuse_sharded(m, "gpu_model_step");
+    adamw_range(m, 0, m->table.total, lr, clip, tc);
+}
+
+void gpu_model_step_slice(GpuModel *m, double lr, double clip, const TrainConfig *tc) {
+    adamw_range(m, m->shard_lo, m->shard_hi, lr, clip, tc);
 }
 
 static void copy_out(GpuModel *m, float *host, const float *dev) {
@@ -694,27 +770,56 @@ static void copy_in(GpuModel *m, float *dev, const float *host) {
     CUDA_CHECK(cudaStreamSynchronize(d->stream));
 }
 
-void gpu_model_get_params(GpuModel *m, float *params) { copy_out(m, params, dev_of(m)->p); }
+void gpu_model_get_params(GpuModel *m, float *params) {
+    refuse_sharded(m, "gpu_model_get_params");
+    copy_out(m, params, dev_of(m)->p);
+}
 void gpu_model_get_grads(GpuModel *m, float *grads) { copy_out(m, grads, dev_of(m)->g); }
+void gpu_model_set_grads(GpuModel *m, const float *grads) { copy_in(m, dev_of(m)->g, grads); }
 float *gpu_model_grads_device(GpuModel *m) { return dev_of(m)->g; }
 long long gpu_model_fp8_gemm_count(GpuModel *m) { return dev_of(m)->fp8_gemms; }
 void *gpu_model_stream(GpuModel *m) { return (void *)dev_of(m)->stream; }
+uint16_t *gpu_model_weights_device(GpuModel *m) { return dev_of(m)->w; }
+void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v) {
+    Dev *d = dev_of(m);
+    *master = d->p;
+    *adam_m = d->m;
+    *adam_v = d->v;
+}
 
+// Under ZeRO-1 the full values pass through the gradient buffer (P floats, overwritten: call it
+// between steps, as a resume does): the BF16 weights are cast from all of them, the masters keep
+// this rank's slice and zeros past it.
 void gpu_model_set_params(GpuModel *m, const float *params) {
     Dev *d = dev_of(m);
-    copy_in(m, d->p, params);
-    cast_f32_to_bf16_gpu(d->w, d->p, m->table.total, d->stream);
+    float *full = m->shard_world > 1 ? d->g : d->p;  // (P)
+    copy_in(m, full, params);
+    cast_f32_to_bf16_gpu(d->w, full, m->table.total, d->stream);
+    if (full != d->p) {
+        CUDA_CHECK(cudaMemsetAsync(d->p, 0, sizeof(float) * m->shard_len, d->stream));
+        CUDA_CHECK(cudaMemcpyAsync(d->p, full + m->shard_lo, sizeof(float) * (m->shard_hi - m->shard_lo),
+                                   cudaMemcpyDeviceToDevice, d->stream));
+    }
     CUDA_CHECK(cudaStreamSynchronize(d->stream));
 }
 
 void gpu_model_get_opt_state(GpuModel *m, float *adam_m, float *adam_v, long long *step) {
+    refuse_sharded(m, "gpu_model_get_opt_state");
     copy_out(m, adam_m, dev_of(m)->m);
     copy_out(m, adam_v, dev_of(m)->v);
     *step = m->step;
 }
 
+// Full host moments (P each); under ZeRO-1 this rank keeps [shard_lo, shard_hi), zeros past it.
 void gpu_model_set_opt_state(GpuModel *m, const float *adam_m, const float *adam_v, long long step) {
-    copy_in(m, dev_of(m)->m, adam_m);
-    copy_in(m, dev_of(m)->v, adam_v);
+    Dev *d = dev_of(m);
+    const float *src[2] = {adam_m, adam_v};
+    float *dst[2] = {d->m, d->v};
+    const size_t n = m->shard_hi - m->shard_lo;
+    for (int k = 0; k < 2; k++) {
+        if (m->shard_len > n) CUDA_CHECK(cudaMemsetAsync(dst[k] + n, 0, sizeof(float) * (m->shard_len - n), d->stream));
+        CUDA_CHECK(cudaMemcpyAsync(dst[k], src[k] + m->shard_lo, sizeof(float) * n, cudaMemcpyHostToDevice, d->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
     m->step = step;
 }

@@ -18,8 +18,8 @@
 // A forward that is not followed by a backward therefore leaves the head's gradient in the
 // gradients: use gpu_model_loss for evaluation (it computes no gradient).
 //
-// Precision: precision.attention must be "bf16" (gpu_model_init returns -1 with a message
-// otherwise). precision.linear may be "bf16", "fp8_tensor" or "fp8_block": the blocks'
+// Precision: precision.attention runs through attention_fp8.h in any mode it supports (bf16 and
+// the FP8 modes with block scaling; fp32 and delayed scaling are refused with a message). precision.linear may be "bf16", "fp8_tensor" or "fp8_block": the blocks'
 // linears that linear_precision_of (linear_fp8.h) puts in FP8 quantize their GEMM operands with
 // linear_fp8_gpu.h exactly as linear_fp8.c's contract says (the CPU backend emulates the same
 // codes). FP8 linears need linear_keep_lm_head_bf16 = true (an FP8 LM head is refused),
@@ -34,9 +34,11 @@
 #include <stdint.h>  // int32_t tokens
 #include <stdio.h>   // FILE for the plan printer
 
+#include "attention_fp8.h"  // AttnModeDiag
 #include "common.h"  // ErrBuf
 #include "config.h"  // Config, TrainConfig
 #include "model.h"   // ParamTable, MemoryPlan
+#include "probe.h"   // ModelProbe
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +51,13 @@ typedef struct {
     float loss_scale;    // scale the next forward puts into the head's gradient (default 1)
     long long step;      // AdamW steps taken (bias correction uses step + 1 while updating)
     MemoryPlan plan;     // what gpu_model_init allocated, by category (bytes)
+    // ZeRO-1 (gpu_model_init_sharded): this rank's slice [shard_lo, shard_hi) of the flat
+    // parameters, S = shard_len = ceil(P / shard_world) and shard_lo = shard_rank * S (both
+    // clipped to P). Only the slice's FP32 masters and AdamW moments exist on this GPU, in (S)
+    // buffers (zero past the slice); BF16 weights and FP32 gradients stay full (P).
+    // Without ZeRO-1: rank 0 of 1, the slice [0, P), S = P.
+    int shard_rank, shard_world;
+    size_t shard_lo, shard_hi, shard_len;
     void *priv;          // device buffers and state, private to model_gpu.cu
 } GpuModel;
 
@@ -57,6 +66,10 @@ typedef struct {
 // Host code: works without a GPU. Returns 0, or -1 with e filled when the config cannot run
 // on the GPU backend (precision, head_dim, shapes).
 int gpu_model_plan(const Config *c, int B, int T, MemoryPlan *out, ErrBuf *e);
+// The same for one of `world` ranks with ZeRO-1 (zero1 and world > 1: FP32 masters and AdamW
+// moments of S = ceil(P / world) elements), equal byte for byte to model.h's
+// memory_plan(c, world, zero1, B) (--dry-run --world-size N --zero1).
+int gpu_model_plan_sharded(const Config *c, int B, int T, int world, int zero1, MemoryPlan *out, ErrBuf *e);
 // Prints the plan next to model.h's memory_plan for the same (B, T) (one line per category,
 // with the difference) to f.
 void gpu_model_plan_compare(FILE *f, const Config *c, int B, int T);
@@ -68,6 +81,13 @@ void gpu_model_plan_compare(FILE *f, const Config *c, int B, int T);
 // run, or when the plan does not fit in the free device memory (the message gives both sizes).
 int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
                    FILE *plan_out, ErrBuf *e);
+// gpu_model_init for rank `rank` of `world` under ZeRO-1 (world 1: gpu_model_init): allocates
+// the plan of gpu_model_plan_sharded(c, B, T, world, 1) and keeps only this rank's slice of the
+// masters and moments (see GpuModel). Under sharding gpu_model_step, gpu_model_get_params and
+// gpu_model_get_opt_state are errors (the full state is on no GPU: zero1_gpu.h gathers it);
+// set_params and set_opt_state take full host arrays and keep the slice.
+int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned long long seed, int rank,
+                           int world, FILE *plan_out, ErrBuf *e);
 void gpu_model_free(GpuModel *m);
 
 // Scale of the head's gradient for the following forwards (see above). Default 1.
@@ -94,11 +114,21 @@ double gpu_model_grad_norm(GpuModel *m);
 // grad_clip_factor, optimizer.h); bias correction with step + 1, then m->step++. Bit-identical
 // to optimizer.c's adamw_step on the same FP32 values; also rewrites the BF16 working weights.
 void gpu_model_step(GpuModel *m, double lr, double clip, const TrainConfig *tc);
+// ZeRO-1: the same update for this rank's slice [shard_lo, shard_hi) only, from the summed
+// gradients at grads[shard_lo, shard_hi) (where an in-place reduce-scatter leaves them): the
+// slice's masters and moments, and the BF16 weights [shard_lo, shard_hi). A tensor cut by a
+// slice boundary keeps its weight decay (optimizer.c's adamw_update_slice). Then m->step++.
+// Without sharding it is gpu_model_step.
+void gpu_model_step_slice(GpuModel *m, double lr, double clip, const TrainConfig *tc);
+// Sum of squares of the gradients [lo, hi) in FP64 (the fixed partition of gpu_model_grad_norm
+// over that range, so the same range gives the same bits on any rank).
+double gpu_model_grad_sumsq(GpuModel *m, size_t lo, size_t hi);
 
 // Host copies (table.total FP32 values each), for checkpoints and tests.
 void gpu_model_get_params(GpuModel *m, float *params);
 void gpu_model_set_params(GpuModel *m, const float *params);  // also refreshes the BF16 copy
 void gpu_model_get_grads(GpuModel *m, float *grads);
+void gpu_model_set_grads(GpuModel *m, const float *grads);
 // AdamW moments (table.total each) and step count.
 void gpu_model_get_opt_state(GpuModel *m, float *adam_m, float *adam_v, long long *step);
 void gpu_model_set_opt_state(GpuModel *m, const float *adam_m, const float *adam_v, long long step);
@@ -107,6 +137,32 @@ void gpu_model_set_opt_state(GpuModel *m, const float *adam_m, const float *adam
 // device FP32 gradients (table.total values) and the cudaStream_t all of the model's work uses.
 float *gpu_model_grads_device(GpuModel *m);
 void *gpu_model_stream(GpuModel *m);
+// ZeRO-1 (zero1_gpu.c): the device BF16 working weights (P, as uint16_t bits), and the FP32
+// masters and AdamW moments (shard_len each: this rank's slice).
+uint16_t *gpu_model_weights_device(GpuModel *m);
+void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v);
+
+// Attention precision for the following forwards and backwards (diagnostics recompute a batch in
+// the reference precision): -1 when the mode cannot run on the GPU or needs more workspace than
+// the configured mode's (bf16 always fits). A pending backward is cancelled.
+int gpu_model_set_attention(GpuModel *m, AttnPrecision p);
+AttnPrecision gpu_model_attention(GpuModel *m);
+// Diagnostics outputs of the attention of every layer (n_layer entries, device pointers, see
+// attention_fp8.h's AttnModeDiag), used by the following forwards and backwards; NULL: none.
+// The array must outlive its use.
+void gpu_model_set_attn_diag(GpuModel *m, const AttnModeDiag *per_layer);
+
+// Diagnostics probe (probe.h): forward + backward of tokens, targets (B, T) with attention in
+// `precision`, leaving the training state as it was (gradients, attention precision, loss
+// scale; the activations are the probe's afterwards, so call it between steps). Fills out's
+// loss, grads, per-layer saturation counts and cancellation-scaled row residuals (FP8 backward
+// modes), local_sq against `local_ref` (ATTN_N_PRECISIONS: none), and, when compare_with is
+// given (a probe of the same batch run with keep = 1), cmp_sq against its dq, dk, dv. keep = 1
+// keeps this probe's dq, dk, dv on the device for such a comparison.
+void gpu_probe_alloc(ModelProbe *p, GpuModel *m, int keep);
+void gpu_probe_free(ModelProbe *p);
+void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_ref, const int32_t *tokens,
+                     const int32_t *targets, const ModelProbe *compare_with, ModelProbe *out);
 
 // FP8 GEMMs (forward, dgrad and wgrad each count one) run since gpu_model_init: 12 per FP8 block
 // per forward + backward, 4 per forward only. For tests.

@@ -366,10 +366,16 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
     }
 
     // Each backward is scaled by 1 / (grad_accum x world): the ranks' sum is the mean gradient.
-    if (backend_init(&r->be, c, (DeviceKind)device, r->B, r->T, c->train.seed, r->grad_accum * world,
-                     r->rank == 0 ? stdout : NULL, &e) != 0)
+    // With world > 1 the backend learns the process group before it allocates (ZeRO-1 on the GPU
+    // shards the allocation).
+    if (backend_init_dp(&r->be, c, (DeviceKind)device, r->B, r->T, c->train.seed, r->grad_accum * world,
+                        r->rank == 0 ? stdout : NULL, world > 1 ? &r->comm : NULL, c->train.zero1, &e) != 0)
         die_user(&e);
-    if (world > 1 && backend_dp_init(&r->be, &r->comm, c->train.zero1, &e) != 0) die_user(&e);
+    if (r->be.kind == DEVICE_GPU && c->diagnostics.interval > 0 && c->diagnostics.reference != ATTN_BF16) {
+        errf(&e, "diagnostics.reference \"%s\" runs on the CPU backend only: set it to \"bf16\" for the GPU "
+                 "(or train.device \"cpu\")", attn_precision_name(c->diagnostics.reference));
+        die_user(&e);
+    }
     if (diagnostics_init(&r->diag, c, r->B, r->T, &e) != 0) die_user(&e);
     r->flops_per_token = model_flops_per_token(&c->model);
     r->delayed = backend_delayed_state(&r->be, &r->n_delayed);
@@ -568,7 +574,8 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
         // Diagnostics probe the model between steps and leave no trace in the training state;
         // under data parallelism rank 0 runs them while the others wait at the next collective.
         if (r->rank == 0)
-            diagnostics_maybe_run(&r->diag, r->be.kind == DEVICE_CPU ? &r->be.cpu : NULL, step, r->metrics, stdout);
+            diagnostics_maybe_run(&r->diag, r->be.kind == DEVICE_CPU ? &r->be.cpu : NULL,
+                                  r->be.kind == DEVICE_GPU ? &r->be.gpu : NULL, step, r->metrics, stdout);
         if (r->have_val && ((c->eval.interval > 0 && step % c->eval.interval == 0) || step == steps)) {
             last_val = evaluate_and_log(r, step, steps);
         }

@@ -568,7 +568,7 @@ static int gpu_count_in_child(void) {
     return n;
 }
 
-enum { G_INIT, G_ALLREDUCE, G_RS, G_AG, G_ANY, G_DEAD, G_N };
+enum { G_INIT, G_ALLREDUCE, G_RS, G_AG, G_AG_HOST, G_ANY, G_DEAD, G_N };
 typedef struct {
     int rc[G_N];
     double err[G_N], seconds;
@@ -625,6 +625,13 @@ static void gpu_rank(int rank, int port, GpuResult *out) {
     for (size_t i = 0; i < 2 * n; i++) out->err[G_AG] = fmax(out->err[G_AG], fabs(got[i] - in[i / n][i % n]));
     snprintf(out->msg[G_AG], 512, "%s", e.msg);
 
+    // All-gather of host doubles, in place (ZeRO-1's slice norms): staged through the device.
+    double hd[2] = {-1.0, -1.0};
+    hd[rank] = 0.125 + rank;
+    out->rc[G_AG_HOST] = comm_allgather(&c, hd + rank, hd, 1, COMM_F64, &e);
+    out->err[G_AG_HOST] = fabs(hd[0] - 0.125) + fabs(hd[1] - 1.125);
+    snprintf(out->msg[G_AG_HOST], 512, "%s (got %g %g)", e.msg, hd[0], hd[1]);
+
     int any0 = -1, any1 = -1;
     out->rc[G_ANY] = comm_barrier(&c, &e) | comm_any(&c, rank == 1, &any1, &e) | comm_any(&c, 0, &any0, &e);
     out->err[G_ANY] = (any1 == 1 && any0 == 0) ? 0 : 1;
@@ -660,7 +667,8 @@ static void test_two_gpus(void) {
     }
     for (int r = 0; r < 2; r++) waitpid(pids[r], NULL, 0);
     static const char *names[G_N] = {"nccl: init over the TCP exchange", "nccl: all-reduce sum matches the host sum",
-                                     "nccl: reduce-scatter in place", "nccl: all-gather", "nccl: barrier and comm_any"};
+                                     "nccl: reduce-scatter in place", "nccl: all-gather",
+                                     "nccl: all-gather of host doubles in place (staged)", "nccl: barrier and comm_any"};
     for (int i = 0; i < G_DEAD; i++) {
         int ok = res[0].rc[i] == 0 && res[1].rc[i] == 0 && res[0].err[i] < 1e-5 && res[1].err[i] < 1e-5;
         CHECK(ok, names[i], "rc %d %d err %g %g: %s / %s", res[0].rc[i], res[1].rc[i], res[0].err[i], res[1].err[i],
