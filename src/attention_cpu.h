@@ -111,9 +111,9 @@ void attn_eval_mode(const AttnOptions *opt, int T, int d, const float *q, const 
 void attn_fill_normal(float *x, size_t n, uint64_t seed);
 
 // `train_gpt attn-check [--T N] [--d N] [--seed N] [--grad-format e4m3|e5m2] [--block-q N]
-// [--block-k N] [--device cpu|gpu]` (argv[0] = "attn-check"): prints spec §4's table. Returns the
-// process exit status: 0, 1 (bad option or the fp8_dm invariant broken), 2 (--device gpu, not
-// built yet).
+// [--block-k N] [--device cpu|gpu]` (argv[0] = "attn-check"): prints spec §4's table, on the CPU
+// emulation or on the GPU kernels (attn_check_gpu.h). Returns the process exit status: 0, 1 (bad
+// option or the fp8_dm invariant broken), 2 (--device gpu without a CUDA device).
 int cmd_attn_check(int argc, char **argv);
 
 #ifdef __cplusplus
