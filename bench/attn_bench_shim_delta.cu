@@ -1,0 +1,43 @@
+// attn_bench_shim_delta.cu: launches fp8_dm's delta-pass kernel (attn_bwd_fp8_delta_kernel of
+// src/attention_bwd_fp8.cu) on its own, so the benchmark can time it without touching src/. The
+// kernel has no launcher of its own and its host stub is local to its object file, so this file
+// compiles the same source once more (same flags, same code) with the two exported launchers
+// renamed, and launches its copy of the kernel with the grid and shared memory of
+// backward_fp8_d. If src/ changes those, the benchmark's check (D equal to the backward's
+// delta_out) shows it; if it no longer compiles, the library is linked without this file.
+#define attn_gpu_backward_fp8 shim_copy_attn_gpu_backward_fp8
+#define attn_gpu_backward_fp8_workspace_bytes shim_copy_attn_gpu_backward_fp8_workspace_bytes
+#include "attention_bwd_fp8.cu"
+#undef attn_gpu_backward_fp8
+#undef attn_gpu_backward_fp8_workspace_bytes
+
+template <int D, bool E5>
+static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc, const uint8_t *doc,
+                        const float *qs, const float *ks, const float *vs, const float *dos, const float *lse,
+                        float *delta, int B, int H, int T, cudaStream_t stream) {
+    // as backward_fp8_d: K, V (128 keys) and Q, dO (64 queries) tiles of 128-byte rows, LSE and
+    // the 2 x 8-warp reduction, 1024 bytes of alignment slack
+    const size_t smem = (size_t)(2 * B8_BK + 2 * B8_BQ) * 128 + 17 * B8_BQ * sizeof(float) + 1024;
+    static bool attr_set = false;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(attn_bwd_fp8_delta_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess)
+            return -1;
+        attr_set = true;
+    }
+    dim3 grid((T + B8_BQ - 1) / B8_BQ, B * H);
+    attn_bwd_fp8_delta_kernel<D, E5><<<grid, B8_THREADS, smem, stream>>>(qc, kc, vc, doc, qs, ks, vs, dos, lse,
+                                                                          delta, T, 1.0f / sqrtf((float)D));
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int shim_delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc, const uint8_t *doc,
+                                 const float *qs, const float *ks, const float *vs, const float *dos,
+                                 const float *lse, float *delta, int B, int H, int T, int d, int e5,
+                                 cudaStream_t stream) {
+    if (d == 64)
+        return e5 ? delta_launch<64, true>(qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, B, H, T, stream)
+                  : delta_launch<64, false>(qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, B, H, T, stream);
+    return e5 ? delta_launch<128, true>(qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, B, H, T, stream)
+              : delta_launch<128, false>(qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, B, H, T, stream);
+}

@@ -1,0 +1,75 @@
+#!/bin/bash
+# gpu_fp8_attention_bench.sh: on a GPU machine, in one go (< 4 minutes on an H200): build a shared
+# library of the attention kernels, the mode dispatcher (src/attention_fp8.cu) and the benchmark
+# shim (bench/attn_bench_shim*.cu) with explicit nvcc commands (no Makefile, no cJSON), then run
+# bench/bench_attention_fp8.py: every attention precision mode, forward and backward, against our
+# BF16 kernels and cuDNN, plus the quantize passes, the bare FP8 kernels and fp8_dm's delta
+# kernel alone. Prints the summary table (with the issue's targets marked) last; the per-T
+# timings with min/max are in $OUT/bench.txt. Logs go to $OUT (or /tmp/gpu_fp8_bench_out).
+#   usage: [MODES="bf16 fp8_dm"] [ROUNDS=30] [GRAD_FORMAT=e4m3] [BUDGET=230] bash scripts/gpu_fp8_attention_bench.sh
+set -u
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-/tmp/gpu_fp8_bench_out}
+BD=${BD:-/tmp/gpu_fp8_bench_build}
+mkdir -p "$OUT" "$BD"
+NVCC=${NVCC:-nvcc}
+command -v "$NVCC" >/dev/null || NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+NVF="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xcompiler -fopenmp -Xcompiler -fPIC"
+BUDGET=${BUDGET:-230}  # seconds for the whole script; the benchmark gets what the build leaves
+start=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader 2>/dev/null
+
+echo "== build ($BD, logs build_*.log)"
+CU="attention_fwd attention_fwd_mma attention_bwd attention_quant attention_fwd_fp8 attention_bwd_fp8 attention_fp8"
+pids=""
+for f in $CU; do
+  $NVCC $NVF -c src/$f.cu -o "$BD/$f.o" > "$OUT/build_$f.log" 2>&1 &
+  pids="$pids $!:$f"
+done
+# the shim, and the delta kernel's launcher (a second compile of attention_bwd_fp8.cu): optional
+$NVCC $NVF -c bench/attn_bench_shim.cu -o "$BD/attn_bench_shim.o" > "$OUT/build_shim.log" 2>&1 &
+pids="$pids $!:shim"
+$NVCC $NVF -c bench/attn_bench_shim_delta.cu -o "$BD/attn_bench_shim_delta.o" > "$OUT/build_shim_delta.log" 2>&1 &
+pid_delta=$!
+gcc -std=c11 -D_GNU_SOURCE -O2 -fPIC -fopenmp -Isrc -c src/common.c -o "$BD/common.o" > "$OUT/build_common.log" 2>&1 &
+pids="$pids $!:common"
+# nothing the benchmark calls lives in attention_cpu.c; linked when it compiles
+gcc -std=c11 -D_GNU_SOURCE -O2 -fPIC -fopenmp -Isrc -c src/attention_cpu.c -o "$BD/attention_cpu.o" > "$OUT/build_attention_cpu.log" 2>&1 &
+pid_cpu=$!
+ok=1
+for p in $pids; do
+  if ! wait "${p%%:*}"; then
+    echo "   FAILED: ${p#*:} (log build_${p#*:}.log):"; tail -15 "$OUT/build_${p#*:}.log"; ok=0
+  fi
+done
+objs=""
+for f in $CU common attn_bench_shim; do objs="$objs $BD/$f.o"; done
+if wait $pid_delta; then objs="$objs $BD/attn_bench_shim_delta.o"
+else echo "   bench/attn_bench_shim_delta.cu did not compile (build_shim_delta.log): delta kernel alone not timed"; fi
+if wait $pid_cpu; then objs="$objs $BD/attention_cpu.o"
+else echo "   src/attention_cpu.c did not compile (build_attention_cpu.log); not needed, linked without it"; fi
+[ $ok = 1 ] || { echo "== build FAILED"; exit 1; }
+$NVCC -gencode arch=compute_90a,code=sm_90a -shared -Xcompiler -fopenmp $objs -o "$BD/libattn_fp8.so" \
+  > "$OUT/build_link.log" 2>&1 || { echo "== link FAILED:"; tail -15 "$OUT/build_link.log"; exit 1; }
+echo "   built in $(( $(date +%s) - start )) s"
+
+echo "== bench (bench/bench_attention_fp8.py; full log bench.txt)"
+left=$(( BUDGET - ($(date +%s) - start) ))
+[ $left -lt 60 ] && left=60
+args=(--lib "$BD/libattn_fp8.so" --summary-out "$OUT/summary.txt" --rounds "${ROUNDS:-30}"
+      --grad-format "${GRAD_FORMAT:-e4m3}")
+[ -n "${MODES:-}" ] && args+=(--modes $MODES)
+t0=$(date +%s)
+PYTHONUNBUFFERED=1 timeout -k 5 $left python3 bench/bench_attention_fp8.py "${args[@]}" > "$OUT/bench.txt" 2>&1
+rc=$?
+echo "   exit $rc after $(( $(date +%s) - t0 )) s (limit $left s); total $(( $(date +%s) - start )) s; logs in $OUT"
+if [ $rc != 0 ] || [ ! -s "$OUT/summary.txt" ]; then
+  # the lines that say where it stopped: the last '# T=...: first call of <mode>' names the mode
+  # a FATAL in src/ came from; MODES="..." reruns without it
+  tail -25 "$OUT/bench.txt"
+  echo "== bench FAILED (exit $rc, 124 = timed out)"
+  exit 1
+fi
+# the checks and the tables, without the long per-T timing lines (in bench.txt); summary last
+grep -v -e " ms median " -e ": first call of " "$OUT/bench.txt"
+exit 0
