@@ -11,7 +11,7 @@
 # are all-reduced with NCCL); rank 0 alone prints and writes the run directory. The global batch
 # is train.batch_tokens = micro_batch x seq_len x accumulation x N. Options after CONFIG go to
 # every rank unchanged (they must be the same everywhere: ranks with different configs are
-# refused), e.g. --resume. --zero1 is CPU-only for now (an error on the GPU backend).
+# refused), e.g. --resume or --zero1 (AdamW state and FP32 masters sharded across the ranks).
 #
 # Variables passed to every rank when set (see docs/multi-gpu.md):
 #   NCCL_NVLS_ENABLE          0 unless you set it: NVLink multicast stays off (required on shared
