@@ -1,10 +1,11 @@
 #!/bin/bash
 # gpu_attention_check.sh: on a GPU machine, in one go: build the fused attention kernels
-# (src/attention_fwd.cu, src/attention_bwd.cu), their test, their benchmark binary and a shared
-# library for bench/bench_attention.py with explicit nvcc commands (no Makefile, no cJSON); show
-# the register/spill report, the SASS instruction mix and a check that no instruction overwrites
-# the registers an in-flight wgmma reads; run test/test_attention_gpu with every forward kernel;
-# then the benchmark against PyTorch SDPA (cuDNN, FA2), timed interleaved. The table prints last.
+# (src/attention_fwd.cu, src/attention_fwd_mma.cu, src/attention_bwd.cu), their test, their
+# benchmark binary and a shared library for bench/bench_attention.py with explicit nvcc commands
+# (no Makefile, no cJSON); show the register/spill report, the SASS instruction mix and a check that no instruction overwrites
+# the registers an in-flight wgmma reads; run test/test_attention_gpu with every forward kernel
+# and with each backward kernel (ATTN_GPU_BWD: wgmma, the default, and mma); then the benchmark
+# against PyTorch SDPA (cuDNN, FA2), timed interleaved. The table prints last.
 # Logs go to $OUT (or /tmp/gpu_attn_out).
 #   usage: bash scripts/gpu_attention_check.sh [--no-bench] [--no-test]
 set -u
@@ -20,13 +21,15 @@ NVCC=${NVCC:-nvcc}
 ARCH="-gencode arch=compute_90a,code=sm_90a"
 NVF="-std=c++17 -O3 -lineinfo $ARCH -Isrc -Itest"
 IMPLS="wgmma_tma wgmma_pipe mma"  # ATTN_GPU_FWD values (attention_fwd.cu)
+BWD_IMPLS="wgmma mma"              # ATTN_GPU_BWD values (attention_bwd.cu; the first is the default)
+SRCS="attention_fwd attention_fwd_mma attention_bwd"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "== build"
 t0=$(date +%s)
 gcc -std=c11 -D_GNU_SOURCE -O2 -fPIC -Isrc -c src/common.c -o "$BD/common.o" || exit 1
 pids=""
-for f in attention_fwd attention_bwd; do
+for f in $SRCS; do
   $NVCC $NVF -Xcompiler -fPIC -Xptxas -v -c src/$f.cu -o "$BD/$f.o" 2> "$BD/ptxas_$f.txt" &
   pids="$pids $!"
 done
@@ -35,7 +38,7 @@ cat "$BD"/ptxas_*.txt > "$OUT/ptxas.txt"
 grep -E "C75|arning" "$OUT/ptxas.txt" | head -5
 grep -E "Compiling entry|registers|spill" "$OUT/ptxas.txt" | sed -E 's/_Z[0-9]+(attn_[a-z_0-9]+)ILi([0-9]+)E.*/\1<\2>/' |
   paste - - - | awk '{print "  " $0}' | sed -E 's/ptxas info *: //g' | cut -c1-200
-OBJS="$BD/attention_fwd.o $BD/attention_bwd.o $BD/common.o"
+OBJS="$(for f in $SRCS; do printf '%s ' "$BD/$f.o"; done)$BD/common.o"
 $NVCC $NVF -Xcompiler -fopenmp test/test_attention_gpu.cu $OBJS -o "$BD/test_attention_gpu" &
 p1=$!
 $NVCC $NVF bench/bench_attention.cu $OBJS -o "$BD/bench_attention" &
@@ -47,7 +50,7 @@ echo "   built in $(( $(date +%s) - t0 )) s"
 
 echo "== SASS: instruction mix per kernel (HGMMA HMMA LDSM LDL STL), in-flight wgmma register check"
 CUOBJDUMP=$(command -v cuobjdump || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump")
-for f in attention_fwd attention_bwd; do "$CUOBJDUMP" -sass "$BD/$f.o"; done > "$OUT/attention.sass" 2>&1
+for f in $SRCS; do "$CUOBJDUMP" -sass "$BD/$f.o"; done > "$OUT/attention.sass" 2>&1
 awk '/Function :/ {name=$3} /HGMMA/ {g[name]++} /HMMA/ {m[name]++} /LDSM/ {s[name]++}
      / LDL/ {ll[name]++} / STL/ {sl[name]++} /Function :/ {names[name]=1}
      END {for (n in names) printf "  %-70s %5d %5d %5d %4d %4d\n", substr(n,1,70), g[n], m[n], s[n], ll[n], sl[n]}' \
@@ -119,6 +122,14 @@ if [ $do_test = 1 ]; then
     echo "   ATTN_GPU_FWD=$impl: $(grep -c '^ok - ' "$OUT/test_$impl.log") ok, $(grep -c '^FAIL - ' "$OUT/test_$impl.log") FAIL, exit $r, $(( $(date +%s) - t0 )) s"
     [ $r = 0 ] && passed="$passed $impl"
   done
+  for bimpl in $BWD_IMPLS; do
+    [ "$bimpl" = "${BWD_IMPLS%% *}" ] && continue  # the default ran above
+    t0=$(date +%s)
+    ATTN_GPU_BWD=$bimpl OMP_NUM_THREADS=$(nproc) timeout 60 "$BD/test_attention_gpu" > "$OUT/test_bwd_$bimpl.log" 2>&1
+    r=$?
+    grep -E "^FAIL" "$OUT/test_bwd_$bimpl.log" | head -3
+    echo "   ATTN_GPU_BWD=$bimpl: $(grep -c '^ok - ' "$OUT/test_bwd_$bimpl.log") ok, $(grep -c '^FAIL - ' "$OUT/test_bwd_$bimpl.log") FAIL, exit $r, $(( $(date +%s) - t0 )) s"
+  done
   # the worst errors against each reference, per kernel
   for f in "$OUT"/test*.log; do
     awk -v f="$(basename "$f" .log)" '/^#   / {key=$2" vs "$4; if ($7+0 > worst[key]+0) worst[key]=$7}
@@ -130,6 +141,12 @@ fi
 if [ $do_bench = 1 ]; then
   echo "== bench: standalone binary, default kernel (cross-check of the library path)"
   timeout 30 "$BD/bench_attention" 16384 16 128 4096 | tee "$OUT/bench_binary.txt"
+  for bimpl in $BWD_IMPLS; do  # backward kernels side by side (d = 128, then d = 64)
+    for d in 128 64; do
+      echo "   ATTN_GPU_BWD=$bimpl d=$d: $(ATTN_GPU_BWD=$bimpl timeout 60 "$BD/bench_attention" 16384 16 $d 1024 2048 4096 8192 |
+        sed -n 's/.*T=\([0-9]*\).*bwd_tflops=\([0-9.]*\).*/T=\1 \2/p' | tr '\n' ' ')TFLOP/s bwd"
+    done
+  done | tee "$OUT/bench_bwd_impls.txt"
   echo "== bench: interleaved with PyTorch SDPA"
   status="passed test_attention_gpu"; [ $do_test = 1 ] && [ $rc != 0 ] && status="FAILED test_attention_gpu"
   [ $do_test = 0 ] && status="not tested in this run"

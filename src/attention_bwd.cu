@@ -3,17 +3,25 @@
 // preprocess kernel for D (and the zeroed dQ accumulator), then one key block per CTA walking the
 // query blocks from the diagonal down, then the dQ conversion. Interface: attention_gpu.h; shared
 // device helpers: attention_gpu_common.cuh.
-//   attn_bwd_preprocess_kernel (D, zero dQ accumulator), attn_bwd_kernel (mma.sync, 64x64 tiles,
-//   dQ by FP32 atomics), attn_bwd_convert_dq_kernel.
+//   attn_bwd_preprocess_kernel (D, zero dQ accumulator), then the main kernel, one of:
+//     attn_bwd_wgmma_kernel (default; attention_bwd_wgmma.cuh: wgmma, 128 keys per CTA, TMA
+//       producer warpgroup + 2 consumer warpgroups, dQ by FP32 atomics), or
+//     attn_bwd_kernel (ATTN_GPU_BWD=mma: mma.sync, 64x64 tiles, dQ by FP32 atomics);
+//   then attn_bwd_convert_dq_kernel. Both main kernels compute the same thing in the same
+//   precision (P and dS rounded to BF16 before their products, FP32 accumulation).
 #include "attention_gpu.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <stddef.h>        // size_t
 #include <stdint.h>        // uint32_t
+#include <stdio.h>         // fprintf (unknown ATTN_GPU_BWD)
+#include <stdlib.h>        // getenv
+#include <string.h>        // strcmp
 
 #include "attention_gpu_common.cuh"  // PTX wrappers, tile loaders, check_args
 #include "common.h"                  // FATAL
 #include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (shared with the memory plan)
+#include "attention_bwd_wgmma.cuh"   // attn_bwd_wgmma_launch (the default main kernel)
 
 // Tile sizes: 64 keys per CTA (4 warps x 16 keys), query blocks of 64.
 #define BWD_BQ 64
@@ -275,6 +283,40 @@ __global__ void attn_bwd_convert_dq_kernel(const float *__restrict__ dq_acc, bf1
 }
 
 // --- launchers ---------------------------------------------------------------------------------
+// Main backward kernels, one read from ATTN_GPU_BWD per process (unset: the first).
+enum BwdKernel { BK_WGMMA, BK_MMA };
+struct BwdImpl {
+    const char *name;
+    BwdKernel kernel;
+};
+static const BwdImpl bwd_impls[] = {
+    {"wgmma", BK_WGMMA},  // wgmma, TMA producer, 128 keys per CTA (attention_bwd_wgmma.cuh)
+    {"mma", BK_MMA},      // mma.sync, 64 x 64 tiles (the first version; fallback)
+};
+#define N_BWD_IMPLS (int)(sizeof bwd_impls / sizeof bwd_impls[0])
+static const BwdImpl &bwd_impl(void) {
+    static int impl = -1;
+    if (impl < 0) {
+        const char *e = getenv("ATTN_GPU_BWD");
+        impl = 0;
+        if (e && *e) {
+            int found = -1;
+            for (int i = 0; i < N_BWD_IMPLS; i++)
+                if (strcmp(e, bwd_impls[i].name) == 0) found = i;
+            if (found < 0)
+                fprintf(stderr, "attention: ATTN_GPU_BWD=%s is not a backward kernel of "
+                                "attention_bwd.cu; using %s\n", e, bwd_impls[0].name);
+            else
+                impl = found;
+        }
+    }
+    return bwd_impls[impl];
+}
+
+// Name of the backward main kernel in use ("wgmma" or "mma"), for benchmarks and logs. Not in
+// attention_gpu.h (its API is fixed); callers declare it themselves.
+extern "C" const char *attn_gpu_backward_impl_name(void) { return bwd_impl().name; }
+
 extern "C" size_t attn_gpu_backward_workspace_bytes(int B, int H, int T, int d) {
     return gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d);
 }
@@ -289,21 +331,26 @@ static void backward_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stri
     const long rows = (long)B * T * H;
     attn_bwd_preprocess_kernel<D><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(o, dout, o_stride, dlt, dq_acc, B, H, T);
     CUDA_OK(cudaGetLastError());
-
-    const size_t smem = (size_t)(2 * BWD_BK + 4 * BWD_BQ) * (D + 8) * sizeof(bf16) +
-                        (size_t)BWD_BK * (BWD_BQ + 8) * sizeof(bf16) + 4 * BWD_BQ * sizeof(float);
-    static bool attr_set = false;
-    if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
-    }
     const float tau = 1.f / sqrtf((float)D);
-    const float scale_log2 = 1.4426950408889634f * tau;
-    dim3 grid((T + BWD_BK - 1) / BWD_BK, B * H);
-    attn_bwd_kernel<D><<<grid, BWD_WARPS * 32, smem, stream>>>(q, k, v, qkv_stride, dout, o_stride, lse, dlt,
-                                                               dq_acc, dk, dv, dqkv_stride, H, T,
-                                                               scale_log2, tau);
-    CUDA_OK(cudaGetLastError());
+
+    if (bwd_impl().kernel == BK_WGMMA) {
+        attn_bwd_wgmma_launch(D, q, k, v, qkv_stride, dout, o_stride, lse, dlt, dq_acc, dk, dv, dqkv_stride,
+                              B, H, T, stream);
+    } else {
+        const size_t smem = (size_t)(2 * BWD_BK + 4 * BWD_BQ) * (D + 8) * sizeof(bf16) +
+                            (size_t)BWD_BK * (BWD_BQ + 8) * sizeof(bf16) + 4 * BWD_BQ * sizeof(float);
+        static bool attr_set = false;
+        if (!attr_set) {
+            CUDA_OK(cudaFuncSetAttribute(attn_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            attr_set = true;
+        }
+        const float scale_log2 = 1.4426950408889634f * tau;
+        dim3 grid((T + BWD_BK - 1) / BWD_BK, B * H);
+        attn_bwd_kernel<D><<<grid, BWD_WARPS * 32, smem, stream>>>(q, k, v, qkv_stride, dout, o_stride, lse, dlt,
+                                                                   dq_acc, dk, dv, dqkv_stride, H, T,
+                                                                   scale_log2, tau);
+        CUDA_OK(cudaGetLastError());
+    }
 
     const long n4 = (long)B * H * T * (D / 4);
     attn_bwd_convert_dq_kernel<D><<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(dq_acc, dq, dqkv_stride, B, H, T, tau);

@@ -1,0 +1,424 @@
+// attention_bwd_wgmma.cuh: the wgmma (sm_90a) main kernel of the BF16 flash-attention backward
+// (FlashAttention-3 style), launched by attn_gpu_backward (attention_bwd.cu) between its
+// preprocess kernel (D = rowsum(dO*O), zeroed FP32 dQ accumulator) and its dQ conversion; the
+// mma.sync kernel there stays selectable (ATTN_GPU_BWD=mma). Included by attention_bwd.cu only
+// (a header, not a .cu: the build scripts that list attention_bwd.cu need no new object file);
+// everything here is static or a template.
+//
+// One CTA per key block of BW_BC = 128 keys, 384 threads: warpgroup 0 is the producer (one
+// thread issues TMA copies of K and V once, then of Q_j and dO_j, two stages; warp 0 copies
+// LSE_j*log2(e) and D_j into the stage); warpgroups 1 and 2 (the consumers) own keys 0-63 and
+// 64-127 of the block and keep their dK, dV rows (64 x d each, FP32) in registers. Per query block
+// j of BR queries (BR = 64 for d = 128, 128 for d = 64), from the diagonal down, each consumer:
+//   S^T = K_w Q_j^T, dP^T = V_w dO_j^T          wgmma, both operands K-major in shared memory
+//   P^T = 2^(S^T*scale_log2 - LSE*log2e)        (causal mask on the first BW_BC/BR blocks)
+//   dS^T = P^T (dP^T - D)                       FP32, then rounded to BF16 (as is P)
+//   dS^T -> shared memory (BF16, 128-byte swizzle)
+//   dV += P^T dO_j                              wgmma, A = P^T (BF16) from registers, B N-major
+//   named barrier over both consumers (all of dS^T in shared memory), then
+//   dK += dS^T Q_j                              wgmma, A = own dS^T rows (K-major), B N-major
+//   dQ_j (64 x 64 part) = dS K                  wgmma, A = dS (M-major) and B = K (N-major) from
+//                                               shared memory; added to the FP32 accumulator
+//                                               with float2 atomics.
+// (dK takes dS^T from shared memory rather than registers: 16 fewer live registers, which is
+// what keeps the d = 128 consumers at 240 registers without spills.) Registers per consumer
+// thread: dV, dK 2 x d/2, S^T and dP^T 2 x BR/2, dQ 32. Shared memory ~162 KB (1 CTA per SM).
+// The dQ part of warpgroup w: d = 128: all 64 queries x columns 64w..64w+63;
+//                             d = 64:  queries 64w..64w+63 x all 64 columns.
+// Same numerics as the mma.sync kernel (P and dS rounded to BF16 before their products, FP32
+// accumulation everywhere, dK scaled by tau at the end, dQ by the conversion kernel).
+#ifndef ATTENTION_BWD_WGMMA_CUH
+#define ATTENTION_BWD_WGMMA_CUH
+
+#include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
+#include <cuda_runtime.h>  // launches, cudaFuncSetAttribute, cudaGetDriverEntryPointByVersion
+#include <stdint.h>        // uint32_t, uint64_t
+#include <type_traits>     // std::true_type, std::false_type
+
+#include "attention_gpu_common.cuh"  // PTX wrappers (wgmma, TMA, mbarrier), CUDA_OK
+#include "common.h"                  // FATAL
+
+#define BW_BC 128  // keys per CTA: 2 consumer warpgroups x 64
+
+template <int D>
+struct BwCfg {
+    static constexpr int BR = D == 128 ? 64 : 128;  // queries per block
+    static constexpr int K_BYTES = BW_BC * D * 2;   // one K (or V) tile
+    static constexpr int Q_BYTES = BR * D * 2;      // one Q (or dO) stage
+    static constexpr int DS_BYTES = BW_BC * BR * 2; // one dS^T buffer
+    static constexpr int LD_FLOATS = 2 * BR;        // one stage of LSE*log2e, D
+    static constexpr size_t SMEM = 1024 + 2 * (size_t)K_BYTES + 4 * (size_t)Q_BYTES + 2 * (size_t)DS_BYTES +
+                                   2 * LD_FLOATS * sizeof(float) + 8 * sizeof(uint64_t);
+};
+
+// --- wgmma wrappers of this kernel (bw_ prefix: no clash with attention_gpu_common.cuh) -------
+// d (64 x 64) (+)= A (64 x 16, smem, K-major) * B (16 x 64, smem, K-major)
+__device__ __forceinline__ void bw_wgmma_m64n64_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+// d (64 x 64) (+)= A (64 x 16, smem, M-major) * B (16 x 64, smem, N-major): both transposed
+__device__ __forceinline__ void bw_wgmma_m64n64_ss_tt(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+// d (64 x 128) (+)= A (64 x 16, smem, K-major) * B (16 x 128, smem, N-major)
+__device__ __forceinline__ void bw_wgmma_m64n128_ss_nt(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+// d (64 x 64) (+)= A (64 x 16, smem, K-major) * B (16 x 64, smem, N-major)
+__device__ __forceinline__ void bw_wgmma_m64n64_ss_nt(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+// Barrier `id` (1..15) over `n` threads (a multiple of 32) of the CTA.
+__device__ __forceinline__ void bw_named_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// The same pointer, opaque to the compiler: descriptors derived from it inside the loop body are
+// recomputed there (a few integer adds) instead of hoisted out of the loop into ~50 registers.
+// (Shared-memory addresses are kept as 32-bit values throughout the consumer loop.)
+__device__ __forceinline__ uint32_t bw_opaque(uint32_t x) {
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+    return x;
+}
+// wgmma_desc from a 32-bit shared address (same fields: 128-byte swizzle).
+__device__ __forceinline__ uint64_t bw_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+// Two floats from shared memory, in program order with the other volatile asm of the loop body
+// (keeps the compiler from loading all of a stage's LSE or D values at once, 16-32 registers).
+__device__ __forceinline__ float2 bw_lds2(uint32_t addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void bw_sts32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// acc (64 x N) = A (64 rows at sA, K-major, D/64 regions of a_rows x 128 bytes) *
+// B^T (N rows at sB, K-major, D/64 regions of N x 128 bytes): S^T = K Q^T and dP^T = V dO^T.
+template <int D, int N>
+__device__ __forceinline__ void bw_issue_kmajor(float (&acc)[N / 2], uint32_t sA, int a_rows, uint32_t sB) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const int reg = kk >> 2, off = (kk & 3) * 32;  // 64-column region, 32 bytes per k16
+        const uint64_t da = bw_desc(sA + reg * a_rows * 128 + off, 16, 1024);
+        const uint64_t db = bw_desc(sB + reg * N * 128 + off, 16, 1024);
+        if constexpr (N == 64) bw_wgmma_m64n64_ss(acc, da, db, kk > 0);
+        else wgmma_m64n128_ss(acc, da, db, kk > 0);
+    }
+}
+
+// acc (64 x D) += A (64 x BR, BF16 fragments in registers) * B (BR x D at sB, N-major: D/64
+// regions of BR rows x 128 bytes): dV += P^T dO and dK += dS^T Q.
+template <int D, int BR>
+__device__ __forceinline__ void bw_issue_rs(float (&acc)[D / 2], const uint32_t (&a)[BR / 16][4], uint32_t sB) {
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; kk++) {
+        const uint64_t db = bw_desc(sB + kk * 16 * 128, BR * 128, 1024);
+        if constexpr (D == 128) wgmma_m64n128_rs_nmajor(acc, a[kk], db);
+        else wgmma_m64n64_rs_nmajor(acc, a[kk], db);
+    }
+}
+
+// acc (64 x D) += A (64 x BR at sA, K-major: BR/64 regions of a_rows x 128 bytes) * B (BR x D
+// at sB, N-major as in bw_issue_rs): dK += dS^T Q with dS^T from shared memory.
+template <int D, int BR>
+__device__ __forceinline__ void bw_issue_ss_nt(float (&acc)[D / 2], uint32_t sA, int a_rows, uint32_t sB) {
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; kk++) {
+        const uint64_t da = bw_desc(sA + (kk >> 2) * a_rows * 128 + (kk & 3) * 32, 16, 1024);
+        const uint64_t db = bw_desc(sB + kk * 16 * 128, BR * 128, 1024);
+        if constexpr (D == 128) bw_wgmma_m64n128_ss_nt(acc, da, db, 1);
+        else bw_wgmma_m64n64_ss_nt(acc, da, db, 1);
+    }
+}
+
+// FP32 accumulator layout (m64nN) -> BF16 A fragments (as the forward's wg_pack_p).
+template <int N>
+__device__ __forceinline__ void bw_pack(uint32_t (&a)[N / 16][4], const float (&s)[N / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) a[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+
+// grid: ceil(T/BW_BC) * B*H CTAs, heaviest key blocks (kb = 0) first; block 384 threads.
+template <int D>
+__global__ void __launch_bounds__(384, 1)
+    attn_bwd_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                          const float *__restrict__ lse, const float *__restrict__ dlt,
+                          float *__restrict__ dq_acc, bf16 *__restrict__ dk, bf16 *__restrict__ dv,
+                          int dqkv_stride, int H, int T, float scale_log2, float tau) {
+    using C = BwCfg<D>;
+    constexpr int BR = C::BR;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *sK = smem, *sV = sK + C::K_BYTES, *sQ = sV + C::K_BYTES, *sdO = sQ + 2 * C::Q_BYTES,
+                  *sdS = sdO + 2 * C::Q_BYTES;
+    float *sLD = reinterpret_cast<float *>(sdS + 2 * C::DS_BYTES);  // per stage: LSE*log2e (BR), D (BR)
+    uint64_t *bars = reinterpret_cast<uint64_t *>(sLD + 2 * C::LD_FLOATS);
+    uint64_t *full_kv = bars, *full = bars + 1, *empty = bars + 3;
+
+    const int n_kb = (T + BW_BC - 1) / BW_BC, n_bh = gridDim.x / n_kb;
+    const int kb = blockIdx.x / n_bh, bh = blockIdx.x % n_bh, b = bh / H, h = bh % H;
+    const int k0 = kb * BW_BC, qb0 = k0 / BR, n_it = (T + BR - 1) / BR - qb0;
+
+    if (threadIdx.x == 0) {
+        mbar_init(full_kv, 1);
+        for (int i = 0; i < 2; i++) {
+            mbar_init(full + i, 33);  // the expect_tx arrival + warp 0's 32 LSE/D arrivals
+            mbar_init(empty + i, 256);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (threadIdx.x < 128) {  // producer
+        setmaxnreg_dec<24>();
+        if (threadIdx.x < 32) {
+            const int lane = threadIdx.x;
+            if (lane == 0) {
+                mbar_arrive_expect_tx(full_kv, 2 * C::K_BYTES);
+                for (int r = 0; r < D / 64; r++) {
+                    tma_load_4d(sK + r * BW_BC * 128, &tm_k, full_kv, r * 64, h, k0, b);
+                    tma_load_4d(sV + r * BW_BC * 128, &tm_v, full_kv, r * 64, h, k0, b);
+                }
+            }
+            const float *gl = lse + (long)bh * T, *gd = dlt + (long)bh * T;
+            for (int it = 0; it < n_it; it++) {
+                const int st = it & 1, q0 = (qb0 + it) * BR;
+                if (it >= 2) mbar_wait(empty + st, ((it >> 1) & 1) ^ 1);  // release of use it-2
+                if (lane == 0) {
+                    mbar_arrive_expect_tx(full + st, 2 * C::Q_BYTES);
+                    for (int r = 0; r < D / 64; r++) {
+                        tma_load_4d(sQ + st * C::Q_BYTES + r * BR * 128, &tm_q, full + st, r * 64, h, q0, b);
+                        tma_load_4d(sdO + st * C::Q_BYTES + r * BR * 128, &tm_do, full + st, r * 64, h, q0, b);
+                    }
+                }
+                // rows past T: LSE = D = 0 with Q = dO = 0 (TMA zero fill): they add nothing
+                float *ld = sLD + st * C::LD_FLOATS;
+                for (int i = lane; i < BR; i += 32) {
+                    const int t = q0 + i;
+                    const bool ok = t < T;
+                    ld[i] = ok ? gl[t] * 1.4426950408889634f : 0.f;
+                    ld[BR + i] = ok ? gd[t] : 0.f;
+                }
+                mbar_arrive(full + st);  // release: the stores above are seen by the waiters
+            }
+        }
+    } else {  // consumers
+        setmaxnreg_inc<240>();
+        const int ctid = (int)threadIdx.x - 128, w = ctid / 128, wp = (ctid % 128) / 32, lane = ctid % 32;
+        const int g = lane >> 2, t4 = lane & 3;
+        const int kw0 = k0 + 64 * w;         // warpgroup's first key
+        const int krow = 64 * w + 16 * wp + g;  // thread's first key row in the block (and +8)
+        const uint32_t aK = smem_addr(sK), aV = smem_addr(sV), aQ = smem_addr(sQ), adO = smem_addr(sdO),
+                       adS = smem_addr(sdS), aLD = smem_addr(sLD);
+        // dQ part of this warpgroup: A region of dS (64 queries), B region of K (64 columns)
+        const int ra = D == 64 ? w : 0, rb = D == 128 ? w : 0;
+        const int qa0 = 64 * ra, cb0 = 64 * rb;
+        float *gdq = dq_acc + (long)bh * T * D;
+
+        float dva[D / 2], dka[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) dva[i] = dka[i] = 0.f;
+
+        mbar_wait(full_kv, 0);
+
+        auto step = [&](int it, auto mask) {
+            const int st = it & 1, q0 = (qb0 + it) * BR;
+            const uint32_t cQ = aQ + st * C::Q_BYTES, cdO = adO + st * C::Q_BYTES, cdS = adS + st * C::DS_BYTES;
+            const uint32_t oK = bw_opaque(aK), oKw = oK + w * 64 * 128, oVw = bw_opaque(aV) + w * 64 * 128;
+            const uint32_t cL = aLD + st * C::LD_FLOATS * 4, cD = cL + BR * 4;
+            float s[BR / 2], dp[BR / 2];
+            uint32_t pa[BR / 16][4], dsa[BR / 16][4];
+            float dq[32];
+
+            mbar_wait(full + st, (it >> 1) & 1);
+            reg_fence(s);
+            reg_fence(dp);
+            wgmma_fence();
+            bw_issue_kmajor<D, BR>(s, oKw, BW_BC, cQ);
+            wgmma_commit();
+            bw_issue_kmajor<D, BR>(dp, oVw, BW_BC, cdO);
+            wgmma_commit();
+            wgmma_wait<1>();  // S^T done; dP^T may still run
+            reg_fence(s);
+#pragma unroll
+            for (int j = 0; j < BR / 8; j++) {
+                const float2 l2 = bw_lds2(cL + (8 * j + 2 * t4) * 4);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = fast_exp2(fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+                    if (decltype(mask)::value) {
+                        const int key = kw0 + 16 * wp + g + 8 * (e >> 1), qry = q0 + 8 * j + 2 * t4 + (e & 1);
+                        if (key > qry) p = 0.f;
+                    }
+                    s[4 * j + e] = p;
+                }
+            }
+            wgmma_wait<0>();  // dP^T done
+            reg_fence(dp);
+#pragma unroll
+            for (int j = 0; j < BR / 8; j++) {
+                const float2 d2 = bw_lds2(cD + (8 * j + 2 * t4) * 4);
+#pragma unroll
+                for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+            }
+            bw_pack<BR>(pa, s);
+            bw_pack<BR>(dsa, dp);
+            // dS^T (keys x queries) -> shared memory, BF16, 128-byte swizzle: 64-query regions of
+            // BW_BC rows x 128 bytes; the pair (key, 8j+2t4..+1) is dsa[j/2][2*(j%2) + r]
+#pragma unroll
+            for (int j = 0; j < BR / 8; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int kr = krow + 8 * r;  // kr % 8 == g
+                    bw_sts32(cdS + (j >> 3) * (BW_BC * 128) + kr * 128 + (((j & 7) ^ g) << 4) + 4 * t4,
+                             dsa[j >> 1][2 * (j & 1) + r]);
+                }
+            fence_proxy_async();  // the dS^T stores, before the tensor cores read them
+            reg_fence(dva);
+            reg_fence(dka);
+            wgmma_fence();
+            bw_issue_rs<D, BR>(dva, pa, cdO);
+            wgmma_commit();
+            bw_named_bar_sync(1, 256);  // both warpgroups' dS^T in shared memory
+            reg_fence(dq);
+            wgmma_fence();
+            bw_issue_ss_nt<D, BR>(dka, cdS + w * 64 * 128, BW_BC, cQ);
+#pragma unroll
+            for (int kk = 0; kk < BW_BC / 16; kk++)
+                bw_wgmma_m64n64_ss_tt(dq, bw_desc(cdS + ra * (BW_BC * 128) + kk * 16 * 128, BW_BC * 128, 1024),
+                                      bw_desc(oK + rb * (BW_BC * 128) + kk * 16 * 128, BW_BC * 128, 1024), kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            reg_fence(dq);
+            reg_fence(dva);
+            reg_fence(dka);
+            reg_fence(pa);
+            mbar_arrive(empty + st);  // this thread is done with Q_j, dO_j, LSE_j, D_j
+            // dQ += dS K: rows qa0 + 16wp + g (+8), columns cb0 + 8j + 2t4
+            const int qr = q0 + qa0 + 16 * wp + g;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int col = cb0 + 8 * j + 2 * t4;
+                if (qr < T) atomicAdd(reinterpret_cast<float2 *>(gdq + (long)qr * D + col), make_float2(dq[4 * j], dq[4 * j + 1]));
+                if (qr + 8 < T)
+                    atomicAdd(reinterpret_cast<float2 *>(gdq + (long)(qr + 8) * D + col), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
+            }
+        };
+        // the causal mask (and keys past T) matter only while q0 < k0 + BW_BC - 1
+        constexpr int N_MASKED = BW_BC / BR;
+        int it = 0;
+        for (; it < n_it && it < N_MASKED; it++) step(it, std::true_type());
+        for (; it < n_it; it++) step(it, std::false_type());
+
+        // epilogue: dV, and dK scaled by tau, in BF16
+        const long gbase = (long)b * T * dqkv_stride + (long)h * D;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int key = kw0 + 16 * wp + g + 8 * r;
+            if (key >= T) continue;
+            bf16 *dkrow = dk + gbase + (long)key * dqkv_stride, *dvrow = dv + gbase + (long)key * dqkv_stride;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                *reinterpret_cast<uint32_t *>(dvrow + n * 8 + 2 * t4) = pack_bf16(dva[4 * n + 2 * r], dva[4 * n + 2 * r + 1]);
+                *reinterpret_cast<uint32_t *>(dkrow + n * 8 + 2 * t4) =
+                    pack_bf16(dka[4 * n + 2 * r] * tau, dka[4 * n + 2 * r + 1] * tau);
+            }
+        }
+    }
+}
+
+// --- host side ---------------------------------------------------------------------------------
+// cuTensorMapEncodeTiled from the driver, through the runtime (no -lcuda at link time).
+typedef CUresult (*BwEncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static BwEncodeTiledFn bw_encode_tiled_fn(void) {
+    static BwEncodeTiledFn fn = nullptr;
+    if (!fn) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult st;
+        CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &st));
+        if (st != cudaDriverEntryPointSuccess || !p)
+            FATAL("cuTensorMapEncodeTiled not found in the CUDA driver (the wgmma backward needs CUDA 12+; "
+                  "ATTN_GPU_BWD=mma avoids it)");
+        fn = (BwEncodeTiledFn)p;
+    }
+    return fn;
+}
+// (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x rows x 1,
+// 128-byte swizzle (the layout of load_tile_sw128); rows past T are zero-filled.
+static CUtensorMap bw_make_tmap(const bf16 *base, int B, int H, int T, int D, int stride, int rows) {
+    CUtensorMap m;
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)stride * 2, (cuuint64_t)T * stride * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, elem_strides[4] = {1, 1, 1, 1};
+    CUresult r = bw_encode_tiled_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides,
+                                      box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        FATAL("cuTensorMapEncodeTiled failed (%d) for B=%d H=%d T=%d d=%d stride=%d", (int)r, B, H, T, D, stride);
+    return m;
+}
+
+template <int D>
+static void bwd_wgmma_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, const bf16 *dout,
+                        int o_stride, const float *lse, const float *dlt, float *dq_acc, bf16 *dk, bf16 *dv,
+                        int dqkv_stride, int B, int H, int T, cudaStream_t stream) {
+    using C = BwCfg<D>;
+    const long n_cta = (long)((T + BW_BC - 1) / BW_BC) * B * H;
+    if (n_cta > 0x7fffffffL) FATAL("attn_gpu_backward: B*H*ceil(T/%d) = %ld CTAs is too many", BW_BC, n_cta);
+    static bool attr_set = false;  // one device per process (one GPU per rank)
+    if (!attr_set) {
+        CUDA_OK(cudaFuncSetAttribute(attn_bwd_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::SMEM));
+        attr_set = true;
+    }
+    const CUtensorMap tq = bw_make_tmap(q, B, H, T, D, qkv_stride, C::BR);
+    const CUtensorMap tk = bw_make_tmap(k, B, H, T, D, qkv_stride, BW_BC);
+    const CUtensorMap tv = bw_make_tmap(v, B, H, T, D, qkv_stride, BW_BC);
+    const CUtensorMap tdo = bw_make_tmap(dout, B, H, T, D, o_stride, C::BR);
+    const float tau = 1.f / sqrtf((float)D);
+    const float scale_log2 = 1.4426950408889634f * tau;
+    attn_bwd_wgmma_kernel<D><<<(unsigned)n_cta, 384, C::SMEM, stream>>>(tq, tk, tv, tdo, lse, dlt, dq_acc, dk, dv,
+                                                                        dqkv_stride, H, T, scale_log2, tau);
+    CUDA_OK(cudaGetLastError());
+}
+
+// Main backward kernel, wgmma form (attn_gpu_backward calls it after its preprocess kernel and
+// before the dQ conversion). dlt: D (B, H, T); dq_acc: zeroed FP32 (B, H, T, d).
+static void attn_bwd_wgmma_launch(int d, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
+                           const bf16 *dout, int o_stride, const float *lse, const float *dlt,
+                           float *dq_acc, bf16 *dk, bf16 *dv, int dqkv_stride, int B, int H, int T,
+                           cudaStream_t stream) {
+    if (d == 64)
+        bwd_wgmma_d<64>(q, k, v, qkv_stride, dout, o_stride, lse, dlt, dq_acc, dk, dv, dqkv_stride, B, H, T, stream);
+    else
+        bwd_wgmma_d<128>(q, k, v, qkv_stride, dout, o_stride, lse, dlt, dq_acc, dk, dv, dqkv_stride, B, H, T, stream);
+}
+
+#endif  // ATTENTION_BWD_WGMMA_CUH
