@@ -17,7 +17,8 @@
 // block it walks the key blocks through tile_p_dp, the one device routine that also produces
 // the main kernel's P and dP (same tiles, same thread-to-element map, same wgmma sequence, and
 // FP32 arithmetic by explicitly rounded intrinsics that the compiler may not contract or
-// reorder), so sum_j dS_ij = 0 up to FP32 rounding.
+// reorder; exp as ex2.approx of a prescaled argument, see tile_p_dp), so sum_j dS_ij = 0 up to
+// FP32 rounding.
 //
 // Kernels: attn_bwd_fp8_pre_kernel (D for naive/approx; zeroes the dQ accumulator and the row
 // diagnostics), attn_bwd_fp8_delta_kernel (fp8_dm), attn_bwd_fp8_kernel (main), and
@@ -31,17 +32,20 @@
 // descriptor; a tile whose reduction is 64 long (queries) uses the first 64 bytes of each row.
 // The K-major operands for the reductions over tokens come from the transposed codes of the
 // quantize kernel (Q̂^T, K̂^T, dÔ^T); P̂^T, dŜ^T and dŜ are written to shared memory by the
-// threads that computed them. First version: no pipelining, one tile at a time.
+// threads that computed them. The main kernel double-buffers the query block's tiles (cp.async:
+// block i+1 loads while block i computes), overlaps the dV / dQ / dK wgmma groups with each
+// other's FP32 epilogues, and converts to FP8 with the hardware's paired conversion (cvt_*x2,
+// the same codes as fp8.h's encoders); see the comment above attn_bwd_fp8_kernel.
 #include "attention_quant.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
-#include <math.h>          // expf, sqrtf
+#include <math.h>          // sqrtf
 #include <stddef.h>        // size_t
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, check_args
 #include "common.h"                  // FATAL
-#include "fp8.h"                     // encoders, fp8_scale_for_amax, fp8_to_f32
+#include "fp8.h"                     // fp8_scale_for_amax, fp8_to_f32 (the encoders: see cvt_e4m3x2)
 #include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
 
 #define B8_BQ ATTN_FP8_BWD_BLOCK_Q  // 64 queries per tile
@@ -107,29 +111,46 @@ __device__ __forceinline__ uint64_t b8_desc(const uint8_t *tile, int kk) {
     return wgmma_desc(tile + kk * 32, 16, 1024);
 }
 
-template <bool E5>
-__device__ __forceinline__ uint8_t grad_code(float x) {
-    return E5 ? fp8_e5m2_from_f32(x) : fp8_e4m3_from_f32(x);
-}
-
 // Fragment map of a 64 x N wgmma accumulator (this thread's element i = 4n + e):
 // row (M) = warp*16 + g + 8*(e>>1) within the warpgroup's 64, column (N) = 8n + 2*t4 + (e&1).
 
+// cvt_e4m3x2 / cvt_e5m2x2 (attention_gpu_common.cuh): two FP8 codes per hardware conversion.
+template <bool E5>
+__device__ __forceinline__ uint32_t grad_code2(float lo, float hi) {
+    return E5 ? cvt_e5m2x2(lo, hi) : cvt_e4m3x2(lo, hi);
+}
+
+// The two scale constants of tile_p_dp, computed by this one routine in both kernels (so both
+// get the same bits): S in log2 units per code product, tau log2(e) / (s_q s_k), and dP per code
+// product, 1 / (s_do s_v) (a power of two: exact).
+__device__ __forceinline__ float pdp_s_scale(float inv_q, float inv_k, float tau) {
+    return __fmul_rn(__fmul_rn(inv_q, inv_k), __fmul_rn(tau, 1.4426950408889634f));
+}
+__device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { return __fmul_rn(inv_do, inv_v); }
+
 // THE shared recomputation (main pass and delta pass): for this warpgroup's 64 keys
 // (key0 = first of them; sKw, sVw their K̂, V̂ rows) and the 64 queries of sQ, sdO (first query
-// q0), P^T and dP^T in FP32, 0 where masked (key > query, or query >= T). sLse: the 64 LSEs.
-// Every FP32 operation is an explicitly rounded intrinsic (never contracted into an FMA or
-// reordered) and expf is one fixed instruction sequence, so both kernels get bitwise the same
-// p and dp from the same codes.
+// q0), P^T and dP^T in FP32, 0 where masked (key > query, or query >= T). sLse: the 64 LSEs
+// (natural log, 8-byte aligned). cs = pdp_s_scale(..), cdp = pdp_dp_scale(..).
+//   P  = 2^(acc_s * cs - LSE log2(e))  (one explicit FMA, then ex2.approx.ftz on the SFU)
+//   dP = acc_dp * cdp
+// This is exp(tau S - LSE) of the emulation up to the rounding of the exponent's argument and
+// ex2.approx's ~2 ulp (relative error of P ~1e-6, well inside the GPU-vs-emulation tolerance;
+// a P̂ code flips only where P p_scale lies within that of a rounding boundary; P below 2^-126
+// flushes to 0). What matters for Delta-Matching is that both kernels run exactly this code:
+// every FP32 operation is an explicitly rounded intrinsic or a fixed PTX instruction (never
+// contracted or reordered by the compiler), so they get bitwise the same p and dp from the same
+// codes. Tiles entirely below the diagonal and inside the sequence (the vast majority) skip the
+// mask; the unmasked values are the same instructions either way.
 template <int D, bool E5>
 __device__ __forceinline__ void tile_p_dp(const uint8_t *sKw, const uint8_t *sVw, const uint8_t *sQ,
-                                          const uint8_t *sdO, const float *sLse, float inv_q, float inv_k,
-                                          float inv_do, float inv_v, float tau, int key0, int q0, int T,
-                                          float (&p)[32], float (&dp)[32]) {
+                                          const uint8_t *sdO, const float *sLse, float cs, float cdp, int key0,
+                                          int q0, int T, float (&p)[32], float (&dp)[32]) {
     const int tid = threadIdx.x, warp = (tid % 128) / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
     reg_fence(p);
     reg_fence(dp);
     wgmma_fence();
+    // S^T and dP^T back to back in one group: one wait for both
 #pragma unroll
     for (int kk = 0; kk < D / 32; kk++) wg_fp8<64, 0, 0>(p, b8_desc(sKw, kk), b8_desc(sQ, kk), kk > 0);
 #pragma unroll
@@ -138,17 +159,28 @@ __device__ __forceinline__ void tile_p_dp(const uint8_t *sKw, const uint8_t *sVw
     wgmma_wait<0>();
     reg_fence(p);
     reg_fence(dp);
+    // no key of the warpgroup above any query of the block, no query past T: nothing to mask
+    const bool full = key0 + 63 <= q0 && q0 + B8_BQ <= T;
+    const int kq = key0 + warp * 16 + g - (q0 + 2 * t4);  // key - query of element (n = 0, e = 0)
 #pragma unroll
-    for (int n = 0; n < 8; n++)
+    for (int n = 0; n < 8; n++) {
+        const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
+        const float nl[2] = {__fmul_rn(l.x, -1.4426950408889634f), __fmul_rn(l.y, -1.4426950408889634f)};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = 4 * n + e;
-            const int key = key0 + warp * 16 + g + 8 * (e >> 1), ql = 8 * n + 2 * t4 + (e & 1), q = q0 + ql;
-            const bool masked = key > q || q >= T;
-            const float s = __fmul_rn(tau, __fmul_rn(__fmul_rn(p[i], inv_q), inv_k));  // exact but for tau
-            p[i] = masked ? 0.0f : expf(__fsub_rn(s, sLse[ql]));
-            dp[i] = masked ? 0.0f : __fmul_rn(__fmul_rn(dp[i], inv_do), inv_v);
+            float pv = fast_exp2(__fmaf_rn(p[i], cs, nl[e & 1]));
+            float dv = __fmul_rn(dp[i], cdp);
+            if (!full) {
+                const int ql = 8 * n + 2 * t4 + (e & 1);
+                const bool masked = kq + 8 * (e >> 1) - 8 * n - (e & 1) > 0 || q0 + ql >= T;
+                pv = masked ? 0.0f : pv;
+                dv = masked ? 0.0f : dv;
+            }
+            p[i] = pv;
+            dp[i] = dv;
         }
+    }
 }
 
 // Sum over the 16 keys of a warp (rows g, g+8 of every lane) per query column: v[2n + c] holds
@@ -202,9 +234,12 @@ __global__ void attn_bwd_fp8_pre_kernel(const bf16 *__restrict__ o, const bf16 *
 
 // --- fp8_dm's delta pass: grid (ceil(T/64), B*H), block 256 ----------------------------------
 // D_i = sum_j P_ij dP_ij / sum_j P_ij over the key blocks 0 .. (last row of the query block)/128,
-// P and dP from tile_p_dp exactly as the main kernel gets them.
+// P and dP from tile_p_dp exactly as the main kernel gets them. Two CTAs per SM (<= 128
+// registers, ~54 KB of shared memory each): while one waits for its next K̂, V̂ tiles the other
+// computes, which hides the load latency without a second buffer (the shared-memory size, grid
+// and block stay those that bench/attn_bench_shim_delta.cu launches this kernel with).
 template <int D, bool E5>
-__global__ void __launch_bounds__(B8_THREADS, 1)
+__global__ void __launch_bounds__(B8_THREADS, 2)
     attn_bwd_fp8_delta_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
                               const uint8_t *__restrict__ vc, const uint8_t *__restrict__ doc,
                               const float *__restrict__ q_scales, const float *__restrict__ k_scales,
@@ -239,12 +274,12 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         b8_load<B8_BK, D / 16>(sK, kc + ((long)bh * Tp + k0) * D, D, tid);
         b8_load<B8_BK, D / 16>(sV, vc + ((long)bh * Tp + k0) * D, D, tid);
         cp_async_commit();
+        const float inv_k = 1.0f / k_scales[(long)bh * nblk + kb], inv_v = 1.0f / v_scales[(long)bh * nblk + kb];
+        const float cs = pdp_s_scale(inv_q, inv_k, tau), cdp = pdp_dp_scale(inv_do, inv_v);
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();
-        const float inv_k = 1.0f / k_scales[(long)bh * nblk + kb], inv_v = 1.0f / v_scales[(long)bh * nblk + kb];
-        tile_p_dp<D, E5>(sK + wg * 64 * 128, sV + wg * 64 * 128, sQ, sdO, sLse, inv_q, inv_k, inv_do, inv_v, tau,
-                         k0 + wg * 64, q0, T, p, dp);
+        tile_p_dp<D, E5>(sK + wg * 64 * 128, sV + wg * 64 * 128, sQ, sdO, sLse, cs, cdp, k0 + wg * 64, q0, T, p, dp);
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -276,6 +311,26 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 }
 
 // --- main backward: grid (ceil(T/128), B*H), block 256 (2 warpgroups) -------------------------
+// Per query block (one iteration), with the next block's tiles already loading (two stages):
+//   B1  wait for this stage's copies; __syncthreads (also: everyone is done with the previous
+//       iteration, so its stage, sPt, sdSt, sdS and sAmax may be overwritten); prefetch the next
+//       query block into the other stage
+//       S^T, dP^T (one wgmma group) -> P, dP, dS in FP32; P̂^T codes; warp amax of dS
+//   B2  __syncthreads: the tile's amax -> s_ds; dŜ^T, dŜ codes
+//   B3  __syncthreads: dV (fresh accumulator) and dQ issued together; dV added while dQ runs;
+//       dK issued; dQ's atomics while dK runs; dK added
+// Shared memory (d = 128): K̂, V̂, K̂^T, P̂^T, dŜ^T (16 KB each), dŜ (8 KB), 2 stages of
+// Q̂, dÔ (8 KB each), Q̂^T, dÔ^T (16 KB each), LSE and D: ~186 KB, one CTA per SM.
+template <int D>
+struct B8Smem {
+    static constexpr int KV = B8_BK * 128;         // K̂ or V̂ (128 keys x 128 B)
+    static constexpr int KT = D * 128;             // K̂^T, Q̂^T, dÔ^T (D rows x 128 B)
+    static constexpr int QT = B8_BQ * 128;         // Q̂, dÔ, dŜ (64 rows x 128 B)
+    static constexpr int STAGE = 2 * QT + 2 * KT;  // Q̂, dÔ, Q̂^T, dÔ^T of one query block
+    static constexpr int FIXED = 4 * KV + KT + QT; // K̂, V̂, P̂^T, dŜ^T, K̂^T, dŜ
+    static constexpr size_t bytes = (size_t)FIXED + 2 * STAGE + (4 * B8_BQ + 8) * sizeof(float) + 1024;
+};
+
 template <int D, bool E5>
 __global__ void __launch_bounds__(B8_THREADS, 1)
     attn_bwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ qtc,
@@ -287,21 +342,19 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         const float *__restrict__ dlt, float *__restrict__ dq_acc, bf16 *__restrict__ dk,
                         bf16 *__restrict__ dv, int dqkv_stride, float *__restrict__ row_ds_sum,
                         float *__restrict__ row_cancel, int H, int T, float tau) {
+    using L = B8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sK = smem;                // (128 keys x 128 B)  K̂, reduction over d
-    uint8_t *sV = sK + B8_BK * 128;    // (128 keys x 128 B)  V̂
-    uint8_t *sKt = sV + B8_BK * 128;   // (D x 128 keys)      K̂^T, for dQ
-    uint8_t *sQ = sKt + D * 128;       // (64 queries x 128 B) Q̂
-    uint8_t *sdO = sQ + B8_BQ * 128;   // (64 queries x 128 B) dÔ
-    uint8_t *sQt = sdO + B8_BQ * 128;  // (D x 64 queries, 128-byte rows) Q̂^T, for dK
-    uint8_t *sdOt = sQt + D * 128;     // (D x 64 queries) dÔ^T, for dV
-    uint8_t *sPt = sdOt + D * 128;     // (128 keys x 64 queries) P̂^T
-    uint8_t *sdSt = sPt + B8_BK * 128; // (128 keys x 64 queries) dŜ^T
-    uint8_t *sdS = sdSt + B8_BK * 128; // (64 queries x 128 keys) dŜ
-    float *sLse = reinterpret_cast<float *>(sdS + B8_BQ * 128);  // (64)
-    float *sDl = sLse + B8_BQ;                                   // (64) D
-    float *sAmax = sDl + B8_BQ;                                  // (8) per-warp |dS| max
+    uint8_t *sK = smem;              // (128 keys x 128 B)  K̂, reduction over d
+    uint8_t *sV = sK + L::KV;        // (128 keys x 128 B)  V̂
+    uint8_t *sPt = sV + L::KV;       // (128 keys x 64 queries) P̂^T
+    uint8_t *sdSt = sPt + L::KV;     // (128 keys x 64 queries) dŜ^T
+    uint8_t *sKt = sdSt + L::KV;     // (D x 128 keys)      K̂^T, for dQ
+    uint8_t *sdS = sKt + L::KT;      // (64 queries x 128 keys) dŜ
+    uint8_t *stage0 = sdS + L::QT;   // 2 stages: Q̂ (64 x 128 B), dÔ, Q̂^T (D x 64 queries), dÔ^T
+    float *sLse2 = reinterpret_cast<float *>(stage0 + 2 * L::STAGE);  // (2 stages, 64)
+    float *sDl2 = sLse2 + 2 * B8_BQ;                                  // (2 stages, 64) D
+    float *sAmax = sDl2 + 2 * B8_BQ;                                  // (8) per-warp |dS| max
 
     const int kb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
@@ -314,36 +367,52 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     const Fp8Format gfmt = E5 ? FP8_E5M2 : FP8_E4M3;
     float *gdq = dq_acc + (long)bh * T * D;
 
+    // cp.async of query block qb's tiles (codes, transposed codes, LSE, D) into stage s
+    auto load_qblock = [&](int qb, int s) {
+        const int q0 = qb * B8_BQ;
+        uint8_t *st = stage0 + s * L::STAGE;
+        b8_load<B8_BQ, D / 16>(st, qc + ((long)bh * Tp + q0) * D, D, tid);
+        b8_load<B8_BQ, D / 16>(st + L::QT, doc + ((long)bh * Tp + q0) * D, D, tid);
+        b8_load<D, B8_BQ / 16>(st + 2 * L::QT, qtc + (long)bh * D * Tp + q0, Tp, tid);
+        b8_load<D, B8_BQ / 16>(st + 2 * L::QT + L::KT, dotc + (long)bh * D * Tp + q0, Tp, tid);
+        if (tid < 2 * B8_BQ) {  // LSE (threads 0-63) and D (64-127); rows past T become 0
+            const int r = tid % B8_BQ;
+            const bool ok = q0 + r < T;
+            const float *src = (tid < B8_BQ ? lse : dlt) + (long)bh * T + (ok ? q0 + r : 0);
+            cp_async4((tid < B8_BQ ? sLse2 : sDl2) + s * B8_BQ + r, src, ok);
+        }
+    };
+
+    const int qb_first = k0 / B8_BQ;
     b8_load<B8_BK, D / 16>(sK, kc + ((long)bh * Tp + k0) * D, D, tid);
     b8_load<B8_BK, D / 16>(sV, vc + ((long)bh * Tp + k0) * D, D, tid);
     b8_load<D, B8_BK / 16>(sKt, ktc + (long)bh * D * Tp + k0, Tp, tid);
+    load_qblock(qb_first, 0);
+    cp_async_commit();
 
     float dka[D / 2], dva[D / 2];  // FP32 dK, dV of the warpgroup's 64 keys (wgmma layout)
 #pragma unroll
     for (int i = 0; i < D / 2; i++) dka[i] = dva[i] = 0.f;
 
-    for (int qb = k0 / B8_BQ; qb < n_qb; qb++) {
-        const int q0 = qb * B8_BQ;
-        __syncthreads();  // everyone is done with the previous query block's tiles
-        b8_load<B8_BQ, D / 16>(sQ, qc + ((long)bh * Tp + q0) * D, D, tid);
-        b8_load<B8_BQ, D / 16>(sdO, doc + ((long)bh * Tp + q0) * D, D, tid);
-        b8_load<D, B8_BQ / 16>(sQt, qtc + (long)bh * D * Tp + q0, Tp, tid);
-        b8_load<D, B8_BQ / 16>(sdOt, dotc + (long)bh * D * Tp + q0, Tp, tid);
-        if (tid < B8_BQ) {
-            const bool ok = q0 + tid < T;
-            sLse[tid] = ok ? lse[(long)bh * T + q0 + tid] : 0.f;
-            sDl[tid] = ok ? dlt[(long)bh * T + q0 + tid] : 0.f;
-        }
-        cp_async_commit();
+    for (int qb = qb_first; qb < n_qb; qb++) {
+        const int q0 = qb * B8_BQ, s = (qb - qb_first) & 1;
+        // B1: this stage's copies (the only group in flight) have landed, for all threads; and
+        // every thread is past the previous iteration, so the other stage is free to refill
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();
+        if (qb + 1 < n_qb) {
+            load_qblock(qb + 1, s ^ 1);
+            cp_async_commit();
+        }
+        const uint8_t *sQ = stage0 + s * L::STAGE, *sdO = sQ + L::QT, *sQt = sQ + 2 * L::QT, *sdOt = sQt + L::KT;
+        const float *sLse = sLse2 + s * B8_BQ, *sDl = sDl2 + s * B8_BQ;
         const float inv_q = 1.0f / q_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
         const float inv_do = 1.0f / do_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
 
         float p[32], ds[32];
-        tile_p_dp<D, E5>(sK + wg * 64 * 128, sV + wg * 64 * 128, sQ, sdO, sLse, inv_q, inv_k, inv_do, inv_v, tau,
-                         key0, q0, T, p, ds);
+        tile_p_dp<D, E5>(sK + wg * 64 * 128, sV + wg * 64 * 128, sQ, sdO, sLse, pdp_s_scale(inv_q, inv_k, tau),
+                         pdp_dp_scale(inv_do, inv_v), key0, q0, T, p, ds);
 
         // optional row diagnostics (spec §4.1) over the FP32 dS, column by column (few live
         // registers): sum_j dS_ij (the same rounded products as below) and sum_j P (|dP| + |D|)
@@ -376,89 +445,101 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             }
         }
         // dS = P (dP - D) in FP32 (masked entries: P = dP = 0 -> 0), its tile amax; P̂^T codes
+        // (two per hardware conversion, one 16-bit store per key row and query pair)
         float amax = 0.f;
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+        for (int n = 0; n < 8; n++) {
+            const float2 dl = *reinterpret_cast<const float2 *>(sDl + 8 * n + 2 * t4);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = 4 * n + e;
-                ds[i] = __fmul_rn(p[i], __fsub_rn(ds[i], sDl[8 * n + 2 * t4 + (e & 1)]));
+                ds[i] = __fmul_rn(p[i], __fsub_rn(ds[i], (e & 1) ? dl.y : dl.x));
                 amax = fmaxf(amax, fabsf(ds[i]));
             }
+        }
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {  // key row g + 8r, query columns 8n + 2t4, +1
                 const int kr = wg * 64 + warp * 16 + g + 8 * r, ql = 8 * n + 2 * t4;
-                const uint32_t c0 = fp8_e4m3_from_f32(p[4 * n + 2 * r] * p_scale);
-                const uint32_t c1 = fp8_e4m3_from_f32(p[4 * n + 2 * r + 1] * p_scale);
-                *reinterpret_cast<uint16_t *>(sPt + b8_sw(kr, ql)) = (uint16_t)(c0 | (c1 << 8));
+                *reinterpret_cast<uint16_t *>(sPt + b8_sw(kr, ql)) =
+                    (uint16_t)cvt_e4m3x2(p[4 * n + 2 * r] * p_scale, p[4 * n + 2 * r + 1] * p_scale);
             }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         if (lane == 0) sAmax[wg * 4 + warp] = amax;
-        __syncthreads();
+        __syncthreads();  // B2
         float tmax = sAmax[0];
 #pragma unroll
         for (int w = 1; w < 8; w++) tmax = fmaxf(tmax, sAmax[w]);
         const float s_ds = fp8_scale_for_amax(gfmt, tmax), inv_ds = 1.0f / s_ds;
 
-        // dŜ codes, both orientations (dŜ^T for dK, dŜ for dQ)
+        // dŜ codes, both orientations: dŜ^T (for dK) as this thread's (key, query pair) 16-bit
+        // words; dŜ (for dQ) wants (query, key pair) words, so lanes g and g^1 (lane ^ 4: the
+        // neighbouring key, same queries) swap one code each: the even-g lane then holds queries
+        // ql of keys kr, kr+1, the odd-g lane query ql+1 of keys kr-1, kr. One shuffle and two
+        // 16-bit stores per n instead of four byte stores (and no bank conflicts: the 8 rows a
+        // warp writes fall in 8 different swizzle chunks).
+        const int odd = g & 1;
+        const uint32_t send_sel = odd ? 0x40u : 0x51u;  // odd sends its query-ql codes, even its ql+1
+        const uint32_t keep_sel = odd ? 0x14u : 0x40u;  // (+0x01 / +0x10 for r = 1, see below)
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+        for (int n = 0; n < 8; n++) {
+            const int ql = 8 * n + 2 * t4;
+            uint32_t c2[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int kr = wg * 64 + warp * 16 + g + 8 * r, ql = 8 * n + 2 * t4;
-                const uint32_t c0 = grad_code<E5>(ds[4 * n + 2 * r] * s_ds);
-                const uint32_t c1 = grad_code<E5>(ds[4 * n + 2 * r + 1] * s_ds);
-                *reinterpret_cast<uint16_t *>(sdSt + b8_sw(kr, ql)) = (uint16_t)(c0 | (c1 << 8));
-                sdS[b8_sw(ql, kr)] = (uint8_t)c0;
-                sdS[b8_sw(ql + 1, kr)] = (uint8_t)c1;
+                const int kr = wg * 64 + warp * 16 + g + 8 * r;
+                c2[r] = grad_code2<E5>(ds[4 * n + 2 * r] * s_ds, ds[4 * n + 2 * r + 1] * s_ds);
+                *reinterpret_cast<uint16_t *>(sdSt + b8_sw(kr, ql)) = (uint16_t)c2[r];
             }
-        fence_proxy_async();  // generic-proxy stores -> wgmma reads
-        __syncthreads();
-
-        // dV += P̂^T dÔ (keys x d, reduction over the 64 queries), fresh accumulator
-        {
-            float t[D / 2];
-            reg_fence(t);
-            wgmma_fence();
+            // byte r of `recv`: the partner's code for key row r (query ql for the even lane,
+            // ql + 1 for the odd one)
+            const uint32_t recv = __shfl_xor_sync(0xffffffffu, __byte_perm(c2[0], c2[1], send_sel), 4);
 #pragma unroll
-            for (int kk = 0; kk < B8_BQ / 32; kk++)
-                wg_fp8<D, 0, E5 ? 1 : 0>(t, b8_desc(sPt + wg * 64 * 128, kk), b8_desc(sdOt, kk), kk > 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence(t);
+            for (int r = 0; r < 2; r++) {
+                const int kr = wg * 64 + warp * 16 + g + 8 * r;
+                // even: (my code, partner's) = (c2[r] byte 0, recv byte r) -> selector 0x40 + 0x10 r
+                // odd:  (partner's, my code) = (recv byte r, c2[r] byte 1) -> selector 0x14 + r
+                const uint32_t sel = keep_sel + (r ? (odd ? 0x01u : 0x10u) : 0u);
+                *reinterpret_cast<uint16_t *>(sdS + b8_sw(ql + odd, kr - odd)) = (uint16_t)__byte_perm(c2[r], recv, sel);
+            }
+        }
+        fence_proxy_async();  // generic-proxy stores -> wgmma reads
+        __syncthreads();      // B3
+
+        // dV += P̂^T dÔ (keys x d, reduction over the 64 queries) and dQ (64 queries x this
+        // warpgroup's D/2 columns) = dŜ K̂ over the 128 keys, each in a fresh accumulator, issued
+        // back to back; dV is added to its FP32 sum while dQ runs
+        float t[D / 2], tq[D / 4];
+        reg_fence(t);
+        reg_fence(tq);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < B8_BQ / 32; kk++)
+            wg_fp8<D, 0, E5 ? 1 : 0>(t, b8_desc(sPt + wg * 64 * 128, kk), b8_desc(sdOt, kk), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < B8_BK / 32; kk++)
+            wg_fp8<D / 2, E5 ? 1 : 0, 0>(tq, b8_desc(sdS, kk), b8_desc(sKt + wg * (D / 2) * 128, kk), kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // dV's group done
+        reg_fence(t);
+        {
             const float f = inv_p * inv_do;
 #pragma unroll
             for (int i = 0; i < D / 2; i++) dva[i] += t[i] * f;
         }
-        // dK += dŜ^T Q̂ (tau at the end)
+        // dK += dŜ^T Q̂ (tau at the end), fresh accumulator (t again)
+        reg_fence(t);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < B8_BQ / 32; kk++)
+            wg_fp8<D, E5 ? 1 : 0, 0>(t, b8_desc(sdSt + wg * 64 * 128, kk), b8_desc(sQt, kk), kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // dQ's group done (groups complete in order)
+        reg_fence(tq);
         {
-            float t[D / 2];
-            reg_fence(t);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < B8_BQ / 32; kk++)
-                wg_fp8<D, E5 ? 1 : 0, 0>(t, b8_desc(sdSt + wg * 64 * 128, kk), b8_desc(sQt, kk), kk > 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence(t);
-            const float f = inv_ds * inv_q;
-#pragma unroll
-            for (int i = 0; i < D / 2; i++) dka[i] += t[i] * f;
-        }
-        // dQ (64 queries x this warpgroup's D/2 columns) += dŜ K̂ over the 128 keys -> FP32 atomics
-        {
-            float t[D / 4];
-            reg_fence(t);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < B8_BK / 32; kk++)
-                wg_fp8<D / 2, E5 ? 1 : 0, 0>(t, b8_desc(sdS, kk), b8_desc(sKt + wg * (D / 2) * 128, kk), kk > 0);
-            wgmma_commit();
-            wgmma_wait<0>();
-            reg_fence(t);
             const float f = inv_ds * inv_k;
 #pragma unroll
             for (int n = 0; n < D / 16; n++)
@@ -467,8 +548,15 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                     const int q = q0 + warp * 16 + g + 8 * r, col = wg * (D / 2) + 8 * n + 2 * t4;
                     if (q < T)
                         atomicAdd(reinterpret_cast<float2 *>(gdq + (long)q * D + col),
-                                  make_float2(t[4 * n + 2 * r] * f, t[4 * n + 2 * r + 1] * f));
+                                  make_float2(tq[4 * n + 2 * r] * f, tq[4 * n + 2 * r + 1] * f));
                 }
+        }
+        wgmma_wait<0>();
+        reg_fence(t);
+        {
+            const float f = inv_ds * inv_q;
+#pragma unroll
+            for (int i = 0; i < D / 2; i++) dka[i] += t[i] * f;
         }
     }
 
@@ -535,7 +623,7 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
         CUDA_OK(cudaGetLastError());
     }
 
-    const size_t smem = (size_t)(4 * B8_BK + 3 * B8_BQ + 3 * D) * 128 + (2 * B8_BQ + 8) * sizeof(float) + 1024;
+    const size_t smem = B8Smem<D>::bytes;
     static bool attr_set = false;
     if (!attr_set) {
         CUDA_OK(cudaFuncSetAttribute(attn_bwd_fp8_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

@@ -5,38 +5,67 @@
 //
 // Numerics, as attn_cpu_forward emulates them with block_q = block_k = 128 (one key block = one
 // scale block, so every S tile has one Q scale and one K scale and every PV step one V scale):
-//   S = tau * (Q̂code · K̂code) / (s_q s_k)                     (FP8 wgmma, FP32 accumulators)
-//   running max m advanced once per key block, alpha = exp(m_old - m_new)
-//   P = exp(S - m_new) in FP32; l sums the unquantized P
-//   P̂ = E4M3(P * p_scale)                                       (the static P scale, 2^8)
-//   O = O * alpha + (P̂code · V̂code) / (p_scale s_v)             (FP8 wgmma into a fresh FP32
+//   S = (Q̂code · K̂code) * (tau / (s_q s_k))                    (FP8 wgmma, FP32 accumulators;
+//       tau / (s_q s_k) = tau * inv_q * inv_k is tau times a power of two, so this is the one
+//       rounding of tau * ((s * inv_q) * inv_k), the emulation's S)
+//   running max m advanced once per key block (the max of the dequantized S: the max of the raw
+//   accumulators times the positive factor above, rounding being monotone), alpha = expf(m_old - m)
+//   P' = p_scale * P = 2^(S*log2e - m*log2e + log2 p_scale)   (ex2.approx, FP32; see below)
+//   l sums the unquantized P' (l = l' / p_scale at the end, exact for a power-of-two p_scale)
+//   P̂ = E4M3(P')                                               (cvt.rn.satfinite: the hardware
+//       conversion that the host encoder fp8_e4m3_from_f32 is bit-exact with)
+//   O = O * alpha + (P̂code · V̂code) * (1 / (p_scale s_v))    (FP8 wgmma into a fresh FP32
 //       accumulator per key block, added in FP32 registers: the tensor cores' reduced-precision
 //       accumulation never runs over more than 128 keys, spec §3)
-//   O stored BF16 (acc / l), LSE = m + log(l) FP32.
-// exp and log are the accurate expf/logf (not ex2.approx), to stay close to the emulation.
+//   O stored BF16 (acc / l), LSE = m + logf(l) FP32.
+// The exponentials of P use ex2.approx on the prescaled argument fma(s, tau_qk*log2e,
+// log2(p_scale) - m*log2e) instead of expf(S - m): the argument carries one extra rounding
+// (~ulp(|m|*log2e), i.e. ~1e-7 relative in P for |m| ~ 1, ~1e-6 for |m| ~ 20) and ex2.approx
+// adds ~2 ulp, so P is within ~1e-7..1e-6 relative of the emulation's; P̂ (3 mantissa bits)
+// flips a code only when P' lies that close to a rounding boundary (a few in 1e5 values), far
+// inside the O tolerance of the GPU test. alpha (two per row and block) keeps the accurate expf.
 //
-// This first version is deliberately simple: 2 warpgroups (64 query rows each) per 128-row query
-// block, tiles by cp.async into 128-byte-swizzled shared memory, one key block at a time with no
-// overlap of softmax and matmuls, and P̂ staged through shared memory (the FP8 A operand from
-// registers needs a different fragment layout than the S accumulators; a register permute as in
-// FlashAttention-3 is the next step). Both matmuls read both operands from shared memory, K-major
-// (the only FP8 wgmma form): rows of 128 bytes (128 FP8 values along the reduction), 16-byte
-// chunk c of row r at chunk c ^ (r % 8), regions 1024-byte aligned; a k32 step advances the
-// descriptor by 32 bytes. For d = 64 the Q and K rows use only the first 64 bytes of each
-// 128-byte row (2 k-steps instead of 4).
+// Structure (FlashAttention-3's, on FP8):
+// - 3 warpgroups per 128-row query block. Warpgroup 0 is the producer: its 128 threads copy the
+//   Q block once and each key block's K̂ and V̂^T tiles with cp.async into a ring of F8_STAGES
+//   stages, and hand most of their registers to the consumers (setmaxnreg). Warpgroups 1 and 2
+//   (64 query rows each) compute. Stages are paced by mbarriers (full: the producer's 128
+//   threads landed their copies; empty: the 256 consumer threads are done with the stage), so
+//   there is no CTA-wide barrier in the loop and the two consumers drift freely.
+// - P̂ goes from registers straight into the PV wgmma (A operand from registers), never through
+//   shared memory. The FP8 A fragment holds 4 consecutive keys per register (keys 4t..4t+3 and
+//   16+4t..16+4t+3 of each 32-key step), while the S accumulator gives a thread keys 2t, 2t+1
+//   of every 8. Instead of shuffling bytes between threads (FA3's permute), the producer stores
+//   the K̂ rows of each 16-key group permuted (key_of_row below): S's column c then holds key
+//   key_of_row(c), and the accumulators of two neighbouring n-tiles are exactly 4 consecutive
+//   keys: P̂ packs into the A fragments in place. V̂^T stays in natural key order.
+// - Within a consumer, key block j issues S_j = Q K_j^T and then PV_{j-1} = P̂_{j-1} V_{j-1} as
+//   two wgmma groups; the softmax of S_j runs while the tensor cores still work on PV_{j-1}.
+// - Optionally (template PP, default on) the two consumers take turns issuing their wgmmas
+//   (FA3's ping-pong: two named barriers), so that one warpgroup's softmax, bound by the
+//   special-function unit (16 ex2 per clock per SM), overlaps the other one's matmuls.
+// Both matmuls use K-major operands (the only FP8 wgmma form): rows of 128 bytes (128 FP8 values
+// along the reduction), 16-byte chunk c of row r at chunk c ^ (r % 8), regions 1024-byte aligned;
+// a k32 step advances the descriptor by 32 bytes. For d = 64 the Q and K rows use only the first
+// 64 bytes of each 128-byte row (2 k-steps instead of 4).
 #include "attention_quant.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
-#include <math.h>          // INFINITY, expf, logf
+#include <math.h>          // INFINITY, expf, logf, log2f
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
+#include <stdlib.h>        // getenv, atoi
+#include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
-#include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, WG_* macros
+#include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
 #include "common.h"                  // FATAL
 
-#define F8_BQ 128  // query rows per CTA (2 warpgroups x 64)
-#define F8_BK 128  // keys per block = ATTN_SCALE_BLOCK
+#define F8_BQ 128     // query rows per CTA (2 consumer warpgroups x 64)
+#define F8_BK 128     // keys per block = ATTN_SCALE_BLOCK
+#define F8_STAGES 4   // K̂ / V̂^T ring depth (>= 3: see the producer)
+#define F8_THREADS 384
 static_assert(F8_BK == ATTN_SCALE_BLOCK, "a key block must be one scale block");
 static_assert(F8_BQ == F8_BK, "only the diagonal key block is masked");
+static_assert(F8_STAGES >= 3, "the producer signals block kb-1 only after refilling a stage for kb");
 
 // d (64 x 128, FP32) (+)= A (64 x 32 E4M3, smem, K-major) * B (32 x 128 E4M3, smem, K-major)
 __device__ __forceinline__ void wgmma_fp8_m64n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
@@ -47,14 +76,48 @@ __device__ __forceinline__ void wgmma_fp8_m64n128(float (&d)[64], uint64_t desc_
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
-// d (64 x 64) (+)= A (64 x 32 E4M3, smem) * B (32 x 64 E4M3, smem), both K-major
-__device__ __forceinline__ void wgmma_fp8_m64n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                                 int accumulate) {
+// d (64 x 128, FP32) (+)= A (64 x 32 E4M3, registers) * B (32 x 128 E4M3, smem, K-major)
+__device__ __forceinline__ void wgmma_fp8_rs_m64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                                     int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" WG_REGS32 "}, %32, %33, p, 1, 1;\n}\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+// d (64 x 64, FP32) (+)= A (64 x 32 E4M3, registers) * B (32 x 64 E4M3, smem, K-major)
+__device__ __forceinline__ void wgmma_fp8_rs_m64n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                                    int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" WG_REGS32 "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+// Four FP32 values -> four E4M3 codes in one register (x0 in the low byte), round to nearest
+// even, saturating: the hardware conversion (__nv_cvt_float_to_fp8's own instruction).
+__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
+    uint32_t r;
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"  // cvt d, a, b puts a in the upper byte
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(r)
+        : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+    return r;
+}
+
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+// Named barriers 1 and 2 (0 is __syncthreads'), 256 threads each: the consumers' ping-pong.
+// Immediate ids, so that ptxas reserves only these (a register id makes it assume all 16).
+__device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
+    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+}
+__device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the turn to the other one
+    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+    else asm volatile("bar.arrive 1, 256;\n" ::: "memory");
 }
 
 // Byte offset of (row r, byte column c) in a 128-byte-swizzled tile of 128-byte rows.
@@ -62,168 +125,347 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) {
     return (uint32_t)(r * 128 + ((((c >> 4) ^ (r & 7)) << 4) | (c & 15)));
 }
 
-// Copies ROWS rows of CHUNKS 16-byte chunks (row pitch `pitch` bytes in global memory) into a
-// swizzled tile. Every source byte exists (the quantized layouts are padded to whole blocks).
-template <int ROWS, int CHUNKS>
-__device__ __forceinline__ void load_fp8_tile(uint8_t *s, const uint8_t *g, long pitch, int tid) {
-    static_assert(ROWS * CHUNKS % 256 == 0, "tile copy must split evenly over 256 threads");
+// The key (within its block) that row r of a K̂ stage holds. Within each 16-row group, row
+// 8j + 2t + e (j, e in {0, 1}, t in 0..3) holds key 4t + 2j + e: S column 8n + 2t + e of a
+// thread with t = lane % 4 is then key 16(n/2) + 4t + 2(n%2) + e, so the thread's accumulators
+// of n-tiles 2i and 2i+1 are keys 16i + 4t .. 16i + 4t + 3, in order: one register of the FP8
+// A fragment of P̂ (keys 4t..4t+3 of a 16-key half of a k32 step).
+__device__ __forceinline__ int key_of_row(int r) {
+    return (r & ~15) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1);
+}
+
+// Producer copies (128 threads). Every source byte exists: the quantized layouts are padded to
+// whole blocks with code 0. Thread p copies chunk p % CH of rows p / CH + RSTEP i (RSTEP = 128 /
+// CH, a multiple of 16): the swizzle (r % 8) and the key permutation (within 16-row groups) are
+// the same for all its rows, so every copy is base + i * constant and the producer fits in the
+// few registers it keeps (setmaxnreg_dec<24>).
+template <int D, bool PERMUTE>  // 128 rows of D bytes: Q̂ (as is) or K̂ (rows permuted by key_of_row)
+__device__ __forceinline__ void load_rows_tile(uint8_t *s, const uint8_t *g, int ptid) {
+    constexpr int CH = D / 16, RSTEP = 128 / CH;
+    const int r0 = ptid / CH, ch = ptid % CH;
+    uint8_t *dst = s + sw128(r0, ch * 16);
+    const uint8_t *src = g + (PERMUTE ? key_of_row(r0) : r0) * D + ch * 16;
 #pragma unroll
-    for (int i = 0; i < ROWS * CHUNKS / 256; i++) {
-        const int c = tid + i * 256, r = c / CHUNKS, ch = c % CHUNKS;
-        cp_async16(s + sw128(r, ch * 16), g + (long)r * pitch + ch * 16, true);
+    for (int i = 0; i < 128 / RSTEP; i++) cp_async16(dst + i * RSTEP * 128, src + i * RSTEP * D, true);
+}
+template <int D>  // V̂^T block: D rows of 128 keys (row pitch Tp in global memory)
+__device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int Tp, int ptid) {
+    const int r0 = ptid / 8, ch = ptid % 8;
+    uint8_t *dst = s + sw128(r0, ch * 16);
+    const uint8_t *src = g + (long)r0 * Tp + ch * 16;
+#pragma unroll
+    for (int i = 0; i < D / 16; i++) cp_async16(dst + i * 16 * 128, src + (long)i * 16 * Tp, true);
+}
+
+// s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits).
+template <int D>
+__device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], const uint8_t *sQw, const uint8_t *sKst) {
+#pragma unroll
+    for (int kk = 0; kk < D / 32; kk++)
+        wgmma_fp8_m64n128(s, wgmma_desc(sQw + kk * 32, 16, 1024), wgmma_desc(sKst + kk * 32, 16, 1024), kk > 0);
+}
+// pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
+template <int D>
+__device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4],
+                                         const uint8_t *sVst) {
+#pragma unroll
+    for (int kk = 0; kk < F8_BK / 32; kk++) {
+        const uint64_t db = wgmma_desc(sVst + kk * 32, 16, 1024);
+        if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
+        else wgmma_fp8_rs_m64n64(pv, pa[kk], db, kk > 0);
     }
 }
 
-// grid (n_qb * B * H), block 256 (2 warpgroups). Heaviest query blocks first.
-template <int D>
-__global__ void __launch_bounds__(256, 1)
-    attn_fwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
-                        const uint8_t *__restrict__ vtc, const float *__restrict__ q_scales,
-                        const float *__restrict__ k_scales, const float *__restrict__ v_scales,
-                        float p_scale, bf16 *__restrict__ o, int o_stride, float *__restrict__ lse,
-                        int H, int T, float tau) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sQ = smem;                 // (128 rows x 128 B) Q̂ codes of the query block
-    uint8_t *sK = sQ + F8_BQ * 128;     // (128 keys x 128 B) K̂ codes of the key block
-    uint8_t *sVt = sK + F8_BK * 128;    // (D x 128 keys) V̂^T codes of the key block
-    uint8_t *sP = sVt + D * 128;        // (128 rows x 128 keys) P̂ codes, 64 rows per warpgroup
-
-    const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
-    const int n_bh = gridDim.x / nblk;
-    const int qb = nblk - 1 - (int)blockIdx.x / n_bh, bh = (int)blockIdx.x % n_bh;
-    const int b = bh / H, h = bh % H;
-    const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int q0 = qb * F8_BQ, row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
-    const int n_kb = qb + 1;                                          // causal: blocks 0..qb
-    const uint8_t *sQw = sQ + wg * 64 * 128;  // this warpgroup's 64 query rows
-    uint8_t *sPw = sP + wg * 64 * 128;         // and its 64 rows of P̂
-
-    const float inv_q = 1.0f / q_scales[(long)bh * nblk + qb];
-    const float inv_p = 1.0f / p_scale;
-    load_fp8_tile<F8_BQ, D / 16>(sQ, qc + ((long)bh * Tp + q0) * D, D, tid);
-
-    float oacc[D / 2], pv[D / 2], s[F8_BK / 2];  // O (FP32), one block's P̂V̂, S: wgmma layouts
+// P' (FP32, S accumulator layout) -> E4M3 A fragments: register q of k32 step kk holds row
+// g + 8 (q & 1), keys 16 (q >> 1) + 4t .. + 3 of the step = n-tiles 4kk + 2(q >> 1) + {0, 1},
+// elements 2 (q & 1) + {0, 1} of each (see key_of_row).
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[F8_BK / 32][4], const float (&s)[F8_BK / 2]) {
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
+    for (int kk = 0; kk < F8_BK / 32; kk++)
 #pragma unroll
-    for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+        for (int q = 0; q < 4; q++) {
+            const int n0 = 4 * kk + 2 * (q >> 1), e = 2 * (q & 1);
+            pa[kk][q] = pack_e4m3x4(s[4 * n0 + e], s[4 * n0 + e + 1], s[4 * n0 + 4 + e], s[4 * n0 + 4 + e + 1]);
+        }
+}
 
-    for (int kb = 0; kb < n_kb; kb++) {
-        const int k0 = kb * F8_BK;
-        __syncthreads();  // everyone is done with sK, sVt, sP of the previous block
-        load_fp8_tile<F8_BK, D / 16>(sK, kc + ((long)bh * Tp + k0) * D, D, tid);
-        load_fp8_tile<D, F8_BK / 16>(sVt, vtc + (long)bh * D * Tp + k0, Tp, tid);
-        cp_async_commit();
-        cp_async_wait_all();
-        fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-        __syncthreads();
-
-        // S = Q̂ K̂^T (codes)
-        reg_fence(s);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 32; kk++)
-            wgmma_fp8_m64n128(s, wgmma_desc(sQw + kk * 32, 16, 1024), wgmma_desc(sK + kk * 32, 16, 1024), kk > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(s);
-
-        // dequantize, mask, online softmax (natural-log units, as the emulation)
-        const float inv_k = 1.0f / k_scales[(long)bh * nblk + kb];
-        const bool diag = kb == qb;
-        float mx[2] = {-INFINITY, -INFINITY};
+// Online-softmax step on one (64 x 128) S tile of raw code products (accumulator layout:
+// s[4n + e] = row g + 8(e/2), column 8n + 2t + e%2 = key k0 + key_of_row(column)). tau_qk =
+// tau * inv_q * inv_k. MASKED: the diagonal block (keys past the row or past T become -inf).
+// Updates m (natural-log units, the max of the dequantized S), l (this thread's part, in units
+// of P' = p_scale P), alpha (the factor for O), and replaces s by P'.
+template <bool MASKED>
+__device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
+                                              float (&alpha)[2], float tau_qk, float log2_ps, int k0,
+                                              int row_w0, int T, int g, int t4) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    if (MASKED) {
 #pragma unroll
         for (int n = 0; n < F8_BK / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int col = k0 + n * 8 + 2 * t4 + (e & 1), row = row_w0 + g + (e >> 1) * 8;
-                float x = tau * ((s[4 * n + e] * inv_q) * inv_k);  // exact but for tau
-                if (diag && (col > row || col >= T)) x = -INFINITY;
-                s[4 * n + e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                const int key = k0 + key_of_row(8 * n + 2 * t4 + (e & 1)), row = row_w0 + g + (e >> 1) * 8;
+                if (key > row || key >= T) s[4 * n + e] = -INFINITY;
             }
-        float alpha[2], mn[2];
+    }
+    float mx[2] = {-INFINITY, -INFINITY};  // max of the raw products (tau_qk > 0: same argmax)
+#pragma unroll
+    for (int n = 0; n < F8_BK / 8; n++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * n + 0], s[4 * n + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+    float bias[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        // every row sees at least one key of every block it visits (key k0 <= row on the
+        // diagonal), so mx is finite and m is finite from block 0 on
+        const float mn = fmaxf(m[r], mx[r] * tau_qk);  // the dequantized S of the max, as the emulation rounds it
+        alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
+        m[r] = mn;
+        bias[r] = fmaf(-mn, LOG2E, log2_ps);
+    }
+    const float c2 = tau_qk * LOG2E;
+    float rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < F8_BK / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = fast_exp2(fmaf(s[4 * n + e], c2, bias[e >> 1]));
+            // masked: -inf gives 0 through ex2 too, but not if tau_qk underflowed to 0
+            s[4 * n + e] = MASKED && s[4 * n + e] == -INFINITY ? 0.0f : p;
+        }
+        rs[0] += s[4 * n + 0] + s[4 * n + 1];
+        rs[1] += s[4 * n + 2] + s[4 * n + 3];
+    }
+    l[0] = l[0] * alpha[0] + rs[0];
+    l[1] = l[1] * alpha[1] + rs[1];
+}
+
+// Shared memory: Q̂ (128 x 128 B), F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B),
+// then the mbarriers; regions 1024-byte aligned (the 128-byte swizzle's period).
+template <int D>
+struct F8Smem {
+    static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
+    static constexpr int BARS = Q + F8_STAGES * (K + V);
+    static constexpr size_t BYTES = (size_t)BARS + 2 * F8_STAGES * sizeof(uint64_t) + 1024;  // + alignment
+};
+
+// grid (n_qb * B * H), block 384 (producer + 2 consumer warpgroups). Heaviest query blocks first.
+template <int D, bool PP>
+__global__ void __launch_bounds__(F8_THREADS, 1)
+    attn_fwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
+                        const uint8_t *__restrict__ vtc, const float *__restrict__ q_scales,
+                        const float *__restrict__ k_scales, const float *__restrict__ v_scales,
+                        float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
+                        float *__restrict__ lse, int H, int T, float tau) {
+    using L = F8Smem<D>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sQ = smem, *sK = smem + L::Q, *sV = sK + F8_STAGES * L::K;
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::BARS), *empty = full + F8_STAGES;
+
+    const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
+    const int n_bh = gridDim.x / nblk;
+    const int qb = nblk - 1 - (int)blockIdx.x / n_bh, bh = (int)blockIdx.x % n_bh;
+    const int q0 = qb * F8_BQ;
+    const int n_kb = qb + 1;  // causal: key blocks 0..qb
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < F8_STAGES; i++) {
+            mbar_init(full + i, 128);   // the producer's threads, each after its copies landed
+            mbar_init(empty + i, 256);  // every consumer thread, after its last wgmma on the stage
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups meet on mbarriers only
+
+    if (threadIdx.x < 128) {
+        // ---- producer. Block kb goes into stage kb % F8_STAGES once the consumers released its
+        // previous use (block kb - F8_STAGES). Each thread waits for its own copies (cp.async
+        // groups complete in order), makes them visible to the tensor cores' async proxy and
+        // arrives on the stage's full barrier; it does that for block kb-1 only after issuing
+        // block kb, so two blocks are in flight. Consumers release block j-1 while computing on
+        // block j, so the release waited for here (kb - F8_STAGES) needs block kb - F8_STAGES + 1
+        // signalled, which happened at iteration kb - F8_STAGES + 2 <= kb - 1: no deadlock for
+        // F8_STAGES >= 3.
+        setmaxnreg_dec<24>();
+        const int ptid = threadIdx.x;
+        const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
+        for (int kb = 0; kb < n_kb; kb++) {
+            const int st = kb % F8_STAGES;
+            if (kb >= F8_STAGES) mbar_wait(empty + st, (uint32_t)((kb / F8_STAGES - 1) & 1));
+            if (kb == 0) load_rows_tile<D, false>(sQ, qc + ((long)bh * Tp + q0) * D, ptid);
+            load_rows_tile<D, true>(sK + st * L::K, gk + (long)kb * F8_BK * D, ptid);
+            load_vt_tile<D>(sV + st * L::V, gv + kb * F8_BK, Tp, ptid);
+            cp_async_commit();
+            if (kb > 0) {
+                cp_async_wait_1();
+                fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+                mbar_arrive(full + (kb - 1) % F8_STAGES);
+            }
+        }
+        cp_async_wait_all();
+        fence_proxy_async();
+        mbar_arrive(full + (n_kb - 1) % F8_STAGES);
+    } else {
+        // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63.
+        setmaxnreg_inc<240>();
+        const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+        const int g = lane >> 2, t4 = lane & 3;
+        const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
+        const uint8_t *sQw = sQ + wg * 64 * 128;       // this warpgroup's 64 rows of Q̂
+        const float *ksc = k_scales + (long)bh * nblk, *vsc = v_scales + (long)bh * nblk;
+        const float tau_q = tau * (1.0f / q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
+
+        // Ping-pong: warpgroup wg issues its wgmmas after bar.sync on barrier 1 + wg and then lets
+        // the other one go (bar.arrive on its barrier). Each warpgroup has n_kb + 1 issue phases
+        // (S_0; S_j + PV_{j-1} for j = 1..n_kb-1; PV_last); warpgroup 1 arrives once up front and
+        // skips its last arrive, so every barrier sees as many arrivals as syncs.
+        if (PP && wg == 1) pp_pass(1);
+
+        float oacc[D / 2], pv[D / 2], s[F8_BK / 2];  // O (FP32), one block's P̂V̂, S: wgmma layouts
+#pragma unroll
+        for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
+#pragma unroll
+        for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+        uint32_t pa[F8_BK / 32][4];  // P̂ of the previous block: A operand of the PV wgmmas
+
+        // block 0: S_0 and its softmax (masked if it is the diagonal block)
+        float fac_prev = inv_p * (1.0f / __ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
+        {
+            const float tau_qk = tau_q * (1.0f / __ldg(ksc));
+            mbar_wait(full, 0);
+            if (PP) pp_sync(wg);
+            reg_fence(s);
+            wgmma_fence();
+            issue_s<D>(s, sQw, sK);
+            wgmma_commit();
+            if (PP) pp_pass(wg);
+            wgmma_wait<0>();
+            reg_fence(s);
+            if (n_kb == 1) softmax_block<true>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+            else softmax_block<false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+            pack_p(pa, s);  // O is zero: nothing to rescale
+        }
+        float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
+
+        // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once the
+        // first retires, while the tensor cores work on the second; then O takes PV_{j-1} and P̂_j
+        // replaces P̂_{j-1} in pa. Every issue and wait in a step is unconditional and the diagonal
+        // block is a separate instantiation (as in attention_fwd.cu: ptxas must see that pa stays
+        // read by the tensor cores until the wait).
+        auto step = [&](int j, auto mask) {
+            const int st = j % F8_STAGES, pst = (j - 1) % F8_STAGES;
+            const float tau_qk = tau_q * (1.0f / __ldg(ksc + j));
+            const float fac = inv_p * (1.0f / __ldg(vsc + j));
+            mbar_wait(full + st, (uint32_t)((j / F8_STAGES) & 1));
+            if (PP) pp_sync(wg);
+            reg_fence(s);
+            reg_fence(pv);
+            reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
+            wgmma_fence();
+            issue_s<D>(s, sQw, sK + st * L::K);
+            wgmma_commit();
+            issue_pv<D>(pv, pa, sV + pst * L::V);
+            wgmma_commit();
+            if (PP) pp_pass(wg);
+            wgmma_wait<1>();
+            reg_fence(s);
+            softmax_block<decltype(mask)::value>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+            wgmma_wait<0>();
+            reg_fence(pv);
+            reg_fence(pa);
+            mbar_arrive(empty + pst);  // K̂_{j-1} and V̂_{j-1} are no longer read
+#pragma unroll
+            for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+            pack_p(pa, s);
+            alpha_prev[0] = alpha[0];
+            alpha_prev[1] = alpha[1];
+            fac_prev = fac;
+        };
+        for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
+        if (n_kb > 1) step(n_kb - 1, std::true_type());
+
+        // the last block's PV
+        {
+            const int lst = (n_kb - 1) % F8_STAGES;
+            if (PP) pp_sync(wg);
+            reg_fence(pv);
+            reg_fence(pa);
+            wgmma_fence();
+            issue_pv<D>(pv, pa, sV + lst * L::V);
+            wgmma_commit();
+            if (PP && wg == 0) pp_pass(wg);
+            wgmma_wait<0>();
+            reg_fence(pv);
+            reg_fence(pa);
+#pragma unroll
+            for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+        }
+
+        // epilogue: full row sums, O = acc / l in BF16, LSE natural log
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mn[r] = fmaxf(m[r], mx[r]);
-            alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn[r]);
-            m[r] = mn[r];
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+            l[r] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
         }
-        float rs[2] = {0.f, 0.f};
+        const int b = bh / H, h = bh % H;
+        const long obase = (long)b * T * o_stride + (long)h * D;
 #pragma unroll
-        for (int n = 0; n < F8_BK / 8; n++)
+        for (int r = 0; r < 2; r++) {
+            const int row = row_w0 + g + r * 8;
+            if (row >= T) continue;
+            const float inv = 1.f / l[r];
+            bf16 *orow = o + obase + (long)row * o_stride;
 #pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {  // e2: row g or g + 8
-                const float p0 = expf(s[4 * n + 2 * e2] - mn[e2]);
-                const float p1 = expf(s[4 * n + 2 * e2 + 1] - mn[e2]);
-                rs[e2] += p0 + p1;
-                const uint32_t c0 = fp8_e4m3_from_f32(p0 * p_scale), c1 = fp8_e4m3_from_f32(p1 * p_scale);
-                const int r = warp * 16 + g + 8 * e2, c = n * 8 + 2 * t4;
-                *reinterpret_cast<uint16_t *>(sPw + sw128(r, c)) = (uint16_t)(c0 | (c1 << 8));
-            }
-        l[0] = l[0] * alpha[0] + rs[0];
-        l[1] = l[1] * alpha[1] + rs[1];
-        fence_proxy_async();  // P̂ stores (generic proxy) -> wgmma reads
-        __syncthreads();
-
-        // pv = P̂ V̂ (codes), a fresh accumulator for this key block
-        reg_fence(pv);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < F8_BK / 32; kk++) {
-            const uint64_t da = wgmma_desc(sPw + kk * 32, 16, 1024), db = wgmma_desc(sVt + kk * 32, 16, 1024);
-            if constexpr (D == 128) wgmma_fp8_m64n128(pv, da, db, kk > 0);
-            else wgmma_fp8_m64n64(pv, da, db, kk > 0);
+            for (int n = 0; n < D / 8; n++)
+                *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
+                    pack_bf16(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
+            if (t4 == 0) lse[(long)bh * T + row] = m[r] + logf(l[r]);
         }
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(pv);
-        const float fac_v = inv_p * (1.0f / v_scales[(long)bh * nblk + kb]);
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) oacc[i] = oacc[i] * alpha[(i >> 1) & 1] + pv[i] * fac_v;
     }
+}
 
-    // epilogue: full row sums, O = acc / l in BF16, LSE natural log
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+// ATTN_FP8_FWD_PINGPONG=0 turns the consumers' ping-pong off (for timing comparisons; the
+// numbers are the same either way). Read once per process.
+static bool fwd_fp8_pingpong(void) {
+    static int pp = -1;
+    if (pp < 0) {
+        const char *e = getenv("ATTN_FP8_FWD_PINGPONG");
+        pp = (e && *e) ? (atoi(e) != 0) : 1;
     }
-    const long obase = (long)b * T * o_stride + (long)h * D;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row_w0 + g + r * 8;
-        if (row >= T) continue;
-        const float inv = 1.f / l[r];
-        bf16 *orow = o + obase + (long)row * o_stride;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
-                pack_bf16(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
-        if (t4 == 0) lse[(long)bh * T + row] = m[r] + logf(l[r]);
+    return pp != 0;
+}
+
+template <int D, bool PP>
+static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
+                               const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
+                               float *lse, int B, int H, int T, cudaStream_t stream) {
+    const size_t smem = F8Smem<D>::BYTES;
+    static bool attr_set = false;  // one device per process (one GPU per rank)
+    if (!attr_set) {
+        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
     }
+    const long n_cta = (long)attn_quant_n_blocks(T) * B * H;
+    if (n_cta > 0x7fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld CTAs is too many", n_cta);
+    attn_fwd_fp8_kernel<D, PP><<<(unsigned)n_cta, F8_THREADS, smem, stream>>>(
+        qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, T, 1.0f / sqrtf((float)D));
+    CUDA_OK(cudaGetLastError());
 }
 
 template <int D>
 static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                           const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                           float *lse, int B, int H, int T, cudaStream_t stream) {
-    const size_t smem = (size_t)(F8_BQ + F8_BK + D + F8_BQ) * 128 + 1024;  // Q, K, V^T, P + alignment
-    static bool attr_set = false;  // one device per process (one GPU per rank)
-    if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
-    }
-    const long n_cta = (long)attn_quant_n_blocks(T) * B * H;
-    if (n_cta > 0x7fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld CTAs is too many", n_cta);
-    attn_fwd_fp8_kernel<D><<<(unsigned)n_cta, 256, smem, stream>>>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride,
-                                                                    lse, H, T, 1.0f / sqrtf((float)D));
-    CUDA_OK(cudaGetLastError());
+    if (fwd_fp8_pingpong())
+        forward_fp8_launch<D, true>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else
+        forward_fp8_launch<D, false>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
 }
 
 extern "C" void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const uint8_t *vt_codes,
