@@ -1,5 +1,5 @@
 #!/bin/bash
-# gpu_dp_check.sh: data parallelism and ZeRO-1 on a machine with 2 GPUs, in one call (4-6 min):
+# gpu_dp_check.sh: data parallelism and ZeRO-1 on a machine with 2 GPUs, in one call (about 4 min):
 #   0. build train_gpt, test_zero1_gpu and test_comm; run test_zero1_gpu (ZeRO-1's slice step
 #      against the full step, simulated ranks on one GPU) and test_comm (NCCL between 2 GPUs);
 #   1. equivalence, tiny config, 20 steps: 1 GPU x micro-batch 4 x 2 accumulation against 2 GPUs x
@@ -7,11 +7,15 @@
 #   2. resume with ZeRO-1 from the step-10 checkpoints: 2 -> 1 (the ZeRO-1 run's, on 1 GPU) and
 #      1 -> 2 (the 1-GPU run's, on 2 GPUs with ZeRO-1): step 11 as in the source run, steps
 #      11..20 within the tolerance;
+#      The 2-GPU runs reduce the gradients during the backward (train.overlap_comm, the default);
+#      the same runs with it off must give the same losses bit for bit: plain DP (1 micro-step
+#      per rank, 20 steps) and ZeRO-1 with 2 micro-steps per rank (10 steps of 1024 tokens);
 #   3. a killed rank (ZeRO-1, comm timeout 4 s): SIGKILL to rank 1; rank 0 must exit non-zero
 #      within 4 + 3 s, naming the collective;
 #   4. scaling, configs/paper_569m.json on the Austen shards, 6 steps of 131072 tokens: tokens/s of
-#      2 GPUs (plain and ZeRO-1) over 1 GPU at the same global batch (median of steps 3..6, target
-#      >= 1.9); ZeRO-1's printed per-GPU memory plan equals --dry-run --world-size 2 --zero1's;
+#      2 GPUs (plain and ZeRO-1, each with train.overlap_comm on and off) over 1 GPU at the same
+#      global batch (median of steps 3..6, target >= 1.9; on vs off in the same table);
+#      ZeRO-1's printed per-GPU memory plan equals --dry-run --world-size 2 --zero1's;
 #   5. a summary table, last.
 # 2-GPU runs start under mpirun (--allow-run-as-root as root, --bind-to none) when train_gpt is
 # built with MPI and mpirun exists, else torchrun-style (LAUNCH=mpi|env forces one). The killed
@@ -132,6 +136,25 @@ row "2 GPUs x 4 vs 1 GPU x 4 x 2 accum, ZeRO-1 (20 steps)" \
 same=no; [ "$n2" -eq 20 ] && cmp -s "$WORK/l2" "$WORK/lz" && same="yes, bit for bit"
 row "ZeRO-1 vs plain DP, 2 GPUs" "max |dloss| $d_zp; identical: $same"
 sed -n 1,3p "$WORK/l1" | paste -sd' '; sed -n 1,3p "$WORK/lz" | paste -sd' '
+grep -h -o 'overlap [^|]*' "$WORK/dp.r0" | head -1
+# train.overlap_comm off against on: the same sums, so the same losses bit for bit.
+SHORT=(--set train.steps=10 --set checkpoint.interval=0 --set eval.interval=5)
+run2 dpo 150 "${TINY[@]}" --set checkpoint.interval=0 --set train.overlap_comm=false --set "log.dir=$WORK/dpo"
+losses "$WORK/dpo/metrics.jsonl" >"$WORK/lo"
+run2 za 150 "${TINY[@]}" "${SHORT[@]}" --zero1 --set train.batch_tokens=1024 --set "log.dir=$WORK/za"
+losses "$WORK/za/metrics.jsonl" >"$WORK/lza"
+run2 zao 150 "${TINY[@]}" "${SHORT[@]}" --zero1 --set train.batch_tokens=1024 --set train.overlap_comm=false \
+  --set "log.dir=$WORK/zao"
+losses "$WORK/zao/metrics.jsonl" >"$WORK/lzao"
+grep -h -E "train_gpt: error|FATAL" "$WORK"/dpo.r* "$WORK"/za.r* "$WORK"/zao.r* | head -4
+bits_row() {  # label, losses on, losses off, steps
+  local n same=no
+  n=$(wc -l <"$3")
+  [ "$n" -eq "$4" ] && cmp -s "$2" "$3" && same=yes
+  row "$1" "max |dloss| $(maxdiff "$2" "$3") over $n steps; bit for bit: $same: $(verdict [ $same = yes ])"
+}
+bits_row "overlap off vs on, plain, 1 micro-step/rank" "$WORK/l2" "$WORK/lo" 20
+bits_row "overlap off vs on, ZeRO-1, 2 micro-steps/rank" "$WORK/lza" "$WORK/lzao" 10
 
 echo "== 2. resume with ZeRO-1 ($(elapsed) s)"
 run1 to1 120 "${TINY[@]}" --set "log.dir=$WORK/to1" --resume "$WORK/z1/checkpoints/step_000010.ckpt"
@@ -194,17 +217,28 @@ t1=$(toks "$WORK/s1/metrics.jsonl"); rm -rf "$WORK/s1/checkpoints"
 echo "1 GPU: exit $rc1, $t1 tok/s"
 run2 s2 200 "${SCALE[@]}" --set "log.dir=$WORK/s2"
 t2=$(toks "$WORK/s2/metrics.jsonl"); rm -rf "$WORK/s2/checkpoints"
-echo "2 GPUs plain: exit $rc2, $t2 tok/s"
+echo "2 GPUs plain, overlap on: exit $rc2, $t2 tok/s"
+run2 s2o 200 "${SCALE[@]}" --set train.overlap_comm=false --set "log.dir=$WORK/s2o"
+t2o=$(toks "$WORK/s2o/metrics.jsonl"); rm -rf "$WORK/s2o/checkpoints"
+echo "2 GPUs plain, overlap off: exit $rc2, $t2o tok/s"
 run2 sz 200 "${SCALE[@]}" --zero1 --set "log.dir=$WORK/sz"
 tz=$(toks "$WORK/sz/metrics.jsonl")
-echo "2 GPUs ZeRO-1: exit $rc2, $tz tok/s; checkpoint: $(grep -o 'checkpoint [^ ]*' "$WORK/sz.r0" | tail -1)"
+echo "2 GPUs ZeRO-1, overlap on: exit $rc2, $tz tok/s; checkpoint: $(grep -o 'checkpoint [^ ]*' "$WORK/sz.r0" | tail -1)"
 rm -rf "$WORK/sz/checkpoints"
-grep -h -E "train_gpt: error|FATAL" "$WORK"/s1.r0 "$WORK"/s2.r* "$WORK"/sz.r* | head -4
+run2 szo 200 "${SCALE[@]}" --zero1 --set train.overlap_comm=false --set "log.dir=$WORK/szo"
+tzo=$(toks "$WORK/szo/metrics.jsonl"); rm -rf "$WORK/szo/checkpoints"
+echo "2 GPUs ZeRO-1, overlap off: exit $rc2, $tzo tok/s"
+grep -h -E "train_gpt: error|FATAL" "$WORK"/s1.r0 "$WORK"/s2.r* "$WORK"/s2o.r* "$WORK"/sz.r* "$WORK"/szo.r* | head -4
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.3f", a / b; else print 0}'; }
-r2=$(ratio "$t2" "$t1"); rz=$(ratio "$tz" "$t1")
-row "569M tok/s, 131072/step: 1 GPU | 2 plain | 2 ZeRO-1" "$t1 | $t2 | $tz (1/4 of the config's batch: comm weighs 4x more)"
+r2=$(ratio "$t2" "$t1"); rz=$(ratio "$tz" "$t1"); r2o=$(ratio "$t2o" "$t1"); rzo=$(ratio "$tzo" "$t1")
+# the 569M losses with overlap on and off (informational: the attention's dQ atomics may differ)
+losses "$WORK/s2/metrics.jsonl" >"$WORK/ls2"; losses "$WORK/s2o/metrics.jsonl" >"$WORK/ls2o"
+losses "$WORK/sz/metrics.jsonl" >"$WORK/lsz"; losses "$WORK/szo/metrics.jsonl" >"$WORK/lszo"
+row "569M tok/s, 131072/step: 1 GPU | 2 plain | 2 ZeRO-1" "$t1 | $t2 | $tz (overlap on; 1/4 of the config's batch)"
+row "569M tok/s, overlap off: 2 plain | 2 ZeRO-1" "$t2o | $tzo (on/off: plain $(ratio "$t2" "$t2o"), ZeRO-1 $(ratio "$tz" "$tzo"))"
 row "569M scaling 2 GPUs / 1 GPU (target >= 1.9)" \
-  "plain $r2: $(verdict lt 1.9 "$r2"); ZeRO-1 $rz: $(verdict lt 1.9 "$rz")"
+  "plain $r2: $(verdict lt 1.9 "$r2"); ZeRO-1 $rz: $(verdict lt 1.9 "$rz") (overlap off: $r2o, $rzo)"
+row "569M losses overlap on vs off (6 steps)" "max |dloss| plain $(maxdiff "$WORK/ls2" "$WORK/ls2o"), ZeRO-1 $(maxdiff "$WORK/lsz" "$WORK/lszo")"
 ./train_gpt "${SCALE[@]}" --dry-run --world-size 2 --zero1 >"$WORK/dry.txt" 2>&1
 sed -n '/^GPU memory plan/,/^  total/p' "$WORK/sz.r0" | tail -n +2 >"$WORK/plan_run"
 sed -n '/^memory plan:/,/^  total/p' "$WORK/dry.txt" | tail -n +2 >"$WORK/plan_dry"

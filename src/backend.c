@@ -97,6 +97,8 @@ int backend_init_dp(Backend *b, const Config *c, DeviceKind kind, int B, int T, 
 
 void backend_free(Backend *b) {
     free(b->zero1_buf);
+    if (b->overlap) gpu_dp_overlap_free(b->overlap);
+    free(b->overlap);
     if (b->kind == DEVICE_CPU) {
         adamw_free(&b->adam);
         cpu_model_free(&b->cpu);
@@ -113,6 +115,10 @@ const char *backend_name(const Backend *b) { return b->kind == DEVICE_GPU ? "gpu
 // --- training ---------------------------------------------------------------------------------------
 
 void backend_zero_grad(Backend *b) {
+    b->micro = 0;
+    if (b->overlap && gpu_dp_overlap_in_flight(b->overlap))
+        FATAL("backend_zero_grad: the overlapped gradient reduction of the last backward was not waited for "
+              "(call backend_dp_sync_grads after the last micro-step)");
     if (b->kind == DEVICE_GPU) gpu_model_zero_grad(&b->gpu);
     else cpu_model_zero_grad(&b->cpu);
 }
@@ -121,8 +127,15 @@ float backend_forward_backward(Backend *b, const int32_t *inputs, const int32_t 
     float scale = 1.0f / (float)b->grad_accum;
     float loss;
     if (b->kind == DEVICE_GPU) {
+        if (b->overlap && gpu_dp_overlap_in_flight(b->overlap))  // the forward adds the head's gradient
+            FATAL("backend_forward_backward: %d micro-steps per rank and step, but a further one came before "
+                  "backend_dp_sync_grads (the gradients are being reduced)", b->micro_per_rank);
         loss = gpu_model_forward(&b->gpu, inputs, targets);
+        // The last micro-step's backward hands its finished gradients to NCCL as it goes.
+        int last = b->overlap && ++b->micro == b->micro_per_rank;
+        if (last) gpu_dp_overlap_arm(b->overlap, 1);
         gpu_model_backward(&b->gpu, scale);
+        if (last) gpu_dp_overlap_arm(b->overlap, 0);
     } else {
         loss = cpu_model_forward(&b->cpu, inputs, targets);
         cpu_model_backward(&b->cpu, scale);
@@ -228,6 +241,18 @@ static int dp_setup(Backend *b, struct Comm *comm, int zero1, ErrBuf *e) {
     b->shard_begin = (size_t)comm->rank * b->shard_len;
     if (b->shard_begin > total) b->shard_begin = total;
     b->shard_end = b->shard_begin + b->shard_len < total ? b->shard_begin + b->shard_len : total;
+    // train.overlap_comm: the GPU's reduction overlaps the last micro-step's backward (zero1_gpu.h).
+    // It needs the micro-steps per rank to find the last one: grad_accum is accumulation x world.
+    if (b->kind == DEVICE_GPU && world > 1 && backend_config(b)->train.overlap_comm &&
+        b->grad_accum % comm->world == 0) {
+        b->micro_per_rank = b->grad_accum / comm->world;
+        b->overlap = xcalloc(1, sizeof *b->overlap);
+        if (gpu_dp_overlap_init(b->overlap, &b->gpu, comm, zero1, e)) {
+            free(b->overlap);
+            b->overlap = NULL;
+            return -1;
+        }
+    }
     if (!zero1 || world == 1) return 0;
     b->zero1 = 1;
     if (b->kind == DEVICE_GPU) {  // the model allocated its slice (backend_init_dp); zero1_gpu.h does the rest
@@ -256,8 +281,10 @@ int backend_dp_sync_grads(Backend *b, double *norm, ErrBuf *e) {
     Comm *c = b->comm;
     const size_t total = backend_table(b)->total, S = b->shard_len;
     if (b->kind == DEVICE_GPU) {  // on the device gradients, on the model's stream
-        if (b->zero1) return zero1_gpu_sync_grads(&b->gpu, c, norm, e);
-        if (comm_allreduce_sum_f32(c, gpu_model_grads_device(&b->gpu), total, e)) return -1;
+        // Overlapped: the buckets were enqueued by the last backward; wait for them (deadline).
+        if (b->overlap && gpu_dp_overlap_finish(b->overlap, e)) return -1;
+        if (b->zero1) return zero1_gpu_sync_grads(&b->gpu, c, b->overlap != NULL, norm, e);
+        if (!b->overlap && comm_allreduce_sum_f32(c, gpu_model_grads_device(&b->gpu), total, e)) return -1;
         *norm = zero1_gpu_full_norm(&b->gpu, c->world);  // the slices in rank order, as ZeRO-1 adds them
         return 0;
     }

@@ -60,6 +60,10 @@ typedef struct {
     size_t shard_begin, shard_end; // ZeRO-1: this rank's slice of the flat parameters
     size_t shard_len;              // S = ceil(total / world): every rank's slice length, padded
     float *zero1_buf;              // ZeRO-1: (world * S) gradients, then parameters, for the collectives
+    // GPU, train.overlap_comm: the last micro-step's backward hands its gradients to NCCL layer by
+    // layer (zero1_gpu.h's GpuDpOverlap); NULL: reduced after the backward in one collective.
+    struct GpuDpOverlap *overlap;
+    int micro, micro_per_rank;     // micro-steps since backend_zero_grad; per rank and step
 } Backend;
 
 // Which device a run uses. want: the config's train.device (or --device). AUTO takes the GPU
@@ -103,6 +107,10 @@ int backend_init_dp(Backend *b, const Config *c, DeviceKind kind, int B, int T, 
                     int grad_accum, FILE *plan_out, struct Comm *comm, int zero1, ErrBuf *e);
 // Sums the gradients over the ranks (the backward scale makes it the mean) and returns their
 // global L2 norm in *norm (the same value on every rank). 0, or -1 with e (a peer failed).
+// GPU with train.overlap_comm (default): the sum was started during the last micro-step's
+// backward (backend_forward_backward counts the micro-steps since backend_zero_grad: grad_accum /
+// world of them per step), bucket by bucket on a communication stream; this waits for it under
+// the comm deadline, then computes the norm. Same sums, bit for bit, as without the overlap.
 int backend_dp_sync_grads(Backend *b, double *norm, ErrBuf *e);
 // The AdamW step after backend_dp_sync_grads (ZeRO-1: the slice, then an all-gather). 0 or -1.
 int backend_dp_step(Backend *b, double lr, double clip, const TrainConfig *tc, ErrBuf *e);

@@ -292,8 +292,8 @@ static int comm_fail(Comm *c, ErrBuf *e, const char *what, const char *fmt_cause
     return errf(e, "rank %d of %d: %s: %s", c->rank, c->world, what, cause);
 }
 
-// Waits until NCCL has nothing in progress and, if stream_too, c->stream is idle.
-static int comm_wait(Comm *c, int stream_too, const char *what, ErrBuf *e) {
+// Waits until NCCL has nothing in progress and, if stream_too, stream is idle.
+static int comm_wait_on(Comm *c, int stream_too, void *stream, const char *what, ErrBuf *e) {
     double deadline = now_seconds() + c->timeout_s;
     for (long polls = 0;; polls++) {
         ncclResult_t st = ncclSuccess;
@@ -302,7 +302,7 @@ static int comm_wait(Comm *c, int stream_too, const char *what, ErrBuf *e) {
         if (st != ncclSuccess && st != ncclInProgress)
             return comm_fail(c, e, what, "NCCL error: %s (a peer rank failed or the network broke)",
                              ncclGetLastError((ncclComm_t)c->nccl)[0] ? ncclGetLastError((ncclComm_t)c->nccl) : ncclGetErrorString(st));
-        cudaError_t q = stream_too ? cudaStreamQuery((cudaStream_t)c->stream) : cudaSuccess;
+        cudaError_t q = stream_too ? cudaStreamQuery((cudaStream_t)stream) : cudaSuccess;
         if (q != cudaSuccess && q != cudaErrorNotReady)
             return comm_fail(c, e, what, "CUDA error on the stream: %s", cudaGetErrorString(q));
         if (st == ncclSuccess && q == cudaSuccess) return 0;
@@ -314,6 +314,11 @@ static int comm_wait(Comm *c, int stream_too, const char *what, ErrBuf *e) {
         }
         if (polls > 100) comm_sleep_s(50e-6);  // spin briefly for short collectives, then poll gently
     }
+}
+
+// The same on c->stream, where the synchronous collectives run.
+static int comm_wait(Comm *c, int stream_too, const char *what, ErrBuf *e) {
+    return comm_wait_on(c, stream_too, c->stream, what, e);
 }
 
 static ncclDataType_t nccl_type(CommDtype t) {
@@ -337,7 +342,63 @@ static int usable(Comm *c, const char *what, ErrBuf *e) {
     if (c->failed) return errf(e, "rank %d: %s after an earlier communication failure", c->rank, what);
     if (!c->nccl) return errf(e, "rank %d: %s with world %d but no NCCL communicator (comm_init with init_nccl = 0?)",
                               c->rank, what, c->world);
+    return c->async_pending ? comm_wait_async(c, e) : 0;  // never two streams of NCCL work at once
+}
+
+// --- asynchronous collectives (comm.h) ---
+
+int comm_wait_async(Comm *c, ErrBuf *e) {
+    if (!c->async_pending) return 0;
+    char what[160];
+    snprintf(what, sizeof what, "%s (%d collectives of %zu values in all, overlapped with the backward)",
+             c->async_what, c->async_pending, c->async_values);
+    c->async_pending = 0;  // waited for now, whatever the outcome
+    c->async_values = 0;
+    if (c->failed || !c->nccl) return errf(e, "rank %d: %s after an earlier communication failure", c->rank, what);
+    return comm_wait_on(c, 1, c->async_stream, what, e);
+}
+
+// Checks and bookkeeping before an asynchronous enqueue; 1: nothing to do (world 1).
+static int async_begin(Comm *c, size_t count, void *stream, const char *what, const char *op, ErrBuf *e) {
+    if (c->world == 1) return 1;
+    if (c->host_fds)
+        return errf(e, "rank %d: %s: asynchronous collectives need NCCL (the host transport has none)", c->rank, op);
+    if (c->failed) return errf(e, "rank %d: %s of %s after an earlier communication failure", c->rank, op, what);
+    if (!c->nccl) return errf(e, "rank %d: %s with world %d but no NCCL communicator", c->rank, op, c->world);
+    if (c->async_pending && c->async_stream != stream)
+        FATAL("comm: asynchronous %s on another stream than the %d pending ones (wait for them first)", op,
+              c->async_pending);
+    c->async_stream = stream;
+    c->async_pending++;
+    c->async_values += count;
+    snprintf(c->async_what, sizeof c->async_what, "%s of %s", op, what ? what : "buffers");
     return 0;
+}
+
+// NCCL's answer to an asynchronous enqueue: waits (under the deadline) only until NCCL has taken
+// the call, as non-blocking NCCL requires before the next call on the communicator.
+static int async_enqueued(Comm *c, ncclResult_t r, const char *op, size_t count, ErrBuf *e) {
+    char what[160];
+    snprintf(what, sizeof what, "enqueueing the %s of %zu values (%s)", op, count, c->async_what);
+    if (r == ncclSuccess || r == ncclInProgress) return comm_wait(c, 0, what, e);
+    return comm_fail(c, e, what, "NCCL refused the call: %s", ncclGetErrorString(r));
+}
+
+int comm_allreduce_sum_async(Comm *c, void *buf, size_t count, CommDtype t, void *stream, const char *what,
+                             ErrBuf *e) {
+    int rc = async_begin(c, count, stream, what, "all-reduce", e);
+    if (rc) return rc > 0 ? 0 : -1;
+    return async_enqueued(c, ncclAllReduce(buf, buf, count, nccl_type(t), ncclSum, (ncclComm_t)c->nccl,
+                                           (cudaStream_t)stream), "all-reduce", count, e);
+}
+
+int comm_reduce_sum_async(Comm *c, void *buf, size_t count, CommDtype t, int root, void *stream, const char *what,
+                          ErrBuf *e) {
+    if (root < 0 || root >= c->world) FATAL("comm_reduce_sum_async: root %d outside [0, %d)", root, c->world);
+    int rc = async_begin(c, count, stream, what, "reduce", e);
+    if (rc) return rc > 0 ? 0 : -1;
+    return async_enqueued(c, ncclReduce(buf, buf, count, nccl_type(t), ncclSum, root, (ncclComm_t)c->nccl,
+                                        (cudaStream_t)stream), "reduce", count, e);
 }
 
 static int nccl_setup(Comm *c, ErrBuf *e) {

@@ -73,6 +73,12 @@ typedef struct Comm {
     uint64_t host_seq;            // host transport: collectives so far (checked in every message)
     void *host_scratch_buf;       // host transport: rank 0's receive buffer
     size_t host_scratch_bytes;
+    // Asynchronous collectives (comm_*_async) enqueued and not yet waited for: their stream, how
+    // many, how many values in all, and what they are (for the message of comm_wait_async).
+    void *async_stream;
+    int async_pending;
+    size_t async_values;
+    char async_what[64];
 } Comm;
 
 void comm_options_default(CommOptions *o);
@@ -118,6 +124,24 @@ int comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t recv_count
 // In place when send == recv + rank * send_count (elements).
 int comm_allgather(Comm *c, const void *send, void *recv, size_t send_count, CommDtype t,
                    ErrBuf *e);
+// Asynchronous collectives (NCCL, device memory only; the overlap of the gradient reduction with
+// the backward, zero1_gpu.h): enqueued on `stream` (a cudaStream_t other than c->stream), they
+// return once NCCL has accepted the call (under the deadline), without waiting for the stream.
+// comm_wait_async waits until that stream is idle, under the deadline of timeout_s counted from
+// the wait (and aborts the communicator when it passes, as every collective does); every
+// synchronous collective above calls it first, so NCCL calls never run on two streams at once.
+// what: names them in messages (e.g. "gradient buckets"); all pending ones must share a stream.
+// With world == 1 they do nothing; the host transport (CPU backend) refuses them (-1).
+// buf: (count,) summed in place on every rank.
+int comm_allreduce_sum_async(Comm *c, void *buf, size_t count, CommDtype t, void *stream, const char *what,
+                             ErrBuf *e);
+// buf: (count,) summed into root's buf in place; the other ranks' buf is left as it was.
+int comm_reduce_sum_async(Comm *c, void *buf, size_t count, CommDtype t, int root, void *stream, const char *what,
+                          ErrBuf *e);
+// Waits for the pending asynchronous collectives (0 at once when there are none). 0, or -1 with
+// e naming them, how many, the rank and the likely cause.
+int comm_wait_async(Comm *c, ErrBuf *e);
+
 // bytes of buf from rank 0 to every rank (device memory under NCCL, host with the host transport).
 int comm_broadcast(Comm *c, void *buf, size_t bytes, ErrBuf *e);
 // Returns once every rank has reached it (or -1 after timeout_s).

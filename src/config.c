@@ -105,6 +105,7 @@ static const KeyDef TRAIN_KEYS[] = {
     KEY(train, grad_clip, KIND_F64),       KEY(train, seed, KIND_U64),
     KEY(train, recompute, KIND_BOOL),      KEY(train, threads, KIND_INT),
     KEY(train, zero1, KIND_BOOL),          KEY(train, comm_timeout_s, KIND_F64),
+    KEY(train, overlap_comm, KIND_BOOL),
 };
 static const KeyDef PRECISION_KEYS[] = {
     KEY_ENUM(precision, attention, ATTN_NAMES),
@@ -200,6 +201,7 @@ void config_defaults(Config *c) {
     t->threads = 0;
     t->zero1 = 0;
     t->comm_timeout_s = 60.0;
+    t->overlap_comm = 1;
     c->diagnostics.interval = 0;
     c->diagnostics.bias_probe_batches = 8;
     c->diagnostics.reference = ATTN_BF16;

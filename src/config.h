@@ -26,7 +26,7 @@
 //   log           dir (the run directory, "runs/<config name>"), interval (progress line every
 //                 N steps), metrics_file ("metrics.jsonl", inside log.dir)
 //   diagnostics   interval (0 = off), bias_probe_batches (8; 0 = off), reference ("bf16" | "fp32")
-// and in train: zero1 (false), comm_timeout_s (60)
+// and in train: zero1 (false), comm_timeout_s (60), overlap_comm (true)
 #ifndef CONFIG_H
 #define CONFIG_H
 
@@ -87,6 +87,7 @@ typedef struct {
     int threads;
     int zero1;               // shard FP32 masters and AdamW state across data-parallel ranks
     double comm_timeout_s;   // a collective or rendezvous waiting longer than this is an error
+    int overlap_comm;        // GPU data parallelism: reduce gradients during the last backward
 } TrainConfig;
 
 typedef struct {

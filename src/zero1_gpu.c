@@ -4,6 +4,9 @@
 
 #include <math.h>    // sqrt
 #include <stdint.h>  // uint16_t (BF16 bits)
+#include <string.h>  // memset
+
+#include <cuda_runtime.h>  // the overlap's stream and events
 
 #include "cuda_check.h"  // CUDA_CHECK
 
@@ -20,12 +23,14 @@ static void check_layout(const GpuModel *m, const Comm *c, const char *what) {
         FATAL("%s: %zu parameters for %d ranks: ZeRO-1 needs at least one per rank", what, m->table.total, c->world);
 }
 
-int zero1_gpu_sync_grads(GpuModel *m, Comm *c, double *norm, ErrBuf *e) {
+int zero1_gpu_sync_grads(GpuModel *m, Comm *c, int reduced, double *norm, ErrBuf *e) {
     check_layout(m, c, "zero1_gpu_sync_grads");
     const size_t P = m->table.total, S = m->shard_len, W = (size_t)c->world;
     float *g = gpu_model_grads_device(m);  // (P)
     // In place: this rank's summed slice lands at g + rank * S = g + shard_lo.
-    int rc = uneven(m) ? comm_allreduce_sum_f32(c, g, P, e) : comm_reduce_scatter(c, g, g + m->shard_lo, S, COMM_F32, e);
+    int rc = reduced ? 0
+             : uneven(m) ? comm_allreduce_sum_f32(c, g, P, e)
+                         : comm_reduce_scatter(c, g, g + m->shard_lo, S, COMM_F32, e);
     if (rc) return -1;
     double *sums = (double *)xcalloc(W, sizeof(double));  // (W) every rank's slice sum of squares
     sums[c->rank] = gpu_model_grad_sumsq(m, m->shard_lo, m->shard_hi);
@@ -93,4 +98,103 @@ double zero1_gpu_full_norm(GpuModel *m, int world) {
         s += gpu_model_grad_sumsq(m, lo, hi);
     }
     return sqrt(s);
+}
+
+// --- overlap of the gradient reduction with the backward (zero1_gpu.h) ---------------------------
+
+int gpu_dp_overlap_init(GpuDpOverlap *o, GpuModel *m, Comm *c, int zero1, ErrBuf *e) {
+    memset(o, 0, sizeof *o);
+    o->m = m;
+    o->c = c;
+    o->zero1 = zero1;
+    o->bucket_values = DP_BUCKET_BYTES / sizeof(float);
+    o->next_hi = o->pend_hi = m->table.total;
+    int lo_prio = 0, hi_prio = 0;  // the greatest priority: a bucket's kernels start between the backward's
+    cudaStream_t s = NULL;
+    cudaEvent_t ready = NULL, done = NULL;
+    if (cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi_prio) != cudaSuccess ||
+        cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        if (s) cudaStreamDestroy(s);
+        if (ready) cudaEventDestroy(ready);
+        return errf(e, "rank %d: creating the stream and events of train.overlap_comm failed (set it to false?)",
+                    c->rank);
+    }
+    o->comm_stream = s;
+    o->ready = ready;
+    o->done = done;
+    return 0;
+}
+
+void gpu_dp_overlap_free(GpuDpOverlap *o) {
+    if (o->m) gpu_model_set_grad_ready_hook(o->m, NULL, NULL);
+    if (o->comm_stream) cudaStreamDestroy((cudaStream_t)o->comm_stream);
+    if (o->ready) cudaEventDestroy((cudaEvent_t)o->ready);
+    if (o->done) cudaEventDestroy((cudaEvent_t)o->done);
+    memset(o, 0, sizeof *o);
+}
+
+// Hands [pend_lo, pend_hi) over to the communication stream.
+static void overlap_flush(GpuDpOverlap *o) {
+    const size_t lo = o->pend_lo, hi = o->pend_hi;
+    o->pend_hi = lo;
+    if (lo == hi || o->failed) return;
+    cudaStream_t ms = (cudaStream_t)gpu_model_stream(o->m), cs = (cudaStream_t)o->comm_stream;
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)o->ready, ms));  // the bucket's last gradient kernel
+    CUDA_CHECK(cudaStreamWaitEvent(cs, (cudaEvent_t)o->ready, 0));
+    float *g = gpu_model_grads_device(o->m);
+    o->buckets++;
+    int rc = 0;
+    if (!o->zero1) {
+        rc = comm_allreduce_sum_async(o->c, g + lo, hi - lo, COMM_F32, cs, "gradient buckets", &o->err);
+    } else {  // the pieces of [lo, hi) in each rank's slice, to that rank, in rank order
+        const size_t S = o->m->shard_len, P = o->m->table.total;
+        for (int r = (int)(lo / S); !rc && r < o->c->world; r++) {
+            size_t a = (size_t)r * S, b = a + S < P ? a + S : P;
+            if (a < lo) a = lo;
+            if (b > hi) b = hi;
+            if (a >= hi) break;
+            if (a < b) rc = comm_reduce_sum_async(o->c, g + a, b - a, COMM_F32, r, cs, "gradient buckets", &o->err);
+        }
+    }
+    if (rc) o->failed = 1;  // the communicator is gone; finish reports err
+}
+
+// model_gpu.h's hook: [lo, hi) is final once the model's stream has run what is enqueued.
+static void overlap_hook(void *ctx, size_t lo, size_t hi) {
+    GpuDpOverlap *o = (GpuDpOverlap *)ctx;
+    if (hi != o->next_hi || lo > hi)
+        FATAL("train.overlap_comm: the backward reported gradients [%zu, %zu) but [.., %zu) was expected next "
+              "(the ranges must come from the top of the flat buffer down, contiguous)", lo, hi, o->next_hi);
+    o->next_hi = lo;
+    o->pend_lo = lo;
+    if (o->pend_hi - o->pend_lo >= o->bucket_values || lo == 0) overlap_flush(o);
+}
+
+void gpu_dp_overlap_arm(GpuDpOverlap *o, int arm) {
+    if (arm && o->next_hi != o->m->table.total)
+        FATAL("train.overlap_comm: a backward started while the previous one's buckets were not waited for "
+              "(backend_dp_sync_grads must follow the last micro-step)");
+    o->armed = arm;
+    gpu_model_set_grad_ready_hook(o->m, arm ? overlap_hook : NULL, arm ? o : NULL);
+}
+
+int gpu_dp_overlap_in_flight(const GpuDpOverlap *o) { return o->next_hi != o->m->table.total; }
+
+int gpu_dp_overlap_finish(GpuDpOverlap *o, ErrBuf *e) {
+    if (o->next_hi != 0)
+        FATAL("train.overlap_comm: the gradients [0, %zu) were never reported final by the last micro-step's "
+              "backward (was the hook armed?)", o->next_hi);
+    o->next_hi = o->pend_hi = o->m->table.total;  // ready for the next step, whatever happens below
+    o->buckets = 0;
+    if (o->failed) {
+        o->failed = 0;
+        return errf(e, "%s", o->err.msg);
+    }
+    if (comm_wait_async(o->c, e)) return -1;  // the deadline covers every bucket still running
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)o->done, (cudaStream_t)o->comm_stream));
+    CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)gpu_model_stream(o->m), (cudaEvent_t)o->done, 0));
+    return 0;
 }

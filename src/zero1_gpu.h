@@ -38,7 +38,8 @@ extern "C" {
 #endif
 
 // Step 1 above; *norm is the global L2 norm of the summed gradient, the same on every rank.
-int zero1_gpu_sync_grads(GpuModel *m, Comm *c, double *norm, ErrBuf *e);
+// reduced: the slice was already summed (gpu_dp_overlap_finish under ZeRO-1): the norm only.
+int zero1_gpu_sync_grads(GpuModel *m, Comm *c, int reduced, double *norm, ErrBuf *e);
 // Step 2 above, with learning rate lr and the gradients multiplied by clip first.
 int zero1_gpu_step(GpuModel *m, Comm *c, double lr, double clip, const TrainConfig *tc, ErrBuf *e);
 // The full FP32 parameters and AdamW moments (P values each) into host arrays, for checkpoints.
@@ -50,6 +51,52 @@ int zero1_gpu_gather_state(GpuModel *m, Comm *c, float *params, float *adam_m, f
 // gradients, summed over the W slices of ZeRO-1 in rank order, so that plain and ZeRO-1 runs clip
 // by the same factor, bit for bit.
 double zero1_gpu_full_norm(GpuModel *m, int world);
+
+// --- Overlap of the gradient reduction with the backward (train.overlap_comm, default on) ---------
+// During the LAST micro-step's backward, the model's gradient-ready hook (model_gpu.h) reports the
+// ranges of the flat gradient buffer that are final, from the top of the buffer down: the final
+// norm and the untied LM head at once (the head's gradient is made by the forward), then each
+// block from the last to the first, then wte (embedding, and the tied head) at the very end.
+// Adjacent ranges are gathered into buckets of whole ranges (whole layers) of at least
+// DP_BUCKET_BYTES; a bucket is handed over by recording an event on the model's stream that a
+// separate, high-priority communication stream waits on, then enqueueing its collective there:
+//   plain DP: ncclAllReduce of the bucket, in place;
+//   ZeRO-1:   ncclReduce (sum, in place) of each piece of the bucket that falls in one rank's
+//             slice [r*S, min((r+1)*S, P)), to that rank: every rank ends with its own slice
+//             summed, as the reduce-scatter leaves it (the rest of g, unused, stays unreduced).
+// Per element this is the same sum as the single all-reduce / reduce-scatter after the backward:
+// with 2 ranks one FP32 addition per value whatever the algorithm, so losses stay bit for bit;
+// with more ranks NCCL may add in another order (FP32 rounding, as between its collectives).
+// gpu_dp_overlap_finish (in backend_dp_sync_grads, before the norm and the optimizer) waits for
+// the communication stream with comm.h's deadline (comm_wait_async: a dead or hung rank ends the
+// run with a message naming the buckets) and makes the model's stream wait on it.
+#define DP_BUCKET_BYTES (32u << 20)
+
+typedef struct GpuDpOverlap {
+    GpuModel *m;
+    Comm *c;
+    int zero1;              // reduce each piece to its owner instead of all-reducing
+    size_t bucket_values;   // a bucket is handed over once it holds this many values
+    void *comm_stream;      // cudaStream_t of the buckets' collectives
+    void *ready, *done;     // cudaEvent_t: model stream -> comm stream, comm stream -> model stream
+    size_t next_hi;         // the next reported range must end here (P: none reported yet)
+    size_t pend_lo, pend_hi;  // final gradients not handed over yet
+    int armed;              // the hook is set for the coming backward
+    int buckets;            // handed over during the current backward (0: none yet)
+    int failed;             // an enqueue failed: err says why (reported by finish)
+    ErrBuf err;
+} GpuDpOverlap;
+
+// Creates the stream and events for model m over c (world > 1, NCCL). 0, or -1 with e.
+int gpu_dp_overlap_init(GpuDpOverlap *o, GpuModel *m, Comm *c, int zero1, ErrBuf *e);
+void gpu_dp_overlap_free(GpuDpOverlap *o);
+// Sets (arm 1) or clears (0) the model's hook: around the last micro-step's backward only.
+void gpu_dp_overlap_arm(GpuDpOverlap *o, int arm);
+// 1 once a backward has handed over buckets that finish has not waited for yet.
+int gpu_dp_overlap_in_flight(const GpuDpOverlap *o);
+// After that backward: waits for every bucket (deadline), the model's stream then waits on the
+// communication stream. 0, or -1 with e (the communicator is then unusable).
+int gpu_dp_overlap_finish(GpuDpOverlap *o, ErrBuf *e);
 
 #ifdef __cplusplus
 }

@@ -328,6 +328,7 @@ static void random_config(Config *c, int i) {
     p->linear_keep_lm_head_bf16 = rng_int(0, 1);
     c->train.zero1 = rng_int(0, 1);
     c->train.comm_timeout_s = 0.5 + rng_int(0, 1000);
+    c->train.overlap_comm = rng_int(0, 1);
     c->diagnostics.interval = rng_int(0, 1000);
     c->diagnostics.bias_probe_batches = rng_int(0, 64);
     c->diagnostics.reference = (AttnPrecision)rng_int(0, 1);
@@ -378,7 +379,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 19, 12, 4, 3, 3, 3};
+    const int expected[] = {12, 4, 20, 12, 4, 3, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];
