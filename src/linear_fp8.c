@@ -21,7 +21,11 @@
 // FP32; we use power-of-two scales, as the attention spec does, so that dequantization is exact,
 // scales compose without rounding and the CPU and GPU agree bit for bit. The GPU passes 1/s
 // (also exact) to cuBLASLt's A/B scale pointers, which multiply. Scales are current: computed
-// from the tensor being quantized, every call (no amax history).
+// from the tensor being quantized, every call (no amax history). The GPU model makes each
+// quantization once per value of its tensor (a weight's Q(W), Q(W^T) once per optimizer step,
+// an activation's Q(x^T) in the forward, dy's two layouts in one call) and reuses it in every GEMM
+// below that consumes it: the same codes and scales as quantizing before each GEMM, which is what
+// this file does.
 //
 // fp8_tensor (per-tensor current scaling). x and W in E4M3; dy in precision.linear_grad_format
 // (E4M3 or E5M2; E5M2 x E5M2 never occurs since x and W are E4M3). One scale per tensor, so each

@@ -11,6 +11,8 @@
 //   vec128_kernel      one warp per 1x128 slice along cols
 //   vec128t_kernel     128 rows x 32 cols of x in shared memory: 32 slices along rows, written
 //                      as rows of x^T
+//   vec128both_kernel  1x128 Q(x) and Q(x^T) together: one 128x128 tile, its rows and columns
+//                      are the slices of both
 // GEMMs. out (n, m) row-major is column-major (m, n): D = op(A) . B with A = rhs stored (k, m)
 // column-major, transposed ("T"), and B = lhs stored (k, n) column-major ("N"), the TN layout
 // FP8 needs. A's scales are rhs's, B's are lhs's. Plans are cached per shape/format/grouping; the
@@ -347,6 +349,94 @@ __global__ void __launch_bounds__(THREADS)
     flush_counts(counts, sat, nan);
 }
 
+// 1x128 slices both ways from one 128x128 tile of x (block (blockIdx.y, blockIdx.x)): each tile
+// row is one slice of Q(x) (row r, slice blockIdx.x) and each tile column one slice of Q(x^T)
+// (row c of x^T, token slice blockIdx.y), so one read of x gives both (vec128_kernel +
+// vec128t_kernel read it twice). Same amax, scales and codes as those two; counts of Q(x) only
+// (each element once per call).
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(THREADS)
+    vec128both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
+                      float *qt_scales, unsigned long long *counts) {
+    __shared__ __align__(16) uint16_t tile[G][G + 2];
+    __shared__ unsigned part[THREADS / G][G];
+    __shared__ float rs[G], cs[G];  // scale s of tile row r (Q(x)) and of tile column c (Q(x^T))
+    const int bi = blockIdx.y, bj = blockIdx.x;
+    const int r0 = bi * G, c0 = bj * G;
+    const int nr = min(G, rows - r0), nc = min(G, cols - c0);
+    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
+    for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {  // 16 chunks of 8 per row; 0 outside x
+        const int r = id / 16, c = (id % 16) * 8;
+        uint32_t w[4] = {0, 0, 0, 0};
+        if (r < nr) load8(w, x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
+        uint32_t *dst = reinterpret_cast<uint32_t *>(&tile[r][c]);  // 4-byte aligned (260 B rows)
+        dst[0] = w[0]; dst[1] = w[1]; dst[2] = w[2]; dst[3] = w[3];
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < G; r += THREADS / 32) {  // row amax: a warp per row, 4 elements a lane
+        unsigned m = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) m = max(m, abs_bits(tile[r][lane * 4 + k]));
+        m = __reduce_max_sync(0xFFFFFFFFu, m);
+        if (lane == 0) {
+            const float sr = scale_of_bits(FMT, m);
+            rs[r] = sr;
+            if (r < nr) q_scales[(size_t)bj * rows + r0 + r] = 1.0f / sr;  // VEC128: [j * R + r]
+        }
+    }
+    {  // column amax in THREADS / G parts of rows
+        const int c = threadIdx.x % G, p = threadIdx.x / G, per = G / (THREADS / G);
+        unsigned m = 0;
+        for (int k = 0; k < per; k++) m = max(m, abs_bits(tile[p * per + k][c]));
+        part[p][c] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+        const int c = threadIdx.x;
+        unsigned m = 0;
+        for (int p = 0; p < THREADS / G; p++) m = max(m, part[p][c]);
+        const float sc = scale_of_bits(FMT, m);
+        cs[c] = sc;
+        if (c < nc) qt_scales[(size_t)bi * cols + c0 + c] = 1.0f / sc;  // [j * R + r], R = cols
+    }
+    __syncthreads();
+    unsigned sat = 0, nan = 0, tsat = 0, tnan = 0;
+    {
+        const bool vec_out = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
+        for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {
+            const int r = id / 16, c = (id % 16) * 8;
+            if (r >= nr) continue;
+            const float s = rs[r];
+            uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
+            if (vec_out && c + 8 <= nc) {
+                const uint32_t *src = reinterpret_cast<const uint32_t *>(&tile[r][c]);
+                const uint32_t w[4] = {src[0], src[1], src[2], src[3]};
+                *reinterpret_cast<uint2 *>(dst) = quant8<FMT>(w, s, sat, nan);
+            } else {
+                for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)quant<FMT>(tile[r][c + e], s, sat, nan);
+            }
+        }
+    }
+    {  // row c of x^T holds column c0 + c of x; each thread writes 4 consecutive codes
+        const bool vec_out = rows % 4 == 0 && ((uintptr_t)qt & 3) == 0;
+        for (int id = threadIdx.x; id < G * G / 4; id += THREADS) {
+            const int c = id / 32, r = (id % 32) * 4;
+            if (c >= nc) continue;
+            const float s = cs[c];
+            uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + r;
+            if (vec_out && r + 4 <= nr) {
+                *reinterpret_cast<uint32_t *>(dst) =
+                    pack4(quant<FMT>(tile[r][c], s, tsat, tnan), quant<FMT>(tile[r + 1][c], s, tsat, tnan),
+                          quant<FMT>(tile[r + 2][c], s, tsat, tnan), quant<FMT>(tile[r + 3][c], s, tsat, tnan));
+            } else {
+                for (int e = 0; e < 4 && r + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[r + e][c], s, tsat, tnan);
+            }
+        }
+    }
+    flush_counts(counts, sat, nan);  // Q(x)'s: each element counted once
+}
+
 // Launches kernel<E4M3 or E5M2> on `stream`, then checks the launch.
 #define LAUNCH_FMT(fmt, kernel, grid, ...)                                                        \
     do {                                                                                          \
@@ -394,6 +484,10 @@ void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t 
         LAUNCH_FMT(fmt, tile128_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, (const float *)NULL, counts);
         break;
     case FP8_GROUP_1x128:
+        if (q && qt) {  // one read of x for both
+            LAUNCH_FMT(fmt, vec128both_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, counts);
+            break;
+        }
         if (q) {
             const long slices = (long)rows * cdiv(cols, G);
             const unsigned blocks = (unsigned)((slices + THREADS / 32 - 1) / (THREADS / 32));  // a warp per slice

@@ -59,7 +59,7 @@ void fp8_operand_free(Fp8Operand *op);
 // q and qt (when both are given) must have the same grouping and format. For FP8_GROUP_TENSOR
 // and FP8_GROUP_128x128, Q(x^T) is Q(x) transposed (same scales), and one pass over x writes
 // both; for FP8_GROUP_1x128 they are different quantizations (the forward's slices along the
-// channels, wgrad's along the tokens) and each is its own pass. FP8_GROUP_TENSOR takes two
+// channels, wgrad's along the tokens), both made from one 128x128 tile of x in one pass. FP8_GROUP_TENSOR takes two
 // passes (amax, then cast); deterministic since max is exact.
 // counts (device, may be NULL): [0] += elements that saturated (|x * s| > FMAX: only +-inf
 // inputs can, since s <= FMAX / amax), [1] += NaN inputs; each element of x counted once per

@@ -9,6 +9,7 @@
 #include <string.h>  // memset, snprintf
 
 #include "common.h"  // xcalloc, FATAL
+#include "linear_fp8.h"  // linear_precision_of: which blocks run FP8 linears
 #include "layers.h"  // GRAD_NORM_PARTIALS (a constant; model.c links no GPU code)
 #include "matmul.h"  // MATMUL_WORKSPACE_BYTES (likewise)
 #include "rng.h"     // splitmix64_next for the seeded init
@@ -256,24 +257,39 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
     plan_take(W, sizeof(double));                                      // and their total
     *W += MATMUL_WORKSPACE_BYTES;  // cuBLASLt's workspace, allocated by matmul.cu outside the arena
     if (c->precision.linear != LINEAR_BF16) {
-        // FP8 linears: model_gpu.cu's three operand slots (codes, then scales), each sized for
+        // FP8 linears: model_gpu.cu's two operand slots (codes, then scales), each sized for
         // the largest of the shapes it takes (fp8_slot_shapes there); the FP8 GEMMs share
         // matmul.cu's cuBLASLt workspace.
-        size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {3 * C, BT}, {C, BT}, {2 * F, BT}};
-        size_t s1[][2] = {{C, BT}, {F, BT}};
-        size_t s2[][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}, {C, 3 * C}, {C, 2 * F}, {F, C}};
-        size_t (*slots[3])[2] = {s0, s1, s2};
-        int n_shapes[3] = {7, 2, 7};
-        for (int slot = 0; slot < 3; slot++) {
+        size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}};
+        size_t s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}};
+        size_t (*slots[2])[2] = {s0, s1};
+        int n_shapes[2] = {4, 3};
+        for (int slot = 0; slot < 2; slot++) {
             size_t codes = 0, scales = 0;
             for (int i = 0; i < n_shapes[slot]; i++) {
                 size_t r = slots[slot][i][0], cc = slots[slot][i][1];
-                size_t ns = plan_fp8_scales(c->precision.linear, slot == 2, r, cc);
+                size_t ns = plan_fp8_scales(c->precision.linear, 0, r, cc);
                 if (r * cc > codes) codes = r * cc;
                 if (ns > scales) scales = ns;
             }
             plan_take(W, codes);       // FP8 codes
             plan_take(W, 4 * scales);  // their scales
+        }
+        // Per FP8 block, each linear W (M, K) (qkv (3C, C), attention projection (C, C), MLP in
+        // (2F, C), MLP out (C, F)): Q(W) and Q(W^T), quantized once per optimizer step (weights),
+        // and Q(x^T) (K, BT) of its input, saved by the forward for wgrad (activations).
+        for (int l = 0; l < m->n_layer; l++) {
+            if (linear_precision_of(&c->precision, m->n_layer, l) == LINEAR_BF16) continue;
+            size_t mk[4][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}};
+            for (int i = 0; i < 4; i++) {
+                size_t M = mk[i][0], K = mk[i][1];
+                plan_take(&out->weights, M * K);                                        // Q(W) codes
+                plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, M, K));
+                plan_take(&out->weights, K * M);                                        // Q(W^T) codes
+                plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, K, M));
+                plan_take(A, K * BT);                                                   // Q(x^T) codes
+                plan_take(A, 4 * plan_fp8_scales(c->precision.linear, 0, K, BT));
+            }
         }
     }
     out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +

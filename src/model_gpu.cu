@@ -26,14 +26,18 @@
 // MLP-out linears goes through lin_forward / lin_dgrad / lin_wgrad, which run the BF16 cuBLASLt
 // GEMM of matmul.h, or, for the blocks linear_precision_of() puts in fp8_tensor / fp8_block,
 // quantize both operands with linear_fp8_gpu.h's kernels exactly as linear_fp8.c's contract
-// says and multiply the codes with its FP8 GEMMs. The FP8 operands live in three scratch slots
-// (sized for the largest operand of any linear), quantized on the fly just before each GEMM:
-// the weight too (from the BF16 working copy), every GEMM, so nothing has to be refreshed
-// after the optimizer step. Cost of that simplicity: each weight is quantized 3 times a step
-// (forward, dgrad; wgrad quantizes the activations twice more), small next to the activations
-// for d_model ~ 1k, and every activation or gradient operand is quantized just before its GEMM
-// instead of where it is produced. The LM head stays BF16 (linear_keep_lm_head_bf16 = false is
-// refused: the CPU's per-chunk FP8 scales would need the CPU's chunking to match).
+// says and multiply the codes with its FP8 GEMMs. Each operand is quantized once per value it
+// takes (the codes are the contract's; only when they are made changes):
+//   weights: persistent Q(W) and Q(W^T) of every FP8 linear (one pass each, from the BF16
+//     working copy), refreshed lazily by the first forward after anything that wrote the BF16
+//     weights (gpu_model_step / _step_slice, gpu_model_set_params, gpu_model_weights_device:
+//     under ZeRO-1 the all-gather writes them after the step), so once per optimizer step;
+//   activations x: one call in the forward writes Q(x) (scratch slot 0) for the forward GEMM and
+//     Q(x^T) (groups along tokens) into a per-layer buffer kept until wgrad (activations);
+//   output gradients dy: one call in lin_wgrad writes Q(dy^T) (slot 1) and Q(dy) (slot 0), and
+//     the lin_dgrad that follows on the same dy reuses slot 0.
+// The LM head stays BF16 (linear_keep_lm_head_bf16 = false is refused: the CPU's per-chunk FP8
+// scales would need the CPU's chunking to match).
 #include "model_gpu.h"
 
 #include <cuda_runtime.h>  // cudaMalloc, streams, copies
@@ -88,11 +92,19 @@ typedef struct {
     float *host_losses;              // (BT) host copy of the per-token losses
     bf16 *host_logits;               // (Vp) host copy for next_logits
     // FP8 linears (precision.linear != bf16 only): operand slots, see fp8_slot_shapes
-    uint8_t *q8_codes[3];            // slot 0: lhs of every FP8 GEMM (x, dy, dy^T); 1: wgrad's
-    float *q8_scales[3];             // x^T; 2: the weight (W or W^T)
-    size_t q8_codes_cap[3];          // bytes
-    long q8_scales_cap[3];           // floats
+    uint8_t *q8_codes[2];            // slot 0: Q(x) of the forward, Q(dy) of dgrad;
+    float *q8_scales[2];             // slot 1: Q(dy^T) of wgrad
+    size_t q8_codes_cap[2];          // bytes
+    long q8_scales_cap[2];           // floats
+    Fp8Operand *w8, *wt8;            // (n_layer * 4) Q(W) (M, K), Q(W^T) (K, M) (codes NULL: BF16 block)
+    Fp8Operand *xt8;                 // (n_layer * 4) Q(x^T) (K, BT) saved by the forward for wgrad
+    int *xt8_n;                      // (n_layer * 4) tokens of the saved Q(x^T) (0: none)
+    int w8_dirty;                    // BF16 weights written since w8 / wt8 were made
+    int save_xt;                     // this forward prepares a backward (keep Q(x^T))
+    const bf16 *dy_in_slot0;         // slot 0 holds Q(dy) of this dy (lin_wgrad made it), or NULL
+    int dy_in_slot0_n, dy_in_slot0_m;
     long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
+    long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)
 } Dev;
 
 static size_t align_up(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
@@ -151,17 +163,16 @@ static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
 // --- FP8 operand slots ------------------------------------------------------------------------
 // Shapes (rows, cols) every FP8 operand of one micro-batch takes, per slot (cols = the
 // reduction of the consuming GEMM; model.c's memory_plan repeats this list):
-//   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F); wgrad dy^T (3C, BT)
-//           (C, BT) (2F, BT)
-//   slot 1: wgrad x^T (C, BT) (F, BT)
-//   slot 2: forward W (3C, C) (C, C) (2F, C) (C, F); dgrad W^T (C, 3C) (C, 2F) (F, C)
+//   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F)
+//   slot 1: wgrad dy^T (3C, BT) (C, BT) (2F, BT)
+// Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K) and
+// Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations).
 #define FP8_MAX_SHAPES 8
 static int fp8_slot_shapes(int slot, long BT, long C, long F, long shapes[][2]) {
-    long s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {3 * C, BT}, {C, BT}, {2 * F, BT}};
-    long s1[][2] = {{C, BT}, {F, BT}};
-    long s2[][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}, {C, 3 * C}, {C, 2 * F}, {F, C}};
-    long(*src)[2] = slot == 0 ? s0 : slot == 1 ? s1 : s2;
-    int n = slot == 0 ? 7 : slot == 1 ? 2 : 7;
+    long s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}};
+    long s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}};
+    long(*src)[2] = slot == 0 ? s0 : s1;
+    int n = slot == 0 ? 4 : 3;
     for (int i = 0; i < n; i++) {
         shapes[i][0] = src[i][0];
         shapes[i][1] = src[i][1];
@@ -174,7 +185,7 @@ static Fp8Grouping weight_groups(LinearPrecision p) { return p == LINEAR_FP8_BLO
 static void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
     long shapes[FP8_MAX_SHAPES][2];
     int n = fp8_slot_shapes(slot, BT, c->model.d_model, c->model.ffn_hidden, shapes);
-    Fp8Grouping g = slot == 2 ? weight_groups(c->precision.linear) : act_groups(c->precision.linear);
+    Fp8Grouping g = act_groups(c->precision.linear);
     *codes = 0;
     *scales = 0;
     for (int i = 0; i < n; i++) {
@@ -183,6 +194,31 @@ static void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, lon
         if (nc > *codes) *codes = nc;
         if (ns > *scales) *scales = ns;
     }
+}
+
+// The FP8 linears of a block, i = 0..3: qkv (3C, C), attention projection (C, C), MLP in
+// (2F, C), MLP out (C, F) as W (M, K).
+static const ParamKind fp8_lin_kind[4] = {P_QKV, P_ATTN_PROJ, P_MLP_FC, P_MLP_PROJ};
+static void fp8_lin_shape(int i, int C, int F, int *M, int *K) {
+    *M = i == 0 ? 3 * C : i == 2 ? 2 * F : C;
+    *K = i == 3 ? F : C;
+}
+static int fp8_lin_index(ParamKind k) {
+    for (int i = 0; i < 4; i++)
+        if (fp8_lin_kind[i] == k) return i;
+    FATAL("model_gpu: parameter kind %d is not an FP8 linear", (int)k);
+}
+// An FP8 operand's codes then scales, carved (model.c's plan takes the same two buffers).
+static Fp8Operand take_operand(Carver *cv, int rows, int cols, Fp8Grouping g, Fp8Format fmt, size_t *category) {
+    Fp8Operand op;
+    memset(&op, 0, sizeof op);
+    op.codes = (uint8_t *)take(cv, (size_t)rows * cols, category);
+    op.scales = (float *)take(cv, sizeof(float) * (size_t)fp8_gpu_scale_count(g, rows, cols), category);
+    op.rows = rows;
+    op.cols = cols;
+    op.grouping = g;
+    op.fmt = fmt;
+    return op;
 }
 
 // shards: 1, or the world size under ZeRO-1 (masters and moments of S = ceil(P / shards) only,
@@ -256,7 +292,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     d->sumsq = (double *)take(&cv, sizeof(double), W);
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
     if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots (the GEMMs share matmul's workspace)
-        for (int slot = 0; slot < 3; slot++) {
+        for (int slot = 0; slot < 2; slot++) {
             size_t nc;
             long ns;
             fp8_slot_size(c, slot, (long)BT, &nc, &ns);
@@ -264,6 +300,23 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
             d->q8_scales[slot] = (float *)take(&cv, sizeof(float) * (size_t)ns, W);
             d->q8_codes_cap[slot] = nc;
             d->q8_scales_cap[slot] = ns;
+        }
+        // per FP8 block: Q(W), Q(W^T) (weights) and the saved Q(x^T) (activations) of its linears
+        LinearPrecision lp = c->precision.linear;
+        for (int l = 0; l < mc->n_layer; l++) {
+            if (linear_precision_of(&c->precision, mc->n_layer, l) == LINEAR_BF16) continue;
+            for (int i = 0; i < 4; i++) {
+                int M, K;
+                fp8_lin_shape(i, (int)C, (int)F, &M, &K);
+                Fp8Operand w = take_operand(&cv, M, K, weight_groups(lp), FP8_E4M3, &plan->weights);
+                Fp8Operand wt = take_operand(&cv, K, M, weight_groups(lp), FP8_E4M3, &plan->weights);
+                Fp8Operand xt = take_operand(&cv, K, (int)BT, act_groups(lp), FP8_E4M3, A);
+                if (base) {
+                    d->w8[4 * l + i] = w;
+                    d->wt8[4 * l + i] = wt;
+                    d->xt8[4 * l + i] = xt;
+                }
+            }
         }
     }
     plan->total = plan->weights + plan->master + plan->optimizer + plan->grads +
@@ -358,11 +411,20 @@ static void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const b
         matmul_forward_gpu(y, x, w, N, M, K, 0, d->stream);
         return;
     }
-    Fp8Operand xq = fp8_slot(d, 0, N, K, act_groups(p), FP8_E4M3);     // (N, K)
-    Fp8Operand wq = fp8_slot(d, 2, M, K, weight_groups(p), FP8_E4M3);  // (M, K)
-    fp8_quantize_gpu(&xq, NULL, x, N, K, NULL, d->stream);
-    fp8_quantize_gpu(&wq, NULL, w, M, K, NULL, d->stream);
-    linear_fp8_forward_gpu(y, &xq, &wq, d->stream);
+    const int li = 4 * layer + fp8_lin_index(kind);
+    Fp8Operand xq = fp8_slot(d, 0, N, K, act_groups(p), FP8_E4M3);  // (N, K)
+    d->dy_in_slot0 = NULL;
+    if (d->save_xt) {  // Q(x) and Q(x^T) in one call (one pass over x unless 1x128)
+        Fp8Operand xt = d->xt8[li];                                 // (K, N <= BT)
+        if (N > xt.cols) FATAL("model_gpu: %d tokens, the saved Q(x^T) has room for %d", N, xt.cols);
+        xt.cols = N;
+        fp8_quantize_gpu(&xq, &xt, x, N, K, NULL, d->stream);
+        d->xt8_n[li] = N;
+    } else {
+        fp8_quantize_gpu(&xq, NULL, x, N, K, NULL, d->stream);
+        d->xt8_n[li] = 0;
+    }
+    linear_fp8_forward_gpu(y, &xq, &d->w8[li], d->stream);
     d->fp8_gemms++;
 }
 
@@ -376,10 +438,10 @@ static void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf
         return;
     }
     Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));  // (N, M), groups along M
-    Fp8Operand wt = fp8_slot(d, 2, K, M, weight_groups(p), FP8_E4M3);     // W^T (K, M)
-    fp8_quantize_gpu(&dyq, NULL, dy, N, M, NULL, d->stream);
-    fp8_quantize_gpu(NULL, &wt, w, M, K, NULL, d->stream);
-    linear_fp8_dgrad_gpu(dx, &dyq, &wt, d->stream);
+    if (d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M)  // not made by lin_wgrad
+        fp8_quantize_gpu(&dyq, NULL, dy, N, M, NULL, d->stream);
+    d->dy_in_slot0 = NULL;
+    linear_fp8_dgrad_gpu(dx, &dyq, &d->wt8[4 * layer + fp8_lin_index(kind)], d->stream);  // W^T (K, M)
     d->fp8_gemms++;
 }
 
@@ -392,12 +454,39 @@ static void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, co
         matmul_wgrad_gpu(gw, dy, x, N, M, K, d->stream);
         return;
     }
-    Fp8Operand dyt = fp8_slot(d, 0, M, N, act_groups(p), grad_format(m));  // dy^T (M, N)
-    Fp8Operand xt = fp8_slot(d, 1, K, N, act_groups(p), FP8_E4M3);        // x^T (K, N)
-    fp8_quantize_gpu(NULL, &dyt, dy, N, M, NULL, d->stream);
-    fp8_quantize_gpu(NULL, &xt, x, N, K, NULL, d->stream);
+    (void)x;  // its Q(x^T) was saved by the forward
+    const int li = 4 * layer + fp8_lin_index(kind);
+    if (d->xt8_n[li] != N)
+        FATAL("model_gpu: lin_wgrad of layer %d linear %d: the forward saved Q(x^T) for %d tokens, not %d", layer,
+              li % 4, d->xt8_n[li], N);
+    Fp8Operand xt = d->xt8[li];
+    xt.cols = N;                                                            // x^T (K, N)
+    // Q(dy^T) for this GEMM and Q(dy) (slot 0) for the lin_dgrad that follows, in one call.
+    Fp8Operand dyt = fp8_slot(d, 1, M, N, act_groups(p), grad_format(m));  // dy^T (M, N)
+    Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));  // dy (N, M)
+    fp8_quantize_gpu(&dyq, &dyt, dy, N, M, NULL, d->stream);
+    d->dy_in_slot0 = dy;
+    d->dy_in_slot0_n = N;
+    d->dy_in_slot0_m = M;
     linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, d->stream);
     d->fp8_gemms++;
+}
+
+// Q(W) and Q(W^T) of every FP8 linear from the BF16 working weights, when they were written
+// since the last refresh (one tile pass per weight; the values the contract's per-GEMM
+// quantization gives, since nothing writes the weights between the refresh and the GEMMs).
+static void fp8_refresh_weights(GpuModel *m) {
+    Dev *d = dev_of(m);
+    if (!d->w8_dirty || !d->w8) return;
+    const ModelConfig *mc = &m->cfg.model;
+    for (int l = 0; l < mc->n_layer; l++)
+        for (int i = 0; i < 4; i++) {
+            Fp8Operand *w = &d->w8[4 * l + i], *wt = &d->wt8[4 * l + i];
+            if (!w->codes) continue;  // a BF16 block
+            fp8_quantize_gpu(w, wt, W(m, fp8_lin_kind[i], l), w->rows, w->cols, NULL, d->stream);
+            d->fp8_weight_refreshes++;
+        }
+    d->w8_dirty = 0;
 }
 
 int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
@@ -424,6 +513,12 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     m->shard_hi = m->shard_lo + m->shard_len < P ? m->shard_lo + m->shard_len : P;
     Dev *d = (Dev *)xcalloc(1, sizeof(Dev));
     d->L = (LayerBufs *)xcalloc((size_t)c->model.n_layer, sizeof(LayerBufs));
+    if (c->precision.linear != LINEAR_BF16) {  // FP8 linears: per-layer quantized weights and Q(x^T)
+        d->w8 = (Fp8Operand *)xcalloc(4 * (size_t)c->model.n_layer, sizeof(Fp8Operand));
+        d->wt8 = (Fp8Operand *)xcalloc(4 * (size_t)c->model.n_layer, sizeof(Fp8Operand));
+        d->xt8 = (Fp8Operand *)xcalloc(4 * (size_t)c->model.n_layer, sizeof(Fp8Operand));
+        d->xt8_n = (int *)xcalloc(4 * (size_t)c->model.n_layer, sizeof(int));
+    }
     carve(c, B, T, world, NULL, NULL, &m->plan);
     if (plan_out) {
         fprintf(plan_out, "GPU memory plan: micro-batch %d x %d tokens%s", B, T,
@@ -437,6 +532,10 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     if (m->plan.total > free_b) {
         param_table_free(&m->table);
         free(d->L);
+        free(d->w8);
+        free(d->wt8);
+        free(d->xt8);
+        free(d->xt8_n);
         free(d);
         return errf(e, "the GPU memory plan needs %.2f GiB but the GPU has %.2f GiB free (of %.2f): "
                        "lower train.micro_batch, set train.recompute, or use a smaller model",
@@ -449,6 +548,7 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     carve(c, B, T, world, arena, d, &again);
     if (memcmp(&again, &m->plan, sizeof again)) FATAL("model_gpu: the plan changed between sizing and carving");
     CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+    d->w8_dirty = 1;
     matmul_gpu_init();
     if (c->precision.linear != LINEAR_BF16) linear_fp8_gpu_init();
     d->host_losses = (float *)xcalloc((size_t)B * T, sizeof(float));
@@ -477,6 +577,10 @@ void gpu_model_free(GpuModel *m) {
         CUDA_CHECK(cudaFree(d->arena));
         CUDA_CHECK(cudaStreamDestroy(d->stream));
         free(d->L);
+        free(d->w8);
+        free(d->wt8);
+        free(d->xt8);
+        free(d->xt8_n);
         free(d->host_losses);
         free(d->host_logits);
         free(d);
@@ -535,6 +639,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     cudaStream_t s = d->stream;
     d->fwd_B = B;
     d->fwd_T = T;
+    fp8_refresh_weights(m);  // Q(W), Q(W^T) if the weights changed (FP8 linears only)
     // With recompute the per-layer h1, h2, sw live in scratch (see the file comment).
     embedding_forward_gpu(d->L[0].x_in, d->tokens, W(m, P_WTE, 0), BT, C, Vp, s);
     rmsnorm_forward_gpu(rc ? d->dhf : d->L[0].h1, d->L[0].rstd1, d->L[0].x_in, W(m, P_ATTN_NORM, 0), BT, C, eps, s);
@@ -596,7 +701,9 @@ static float head_and_loss(GpuModel *m, int counted, int want_grad) {
 
 float gpu_model_forward(GpuModel *m, const int32_t *tokens, const int32_t *targets) {
     int counted = upload_batch(m, tokens, targets, m->B * m->T);
+    dev_of(m)->save_xt = 1;  // a backward follows: keep Q(x^T) for wgrad
     forward_blocks(m, m->B, m->T);
+    dev_of(m)->save_xt = 0;
     return head_and_loss(m, counted, 1);
 }
 
@@ -625,6 +732,16 @@ void gpu_model_next_logits(GpuModel *m, const int32_t *tokens, int t, float *log
 
 // --- backward -------------------------------------------------------------------------------------
 
+void gpu_model_set_grad_ready_hook(GpuModel *m, GpuGradReadyFn fn, void *ctx) {
+    m->grad_ready_fn = fn;
+    m->grad_ready_ctx = ctx;
+}
+
+// The hook of model_gpu.h: the gradients [lo, hi) are final once the work enqueued so far runs.
+static void grads_final(GpuModel *m, size_t lo, size_t hi) {
+    if (m->grad_ready_fn) m->grad_ready_fn(m->grad_ready_ctx, lo, hi);
+}
+
 void gpu_model_backward(GpuModel *m, float loss_scale) {
     Dev *d = dev_of(m);
     const ModelConfig *mc = &m->cfg.model;
@@ -642,6 +759,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
     // Final RMSNorm: dres = d(loss * loss_scale)/d(x_final) (dhf already carries the scale).
     rmsnorm_backward_gpu(d->dres, G(m, P_FINAL_NORM, 0), d->norm_scratch, d->dhf, d->x_final,
                          W(m, P_FINAL_NORM, 0), d->rstd_f, BT, C, 0, s);
+    // Flat layout (model.c): wte, layers 0..L-1 (each from attn_norm), final_norm, [lm_head].
+    grads_final(m, param_offset(m, P_FINAL_NORM, 0), m->table.total);  // + the forward's LM head
     for (int l = mc->n_layer - 1; l >= 0; l--) {
         LayerBufs *lb = &d->L[l];
         // MLP: x_out = x_mid + sw @ Wp^T, sw = swiglu(fc), fc = h2 @ Wfc^T, h2 = RMSNorm(x_mid)
@@ -682,8 +801,11 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         lin_dgrad(m, P_QKV, l, d->dhf, dqkv, BT, 3 * C, C);                          // dh (BT, C)
         rmsnorm_backward_gpu(d->dres, G(m, P_ATTN_NORM, l), d->norm_scratch, d->dhf, lb->x_in,
                              W(m, P_ATTN_NORM, l), lb->rstd1, BT, C, 1, s);
+        grads_final(m, param_offset(m, P_ATTN_NORM, l),  // this block's tensors, all written above
+                    param_offset(m, l + 1 < mc->n_layer ? P_ATTN_NORM : P_FINAL_NORM, l + 1 < mc->n_layer ? l + 1 : 0));
     }
     embedding_backward_gpu(G(m, P_WTE, 0), d->dres, d->tokens, d->emb_scratch, BT, C, Vp, s);
+    grads_final(m, 0, param_offset(m, P_ATTN_NORM, 0));  // wte (+ the tied head's, from the forward)
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -753,10 +875,12 @@ static void refuse_sharded(const GpuModel *m, const char *what) {
 void gpu_model_step(GpuModel *m, double lr, double clip, const TrainConfig *tc) {
     refuse_sharded(m, "gpu_model_step");
     adamw_range(m, 0, m->table.total, lr, clip, tc);
+    dev_of(m)->w8_dirty = 1;  // FP8 linears: re-quantize the weights before the next forward
 }
 
 void gpu_model_step_slice(GpuModel *m, double lr, double clip, const TrainConfig *tc) {
     adamw_range(m, m->shard_lo, m->shard_hi, lr, clip, tc);
+    dev_of(m)->w8_dirty = 1;  // (the all-gather writes the rest of the weights before the next forward)
 }
 
 static void copy_out(GpuModel *m, float *host, const float *dev) {
@@ -779,7 +903,11 @@ void gpu_model_set_grads(GpuModel *m, const float *grads) { copy_in(m, dev_of(m)
 float *gpu_model_grads_device(GpuModel *m) { return dev_of(m)->g; }
 long long gpu_model_fp8_gemm_count(GpuModel *m) { return dev_of(m)->fp8_gemms; }
 void *gpu_model_stream(GpuModel *m) { return (void *)dev_of(m)->stream; }
-uint16_t *gpu_model_weights_device(GpuModel *m) { return dev_of(m)->w; }
+uint16_t *gpu_model_weights_device(GpuModel *m) {  // the caller may write them: FP8 copies refreshed
+    dev_of(m)->w8_dirty = 1;
+    return dev_of(m)->w;
+}
+long long gpu_model_fp8_weight_refreshes(GpuModel *m) { return dev_of(m)->fp8_weight_refreshes; }
 void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v) {
     Dev *d = dev_of(m);
     *master = d->p;
@@ -795,6 +923,7 @@ void gpu_model_set_params(GpuModel *m, const float *params) {
     float *full = m->shard_world > 1 ? d->g : d->p;  // (P)
     copy_in(m, full, params);
     cast_f32_to_bf16_gpu(d->w, full, m->table.total, d->stream);
+    d->w8_dirty = 1;
     if (full != d->p) {
         CUDA_CHECK(cudaMemsetAsync(d->p, 0, sizeof(float) * m->shard_len, d->stream));
         CUDA_CHECK(cudaMemcpyAsync(d->p, full + m->shard_lo, sizeof(float) * (m->shard_hi - m->shard_lo),

@@ -44,6 +44,8 @@
 extern "C" {
 #endif
 
+typedef void (*GpuGradReadyFn)(void *ctx, size_t lo, size_t hi);  // gpu_model_set_grad_ready_hook
+
 typedef struct {
     Config cfg;          // copy of the validated config
     ParamTable table;    // the same table (names, offsets, decay flags) as the CPU backend
@@ -58,6 +60,8 @@ typedef struct {
     // Without ZeRO-1: rank 0 of 1, the slice [0, P), S = P.
     int shard_rank, shard_world;
     size_t shard_lo, shard_hi, shard_len;
+    GpuGradReadyFn grad_ready_fn;  // gpu_model_set_grad_ready_hook; NULL: none
+    void *grad_ready_ctx;
     void *priv;          // device buffers and state, private to model_gpu.cu
 } GpuModel;
 
@@ -100,6 +104,16 @@ void gpu_model_set_loss_scale(GpuModel *m, float loss_scale);
 float gpu_model_forward(GpuModel *m, const int32_t *tokens, const int32_t *targets);
 // Backward of the last forward: ADDS d(loss * loss_scale)/d(params) into the FP32 gradients.
 void gpu_model_backward(GpuModel *m, float loss_scale);
+// Gradient-ready hook (data parallelism overlapping the reduction with the backward, zero1_gpu.h):
+// gpu_model_backward calls fn(ctx, lo, hi) on the host each time the work that finishes the
+// gradients [lo, hi) of the flat buffer has been ENQUEUED on the model's stream (not yet run):
+// nothing later in this backward touches them. The calls come in this order, each range just
+// below the previous one, together [0, P): [final_norm, P) after the final norm's backward (the
+// untied LM head was completed by the forward), then each block's tensors, layer n_layer-1 down
+// to 0, then [0, layers.0) (wte: the embedding's gradient, and the tied head's from the forward)
+// after the embedding's backward. fn NULL: no calls (the default). Affects only the backwards
+// that run while it is set (the backend sets it around the last micro-step's backward only).
+void gpu_model_set_grad_ready_hook(GpuModel *m, GpuGradReadyFn fn, void *ctx);
 // Forward only (evaluation): the same loss, no gradient work; a following backward is an error.
 float gpu_model_loss(GpuModel *m, const int32_t *tokens, const int32_t *targets);
 // Logits of the last position only, for sampling: tokens (1, t) host, t <= T; logits (Vp) host
@@ -167,6 +181,9 @@ void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_r
 // FP8 GEMMs (forward, dgrad and wgrad each count one) run since gpu_model_init: 12 per FP8 block
 // per forward + backward, 4 per forward only. For tests.
 long long gpu_model_fp8_gemm_count(GpuModel *m);
+// Quantizations of an FP8 linear's weight into Q(W) and Q(W^T) so far (one per FP8 linear per
+// forward that follows a change of the BF16 weights; for tests).
+long long gpu_model_fp8_weight_refreshes(GpuModel *m);
 
 #ifdef __cplusplus
 }

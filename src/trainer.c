@@ -436,10 +436,11 @@ static void print_plan(const Run *r, long long start_step) {
            r->tokens_per_step, c->train.steps, start_step, r->train.n_files, shard_tokens,
            r->have_val ? "" : " | no data.val: evaluation skipped");
     if (r->world > 1)
-        printf("data parallel: %d ranks (%s launcher, %d per node) | %s | ZeRO-1 %s | comm timeout %g s\n", r->world,
-               comm_launcher_name(r->comm.launcher), r->comm.local_world,
+        printf("data parallel: %d ranks (%s launcher, %d per node) | %s | ZeRO-1 %s | overlap %s | comm timeout %g s\n",
+               r->world, comm_launcher_name(r->comm.launcher), r->comm.local_world,
                r->be.kind == DEVICE_GPU ? "NCCL" : "host transport over TCP",
-               r->be.zero1 ? "on (AdamW state sharded)" : "off", r->comm.timeout_s);
+               r->be.zero1 ? "on (AdamW state sharded)" : "off",
+               r->be.overlap ? "on (gradient buckets reduced during the last backward)" : "off", r->comm.timeout_s);
     if (r->be.kind == DEVICE_CPU) {
         printf("device: cpu (%d threads) | MFU n/a (CPU)\n", omp_get_max_threads());
     } else {
@@ -451,11 +452,12 @@ static void print_plan(const Run *r, long long start_step) {
     fflush(stdout);
 }
 
-// Model FLOPs utilisation of a step at tok_s tokens/s: achieved FLOP/s over the GPU's dense
-// BF16 peak. -1 on the CPU or when the GPU's peak is unknown.
+// Model FLOPs utilisation of a step at tok_s tokens/s (all ranks together): achieved FLOP/s over
+// the dense BF16 peak of the world's GPUs (one per rank), so the number is per GPU whatever the
+// world size. -1 on the CPU or when the GPU's peak is unknown.
 static double mfu_of(const Run *r, double tok_s) {
     if (r->be.kind != DEVICE_GPU || !(r->gpu.peak_bf16_tflops > 0) || !(tok_s > 0)) return -1.0;
-    return tok_s * r->flops_per_token / (r->gpu.peak_bf16_tflops * 1e12);
+    return tok_s * r->flops_per_token / (r->gpu.peak_bf16_tflops * 1e12 * (r->world > 0 ? r->world : 1));
 }
 
 // Evaluates, prints the validation loss and appends it to the metrics file.

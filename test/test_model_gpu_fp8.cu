@@ -4,8 +4,9 @@
 // fp8_naive | fp8_hybrid | fp8_dm | fp8_dm_approx through attention_fp8.h), alone and together.
 //
 // Everywhere (host code only): model.c's memory_plan (what --dry-run prints) equals
-// gpu_model_plan byte for byte in FP8 modes, the FP8 slots / quantized attention operands are the
-// only difference from BF16, and the configs the GPU refuses (FP8 LM head, B*T or widths not
+// gpu_model_plan byte for byte in FP8 modes, the FP8 slots (workspace), FP8 weight copies
+// (weights) and saved Q(x^T) (activations) / quantized attention operands are the only
+// difference from BF16, and the configs the GPU refuses (FP8 LM head, B*T or widths not
 // multiples of 16, delayed attention scaling, fp32 attention) are user errors with messages naming
 // the field. Without a GPU: then one "skipped" line, exit 0.
 // With a GPU, on test_model_gpu.cu's tiny config and batches (d 128, 2 layers, 2 heads of 64,
@@ -17,10 +18,14 @@
 //   tensor, printed), the size and direction of the FP8 effect on the GPU against the CPU's
 //   (catches an FP8 path that is silently BF16, a wrong format, or an error that is not the
 //   emulation's), the number of FP8 GEMMs (12 per FP8 block per step), next-token logits, and
-//   10 AdamW steps. keep-first/last options: layer 0 or layer 1 kept BF16 (6 -> 12 FP8 GEMMs),
+//   10 AdamW steps, after which the persistent FP8 weights were quantized exactly once per FP8
+//   linear per step and are not stale (the loss equals a fresh model's given the parameters). keep-first/last options: layer 0 or layer 1 kept BF16 (6 -> 12 FP8 GEMMs),
 //   and both kept (all BF16: the same gradients as the BF16 run).
 //   The row-sum invariant inside the model: fp8_dm's rows of dS sum to zero in every layer.
-//   Timing (information): the 125M config's shapes in bf16, fp8_tensor and fp8_block.
+//   Timing (information): the 125M config's and paper_569m's shapes (B 4 x T 4096) in bf16,
+//   fp8_tensor and fp8_block, steps split into forward / backward / optimizer, and a CUDA-event
+//   breakdown of the linears (BF16 GEMMs vs FP8 GEMMs + each quantization). FP8_SKIP_TIMING=1
+//   skips it.
 #include <cuda_runtime.h>  // cudaGetDeviceCount (via gpu_test.h)
 #include <math.h>          // sqrt, isfinite, fabs
 #include <stdint.h>        // int32_t
@@ -28,6 +33,7 @@
 #include <stdlib.h>        // exit
 #include <string.h>        // memcmp, strstr
 #include <vector>          // host buffers
+#include <algorithm>       // std::max
 
 #include "attention_fp8.h"  // attn_mode_block_sizes (the CPU emulates those tiles), AttnModeDiag
 #include "cuda_check.h"     // CUDA_CHECK
@@ -35,6 +41,8 @@
 #include "config.h"         // Config, config_parse
 #include "gpu_test.h"       // gpu_test_have_gpu
 #include "linear_fp8.h"     // linear_precision_of: which blocks run FP8
+#include "linear_fp8_gpu.h" // the timing breakdown's quantizations and FP8 GEMMs
+#include "matmul.h"         // the timing breakdown's BF16 GEMMs
 #include "model.h"          // memory_plan, model_flops_per_token
 #include "model_cpu.h"      // the reference backend
 #include "model_gpu.h"      // the backend under test
@@ -44,15 +52,23 @@
 
 
 // --- host-only: plans and user errors --------------------------------------------------------------
+static int fp8_layers_of(const Config &c) {
+    int n = 0;
+    for (int l = 0; l < c.model.n_layer; l++) n += linear_precision_of(&c.precision, c.model.n_layer, l) != LINEAR_BF16;
+    return n;
+}
+
 static void plan_tests(void) {
     const char *modes[] = {"precision.linear=\"fp8_tensor\"", "precision.linear=\"fp8_block\""};
     const char *big[] = {"model.d_model=768", "model.n_head=6", "model.ffn_hidden=2048", "model.seq_len=1024",
                          "model.n_layer=3", "model.tied_embeddings=true", "train.micro_batch=16"};
     const char *odd[] = {"model.d_model=192", "model.n_head=3", "model.ffn_hidden=528", "train.micro_batch=3"};
     const char *rc_qk[] = {"train.recompute=true", "model.qk_norm=true"};
+    const char *keep[] = {"model.n_layer=4", "precision.linear_bf16_first_layers=1",
+                          "precision.linear_bf16_last_layers=1"};
     struct { const char *label; const char *const *ov; int n; } shapes[] = {
         {"tiny", NULL, 0}, {"d768 B16 T1024", big, 7}, {"d192 F528 B3 (partial 128-groups)", odd, 4},
-        {"tiny recompute qk_norm", rc_qk, 2}};
+        {"tiny recompute qk_norm", rc_qk, 2}, {"4 layers, first and last bf16", keep, 3}};
     for (int mi = 0; mi < 2; mi++)
         for (auto &s : shapes) {
             std::vector<const char *> ov(s.ov, s.ov + s.n);
@@ -76,19 +92,29 @@ static void plan_tests(void) {
                   gpu.grads, dry.activations, gpu.activations, dry.workspace, gpu.workspace, dry.total, gpu.total);
             memory_plan(&cb, 1, 0, B, &dry_b);
             gpu_model_plan(&cb, B, T, &gpu_b, &e);
-            // FP8 adds only workspace: 3 code slots (>= BT*max(3C,2F), BT*max(C,F), C*max(3C,2F)
-            // bytes) and their scales; the FP8 GEMMs share matmul.cu's cuBLASLt workspace.
+            // FP8 adds: workspace, 2 code slots (BT*max(3C,2F) bytes each: Q(x) / Q(dy) and
+            // Q(dy^T)) and their scales (the FP8 GEMMs share matmul.cu's cuBLASLt workspace);
+            // weights, per FP8 block Q(W) and Q(W^T) of its 4 linears (2 bytes a weight);
+            // activations, per FP8 block Q(x^T) of the 4 linears' inputs (BT*(3C+F) bytes).
             size_t BT = (size_t)B * T, C = c.model.d_model, F = c.model.ffn_hidden;
-            size_t wide = 3 * C > 2 * F ? 3 * C : 2 * F, narrow = C > F ? C : F;
-            size_t min_extra = BT * wide + BT * narrow + C * wide;
-            size_t extra = gpu.workspace - gpu_b.workspace;
-            printf("# plan %s %s: FP8 slots %.3f MiB (codes alone %.3f MiB)\n", s.label, modes[mi],
-                   extra / 1048576.0, min_extra / 1048576.0);
-            snprintf(name, sizeof name, "plan %s %s: only the workspace grows, by the FP8 slots", s.label, modes[mi]);
-            CHECK(gpu.weights == gpu_b.weights && gpu.master == gpu_b.master && gpu.optimizer == gpu_b.optimizer &&
-                      gpu.grads == gpu_b.grads && gpu.activations == gpu_b.activations && extra >= min_extra &&
-                      extra < min_extra + min_extra / 4 + 8192 && !memcmp(&dry_b, &gpu_b, sizeof dry_b),
-                  name, "workspace +%zu bytes, expected at least %zu", extra, min_extra);
+            size_t wide = 3 * C > 2 * F ? 3 * C : 2 * F, nf = (size_t)fp8_layers_of(c);
+            size_t min_ws = 2 * BT * wide, min_w = nf * 2 * (4 * C * C + 3 * C * F), min_a = nf * BT * (3 * C + F);
+            size_t ex_ws = gpu.workspace - gpu_b.workspace, ex_w = gpu.weights - gpu_b.weights;
+            size_t ex_a = gpu.activations - gpu_b.activations;
+            printf("# plan %s %s: FP8 slots %.3f MiB, FP8 weights %.3f MiB, saved Q(x^T) %.3f MiB (codes alone %.3f, "
+                   "%.3f, %.3f MiB)\n", s.label, modes[mi], ex_ws / 1048576.0, ex_w / 1048576.0, ex_a / 1048576.0,
+                   min_ws / 1048576.0, min_w / 1048576.0, min_a / 1048576.0);
+            snprintf(name, sizeof name, "plan %s %s: FP8 adds slots (workspace), Q(W) + Q(W^T) (weights), Q(x^T) "
+                     "(activations), nothing else", s.label, modes[mi]);
+            auto near = [](size_t ex, size_t lo, size_t n_bufs) {  // codes + scales (<= 1/4) + padding
+                return ex >= lo && ex <= lo + lo / 4 + 512 * n_bufs;
+            };
+            CHECK(gpu.master == gpu_b.master && gpu.optimizer == gpu_b.optimizer && gpu.grads == gpu_b.grads &&
+                      gpu.weights >= gpu_b.weights && gpu.activations >= gpu_b.activations &&
+                      gpu.workspace >= gpu_b.workspace && near(ex_ws, min_ws, 4) && near(ex_w, min_w, 16 * nf) &&
+                      near(ex_a, min_a, 8 * nf) && !memcmp(&dry_b, &gpu_b, sizeof dry_b),
+                  name, "workspace +%zu (>= %zu), weights +%zu (>= %zu), activations +%zu (>= %zu)", ex_ws, min_ws,
+                  ex_w, min_w, ex_a, min_a);
         }
     // User errors.
     ErrBuf e;
@@ -330,6 +356,27 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
         double r = rel_l2(gp.data(), cpu.params, P, NULL);
         printf("# %s: parameters after %d steps, GPU vs CPU rel L2 %.3e (information)\n", label, steps, r);
         adamw_free(&opt);
+        // The FP8 weight copies follow the optimizer: each FP8 linear's Q(W), Q(W^T) made once by
+        // the first forward, then once per step (by the forward after it), never by evaluation
+        // forwards or the backward; and the loss after the steps equals that of a fresh model given
+        // the same parameters (stale FP8 weights would give the loss of an earlier step).
+        long long refreshes = gpu_model_fp8_weight_refreshes(&gpu);
+        snprintf(name, sizeof name, "%s: FP8 weights quantized once per FP8 linear per step (%d x %d)", label,
+                 4 * n_fp8, steps);
+        CHECK(refreshes == 4LL * n_fp8 * steps, name, "%lld refreshes", refreshes);
+        GpuModel fresh;
+        if (gpu_model_init(&fresh, &c, B, T, SEED + 1, NULL, &e) == 0) {
+            gpu_model_set_params(&fresh, gp.data());
+            float la = gpu_model_loss(&gpu, bt.tokens.data(), bt.targets.data());
+            float lb = gpu_model_loss(&fresh, bt.tokens.data(), bt.targets.data());
+            printf("# %s: loss after the steps %.7f, fresh model with those parameters %.7f\n", label, la, lb);
+            snprintf(name, sizeof name, "%s: after the steps the loss is a fresh model's with the same parameters "
+                     "(FP8 weights not stale)", label);
+            CHECK(fabs(la - lb) <= 1e-6 * fabs(lb), name, "stepped %.7f fresh %.7f", la, lb);
+            gpu_model_free(&fresh);
+        } else {
+            CHECK(0, "fresh gpu_model_init", "%s", e.msg);
+        }
     }
     gpu_model_free(&gpu);
     cpu_model_free(&cpu);
@@ -396,13 +443,23 @@ static void invariant_check(const Batches &bt) {
     CHECK(r[2] > r[0], "invariant: fp8_dm_approx's residual is above fp8_dm's", "approx %.3e dm %.3e", r[2], r[0]);
 }
 
-// --- timing on the 125M config's shapes -------------------------------------------------------------
-static double timed_run(const char *label, const char *const *ov, int n_ov) {
-    const char *s125 =
-        "{\"model\": {\"d_model\": 768, \"n_layer\": 12, \"n_head\": 6, \"ffn_hidden\": 2048, \"seq_len\": 1024,"
-        " \"tied_embeddings\": true}, \"train\": {\"micro_batch\": 16, \"grad_clip\": 1.0},"
-        " \"precision\": {\"attention\": \"bf16\"}}";
-    Config c = make_config(s125, ov, n_ov);
+// --- timing on the 125M and paper_569m shapes --------------------------------------------------------
+// Model shapes for timing: the 125M config (12 layers, d 768, B 16 x T 1024) and
+// configs/paper_569m.json's model (15 layers, d 1536, 12 heads of 128, SwiGLU 3968, untied; its
+// micro-batch 4 x 4096). Attention BF16 in both.
+static const char *S125 =
+    "{\"model\": {\"d_model\": 768, \"n_layer\": 12, \"n_head\": 6, \"ffn_hidden\": 2048, \"seq_len\": 1024,"
+    " \"tied_embeddings\": true}, \"train\": {\"micro_batch\": 16, \"grad_clip\": 1.0},"
+    " \"precision\": {\"attention\": \"bf16\"}}";
+static const char *S569 =
+    "{\"model\": {\"vocab_size\": 50257, \"d_model\": 1536, \"n_layer\": 15, \"n_head\": 12, \"ffn_hidden\": 3968,"
+    " \"seq_len\": 4096, \"position\": \"rope\", \"qk_norm\": false, \"tied_embeddings\": false},"
+    " \"train\": {\"micro_batch\": 4, \"grad_clip\": 1.0}, \"precision\": {\"attention\": \"bf16\"}}";
+
+// Whole steps (forward + head, backward, grad norm + AdamW), host-timed per phase (each phase
+// ends with a stream synchronisation). Returns tokens/s.
+static double timed_run(const char *shape, const char *json, const char *label, const char *const *ov, int n_ov) {
+    Config c = make_config(json, ov, n_ov);
     int B = c.train.micro_batch, T = c.model.seq_len, BT = B * T;
     std::vector<int32_t> tokens(BT), targets(BT);
     make_batch(tokens.data(), targets.data(), B, T, c.model.vocab_size);
@@ -410,20 +467,158 @@ static double timed_run(const char *label, const char *const *ov, int n_ov) {
     ErrBuf e;
     char name[160];
     int rc = gpu_model_init(&m, &c, B, T, 42, NULL, &e);
-    snprintf(name, sizeof name, "timing 125M %s: gpu_model_init", label);
+    snprintf(name, sizeof name, "timing %s %s: gpu_model_init", shape, label);
     CHECK(rc == 0, name, "%s", rc ? e.msg : "");
     if (rc) return 0;
-    int ok = 1;
+    const int n_steps = 8, warm = 3;
+    double tf = 0, tb = 0, ts = 0;
     float first = 0, last = 0;
-    double dt = timed_steps(&m, &c, tokens.data(), targets.data(), 8, 3, &first, &last, &ok);
+    int ok = 1;
+    for (int k = 0; k < n_steps; k++) {
+        double t0 = now_seconds();
+        gpu_model_zero_grad(&m);
+        float l = gpu_model_forward(&m, tokens.data(), targets.data());
+        double t1 = now_seconds();
+        gpu_model_backward(&m, 1.0f);
+        double t2 = now_seconds();
+        double n = gpu_model_grad_norm(&m);
+        gpu_model_step(&m, 6e-4, grad_clip_factor(&c.train, n), &c.train);
+        double t3 = now_seconds();
+        if (!isfinite(l) || !isfinite(n)) ok = 0;
+        if (k == 0) first = l;
+        last = l;
+        if (k >= warm) tf += t1 - t0, tb += t2 - t1, ts += t3 - t2;
+    }
+    const int nt = n_steps - warm;
+    double dt = (tf + tb + ts) / nt;
     double flops = model_flops_per_token(&c.model) * BT;
-    printf("# timing: 125M L12 T1024 B%d %-10s: %.2f ms/step, %.0f tokens/s, %.1f TFLOP/s (model FLOPs), %.2f GiB "
-           "planned, loss %.4f -> %.4f (same batch)\n",
-           B, label, dt * 1e3, BT / dt, flops / dt / 1e12, m.plan.total / 1073741824.0, first, last);
-    snprintf(name, sizeof name, "timing 125M %s: loss and gradient norm finite", label);
+    printf("# timing: %s L%d T%d B%d %-10s: %.2f ms/step (forward+head %.2f, backward %.2f, norm+AdamW %.2f), "
+           "%.0f tokens/s, %.1f TFLOP/s (model FLOPs), %.2f GiB planned, loss %.4f -> %.4f (same batch)\n",
+           shape, c.model.n_layer, T, B, label, dt * 1e3, tf / nt * 1e3, tb / nt * 1e3, ts / nt * 1e3, BT / dt,
+           flops / dt / 1e12, m.plan.total / 1073741824.0, first, last);
+    snprintf(name, sizeof name, "timing %s %s: loss and gradient norm finite", shape, label);
     CHECK(ok, name, "loss %.4f -> %.4f", first, last);
     gpu_model_free(&m);
     return BT / dt;
+}
+
+// Where the time of the FP8 linears goes, per kernel, CUDA-event timed on one model's linear
+// shapes (N tokens, the 4 linears W (M, K) of a block): the three BF16 GEMMs; the three FP8 GEMMs;
+// and the quantizations the model runs per step and block: Q(x) + Q(x^T) (forward), Q(dy) +
+// Q(dy^T) (lin_wgrad), Q(W) + Q(W^T) (once per step). Sums over the model's layers.
+static void linear_breakdown(const char *shape, const char *json) {
+    Config c = make_config(json, NULL, 0);
+    const int N = c.train.micro_batch * c.model.seq_len, C = c.model.d_model, F = c.model.ffn_hidden;
+    const int L = c.model.n_layer;
+    const int mk[4][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}};
+    const char *names[4] = {"qkv", "attn proj", "mlp in", "mlp out"};
+    size_t maxMK = 0, maxNK = 0, maxNM = 0;
+    for (auto &s : mk) {
+        maxMK = std::max(maxMK, (size_t)s[0] * s[1]);
+        maxNK = std::max(maxNK, (size_t)N * s[1]);
+        maxNM = std::max(maxNM, (size_t)N * s[0]);
+    }
+    uint16_t *x, *w, *dy, *y, *dx;
+    float *dw;
+    CUDA_CHECK(cudaMalloc(&x, 2 * maxNK));
+    CUDA_CHECK(cudaMalloc(&dx, 2 * maxNK));
+    CUDA_CHECK(cudaMalloc(&w, 2 * maxMK));
+    CUDA_CHECK(cudaMalloc(&dw, 4 * maxMK));
+    CUDA_CHECK(cudaMalloc(&dy, 2 * maxNM));
+    CUDA_CHECK(cudaMalloc(&y, 2 * maxNM));
+    {  // deterministic values of moderate range (BF16 bits of N(0,1)-ish numbers)
+        size_t n = std::max(maxNK, std::max(maxMK, maxNM));
+        std::vector<uint16_t> h(n);
+        uint32_t st = 12345;
+        for (size_t i = 0; i < n; i++) {
+            st = st * 1664525u + 1013904223u;
+            float v = ((int)(st >> 9) % 2001 - 1000) / 700.0f;
+            uint32_t bits;
+            memcpy(&bits, &v, 4);
+            h[i] = (uint16_t)(bits >> 16);
+        }
+        CUDA_CHECK(cudaMemcpy(x, h.data(), 2 * maxNK, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(w, h.data(), 2 * maxMK, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dy, h.data(), 2 * maxNM, cudaMemcpyHostToDevice));
+    }
+    matmul_gpu_init();
+    linear_fp8_gpu_init();
+    cudaStream_t st = 0;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    const int reps = 10;
+    // milliseconds per call of f (after one warm-up call)
+    auto time_ms = [&](auto f) {
+        f();
+        CUDA_CHECK(cudaEventRecord(e0, st));
+        for (int r = 0; r < reps; r++) f();
+        CUDA_CHECK(cudaEventRecord(e1, st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        return (double)ms / reps;
+    };
+    printf("# breakdown %s: per block, N = %d tokens, ms (CUDA events, %d calls each); FP8 quantizations: x = Q(x) + "
+           "Q(x^T), dy = Q(dy) + Q(dy^T), W = Q(W) + Q(W^T)\n", shape, N, reps);
+    for (int mode = 0; mode < 2; mode++) {
+        const LinearPrecision p = mode ? LINEAR_FP8_BLOCK : LINEAR_FP8_TENSOR;
+        const Fp8Grouping ag = mode ? FP8_GROUP_1x128 : FP8_GROUP_TENSOR, wg = mode ? FP8_GROUP_128x128 : FP8_GROUP_TENSOR;
+        double sum_b = 0, sum_g = 0, sum_qx = 0, sum_qdy = 0, sum_qw = 0;
+        for (int i = 0; i < 4; i++) {
+            const int M = mk[i][0], K = mk[i][1];
+            Fp8Operand xq, xt, dyq, dyt, wq, wt;
+            fp8_operand_alloc(&xq, N, K, ag, FP8_E4M3);
+            fp8_operand_alloc(&xt, K, N, ag, FP8_E4M3);
+            fp8_operand_alloc(&dyq, N, M, ag, FP8_E4M3);
+            fp8_operand_alloc(&dyt, M, N, ag, FP8_E4M3);
+            fp8_operand_alloc(&wq, M, K, wg, FP8_E4M3);
+            fp8_operand_alloc(&wt, K, M, wg, FP8_E4M3);
+            double b = time_ms([&] {
+                matmul_forward_gpu(y, x, w, N, M, K, 0, st);
+                matmul_dgrad_gpu(dx, dy, w, N, M, K, 0, st);
+                matmul_wgrad_gpu(dw, dy, x, N, M, K, st);
+            });
+            double qx = time_ms([&] { fp8_quantize_gpu(&xq, &xt, x, N, K, NULL, st); });
+            double qdy = time_ms([&] { fp8_quantize_gpu(&dyq, &dyt, dy, N, M, NULL, st); });
+            double qw = time_ms([&] { fp8_quantize_gpu(&wq, &wt, w, M, K, NULL, st); });
+            double gf = time_ms([&] { linear_fp8_forward_gpu(y, &xq, &wq, st); });
+            double gd = time_ms([&] { linear_fp8_dgrad_gpu(dx, &dyq, &wt, st); });
+            double gw = time_ms([&] { linear_fp8_wgrad_gpu(dw, &dyt, &xt, 1, st); });
+            printf("#   %-10s %-8s (M %5d, K %5d): bf16 GEMMs %.3f | fp8 GEMMs fwd %.3f dgrad %.3f wgrad %.3f = %.3f "
+                   "(%.2fx) | quantize x %.3f dy %.3f W %.3f | fp8 total %.3f (%.2fx bf16)\n",
+                   linear_precision_name(p), names[i], M, K, b, gf, gd, gw, gf + gd + gw, b / (gf + gd + gw), qx, qdy,
+                   qw, gf + gd + gw + qx + qdy + qw, b / (gf + gd + gw + qx + qdy + qw));
+            sum_b += b, sum_g += gf + gd + gw, sum_qx += qx, sum_qdy += qdy, sum_qw += qw;
+            fp8_operand_free(&xq); fp8_operand_free(&xt); fp8_operand_free(&dyq);
+            fp8_operand_free(&dyt); fp8_operand_free(&wq); fp8_operand_free(&wt);
+        }
+        double fp8 = sum_g + sum_qx + sum_qdy + sum_qw;
+        printf("# breakdown %s %s: all %d blocks' linears per step: bf16 %.2f ms; fp8 %.2f ms = GEMMs %.2f + quantize "
+               "x %.2f + dy %.2f + W %.2f (%.0f%% quantization); saves %.2f ms a step (%.2fx on the linears)\n",
+               shape, linear_precision_name(p), L, L * sum_b, L * fp8, L * sum_g, L * sum_qx, L * sum_qdy, L * sum_qw,
+               100.0 * (fp8 - sum_g) / fp8, L * (sum_b - fp8), sum_b / fp8);
+    }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(dx)); CUDA_CHECK(cudaFree(w)); CUDA_CHECK(cudaFree(dw));
+    CUDA_CHECK(cudaFree(dy)); CUDA_CHECK(cudaFree(y));
+}
+
+static void timing_section(void) {
+    const char *ov_tt[] = {"precision.linear=\"fp8_tensor\""};
+    const char *ov_b[] = {"precision.linear=\"fp8_block\""};
+    const char *shapes[2] = {"125M", "569M"}, *jsons[2] = {S125, S569};
+    for (int k = 0; k < 2; k++) {
+        double tb = timed_run(shapes[k], jsons[k], "bf16", NULL, 0);
+        double tt = timed_run(shapes[k], jsons[k], "fp8_tensor", ov_tt, 1);
+        double tk = timed_run(shapes[k], jsons[k], "fp8_block", ov_b, 1);
+        if (tb > 0)
+            printf("# timing: %s tokens/s relative to bf16: fp8_tensor %.2fx, fp8_block %.2fx (weights quantized once "
+                   "per step, Q(x^T) kept from the forward, dy quantized once for dgrad and wgrad)\n",
+                   shapes[k], tt / tb, tk / tb);
+        linear_breakdown(shapes[k], jsons[k]);
+    }
 }
 
 int main(void) {
@@ -473,13 +668,6 @@ int main(void) {
     invariant_check(bt);
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
-    double tb = timed_run("bf16", NULL, 0);
-    const char *ov_tt[] = {"precision.linear=\"fp8_tensor\""};
-    double tt = timed_run("fp8_tensor", ov_tt, 1);
-    double tk = timed_run("fp8_block", ov_b, 1);
-    if (tb > 0)
-        printf("# timing: 125M tokens/s relative to bf16: fp8_tensor %.2fx, fp8_block %.2fx (weights quantized per "
-               "GEMM, operands just before each GEMM)\n",
-               tt / tb, tk / tb);
+    if (!getenv("FP8_SKIP_TIMING")) timing_section();
     return test_summary("test_model_gpu_fp8");
 }

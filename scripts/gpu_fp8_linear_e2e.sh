@@ -1,0 +1,112 @@
+#!/bin/bash
+# gpu_fp8_linear_e2e.sh: on a GPU machine, issue 6's end-to-end measurement of FP8 linears:
+#   1. build train_gpt, test_linear_fp8_gpu and test_model_gpu_fp8 (make, cJSON from .deps/cjson
+#      when present);
+#   2. (unless NO_TEST=1) test_linear_fp8_gpu's quantization part (FP8_TEST_QUANT_ONLY=1: every
+#      quantize kernel code for code against the CPU emulation), then test_model_gpu_fp8: the FP8
+#      GPU model against the CPU emulation, then
+#      its timing section: 125M and paper_569m shapes in bf16 / fp8_tensor / fp8_block, steps
+#      split into forward / backward / optimizer, and a CUDA-event breakdown of the linears
+#      (BF16 GEMMs vs FP8 GEMMs + each quantization pass);
+#   3. train_gpt on configs/paper_569m.json (micro-batch MB x 4096, no accumulation, attention
+#      bf16), STEPS steps on data/austen per linear mode: bf16 (seed 42), bf16 (seed 43, data
+#      order unchanged: the seed-to-seed noise of the final losses), fp8_tensor, fp8_block (seed
+#      42); the final train and val loss (val: eval.batches batches at the last step) and tokens/s
+#      (median of metrics.jsonl over the steps after 5);
+#   4. a table last: mode, tok/s, ratio to bf16, final train / val loss, val loss - bf16's, and
+#      the seed noise.
+# Logs go to $OUT (default /tmp/gpu_fp8_e2e_out), runs to $WORK. About 5 minutes on one H200.
+#   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_linear_e2e.sh
+#   (STEPS=40 MB=4 NO_TEST=1 NO_NOISE=1 BUDGET=320 to change)
+set -u
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-/tmp/gpu_fp8_e2e_out}
+WORK=${WORK:-/tmp/gpu_fp8_e2e}
+MB=${MB:-4}
+STEPS=${STEPS:-40}
+BUDGET=${BUDGET:-320}  # seconds for the whole script
+mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
+t_start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - t_start )); }
+left() {  # seconds a step may take: at most $1, and what the budget leaves (at least 10)
+  local l=$(( BUDGET - $(elapsed) - 5 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 10 ] && l=10; echo "$l"
+}
+CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
+date -u +"%Y-%m-%d %H:%M UTC"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+
+echo "== 1. build ($(elapsed) s)"
+timeout 240 make -j16 SETUP=0 $CJ train_gpt build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8 \
+  >"$OUT/build.log" 2>&1
+echo "build exit $? at $(elapsed) s"
+grep -E "error" "$OUT/build.log" | head -10
+[ -x ./train_gpt ] || { tail -20 "$OUT/build.log"; echo "no train_gpt"; exit 1; }
+
+if [ "${NO_TEST:-0}" != 1 ]; then
+  echo "== 2. test_linear_fp8_gpu (quantization only) and test_model_gpu_fp8 ($(elapsed) s)"
+  FP8_TEST_QUANT_ONLY=1 timeout -k 5 60 build/tests/test_linear_fp8_gpu >"$OUT/test_linear_fp8_gpu.log" 2>&1
+  echo "test_linear_fp8_gpu exit $? at $(elapsed) s"
+  grep -E "^(FAIL|skipped)" "$OUT/test_linear_fp8_gpu.log" | head -10 | cut -c1-240
+  grep -E "^# test_linear_fp8_gpu" "$OUT/test_linear_fp8_gpu.log"
+  timeout -k 5 "$(left 150)" build/tests/test_model_gpu_fp8 >"$OUT/test_model_gpu_fp8.log" 2>&1
+  echo "test_model_gpu_fp8 exit $? at $(elapsed) s"
+  grep -E "^(FAIL|skipped)" "$OUT/test_model_gpu_fp8.log" | head -20 | cut -c1-240
+  grep -E "FP8 effect on all|loss cpu .* gpu .*\(rel|after the steps|^# timing|^# breakdown|^#   fp8_(tensor|block) " \
+    "$OUT/test_model_gpu_fp8.log" | grep -v "step " | cut -c1-260
+  grep -E "^# test_model_gpu_fp8" "$OUT/test_model_gpu_fp8.log"
+fi
+
+# run NAME LINEAR SEED: STEPS steps of paper_569m on data/austen, log to $OUT/run_NAME.log
+run() {
+  local name=$1 lin=$2 seed=$3 dir=$WORK/run_$1
+  set -- --config configs/paper_569m.json --device gpu --set train.micro_batch="$MB" --set train.batch_tokens=0 \
+    --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.recompute=false --set train.seed="$seed" \
+    --set "precision.linear=\"$lin\"" --set 'precision.attention="bf16"' \
+    --set "data.train=data/austen/train_*.bin" --set "data.val=data/austen/val_*.bin" \
+    --set eval.interval=0 --set eval.batches=3 --set eval.sample_interval=0 \
+    --set checkpoint.interval=0 --set checkpoint.keep=1 --set log.interval=5 --set "log.dir=$dir"
+  [ "$name" = bf16 ] && ./train_gpt "$@" --dry-run 2>&1 | grep -E "^(memory plan|  total|training FLOPs)"
+  timeout -k 5 "$(left 75)" ./train_gpt "$@" >"$OUT/run_$name.log" 2>&1
+  echo "train_gpt $name exit $? at $(elapsed) s"
+  grep -E "^(step [0-9]+/|done:|train_gpt: error)|rror" "$OUT/run_$name.log" | tail -4 | cut -c1-200
+  cp "$dir/metrics.jsonl" "$OUT/metrics_$name.jsonl" 2>/dev/null
+  cp "$dir/summary.json" "$OUT/summary_$name.json" 2>/dev/null
+}
+echo "== 3. train_gpt paper_569m, $STEPS steps of $MB x 4096 per mode ($(elapsed) s)"
+run bf16 bf16 42
+run fp8_tensor fp8_tensor 42
+run fp8_block fp8_block 42
+[ "${NO_NOISE:-0}" != 1 ] && run bf16_seed43 bf16 43
+
+echo "== 4. table ($(elapsed) s)"
+python3 - "$OUT" <<'EOF' | tee "$OUT/table.md"
+import json, os, statistics, sys
+out = sys.argv[1]
+def load(name):
+    r = {"name": name}
+    try:
+        rows = [json.loads(l) for l in open(os.path.join(out, "metrics_%s.jsonl" % name))]
+        steps = [x for x in rows if "tokens_per_s" in x and x["step"] > 5]
+        if steps: r["tok"] = statistics.median(x["tokens_per_s"] for x in steps)
+    except Exception: pass
+    try:
+        s = json.load(open(os.path.join(out, "summary_%s.json" % name)))
+        r["train"], r["val"] = s.get("final_train_loss"), s.get("final_val_loss")
+    except Exception: pass
+    return r
+rows = [load(n) for n in ("bf16", "fp8_tensor", "fp8_block", "bf16_seed43")]
+base = rows[0]
+noise = abs(rows[3]["val"] - base["val"]) if rows[3].get("val") is not None and base.get("val") is not None else None
+f = lambda v, fmt: (fmt % v) if v is not None else "n/a"
+print("| paper_569m linears | tok/s | vs bf16 | final train loss | final val loss | val - bf16 |")
+print("|---|---|---|---|---|---|")
+for r in rows:
+    if "tok" not in r and "val" not in r: continue
+    ratio = r["tok"] / base["tok"] if r.get("tok") and base.get("tok") else None
+    dv = r["val"] - base["val"] if r.get("val") is not None and base.get("val") is not None else None
+    print("| %s | %s | %s | %s | %s | %s |" % (r["name"], f(r.get("tok"), "%.0f"), f(ratio, "**%.2fx**"),
+          f(r.get("train"), "%.4f"), f(r.get("val"), "%.4f"), f(dv, "%+.4f")))
+print("seed noise of the val loss (|bf16 seed 43 - seed 42|): %s; tok/s: median of metrics.jsonl steps > 5"
+      % f(noise, "%.4f"))
+EOF
+echo "(total $(elapsed) s)"
