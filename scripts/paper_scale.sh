@@ -63,7 +63,7 @@ run() {
   if [ "$g" = 1 ]; then
     timeout 900 ./train_gpt "${common[@]}" > "$dir.log" 2>&1; rc=$?
   else
-    timeout 900 mpirun -np "$g" --bind-to none --allow-run-as-root -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
+    timeout 900 mpirun -np "$g" --bind-to none --allow-run-as-root -x NCCL_NVLS_ENABLE \
       ./train_gpt "${common[@]}" > "$dir.log" 2>&1; rc=$?
   fi
   kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
