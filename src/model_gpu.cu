@@ -22,7 +22,8 @@
 // Backward of a block: buf1 = sw (recompute) then dfc, then dqkv; buf2 = dsw then dh, then the
 // re-derived q, k, v, then h1 (recompute); dhf = h2 (recompute), datt, dh.
 //
-// Linear layers (precision.linear): every GEMM of the qkv, attention-projection, MLP-in and
+// Linear layers (precision.linear, in model_gpu_linear.cu; the state both files share is in
+// model_gpu_internal.h): every GEMM of the qkv, attention-projection, MLP-in and
 // MLP-out linears goes through lin_forward / lin_dgrad / lin_wgrad, which run the BF16 cuBLASLt
 // GEMM of matmul.h, or, for the blocks linear_precision_of() puts in fp8_tensor / fp8_block,
 // quantize both operands with linear_fp8_gpu.h's kernels exactly as linear_fp8.c's contract
@@ -39,6 +40,7 @@
 // The LM head stays BF16 (linear_keep_lm_head_bf16 = false is refused: the CPU's per-chunk FP8
 // scales would need the CPU's chunking to match).
 #include "model_gpu.h"
+#include "model_gpu_internal.h"  // Dev, LayerBufs, Carver, accessors, the linear layers
 
 #include <cuda_runtime.h>  // cudaMalloc, streams, copies
 #include <math.h>          // sqrt for the norm
@@ -52,80 +54,7 @@
 #include "layers.h"         // norms, RoPE, SwiGLU, cross-entropy, embedding, casts, grad norm
 #include "linear_fp8.h"     // linear_precision_of, Fp8Grouping
 #include "linear_fp8_gpu.h" // fp8_quantize_gpu, linear_fp8_forward/dgrad/wgrad_gpu
-#include "matmul.h"         // matmul_forward/dgrad/wgrad_gpu, MATMUL_WORKSPACE_BYTES
-
-#define HEAD_CHUNK_TOKENS 8192  // tokens per chunk of the fused LM head (model.c's plan agrees)
-#define ARENA_ALIGN 256         // every buffer starts on a 256-byte boundary
-
-typedef uint16_t bf16;  // BF16 bit patterns (the kernels' C interface)
-
-typedef struct {
-    bf16 *x_in, *h1, *qkv, *o, *x_mid, *h2, *fc, *sw;  // see the file comment for the shapes
-    float *rstd1, *rstd2, *lse, *rstd_qk;             // (BT), (BT), (B, H, T), (2, BT, H)
-} LayerBufs;
-
-typedef struct {
-    char *arena;                     // the one allocation
-    bf16 *w;                         // (P) BF16 working weights
-    float *p, *g, *m, *v;            // (P) FP32 masters, gradients, AdamW moments
-    LayerBufs *L;                    // (n_layer)
-    bf16 *x_final, *hf;              // (BT, C) residual after the last block, final norm output
-    float *rstd_f;                   // (BT)
-    bf16 *logits;                    // (head_chunk, Vp) one chunk of logits / dlogits
-    int head_chunk;
-    bf16 *buf1, *buf2;               // (BT, wide) scratch
-    bf16 *dres, *dhf;                // (BT, C) residual gradient; head input gradient / scratch
-    int32_t *tokens, *targets;       // (BT) the last forward's batch on the device
-    float *losses;                   // (BT) per-token loss
-    float *rope;                     // (T, hd/2, 2) cos, sin
-    AttnOptions attn;                // precision.attention and its options (attention_fp8.h)
-    void *attn_ws;                   // attention workspace (quantized operands, backward scratch)
-    size_t attn_ws_bytes;
-    const AttnModeDiag *attn_diag;   // (n_layer) diagnostics outputs, or NULL (gpu_model_set_attn_diag)
-    void *norm_scratch;              // RMSNorm / QK-norm backward scratch
-    void *emb_scratch;               // embedding backward scratch
-    double *norm_partials, *sumsq;   // (GRAD_NORM_PARTIALS), (1)
-    cudaStream_t stream;
-    int fwd_B, fwd_T;                // shape of the last forward
-    int grad_ready;                  // the last forward prepared a backward
-    float fwd_loss_scale;            // loss scale the last forward put into the head gradient
-    float *host_losses;              // (BT) host copy of the per-token losses
-    bf16 *host_logits;               // (Vp) host copy for next_logits
-    // FP8 linears (precision.linear != bf16 only): operand slots, see fp8_slot_shapes
-    uint8_t *q8_codes[2];            // slot 0: Q(x) of the forward, Q(dy) of dgrad;
-    float *q8_scales[2];             // slot 1: Q(dy^T) of wgrad
-    size_t q8_codes_cap[2];          // bytes
-    long q8_scales_cap[2];           // floats
-    Fp8Operand *w8, *wt8;            // (n_layer * 4) Q(W) (M, K), Q(W^T) (K, M) (codes NULL: BF16 block)
-    Fp8Operand *xt8;                 // (n_layer * 4) Q(x^T) (K, BT) saved by the forward for wgrad
-    int *xt8_n;                      // (n_layer * 4) tokens of the saved Q(x^T) (0: none)
-    int w8_dirty;                    // BF16 weights written since w8 / wt8 were made
-    int save_xt;                     // this forward prepares a backward (keep Q(x^T))
-    const bf16 *dy_in_slot0;         // slot 0 holds Q(dy) of this dy (lin_wgrad made it), or NULL
-    int dy_in_slot0_n, dy_in_slot0_m;
-    long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
-    long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)
-} Dev;
-
-static size_t align_up(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
-
-// --- the plan: sizing and carving are one function ---------------------------------------------
-// With base == NULL only the sizes are added up (plan); with a base the pointers are set too.
-// Categories as in model.h's MemoryPlan; padding to ARENA_ALIGN is counted where it falls.
-
-typedef struct {
-    char *base;
-    size_t off;
-    MemoryPlan *plan;
-} Carver;
-
-static void *take(Carver *cv, size_t bytes, size_t *category) {
-    size_t n = align_up(bytes ? bytes : 1);
-    void *p = cv->base ? cv->base + cv->off : NULL;
-    cv->off += n;
-    *category += n;
-    return p;
-}
+#include "matmul.h"         // MATMUL_WORKSPACE_BYTES
 
 static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
     const ModelConfig *mc = &c->model;
@@ -158,67 +87,6 @@ static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
                            "multiple of 16 (the FP8 weight-gradient GEMM reduces over the tokens)", lp, B, T, (long)B * T);
     }
     return 0;
-}
-
-// --- FP8 operand slots ------------------------------------------------------------------------
-// Shapes (rows, cols) every FP8 operand of one micro-batch takes, per slot (cols = the
-// reduction of the consuming GEMM; model.c's memory_plan repeats this list):
-//   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F)
-//   slot 1: wgrad dy^T (3C, BT) (C, BT) (2F, BT)
-// Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K) and
-// Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations).
-#define FP8_MAX_SHAPES 8
-static int fp8_slot_shapes(int slot, long BT, long C, long F, long shapes[][2]) {
-    long s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}};
-    long s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}};
-    long(*src)[2] = slot == 0 ? s0 : s1;
-    int n = slot == 0 ? 4 : 3;
-    for (int i = 0; i < n; i++) {
-        shapes[i][0] = src[i][0];
-        shapes[i][1] = src[i][1];
-    }
-    return n;
-}
-static Fp8Grouping act_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_1x128 : FP8_GROUP_TENSOR; }
-static Fp8Grouping weight_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_128x128 : FP8_GROUP_TENSOR; }
-// Bytes of codes and floats of scales slot `slot` needs for config c's linears.
-static void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
-    long shapes[FP8_MAX_SHAPES][2];
-    int n = fp8_slot_shapes(slot, BT, c->model.d_model, c->model.ffn_hidden, shapes);
-    Fp8Grouping g = act_groups(c->precision.linear);
-    *codes = 0;
-    *scales = 0;
-    for (int i = 0; i < n; i++) {
-        size_t nc = (size_t)shapes[i][0] * (size_t)shapes[i][1];
-        long ns = fp8_gpu_scale_count(g, (int)shapes[i][0], (int)shapes[i][1]);
-        if (nc > *codes) *codes = nc;
-        if (ns > *scales) *scales = ns;
-    }
-}
-
-// The FP8 linears of a block, i = 0..3: qkv (3C, C), attention projection (C, C), MLP in
-// (2F, C), MLP out (C, F) as W (M, K).
-static const ParamKind fp8_lin_kind[4] = {P_QKV, P_ATTN_PROJ, P_MLP_FC, P_MLP_PROJ};
-static void fp8_lin_shape(int i, int C, int F, int *M, int *K) {
-    *M = i == 0 ? 3 * C : i == 2 ? 2 * F : C;
-    *K = i == 3 ? F : C;
-}
-static int fp8_lin_index(ParamKind k) {
-    for (int i = 0; i < 4; i++)
-        if (fp8_lin_kind[i] == k) return i;
-    FATAL("model_gpu: parameter kind %d is not an FP8 linear", (int)k);
-}
-// An FP8 operand's codes then scales, carved (model.c's plan takes the same two buffers).
-static Fp8Operand take_operand(Carver *cv, int rows, int cols, Fp8Grouping g, Fp8Format fmt, size_t *category) {
-    Fp8Operand op;
-    memset(&op, 0, sizeof op);
-    op.codes = (uint8_t *)take(cv, (size_t)rows * cols, category);
-    op.scales = (float *)take(cv, sizeof(float) * (size_t)fp8_gpu_scale_count(g, rows, cols), category);
-    op.rows = rows;
-    op.cols = cols;
-    op.grouping = g;
-    op.fmt = fmt;
-    return op;
 }
 
 // shards: 1, or the world size under ZeRO-1 (masters and moments of S = ceil(P / shards) only,
@@ -358,136 +226,7 @@ void gpu_model_plan_compare(FILE *f, const Config *c, int B, int T) {
 
 // --- init / free ----------------------------------------------------------------------------------
 
-static Dev *dev_of(GpuModel *m) {
-    if (!m->priv) FATAL("model_gpu: the model is not initialised (gpu_model_init first)");
-    return (Dev *)m->priv;
-}
-
-static size_t param_offset(const GpuModel *m, ParamKind kind, int layer) {
-    const ParamDesc *d = param_find(&m->table, kind, layer);
-    if (!d) FATAL("model_gpu: parameter kind %d layer %d missing from the table", (int)kind, layer);
-    return d->offset;
-}
-static const bf16 *W(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->w + param_offset(m, kind, layer); }
-static float *G(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->g + param_offset(m, kind, layer); }
 static ParamKind head_kind(const GpuModel *m) { return m->cfg.model.tied_embeddings ? P_WTE : P_LM_HEAD; }
-
-// --- linear layers: BF16 GEMMs, or FP8 operands as linear_fp8.c's contract says -------------------
-// kind/layer name the weight W (M, K) of y = x W^T; x (N, K) with N = tokens.
-
-static LinearPrecision lin_prec(const GpuModel *m, int layer) {
-    return linear_precision_of(&m->cfg.precision, m->cfg.model.n_layer, layer);
-}
-// Output gradients: linear_grad_format with fp8_tensor, E4M3 with fp8_block (as linear_fp8_init).
-static Fp8Format grad_format(const GpuModel *m) {
-    const PrecisionConfig *p = &m->cfg.precision;
-    return p->linear == LINEAR_FP8_TENSOR && p->linear_grad_format == GRADFMT_E5M2 ? FP8_E5M2 : FP8_E4M3;
-}
-// An operand (rows, cols) in slot `slot` (capacity checked: the plan must have room for it).
-static Fp8Operand fp8_slot(Dev *d, int slot, int rows, int cols, Fp8Grouping g, Fp8Format fmt) {
-    if (!d->q8_codes[slot]) FATAL("model_gpu: FP8 linear used but no FP8 slots were planned (precision.linear bf16?)");
-    if ((size_t)rows * cols > d->q8_codes_cap[slot] || fp8_gpu_scale_count(g, rows, cols) > d->q8_scales_cap[slot])
-        FATAL("model_gpu: FP8 operand (%d, %d) does not fit slot %d (%zu codes, %ld scales planned)", rows, cols,
-              slot, d->q8_codes_cap[slot], d->q8_scales_cap[slot]);
-    Fp8Operand op;
-    memset(&op, 0, sizeof op);
-    op.codes = d->q8_codes[slot];
-    op.scales = d->q8_scales[slot];
-    op.rows = rows;
-    op.cols = cols;
-    op.grouping = g;
-    op.fmt = fmt;
-    return op;
-}
-
-// y (N, M) BF16 = x (N, K) . W^T. A 1x128-scaled x needs N % 4 == 0 (cuBLASLt's VEC128 layout):
-// only gpu_model_next_logits can break that (training checks B*T % 16), and such a forward
-// runs in BF16 (the CPU would still quantize: sampling logits may then differ slightly).
-static void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x, int N, int M, int K) {
-    Dev *d = dev_of(m);
-    LinearPrecision p = lin_prec(m, layer);
-    const bf16 *w = W(m, kind, layer);
-    if (p == LINEAR_BF16 || (act_groups(p) == FP8_GROUP_1x128 && N % 4)) {
-        matmul_forward_gpu(y, x, w, N, M, K, 0, d->stream);
-        return;
-    }
-    const int li = 4 * layer + fp8_lin_index(kind);
-    Fp8Operand xq = fp8_slot(d, 0, N, K, act_groups(p), FP8_E4M3);  // (N, K)
-    d->dy_in_slot0 = NULL;
-    if (d->save_xt) {  // Q(x) and Q(x^T) in one call (one pass over x unless 1x128)
-        Fp8Operand xt = d->xt8[li];                                 // (K, N <= BT)
-        if (N > xt.cols) FATAL("model_gpu: %d tokens, the saved Q(x^T) has room for %d", N, xt.cols);
-        xt.cols = N;
-        fp8_quantize_gpu(&xq, &xt, x, N, K, NULL, d->stream);
-        d->xt8_n[li] = N;
-    } else {
-        fp8_quantize_gpu(&xq, NULL, x, N, K, NULL, d->stream);
-        d->xt8_n[li] = 0;
-    }
-    linear_fp8_forward_gpu(y, &xq, &d->w8[li], d->stream);
-    d->fp8_gemms++;
-}
-
-// dx (N, K) BF16 = dy (N, M) . W
-static void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy, int N, int M, int K) {
-    Dev *d = dev_of(m);
-    LinearPrecision p = lin_prec(m, layer);
-    const bf16 *w = W(m, kind, layer);
-    if (p == LINEAR_BF16) {
-        matmul_dgrad_gpu(dx, dy, w, N, M, K, 0, d->stream);
-        return;
-    }
-    Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));  // (N, M), groups along M
-    if (d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M)  // not made by lin_wgrad
-        fp8_quantize_gpu(&dyq, NULL, dy, N, M, NULL, d->stream);
-    d->dy_in_slot0 = NULL;
-    linear_fp8_dgrad_gpu(dx, &dyq, &d->wt8[4 * layer + fp8_lin_index(kind)], d->stream);  // W^T (K, M)
-    d->fp8_gemms++;
-}
-
-// dW (M, K) FP32 += dy (N, M)^T . x (N, K): both operands transposed, groups along the tokens.
-static void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf16 *x, int N, int M, int K) {
-    Dev *d = dev_of(m);
-    LinearPrecision p = lin_prec(m, layer);
-    float *gw = G(m, kind, layer);
-    if (p == LINEAR_BF16) {
-        matmul_wgrad_gpu(gw, dy, x, N, M, K, d->stream);
-        return;
-    }
-    (void)x;  // its Q(x^T) was saved by the forward
-    const int li = 4 * layer + fp8_lin_index(kind);
-    if (d->xt8_n[li] != N)
-        FATAL("model_gpu: lin_wgrad of layer %d linear %d: the forward saved Q(x^T) for %d tokens, not %d", layer,
-              li % 4, d->xt8_n[li], N);
-    Fp8Operand xt = d->xt8[li];
-    xt.cols = N;                                                            // x^T (K, N)
-    // Q(dy^T) for this GEMM and Q(dy) (slot 0) for the lin_dgrad that follows, in one call.
-    Fp8Operand dyt = fp8_slot(d, 1, M, N, act_groups(p), grad_format(m));  // dy^T (M, N)
-    Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));  // dy (N, M)
-    fp8_quantize_gpu(&dyq, &dyt, dy, N, M, NULL, d->stream);
-    d->dy_in_slot0 = dy;
-    d->dy_in_slot0_n = N;
-    d->dy_in_slot0_m = M;
-    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, d->stream);
-    d->fp8_gemms++;
-}
-
-// Q(W) and Q(W^T) of every FP8 linear from the BF16 working weights, when they were written
-// since the last refresh (one tile pass per weight; the values the contract's per-GEMM
-// quantization gives, since nothing writes the weights between the refresh and the GEMMs).
-static void fp8_refresh_weights(GpuModel *m) {
-    Dev *d = dev_of(m);
-    if (!d->w8_dirty || !d->w8) return;
-    const ModelConfig *mc = &m->cfg.model;
-    for (int l = 0; l < mc->n_layer; l++)
-        for (int i = 0; i < 4; i++) {
-            Fp8Operand *w = &d->w8[4 * l + i], *wt = &d->wt8[4 * l + i];
-            if (!w->codes) continue;  // a BF16 block
-            fp8_quantize_gpu(w, wt, W(m, fp8_lin_kind[i], l), w->rows, w->cols, NULL, d->stream);
-            d->fp8_weight_refreshes++;
-        }
-    d->w8_dirty = 0;
-}
 
 int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
                    FILE *plan_out, ErrBuf *e) {

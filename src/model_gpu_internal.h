@@ -1,0 +1,119 @@
+// model_gpu_internal.h: what the GPU backend's translation units share (model_gpu.cu: plan,
+// init, forward, backward, optimizer; model_gpu_linear.cu: the linear layers in BF16 or FP8):
+// the device state behind GpuModel.priv, the carver of the one allocation, and accessors.
+// Private to the backend: nothing outside model_gpu*.cu includes it.
+#ifndef MODEL_GPU_INTERNAL_H
+#define MODEL_GPU_INTERNAL_H
+
+#include <cuda_runtime.h>  // cudaStream_t
+#include <stdint.h>        // uint8_t, int32_t
+
+#include "attention_fp8.h"   // AttnOptions, AttnModeDiag
+#include "common.h"          // FATAL
+#include "linear_fp8.h"      // LinearPrecision, Fp8Grouping
+#include "linear_fp8_gpu.h"  // Fp8Operand
+#include "model_gpu.h"       // GpuModel
+
+#define HEAD_CHUNK_TOKENS 8192  // tokens per chunk of the fused LM head (model.c's plan agrees)
+#define ARENA_ALIGN 256         // every buffer starts on a 256-byte boundary
+
+typedef uint16_t bf16;  // BF16 bit patterns (the kernels' C interface)
+
+typedef struct {
+    bf16 *x_in, *h1, *qkv, *o, *x_mid, *h2, *fc, *sw;  // see the file comment for the shapes
+    float *rstd1, *rstd2, *lse, *rstd_qk;             // (BT), (BT), (B, H, T), (2, BT, H)
+} LayerBufs;
+
+typedef struct {
+    char *arena;                     // the one allocation
+    bf16 *w;                         // (P) BF16 working weights
+    float *p, *g, *m, *v;            // (P) FP32 masters, gradients, AdamW moments
+    LayerBufs *L;                    // (n_layer)
+    bf16 *x_final, *hf;              // (BT, C) residual after the last block, final norm output
+    float *rstd_f;                   // (BT)
+    bf16 *logits;                    // (head_chunk, Vp) one chunk of logits / dlogits
+    int head_chunk;
+    bf16 *buf1, *buf2;               // (BT, wide) scratch
+    bf16 *dres, *dhf;                // (BT, C) residual gradient; head input gradient / scratch
+    int32_t *tokens, *targets;       // (BT) the last forward's batch on the device
+    float *losses;                   // (BT) per-token loss
+    float *rope;                     // (T, hd/2, 2) cos, sin
+    AttnOptions attn;                // precision.attention and its options (attention_fp8.h)
+    void *attn_ws;                   // attention workspace (quantized operands, backward scratch)
+    size_t attn_ws_bytes;
+    const AttnModeDiag *attn_diag;   // (n_layer) diagnostics outputs, or NULL (gpu_model_set_attn_diag)
+    void *norm_scratch;              // RMSNorm / QK-norm backward scratch
+    void *emb_scratch;               // embedding backward scratch
+    double *norm_partials, *sumsq;   // (GRAD_NORM_PARTIALS), (1)
+    cudaStream_t stream;
+    int fwd_B, fwd_T;                // shape of the last forward
+    int grad_ready;                  // the last forward prepared a backward
+    float fwd_loss_scale;            // loss scale the last forward put into the head gradient
+    float *host_losses;              // (BT) host copy of the per-token losses
+    bf16 *host_logits;               // (Vp) host copy for next_logits
+    // FP8 linears (precision.linear != bf16 only): operand slots, see fp8_slot_shapes
+    uint8_t *q8_codes[2];            // slot 0: Q(x) of the forward, Q(dy) of dgrad;
+    float *q8_scales[2];             // slot 1: Q(dy^T) of wgrad
+    size_t q8_codes_cap[2];          // bytes
+    long q8_scales_cap[2];           // floats
+    Fp8Operand *w8, *wt8;            // (n_layer * 4) Q(W) (M, K), Q(W^T) (K, M) (codes NULL: BF16 block)
+    Fp8Operand *xt8;                 // (n_layer * 4) Q(x^T) (K, BT) saved by the forward for wgrad
+    int *xt8_n;                      // (n_layer * 4) tokens of the saved Q(x^T) (0: none)
+    int w8_dirty;                    // BF16 weights written since w8 / wt8 were made
+    int save_xt;                     // this forward prepares a backward (keep Q(x^T))
+    const bf16 *dy_in_slot0;         // slot 0 holds Q(dy) of this dy (lin_wgrad made it), or NULL
+    int dy_in_slot0_n, dy_in_slot0_m;
+    long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
+    long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)
+} Dev;
+
+static inline size_t align_up(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
+
+// --- the plan: sizing and carving are one function ---------------------------------------------
+// With base == NULL only the sizes are added up (plan); with a base the pointers are set too.
+// Categories as in model.h's MemoryPlan; padding to ARENA_ALIGN is counted where it falls.
+
+typedef struct {
+    char *base;
+    size_t off;
+    MemoryPlan *plan;
+} Carver;
+
+static inline void *take(Carver *cv, size_t bytes, size_t *category) {
+    size_t n = align_up(bytes ? bytes : 1);
+    void *p = cv->base ? cv->base + cv->off : NULL;
+    cv->off += n;
+    *category += n;
+    return p;
+}
+
+static inline Dev *dev_of(GpuModel *m) {
+    if (!m->priv) FATAL("model_gpu: the model is not initialised (gpu_model_init first)");
+    return (Dev *)m->priv;
+}
+
+static inline size_t param_offset(const GpuModel *m, ParamKind kind, int layer) {
+    const ParamDesc *d = param_find(&m->table, kind, layer);
+    if (!d) FATAL("model_gpu: parameter kind %d layer %d missing from the table", (int)kind, layer);
+    return d->offset;
+}
+static inline const bf16 *W(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->w + param_offset(m, kind, layer); }
+static inline float *G(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->g + param_offset(m, kind, layer); }
+
+// --- linear layers (model_gpu_linear.cu) ------------------------------------------------------
+Fp8Grouping act_groups(LinearPrecision p);     // 1x128 for fp8_block, else per tensor
+Fp8Grouping weight_groups(LinearPrecision p);  // 128x128 for fp8_block, else per tensor
+// The FP8 linears of a block, i = 0..3: qkv, attention projection, MLP in, MLP out as W (M, K).
+void fp8_lin_shape(int i, int C, int F, int *M, int *K);
+// Bytes of codes and floats of scales FP8 scratch slot `slot` needs for config c's linears.
+void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales);
+// An FP8 operand's codes then scales, carved (model.c's plan takes the same two buffers).
+Fp8Operand take_operand(Carver *cv, int rows, int cols, Fp8Grouping g, Fp8Format fmt, size_t *category);
+// y (N, M) = x (N, K) W^T; dx (N, K) = dy (N, M) W; dW (M, K) += dy^T x, in the block's precision.
+void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x, int N, int M, int K);
+void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy, int N, int M, int K);
+void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf16 *x, int N, int M, int K);
+// Q(W), Q(W^T) of every FP8 linear when the BF16 weights changed since the last refresh.
+void fp8_refresh_weights(GpuModel *m);
+
+#endif  // MODEL_GPU_INTERNAL_H
