@@ -138,6 +138,25 @@ __device__ __forceinline__ void load8(uint32_t w[4], const uint16_t *src, int c,
         if (c + e < nc) w[e >> 1] |= (uint32_t)src[e] << (16 * (e & 1));
 }
 
+// Stages rows [r0, r0 + nr) x columns [c0, c0 + nc) of x (rows of `cols` BF16) into a shared tile
+// of ROWS x WIDTH elements with row pitch PITCH (zeros outside x), 8 elements per load; returns
+// the largest |x| bit pattern this thread saw (max_abs8).
+template <int ROWS, int WIDTH, int PITCH>
+__device__ __forceinline__ unsigned stage_tile(uint16_t (*tile)[PITCH], const uint16_t *x, int cols, int r0, int c0,
+                                               int nr, int nc) {
+    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
+    unsigned m = 0;
+    for (int id = threadIdx.x; id < ROWS * WIDTH / 8; id += THREADS) {
+        const int r = id / (WIDTH / 8), c = (id % (WIDTH / 8)) * 8;
+        uint32_t w[4] = {0, 0, 0, 0};
+        if (r < nr) load8(w, x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
+        m = max(m, max_abs8(w));
+        uint32_t *dst = reinterpret_cast<uint32_t *>(&tile[r][c]);  // 4-byte aligned (PITCH even)
+        dst[0] = w[0]; dst[1] = w[1]; dst[2] = w[2]; dst[3] = w[3];
+    }
+    return m;
+}
+
 // Per tensor, pass 1: *amax_f32 = max |x| (as FP32 bits; non-negative floats order like their
 // bits, so atomicMax on the bits is a float max). *amax_f32 must be 0 before.
 __global__ void __launch_bounds__(THREADS) amax_kernel(const uint16_t *x, long n, unsigned *amax_f32) {
@@ -198,16 +217,7 @@ __global__ void __launch_bounds__(THREADS)
     const int bi = blockIdx.y, bj = blockIdx.x;
     const int r0 = bi * G, c0 = bj * G;
     const int nr = min(G, rows - r0), nc = min(G, cols - c0);
-    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
-    unsigned m = 0;
-    for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {  // 16 chunks of 8 per row
-        const int r = id / 16, c = (id % 16) * 8;
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (r < nr) load8(w, x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
-        m = max(m, max_abs8(w));
-        uint32_t *dst = reinterpret_cast<uint32_t *>(&tile[r][c]);  // 4-byte aligned (260 B rows)
-        dst[0] = w[0]; dst[1] = w[1]; dst[2] = w[2]; dst[3] = w[3];
-    }
+    unsigned m = stage_tile<G, G, G + 2>(tile, x, cols, r0, c0, nr, nc);
     float s;
     if (tensor_amax) s = fp8_scale_for_amax(FMT, *tensor_amax);  // uniform branch
     else s = scale_of_bits(FMT, block_max(m, red));
@@ -305,14 +315,7 @@ __global__ void __launch_bounds__(THREADS)
     __shared__ float scale[VT_COLS];
     const int j = blockIdx.y, r0 = j * G, c0 = blockIdx.x * VT_COLS;
     const int nr = min(G, rows - r0), nc = min(VT_COLS, cols - c0);
-    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
-    for (int id = threadIdx.x; id < G * VT_COLS / 8; id += THREADS) {  // 4 chunks of 8 per row
-        const int r = id / 4, c = (id % 4) * 8;
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (r < nr) load8(w, x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
-        uint32_t *dst = reinterpret_cast<uint32_t *>(&tile[r][c]);  // 4-byte aligned (68 B rows)
-        dst[0] = w[0]; dst[1] = w[1]; dst[2] = w[2]; dst[3] = w[3];
-    }
+    stage_tile<G, VT_COLS, VT_COLS + 2>(tile, x, cols, r0, c0, nr, nc);
     __syncthreads();
     {  // column amax in 8 parts of 16 rows
         const int c = threadIdx.x % VT_COLS, p = threadIdx.x / VT_COLS;
@@ -364,14 +367,7 @@ __global__ void __launch_bounds__(THREADS)
     const int bi = blockIdx.y, bj = blockIdx.x;
     const int r0 = bi * G, c0 = bj * G;
     const int nr = min(G, rows - r0), nc = min(G, cols - c0);
-    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
-    for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {  // 16 chunks of 8 per row; 0 outside x
-        const int r = id / 16, c = (id % 16) * 8;
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (r < nr) load8(w, x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
-        uint32_t *dst = reinterpret_cast<uint32_t *>(&tile[r][c]);  // 4-byte aligned (260 B rows)
-        dst[0] = w[0]; dst[1] = w[1]; dst[2] = w[2]; dst[3] = w[3];
-    }
+    stage_tile<G, G, G + 2>(tile, x, cols, r0, c0, nr, nc);
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = warp; r < G; r += THREADS / 32) {  // row amax: a warp per row, 4 elements a lane
