@@ -313,6 +313,7 @@ void gpu_model_free(GpuModel *m) {
     Dev *d = (Dev *)m->priv;
     if (d) {
         CUDA_CHECK(cudaStreamSynchronize(d->stream));
+        prof_free(d);
         CUDA_CHECK(cudaFree(d->arena));
         CUDA_CHECK(cudaStreamDestroy(d->stream));
         free(d->L);
@@ -378,25 +379,36 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     cudaStream_t s = d->stream;
     d->fwd_B = B;
     d->fwd_T = T;
+    prof_mark(d, PH_HOST);
     fp8_refresh_weights(m);  // Q(W), Q(W^T) if the weights changed (FP8 linears only)
+    prof_mark(d, PH_FWD_LINEAR);
     // With recompute the per-layer h1, h2, sw live in scratch (see the file comment).
     embedding_forward_gpu(d->L[0].x_in, d->tokens, W(m, P_WTE, 0), BT, C, Vp, s);
     rmsnorm_forward_gpu(rc ? d->dhf : d->L[0].h1, d->L[0].rstd1, d->L[0].x_in, W(m, P_ATTN_NORM, 0), BT, C, eps, s);
+    prof_mark(d, PH_FWD_NORM);
     for (int l = 0; l < L; l++) {
         LayerBufs *lb = &d->L[l];
         bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
         lin_forward(m, P_QKV, l, lb->qkv, h1, BT, 3 * C, C);                       // (BT, 3C)
+        prof_mark(d, PH_FWD_LINEAR);
         const bf16 *qkv = lb->qkv;
         if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
         else if (mc->position == POS_ROPE) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
+        prof_mark(d, PH_FWD_ROPE);
         attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, d->attn_ws,
                           attn_diag(d, l), s);
+        prof_mark(d, PH_FWD_ATTN);
         lin_forward(m, P_ATTN_PROJ, l, d->buf2, lb->o, BT, C, C);                  // (BT, C)
+        prof_mark(d, PH_FWD_LINEAR);
         residual_rmsnorm_forward_gpu(lb->x_mid, h2, lb->rstd2, lb->x_in, d->buf2, W(m, P_MLP_NORM, l),
                                      BT, C, eps, s);
+        prof_mark(d, PH_FWD_NORM);
         lin_forward(m, P_MLP_FC, l, lb->fc, h2, BT, 2 * F, C);                     // (BT, 2F)
+        prof_mark(d, PH_FWD_LINEAR);
         swiglu_forward_gpu(sw, lb->fc, BT, F, s);                                  // (BT, F)
+        prof_mark(d, PH_FWD_SWIGLU);
         lin_forward(m, P_MLP_PROJ, l, d->buf2, sw, BT, C, F);                      // (BT, C)
+        prof_mark(d, PH_FWD_LINEAR);
         if (l + 1 < L) {
             LayerBufs *nb = &d->L[l + 1];
             residual_rmsnorm_forward_gpu(nb->x_in, rc ? d->dhf : nb->h1, nb->rstd1, lb->x_mid, d->buf2,
@@ -405,6 +417,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
             residual_rmsnorm_forward_gpu(d->x_final, d->hf, d->rstd_f, lb->x_mid, d->buf2,
                                          W(m, P_FINAL_NORM, 0), BT, C, eps, s);
         }
+        prof_mark(d, PH_FWD_NORM);
     }
 }
 
@@ -429,6 +442,7 @@ static float head_and_loss(GpuModel *m, int counted, int want_grad) {
             matmul_wgrad_gpu(gw, d->logits, hf, n, Vp, C, s);                         // (Vp, C)
         }
     }
+    prof_mark(d, PH_HEAD);
     d->grad_ready = want_grad;
     d->fwd_loss_scale = m->loss_scale;
     CUDA_CHECK(cudaMemcpyAsync(d->host_losses, d->losses, sizeof(float) * BT, cudaMemcpyDeviceToHost, s));
@@ -496,8 +510,10 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
     cudaStream_t s = d->stream;
 
     // Final RMSNorm: dres = d(loss * loss_scale)/d(x_final) (dhf already carries the scale).
+    prof_mark(d, PH_HOST);
     rmsnorm_backward_gpu(d->dres, G(m, P_FINAL_NORM, 0), d->norm_scratch, d->dhf, d->x_final,
                          W(m, P_FINAL_NORM, 0), d->rstd_f, BT, C, 0, s);
+    prof_mark(d, PH_BWD_NORM);
     // Flat layout (model.c): wte, layers 0..L-1 (each from attn_norm), final_norm, [lm_head].
     grads_final(m, param_offset(m, P_FINAL_NORM, 0), m->table.total);  // + the forward's LM head
     for (int l = mc->n_layer - 1; l >= 0; l--) {
@@ -507,43 +523,57 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         if (rc) {
             swiglu_forward_gpu(d->buf1, lb->fc, BT, F, s);
             sw = d->buf1;
+            prof_mark(d, PH_RECOMPUTE);
         }
         lin_wgrad(m, P_MLP_PROJ, l, d->dres, sw, BT, C, F);                         // (C, F)
         lin_dgrad(m, P_MLP_PROJ, l, d->buf2, d->dres, BT, C, F);                    // dsw (BT, F)
+        prof_mark(d, PH_BWD_LINEAR);
         swiglu_backward_gpu(d->buf1, d->buf2, lb->fc, BT, F, s);                    // dfc (BT, 2F)
+        prof_mark(d, PH_BWD_SWIGLU);
         const bf16 *h2 = lb->h2;
         if (rc) {
             rmsnorm_forward_gpu(d->dhf, lb->rstd2, lb->x_mid, W(m, P_MLP_NORM, l), BT, C, eps, s);
             h2 = d->dhf;
+            prof_mark(d, PH_RECOMPUTE);
         }
         lin_wgrad(m, P_MLP_FC, l, d->buf1, h2, BT, 2 * F, C);                       // (2F, C)
         lin_dgrad(m, P_MLP_FC, l, d->buf2, d->buf1, BT, 2 * F, C);                  // dh (BT, C)
+        prof_mark(d, PH_BWD_LINEAR);
         rmsnorm_backward_gpu(d->dres, G(m, P_MLP_NORM, l), d->norm_scratch, d->buf2, lb->x_mid,
                              W(m, P_MLP_NORM, l), lb->rstd2, BT, C, 1, s);
+        prof_mark(d, PH_BWD_NORM);
         // Attention: x_mid = x_in + o @ Wo^T
         lin_wgrad(m, P_ATTN_PROJ, l, d->dres, lb->o, BT, C, C);                      // (C, C)
         lin_dgrad(m, P_ATTN_PROJ, l, d->dhf, d->dres, BT, C, C);                     // do (BT, C)
+        prof_mark(d, PH_BWD_LINEAR);
         const bf16 *qkv = attention_inputs(m, l, d->buf2, B, T);
+        if (mc->qk_norm) prof_mark(d, PH_RECOMPUTE);
         bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
         attn_mode_backward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv, dqkv + C,
                            dqkv + 2 * C, 3 * C, B, H, T, hd, d->attn_ws, attn_diag(d, l), s);
+        prof_mark(d, PH_BWD_ATTN);
         if (mc->position == POS_ROPE) rope_backward_gpu(dqkv, d->rope, B, T, H, hd, s);
         if (mc->qk_norm)  // in place: d(raw qkv) from d(normalised qkv); v copied through
             qk_rmsnorm_backward_gpu(dqkv, G(m, P_Q_NORM, l), G(m, P_K_NORM, l), d->norm_scratch, dqkv,
                                     lb->qkv, W(m, P_Q_NORM, l), W(m, P_K_NORM, l), lb->rstd_qk, BT, H, hd, s);
+        prof_mark(d, PH_BWD_ROPE);
         const bf16 *h1 = lb->h1;
         if (rc) {
             rmsnorm_forward_gpu(d->buf2, lb->rstd1, lb->x_in, W(m, P_ATTN_NORM, l), BT, C, eps, s);
             h1 = d->buf2;
+            prof_mark(d, PH_RECOMPUTE);
         }
         lin_wgrad(m, P_QKV, l, dqkv, h1, BT, 3 * C, C);                              // (3C, C)
         lin_dgrad(m, P_QKV, l, d->dhf, dqkv, BT, 3 * C, C);                          // dh (BT, C)
+        prof_mark(d, PH_BWD_LINEAR);
         rmsnorm_backward_gpu(d->dres, G(m, P_ATTN_NORM, l), d->norm_scratch, d->dhf, lb->x_in,
                              W(m, P_ATTN_NORM, l), lb->rstd1, BT, C, 1, s);
+        prof_mark(d, PH_BWD_NORM);
         grads_final(m, param_offset(m, P_ATTN_NORM, l),  // this block's tensors, all written above
                     param_offset(m, l + 1 < mc->n_layer ? P_ATTN_NORM : P_FINAL_NORM, l + 1 < mc->n_layer ? l + 1 : 0));
     }
     embedding_backward_gpu(G(m, P_WTE, 0), d->dres, d->tokens, d->emb_scratch, BT, C, Vp, s);
+    prof_mark(d, PH_BWD_NORM);
     grads_final(m, 0, param_offset(m, P_ATTN_NORM, 0));  // wte (+ the tied head's, from the forward)
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
@@ -591,6 +621,7 @@ double gpu_model_grad_norm(GpuModel *m) { return sqrt(gpu_model_grad_sumsq(m, 0,
 // full (P) buffers; masters and moments start at element lo (their [0] is element lo).
 static void adamw_range(GpuModel *m, size_t lo, size_t hi, double lr, double clip, const TrainConfig *tc) {
     Dev *d = dev_of(m);
+    prof_mark(d, PH_REDUCE_NORM);
     for (int k = 0; k < m->table.n; k++) {
         const ParamDesc *pd = &m->table.p[k];
         size_t a = pd->offset > lo ? pd->offset : lo;
@@ -601,6 +632,7 @@ static void adamw_range(GpuModel *m, size_t lo, size_t hi, double lr, double cli
                          m->step + 1, d->stream);
     }
     m->step++;
+    prof_mark(d, PH_OPTIMIZER);
     CUDA_CHECK(cudaStreamSynchronize(d->stream));
 }
 

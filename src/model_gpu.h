@@ -178,6 +178,12 @@ void gpu_probe_free(ModelProbe *p);
 void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_ref, const int32_t *tokens,
                      const int32_t *targets, const ModelProbe *compare_with, ModelProbe *out);
 
+// Phase profile (model_gpu_profile.cu): on = 1 starts (or restarts) charging the model stream's
+// time to phases (forward / backward linears, attention, norms, head, reduction, AdamW, gaps)
+// with CUDA events; on = 0 stops and frees it. The report prints ms per step over `steps`.
+void gpu_model_profile(GpuModel *m, int on);
+void gpu_model_profile_report(GpuModel *m, FILE *f, long long steps);
+
 // FP8 GEMMs (forward, dgrad and wgrad each count one) run since gpu_model_init: 12 per FP8 block
 // per forward + backward, 4 per forward only. For tests.
 long long gpu_model_fp8_gemm_count(GpuModel *m);

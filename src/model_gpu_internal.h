@@ -65,6 +65,7 @@ typedef struct {
     int dy_in_slot0_n, dy_in_slot0_m;
     long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
     long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)
+    struct ProfState *prof;          // phase profile (model_gpu_profile.cu), NULL when off
 } Dev;
 
 static inline size_t align_up(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
@@ -115,5 +116,29 @@ void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy,
 void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf16 *x, int N, int M, int K);
 // Q(W), Q(W^T) of every FP8 linear when the BF16 weights changed since the last refresh.
 void fp8_refresh_weights(GpuModel *m);
+
+// --- phase profile (model_gpu_profile.cu) ---------------------------------------------------------
+// prof_mark(d, ph) records an event on the model stream and charges the time since the previous
+// mark to phase ph; a no-op unless gpu_model_profile turned the profile on.
+typedef enum {
+    PH_HOST = 0,      // between passes: host work, uploads, synchronisation, launch gaps
+    PH_FWD_LINEAR,    // forward GEMMs of the blocks' linears (+ FP8 quantization, weight refresh)
+    PH_FWD_ATTN,      // forward attention (+ its quantize passes)
+    PH_FWD_NORM,      // embedding, RMSNorm, residual adds
+    PH_FWD_ROPE,      // RoPE, QK-norm
+    PH_FWD_SWIGLU,
+    PH_HEAD,          // LM head + cross-entropy (its dgrad and wgrad included)
+    PH_BWD_LINEAR,    // dgrad + wgrad of the blocks' linears
+    PH_BWD_ATTN,
+    PH_BWD_NORM,      // RMSNorm backward, embedding backward
+    PH_BWD_ROPE,
+    PH_BWD_SWIGLU,
+    PH_RECOMPUTE,     // train.recompute, and the backward's re-derived QK-normed q, k
+    PH_REDUCE_NORM,   // from the backward's end to the optimizer: data-parallel reduction, norm
+    PH_OPTIMIZER,     // AdamW
+    PH_N
+} ProfPhase;
+void prof_mark(Dev *d, ProfPhase ph);
+void prof_free(Dev *d);
 
 #endif  // MODEL_GPU_INTERNAL_H

@@ -23,6 +23,7 @@
 #include <math.h>         // isfinite
 #include <omp.h>          // omp_set_num_threads, omp_get_max_threads
 #include <signal.h>       // sigaction for SIGINT / SIGTERM
+#include <stdlib.h>       // getenv, atoll (TRAIN_GPT_PROFILE)
 #include <string.h>       // memcpy, strcmp
 #include <unistd.h>       // write (async-signal-safe) in the signal handler
 
@@ -523,7 +524,13 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     // The validation loss before the first step, so a run's log shows the whole fall from the
     // initial ln(V). Evaluation leaves no trace in the training state, so resumes stay exact.
     if (start_step == 0 && r->have_val && c->eval.interval > 0) last_val = evaluate_and_log(r, 0, steps);
+    // TRAIN_GPT_PROFILE=N (GPU): the phase profile of the model stream from step N + 1 of this
+    // session on, printed at the end (evaluation, checkpoints and diagnostics land in "host").
+    const char *prof_env = getenv("TRAIN_GPT_PROFILE");
+    long long prof_skip = prof_env && *prof_env && r->be.kind == DEVICE_GPU ? atoll(prof_env) : -1, prof_steps = 0;
     for (step = start_step + 1; step <= steps; step++) {
+        if (prof_skip >= 0 && step == start_step + 1 + prof_skip) gpu_model_profile(&r->be.gpu, 1);
+        if (prof_skip >= 0 && step > start_step + prof_skip) prof_steps++;
         double t0 = now_seconds();
         backend_zero_grad(&r->be);
         double loss_sum = 0.0;
@@ -605,6 +612,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     if (status == 0 && step == steps && last_ckpt == steps)
         write_summary(r, step, last_loss, last_val, r->elapsed_before + (now_seconds() - t_start));
 
+    if (prof_steps > 0 && r->rank == 0) gpu_model_profile_report(&r->be.gpu, stdout, prof_steps);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (r->metrics) fclose(r->metrics);

@@ -328,6 +328,31 @@ static void smoke_test(const char *label, const char *json, const char *const *o
     CHECK(ok, name, "loss %.4f -> %.4f", first, last);
     snprintf(name, sizeof name, "smoke %s: initial loss near ln(V)", label);
     CHECK(first > 9.5 && first < 12.0, name, "loss %.4f", first);
+    // The phase profile over 3 more steps: it prints, and its phases add up to about the step
+    // time (they tile the stream's timeline; the host gaps between steps are one of them).
+    gpu_model_profile(&m, 1);
+    double dp = timed_steps(&m, &c, tokens.data(), targets.data(), 3, 0, &first, &last, &ok);
+    FILE *f = tmpfile();
+    gpu_model_profile_report(&m, f, 3);
+    gpu_model_profile(&m, 0);
+    char buf[4096] = "";
+    rewind(f);
+    size_t nr = fread(buf, 1, sizeof buf - 1, f);
+    buf[nr] = '\0';
+    fclose(f);
+    double per_step = 0;
+    const char *at = strstr(buf, "ms per step)");
+    if (at) {
+        const char *p0 = at;
+        while (p0 > buf && p0[-1] != ',') p0--;
+        per_step = atof(p0 + 1);
+    }
+    printf("# %s", buf);
+    snprintf(name, sizeof name, "smoke %s: the phase profile covers the step (%.2f ms profiled, %.2f ms timed)", label,
+             per_step, dp * 1e3);
+    CHECK(strstr(buf, "fwd attention") && strstr(buf, "bwd linears") && per_step > 0.5 * dp * 1e3 &&
+              per_step < 1.1 * dp * 1e3,
+          name, "%s", buf);
     gpu_model_free(&m);
 }
 

@@ -1,0 +1,96 @@
+// model_gpu_profile.cu: where a GPU training step spends its time, phase by phase
+// (gpu_model_profile / gpu_model_profile_report in model_gpu.h; `TRAIN_GPT_PROFILE=N` makes the
+// trainer turn it on after N steps and print the table at the end).
+//
+// The model code calls prof_mark(d, phase) after each piece of work it enqueues: an event is
+// recorded on the model stream and the time between it and the previous mark is charged to that
+// phase. Everything runs on one stream, so the intervals tile the stream's timeline: their sum
+// is the wall time the stream spent from the first mark to the last, idle gaps included (they are
+// charged to the phase whose mark ends them, and to PH_HOST at the start of each pass). Events
+// are resolved in batches (a pool of 4096), never in the middle of a step unless the pool fills.
+#include "model_gpu_internal.h"
+
+#include <stdio.h>   // FILE, fprintf
+#include <stdlib.h>  // free
+
+#include "cuda_check.h"  // CUDA_CHECK
+
+#define PROF_POOL 4096
+
+struct ProfState {
+    cudaEvent_t ev[PROF_POOL];
+    unsigned char phase[PROF_POOL];  // phase charged with the interval ending at ev[i]
+    int used;                        // events recorded since the last resolve (ev[0] = the base)
+    double ms[PH_N];
+    long long marks[PH_N];
+};
+
+static const char *const phase_names[PH_N] = {
+    "host / gaps between passes", "fwd linears (GEMMs + FP8 quantize)", "fwd attention", "fwd embedding, norms, residual",
+    "fwd RoPE, QK-norm", "fwd SwiGLU", "LM head + cross-entropy (fwd, dgrad, wgrad)",
+    "bwd linears (dgrad + wgrad)", "bwd attention", "bwd norms, embedding", "bwd RoPE, QK-norm", "bwd SwiGLU",
+    "recompute (train.recompute, QK-norm)", "grad reduction + norm", "AdamW"};
+
+// Adds the intervals ev[i-1] -> ev[i] to their phases; keeps the last event as the new base.
+static void resolve(ProfState *p) {
+    if (p->used < 2) return;
+    CUDA_CHECK(cudaEventSynchronize(p->ev[p->used - 1]));
+    for (int i = 1; i < p->used; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
+        p->ms[p->phase[i]] += ms;
+        p->marks[p->phase[i]]++;
+    }
+    cudaEvent_t last = p->ev[p->used - 1];
+    p->ev[p->used - 1] = p->ev[0];
+    p->ev[0] = last;
+    p->used = 1;
+}
+
+void prof_mark(Dev *d, ProfPhase ph) {
+    ProfState *p = d->prof;
+    if (!p) return;
+    if (p->used == PROF_POOL) resolve(p);
+    CUDA_CHECK(cudaEventRecord(p->ev[p->used], d->stream));
+    p->phase[p->used] = (unsigned char)ph;
+    p->used++;
+}
+
+void prof_free(Dev *d) {
+    ProfState *p = d->prof;
+    if (!p) return;
+    for (int i = 0; i < PROF_POOL; i++) CUDA_CHECK(cudaEventDestroy(p->ev[i]));
+    free(p);
+    d->prof = NULL;
+}
+
+void gpu_model_profile(GpuModel *m, int on) {
+    Dev *d = dev_of(m);
+    prof_free(d);
+    if (!on) return;
+    ProfState *p = (ProfState *)xcalloc(1, sizeof *p);
+    for (int i = 0; i < PROF_POOL; i++) CUDA_CHECK(cudaEventCreate(&p->ev[i]));
+    d->prof = p;
+    prof_mark(d, PH_HOST);  // the base of the first interval
+}
+
+void gpu_model_profile_report(GpuModel *m, FILE *f, long long steps) {
+    Dev *d = dev_of(m);
+    ProfState *p = d->prof;
+    if (!p) {
+        fprintf(f, "profile: off (gpu_model_profile)\n");
+        return;
+    }
+    resolve(p);
+    double total = 0.0;
+    for (int i = 0; i < PH_N; i++) total += p->ms[i];
+    fprintf(f, "profile of the GPU stream over %lld steps (%.1f ms in all, %.2f ms per step)\n", steps, total,
+            steps > 0 ? total / steps : 0.0);
+    fprintf(f, "  %-46s %12s %8s %7s\n", "phase", "ms per step", "share", "marks");
+    for (int i = 0; i < PH_N; i++) {
+        if (p->marks[i] == 0) continue;
+        fprintf(f, "  %-46s %12.3f %7.1f%% %7lld\n", phase_names[i], steps > 0 ? p->ms[i] / steps : p->ms[i],
+                total > 0 ? 100.0 * p->ms[i] / total : 0.0, p->marks[i]);
+    }
+    fflush(f);
+}
