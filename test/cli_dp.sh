@@ -2,7 +2,8 @@
 # cli_dp.sh: data parallelism on the CPU (the host transport of comm.h), as CI can run it: ranks
 # are background processes started torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 # MASTER_PORT). Checks: 2 ranks x micro-batch b follow 1 rank x b x 2 accumulation steps (plain
-# and ZeRO-1); ZeRO-1 equals plain DP bit for bit; resume 2->2 exact, 2->1 and 1->2 continue
+# and ZeRO-1); ZeRO-1 equals plain DP bit for bit; two simulated nodes of two processes (4 ranks,
+# LOCAL_RANK 0 1 0 1) follow 1 rank x 4 accumulation; resume 2->2 exact, 2->1 and 1->2 continue
 # where the checkpoint was; a killed or hung rank makes the other fail in time, naming it;
 # SIGTERM to one rank stops both with one checkpoint; only rank 0 writes; ranks started with
 # different configs are refused. Every process is bounded by a timeout and killed at the end.
@@ -116,6 +117,30 @@ grep val_loss "$tmp/dp/metrics.jsonl" >"$tmp/v2"
 grep val_loss "$tmp/zero1/metrics.jsonl" >"$tmp/vz"
 check "val losses (averaged over the ranks) agree between ZeRO-1 and plain" "$(diff "$tmp/v2" "$tmp/vz" | head -2)" \
   cmp -s "$tmp/v2" "$tmp/vz"
+
+# (b2) two "nodes" of two processes each, simulated on this machine as torchrun would start them
+# on two hosts (RANK 0..3, LOCAL_RANK 0 1 0 1, LOCAL_WORLD_SIZE 2, GROUP_RANK 0 0 1 1): 4 ranks x
+# micro-batch 1 make the same 64-token step as 1 rank x 1 x 4 accumulation (the same windows:
+# the loader's windows, and their shuffled order, follow the micro-batch).
+run1 single4 --set train.micro_batch=1 --set "log.dir=$tmp/single4"
+losses "$tmp/single4/metrics.jsonl" >"$tmp/l14"
+next_port
+for _r in 0 1 2 3; do
+  (RANK=$_r WORLD_SIZE=4 LOCAL_RANK=$((_r % 2)) LOCAL_WORLD_SIZE=2 GROUP_RANK=$((_r / 2)) MASTER_ADDR=127.0.0.1     MASTER_PORT=$port exec "$BIN" $TINY --set train.micro_batch=1 --set "log.dir=$tmp/nodes")     >"$tmp/nodes.r$_r" 2>&1 &
+  eval "pidn_$_r=$!"
+  pids="$pids $!"
+done
+rcs=""
+for _r in 0 1 2 3; do eval "wait_for \$pidn_$_r 40"; rcs="$rcs $rc"; done
+check "2 simulated nodes x 2 processes run and exit 0" "rc$rcs: $(tail -2 "$tmp/nodes.r0")" [ "$rcs" = " 0 0 0 0" ]
+check "rank 0 sees 4 ranks, 2 per node" "$(grep 'data parallel' "$tmp/nodes.r0")" \
+  grep -q 'data parallel: 4 ranks (env launcher, 2 per node)' "$tmp/nodes.r0"
+losses "$tmp/nodes/metrics.jsonl" >"$tmp/l4"
+d_n=$(maxdiff "$tmp/l14" "$tmp/l4")
+echo "# max |loss difference| over 20 steps, 1 rank x 4 accumulation vs 2 nodes x 2 ranks: $d_n"
+check "2 nodes x 2 ranks: 20 losses (1 rank x 4 accumulation: $(wc -l <"$tmp/l14"))" "$(wc -l <"$tmp/l4")" \
+  [ "$(wc -l <"$tmp/l4")" -eq 20 -a "$(wc -l <"$tmp/l14")" -eq 20 ]
+check "2 nodes x 2 ranks follow 1 rank x 4 accumulation (within 5e-3)" "max difference $d_n" lt "$d_n" 5e-3
 
 # (c) resume: 2 -> 2 exact (plain and ZeRO-1), 2 -> 1 and 1 -> 2 from the step-10 checkpoints.
 for mode in plain zero1; do
