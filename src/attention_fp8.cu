@@ -14,25 +14,21 @@
 
 typedef uint16_t bf16;
 
-static int is_fp8(AttnPrecision p) {
-    return p == ATTN_FP8_NAIVE || p == ATTN_FP8_HYBRID || p == ATTN_FP8_DM || p == ATTN_FP8_DM_APPROX;
-}
-
 extern "C" int attn_mode_supported(const AttnOptions *opt, int d, const char **why) {
     const char *w = NULL;
     if (d != 64 && d != 128) w = "the GPU attention supports head_dim 64 or 128";
     else if (opt->precision == ATTN_FP32) w = "fp32 attention is the CPU backend's reference mode";
-    else if (opt->precision != ATTN_BF16 && !is_fp8(opt->precision)) w = "unknown attention precision";
-    else if (is_fp8(opt->precision) && opt->scaling != SCALING_BLOCK)
+    else if (opt->precision != ATTN_BF16 && !attn_precision_is_fp8(opt->precision)) w = "unknown attention precision";
+    else if (attn_precision_is_fp8(opt->precision) && opt->scaling != SCALING_BLOCK)
         w = "delayed scaling of the FP8 attention operands runs on the CPU backend only so far";
-    else if (is_fp8(opt->precision) && opt->p_scale != 256.0f)
+    else if (attn_precision_is_fp8(opt->precision) && opt->p_scale != 256.0f)
         w = "the GPU's FP8 attention kernels use the static P scale 256 (precision.attention_p_scale)";
     if (why) *why = w;
     return w ? -1 : 0;
 }
 
 extern "C" void attn_mode_block_sizes(const AttnOptions *opt, int d, int *block_q, int *block_k) {
-    if (is_fp8(opt->precision)) {
+    if (attn_precision_is_fp8(opt->precision)) {
         *block_q = ATTN_FP8_BWD_BLOCK_Q;
         *block_k = ATTN_FP8_BWD_BLOCK_K;
     } else {
@@ -41,8 +37,7 @@ extern "C" void attn_mode_block_sizes(const AttnOptions *opt, int d, int *block_
 }
 
 extern "C" size_t attn_mode_workspace_bytes(const AttnOptions *opt, int B, int H, int T, int d) {
-    return gpu_attn_mode_workspace_bytes(is_fp8(opt->precision), opt->precision == ATTN_FP8_HYBRID, (size_t)B,
-                                         (size_t)H, (size_t)T, (size_t)d);
+    return gpu_attn_mode_workspace_bytes(opt->precision, (size_t)B, (size_t)H, (size_t)T, (size_t)d);
 }
 
 // --- the workspace, carved in gpu_attn_mode_workspace_bytes' order --------------------------------
@@ -59,18 +54,15 @@ static Parts carve_parts(const AttnOptions *opt, void *ws, int B, int H, int T, 
     memset(&p, 0, sizeof p);
     char *c = (char *)ws;
     if (((uintptr_t)c) % 256) FATAL("attention: workspace %p is not 256-byte aligned", ws);
-    size_t bwd = gpu_align256(gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d));
-    if (is_fp8(opt->precision)) {
-        size_t Tp = (size_t)attn_quant_padded_len(T);
-        size_t codes = gpu_align256((size_t)B * H * Tp * d);
-        size_t scales = gpu_align256(sizeof(float) * B * H * (Tp / 128));
-        for (int i = 0; i < 4; i++, c += codes) p.codes[i] = (uint8_t *)c;
-        for (int i = 0; i < 4; i++, c += codes) p.codes_t[i] = (uint8_t *)c;
-        for (int i = 0; i < 4; i++, c += scales) p.scales[i] = (float *)c;
+    const GpuAttnLayout l = gpu_attn_mode_layout(opt->precision, (size_t)B, (size_t)H, (size_t)T, (size_t)d);
+    if (l.codes) {
+        for (int i = 0; i < 4; i++, c += l.codes) p.codes[i] = (uint8_t *)c;
+        for (int i = 0; i < 4; i++, c += l.codes) p.codes_t[i] = (uint8_t *)c;
+        for (int i = 0; i < 4; i++, c += l.scales) p.scales[i] = (float *)c;
     }
     p.bwd = c;
-    c += bwd;
-    if (opt->precision == ATTN_FP8_HYBRID) p.deq = (bf16 *)c;
+    c += l.bwd;
+    if (l.deq) p.deq = (bf16 *)c;
     return p;
 }
 
@@ -98,7 +90,7 @@ extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const b
                                   bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, void *workspace,
                                   const AttnModeDiag *diag, cudaStream_t stream) {
     check_mode(opt, d);
-    if (!is_fp8(opt->precision)) {
+    if (!attn_precision_is_fp8(opt->precision)) {
         attn_gpu_forward(q, k, v, qkv_stride, o, o_stride, lse, B, H, T, d, stream);
         return;
     }

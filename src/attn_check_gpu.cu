@@ -14,10 +14,6 @@
 #include "cuda_check.h"     // CUDA_CHECK
 #include "fp8.h"            // bf16_from_f32, bf16_to_f32
 
-extern "C" int attn_gpu_reports_row_sums(AttnPrecision p) {
-    return p == ATTN_FP8_NAIVE || p == ATTN_FP8_DM || p == ATTN_FP8_DM_APPROX;
-}
-
 // Relative L2 error of x against ref (absolute when ref is all zero); NaN if x has a NaN.
 static double rel_l2(const std::vector<float> &x, const double *ref) {
     double num = 0.0, den = 0.0;
@@ -90,7 +86,7 @@ extern "C" void attn_eval_mode_gpu(const AttnOptions *opt, int T, int d, const f
                                    const double *ref_dk, const double *ref_dv, float *o, float *dq, float *dk,
                                    float *dv, AttnGpuEval *out) {
     const size_t n = (size_t)T * d;
-    const int rows = attn_gpu_reports_row_sums(opt->precision);
+    const int rows = attn_precision_fp8_backward(opt->precision);
     Bufs b;
     b.q = upload_bf16(q, n);
     b.k = upload_bf16(k, n);

@@ -20,9 +20,6 @@ typedef struct {
     double cancel_median, cancel_max;      // over rows; a NaN row counts as +inf; NaN if not reported
 } AttnGpuEval;
 
-// 1 when attn_mode_backward reports dS row sums for precision p (AttnModeDiag.row_ds_sum).
-int attn_gpu_reports_row_sums(AttnPrecision p);
-
 // Runs opt's mode for B = H = 1 on device 0 (opt->block_q / block_k are ignored: the kernels use
 // their own tiles, attn_mode_block_sizes). q, k, v, dout: (T, d) floats, rounded to BF16 on the
 // host (RNE) as the kernels' inputs; ref_*: (T, d) FP64 reference outputs. o, dq, dk, dv

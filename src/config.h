@@ -51,6 +51,12 @@ typedef enum {
     ATTN_FP8_DM_APPROX,
     ATTN_N_PRECISIONS
 } AttnPrecision;
+// The FP8 modes (quantized Q, K, V and an FP8 forward), and among them those whose backward is
+// the FP8 kernel (fp8_hybrid's backward is the BF16 one on the dequantized operands).
+static inline int attn_precision_is_fp8(AttnPrecision p) {
+    return p == ATTN_FP8_NAIVE || p == ATTN_FP8_HYBRID || p == ATTN_FP8_DM || p == ATTN_FP8_DM_APPROX;
+}
+static inline int attn_precision_fp8_backward(AttnPrecision p) { return attn_precision_is_fp8(p) && p != ATTN_FP8_HYBRID; }
 typedef enum { GRADFMT_E4M3 = 0, GRADFMT_E5M2 } GradFormat;
 typedef enum { SCALING_BLOCK = 0, SCALING_DELAYED } ScalingKind;
 typedef enum { LINEAR_BF16 = 0, LINEAR_FP8_TENSOR, LINEAR_FP8_BLOCK } LinearPrecision;

@@ -8,6 +8,8 @@
 #include <stddef.h>  // size_t
 #include <stdint.h>  // int32_t
 
+#include "config.h"  // AttnPrecision, attn_precision_is_fp8
+
 // RMSNorm and QK-norm backward: the gain gradient is summed in FP32 partials over row chunks:
 // at most 1024 chunks of at least 32 rows, each giving one partial row of `dim` floats.
 static inline void gpu_norm_chunks(long long n_rows, int *n_chunks, long long *chunk_rows) {
@@ -41,17 +43,29 @@ static inline size_t gpu_attn_bwd_workspace_bytes(size_t B, size_t H, size_t T, 
 // transposed codes of Q, K, V, dO, each (B, H, Tp, d) bytes with Tp = T rounded up to 128, and
 // their per-128-token-block scales (B, H, Tp/128) FP32; then fp8_hybrid the dequantized Q̂, K̂,
 // V̂ in BF16 (B, T, 3, H, d) for its BF16 backward, the others the FP8 backward's scratch (the
-// same dQ accumulator and D). Every part starts on a 256-byte boundary.
+// same dQ accumulator and D). Every part starts on a 256-byte boundary. The layout is described
+// once, here: attention_fp8.cu carves the workspace in this order with these sizes.
 static inline size_t gpu_align256(size_t n) { return (n + 255) / 256 * 256; }
-static inline size_t gpu_attn_mode_workspace_bytes(int is_fp8, int is_hybrid, size_t B, size_t H, size_t T,
-                                                   size_t d) {
-    size_t bwd = gpu_align256(gpu_attn_bwd_workspace_bytes(B, H, T, d));
-    if (!is_fp8) return bwd;
-    size_t Tp = (T + 127) / 128 * 128;
-    size_t codes = gpu_align256(B * H * Tp * d), scales = gpu_align256(sizeof(float) * B * H * (Tp / 128));
-    size_t n = 8 * codes + 4 * scales + bwd;
-    if (is_hybrid) n += gpu_align256(2 * 3 * B * T * H * d);
-    return n;
+typedef struct {
+    size_t codes;   // bytes of one operand's codes (or transposed codes); 8 of them; 0 in bf16
+    size_t scales;  // bytes of one operand's scales; 4 of them; 0 in bf16
+    size_t bwd;     // the backward's FP32 scratch
+    size_t deq;     // fp8_hybrid's dequantized Q, K, V; else 0
+    size_t total;   // 8 codes + 4 scales + bwd + deq
+} GpuAttnLayout;
+static inline GpuAttnLayout gpu_attn_mode_layout(AttnPrecision p, size_t B, size_t H, size_t T, size_t d) {
+    GpuAttnLayout l = {0, 0, gpu_align256(gpu_attn_bwd_workspace_bytes(B, H, T, d)), 0, 0};
+    if (attn_precision_is_fp8(p)) {
+        size_t Tp = (T + 127) / 128 * 128;
+        l.codes = gpu_align256(B * H * Tp * d);
+        l.scales = gpu_align256(sizeof(float) * B * H * (Tp / 128));
+    }
+    if (p == ATTN_FP8_HYBRID) l.deq = gpu_align256(2 * 3 * B * T * H * d);
+    l.total = 8 * l.codes + 4 * l.scales + l.bwd + l.deq;
+    return l;
+}
+static inline size_t gpu_attn_mode_workspace_bytes(AttnPrecision p, size_t B, size_t H, size_t T, size_t d) {
+    return gpu_attn_mode_layout(p, B, H, T, d).total;
 }
 
 // Floats in an FP8 operand's scale buffer (rows, cols with cols the reduction), with cuBLASLt's

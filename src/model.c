@@ -241,11 +241,8 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
 
     size_t *W = &out->workspace;
     plan_take(W, 4 * T * hd);  // RoPE table (T, hd/2) cos and sin
-    {  // attention: the backward's scratch, plus in FP8 modes the quantized operands (attention_fp8.h)
-        AttnPrecision ap = c->precision.attention;
-        int fp8 = ap == ATTN_FP8_NAIVE || ap == ATTN_FP8_HYBRID || ap == ATTN_FP8_DM || ap == ATTN_FP8_DM_APPROX;
-        plan_take(W, gpu_attn_mode_workspace_bytes(fp8, ap == ATTN_FP8_HYBRID, (size_t)micro_batch, H, T, hd));
-    }
+    // attention: the backward's scratch, plus in FP8 modes the quantized operands (attention_fp8.h)
+    plan_take(W, gpu_attn_mode_workspace_bytes(c->precision.attention, (size_t)micro_batch, H, T, hd));
     size_t norm_scratch = gpu_norm_scratch_bytes((long long)BT, C);            // RMSNorm backward
     if (m->qk_norm) {
         size_t q = gpu_norm_scratch_bytes((long long)(BT * H), hd);            // QK-norm backward
