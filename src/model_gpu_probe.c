@@ -29,10 +29,26 @@ typedef struct {
     float *host_sum, *host_cancel;        // (rows) host staging of one layer's row sums
 } ProbeDev;
 
-static char *carve_dev(char **at, size_t bytes) {
-    char *p = *at;
-    *at += (bytes + 255) / 256 * 256;
+// The next `bytes` of the allocation at base (256-byte aligned); base NULL only counts (sizing).
+static void *take_dev(char *base, size_t *off, size_t bytes) {
+    void *p = base ? base + *off : NULL;
+    *off += (bytes + 255) / 256 * 256;
     return p;
+}
+
+// Carves the probe's device buffers from base in one fixed order and returns the bytes used, so
+// the same function sizes the allocation (base NULL) and fills the pointers.
+static size_t carve_probe(ProbeDev *d, char *base, int keep, size_t bt, size_t C) {
+    size_t off = 0, L = (size_t)d->L;
+    d->row_sum = (float *)take_dev(base, &off, L * d->rows * sizeof(float));
+    d->row_cancel = (float *)take_dev(base, &off, L * d->rows * sizeof(float));
+    d->saturated = (unsigned long long *)take_dev(base, &off, L * ATTN_N_CASTS * sizeof(unsigned long long));
+    d->sq = (double *)take_dev(base, &off, L * 12 * sizeof(double));
+    d->keep = keep ? (uint16_t *)take_dev(base, &off, L * d->bt3c * 2) : NULL;
+    d->ref_o = (uint16_t *)take_dev(base, &off, bt * C * 2);
+    d->ref_dqkv = (uint16_t *)take_dev(base, &off, d->bt3c * 2);
+    d->ref_lse = (float *)take_dev(base, &off, d->rows * sizeof(float));
+    return off;
 }
 
 void gpu_probe_alloc(ModelProbe *p, GpuModel *m, int keep) {
@@ -55,24 +71,8 @@ void gpu_probe_alloc(ModelProbe *p, GpuModel *m, int keep) {
     d->L = L;
     d->rows = rows;
     d->bt3c = bt * 3 * C;
-    size_t bytes = 0;  // sizes, in carve order, each rounded to 256
-#define R256(x) (((x) + 255) / 256 * 256)
-    bytes += 2 * (size_t)L * R256(rows * sizeof(float));
-    bytes += R256((size_t)L * ATTN_N_CASTS * sizeof(unsigned long long)) + R256((size_t)L * 12 * sizeof(double));
-    if (keep) bytes += (size_t)L * R256(d->bt3c * 2);
-    bytes += R256(bt * C * 2) + R256(d->bt3c * 2) + R256(rows * sizeof(float));
-#undef R256
-    CUDA_CHECK(cudaMalloc((void **)&d->base, bytes));
-    char *at = d->base;
-    d->row_sum = (float *)carve_dev(&at, (size_t)L * rows * sizeof(float));
-    d->row_cancel = (float *)carve_dev(&at, (size_t)L * rows * sizeof(float));
-    d->saturated = (unsigned long long *)carve_dev(&at, (size_t)L * ATTN_N_CASTS * sizeof(unsigned long long));
-    d->sq = (double *)carve_dev(&at, (size_t)L * 12 * sizeof(double));
-    if (keep) d->keep = (uint16_t *)carve_dev(&at, (size_t)L * d->bt3c * 2);
-    d->ref_o = (uint16_t *)carve_dev(&at, bt * C * 2);
-    d->ref_dqkv = (uint16_t *)carve_dev(&at, d->bt3c * 2);
-    d->ref_lse = (float *)carve_dev(&at, rows * sizeof(float));
-    if ((size_t)(at - d->base) > bytes) FATAL("gpu_probe_alloc: carved %zu of %zu bytes", (size_t)(at - d->base), bytes);
+    CUDA_CHECK(cudaMalloc((void **)&d->base, carve_probe(d, NULL, keep, bt, C)));
+    carve_probe(d, d->base, keep, bt, C);
     d->diag = xcalloc((size_t)(L ? L : 1), sizeof(AttnModeDiag));
     d->host_sum = xmalloc((rows ? rows : 1) * sizeof(float));
     d->host_cancel = xmalloc((rows ? rows : 1) * sizeof(float));
@@ -122,7 +122,7 @@ void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_r
     CUDA_CHECK(cudaMemset(d->row_cancel, 0, (size_t)L * d->rows * sizeof(float)));
     CUDA_CHECK(cudaMemset(d->saturated, 0, (size_t)L * ATTN_N_CASTS * sizeof(unsigned long long)));
     CUDA_CHECK(cudaMemset(d->sq, 0, (size_t)L * 12 * sizeof(double)));
-    int fp8_bwd = precision == ATTN_FP8_NAIVE || precision == ATTN_FP8_DM || precision == ATTN_FP8_DM_APPROX;
+    int fp8_bwd = attn_precision_fp8_backward(precision);
     for (int l = 0; l < L; l++) {
         AttnModeDiag *g = &d->diag[l];
         memset(g, 0, sizeof *g);
@@ -162,7 +162,7 @@ void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_r
         AttnStats *st = &out->layer_stats[l];
         memset(st, 0, sizeof *st);
         for (int c = 0; c < ATTN_N_CASTS; c++) st->saturated[c] = (long long)sat[(size_t)l * ATTN_N_CASTS + c];
-        if (precision != ATTN_BF16 && precision != ATTN_FP32) {  // P and dS casts are not counted on the GPU
+        if (attn_precision_is_fp8(precision)) {  // P and dS casts are not counted on the GPU
             st->casts[CAST_Q] = st->casts[CAST_K] = st->casts[CAST_V] = (long long)out->n_attn;
             if (fp8_bwd) st->casts[CAST_DO] = (long long)out->n_attn;
         }
