@@ -14,7 +14,8 @@
 #include "config.h"     // Config, config_parse
 #include "model_cpu.h"  // CpuModel, for the paired training steps
 #include "model_gpu.h"  // GpuModel, for the paired and timed training steps
-#include "optimizer.h"  // AdamW, adamw_step, grad_global_norm, grad_clip_factor
+#include "optimizer.h"  // AdamW, adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
+#include "test.h"       // CHECK
 
 static const char *TINY_JSON =
     "{\"model\": {\"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 352, \"seq_len\": 64},"
@@ -105,6 +106,31 @@ static inline double paired_step(CpuModel *cpu, AdamW *opt, GpuModel *gpu, const
     *gn = gpu_model_grad_norm(gpu);
     gpu_model_step(gpu, lr, grad_clip_factor(&c->train, *gn), &c->train);
     return fabs(*gl - *cl) / fabs(*cl);
+}
+
+// `steps` paired steps (above) on batches k = 0 .. steps-1 of tokens, targets (BT each) at the
+// config's learning-rate schedule: prints each step under label (padded to width), fills cl, gl
+// (and gn unless NULL) and checks that every step's loss is within 1e-2 (relative) of the CPU's
+// and that the GPU's loss falls by more than 0.1 over the run.
+static inline void paired_run(const char *label, int width, CpuModel *cpu, AdamW *opt, GpuModel *gpu,
+                              const Config *c, const int32_t *tokens, const int32_t *targets, size_t BT, int steps,
+                              float *cl, float *gl, float *gn) {
+    int ok_curve = 1;
+    double worst_curve = 0;
+    char name[220];
+    for (int k = 0; k < steps; k++) {
+        double cn, n, r = paired_step(cpu, opt, gpu, c, tokens + (size_t)k * BT, targets + (size_t)k * BT,
+                                      lr_at_step(&c->train, k), &cl[k], &gl[k], &cn, &n);
+        if (gn) gn[k] = (float)n;
+        if (r > worst_curve) worst_curve = r;
+        if (!(r <= 1e-2)) ok_curve = 0;
+        printf("#   %-*s step %2d  loss cpu %.5f gpu %.5f (rel %.1e)  grad norm cpu %.4f gpu %.4f\n", width, label, k,
+               cl[k], gl[k], r, cn, n);
+    }
+    snprintf(name, sizeof name, "%s: %d AdamW steps track the CPU (loss rel 1e-2 each step)", label, steps);
+    CHECK(ok_curve, name, "worst rel difference %.3e", worst_curve);
+    snprintf(name, sizeof name, "%s: the loss falls over the run", label);
+    CHECK(gl[steps - 1] < gl[0] - 0.1, name, "first %.4f last %.4f", gl[0], gl[steps - 1]);
 }
 
 #endif  // MODEL_TEST_H

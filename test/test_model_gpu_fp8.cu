@@ -336,22 +336,8 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
         AdamW opt;
         adamw_init(&opt, P);
         std::vector<float> gl(steps), cl(steps);
-        int ok_curve = 1;
-        double worst_curve = 0;
-        for (int k = 0; k < steps; k++) {
-            const int32_t *tk = &bt.tokens[(size_t)k * BT], *tg = &bt.targets[(size_t)k * BT];
-            double lr = lr_at_step(&c.train, k);
-            double cn, n;
-            double r = paired_step(&cpu, &opt, &gpu, &c, tk, tg, lr, &cl[k], &gl[k], &cn, &n);
-            if (r > worst_curve) worst_curve = r;
-            if (!(r <= 1e-2)) ok_curve = 0;
-            printf("#   %-22s step %2d  loss cpu %.5f gpu %.5f (rel %.1e)  grad norm cpu %.4f gpu %.4f\n", label, k,
-                   cl[k], gl[k], r, cn, n);
-        }
-        snprintf(name, sizeof name, "%s: %d AdamW steps track the CPU (loss rel 1e-2 each step)", label, steps);
-        CHECK(ok_curve, name, "worst rel difference %.3e", worst_curve);
-        snprintf(name, sizeof name, "%s: the loss falls over the run", label);
-        CHECK(gl[steps - 1] < gl[0] - 0.1, name, "first %.4f last %.4f", gl[0], gl[steps - 1]);
+        paired_run(label, 22, &cpu, &opt, &gpu, &c, bt.tokens.data(), bt.targets.data(), (size_t)BT, steps, cl.data(),
+                   gl.data(), NULL);
         gpu_model_get_params(&gpu, gp.data());
         double r = rel_l2(gp.data(), cpu.params, P, NULL);
         printf("# %s: parameters after %d steps, GPU vs CPU rel L2 %.3e (information)\n", label, steps, r);
