@@ -50,6 +50,8 @@ static inline int gpu_test_have_gpu(const char *name) {
 #ifdef __cplusplus
 #include <vector>  // host copies of device buffers
 
+#include "fp8.h"  // bf16_from_f32 (host and device)
+
 // Device buffers: dnew allocates n elements poisoned with 0xFF bytes (NaN for float and BF16),
 // so an output a kernel forgot to write shows up; dup copies a host vector to the device; back
 // copies n elements to the host after the device is done; poison re-poisons a buffer.
@@ -75,7 +77,7 @@ template <class T> static void poison(T *d, size_t n) { CU(cudaMemset(d, 0xFF, n
 // Error of an output against its reference: relative L2 (a zero reference makes any error
 // huge), max abs error, and the count of non-finite outputs (which fail ok()).
 struct Err {
-    double num = 0, den = 0, maxabs = 0;
+    double num = 0, den = 0, maxabs = 0, maxref = 0;  // maxref: max |ref|, to put maxabs in scale
     long nonfinite = 0;
     void add(double got, double ref) {
         if (!isfinite(got)) { nonfinite++; return; }
@@ -83,10 +85,52 @@ struct Err {
         num += d * d;
         den += ref * ref;
         if (fabs(d) > maxabs) maxabs = fabs(d);
+        if (fabs(ref) > maxref) maxref = fabs(ref);
     }
     double rel() const { return sqrt(num / (den > 0 ? den : 1e-300)); }
     bool ok(double tol) const { return nonfinite == 0 && rel() < tol; }
 };
+
+// Fresh values offset + scale * U[-1, 1) made on the device (timing sizes are large), as BF16
+// and/or FP32: splitmix64 of the element index and the seed, so never zeros nor a pattern.
+__global__ void gpu_test_fill_kernel(uint16_t *bf, float *f, size_t n, uint64_t seed, float scale, float offset) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    float u = (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;  // [-1, 1)
+    float v = offset + scale * u;
+    if (bf) bf[i] = bf16_from_f32(v);
+    if (f) f[i] = v;
+}
+static inline void gpu_test_fill_bf16(uint16_t *d, size_t n, uint64_t seed, float scale, float offset = 0.0f) {
+    gpu_test_fill_kernel<<<(unsigned)((n + 255) / 256), 256>>>(d, NULL, n, seed, scale, offset);
+    CU(cudaGetLastError());
+}
+static inline void gpu_test_fill_f32(float *d, size_t n, uint64_t seed, float scale) {
+    gpu_test_fill_kernel<<<(unsigned)((n + 255) / 256), 256>>>(NULL, d, n, seed, scale, 0.0f);
+    CU(cudaGetLastError());
+}
+
+// Mean milliseconds of body() over `reps` calls after `warm` untimed ones (CUDA events on the
+// default stream; for timing lines, not checks).
+template <class F> static double gpu_time_ms(F body, int warm, int reps) {
+    for (int i = 0; i < warm; i++) body();
+    cudaEvent_t a, b;
+    CU(cudaEventCreate(&a));
+    CU(cudaEventCreate(&b));
+    CU(cudaEventRecord(a));
+    for (int i = 0; i < reps; i++) body();
+    CU(cudaEventRecord(b));
+    CU(cudaEventSynchronize(b));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, a, b));
+    CU(cudaEventDestroy(a));
+    CU(cudaEventDestroy(b));
+    return ms / reps;
+}
 #endif  // __cplusplus
 
 #endif  // GPU_TEST_H

@@ -502,24 +502,12 @@ static void bench_quant(void) {
         ts[i] = qt(x + (size_t)i * C, 3 * C, FP8_E4M3, o[i], C);
         ts[i].dequant = NULL;
     }
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    attn_gpu_quantize(ts, 3, B, H, T, d, 0);
-    CU(cudaEventRecord(e0));
-    const int reps = 20;
-    for (int r = 0; r < reps; r++) attn_gpu_quantize(ts, 3, B, H, T, d, 0);
-    CU(cudaEventRecord(e1));
-    CU(cudaEventSynchronize(e1));
-    float ms = 0;
-    CU(cudaEventElapsedTime(&ms, e0, e1));
+    const double ms = gpu_time_ms([&] { attn_gpu_quantize(ts, 3, B, H, T, d, 0); }, 1, 20);
     const double bytes = 3.0 * B * T * C * (2 + 1 + 1);
-    printf("# quantize Q,K,V (B=%d H=%d T=%d d=%d, both layouts): %.1f us, %.0f GB/s\n", B, H, T, d,
-           1e3 * ms / reps, bytes / (1e-3 * ms / reps) / 1e9);
+    printf("# quantize Q,K,V (B=%d H=%d T=%d d=%d, both layouts): %.1f us, %.0f GB/s\n", B, H, T, d, 1e3 * ms,
+           bytes / (1e-3 * ms) / 1e9);
     for (int i = 0; i < 3; i++) dev_out_free(o[i]);
     cudaFree(x);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
 }
 
 // --- FP8 backward (attention_bwd_fp8.cu) against attn_cpu_backward in the same mode ------------
@@ -830,9 +818,6 @@ static void bench_bwd(void) {
     attn_gpu_quantize(ts, 4, B, H, T, d, 0);
     attn_gpu_forward_fp8(q[0].codes, q[1].codes, q[2].codes_t, q[0].scales, q[1].scales, q[2].scales, 256.0f, o, C, lse,
                          B, H, T, d, 0);
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
     const AttnPrecision modes[3] = {ATTN_FP8_NAIVE, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
     float ms_mode[3] = {0, 0, 0};
     for (int mi = 0; mi < 3; mi++) {
@@ -847,15 +832,7 @@ static void bench_bwd(void) {
         a.o = o; a.dout = dout; a.o_stride = C; a.lse = lse;
         a.dq = dqkv; a.dk = dqkv + C; a.dv = dqkv + 2 * C; a.dqkv_stride = 3 * C;
         a.workspace = ws;
-        attn_gpu_backward_fp8(&a, B, H, T, d, 0);  // warm-up
-        CU(cudaEventRecord(e0));
-        const int reps = 5;
-        for (int r = 0; r < reps; r++) attn_gpu_backward_fp8(&a, B, H, T, d, 0);
-        CU(cudaEventRecord(e1));
-        CU(cudaEventSynchronize(e1));
-        float ms = 0;
-        CU(cudaEventElapsedTime(&ms, e0, e1));
-        ms_mode[mi] = ms / reps;
+        ms_mode[mi] = gpu_time_ms([&] { attn_gpu_backward_fp8(&a, B, H, T, d, 0); }, 1, 5);
         const double flops = 5.0 * B * H * (double)T * T * d;
         printf("# fp8 backward %-13s (B=%d H=%d T=%d d=%d, e5m2): %.3f ms, %.0f TFLOP/s\n", mode_name(modes[mi]), B, H,
                T, d, ms_mode[mi], flops / (1e-3 * ms_mode[mi]) / 1e12);
@@ -866,8 +843,6 @@ static void bench_bwd(void) {
     CHECK(err == cudaSuccess, "attn fp8 backward benchmark runs", "%s", cudaGetErrorString(err));
     for (int i = 0; i < 4; i++) dev_out_free(q[i]);
     cudaFree(x); cudaFree(dout); cudaFree(o); cudaFree(dqkv); cudaFree(lse); cudaFree(ws);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
 }
 
 int main(void) {

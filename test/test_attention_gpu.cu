@@ -35,19 +35,9 @@ static float bf2f(uint16_t u) {
 }
 static double bfr(double x) { return bf2f(f2bf((float)x)); }  // the value BF16 keeps
 
-// Error accumulator: relative L2 (absolute when the reference is zero) and max abs error, with
-// max |ref| to put it in scale (gpu_test.h's Err counts a zero reference as failing instead).
-struct AttnErr {
-    double num = 0, den = 0, maxabs = 0, maxref = 0;
-    long nonfinite = 0;
-    void add(double got, double ref) {
-        if (!isfinite(got)) { nonfinite++; return; }
-        double d = got - ref;
-        num += d * d;
-        den += ref * ref;
-        if (fabs(d) > maxabs) maxabs = fabs(d);
-        if (fabs(ref) > maxref) maxref = fabs(ref);
-    }
+// gpu_test.h's error accumulator, but relative L2 is absolute when the reference is zero (Err
+// counts a zero reference as failing instead).
+struct AttnErr : Err {
     double rel() const { return sqrt(num / (den > 0 ? den : 1)); }
 };
 

@@ -442,43 +442,13 @@ static void test_adamw(size_t n, double wd, double clip) {
 // ---------------------------------------------------------------------------------------------
 // Timing at training sizes (GPU_LAYERS_TIMING=1): not checks, "# timing" lines only.
 
-__global__ void fill_random_kernel(uint16_t *bf, float *f, size_t n, uint64_t seed, float scale, float offset) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull + seed;  // splitmix64 of the index: not zeros
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    float u = (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;  // [-1, 1)
-    float v = offset + scale * u;
-    if (bf) bf[i] = bf16_from_f32(v);
-    if (f) f[i] = v;
-}
 static void fill_bf(uint16_t *d, size_t n, float scale, float offset = 0.0f) {
-    fill_random_kernel<<<(unsigned)((n + 255) / 256), 256>>>(d, NULL, n, rng_state++, scale, offset);
-    CU(cudaGetLastError());
+    gpu_test_fill_bf16(d, n, rng_state++, scale, offset);
 }
-static void fill_f(float *d, size_t n, float scale) {
-    fill_random_kernel<<<(unsigned)((n + 255) / 256), 256>>>(NULL, d, n, rng_state++, scale, 0.0f);
-    CU(cudaGetLastError());
-}
+static void fill_f(float *d, size_t n, float scale) { gpu_test_fill_f32(d, n, rng_state++, scale); }
 
 // Mean milliseconds of `body` over 20 runs after 3 warm-up runs (CUDA events).
-template <class F> static double time_ms(F body) {
-    for (int i = 0; i < 3; i++) body();
-    cudaEvent_t a, b;
-    CU(cudaEventCreate(&a));
-    CU(cudaEventCreate(&b));
-    CU(cudaEventRecord(a));
-    for (int i = 0; i < 20; i++) body();
-    CU(cudaEventRecord(b));
-    CU(cudaEventSynchronize(b));
-    float ms = 0;
-    CU(cudaEventElapsedTime(&ms, a, b));
-    CU(cudaEventDestroy(a));
-    CU(cudaEventDestroy(b));
-    return ms / 20.0;
-}
+template <class F> static double time_ms(F body) { return gpu_time_ms(body, 3, 20); }
 static void report_time(const char *name, double ms, double bytes) {
     printf("# timing %-44s %8.3f ms %8.0f GB/s\n", name, ms, bytes / (ms * 1e-3) / 1e9);
 }

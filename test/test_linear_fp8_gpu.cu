@@ -280,34 +280,8 @@ static void test_gemms(int N, int M, int K, LinearPrecision prec, GradFormat gf)
 
 // --- 3. timing ----------------------------------------------------------------------------------
 
-// Random BF16 in [-2, 2) on the device (timing sizes are large).
-__global__ void fill_random_kernel(uint16_t *bf, size_t n, uint64_t seed) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull + seed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    bf[i] = bf16_from_f32((float)((z >> 40) * (1.0 / 16777216.0)) * 4.0f - 2.0f);
-}
-
-// Milliseconds per call of what(i) over 10 timed calls after 3 warm-up calls.
-template <class F> static float time_ms(F what) {
-    cudaEvent_t a, b;
-    CU(cudaEventCreate(&a));
-    CU(cudaEventCreate(&b));
-    for (int rep = 0; rep < 13; rep++) {
-        if (rep == 3) CU(cudaEventRecord(a));
-        what();
-    }
-    CU(cudaEventRecord(b));
-    CU(cudaEventSynchronize(b));
-    float ms = 0;
-    CU(cudaEventElapsedTime(&ms, a, b));
-    CU(cudaEventDestroy(a));
-    CU(cudaEventDestroy(b));
-    return ms / 10;
-}
+// Milliseconds per call of what() over 10 timed calls after 3 warm-up calls.
+template <class F> static float time_ms(F what) { return (float)gpu_time_ms(what, 3, 10); }
 
 static void timing(int n) {
     const size_t nn = (size_t)n * n;
@@ -320,11 +294,9 @@ static void timing(int n) {
     CU(cudaMalloc(&y, nn * 2));
     CU(cudaMalloc(&dw, nn * 4));
     CU(cudaMemset(dw, 0, nn * 4));
-    const unsigned blocks = (unsigned)((nn + 255) / 256);
-    fill_random_kernel<<<blocks, 256>>>(x, nn, 1);
-    fill_random_kernel<<<blocks, 256>>>(w, nn, 2);
-    fill_random_kernel<<<blocks, 256>>>(dy, nn, 3);
-    CU(cudaGetLastError());
+    gpu_test_fill_bf16(x, nn, 1, 2.0f);  // [-2, 2)
+    gpu_test_fill_bf16(w, nn, 2, 2.0f);
+    gpu_test_fill_bf16(dy, nn, 3, 2.0f);
     float ms = time_ms([&] { matmul_forward_gpu(y, x, w, n, n, n, 0, 0); });
     printf("# timing bf16        forward %d^3  %8.3f ms  %6.0f TFLOP/s\n", n, ms, flop / (ms * 1e-3) / 1e12);
     ms = time_ms([&] { matmul_wgrad_gpu(dw, dy, x, n, n, n, 0); });

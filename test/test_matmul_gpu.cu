@@ -98,16 +98,6 @@ static void test_shape(int M, int N, int K) {
     cudaFree(d_dy);
 }
 
-// Random BF16 on the device without a host round trip (timing sizes are large).
-__global__ void fill_random_kernel(uint16_t *bf, size_t n, uint64_t seed) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull + seed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    bf[i] = bf16_from_f32((float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f);
-}
 
 static void time_gemm(const char *what, int M, int N, int K) {
     uint16_t *x, *w, *y;
@@ -117,31 +107,19 @@ static void time_gemm(const char *what, int M, int N, int K) {
     CU(cudaMalloc(&y, (size_t)M * N * 2));
     CU(cudaMalloc(&dw, (size_t)N * K * 4));
     CU(cudaMemset(dw, 0, (size_t)N * K * 4));
-    fill_random_kernel<<<(unsigned)(((size_t)M * K + 255) / 256), 256>>>(x, (size_t)M * K, 1);
-    fill_random_kernel<<<(unsigned)(((size_t)N * K + 255) / 256), 256>>>(w, (size_t)N * K, 2);
-    fill_random_kernel<<<(unsigned)(((size_t)M * N + 255) / 256), 256>>>(y, (size_t)M * N, 3);
-    CU(cudaGetLastError());
-    cudaEvent_t a, b;
-    CU(cudaEventCreate(&a));
-    CU(cudaEventCreate(&b));
+    gpu_test_fill_bf16(x, (size_t)M * K, 1, 1.0f);
+    gpu_test_fill_bf16(w, (size_t)N * K, 2, 1.0f);
+    gpu_test_fill_bf16(y, (size_t)M * N, 3, 1.0f);
     const char *kinds[3] = {"forward", "dgrad", "wgrad"};
     for (int kind = 0; kind < 3; kind++) {
-        float ms = 0;
-        for (int rep = 0; rep < 13; rep++) {  // 3 warm-up runs, then 10 timed
-            if (rep == 3) CU(cudaEventRecord(a));
+        double ms = gpu_time_ms([&] {  // 3 warm-up runs, then 10 timed
             if (kind == 0) matmul_forward_gpu(y, x, w, M, N, K, 0, 0);
             if (kind == 1) matmul_dgrad_gpu(x, y, w, M, N, K, 0, 0);
             if (kind == 2) matmul_wgrad_gpu(dw, y, x, M, N, K, 0);
-        }
-        CU(cudaEventRecord(b));
-        CU(cudaEventSynchronize(b));
-        CU(cudaEventElapsedTime(&ms, a, b));
-        ms /= 10;
+        }, 3, 10);
         printf("# timing %-10s %-7s M=%d N=%d K=%d  %8.3f ms  %6.0f TFLOP/s\n", what, kinds[kind], M, N, K, ms,
                2.0 * M * N * K / (ms * 1e-3) / 1e12);
     }
-    CU(cudaEventDestroy(a));
-    CU(cudaEventDestroy(b));
     CU(cudaFree(x)); CU(cudaFree(w)); CU(cudaFree(y)); CU(cudaFree(dw));
 }
 

@@ -530,21 +530,9 @@ static void linear_breakdown(const char *shape, const char *json) {
     matmul_gpu_init();
     linear_fp8_gpu_init();
     cudaStream_t st = 0;
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
     const int reps = 10;
-    // milliseconds per call of f (after one warm-up call)
-    auto time_ms = [&](auto f) {
-        f();
-        CUDA_CHECK(cudaEventRecord(e0, st));
-        for (int r = 0; r < reps; r++) f();
-        CUDA_CHECK(cudaEventRecord(e1, st));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        return (double)ms / reps;
-    };
+    // milliseconds per call of f (after one warm-up call; st is the default stream)
+    auto time_ms = [&](auto f) { return gpu_time_ms(f, 1, reps); };
     printf("# breakdown %s: per block, N = %d tokens, ms (CUDA events, %d calls each); FP8 quantizations: x = Q(x) + "
            "Q(x^T), dy = Q(dy) + Q(dy^T), W = Q(W) + Q(W^T)\n", shape, N, reps);
     for (int mode = 0; mode < 2; mode++) {
@@ -585,8 +573,6 @@ static void linear_breakdown(const char *shape, const char *json) {
                shape, linear_precision_name(p), L, L * sum_b, L * fp8, L * sum_g, L * sum_qx, L * sum_qdy, L * sum_qw,
                100.0 * (fp8 - sum_g) / fp8, L * (sum_b - fp8), sum_b / fp8);
     }
-    CUDA_CHECK(cudaEventDestroy(e0));
-    CUDA_CHECK(cudaEventDestroy(e1));
     CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(dx)); CUDA_CHECK(cudaFree(w)); CUDA_CHECK(cudaFree(dw));
     CUDA_CHECK(cudaFree(dy)); CUDA_CHECK(cudaFree(y));
 }
