@@ -601,27 +601,13 @@ static cublasStatus_t plan_build(Fp8GemmPlan *p, const Fp8GemmKey *k, const floa
     CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p->b, fp8_type(k->b_fmt), (uint64_t)k->k, (uint64_t)k->n, k->k));
     CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&p->c, k->out_fp32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)k->m,
                                               (uint64_t)k->n, k->m));
-    cublasLtMatmulPreference_t pref;
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = MATMUL_WORKSPACE_BYTES;
-    const uint32_t al_ab = 16, al_c = (uint32_t)k->align_c;  // codes: checked >= 16 by the caller
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_ab, sizeof al_ab));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_ab, sizeof al_ab));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
-    cublasLtMatmulHeuristicResult_t result;
-    int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    if (st == CUBLAS_STATUS_SUCCESS && found == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    // codes: alignment checked >= 16 by the caller
+    cublasStatus_t st = (cublasStatus_t)matmul_gpu_pick_algo(p->op, p->a, p->b, p->c, 16, 16, k->align_c, &p->algo);
     if (st != CUBLAS_STATUS_SUCCESS) {
         plan_destroy(p);
         memset(p, 0, sizeof *p);
-        return st;
     }
-    p->algo = result.algo;
-    return CUBLAS_STATUS_SUCCESS;
+    return st;
 }
 
 // The cached plan for key (built on first use), or NULL with *status saying why there is none.

@@ -46,6 +46,29 @@ extern "C" void matmul_gpu_init(void) {
     CUDA_CHECK(cudaMalloc(&workspace, MATMUL_WORKSPACE_BYTES));
 }
 
+extern "C" int matmul_gpu_pick_algo(void *op, void *a, void *b, void *c, int align_a, int align_b, int align_c,
+                                    void *algo) {
+    if (!handle) FATAL("matmul_gpu_pick_algo before matmul_gpu_init() (hint: call it once at start)");
+    cublasLtMatmulPreference_t pref;
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = MATMUL_WORKSPACE_BYTES;
+    const uint32_t al[4] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_c, (uint32_t)align_c};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    for (int i = 0; i < 4; i++) CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, (cublasLtMatmulDesc_t)op, (cublasLtMatrixLayout_t)a,
+                                                       (cublasLtMatrixLayout_t)b, (cublasLtMatrixLayout_t)c,
+                                                       (cublasLtMatrixLayout_t)c, pref, 1, &result, &found);
+    CUBLASLT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (st == CUBLAS_STATUS_SUCCESS && found == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (st == CUBLAS_STATUS_SUCCESS) *(cublasLtMatmulAlgo_t *)algo = result.algo;
+    return (int)st;
+}
+
 extern "C" void *matmul_gpu_lt_handle(void) {
     if (!handle) FATAL("matmul_gpu_lt_handle before matmul_gpu_init() (hint: call it once at start)");
     return (void *)handle;
@@ -102,25 +125,14 @@ static void plan_build(GemmPlan *p, const GemmKey *k) {
     p->b = k->transb ? make_layout(CUDA_R_16BF, k->n, k->k, k->ldb) : make_layout(CUDA_R_16BF, k->k, k->n, k->ldb);
     p->c = make_layout(k->out_fp32 ? CUDA_R_32F : CUDA_R_16BF, k->m, k->n, k->ldc);
 
-    cublasLtMatmulPreference_t pref;
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = MATMUL_WORKSPACE_BYTES;
-    uint32_t al_a = (uint32_t)k->align_a, al_b = (uint32_t)k->align_b, al_c = (uint32_t)k->align_c;
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
-    cublasLtMatmulHeuristicResult_t result;
-    int found = 0;
-    CUBLASLT_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found));
-    CUBLASLT_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    if (found == 0)
+    cublasStatus_t st = (cublasStatus_t)matmul_gpu_pick_algo(p->op, p->a, p->b, p->c, k->align_a, k->align_b,
+                                                              k->align_c, &p->algo);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLASLT_CHECK(st);
+    if (st != CUBLAS_STATUS_SUCCESS)
         FATAL("cuBLASLt has no algorithm for GEMM m=%d n=%d k=%d trans=%d%d out=%s alignments %d/%d/%d "
               "(hint: pad the dimensions to multiples of 8 and align the buffers to 16 bytes)",
               k->m, k->n, k->k, k->transa, k->transb, k->out_fp32 ? "fp32" : "bf16", k->align_a, k->align_b,
               k->align_c);
-    p->algo = result.algo;
 }
 
 static const GemmPlan *plan_get(const GemmKey *k) {

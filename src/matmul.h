@@ -34,6 +34,12 @@ void matmul_gpu_shutdown(void);
 // stream, one after another, so one handle and one workspace serve them all.
 void *matmul_gpu_lt_handle(void);
 void *matmul_gpu_workspace(void);
+// cuBLASLt's best algorithm for the matmul descriptor op (a cublasLtMatmulDesc_t) over the layouts
+// a, b and c = d (cublasLtMatrixLayout_t), with this module's workspace and the given minimum
+// byte alignments of A, B and C/D. Returns the cublasStatus_t: success with *algo (a
+// cublasLtMatmulAlgo_t) filled, CUBLAS_STATUS_NOT_SUPPORTED when the heuristic finds none, or its
+// error. Both GEMM modules build their plans with it.
+int matmul_gpu_pick_algo(void *op, void *a, void *b, void *c, int align_a, int align_b, int align_c, void *algo);
 
 // y (M, N) = x (M, K) @ w (N, K)^T; accumulate != 0 adds to y instead (y = y + x w^T).
 void matmul_forward_gpu(uint16_t *y, const uint16_t *x, const uint16_t *w, int M, int N, int K,
