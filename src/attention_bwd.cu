@@ -352,8 +352,18 @@ static void backward_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stri
         CUDA_OK(cudaGetLastError());
     }
 
-    const long n4 = (long)B * H * T * (D / 4);
-    attn_bwd_convert_dq_kernel<D><<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(dq_acc, dq, dqkv_stride, B, H, T, tau);
+    attn_bwd_convert_dq(dq_acc, dq, dqkv_stride, B, H, T, D, tau, stream);
+}
+
+void attn_bwd_convert_dq(const float *dq_acc, bf16 *dq, int dqkv_stride, int B, int H, int T, int d, float tau,
+                         cudaStream_t stream) {
+    const long n4 = (long)B * H * T * (d / 4);
+    if (d == 64)
+        attn_bwd_convert_dq_kernel<64><<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(dq_acc, dq, dqkv_stride, B, H,
+                                                                                         T, tau);
+    else
+        attn_bwd_convert_dq_kernel<128><<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(dq_acc, dq, dqkv_stride, B, H,
+                                                                                          T, tau);
     CUDA_OK(cudaGetLastError());
 }
 

@@ -22,7 +22,7 @@
 //
 // Kernels: attn_bwd_fp8_pre_kernel (D for naive/approx; zeroes the dQ accumulator and the row
 // diagnostics), attn_bwd_fp8_delta_kernel (fp8_dm), attn_bwd_fp8_kernel (main), and
-// attn_bwd_fp8_dq_kernel (dQ = BF16(tau * acc)).
+// attention_bwd.cu's attn_bwd_convert_dq (dQ = BF16(tau * acc), shared with the BF16 backward).
 //
 // Layout of the main kernel: 256 threads = 2 warpgroups; warpgroup w owns keys k0+64w..+63 of
 // the CTA's 128-key block (M = keys for S^T, dP^T, dK, dV, so dK and dV stay in registers), the
@@ -576,22 +576,6 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     }
 }
 
-// dq[b,t,h,:] = BF16(tau * dq_acc[b,h,t,:]); one thread per 4 elements.
-template <int D>
-__global__ void attn_bwd_fp8_dq_kernel(const float *__restrict__ dq_acc, bf16 *__restrict__ dq, int dqkv_stride,
-                                       int B, int H, int T, float tau) {
-    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;  // over B*H*T*D/4
-    if (i >= (long)B * H * T * (D / 4)) return;
-    const int c = (int)(i % (D / 4)) * 4;
-    const long bht = i / (D / 4);
-    const int t = (int)(bht % T);
-    const long bh = bht / T;
-    const int h = (int)(bh % H), b = (int)(bh / H);
-    const float4 a = *reinterpret_cast<const float4 *>(dq_acc + bht * D + c);
-    *reinterpret_cast<uint2 *>(dq + ((long)b * T + t) * dqkv_stride + (long)h * D + c) =
-        make_uint2(pack_bf16(a.x * tau, a.y * tau), pack_bf16(a.z * tau, a.w * tau));
-}
-
 // --- launchers ---------------------------------------------------------------------------------
 extern "C" size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d) {
     return gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d);  // the BF16 backward's layout
@@ -636,10 +620,7 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
         a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, T, tau);
     CUDA_OK(cudaGetLastError());
 
-    const long n4 = (long)B * H * T * (D / 4);
-    attn_bwd_fp8_dq_kernel<D><<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(dq_acc, (bf16 *)a->dq, a->dqkv_stride,
-                                                                                B, H, T, tau);
-    CUDA_OK(cudaGetLastError());
+    attn_bwd_convert_dq(dq_acc, (bf16 *)a->dq, a->dqkv_stride, B, H, T, D, tau, stream);  // the BF16 backward's
 }
 
 extern "C" void attn_gpu_backward_fp8(const AttnFp8BwdArgs *a, int B, int H, int T, int d, cudaStream_t stream) {

@@ -240,6 +240,12 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 // --- host side -----------------------------------------------------------------------------
+// dq[b,t,h,:] = BF16(tau * dq_acc[b,h,t,:]) for head dim d (64 or 128): the last step of the BF16
+// and the FP8 backward alike, which both accumulate dQ in FP32 in the workspace's (B, H, T, d)
+// layout (gpu_attn_bwd_workspace_bytes). Defined in attention_bwd.cu.
+void attn_bwd_convert_dq(const float *dq_acc, bf16 *dq, int dqkv_stride, int B, int H, int T, int d, float tau,
+                         cudaStream_t stream);
+
 static inline void check_args(const char *what, const void *const *ptrs, int nptr, const int *strides,
                        int nstride, int B, int H, int T, int d) {
     if (d != 64 && d != 128) FATAL("%s: head dim %d unsupported (64 or 128)", what, d);
