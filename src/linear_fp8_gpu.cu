@@ -157,6 +157,48 @@ __device__ __forceinline__ unsigned stage_tile(uint16_t (*tile)[PITCH], const ui
     return m;
 }
 
+// Writes the codes of a staged G x G tile (nr x nc valid) into q, the row-major (rows, cols)
+// codes, row r0 + r quantized with scale_of(r): each thread 8 consecutive codes of one row.
+template <Fp8Format FMT, class Scale>
+__device__ __forceinline__ void emit_tile_rows(uint8_t *q, uint16_t (*tile)[G + 2], int rows, int cols, int r0, int c0,
+                                               int nr, int nc, Scale scale_of, unsigned &sat, unsigned &nan) {
+    const bool vec_out = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
+    for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {
+        const int r = id / 16, c = (id % 16) * 8;
+        if (r >= nr) continue;
+        const float s = scale_of(r);
+        uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
+        if (vec_out && c + 8 <= nc) {
+            const uint32_t *src = reinterpret_cast<const uint32_t *>(&tile[r][c]);
+            const uint32_t w[4] = {src[0], src[1], src[2], src[3]};
+            *reinterpret_cast<uint2 *>(dst) = quant8<FMT>(w, s, sat, nan);
+        } else {
+            for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)quant<FMT>(tile[r][c + e], s, sat, nan);
+        }
+    }
+}
+
+// The same tile transposed into qt, the (cols, rows) codes: row c of x^T holds column c0 + c of
+// x, quantized with scale_of(c); each thread 4 consecutive codes.
+template <Fp8Format FMT, class Scale>
+__device__ __forceinline__ void emit_tile_cols(uint8_t *qt, uint16_t (*tile)[G + 2], int rows, int r0, int c0, int nr,
+                                               int nc, Scale scale_of, unsigned &sat, unsigned &nan) {
+    const bool vec_out = rows % 4 == 0 && ((uintptr_t)qt & 3) == 0;
+    for (int id = threadIdx.x; id < G * G / 4; id += THREADS) {
+        const int c = id / 32, r = (id % 32) * 4;
+        if (c >= nc) continue;
+        const float s = scale_of(c);
+        uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + r;
+        if (vec_out && r + 4 <= nr) {
+            *reinterpret_cast<uint32_t *>(dst) =
+                pack4(quant<FMT>(tile[r][c], s, sat, nan), quant<FMT>(tile[r + 1][c], s, sat, nan),
+                      quant<FMT>(tile[r + 2][c], s, sat, nan), quant<FMT>(tile[r + 3][c], s, sat, nan));
+        } else {
+            for (int e = 0; e < 4 && r + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[r + e][c], s, sat, nan);
+        }
+    }
+}
+
 // Per tensor, pass 1: *amax_f32 = max |x| (as FP32 bits; non-negative floats order like their
 // bits, so atomicMax on the bits is a float max). *amax_f32 must be 0 before.
 __global__ void __launch_bounds__(THREADS) amax_kernel(const uint16_t *x, long n, unsigned *amax_f32) {
@@ -236,36 +278,8 @@ __global__ void __launch_bounds__(THREADS)
         }
     }
     unsigned sat = 0, nan = 0, tsat = 0, tnan = 0;
-    if (q) {
-        const bool vec_out = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
-        for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {
-            const int r = id / 16, c = (id % 16) * 8;
-            if (r >= nr) continue;
-            uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
-            if (vec_out && c + 8 <= nc) {
-                const uint32_t *src = reinterpret_cast<const uint32_t *>(&tile[r][c]);
-                const uint32_t w[4] = {src[0], src[1], src[2], src[3]};
-                *reinterpret_cast<uint2 *>(dst) = quant8<FMT>(w, s, sat, nan);
-            } else {
-                for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)quant<FMT>(tile[r][c + e], s, sat, nan);
-            }
-        }
-    }
-    if (qt) {  // row c of x^T holds column c0 + c of x; each thread writes 4 consecutive codes
-        const bool vec_out = rows % 4 == 0 && ((uintptr_t)qt & 3) == 0;
-        for (int id = threadIdx.x; id < G * G / 4; id += THREADS) {
-            const int c = id / 32, r = (id % 32) * 4;
-            if (c >= nc) continue;
-            uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + r;
-            if (vec_out && r + 4 <= nr) {
-                *reinterpret_cast<uint32_t *>(dst) =
-                    pack4(quant<FMT>(tile[r][c], s, tsat, tnan), quant<FMT>(tile[r + 1][c], s, tsat, tnan),
-                          quant<FMT>(tile[r + 2][c], s, tsat, tnan), quant<FMT>(tile[r + 3][c], s, tsat, tnan));
-            } else {
-                for (int e = 0; e < 4 && r + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[r + e][c], s, tsat, tnan);
-            }
-        }
-    }
+    if (q) emit_tile_rows<FMT>(q, tile, rows, cols, r0, c0, nr, nc, [&](int) { return s; }, sat, nan);
+    if (qt) emit_tile_cols<FMT>(qt, tile, rows, r0, c0, nr, nc, [&](int) { return s; }, tsat, tnan);
     if (!q) { sat = tsat; nan = tnan; }  // each element counted once
     flush_counts(counts, sat, nan);
 }
@@ -398,38 +412,8 @@ __global__ void __launch_bounds__(THREADS)
     }
     __syncthreads();
     unsigned sat = 0, nan = 0, tsat = 0, tnan = 0;
-    {
-        const bool vec_out = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
-        for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {
-            const int r = id / 16, c = (id % 16) * 8;
-            if (r >= nr) continue;
-            const float s = rs[r];
-            uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
-            if (vec_out && c + 8 <= nc) {
-                const uint32_t *src = reinterpret_cast<const uint32_t *>(&tile[r][c]);
-                const uint32_t w[4] = {src[0], src[1], src[2], src[3]};
-                *reinterpret_cast<uint2 *>(dst) = quant8<FMT>(w, s, sat, nan);
-            } else {
-                for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)quant<FMT>(tile[r][c + e], s, sat, nan);
-            }
-        }
-    }
-    {  // row c of x^T holds column c0 + c of x; each thread writes 4 consecutive codes
-        const bool vec_out = rows % 4 == 0 && ((uintptr_t)qt & 3) == 0;
-        for (int id = threadIdx.x; id < G * G / 4; id += THREADS) {
-            const int c = id / 32, r = (id % 32) * 4;
-            if (c >= nc) continue;
-            const float s = cs[c];
-            uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + r;
-            if (vec_out && r + 4 <= nr) {
-                *reinterpret_cast<uint32_t *>(dst) =
-                    pack4(quant<FMT>(tile[r][c], s, tsat, tnan), quant<FMT>(tile[r + 1][c], s, tsat, tnan),
-                          quant<FMT>(tile[r + 2][c], s, tsat, tnan), quant<FMT>(tile[r + 3][c], s, tsat, tnan));
-            } else {
-                for (int e = 0; e < 4 && r + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[r + e][c], s, tsat, tnan);
-            }
-        }
-    }
+    emit_tile_rows<FMT>(q, tile, rows, cols, r0, c0, nr, nc, [&](int r) { return rs[r]; }, sat, nan);
+    emit_tile_cols<FMT>(qt, tile, rows, r0, c0, nr, nc, [&](int c) { return cs[c]; }, tsat, tnan);
     flush_counts(counts, sat, nan);  // Q(x)'s: each element counted once
 }
 
