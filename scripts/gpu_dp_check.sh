@@ -38,15 +38,13 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-t_start=$(date +%s)
-elapsed() { echo $(($(date +%s) - t_start)); }
+. scripts/gpu_lib.sh  # t_start, elapsed, CJ
 S=$OUT/summary.txt
 : >"$S"
 row() { printf '%-52s %s\n' "$1" "$2" >>"$S"; }  # a line of the summary table
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
 echo "== 0. build ($(elapsed) s)"
-CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
 timeout 280 make -j32 SETUP=0 $CJ train_gpt build/tests/test_zero1_gpu build/tests/test_comm >"$OUT/build.log" 2>&1
 brc=$?
 grep -E "error" "$OUT/build.log" | head -10

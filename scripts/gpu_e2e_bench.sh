@@ -20,12 +20,7 @@ STEPS=${STEPS:-30}
 BUDGET=${BUDGET:-400}  # seconds for the whole script (train_gpt gets the last 80)
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
-t_start=$(date +%s)
-elapsed() { echo $(( $(date +%s) - t_start )); }
-left() {  # seconds a step may take: at most $1, and what the budget leaves (at least 10)
-  local l=$(( BUDGET - $(elapsed) - 5 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 10 ] && l=10; echo "$l"
-}
-CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
+. scripts/gpu_lib.sh  # t_start, elapsed, left, CJ
 date -u +"%Y-%m-%d %H:%M UTC"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 

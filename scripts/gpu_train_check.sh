@@ -20,9 +20,7 @@ STEPS=${1:-300}
 BUDGET=${BUDGET:-400}  # seconds for the whole script; the tests get what is left
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
-t_start=$(date +%s)
-elapsed() { echo $(( $(date +%s) - t_start )); }
-CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
+. scripts/gpu_lib.sh  # t_start, elapsed, left, CJ
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 
 echo "== 1. build ($(elapsed) s)"
