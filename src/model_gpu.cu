@@ -228,6 +228,18 @@ void gpu_model_plan_compare(FILE *f, const Config *c, int B, int T) {
 
 static ParamKind head_kind(const GpuModel *m) { return m->cfg.model.tied_embeddings ? P_WTE : P_LM_HEAD; }
 
+// The host-side arrays of d, then d itself (unset ones are NULL).
+static void dev_free_host(Dev *d) {
+    free(d->L);
+    free(d->w8);
+    free(d->wt8);
+    free(d->xt8);
+    free(d->xt8_n);
+    free(d->host_losses);
+    free(d->host_logits);
+    free(d);
+}
+
 int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
                    FILE *plan_out, ErrBuf *e) {
     return gpu_model_init_sharded(m, c, B, T, seed, 0, 1, plan_out, e);
@@ -270,12 +282,7 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (m->plan.total > free_b) {
         param_table_free(&m->table);
-        free(d->L);
-        free(d->w8);
-        free(d->wt8);
-        free(d->xt8);
-        free(d->xt8_n);
-        free(d);
+        dev_free_host(d);
         return errf(e, "the GPU memory plan needs %.2f GiB but the GPU has %.2f GiB free (of %.2f): "
                        "lower train.micro_batch, set train.recompute, or use a smaller model",
                     m->plan.total / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
@@ -316,14 +323,7 @@ void gpu_model_free(GpuModel *m) {
         prof_free(d);
         CUDA_CHECK(cudaFree(d->arena));
         CUDA_CHECK(cudaStreamDestroy(d->stream));
-        free(d->L);
-        free(d->w8);
-        free(d->wt8);
-        free(d->xt8);
-        free(d->xt8_n);
-        free(d->host_losses);
-        free(d->host_logits);
-        free(d);
+        dev_free_host(d);
     }
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);

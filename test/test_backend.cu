@@ -28,24 +28,16 @@
 #include "model.h"      // memory_plan
 #include "model_cpu.h"  // the reference the CPU path must equal
 #include "model_gpu.h"  // gpu_model_plan
+#include "model_test.h" // make_config
 #include "optimizer.h"  // adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
 #include "test.h"       // CHECK, test_summary
 
-static const char *TINY_JSON =
+static const char *BACKEND_JSON =
     "{\"model\": {\"vocab_size\": 512, \"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 352,"
     " \"seq_len\": 32},"
     " \"train\": {\"micro_batch\": 4, \"steps\": 10, \"lr\": 3e-3, \"warmup_steps\": 2, \"weight_decay\": 0.1,"
     " \"grad_clip\": 1.0}, \"precision\": {\"attention\": \"bf16\"}}";
 
-static Config make_config(const char *json, const char *const *overrides, int n) {
-    Config c;
-    ErrBuf e;
-    if (config_parse(json, "test_backend", overrides, n, &c, &e)) {
-        printf("FAIL - config (%s:%d): %s\n", __FILE__, __LINE__, e.msg);
-        exit(1);
-    }
-    return c;
-}
 
 static uint64_t rng_state = 0x5EEDBACCE11ull;
 static uint32_t rnd(void) {
@@ -55,7 +47,7 @@ static uint32_t rnd(void) {
     return (uint32_t)((z ^ (z >> 31)) >> 32);
 }
 // A learnable chain x' = (5x + 3) mod V most of the time, some targets ignored.
-static void make_batch(int32_t *tokens, int32_t *targets, int B, int T, int V) {
+static void chain_batch(int32_t *tokens, int32_t *targets, int B, int T, int V) {
     for (int b = 0; b < B; b++) {
         int32_t x = (int32_t)(rnd() % (uint32_t)V);
         for (int t = 0; t <= T; t++) {
@@ -80,7 +72,7 @@ static void plan_tests(void) {
         {"tiny", NULL, 0}, {"tiny recompute", ov_rc, 1}, {"tiny qk_norm tied", ov_qk, 2},
         {"d768 hd128 B16 T1024 (LM head in chunks)", ov_big, 8}, {"d768 hd64 qk_norm recompute B3", ov_big_qk_rc, 9}};
     for (auto &k : cases) {
-        Config c = make_config(TINY_JSON, k.ov, k.n);
+        Config c = make_config(BACKEND_JSON, k.ov, k.n);
         int B = c.train.micro_batch, T = c.model.seq_len;
         MemoryPlan dry, gpu;
         ErrBuf e;
@@ -100,7 +92,7 @@ static void plan_tests(void) {
     }
     // The fp8 configs' dry run still has a plan (the same buffers with BF16 attention).
     const char *ov_fp8[] = {"precision.attention=\"fp8_dm\""};
-    Config c = make_config(TINY_JSON, ov_fp8, 1);
+    Config c = make_config(BACKEND_JSON, ov_fp8, 1);
     MemoryPlan mp;
     memory_plan(&c, 1, 0, 4, &mp);
     CHECK(mp.total > 0, "plan: an fp8 config still gets a plan for --dry-run", "total %zu", mp.total);
@@ -108,9 +100,9 @@ static void plan_tests(void) {
 
 // --- device choice -----------------------------------------------------------------------------------
 static void device_tests(int have_gpu) {
-    Config c = make_config(TINY_JSON, NULL, 0);
+    Config c = make_config(BACKEND_JSON, NULL, 0);
     const char *ov_fp8[] = {"precision.attention=\"fp8_dm\""};
-    Config fp8 = make_config(TINY_JSON, ov_fp8, 1);
+    Config fp8 = make_config(BACKEND_JSON, ov_fp8, 1);
     char note[1536];
     ErrBuf e;
     GpuInfo info;
@@ -147,7 +139,7 @@ static Batches make_batches(int steps, int accum, int B, int T, int V) {
     size_t n = (size_t)steps * accum * B * T;
     b.tok = (int32_t *)malloc(n * sizeof(int32_t));
     b.tgt = (int32_t *)malloc(n * sizeof(int32_t));
-    for (int s = 0; s < steps * accum; s++) make_batch(b.tok + (size_t)s * B * T, b.tgt + (size_t)s * B * T, B, T, V);
+    for (int s = 0; s < steps * accum; s++) chain_batch(b.tok + (size_t)s * B * T, b.tgt + (size_t)s * B * T, B, T, V);
     return b;
 }
 
@@ -170,7 +162,7 @@ static void train_backend(Backend *be, const Config *c, const Batches *bt, int f
 }
 
 static void cpu_facade_tests(void) {
-    Config c = make_config(TINY_JSON, NULL, 0);
+    Config c = make_config(BACKEND_JSON, NULL, 0);
     const int steps = 3, accum = 2, B = c.train.micro_batch, T = c.model.seq_len;
     Batches bt = make_batches(steps + 2, accum, B, T, c.model.vocab_size);
     // The reference: the CPU model and AdamW called directly, as the trainer used to.
@@ -239,7 +231,7 @@ static void cpu_facade_tests(void) {
 }
 
 static void gpu_facade_tests(void) {
-    Config c = make_config(TINY_JSON, NULL, 0);
+    Config c = make_config(BACKEND_JSON, NULL, 0);
     const int steps = 4, accum = 2, B = c.train.micro_batch, T = c.model.seq_len;
     Batches bt = make_batches(steps + 2, accum, B, T, c.model.vocab_size);
     Backend cpu, gpu;
