@@ -39,16 +39,6 @@ int backend_choose_device(const Config *c, DeviceKind want, int B, int T, const 
                                              "%s on the CPU", g.name, unsupported.msg, activity);
         return DEVICE_CPU;
     }
-    // FP8 linears on the GPU backend are written but not yet validated on a GPU against the CPU
-    // emulation (test/test_model_gpu_fp8.cu): auto keeps them on the CPU until that test has
-    // passed; an explicit "gpu" runs them.
-    if (want == DEVICE_AUTO && c->precision.linear != LINEAR_BF16) {
-        if (note)
-            snprintf(note, (size_t)note_len, "note: GPU found (%s) but FP8 linears on the GPU backend are not "
-                                             "validated yet (pass --device gpu to use them anyway): %s on the CPU",
-                     g.name, activity);
-        return DEVICE_CPU;
-    }
     return DEVICE_GPU;
 }
 

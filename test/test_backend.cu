@@ -8,7 +8,7 @@
 //     (recompute, qk_norm, tied, head_dim 128, LM-head chunking, the 125M config's shapes);
 //     every category > 0 and the total is their sum.
 //   - device choice: cpu stays cpu; auto / gpu with and without a GPU, and with a config the
-//     GPU backend cannot run (fp8 attention): the note or the error says why.
+//     GPU backend cannot run (an FP8 LM head): the note or the error says why.
 //   - the CPU backend is the CPU reference unchanged: 3 steps with gradient accumulation 2 give
 //     bit-identical losses, norms and parameters to cpu_model_* + adamw_step called directly;
 //     state get/set round trips and a restored backend continues bit for bit.
@@ -101,8 +101,9 @@ static void plan_tests(void) {
 // --- device choice -----------------------------------------------------------------------------------
 static void device_tests(int have_gpu) {
     Config c = make_config(BACKEND_JSON, NULL, 0);
-    const char *ov_fp8[] = {"precision.attention=\"fp8_dm\""};
-    Config fp8 = make_config(BACKEND_JSON, ov_fp8, 1);
+    // A config the GPU backend refuses: an FP8 LM head (the CPU backend emulates it).
+    const char *ov_fp8[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_keep_lm_head_bf16=false"};
+    Config fp8 = make_config(BACKEND_JSON, ov_fp8, 2);
     char note[1536];
     ErrBuf e;
     GpuInfo info;
@@ -121,11 +122,11 @@ static void device_tests(int have_gpu) {
     CHECK(d == DEVICE_GPU && info.count > 0 && note[0] == 0, "device: auto with a GPU takes it", "got %d note '%s'",
           d, note);
     d = backend_choose_device(&fp8, DEVICE_AUTO, 4, 32, "sampling", &info, note, sizeof note, &e);
-    CHECK(d == DEVICE_CPU && strstr(note, "fp8_dm") && strstr(note, "sampling on the CPU"),
-          "device: auto with an fp8 config falls back to the CPU with a note", "got %d note '%s'", d, note);
+    CHECK(d == DEVICE_CPU && strstr(note, "linear_keep_lm_head_bf16") && strstr(note, "sampling on the CPU"),
+          "device: auto with an FP8 LM head falls back to the CPU with a note", "got %d note '%s'", d, note);
     d = backend_choose_device(&fp8, DEVICE_GPU, 4, 32, "training", &info, note, sizeof note, &e);
-    CHECK(d == -1 && strstr(e.msg, "GPU backend") && strstr(e.msg, "precision.attention"),
-          "device: gpu with an fp8 config is an error naming the field", "got %d msg '%s'", d, d < 0 ? e.msg : "");
+    CHECK(d == -1 && strstr(e.msg, "GPU backend") && strstr(e.msg, "linear_keep_lm_head_bf16"),
+          "device: gpu with an FP8 LM head is an error naming the field", "got %d msg '%s'", d, d < 0 ? e.msg : "");
 }
 
 // --- training through the facade ---------------------------------------------------------------------
