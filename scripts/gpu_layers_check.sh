@@ -3,7 +3,7 @@
 # commands (no Makefile, no cJSON), then print a summary last. Logs go to $OUT (or
 # /tmp/gpu_layers_out), binaries to $BD (or /tmp/gpu_layers_build).
 #   usage: bash scripts/gpu_layers_check.sh [--compile-only] [--sanitize] [--timing]
-#     --compile-only  only check that src/layers.cu, matmul.cu, adamw_gpu.cu compile with the
+#     --compile-only  only check that src/layers.cu, embedding.cu, matmul.cu, adamw_gpu.cu compile with the
 #                     Makefile's CI flags and that the tests build (works without a GPU)
 #     --sanitize      also run the layer test under compute-sanitizer memcheck
 #     --timing        also time every kernel and GEMM at training sizes (GPU_LAYERS_TIMING=1)
@@ -27,16 +27,16 @@ t0=$(date +%s)
 build_ok=1
 gcc $CFL -c src/common.c -o "$BD/common.o" && gcc $CFL -c src/optimizer.c -o "$BD/optimizer.o" || build_ok=0
 pids=()
-for f in layers matmul adamw_gpu; do  # CI flags, in parallel; ptxas report for the record
+for f in layers embedding matmul adamw_gpu; do  # CI flags, in parallel; ptxas report for the record
   ( $NVCC $CI_NVF -Xptxas -v -c src/$f.cu -o "$BD/$f.o" > "$OUT/build_$f.txt" 2>&1 ) & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || build_ok=0; done
-for f in layers matmul adamw_gpu; do
+for f in layers embedding matmul adamw_gpu; do
   if grep -qiE "error|warning" "$OUT/build_$f.txt"; then grep -iE "error|warning" "$OUT/build_$f.txt" | head -20; fi
   grep -E "spill" "$OUT/build_$f.txt" | grep -v " 0 bytes spill stores, 0 bytes spill loads" | head -5
 done
 if [ $build_ok = 1 ]; then
-  $NVCC $CI_NVF -Itest test/test_layers_gpu.cu "$BD/layers.o" "$BD/adamw_gpu.o" "$BD/common.o" "$BD/optimizer.o" \
+  $NVCC $CI_NVF -Itest test/test_layers_gpu.cu "$BD/layers.o" "$BD/embedding.o" "$BD/adamw_gpu.o" "$BD/common.o" "$BD/optimizer.o" \
     -lcublasLt -o "$BD/test_layers_gpu" > "$OUT/build_tests.txt" 2>&1 &&
   $NVCC $CI_NVF -Itest test/test_matmul_gpu.cu "$BD/matmul.o" "$BD/common.o" -lcublasLt \
     -o "$BD/test_matmul_gpu" >> "$OUT/build_tests.txt" 2>&1 || build_ok=0

@@ -27,10 +27,36 @@ static inline size_t gpu_norm_scratch_bytes(long long n_rows, size_t dim) {
     return sizeof(float) * (size_t)nc * dim;
 }
 
-// Embedding backward (deterministic counting sort of the N positions by token): int32 counts,
-// offsets (+1) and cursors per vocabulary row (Vp), then the filled and sorted positions (2 N).
-static inline size_t gpu_embedding_scratch_bytes(size_t N, size_t Vp) {
-    return sizeof(int32_t) * (3 * Vp + 1 + 2 * N);
+static inline size_t gpu_align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// Embedding backward (embedding.cu): the (token, position) pairs sorted by token (double
+// buffers of N keys and N positions), the per-tile partial rows of token runs that cross a tile
+// of EMB_TILE sorted entries (a head piece and a tail piece per tile, C floats each), and CUB's
+// radix-sort temporary storage. CUB decides the latter at run time; this bound (1 MiB + 8 bytes
+// per key: ~40 KiB is what it asks for 16K keys of 17 bits) is checked against its request on
+// every call, with a message naming this function if it ever falls short.
+#define EMB_TILE 64
+typedef struct {
+    size_t keys_a, keys_b, pos_a, pos_b, head, tail, sort_temp;  // byte offsets, 256-aligned
+    size_t sort_temp_bytes, total;
+} GpuEmbeddingScratch;
+static inline GpuEmbeddingScratch gpu_embedding_scratch_layout(size_t N, size_t C, size_t Vp) {
+    GpuEmbeddingScratch s;
+    size_t at = 0, tiles = (N + EMB_TILE - 1) / EMB_TILE;
+    (void)Vp;
+    s.keys_a = at; at += gpu_align256(4 * N);
+    s.keys_b = at; at += gpu_align256(4 * N);
+    s.pos_a = at; at += gpu_align256(4 * N);
+    s.pos_b = at; at += gpu_align256(4 * N);
+    s.head = at; at += gpu_align256(4 * tiles * C);
+    s.tail = at; at += gpu_align256(4 * tiles * C);
+    s.sort_temp = at;
+    s.sort_temp_bytes = ((size_t)1 << 20) + 8 * N;
+    s.total = at + s.sort_temp_bytes;
+    return s;
+}
+static inline size_t gpu_embedding_scratch_bytes(size_t N, size_t C, size_t Vp) {
+    return gpu_embedding_scratch_layout(N, C, Vp).total;
 }
 
 // BF16 attention backward: the FP32 dQ accumulator (B, H, T, d) and D = rowsum(dO * O) (B, H, T).
@@ -45,7 +71,6 @@ static inline size_t gpu_attn_bwd_workspace_bytes(size_t B, size_t H, size_t T, 
 // V̂ in BF16 (B, T, 3, H, d) for its BF16 backward, the others the FP8 backward's scratch (the
 // same dQ accumulator and D). Every part starts on a 256-byte boundary. The layout is described
 // once, here: attention_fp8.cu carves the workspace in this order with these sizes.
-static inline size_t gpu_align256(size_t n) { return (n + 255) / 256 * 256; }
 typedef struct {
     size_t codes;   // bytes of one operand's codes (or transposed codes); 8 of them; 0 in bf16
     size_t scales;  // bytes of one operand's scales; 4 of them; 0 in bf16

@@ -51,119 +51,6 @@ static __device__ __forceinline__ long long row_offset(RowMap m, long long r) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Embedding
-
-__global__ void embedding_forward_kernel(bf16 *x, const int32_t *tokens, const bf16 *wte, long long N,
-                                         int C, int Vp) {
-    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * C) return;
-    long long row = idx / C;
-    int c = (int)(idx % C);
-    int tok = tokens[row];
-    x[idx] = (tok >= 0 && tok < Vp) ? wte[(long long)tok * C + c] : f2bf(NAN);
-}
-
-extern "C" void embedding_forward_gpu(uint16_t *x, const int32_t *tokens, const uint16_t *wte, int N,
-                                      int C, int Vp, cudaStream_t stream) {
-    size_t n = (size_t)N * C;
-    embedding_forward_kernel<<<blocks_for(n, EW_BLOCK), EW_BLOCK, 0, stream>>>(
-        (bf16 *)x, tokens, (const bf16 *)wte, N, C, Vp);
-    CUDA_CHECK_LAUNCH();
-}
-
-// Backward = bucket the positions by token (counting sort), then one block per vocabulary row
-// sums its positions' rows in increasing position order. The fill step places positions with
-// integer atomics (arbitrary order inside a bucket), so each block first sorts its bucket by
-// rank (positions are distinct): the final order is unique, the sums bitwise reproducible.
-// Scratch (int32): counts (Vp), offsets (Vp + 1), cursor (Vp), filled (N), sorted (N).
-extern "C" size_t embedding_backward_scratch_bytes(int N, int Vp) {
-    return gpu_embedding_scratch_bytes((size_t)N, (size_t)Vp);
-}
-
-__global__ void embedding_count_kernel(int32_t *counts, const int32_t *tokens, int N, int Vp) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    int tok = tokens[i];
-    if (tok >= 0 && tok < Vp) atomicAdd(&counts[tok], 1);
-}
-
-// One block of 1024 threads: exclusive scan of counts into offsets (and a copy into cursor).
-__global__ void embedding_scan_kernel(int32_t *offsets, int32_t *cursor, const int32_t *counts, int Vp) {
-    __shared__ int32_t chunk_base[1024];
-    const int per = (Vp + 1023) / 1024;  // entries per thread, contiguous
-    const int lo = threadIdx.x * per, hi = min(lo + per, Vp);
-    int32_t s = 0;
-    for (int v = lo; v < hi; v++) s += counts[v];
-    chunk_base[threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {  // 1024 serial adds: cheap next to the rest
-        int32_t run = 0;
-        for (int t = 0; t < 1024; t++) {
-            int32_t c = chunk_base[t];
-            chunk_base[t] = run;
-            run += c;
-        }
-        offsets[Vp] = run;
-    }
-    __syncthreads();
-    int32_t run = chunk_base[threadIdx.x];
-    for (int v = lo; v < hi; v++) {
-        offsets[v] = run;
-        cursor[v] = run;
-        run += counts[v];
-    }
-}
-
-__global__ void embedding_fill_kernel(int32_t *filled, int32_t *cursor, const int32_t *tokens, int N, int Vp) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N) return;
-    int tok = tokens[i];
-    if (tok >= 0 && tok < Vp) filled[atomicAdd(&cursor[tok], 1)] = i;
-}
-
-__global__ void embedding_accumulate_kernel(float *dwte, const bf16 *dx, const int32_t *offsets,
-                                            const int32_t *filled, int32_t *sorted, int C) {
-    const int v = blockIdx.x;
-    const int begin = offsets[v], n = offsets[v + 1] - begin;
-    if (n == 0) return;  // uniform over the block
-    const int32_t *bucket = filled + begin;
-    int32_t *order = sorted + begin;
-    if (n == 1) {
-        order = (int32_t *)bucket;  // nothing to sort
-    } else {
-        for (int e = threadIdx.x; e < n; e += blockDim.x) {  // rank sort: position -> its rank
-            int p = bucket[e], rank = 0;
-            for (int j = 0; j < n; j++) rank += bucket[j] < p;
-            order[rank] = p;
-        }
-        __syncthreads();  // makes the block's global writes visible to the whole block
-    }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < n; j++) acc += bf2f(dx[(long long)order[j] * C + c]);
-        dwte[(long long)v * C + c] += acc;
-    }
-}
-
-extern "C" void embedding_backward_gpu(float *dwte, const uint16_t *dx, const int32_t *tokens, void *scratch,
-                                       int N, int C, int Vp, cudaStream_t stream) {
-    int32_t *counts = (int32_t *)scratch;
-    int32_t *offsets = counts + Vp;
-    int32_t *cursor = offsets + Vp + 1;
-    int32_t *filled = cursor + Vp;
-    int32_t *sorted = filled + N;
-    CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)Vp, stream));
-    embedding_count_kernel<<<blocks_for(N, EW_BLOCK), EW_BLOCK, 0, stream>>>(counts, tokens, N, Vp);
-    CUDA_CHECK_LAUNCH();
-    embedding_scan_kernel<<<1, 1024, 0, stream>>>(offsets, cursor, counts, Vp);
-    CUDA_CHECK_LAUNCH();
-    embedding_fill_kernel<<<blocks_for(N, EW_BLOCK), EW_BLOCK, 0, stream>>>(filled, cursor, tokens, N, Vp);
-    CUDA_CHECK_LAUNCH();
-    embedding_accumulate_kernel<<<Vp, 256, 0, stream>>>(dwte, (const bf16 *)dx, offsets, filled, sorted, C);
-    CUDA_CHECK_LAUNCH();
-}
-
-// ---------------------------------------------------------------------------------------------
 // RMSNorm (plain rows and per-head rows through RowMap)
 
 // One warp per row. With delta != NULL (fused residual): res_out = bf16(x + delta) is stored
@@ -196,6 +83,7 @@ __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, cons
 }
 
 // dx = r * (dy*g - xhat * mean(dy*g*xhat)), one warp per row; dx may alias dy.
+// The generic form (2-byte accesses): rows whose width or alignment rules out 16-byte vectors.
 __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *g,
                                            const float *rstd, RowMap map, long long n_rows, int accumulate) {
     const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -213,6 +101,64 @@ __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 
     }
 }
 
+// Eight BF16 values in one 16-byte access.
+union Bf16x8 {
+    uint4 u;
+    bf16 h[8];
+};
+
+// The vectorized form: lane j holds 16-byte chunks j, j + 32, ... of the row (NV of them,
+// 256 * NV >= dim) in registers between the two passes, so dy and x are read once and the
+// loads of a row are all in flight together (the scalar form waited for each load: with dx
+// aliasing dy the compiler cannot hoist a load above the previous iteration's store).
+template <int NV>
+__global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_backward_dx_vec_kernel(bf16 *dx, const bf16 *dy, const bf16 *x,
+                                                                             const bf16 *g, const float *rstd, RowMap map,
+                                                                             long long n_rows, int accumulate) {
+    const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= n_rows) return;
+    const int lane = threadIdx.x & 31, dim = map.dim;
+    const long long off = row_offset(map, row);
+    const float r = rstd[row];
+    Bf16x8 vdy[NV], vx[NV];
+    float dot = 0.0f;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        const int c = (v * 32 + lane) * 8;
+        if (c < dim) {
+            vdy[v].u = *(const uint4 *)(dy + off + c);
+            vx[v].u = *(const uint4 *)(x + off + c);
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        const int c = (v * 32 + lane) * 8;
+        if (c < dim) {
+            Bf16x8 vg;
+            vg.u = *(const uint4 *)(g + c);
+#pragma unroll
+            for (int e = 0; e < 8; e++) dot += bf2f(vdy[v].h[e]) * bf2f(vg.h[e]) * (bf2f(vx[v].h[e]) * r);
+        }
+    }
+    const float mean = warp_sum(dot) / (float)dim;
+#pragma unroll
+    for (int v = 0; v < NV; v++) {
+        const int c = (v * 32 + lane) * 8;
+        if (c < dim) {
+            Bf16x8 vg, out, old;
+            vg.u = *(const uint4 *)(g + c);
+            if (accumulate) old.u = *(const uint4 *)(dx + off + c);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float d = r * (bf2f(vdy[v].h[e]) * bf2f(vg.h[e]) - bf2f(vx[v].h[e]) * r * mean);
+                if (accumulate) d += bf2f(old.h[e]);
+                out.h[e] = f2bf(d);
+            }
+            *(uint4 *)(dx + off + c) = out.u;
+        }
+    }
+}
+
 // Gain gradient, pass 1: the rows are cut into n_chunks fixed chunks; thread (chunk, column)
 // sums dy * xhat over its chunk in row order. Pass 2 adds the chunks in order (FP64).
 __global__ void norm_gain_partial_kernel(float *partial, const bf16 *dy, const bf16 *x, const float *rstd,
@@ -227,6 +173,47 @@ __global__ void norm_gain_partial_kernel(float *partial, const bf16 *dy, const b
         acc += bf2f(dy[off + c]) * (bf2f(x[off + c]) * rstd[r]);
     }
     partial[(long long)blockIdx.x * map.dim + c] = acc;
+}
+
+// The same sums, 8 columns per thread with 16-byte loads, GAIN_ROWS rows' loads in flight at a
+// time, and the row offsets stepped instead of divided: the additions are the scalar form's,
+// in the same order (bitwise the same partials).
+#define GAIN_ROWS 8
+__global__ void norm_gain_partial_vec_kernel(float *partial, const bf16 *dy, const bf16 *x, const float *rstd,
+                                             RowMap map, long long n_rows, long long chunk_rows) {
+    const int c = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+    if (c >= map.dim) return;
+    const long long r0 = (long long)blockIdx.x * chunk_rows;
+    const long long r1 = min(r0 + chunk_rows, n_rows);
+    long long base = (r0 / map.group) * map.stride;  // offset of row r's group
+    int in_group = (int)(r0 % map.group);           // r's index inside its group
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (long long r = r0; r < r1; r += GAIN_ROWS) {
+        Bf16x8 vdy[GAIN_ROWS], vx[GAIN_ROWS];
+        float rs[GAIN_ROWS];
+#pragma unroll
+        for (int j = 0; j < GAIN_ROWS; j++) {
+            if (r + j < r1) {
+                const long long off = base + (long long)in_group * map.dim + c;
+                vdy[j].u = *(const uint4 *)(dy + off);
+                vx[j].u = *(const uint4 *)(x + off);
+                rs[j] = rstd[r + j];
+                if (++in_group == map.group) {
+                    in_group = 0;
+                    base += map.stride;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GAIN_ROWS; j++)
+            if (r + j < r1) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] += bf2f(vdy[j].h[e]) * (bf2f(vx[j].h[e]) * rs[j]);
+            }
+    }
+    float *out = partial + (long long)blockIdx.x * map.dim + c;
+    *(float4 *)out = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    *(float4 *)(out + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
 }
 
 // The chunks are added strictly in order (so the result does not depend on the launch), but
@@ -259,6 +246,21 @@ static void rmsnorm_forward_launch(bf16 *y, float *rstd, const bf16 *x, const bf
     CUDA_CHECK_LAUNCH();
 }
 
+// Whether rows of map at these pointers allow 16-byte accesses: widths and strides multiples of
+// 8 elements, every base 16-byte aligned.
+static bool vec8_ok(RowMap map, const void *a, const void *b, const void *c, const void *d) {
+    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d;
+    return map.dim % 8 == 0 && map.stride % 8 == 0 && (bits & 15) == 0;
+}
+
+template <int NV>
+static void dx_vec_launch(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *g, const float *rstd, RowMap map,
+                          long long n_rows, int accumulate, cudaStream_t stream) {
+    rmsnorm_backward_dx_vec_kernel<NV><<<blocks_for((size_t)n_rows, ROWS_PER_BLOCK), ROW_BLOCK, 0, stream>>>(
+        dx, dy, x, g, rstd, map, n_rows, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
 // Gain gradient first (dx may alias dy), then dx.
 static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const bf16 *dy, const bf16 *x,
                                     const bf16 *g, const float *rstd, RowMap map, long long n_rows,
@@ -266,16 +268,31 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
     int n_chunks;
     long long chunk_rows;
     gpu_norm_chunks(n_rows, &n_chunks, &chunk_rows);
-    const int cols = map.dim < 256 ? ((map.dim + 31) / 32) * 32 : 256;
-    dim3 grid((unsigned)n_chunks, (unsigned)((map.dim + cols - 1) / cols));
-    norm_gain_partial_kernel<<<grid, cols, 0, stream>>>(scratch, dy, x, rstd, map, n_rows, chunk_rows);
+    const bool vec = vec8_ok(map, dx, dy, x, g) && ((uintptr_t)scratch & 15) == 0;
+    if (vec) {  // 8 columns per thread, 128 threads per block
+        dim3 grid((unsigned)n_chunks, (unsigned)((map.dim + 1023) / 1024));
+        norm_gain_partial_vec_kernel<<<grid, 128, 0, stream>>>(scratch, dy, x, rstd, map, n_rows, chunk_rows);
+    } else {
+        const int cols = map.dim < 256 ? ((map.dim + 31) / 32) * 32 : 256;
+        dim3 grid((unsigned)n_chunks, (unsigned)((map.dim + cols - 1) / cols));
+        norm_gain_partial_kernel<<<grid, cols, 0, stream>>>(scratch, dy, x, rstd, map, n_rows, chunk_rows);
+    }
     CUDA_CHECK_LAUNCH();
     // 32 columns per block: dim / 32 blocks (64 for C = 2048) spread the columns over the SMs
     norm_gain_reduce_kernel<<<blocks_for(map.dim, 32), 32, 0, stream>>>(dg, scratch, n_chunks, map.dim);
     CUDA_CHECK_LAUNCH();
-    rmsnorm_backward_dx_kernel<<<blocks_for((size_t)n_rows, ROWS_PER_BLOCK), ROW_BLOCK, 0, stream>>>(
-        dx, dy, x, g, rstd, map, n_rows, accumulate);
-    CUDA_CHECK_LAUNCH();
+    const int nv = (map.dim + 255) / 256;  // 16-byte chunks per lane
+    if (vec && nv <= 1) dx_vec_launch<1>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
+    else if (vec && nv <= 2) dx_vec_launch<2>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
+    else if (vec && nv <= 4) dx_vec_launch<4>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
+    else if (vec && nv <= 6) dx_vec_launch<6>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
+    else if (vec && nv <= 8) dx_vec_launch<8>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
+    else if (vec && nv <= 12) dx_vec_launch<12>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
+    else {
+        rmsnorm_backward_dx_kernel<<<blocks_for((size_t)n_rows, ROWS_PER_BLOCK), ROW_BLOCK, 0, stream>>>(
+            dx, dy, x, g, rstd, map, n_rows, accumulate);
+        CUDA_CHECK_LAUNCH();
+    }
 }
 
 static RowMap plain_rows(int C) { RowMap m = {1, C, C}; return m; }

@@ -155,7 +155,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         if (q > ns) ns = q;
     }
     d->norm_scratch = take(&cv, ns, W);
-    d->emb_scratch = take(&cv, embedding_backward_scratch_bytes((int)BT, (int)Vp), W);
+    d->emb_scratch = take(&cv, embedding_backward_scratch_bytes((int)BT, (int)C, (int)Vp), W);
     d->norm_partials = (double *)take(&cv, sizeof(double) * GRAD_NORM_PARTIALS, W);
     d->sumsq = (double *)take(&cv, sizeof(double), W);
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
@@ -573,7 +573,7 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
                     param_offset(m, l + 1 < mc->n_layer ? P_ATTN_NORM : P_FINAL_NORM, l + 1 < mc->n_layer ? l + 1 : 0));
     }
     embedding_backward_gpu(G(m, P_WTE, 0), d->dres, d->tokens, d->emb_scratch, BT, C, Vp, s);
-    prof_mark(d, PH_BWD_NORM);
+    prof_mark(d, PH_BWD_EMBED);
     grads_final(m, 0, param_offset(m, P_ATTN_NORM, 0));  // wte (+ the tied head's, from the forward)
     CUDA_CHECK(cudaStreamSynchronize(s));
 }

@@ -130,7 +130,8 @@ typedef enum {
     PH_HEAD,          // LM head + cross-entropy (its dgrad and wgrad included)
     PH_BWD_LINEAR,    // dgrad + wgrad of the blocks' linears
     PH_BWD_ATTN,
-    PH_BWD_NORM,      // RMSNorm backward, embedding backward
+    PH_BWD_NORM,      // RMSNorm backward
+    PH_BWD_EMBED,     // embedding backward (sort + scatter-add into wte's gradient)
     PH_BWD_ROPE,
     PH_BWD_SWIGLU,
     PH_RECOMPUTE,     // train.recompute, and the backward's re-derived QK-normed q, k

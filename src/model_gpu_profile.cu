@@ -28,7 +28,7 @@ struct ProfState {
 static const char *const phase_names[PH_N] = {
     "host / gaps between passes", "fwd linears (GEMMs + FP8 quantize)", "fwd attention", "fwd embedding, norms, residual",
     "fwd RoPE, QK-norm", "fwd SwiGLU", "LM head + cross-entropy (fwd, dgrad, wgrad)",
-    "bwd linears (dgrad + wgrad)", "bwd attention", "bwd norms, embedding", "bwd RoPE, QK-norm", "bwd SwiGLU",
+    "bwd linears (dgrad + wgrad)", "bwd attention", "bwd RMSNorm", "bwd embedding", "bwd RoPE, QK-norm", "bwd SwiGLU",
     "recompute (train.recompute, QK-norm)", "grad reduction + norm", "AdamW"};
 
 // Adds the intervals ev[i-1] -> ev[i] to their phases; keeps the last event as the new base.

@@ -8,6 +8,7 @@
 // Without a GPU: prints one "skipped" line and returns 0. With GPU_LAYERS_TIMING=1 it also
 // times every kernel at training sizes ("# timing" lines: achieved GB/s over the bytes each
 // kernel must move at least).
+#include <algorithm>       // std::lower_bound (Zipf sampling)
 #include <cuda_runtime.h>  // device memory
 #include <math.h>          // sqrt, exp, log, cos, sin, pow
 #include <stdint.h>        // uint16_t, uint64_t, int32_t
@@ -59,34 +60,46 @@ static Err err_f(const std::vector<float> &got, const Dv &ref) {
     } while (0)
 
 // ---------------------------------------------------------------------------------------------
-static void test_embedding(int N, int C, int Vp) {
+// hot: the share of positions holding token 3 % Vp (one long run after the sort, crossing tiles);
+// bad: the share holding a token outside [0, Vp) (-1 or Vp: a NaN row forward, skipped backward).
+static void test_embedding(int N, int C, int Vp, double hot = 0.33, double bad = 0.0) {
     std::vector<int32_t> tok(N);
-    for (int i = 0; i < N; i++)  // skewed: a third of the positions share one token (big bucket)
-        tok[i] = rng_uniform() < 0.33 ? 3 % Vp : (int32_t)(rng_uniform() * Vp);
+    for (int i = 0; i < N; i++) {
+        double u = rng_uniform();
+        tok[i] = u < hot ? 3 % Vp : u < hot + bad ? (rng_uniform() < 0.5 ? -1 : Vp) : (int32_t)(rng_uniform() * Vp);
+    }
     Bf wte = rand_bf((size_t)Vp * C, 1.0);
     int32_t *d_tok = dup(tok);
     uint16_t *d_wte = dup(wte), *d_x = dnew<uint16_t>((size_t)N * C);
     embedding_forward_gpu(d_x, d_tok, d_wte, N, C, Vp, 0);
     Bf x = back(d_x, (size_t)N * C);
     bool same = true;
-    for (int i = 0; i < N && same; i++) same = memcmp(&x[(size_t)i * C], &wte[(size_t)tok[i] * C], 2 * C) == 0;
-    char nm[128];
-    snprintf(nm, sizeof nm, "embedding forward N=%d C=%d Vp=%d exact", N, C, Vp);
+    for (int i = 0; i < N && same; i++) {
+        if (tok[i] < 0 || tok[i] >= Vp) {
+            for (int c = 0; c < C; c++) same = same && bv(x[(size_t)i * C + c]) != bv(x[(size_t)i * C + c]);
+        } else {
+            same = memcmp(&x[(size_t)i * C], &wte[(size_t)tok[i] * C], 2 * C) == 0;
+        }
+    }
+    char nm[160];
+    snprintf(nm, sizeof nm, "embedding forward N=%d C=%d Vp=%d hot %.2f bad %.2f exact (NaN rows for bad tokens)", N, C,
+             Vp, hot, bad);
     CHECK(same, nm, "a row differs from wte[token]");
 
     Bf dx = rand_bf((size_t)N * C, 1.0);
     std::vector<float> init = rand_f((size_t)Vp * C, 0.5);
     Dv ref(init.begin(), init.end());
     for (int i = 0; i < N; i++)
-        for (int c = 0; c < C; c++) ref[(size_t)tok[i] * C + c] += bv(dx[(size_t)i * C + c]);
+        if (tok[i] >= 0 && tok[i] < Vp)
+            for (int c = 0; c < C; c++) ref[(size_t)tok[i] * C + c] += bv(dx[(size_t)i * C + c]);
     uint16_t *d_dx = dup(dx);
     float *d_dw = dup(init);
-    void *scratch = dnew<char>(embedding_backward_scratch_bytes(N, Vp));
+    void *scratch = dnew<char>(embedding_backward_scratch_bytes(N, C, Vp));
     embedding_backward_gpu(d_dw, d_dx, d_tok, scratch, N, C, Vp, 0);
     std::vector<float> dw1 = back(d_dw, (size_t)Vp * C);
-    CHECK_ERR(err_f(dw1, ref), 1e-5, "embedding backward N=%d C=%d Vp=%d vs fp64", N, C, Vp);
+    CHECK_ERR(err_f(dw1, ref), 1e-5, "embedding backward N=%d C=%d Vp=%d hot %.2f bad %.2f vs fp64", N, C, Vp, hot, bad);
     CU(cudaMemcpy(d_dw, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
-    poison((char *)scratch, embedding_backward_scratch_bytes(N, Vp));
+    poison((char *)scratch, embedding_backward_scratch_bytes(N, C, Vp));
     embedding_backward_gpu(d_dw, d_dx, d_tok, scratch, N, C, Vp, 0);
     std::vector<float> dw2 = back(d_dw, (size_t)Vp * C);
     snprintf(nm, sizeof nm, "embedding backward N=%d C=%d deterministic", N, C);
@@ -472,7 +485,7 @@ static void timing(void) {
     for (int i = 0; i < N; i++) ht[i] = (int32_t)(rng_uniform() * V);
     CU(cudaMemcpy(tok, ht.data(), 4 * (size_t)N, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(tgt, ht.data(), 4 * (size_t)Nce, cudaMemcpyHostToDevice));
-    size_t scratch_bytes = embedding_backward_scratch_bytes(N, Vp);
+    size_t scratch_bytes = embedding_backward_scratch_bytes(N, C, Vp);
     if (rmsnorm_backward_scratch_bytes(N, C) > scratch_bytes) scratch_bytes = rmsnorm_backward_scratch_bytes(N, C);
     if (qk_rmsnorm_backward_scratch_bytes(N, H, hd) > scratch_bytes) scratch_bytes = qk_rmsnorm_backward_scratch_bytes(N, H, hd);
     void *scratch = dnew<char>(scratch_bytes);
@@ -488,6 +501,23 @@ static void timing(void) {
     const double bc = 2.0 * NC;  // bytes of one (N, C) BF16 tensor
     report_time("embedding forward", time_ms([&] { embedding_forward_gpu(y, tok, wte, N, C, Vp, 0); }), 2 * bc);
     report_time("embedding backward (time only)", time_ms([&] { embedding_backward_gpu(dwte, x, tok, scratch, N, C, Vp, 0); }), bc + 8.0 * NC);
+    {  // natural text is far from uniform: Zipf's law, token k with probability ~ 1 / (k + 1)
+        std::vector<double> cdf(V);
+        double acc = 0.0;
+        for (int k = 0; k < V; k++) cdf[k] = (acc += 1.0 / (k + 1));
+        std::vector<int32_t> zt(N);
+        for (int i = 0; i < N; i++) {
+            double u = rng_uniform() * acc;
+            zt[i] = (int32_t)(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+        }
+        int32_t *ztok = dnew<int32_t>(N);
+        CU(cudaMemcpy(ztok, zt.data(), 4 * (size_t)N, cudaMemcpyHostToDevice));
+        report_time("embedding backward, Zipf tokens", time_ms([&] { embedding_backward_gpu(dwte, x, ztok, scratch, N, C, Vp, 0); }), bc + 8.0 * NC);
+        std::vector<int32_t> same(N, 11);
+        CU(cudaMemcpy(ztok, same.data(), 4 * (size_t)N, cudaMemcpyHostToDevice));
+        report_time("embedding backward, one token", time_ms([&] { embedding_backward_gpu(dwte, x, ztok, scratch, N, C, Vp, 0); }), bc + 8.0 * NC);
+        CU(cudaFree(ztok));
+    }
     report_time("rmsnorm forward", time_ms([&] { rmsnorm_forward_gpu(y, rstd, x, g, N, C, 1e-5f, 0); }), 2 * bc);
     report_time("residual + rmsnorm forward", time_ms([&] { residual_rmsnorm_forward_gpu(r, y, rstd, r, x, g, N, C, 1e-5f, 0); }), 4 * bc);
     report_time("rmsnorm backward (accumulate)", time_ms([&] { rmsnorm_backward_gpu(r, dg, scratch, y, x, g, rstd, N, C, 1, 0); }), 4 * bc);
@@ -519,6 +549,9 @@ int main(void) {
     test_embedding(1, 64, 17);
     test_embedding(37, 100, 300);
     test_embedding(2048, 256, 5003);
+    test_embedding(3000, 40, 7, 0.0, 0.1);     // few tokens: every run crosses tiles; C not a multiple of 8
+    test_embedding(5000, 264, 50, 1.0);        // one token: one run over all 79 tiles
+    test_embedding(4099, 768, 50304, 0.09, 0.01);  // Zipf-like head token, a few bad ones
     test_rmsnorm(1, 64);
     test_rmsnorm(33, 200);
     test_rmsnorm(257, 1024);
