@@ -5,10 +5,11 @@
 //
 //   mode           forward                                  backward
 //   bf16           BF16 flash forward                       BF16 flash backward
-//   fp8_naive      quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, FP8 backward, D = rowsum(dO o O)
+//   fp8_naive      quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, FP8 backward, D = rowsum(dO o O)
 //   fp8_hybrid     quantize Q K V (E4M3), FP8 forward       BF16 backward on the dequantized Q̂ K̂ V̂, BF16 dO
-//   fp8_dm         quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, delta pass, FP8 backward
-//   fp8_dm_approx  quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, FP8 backward, D = rowsum(dÔ o O)
+//   fp8_dm         quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, delta pass, FP8 backward
+//   fp8_dm_approx  quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, FP8 backward, D = rowsum(dÔ o O)
+// ([Q K V]: only without kept codes, see below.)
 //
 // Q, K, V of the backward: with an AttnSavedCodes (precision.attention_keep_codes) the forward's
 // one quantize launch also writes every layout the backward reads (Q, K, V codes and transposed
