@@ -10,7 +10,10 @@
 //   fc = h2 @ Wfc^T (BT, 2F); sw = silu(gate) * up (BT, F)
 //   x_out = x_mid + sw @ Wp^T; next block's h1 = RMSNorm(x_out)   (fused)
 // Saved per layer: x_in, h1, qkv (raw, before QK-norm, when qk_norm; else after RoPE), o, lse,
-// x_mid, h2, fc, sw, rstd1, rstd2 (+ QK-norm rstd): exactly model.c's memory_plan per layer.
+// x_mid, h2, fc, sw, rstd1, rstd2 (+ QK-norm rstd) (+ with an FP8 precision.attention and
+// precision.attention_keep_codes, the attention's quantized Q, K, V: the forward's quantize pass
+// writes every layout the backward reads, which then quantizes dO alone): exactly model.c's
+// memory_plan per layer.
 // With qk_norm the backward re-derives the normalised, rotated q, k from the saved raw qkv
 // (two cheap kernels) instead of keeping a second (BT, 3C) copy. With train.recompute, h1, h2
 // and sw are not kept: they are recomputed in the backward from x_in, x_mid and fc.
@@ -113,6 +116,9 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     d->g = (float *)take(&cv, 4 * P, &plan->grads);
     // activations saved for backward
     size_t *A = &plan->activations;
+    AttnOptions ao;
+    attn_options_from_config(&ao, &c->precision);
+    size_t attn_codes = c->precision.attention_keep_codes ? attn_saved_codes_bytes(&ao, B, (int)H, T, (int)hd) : 0;
     for (int l = 0; l < mc->n_layer; l++) {
         LayerBufs lb;
         memset(&lb, 0, sizeof lb);
@@ -128,6 +134,10 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         lb.rstd1 = (float *)take(&cv, 4 * BT, A);
         lb.rstd2 = (float *)take(&cv, 4 * BT, A);
         if (mc->qk_norm) lb.rstd_qk = (float *)take(&cv, 4 * 2 * BT * H, A);
+        if (attn_codes) {
+            lb.attn_codes.buf = take(&cv, attn_codes, A);
+            lb.attn_codes.bytes = attn_codes;
+        }
         if (base) d->L[l] = lb;
     }
     d->x_final = (bf16 *)take(&cv, 2 * BT * C, A);
@@ -145,8 +155,6 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     // workspace
     size_t *W = &plan->workspace;
     d->rope = (float *)take(&cv, 4 * (size_t)T * hd, W);
-    AttnOptions ao;
-    attn_options_from_config(&ao, &c->precision);
     d->attn_ws_bytes = attn_mode_workspace_bytes(&ao, B, (int)H, T, (int)hd);
     d->attn_ws = take(&cv, d->attn_ws_bytes, W);
     size_t ns = rmsnorm_backward_scratch_bytes((int)BT, (int)C);
@@ -395,8 +403,11 @@ static void forward_blocks(GpuModel *m, int B, int T) {
         if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
         else if (mc->position == POS_ROPE) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
         prof_mark(d, PH_FWD_ROPE);
-        attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, d->attn_ws,
-                          attn_diag(d, l), s);
+        // Q, K, V codes kept for the backward when one follows (an evaluation forward leaves them)
+        AttnSavedCodes *keep = d->save_xt && lb->attn_codes.buf ? &lb->attn_codes : NULL;
+        if (!keep) lb->attn_codes.valid = 0;
+        attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, keep,
+                          d->attn_ws, attn_diag(d, l), s);
         prof_mark(d, PH_FWD_ATTN);
         lin_forward(m, P_ATTN_PROJ, l, d->buf2, lb->o, BT, C, C);                  // (BT, C)
         prof_mark(d, PH_FWD_LINEAR);
@@ -550,7 +561,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         if (mc->qk_norm) prof_mark(d, PH_RECOMPUTE);
         bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
         attn_mode_backward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv, dqkv + C,
-                           dqkv + 2 * C, 3 * C, B, H, T, hd, d->attn_ws, attn_diag(d, l), s);
+                           dqkv + 2 * C, 3 * C, B, H, T, hd, lb->attn_codes.buf ? &lb->attn_codes : NULL,
+                           d->attn_ws, attn_diag(d, l), s);
         prof_mark(d, PH_BWD_ATTN);
         if (mc->position == POS_ROPE) rope_backward_gpu(dqkv, d->rope, B, T, H, hd, s);
         if (mc->qk_norm)  // in place: d(raw qkv) from d(normalised qkv); v copied through

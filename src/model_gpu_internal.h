@@ -22,6 +22,7 @@ typedef uint16_t bf16;  // BF16 bit patterns (the kernels' C interface)
 typedef struct {
     bf16 *x_in, *h1, *qkv, *o, *x_mid, *h2, *fc, *sw;  // see the file comment for the shapes
     float *rstd1, *rstd2, *lse, *rstd_qk;             // (BT), (BT), (B, H, T), (2, BT, H)
+    AttnSavedCodes attn_codes;  // the forward's quantized Q, K, V (attention_keep_codes), buf NULL if off
 } LayerBufs;
 
 typedef struct {
@@ -60,7 +61,7 @@ typedef struct {
     Fp8Operand *xt8;                 // (n_layer * 4) Q(x^T) (K, BT) saved by the forward for wgrad
     int *xt8_n;                      // (n_layer * 4) tokens of the saved Q(x^T) (0: none)
     int w8_dirty;                    // BF16 weights written since w8 / wt8 were made
-    int save_xt;                     // this forward prepares a backward (keep Q(x^T))
+    int save_xt;                     // this forward prepares a backward (keep Q(x^T), attention codes)
     const bf16 *dy_in_slot0;         // slot 0 holds Q(dy) of this dy (lin_wgrad made it), or NULL
     int dy_in_slot0_n, dy_in_slot0_m;
     long long fp8_gemms;             // FP8 GEMMs run so far (for tests)

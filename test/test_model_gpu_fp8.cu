@@ -47,6 +47,7 @@
 #include "model_cpu.h"      // the reference backend
 #include "model_gpu.h"      // the backend under test
 #include "optimizer.h"      // AdamW, grad_global_norm, grad_clip_factor
+#include "gpu_sizes.h"      // gpu_attn_saved_codes_bytes (the documented cost)
 #include "model_test.h"  // TINY_JSON, make_config, make_batch, rel_l2
 #include "test.h"           // CHECK, test_summary
 
@@ -154,30 +155,49 @@ static void plan_tests(void) {
     rc = gpu_model_plan(&c, 8, 64, &mp, &e);
     CHECK(rc == -1 && strstr(e.msg, "fp32"), "plan: fp32 attention is a user error on the GPU", "rc %d msg %s", rc,
           rc ? e.msg : "");
-    // FP8 attention: --dry-run's plan equals the GPU allocation; only the workspace grows, by the
-    // codes and transposed codes of Q, K, V, dO (8 * B*H*Tp*d bytes), their scales and (hybrid) the
-    // dequantized Q̂ K̂ V̂ (6 * B*T*C bytes).
+    // FP8 attention: --dry-run's plan equals the GPU allocation; the workspace grows by the codes
+    // and transposed codes of Q, K, V, dO (8 * B*H*Tp*d bytes), their scales and (hybrid) the
+    // dequantized Q̂ K̂ V̂ (6 * B*T*C bytes); with precision.attention_keep_codes (the default) the
+    // activations by the kept Q, K, V per layer (6 * B*H*Tp*d bytes + scales), else not at all.
     const char *amodes[] = {"precision.attention=\"fp8_naive\"", "precision.attention=\"fp8_hybrid\"",
                             "precision.attention=\"fp8_dm\"", "precision.attention=\"fp8_dm_approx\""};
     for (int ai = 0; ai < 4; ai++)
-        for (int sh = 0; sh < 2; sh++) {  // tiny (T 64 pads to 128) and T 1024
-            const char *ov[] = {amodes[ai], "model.seq_len=1024"};
-            Config ca = make_config(TINY_JSON, ov, sh ? 2 : 1), cb = make_config(TINY_JSON, ov + 1, sh ? 1 : 0);
-            int B = ca.train.micro_batch, T = ca.model.seq_len;
-            MemoryPlan dry, gpu, gpu_b;
-            char name[220];
-            memory_plan(&ca, 1, 0, B, &dry);
-            rc = gpu_model_plan(&ca, B, T, &gpu, &e);
-            gpu_model_plan(&cb, B, T, &gpu_b, &e);
-            size_t Tp = (T + 127) / 128 * 128, C = ca.model.d_model, codes = 8 * (size_t)B * Tp * C;
-            size_t extra = gpu.workspace - gpu_b.workspace, deq = ai == 1 ? 6 * (size_t)B * T * C : 0;
-            snprintf(name, sizeof name, "plan %s T %d: --dry-run's plan equals the GPU allocation, workspace +codes",
-                     amodes[ai], T);
-            CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry) && gpu.activations == gpu_b.activations &&
-                      extra >= codes + deq && extra < codes + deq + 64 * 1024,
-                  name, "rc %d dry ws %zu gpu ws %zu, extra %zu expected %zu", rc, dry.workspace, gpu.workspace, extra,
-                  codes + deq);
-        }
+        for (int sh = 0; sh < 2; sh++)  // tiny (T 64 pads to 128) and T 1024
+            for (int keep = 0; keep < 2; keep++) {
+                const char *ov[] = {amodes[ai], keep ? "precision.attention_keep_codes=true"
+                                                     : "precision.attention_keep_codes=false", "model.seq_len=1024"};
+                const char *ovb[] = {"model.seq_len=1024"};
+                Config ca = make_config(TINY_JSON, ov, sh ? 3 : 2), cb = make_config(TINY_JSON, ovb, sh ? 1 : 0);
+                int B = ca.train.micro_batch, T = ca.model.seq_len, L = ca.model.n_layer;
+                MemoryPlan dry, gpu, gpu_b;
+                char name[220];
+                memory_plan(&ca, 1, 0, B, &dry);
+                rc = gpu_model_plan(&ca, B, T, &gpu, &e);
+                gpu_model_plan(&cb, B, T, &gpu_b, &e);
+                size_t Tp = (T + 127) / 128 * 128, C = ca.model.d_model, codes = 8 * (size_t)B * Tp * C;
+                size_t extra = gpu.workspace - gpu_b.workspace, deq = ai == 1 ? 6 * (size_t)B * T * C : 0;
+                size_t kept = keep ? (size_t)L * 6 * B * Tp * C : 0, extra_a = gpu.activations - gpu_b.activations;
+                snprintf(name, sizeof name, "plan %s keep_codes %d T %d: --dry-run's plan equals the GPU allocation, "
+                         "workspace +codes, activations +%s", amodes[ai], keep, T, keep ? "kept Q, K, V" : "nothing");
+                CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry) && gpu.activations >= gpu_b.activations &&
+                          extra_a >= kept && extra_a < kept + (keep ? L * 4096 : 1) && extra >= codes + deq &&
+                          extra < codes + deq + 64 * 1024,
+                      name, "rc %d dry ws %zu gpu ws %zu, extra %zu expected %zu; activations extra %zu expected %zu",
+                      rc, dry.workspace, gpu.workspace, extra, codes + deq, extra_a, kept);
+                if (keep && sh)
+                    printf("# plan %s T %d: kept Q, K, V codes %.3f MiB per layer (6 bytes per q/k/v element + "
+                           "scales)\n", amodes[ai], T, extra_a / (double)L / 1048576.0);
+            }
+    {  // the documented cost at paper_569m's shape: B 4 x T 4096, 12 heads of 128, per layer
+        size_t per = gpu_attn_saved_codes_bytes(ATTN_FP8_NAIVE, 4, 12, 4096, 128);
+        printf("# paper_569m (B 4, T 4096, H 12, d 128): kept Q, K, V codes %zu bytes = %.3f MiB per layer\n", per,
+               per / 1048576.0);
+        // 4 * 4096 tokens x 1536 channels x 6 bytes (codes and transposed codes of Q, K, V) = 144 MiB,
+        // + 3 x (4 * 12 * 32 blocks) FP32 scales = 18 KiB
+        CHECK(per == 6 * (size_t)4 * 4096 * 1536 + 3 * 4 * (4 * 12 * 32), "plan: paper_569m's kept codes are 6 "
+              "bytes per (token, channel) + 12 bytes per (b, h, 128-token block): 144 MiB + 18 KiB per layer",
+              "%zu bytes", per);
+    }
 }
 
 // --- GPU vs CPU in one linear precision ----------------------------------------------------------------
@@ -429,6 +449,104 @@ static void invariant_check(const Batches &bt) {
     CHECK(r[2] > r[0], "invariant: fp8_dm_approx's residual is above fp8_dm's", "approx %.3e dm %.3e", r[2], r[0]);
 }
 
+// --- precision.attention_keep_codes: the same numbers, bit for bit ------------------------------
+// Two models of one config and seed, the forward's Q, K, V codes kept for the backward or made
+// again by it, on one batch: the loss and every gradient the backward forms before the first dQ
+// feeds anything (the last block's MLP, attention projection and norms, the final norm, the LM
+// head, and the K and V rows of the last block's qkv weight: dK and dV come from one CTA per key
+// block) must be equal bit for bit; the rest carries the FP32 atomics' order of dQ (run to run,
+// with or without the option), so it is compared with a third model's run without kept codes:
+// within max(4x that run-to-run distance, 2e-3) relative L2. Linears BF16 (an FP8 linear's
+// per-tensor gradient scale would spread dQ's noise into every row). Shapes with several 128-token
+// blocks, T not a multiple of 128, QK-norm, d 64 and 128, both gradient formats.
+struct KeepRun {
+    float loss;
+    std::vector<float> g;
+};
+static KeepRun keep_run(const Config &c, const std::vector<int32_t> &tok, const std::vector<int32_t> &tgt) {
+    KeepRun r = {NAN, {}};
+    GpuModel m;
+    ErrBuf e;
+    if (gpu_model_init(&m, &c, c.train.micro_batch, c.model.seq_len, SEED, NULL, &e)) {
+        CHECK(0, "keep_codes: gpu_model_init", "%s", e.msg);
+        return r;
+    }
+    gpu_model_zero_grad(&m);
+    r.loss = gpu_model_forward(&m, tok.data(), tgt.data());
+    gpu_model_backward(&m, 1.0f);
+    r.g.resize(m.table.total);
+    gpu_model_get_grads(&m, r.g.data());
+    gpu_model_free(&m);
+    return r;
+}
+
+static void keep_codes_check(void) {
+    struct { const char *label; std::vector<const char *> ov; } cases[] = {
+        {"fp8_naive tiny", {"precision.attention=\"fp8_naive\""}},
+        {"fp8_hybrid T 320 B 2", {"precision.attention=\"fp8_hybrid\"", "model.seq_len=320", "train.micro_batch=2"}},
+        {"fp8_dm T 320 B 2 qk_norm", {"precision.attention=\"fp8_dm\"", "model.seq_len=320", "train.micro_batch=2",
+                                      "model.qk_norm=true"}},
+        {"fp8_dm d128 T 384 e5m2", {"precision.attention=\"fp8_dm\"", "model.d_model=256", "model.seq_len=384",
+                                    "train.micro_batch=2", "precision.attention_grad_format=\"e5m2\""}},
+        {"fp8_dm_approx d128 T 200", {"precision.attention=\"fp8_dm_approx\"", "model.d_model=256",
+                                      "model.seq_len=200", "train.micro_batch=2"}},
+    };
+    for (auto &cs : cases) {
+        std::vector<const char *> on = cs.ov, off = cs.ov;
+        on.push_back("precision.attention_keep_codes=true");
+        off.push_back("precision.attention_keep_codes=false");
+        Config c_on = make_config(TINY_JSON, on.data(), (int)on.size());
+        Config c_off = make_config(TINY_JSON, off.data(), (int)off.size());
+        const int B = c_on.train.micro_batch, T = c_on.model.seq_len, L = c_on.model.n_layer;
+        const size_t C = c_on.model.d_model;
+        std::vector<int32_t> tok((size_t)B * T), tgt((size_t)B * T);
+        make_batch(tok.data(), tgt.data(), B, T, c_on.model.vocab_size);
+        KeepRun a = keep_run(c_on, tok, tgt), b = keep_run(c_off, tok, tgt), b2 = keep_run(c_off, tok, tgt);
+        if (a.g.empty() || b.g.empty() || b2.g.empty()) continue;
+        ParamTable t;
+        param_table_build(&t, &c_on.model);
+        // the exact part: a mask over the flat gradient vector
+        std::vector<char> exact(t.total, 0);
+        const ParamKind last[] = {P_MLP_PROJ, P_MLP_FC, P_MLP_NORM, P_ATTN_PROJ};
+        for (ParamKind k : last) {
+            const ParamDesc *p = param_find(&t, k, L - 1);
+            std::fill(exact.begin() + p->offset, exact.begin() + p->offset + p->numel, 1);
+        }
+        const ParamDesc *fn = param_find(&t, P_FINAL_NORM, 0), *hd = param_find(&t, P_LM_HEAD, 0);
+        std::fill(exact.begin() + fn->offset, exact.begin() + fn->offset + fn->numel, 1);
+        if (hd) std::fill(exact.begin() + hd->offset, exact.begin() + hd->offset + hd->numel, 1);
+        const ParamDesc *qkv = param_find(&t, P_QKV, L - 1);  // (3C, C): rows C..3C are K and V
+        std::fill(exact.begin() + qkv->offset + C * C, exact.begin() + qkv->offset + 3 * C * C, 1);
+        size_t n_exact = 0, bad_exact = 0;
+        double num = 0, den = 0, noise = 0;
+        for (size_t i = 0; i < t.total; i++) {
+            if (exact[i]) {
+                n_exact++;
+                bad_exact += memcmp(&a.g[i], &b.g[i], sizeof(float)) != 0;
+            } else {
+                num += ((double)a.g[i] - b.g[i]) * ((double)a.g[i] - b.g[i]);
+                noise += ((double)b2.g[i] - b.g[i]) * ((double)b2.g[i] - b.g[i]);
+                den += (double)b.g[i] * b.g[i];
+            }
+        }
+        param_table_free(&t);
+        const double r = sqrt(num / (den > 0 ? den : 1)), rn = sqrt(noise / (den > 0 ? den : 1));
+        const double bound = std::max(4 * rn, 2e-3);
+        printf("# keep_codes %s: loss %.7f / %.7f; %zu gradients before any dQ: %zu differ; the rest rel L2 %.3e "
+               "(two runs without kept codes: %.3e)\n", cs.label, a.loss, b.loss, n_exact, bad_exact, r, rn);
+        char name[220];
+        snprintf(name, sizeof name, "keep_codes %s: the loss is the same bit for bit", cs.label);
+        CHECK(isfinite(a.loss) && memcmp(&a.loss, &b.loss, sizeof(float)) == 0, name, "kept %.9g, made again %.9g",
+              a.loss, b.loss);
+        snprintf(name, sizeof name, "keep_codes %s: the %zu gradients no dQ reaches are the same bit for bit",
+                 cs.label, n_exact);
+        CHECK(bad_exact == 0, name, "%zu differ", bad_exact);
+        snprintf(name, sizeof name, "keep_codes %s: the others differ by dQ's atomics order only (rel L2 < %.1e)",
+                 cs.label, bound);
+        CHECK(r < bound, name, "rel L2 %.3e, run-to-run %.3e", r, rn);
+    }
+}
+
 // --- timing on the 125M and paper_569m shapes --------------------------------------------------------
 // Model shapes for timing: the 125M config (12 layers, d 768, B 16 x T 1024) and
 // configs/paper_569m.json's model (15 layers, d 1536, 12 heads of 128, SwiGLU 3968, untied; its
@@ -638,6 +756,7 @@ int main(void) {
     run_mode("attn fp8_dm e5m2", make_config(TINY_JSON, ov_ad5, 2), bt, 0, 5e-2, &ref);
     run_mode("attn fp8_dm + fp8_block", make_config(TINY_JSON, ov_all, 2), bt, STEPS, 3e-2, &ref);
     invariant_check(bt);
+    keep_codes_check();
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
     if (!getenv("FP8_SKIP_TIMING")) timing_section();
