@@ -5,8 +5,14 @@
 // output (torch tensors), so it can compare the modes' results.
 //
 // Timed entry points (one stream, all asynchronous):
-//   shim_fwd / shim_bwd          attn_mode_forward / attn_mode_backward: what the trainer runs
-//   shim_quant(0 / 1)            attn_gpu_quantize with the forward's / the backward's layouts
+//   shim_fwd / shim_bwd          attn_mode_forward / attn_mode_backward: what the trainer runs with
+//                                precision.attention_keep_codes = false (the backward quantizes Q,
+//                                K, V again)
+//   shim_fwd_keep / shim_bwd_keep  the same with the forward's Q, K, V codes kept for the backward
+//                                (the trainer's default): the forward writes more layouts, the
+//                                backward quantizes dO alone
+//   shim_quant(0 / 1, 2 / 3)     attn_gpu_quantize with the forward's / the backward's layouts,
+//                                without / with kept codes
 //   shim_fp8_fwd / shim_fp8_bwd  attn_gpu_forward_fp8 / attn_gpu_backward_fp8 on those codes
 //   shim_delta                   fp8_dm's delta-pass kernel alone (attn_bench_shim_delta.cu)
 #include <cuda_runtime.h>
@@ -42,6 +48,7 @@ static struct {
     float *scales[4];
     void *ws;                // attn_mode_* workspace: the largest mode's
     void *ws8;               // the bare FP8 backward's scratch (kept apart: nothing shared by accident)
+    AttnSavedCodes keep[ATTN_N_PRECISIONS];  // per mode: shim_fwd_keep's codes for shim_bwd_keep
 } S;
 
 static AttnOptions options(int precision) {
@@ -72,6 +79,7 @@ void shim_free(void) {
     }
     cudaFree(S.ws);
     cudaFree(S.ws8);
+    for (int p = 0; p < ATTN_N_PRECISIONS; p++) cudaFree(S.keep[p].buf);
     memset(&S, 0, sizeof S);
 }
 
@@ -102,6 +110,11 @@ int shim_init(const void *qkv, const void *dout, int B, int H, int T, int d, int
     }
     if (e == cudaSuccess) e = cudaMalloc(&S.ws, ws);  // cudaMalloc aligns to 256 bytes and more
     if (e == cudaSuccess) e = cudaMalloc(&S.ws8, attn_gpu_backward_fp8_workspace_bytes(B, H, T, d));
+    for (int p = ATTN_FP8_NAIVE; p <= ATTN_FP8_DM_APPROX && e == cudaSuccess; p++) {
+        AttnOptions o = options(p);
+        S.keep[p].bytes = attn_saved_codes_bytes(&o, B, H, T, d);
+        e = cudaMalloc(&S.keep[p].buf, S.keep[p].bytes);
+    }
     if (e != cudaSuccess) {
         fprintf(stderr, "shim_init: cudaMalloc: %s\n", cudaGetErrorString(e));
         shim_free();
@@ -116,7 +129,7 @@ void shim_fwd(int precision, void *o, float *lse) {
     AttnOptions opt = options(precision);
     const int C = S.H * S.d;
     attn_mode_forward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (uint16_t *)o, C, lse, S.B, S.H, S.T, S.d,
-                      S.ws, NULL, S.stream);
+                      NULL, S.ws, NULL, S.stream);
 }
 
 void shim_bwd(int precision, const void *o, const float *lse, void *dqkv) {
@@ -124,7 +137,25 @@ void shim_bwd(int precision, const void *o, const float *lse, void *dqkv) {
     const int C = S.H * S.d;
     uint16_t *dq = (uint16_t *)dqkv;
     attn_mode_backward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (const uint16_t *)o, S.dout, C, lse, dq,
-                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, S.ws, NULL, S.stream);
+                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, NULL, S.ws, NULL, S.stream);
+}
+
+// With kept codes (FP8 modes; one buffer per mode): shim_bwd_keep needs a shim_fwd_keep of the
+// same precision before it (attention_fp8.cu checks it); every timed forward rewrites the same
+// codes, and o, lse are the same as shim_fwd's.
+void shim_fwd_keep(int precision, void *o, float *lse) {
+    AttnOptions opt = options(precision);
+    const int C = S.H * S.d;
+    attn_mode_forward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (uint16_t *)o, C, lse, S.B, S.H, S.T, S.d,
+                      &S.keep[precision], S.ws, NULL, S.stream);
+}
+
+void shim_bwd_keep(int precision, const void *o, const float *lse, void *dqkv) {
+    AttnOptions opt = options(precision);
+    const int C = S.H * S.d;
+    uint16_t *dq = (uint16_t *)dqkv;
+    attn_mode_backward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (const uint16_t *)o, S.dout, C, lse, dq,
+                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, &S.keep[precision], S.ws, NULL, S.stream);
 }
 
 static AttnQuantTensor tensor(int i, int with_codes, int with_t) {
@@ -141,12 +172,20 @@ static AttnQuantTensor tensor(int i, int with_codes, int with_t) {
 }
 
 // which 0: the forward's layouts (Q, K codes; V transposed), 1: the FP8 backward's (Q, K both
-// layouts, V codes, dO both), as attention_fp8.cu quantizes them. Run 0 before shim_fp8_fwd, 1
-// before shim_fp8_bwd / shim_delta; the codes stay until shim_free.
+// layouts, V codes, dO both), as attention_fp8.cu quantizes them without kept codes; with kept
+// codes 2: the forward's (Q, K, V both layouts), 3: the backward's (dO both layouts). Run 0 (or 2)
+// before shim_fp8_fwd, 1 (or 2 and 3) before shim_fp8_bwd / shim_delta; the codes stay until
+// shim_free.
 void shim_quant(int which) {
     if (which == 0) {
         AttnQuantTensor ts[3] = {tensor(0, 1, 0), tensor(1, 1, 0), tensor(2, 0, 1)};
         attn_gpu_quantize(ts, 3, S.B, S.H, S.T, S.d, S.stream);
+    } else if (which == 2) {
+        AttnQuantTensor ts[3] = {tensor(0, 1, 1), tensor(1, 1, 1), tensor(2, 1, 1)};
+        attn_gpu_quantize(ts, 3, S.B, S.H, S.T, S.d, S.stream);
+    } else if (which == 3) {
+        AttnQuantTensor t = tensor(3, 1, 1);
+        attn_gpu_quantize(&t, 1, S.B, S.H, S.T, S.d, S.stream);
     } else {
         AttnQuantTensor ts[4] = {tensor(0, 1, 1), tensor(1, 1, 1), tensor(2, 1, 0), tensor(3, 1, 1)};
         attn_gpu_quantize(ts, 4, S.B, S.H, S.T, S.d, S.stream);

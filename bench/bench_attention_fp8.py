@@ -8,7 +8,10 @@ backward 2.5x that.
 The modes run through attention_fp8.h (attn_mode_forward / attn_mode_backward: quantization
 included, what the trainer runs), via bench/attn_bench_shim.cu in the same library. The bare
 FP8 kernels of attention_quant.h are timed too, on operands quantized beforehand, and the
-quantize passes on their own, so the quantize cost shows separately; so is fp8_dm's delta-pass
+quantize passes on their own, so the quantize cost shows separately. Every FP8 mode also runs
+with the forward's Q, K, V codes kept for the backward (precision.attention_keep_codes, the
+trainer's default; columns "<mode>_keep"): checked to give the same O, LSE, dK, dV bit for bit,
+timed, and tabled against the same mode without; so is fp8_dm's delta-pass
 kernel alone (bench/attn_bench_shim_delta.cu). Method as bench/bench_attention.py, whose helpers
 this imports: one process, every implementation on the same tensors, interleaved rounds with
 CUDA events, medians. Before timing, the outputs are checked: each mode against the bf16 mode
@@ -43,11 +46,13 @@ class Shim:
         lib.shim_supported.argtypes = [I, I, ctypes.c_char_p, I]
         lib.shim_fwd.argtypes = [I, P, P]
         lib.shim_bwd.argtypes = [I, P, P, P]
+        lib.shim_fwd_keep.argtypes = [I, P, P]
+        lib.shim_bwd_keep.argtypes = [I, P, P, P]
         lib.shim_quant.argtypes = [I]
         lib.shim_fp8_fwd.argtypes = [P, P]
         lib.shim_fp8_bwd.argtypes = [I, P, P, P, P]
         lib.shim_delta.argtypes = [P, P]
-        for f in ("shim_fwd", "shim_bwd", "shim_quant", "shim_fp8_fwd", "shim_fp8_bwd", "shim_free"):
+        for f in ("shim_fwd", "shim_bwd", "shim_fwd_keep", "shim_bwd_keep", "shim_quant", "shim_fp8_fwd", "shim_fp8_bwd", "shim_free"):
             getattr(lib, f).restype = None
         self.lib = lib
 
@@ -126,6 +131,19 @@ def main():
             fwds[m]()
             bwds[m]()  # needs this mode's own o and lse, which every timed forward rewrites identically
             outs[m] = (o, lse, dqkv)
+            if m != "bf16":  # kept codes: the same o and lse (checked below), its own dqkv
+                ok_, lk = torch.empty_like(o), torch.empty_like(lse)
+                gk = torch.empty_like(qkv)
+                lib.shim_fwd_keep(p, ok_.data_ptr(), lk.data_ptr())
+                lib.shim_bwd_keep(p, ok_.data_ptr(), lk.data_ptr(), gk.data_ptr())
+                torch.cuda.synchronize()
+                same = (torch.equal(ok_, o) and torch.equal(lk, lse) and torch.equal(gk[:, :, 1:], dqkv[:, :, 1:]))
+                print(f"# T={T}: {m} with kept codes vs without: O, LSE, dK, dV "
+                      f"{'the same bit for bit' if same else 'DIFFER (SUSPECT)'}; dQ rel L2 "
+                      f"{rel_l2(gk[:, :, 0], dqkv[:, :, 0]):.2e} (FP32 atomics)", flush=True)
+                fwds[m + "_keep"] = lambda p=p, o=ok_, lse=lk: lib.shim_fwd_keep(p, o.data_ptr(), lse.data_ptr())
+                bwds[m + "_keep"] = lambda p=p, o=ok_, lse=lk, g=gk: lib.shim_bwd_keep(p, o.data_ptr(), lse.data_ptr(),
+                                                                                       g.data_ptr())
         if bare:
             o8 = torch.empty(B, T, H, d, device="cuda", dtype=torch.bfloat16)
             lse8 = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
@@ -138,8 +156,10 @@ def main():
             lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
             lib.shim_quant(1)
             fwds["quant_fwd"] = lambda: lib.shim_quant(0)
+            fwds["quant_fwd_keep"] = lambda: lib.shim_quant(2)
             fwds["fp8_fwd_bare"] = lambda: lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
             bwds["quant_bwd"] = lambda: lib.shim_quant(1)
+            bwds["quant_bwd_keep"] = lambda: lib.shim_quant(3)
             for m in BARE_BWD:
                 p = MODES[m]
                 bwds["bare_" + m] = lambda p=p: lib.shim_fp8_bwd(p, o8.data_ptr(), lse8.data_ptr(),
@@ -222,6 +242,31 @@ def main():
                 f"{tflops(r, 'tb', 'fp8_dm')} | {ms(r, 'tb', 'delta')} |")
         out()
 
+    keep_modes = [m for m in modes if m != "bf16"]
+    if keep_modes:
+        out("kept Q, K, V codes (precision.attention_keep_codes = true, the trainer's default) against made again "
+            "(false): ms through the API, f = forward, b = backward; quantize passes alone: forward Q, K, V (3 "
+            "layouts / 6 layouts), backward (Q, K, V, dO / dO alone)")
+        out("| T | quant f 3 / 6 layouts | quant b 4 tensors / dO | "
+            + " | ".join(f"{SHORT[m]} f / keep | {SHORT[m]} b / keep | {SHORT[m]} f+b saved" for m in keep_modes)
+            + " |")
+        out("|---" * (3 + 3 * len(keep_modes)) + "|")
+        for r in rows:
+            tf, tb = r["tf"], r["tb"]
+            cells = [f"{ms(r, 'tf', 'quant_fwd')} / {ms(r, 'tf', 'quant_fwd_keep')}",
+                     f"{ms(r, 'tb', 'quant_bwd')} / {ms(r, 'tb', 'quant_bwd_keep')}"]
+            for m in keep_modes:
+                k = m + "_keep"
+                cells.append(f"{ms(r, 'tf', m)} / {ms(r, 'tf', k)}")
+                cells.append(f"{ms(r, 'tb', m)} / {ms(r, 'tb', k)}")
+                if all(n in tf and n in tb for n in (m, k)):
+                    base, kept = tf[m] + tb[m], tf[k] + tb[k]
+                    cells.append(f"{base - kept:.3f} ms ({(base - kept) / base:.0%})")
+                else:
+                    cells.append("n/a")
+            out(f"| {label(r['T'])} | " + " | ".join(cells) + " |")
+        out()
+
     out(f"== summary: causal attention, H={a.H}, d={a.d}, B*T={a.tokens}, FP8 grad format {a.grad_format}; "
         f"TFLOP/s (fwd 4BHT^2d/2, bwd 2.5x), medians of {a.rounds} interleaved rounds; "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
@@ -232,7 +277,7 @@ def main():
     out("| T | " + " | ".join(h + " f" for h in head) + " | " + " | ".join(h + " b" for h in head)
         + " | dm f / ours f (>= 1.3) | dm f+b / ours f+b time (< 1 at T >= 2K) | delta share |")
     out("|---" * (1 + 2 * len(names) + 3) + "|")
-    fwd_ok, fb_ok = [], []
+    fwd_ok, fb_ok, fb_keep_ok = [], [], []
     for r in rows:
         tf, tb, T = r["tf"], r["tb"], r["T"]
         c1 = c2 = c3 = "n/a"
@@ -245,6 +290,8 @@ def main():
             c2 = f"{x:.2f}" + (f" {met(x < 1)}" if T >= 2048 else "")
             if T >= 2048:
                 fb_ok.append((T, x < 1))
+        if all(n in tf and n in tb for n in ("fp8_dm_keep", "ours")) and T >= 2048:
+            fb_keep_ok.append((T, (tf["fp8_dm_keep"] + tb["fp8_dm_keep"]) / (tf["ours"] + tb["ours"]) < 1))
         if "fp8_dm" in tb and "fp8_dm_approx" in tb:
             more = []
             if "bare_fp8_dm" in tb and "bare_fp8_dm_approx" in tb:
@@ -266,6 +313,7 @@ def main():
 
     out(f"target fp8_dm fwd >= 1.3x ours BF16 fwd: {verdict(fwd_ok)}")
     out(f"target fp8_dm fwd+bwd faster than ours BF16 fwd+bwd at T >= 2K: {verdict(fb_ok)}")
+    out(f"  ... with kept codes (the trainer's default): {verdict(fb_keep_ok)}")
     text = "\n".join(lines)
     print(text, flush=True)
     if a.summary_out:

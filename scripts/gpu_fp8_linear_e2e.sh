@@ -17,7 +17,8 @@
 #      the seed noise.
 # Logs go to $OUT (default /tmp/gpu_fp8_e2e_out), runs to $WORK. About 5 minutes on one H200.
 #   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_linear_e2e.sh
-#   (STEPS=40 MB=4 NO_TEST=1 NO_NOISE=1 BUDGET=320 to change)
+#   (STEPS=40 MB=4 NO_TEST=1 NO_NOISE=1 BUDGET=320 to change; UNFUSED=1 adds fp8_block with
+#   TRAIN_GPT_FP8_FUSE=0: the quantizations in separate passes, as before the fused producers)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_e2e_out}
@@ -71,6 +72,7 @@ echo "== 3. train_gpt paper_569m, $STEPS steps of $MB x 4096 per mode ($(elapsed
 run bf16 bf16 42
 run fp8_tensor fp8_tensor 42
 run fp8_block fp8_block 42
+[ "${UNFUSED:-0}" = 1 ] && TRAIN_GPT_FP8_FUSE=0 run fp8_block_unfused fp8_block 42
 [ "${NO_NOISE:-0}" != 1 ] && run bf16_seed43 bf16 43
 
 echo "== 4. table ($(elapsed) s)"
@@ -89,9 +91,9 @@ def load(name):
         r["train"], r["val"] = s.get("final_train_loss"), s.get("final_val_loss")
     except Exception: pass
     return r
-rows = [load(n) for n in ("bf16", "fp8_tensor", "fp8_block", "bf16_seed43")]
+rows = [load(n) for n in ("bf16", "fp8_tensor", "fp8_block", "fp8_block_unfused", "bf16_seed43")]
 base = rows[0]
-noise = abs(rows[3]["val"] - base["val"]) if rows[3].get("val") is not None and base.get("val") is not None else None
+noise = abs(rows[4]["val"] - base["val"]) if rows[4].get("val") is not None and base.get("val") is not None else None
 f = lambda v, fmt: (fmt % v) if v is not None else "n/a"
 print("| paper_569m linears | tok/s | vs bf16 | final train loss | final val loss | val - bf16 |")
 print("|---|---|---|---|---|---|")

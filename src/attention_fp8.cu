@@ -40,6 +40,10 @@ extern "C" size_t attn_mode_workspace_bytes(const AttnOptions *opt, int B, int H
     return gpu_attn_mode_workspace_bytes(opt->precision, (size_t)B, (size_t)H, (size_t)T, (size_t)d);
 }
 
+extern "C" size_t attn_saved_codes_bytes(const AttnOptions *opt, int B, int H, int T, int d) {
+    return gpu_attn_saved_codes_bytes(opt->precision, (size_t)B, (size_t)H, (size_t)T, (size_t)d);
+}
+
 // --- the workspace, carved in gpu_attn_mode_workspace_bytes' order --------------------------------
 enum { OP_Q = 0, OP_K, OP_V, OP_DO };
 typedef struct {
@@ -66,6 +70,33 @@ static Parts carve_parts(const AttnOptions *opt, void *ws, int B, int H, int T, 
     return p;
 }
 
+// The kept Q, K, V (gpu_attn_saved_codes_bytes' order): codes Q K V, transposed codes Q K V,
+// scales Q K V; fp8_hybrid keeps its (B, T, 3, H, d) BF16 Q̂ | K̂ | V̂ from the start instead.
+// Overrides the workspace's parts of Q, K, V (dO stays in the workspace).
+static void carve_saved(Parts *p, AttnPrecision prec, void *buf, int B, int H, int T, int d) {
+    char *c = (char *)buf;
+    if (prec == ATTN_FP8_HYBRID) {
+        p->deq = (bf16 *)c;
+        return;
+    }
+    const GpuAttnLayout l = gpu_attn_mode_layout(prec, (size_t)B, (size_t)H, (size_t)T, (size_t)d);
+    for (int i = 0; i < 3; i++, c += l.codes) p->codes[i] = (uint8_t *)c;
+    for (int i = 0; i < 3; i++, c += l.codes) p->codes_t[i] = (uint8_t *)c;
+    for (int i = 0; i < 3; i++, c += l.scales) p->scales[i] = (float *)c;
+}
+
+extern "C" void attn_saved_codes_view(const AttnSavedCodes *s, int i, const uint8_t **codes, const uint8_t **codes_t,
+                                      const float **scales, const uint16_t **dequant) {
+    if (!s->valid || i < 0 || i > 2) FATAL("attn_saved_codes_view: operand %d of %s codes", i, s->valid ? "kept" : "unfilled");
+    Parts p;
+    memset(&p, 0, sizeof p);
+    carve_saved(&p, s->precision, s->buf, s->B, s->H, s->T, s->d);
+    if (codes) *codes = p.codes[i];
+    if (codes_t) *codes_t = p.codes_t[i];
+    if (scales) *scales = p.scales[i];
+    if (dequant) *dequant = p.deq;
+}
+
 static void check_mode(const AttnOptions *opt, int d) {
     const char *why;
     if (attn_mode_supported(opt, d, &why)) FATAL("attention %s on the GPU: %s", attn_precision_name(opt->precision), why);
@@ -87,28 +118,53 @@ static AttnQuantTensor operand(const bf16 *x, int stride, Fp8Format fmt, uint8_t
 }
 
 extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
-                                  bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, void *workspace,
-                                  const AttnModeDiag *diag, cudaStream_t stream) {
+                                  bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
+                                  void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
     check_mode(opt, d);
+    if (saved) saved->valid = 0;
     if (!attn_precision_is_fp8(opt->precision)) {
         attn_gpu_forward(q, k, v, qkv_stride, o, o_stride, lse, B, H, T, d, stream);
         return;
     }
     Parts p = carve_parts(opt, workspace, B, H, T, d);
-    // S = Q̂ K̂^T reduces over d (codes), O = P̂ V̂ over tokens (V's transposed codes)
+    if (saved) {
+        size_t need = attn_saved_codes_bytes(opt, B, H, T, d);
+        if (!saved->buf || saved->bytes < need || ((uintptr_t)saved->buf) % 256)
+            FATAL("attention: kept codes need a 256-byte aligned buffer of %zu bytes (have %zu at %p)", need,
+                  saved->bytes, saved->buf);
+        carve_saved(&p, opt->precision, saved->buf, B, H, T, d);
+    }
+    // S = Q̂ K̂^T reduces over d (codes), O = P̂ V̂ over tokens (V's transposed codes). Kept for an
+    // FP8 backward: also Q^T, K^T (dK = dŜ^T Q̂, dQ = dŜ K̂ reduce over tokens) and V's codes
+    // (dP^T = V̂ dÔ^T reduces over d); for fp8_hybrid's BF16 backward the dequantized Q̂, K̂, V̂.
+    const int keep = saved != NULL, keep_codes = keep && opt->precision != ATTN_FP8_HYBRID;
+    const int C = H * d;
     AttnQuantTensor ts[3] = {
-        operand(q, qkv_stride, FP8_E4M3, p.codes[OP_Q], NULL, p.scales[OP_Q], diag, CAST_Q),
-        operand(k, qkv_stride, FP8_E4M3, p.codes[OP_K], NULL, p.scales[OP_K], diag, CAST_K),
-        operand(v, qkv_stride, FP8_E4M3, NULL, p.codes_t[OP_V], p.scales[OP_V], diag, CAST_V)};
+        operand(q, qkv_stride, FP8_E4M3, p.codes[OP_Q], keep_codes ? p.codes_t[OP_Q] : NULL, p.scales[OP_Q], diag,
+                CAST_Q),
+        operand(k, qkv_stride, FP8_E4M3, p.codes[OP_K], keep_codes ? p.codes_t[OP_K] : NULL, p.scales[OP_K], diag,
+                CAST_K),
+        operand(v, qkv_stride, FP8_E4M3, keep_codes ? p.codes[OP_V] : NULL, p.codes_t[OP_V], p.scales[OP_V], diag,
+                CAST_V)};
+    if (keep && !keep_codes)
+        for (int i = 0; i < 3; i++) {
+            ts[i].dequant = p.deq + (size_t)i * C;
+            ts[i].dequant_stride = 3 * C;
+        }
     attn_gpu_quantize(ts, 3, B, H, T, d, stream);
+    if (saved) {
+        saved->valid = 1;
+        saved->precision = opt->precision;
+        saved->B = B, saved->H = H, saved->T = T, saved->d = d;
+    }
     attn_gpu_forward_fp8(p.codes[OP_Q], p.codes[OP_K], p.codes_t[OP_V], p.scales[OP_Q], p.scales[OP_K],
                          p.scales[OP_V], opt->p_scale, o, o_stride, lse, B, H, T, d, stream);
 }
 
 static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
                           const bf16 *o, const bf16 *dout, int o_stride, const float *lse, bf16 *dq, bf16 *dk,
-                          bf16 *dv, int dqkv_stride, int B, int H, int T, int d, void *workspace,
-                          const AttnModeDiag *diag, cudaStream_t stream);
+                          bf16 *dv, int dqkv_stride, int B, int H, int T, int d, const AttnSavedCodes *saved,
+                          void *workspace, const AttnModeDiag *diag, cudaStream_t stream);
 
 // sq[2i] += sum (x_i - r_i)^2, sq[2i+1] += sum r_i^2 over (rows, C) for i = dq, dk, dv: x_i is
 // the i-th of the strided views xs[i] (row stride x_stride), r_i is (rows, 3, C) packed. FP64
@@ -170,9 +226,10 @@ static void probe_outputs(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_s
         const AttnOptions *r = diag->local_ref;
         if (!diag->ref_o || !diag->ref_lse || !diag->ref_dqkv || !diag->local_sq)
             FATAL("attention diagnostics: local_ref needs ref_o, ref_lse, ref_dqkv and local_sq");
-        attn_mode_forward(r, q, k, v, qkv_stride, diag->ref_o, C, diag->ref_lse, B, H, T, d, workspace, NULL, stream);
+        attn_mode_forward(r, q, k, v, qkv_stride, diag->ref_o, C, diag->ref_lse, B, H, T, d, NULL, workspace, NULL,
+                          stream);
         backward_mode(r, q, k, v, qkv_stride, diag->ref_o, dout, o_stride, diag->ref_lse, diag->ref_dqkv,
-                      diag->ref_dqkv + C, diag->ref_dqkv + 2 * C, 3 * C, B, H, T, d, workspace, NULL, stream);
+                      diag->ref_dqkv + C, diag->ref_dqkv + 2 * C, 3 * C, B, H, T, d, NULL, workspace, NULL, stream);
         diff_sq(dq, dk, dv, dqkv_stride, diag->ref_dqkv, rows, C, diag->local_sq, stream);
     }
 }
@@ -180,9 +237,10 @@ static void probe_outputs(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_s
 extern "C" void attn_mode_backward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v,
                                    int qkv_stride, const bf16 *o, const bf16 *dout, int o_stride, const float *lse,
                                    bf16 *dq, bf16 *dk, bf16 *dv, int dqkv_stride, int B, int H, int T, int d,
-                                   void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
-    backward_mode(opt, q, k, v, qkv_stride, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride, B, H, T, d, workspace,
-                  diag, stream);
+                                   const AttnSavedCodes *saved, void *workspace, const AttnModeDiag *diag,
+                                   cudaStream_t stream) {
+    backward_mode(opt, q, k, v, qkv_stride, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride, B, H, T, d, saved,
+                  workspace, diag, stream);
     if (diag && diag->local_ref &&
         attn_mode_workspace_bytes(diag->local_ref, B, H, T, d) > attn_mode_workspace_bytes(opt, B, H, T, d))
         FATAL("attention diagnostics: the local reference %s needs more workspace than %s",
@@ -193,8 +251,8 @@ extern "C" void attn_mode_backward(const AttnOptions *opt, const bf16 *q, const 
 
 static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
                           const bf16 *o, const bf16 *dout, int o_stride, const float *lse, bf16 *dq, bf16 *dk,
-                          bf16 *dv, int dqkv_stride, int B, int H, int T, int d, void *workspace,
-                          const AttnModeDiag *diag, cudaStream_t stream) {
+                          bf16 *dv, int dqkv_stride, int B, int H, int T, int d, const AttnSavedCodes *saved,
+                          void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
     check_mode(opt, d);
     Parts p = carve_parts(opt, workspace, B, H, T, d);
     if (opt->precision == ATTN_BF16) {
@@ -202,32 +260,43 @@ static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, 
                           stream);
         return;
     }
+    if (saved) {
+        if (!saved->valid || saved->precision != opt->precision || saved->B != B || saved->H != H ||
+            saved->T != T || saved->d != d)
+            FATAL("attention backward (%s, B %d H %d T %d d %d): the kept codes are %s", attn_precision_name(opt->precision),
+                  B, H, T, d, saved->valid ? "another forward's (shape or mode differ)" : "not filled by a forward");
+        carve_saved(&p, opt->precision, saved->buf, B, H, T, d);
+    }
     const int C = H * d;
     if (opt->precision == ATTN_FP8_HYBRID) {
         // The BF16 backward on Q̂, K̂, V̂ (the forward's quantized values, exact in BF16) and the
-        // BF16 dO. Saturations were counted by the forward's casts of the same values.
-        AttnQuantTensor ts[3];
-        const bf16 *x[3] = {q, k, v};
-        for (int i = 0; i < 3; i++) {
-            ts[i] = operand(x[i], qkv_stride, FP8_E4M3, NULL, NULL, NULL, NULL, CAST_Q);
-            ts[i].dequant = p.deq + (size_t)i * C;
-            ts[i].dequant_stride = 3 * C;
+        // BF16 dO: kept by the forward, or made again. Saturations were counted by the forward's
+        // casts of the same values.
+        if (!saved) {
+            AttnQuantTensor ts[3];
+            const bf16 *x[3] = {q, k, v};
+            for (int i = 0; i < 3; i++) {
+                ts[i] = operand(x[i], qkv_stride, FP8_E4M3, NULL, NULL, NULL, NULL, CAST_Q);
+                ts[i].dequant = p.deq + (size_t)i * C;
+                ts[i].dequant_stride = 3 * C;
+            }
+            attn_gpu_quantize(ts, 3, B, H, T, d, stream);
         }
-        attn_gpu_quantize(ts, 3, B, H, T, d, stream);
         attn_gpu_backward(p.deq, p.deq + C, p.deq + 2 * C, 3 * C, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride,
                           p.bwd, B, H, T, d, stream);
         return;
     }
     // FP8 backward: S^T = K̂ Q̂^T and dP^T = V̂ dÔ^T reduce over d (codes); dV = P̂^T dÔ, dK = dŜ^T Q̂
-    // and dQ = dŜ K̂ over tokens (transposed codes of dO, Q, K). Q, K, V are the forward's codes
-    // again (block scales are functions of the values); their saturations were counted there.
+    // and dQ = dŜ K̂ over tokens (transposed codes of dO, Q, K). Q, K, V are the forward's codes,
+    // kept or made again (block scales are functions of the values); their saturations were
+    // counted by the forward. dO in the same launch when Q, K, V are made again.
     AttnQuantTensor ts[4] = {
+        operand(dout, o_stride, opt->grad_format, p.codes[OP_DO], p.codes_t[OP_DO], p.scales[OP_DO], diag,
+                CAST_DO),
         operand(q, qkv_stride, FP8_E4M3, p.codes[OP_Q], p.codes_t[OP_Q], p.scales[OP_Q], NULL, CAST_Q),
         operand(k, qkv_stride, FP8_E4M3, p.codes[OP_K], p.codes_t[OP_K], p.scales[OP_K], NULL, CAST_K),
-        operand(v, qkv_stride, FP8_E4M3, p.codes[OP_V], NULL, p.scales[OP_V], NULL, CAST_V),
-        operand(dout, o_stride, opt->grad_format, p.codes[OP_DO], p.codes_t[OP_DO], p.scales[OP_DO], diag,
-                CAST_DO)};
-    attn_gpu_quantize(ts, 4, B, H, T, d, stream);
+        operand(v, qkv_stride, FP8_E4M3, p.codes[OP_V], NULL, p.scales[OP_V], NULL, CAST_V)};
+    attn_gpu_quantize(ts, saved ? 1 : 4, B, H, T, d, stream);
     AttnFp8BwdArgs a;
     memset(&a, 0, sizeof a);
     a.precision = opt->precision;

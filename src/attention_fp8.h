@@ -5,14 +5,19 @@
 //
 //   mode           forward                                  backward
 //   bf16           BF16 flash forward                       BF16 flash backward
-//   fp8_naive      quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, FP8 backward, D = rowsum(dO o O)
+//   fp8_naive      quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, FP8 backward, D = rowsum(dO o O)
 //   fp8_hybrid     quantize Q K V (E4M3), FP8 forward       BF16 backward on the dequantized Q̂ K̂ V̂, BF16 dO
-//   fp8_dm         quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, delta pass, FP8 backward
-//   fp8_dm_approx  quantize Q K V (E4M3), FP8 forward       quantize Q K V dO, FP8 backward, D = rowsum(dÔ o O)
+//   fp8_dm         quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, delta pass, FP8 backward
+//   fp8_dm_approx  quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, FP8 backward, D = rowsum(dÔ o O)
+// ([Q K V]: only without kept codes, see below.)
 //
-// The backward quantizes Q, K, V again from the same BF16 inputs rather than keeping the
-// forward's codes: with block scaling the codes are a function of the values, so they are the
-// forward's codes bit for bit, and the model keeps 6 bytes per q/k/v element instead of 12.
+// Q, K, V of the backward: with an AttnSavedCodes (precision.attention_keep_codes) the forward's
+// one quantize launch also writes every layout the backward reads (Q, K, V codes and transposed
+// codes, scales; fp8_hybrid: the dequantized Q̂, K̂, V̂) into the layer's buffer and the backward
+// quantizes dO alone (fp8_hybrid: nothing). Without one the backward quantizes Q, K, V again from
+// the same BF16 inputs. Either way the values are the same bit for bit (block scales are functions
+// of the values), so the option trades memory (gpu_sizes.h: 6 bytes per q/k/v element per layer)
+// for two quantize passes' worth of memory traffic per layer; results do not change.
 // Scaling: block scaling only (per 128-token block for Q, K, V, dO, per tile for dS, static 2^8
 // for P); precision.attention_scaling = "delayed" runs on the CPU backend only so far.
 //
@@ -46,6 +51,29 @@ void attn_mode_block_sizes(const AttnOptions *opt, int d, int *block_q, int *blo
 // both; its contents do not survive from forward to backward). 256-byte aligned.
 size_t attn_mode_workspace_bytes(const AttnOptions *opt, int B, int H, int T, int d);
 
+// One layer's Q, K, V as its forward quantized them, kept for its backward. buf/bytes are the
+// caller's (device memory, 256-byte aligned, at least attn_saved_codes_bytes); the rest is written
+// by attn_mode_forward and checked by attn_mode_backward (host side: a backward on codes of
+// another shape or mode, or of no forward, is a FATAL error, not silently wrong gradients).
+typedef struct {
+    void *buf;
+    size_t bytes;
+    int valid;  // the last attn_mode_forward given this struct filled buf (an FP8 mode)
+    AttnPrecision precision;
+    int B, H, T, d;
+} AttnSavedCodes;
+
+// Bytes of an AttnSavedCodes buffer for this shape: 0 for bf16 (nothing to keep), else
+// gpu_attn_saved_codes_bytes (the same for every FP8 mode).
+size_t attn_saved_codes_bytes(const AttnOptions *opt, int B, int H, int T, int d);
+
+// Where a filled AttnSavedCodes of an FP8-backward mode (naive, dm, dm_approx) keeps operand i
+// (0 Q, 1 K, 2 V): codes (B, H, Tp, d), codes_t (B, H, d, Tp), scales (B, H, Tp/128), exactly
+// attn_gpu_quantize's outputs for that operand (for tests). fp8_hybrid: *dequant is the (B, T, 3,
+// H, d) BF16 Q̂ | K̂ | V̂ and the code pointers are NULL. Device pointers; any output may be NULL.
+void attn_saved_codes_view(const AttnSavedCodes *s, int i, const uint8_t **codes, const uint8_t **codes_t,
+                           const float **scales, const uint16_t **dequant);
+
 // Optional outputs for diagnostics and tests (any pointer may be NULL; device memory).
 typedef struct {
     // += number of FP8 casts past the format's max, per AttnCast (Q, K, V by the forward, dO by
@@ -75,15 +103,20 @@ typedef struct {
     double *local_sq;
 } AttnModeDiag;
 
+// saved: NULL, or this layer's kept codes (filled here in FP8 modes; marked not valid in bf16).
 void attn_mode_forward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                        int qkv_stride, uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d,
-                       void *workspace, const AttnModeDiag *diag, cudaStream_t stream);
+                       AttnSavedCodes *saved, void *workspace, const AttnModeDiag *diag, cudaStream_t stream);
 
 // dq, dk, dv are overwritten. o and lse: what attn_mode_forward wrote for the same q, k, v.
+// saved: NULL (Q, K, V quantized again from q, k, v), or what that forward filled (ignored in
+// bf16). With saved codes the FP8 modes read no q, k, v, except for the diagnostics' local
+// reference; bf16 always reads them.
 void attn_mode_backward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                         int qkv_stride, const uint16_t *o, const uint16_t *dout, int o_stride, const float *lse,
                         uint16_t *dq, uint16_t *dk, uint16_t *dv, int dqkv_stride, int B, int H, int T, int d,
-                        void *workspace, const AttnModeDiag *diag, cudaStream_t stream);
+                        const AttnSavedCodes *saved, void *workspace, const AttnModeDiag *diag,
+                        cudaStream_t stream);
 
 #ifdef __cplusplus
 }

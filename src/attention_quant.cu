@@ -18,84 +18,99 @@
 
 #define QB ATTN_SCALE_BLOCK  // tokens per CTA = tokens per scale (128)
 #define QTHREADS 256
-#define T_PITCH (QB + 4)     // bytes per row of the transposed shared tile (see below)
 
 struct AttnQuantBatch {
     AttnQuantTensor t[ATTN_QUANT_MAX_TENSORS];
 };
 
-// grid (B*H*nblk, n_tensors), block QTHREADS. Thread i of the CTA holds 16-byte chunks
-// c = i + j*QTHREADS (j < PER) of the (QB, D) tile: row c / CH, columns 8*(c % CH) .. +7, so a
-// warp reads and writes whole contiguous row segments.
+// The 4 x 4 byte transpose of four rows' words: byte k of out[j] = byte j of row k (prmt only).
+__device__ __forceinline__ void transpose4x4(uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3, uint32_t out[4]) {
+    const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), hi01 = __byte_perm(r0, r1, 0x7362);  // r0.b0 r1.b0 r0.b1 r1.b1
+    const uint32_t lo23 = __byte_perm(r2, r3, 0x5140), hi23 = __byte_perm(r2, r3, 0x7362);  // | .b2 .b3 likewise
+    out[0] = __byte_perm(lo01, lo23, 0x5410);
+    out[1] = __byte_perm(lo01, lo23, 0x7632);
+    out[2] = __byte_perm(hi01, hi23, 0x5410);
+    out[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+// grid (B*H*nblk, n_tensors), block QTHREADS. Thread i of the CTA holds one 16-byte BF16 column
+// chunk (columns 8*ch .. +7, ch = i % CH) of RT consecutive rows (rq*RT .. +RT-1, rq = i / CH) of
+// the (QB, D) tile: per load instruction a warp reads whole 256- (D 128) or 128-byte (D 64) row
+// segments, and after the cast each thread holds, for each of its 8 columns, the RT codes of its
+// rows: one RT-byte unit of the transposed tile, built in registers (byte permutes) and stored to
+// shared memory in one instruction, instead of RT byte stores.
+//
+// The transposed tile sT is D rows of QB bytes, no padding, its RT-byte units XOR-swizzled per
+// row so that both phases are free of bank conflicts: unit u of row c lives at u ^ sw(c), with
+// sw = ch for RT 8 (a half-warp's 16 8-byte stores, one per ch, cover the 32 banks once) and
+// sw = 4 ch for RT 4 (the warp's 32 4-byte stores: rq = 4w + q, unit (4w + q) ^ 4ch = 4(w ^ ch)
+// + q, all 32 banks). The write-out reads 16-byte chunks (8 lanes = one whole row per phase) and
+// undoes the swizzle on the chunk index (and, for RT 8 and odd ch, swaps the chunk's two units).
 template <int D>
 __global__ void __launch_bounds__(QTHREADS)
     attn_quant_kernel(const AttnQuantBatch batch, int H, int T, int nblk) {
-    constexpr int CH = D / 8;               // 16-byte BF16 chunks per row
-    constexpr int PER = QB * CH / QTHREADS; // chunks per thread (4 or 8)
-    static_assert(QB * CH % QTHREADS == 0, "tile must split evenly");
-    // Transposed tile (D rows of QB codes). Pitch QB + 4 bytes: a warp's byte stores (one code
-    // column of CH chunks x 32/CH rows) land in 4 different banks instead of one (2- or 4-way
-    // conflicts left: this kernel is bound by global memory), and rows stay 4-byte aligned for
-    // the word reads that write codes_t.
-    __shared__ __align__(16) uint8_t sT[D * T_PITCH];
+    constexpr int CH = D / 8;                 // 16-byte BF16 chunks per row
+    constexpr int RT = QB * CH / QTHREADS;    // rows per thread (8 for D 128, 4 for D 64)
+    constexpr int UPC = 16 / RT;              // RT-byte units per 16-byte chunk of sT
+    static_assert(QB * CH % QTHREADS == 0 && (RT == 4 || RT == 8), "tile must split into 4- or 8-row units");
+    __shared__ __align__(16) uint8_t sT[D * QB];
     __shared__ float red[QTHREADS / 32];
-    __shared__ float s_scale;
 
     const AttnQuantTensor &a = batch.t[blockIdx.y];
     const int blk = blockIdx.x % nblk, bh = blockIdx.x / nblk, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ch = tid % CH, rq = tid / CH;
     const int Tp = nblk * QB;
 
-    // load the block (rows past T are zeros: they change no amax and become code 0)
-    uint4 raw[PER];
+    // load the thread's RT rows of its chunk (rows past T are zeros: they change no amax and
+    // become code 0)
+    uint4 raw[RT];
     float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < PER; j++) {
-        const int c = tid + j * QTHREADS, r = c / CH, ch = c % CH, t = blk * QB + r;
+    for (int i = 0; i < RT; i++) {
+        const int t = blk * QB + rq * RT + i;
         if (t < T) {
-            raw[j] = *reinterpret_cast<const uint4 *>(a.x + ((long)b * T + t) * a.stride + (long)h * D + ch * 8);
+            raw[i] = *reinterpret_cast<const uint4 *>(a.x + ((long)b * T + t) * a.stride + (long)h * D + ch * 8);
         } else {
-            raw[j] = make_uint4(0u, 0u, 0u, 0u);
+            raw[i] = make_uint4(0u, 0u, 0u, 0u);
         }
-        const uint32_t w[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+        const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             amax = fmaxf(amax, fabsf(bf16_to_f32((uint16_t)(w[e] & 0xFFFFu))));
             amax = fmaxf(amax, fabsf(bf16_to_f32((uint16_t)(w[e] >> 16))));
         }
     }
-    // block amax (max is exact in any order) -> scale
+    // block amax (max is exact in any order) -> scale, derived by every thread from the same
+    // partial maxima (one barrier; the same value everywhere)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if (lane == 0) red[warp] = amax;
     __syncthreads();
+    float m = red[0];
+#pragma unroll
+    for (int w = 1; w < QTHREADS / 32; w++) m = fmaxf(m, red[w]);
+    const float s = a.scale_in ? a.scale_in[a.scale_in_per_head ? bh : 0] : fp8_scale_for_amax(a.fmt, m);
     if (tid == 0) {
-        float m = red[0];
-        for (int w = 1; w < QTHREADS / 32; w++) m = fmaxf(m, red[w]);
-        float s;
-        if (a.scale_in) s = a.scale_in[a.scale_in_per_head ? bh : 0];
-        else s = fp8_scale_for_amax(a.fmt, m);
-        s_scale = s;
         const long sidx = (long)bh * nblk + blk;
         if (a.scales) a.scales[sidx] = s;
         if (a.block_amax) a.block_amax[sidx] = m;
     }
-    __syncthreads();
-    const float s = s_scale, inv_s = 1.0f / s, fmax = fp8_max(a.fmt);  // 1/s exact: a power of two
+    const float inv_s = 1.0f / s, fmax = fp8_max(a.fmt);  // 1/s exact: a power of two
     const Fp8Format fmt = a.fmt;
 
-    // cast; row-major codes straight to global (8 bytes per chunk), transposed into shared. The
-    // codes come from the hardware conversion (cvt.rn.satfinite, two per instruction), which
-    // equals fp8.h's integer encoder bit for bit on finite inputs (test_fp8) at a fraction of
-    // its cost; x * s is finite (s is derived from the block's amax, or a delayed scale whose
-    // overflow saturates, as the encoder does).
+    // cast; row-major codes straight to global (8 bytes per row). The codes come from the
+    // hardware conversion (cvt.rn.satfinite, two per instruction), which equals fp8.h's integer
+    // encoder bit for bit on finite inputs (test_fp8) at a fraction of its cost; x * s is finite
+    // (s is derived from the block's amax, or a delayed scale whose overflow saturates, as the
+    // encoder does).
     unsigned sat = 0;
-    const bool e5 = fmt == FP8_E5M2, want_t = a.codes_t != NULL, want_deq = a.dequant != NULL;
+    const bool e5 = fmt == FP8_E5M2;
+    uint32_t packed[RT][2];
 #pragma unroll
-    for (int j = 0; j < PER; j++) {
-        const int c = tid + j * QTHREADS, r = c / CH, ch = c % CH;
-        const uint32_t w[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
-        uint32_t packed[2] = {0u, 0u}, deq[4] = {0u, 0u, 0u, 0u};
+    for (int i = 0; i < RT; i++) {
+        const int r = rq * RT + i, t = blk * QB + r;
+        const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
         float xs[8];
 #pragma unroll
         for (int e = 0; e < 8; e++) {
@@ -103,43 +118,60 @@ __global__ void __launch_bounds__(QTHREADS)
             xs[e] = bf16_to_f32(hbits) * s;
             sat += fabsf(xs[e]) > fmax;
         }
+        packed[i][0] = packed[i][1] = 0u;
 #pragma unroll
         for (int e = 0; e < 8; e += 2) {
             const uint32_t q2 = e5 ? cvt_e5m2x2(xs[e], xs[e + 1]) : cvt_e4m3x2(xs[e], xs[e + 1]);
-            packed[e >> 2] |= q2 << (8 * (e & 3));
-        }
-        if (want_t) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) sT[(ch * 8 + e) * T_PITCH + r] = (uint8_t)(packed[e >> 2] >> (8 * (e & 3)));
-        }
-        if (want_deq) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const uint8_t q = (uint8_t)(packed[e >> 2] >> (8 * (e & 3)));
-                deq[e >> 1] |= (uint32_t)bf16_from_f32(fp8_to_f32(fmt, q) * inv_s) << (16 * (e & 1));
-            }
+            packed[i][e >> 2] |= q2 << (8 * (e & 3));
         }
         if (a.codes)
-            *reinterpret_cast<uint2 *>(a.codes + ((long)bh * Tp + (long)blk * QB + r) * D + ch * 8) =
-                make_uint2(packed[0], packed[1]);
-        const int t = blk * QB + r;
-        if (a.dequant && t < T)
+            *reinterpret_cast<uint2 *>(a.codes + ((long)bh * Tp + t) * D + ch * 8) = make_uint2(packed[i][0], packed[i][1]);
+        if (a.dequant && t < T) {
+            uint32_t deq[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const uint8_t q = (uint8_t)(packed[i][e >> 2] >> (8 * (e & 3)));
+                deq[e >> 1] |= (uint32_t)bf16_from_f32(fp8_to_f32(fmt, q) * inv_s) << (16 * (e & 1));
+            }
             *reinterpret_cast<uint4 *>(a.dequant + ((long)b * T + t) * a.dequant_stride + (long)h * D + ch * 8) =
                 make_uint4(deq[0], deq[1], deq[2], deq[3]);
+        }
     }
     if (a.saturated) {
         sat = __reduce_add_sync(0xffffffffu, sat);
         if (lane == 0 && sat) atomicAdd(a.saturated, (unsigned long long)sat);
     }
-    if (a.codes_t) {
-        __syncthreads();
-        // D rows of QB bytes = 32 words each: a warp writes one whole 128-byte row segment
+    if (!a.codes_t) return;  // uniform over the CTA: no barrier below is skipped by part of it
+
+    // transposed units: col[e][k] = codes of column 8 ch + e, rows 4k .. 4k+3 of the thread's RT
+    uint32_t col[8][RT / 4];
 #pragma unroll
-        for (int j = 0; j < D * (QB / 4) / QTHREADS; j++) {
-            const int wi = tid + j * QTHREADS, row = wi / (QB / 4), word = wi % (QB / 4);
-            const uint32_t v = *reinterpret_cast<const uint32_t *>(sT + row * T_PITCH + word * 4);
-            *reinterpret_cast<uint32_t *>(a.codes_t + ((long)bh * D + row) * Tp + (long)blk * QB + word * 4) = v;
+    for (int k = 0; k < RT / 4; k++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            uint32_t out[4];
+            transpose4x4(packed[4 * k][half], packed[4 * k + 1][half], packed[4 * k + 2][half],
+                         packed[4 * k + 3][half], out);
+#pragma unroll
+            for (int j = 0; j < 4; j++) col[4 * half + j][k] = out[j];
         }
+    const int sw = RT == 8 ? ch : 4 * ch;  // the swizzle of rows 8 ch .. 8 ch + 7
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        uint8_t *dst = sT + (ch * 8 + e) * QB + (rq ^ sw) * RT;
+        if constexpr (RT == 8) *reinterpret_cast<uint2 *>(dst) = make_uint2(col[e][0], col[e][1]);
+        else *reinterpret_cast<uint32_t *>(dst) = col[e][0];
+    }
+    __syncthreads();
+    // D rows of QB bytes = 8 chunks of 16 each: a warp writes four whole 128-byte row segments
+#pragma unroll
+    for (int j = 0; j < D * (QB / 16) / QTHREADS; j++) {
+        const int idx = tid + j * QTHREADS, c = idx / (QB / 16), k = idx % (QB / 16);
+        const int swc = RT == 8 ? (c >> 3) : 4 * (c >> 3);  // sw of the thread that wrote row c
+        uint4 v = *reinterpret_cast<const uint4 *>(sT + c * QB + k * 16);
+        if (UPC == 2 && (swc & 1)) v = make_uint4(v.z, v.w, v.x, v.y);  // the chunk's two units swapped
+        const int kk = k ^ (swc / UPC);                                   // the chunk's place in the row
+        *reinterpret_cast<uint4 *>(a.codes_t + ((long)bh * D + c) * Tp + (long)blk * QB + kk * 16) = v;
     }
 }
 

@@ -32,6 +32,7 @@ struct Bufs {
     float *lse;                                     // (T)
     float *ds_sum, *cancel;                         // (T) dS row sums (FP8 backward modes only)
     void *ws;                                       // attn_mode_workspace_bytes
+    AttnSavedCodes codes;                           // the forward's Q, K, V kept, as the trainer does
 };
 
 static uint16_t *upload_bf16(const float *x, size_t n) {
@@ -102,12 +103,16 @@ extern "C" void attn_eval_mode_gpu(const AttnOptions *opt, int T, int d, const f
     b.ws = NULL;
     size_t ws_bytes = attn_mode_workspace_bytes(opt, 1, 1, T, d);
     CUDA_CHECK(cudaMalloc(&b.ws, ws_bytes ? ws_bytes : 256));  // cudaMalloc: 256-byte aligned
+    // precision.attention_keep_codes' default path (the results are the same bit for bit without)
+    b.codes = AttnSavedCodes{};
+    b.codes.bytes = attn_saved_codes_bytes(opt, 1, 1, T, d);
+    CUDA_CHECK(cudaMalloc(&b.codes.buf, b.codes.bytes ? b.codes.bytes : 256));
 
     AttnModeDiag diag = {};  // row sums only; saturation is not part of the table
     diag.row_ds_sum = b.ds_sum;
     diag.row_cancel = b.cancel;
-    attn_mode_forward(opt, b.q, b.k, b.v, d, b.o, d, b.lse, 1, 1, T, d, b.ws, NULL, 0);
-    attn_mode_backward(opt, b.q, b.k, b.v, d, b.o, b.dout, d, b.lse, b.dq, b.dk, b.dv, d, 1, 1, T, d, b.ws,
+    attn_mode_forward(opt, b.q, b.k, b.v, d, b.o, d, b.lse, 1, 1, T, d, &b.codes, b.ws, NULL, 0);
+    attn_mode_backward(opt, b.q, b.k, b.v, d, b.o, b.dout, d, b.lse, b.dq, b.dk, b.dv, d, 1, 1, T, d, &b.codes, b.ws,
                        rows ? &diag : NULL, 0);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernels surface here
@@ -132,4 +137,5 @@ extern "C" void attn_eval_mode_gpu(const AttnOptions *opt, int T, int d, const f
     CUDA_CHECK(cudaFree(b.lse));
     if (rows) { CUDA_CHECK(cudaFree(b.ds_sum)); CUDA_CHECK(cudaFree(b.cancel)); }
     CUDA_CHECK(cudaFree(b.ws));
+    CUDA_CHECK(cudaFree(b.codes.buf));
 }

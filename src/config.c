@@ -115,6 +115,7 @@ static const KeyDef PRECISION_KEYS[] = {
     KEY(precision, attention_amax_history, KIND_INT),
     KEY(precision, attention_block_q, KIND_INT),
     KEY(precision, attention_block_k, KIND_INT),
+    KEY(precision, attention_keep_codes, KIND_BOOL),
     KEY_ENUM(precision, linear, LINEAR_NAMES),
     KEY_ENUM(precision, linear_grad_format, GRADFMT_NAMES),
     KEY(precision, linear_keep_lm_head_bf16, KIND_BOOL),
@@ -213,6 +214,7 @@ void config_defaults(Config *c) {
     p->attention_amax_history = 16;
     p->attention_block_q = 128;
     p->attention_block_k = 128;
+    p->attention_keep_codes = 1;
     p->linear = LINEAR_BF16;
     p->linear_grad_format = GRADFMT_E4M3;
     p->linear_keep_lm_head_bf16 = 1;

@@ -16,6 +16,7 @@
 //                 "fp8_dm_approx"), attention_grad_format ("e4m3" | "e5m2"), attention_scaling
 //                 ("block" | "delayed"), attention_p_scale (256, a power of two),
 //                 attention_amax_history (16), attention_block_q (128), attention_block_k (128),
+//                 attention_keep_codes (true),
 //                 linear ("bf16" | "fp8_tensor" | "fp8_block"), linear_grad_format,
 //                 linear_keep_lm_head_bf16 (true), linear_bf16_first_layers (0),
 //                 linear_bf16_last_layers (0)
@@ -103,6 +104,7 @@ typedef struct {
     double attention_p_scale;
     int attention_amax_history;
     int attention_block_q, attention_block_k;
+    int attention_keep_codes;          // GPU, FP8 attention: keep the forward's Q, K, V codes for the backward
     LinearPrecision linear;
     GradFormat linear_grad_format;     // of output gradients with fp8_tensor (fp8_block: E4M3)
     int linear_keep_lm_head_bf16;      // the LM head GEMMs stay in BF16 when linear is FP8

@@ -93,6 +93,18 @@ static inline size_t gpu_attn_mode_workspace_bytes(AttnPrecision p, size_t B, si
     return gpu_attn_mode_layout(p, B, H, T, d).total;
 }
 
+// Q, K, V of one layer quantized by its forward and kept for its backward
+// (precision.attention_keep_codes; attention_fp8.h's AttnSavedCodes): codes and transposed codes
+// of each, (B, H, Tp, d) bytes apiece, then their scales (B, H, Tp/128) FP32, every part on a
+// 256-byte boundary: 6 bytes per q/k/v element plus 12 bytes per (b, h, 128-token block). The
+// same buffer holds fp8_hybrid's dequantized Q̂, K̂, V̂ instead ((B, T, 3, H, d) BF16, 6 bytes per
+// element, T <= Tp), so every FP8 mode takes the one size; bf16 keeps nothing (0). The parts are
+// gpu_attn_mode_layout's codes and scales (attention_fp8.cu's carve_saved carves them).
+static inline size_t gpu_attn_saved_codes_bytes(AttnPrecision p, size_t B, size_t H, size_t T, size_t d) {
+    const GpuAttnLayout l = gpu_attn_mode_layout(p, B, H, T, d);
+    return 6 * l.codes + 3 * l.scales;
+}
+
 // Floats in an FP8 operand's scale buffer (rows, cols with cols the reduction), with cuBLASLt's
 // padding: per tensor 2 (1/s and the amax); 1x128 slices round4(ceil(cols/128)) * round4(rows);
 // 128x128 blocks round4(ceil(rows/128)) * round4(ceil(cols/128)).

@@ -16,6 +16,7 @@
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
 #include "gpu_sizes.h"   // gpu_norm_chunks and the scratch sizes the memory plan uses too
+#include "layers_math.cuh"  // the RMSNorm / SwiGLU arithmetic, shared with layers_fp8.cu
 
 typedef __nv_bfloat16 bf16;
 
@@ -23,13 +24,9 @@ typedef __nv_bfloat16 bf16;
 #define ROWS_PER_BLOCK (ROW_BLOCK / 32)
 #define EW_BLOCK 256                  // threads per block of element-wise kernels
 
-static __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
-
-static __device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+static __device__ __forceinline__ float bf2f(bf16 x) { return lm_bf2f(x); }
+static __device__ __forceinline__ bf16 f2bf(float x) { return lm_f2bf(x); }
+static __device__ __forceinline__ float warp_sum(float v) { return lm_warp_sum(v); }
 
 static unsigned blocks_for(size_t n, int block) {
     size_t b = (n + (size_t)block - 1) / (size_t)block;
@@ -76,10 +73,10 @@ __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, cons
         }
     }
     ss = warp_sum(ss);
-    const float r = 1.0f / sqrtf(ss / (float)dim + eps);
+    const float r = lm_rstd(ss, dim, eps);
     if (lane == 0) rstd[row] = r;
     const bf16 *src = delta ? res_out : x;
-    for (int c = lane; c < dim; c += 32) y[off + c] = f2bf(bf2f(src[off + c]) * r * bf2f(g[c]));
+    for (int c = lane; c < dim; c += 32) y[off + c] = f2bf(lm_rms_out(bf2f(src[off + c]), r, bf2f(g[c])));
 }
 
 // dx = r * (dy*g - xhat * mean(dy*g*xhat)), one warp per row; dx may alias dy.
@@ -447,19 +444,20 @@ __global__ void swiglu_forward_kernel(bf16 *out, const bf16 *fc, long long N, in
     const long long row = idx / F;
     const int j = (int)(idx % F);
     const float g = bf2f(fc[row * 2 * F + j]), u = bf2f(fc[row * 2 * F + F + j]);
-    out[idx] = f2bf(g / (1.0f + expf(-g)) * u);
+    out[idx] = f2bf(lm_swiglu(g, u));
 }
 
-// out = silu(g) * u:  du = dout * silu(g),  dg = dout * u * s * (1 + g * (1 - s)), s = sigmoid(g).
+// out = silu(g) * u: the gradients of layers_math.cuh's lm_swiglu_grad.
 __global__ void swiglu_backward_kernel(bf16 *dfc, const bf16 *dout, const bf16 *fc, long long N, int F) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * F) return;
     const long long row = idx / F;
     const int j = (int)(idx % F);
     const float g = bf2f(fc[row * 2 * F + j]), u = bf2f(fc[row * 2 * F + F + j]), d = bf2f(dout[idx]);
-    const float s = 1.0f / (1.0f + expf(-g));
-    dfc[row * 2 * F + F + j] = f2bf(d * g * s);
-    dfc[row * 2 * F + j] = f2bf(d * u * s * (1.0f + g * (1.0f - s)));
+    float dg, du;
+    lm_swiglu_grad(g, u, d, dg, du);
+    dfc[row * 2 * F + F + j] = f2bf(du);
+    dfc[row * 2 * F + j] = f2bf(dg);
 }
 
 extern "C" void swiglu_forward_gpu(uint16_t *out, const uint16_t *fc, int N, int F, cudaStream_t stream) {

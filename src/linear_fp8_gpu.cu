@@ -12,7 +12,8 @@
 //   vec128t_kernel     128 rows x 32 cols of x in shared memory: 32 slices along rows, written
 //                      as rows of x^T
 //   vec128both_kernel  1x128 Q(x) and Q(x^T) together: one 128x128 tile, its rows and columns
-//                      are the slices of both
+//                      are the slices of both (fp8_quant.cuh's vec128_emit, which layers_fp8.cu's
+//                      RMSNorm and SwiGLU kernels run on the tiles they compute)
 // GEMMs. out (n, m) row-major is column-major (m, n): D = op(A) . B with A = rhs stored (k, m)
 // column-major, transposed ("T"), and B = lhs stored (k, n) column-major ("N"), the TN layout
 // FP8 needs. A's scales are rhs's, B's are lhs's. Plans are cached per shape/format/grouping; the
@@ -26,6 +27,8 @@
 
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
+#include "fp8_quant.cuh"  // the device quantization shared with layers_fp8.cu (abs_bits, quant,
+                          // emit_tile_rows / emit_tile_cols, vec128_emit)
 #include "gpu_sizes.h"   // the scale-buffer sizes (shared with the memory plan)
 #include "matmul.h"      // the shared cuBLASLt handle and workspace
 
@@ -64,55 +67,6 @@ void fp8_operand_free(Fp8Operand *op) {
 
 // ================================ quantization kernels ========================================
 
-// |x| of a BF16 as bits, ordered like the values; NaN -> 0 so it never wins a max (fmaxf ignores
-// NaN on the CPU).
-__device__ __forceinline__ unsigned abs_bits(unsigned b) {
-    b &= 0x7FFFu;
-    return b > 0x7F80u ? 0u : b;
-}
-__device__ __forceinline__ unsigned max_abs8(const uint32_t w[4]) {
-    unsigned m = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) m = max(m, max(abs_bits(w[k] & 0xFFFFu), abs_bits(w[k] >> 16)));
-    return m;
-}
-__device__ __forceinline__ float scale_of_bits(Fp8Format fmt, unsigned amax_bits) {
-    return fp8_scale_for_amax(fmt, bf16_to_f32((uint16_t)amax_bits));
-}
-
-// code = fp8(x * s), counting saturations and NaNs exactly as linear_fp8.c's quantize_run.
-template <Fp8Format FMT>
-__device__ __forceinline__ uint32_t quant(unsigned bf, float s, unsigned &sat, unsigned &nan) {
-    const float v = bf16_to_f32((uint16_t)bf) * s;  // exact: s is a power of two
-    if (v != v) nan++;
-    else if (fabsf(v) > fp8_max(FMT)) sat++;
-    return fp8_from_f32(FMT, v);
-}
-__device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-    return a | (b << 8) | (c << 16) | (d << 24);  // element 0 in the lowest byte
-}
-// Eight BF16 (element 0 in the low half of w[0]) -> eight codes.
-template <Fp8Format FMT>
-__device__ __forceinline__ uint2 quant8(const uint32_t w[4], float s, unsigned &sat, unsigned &nan) {
-    uint32_t o[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-        o[h] = pack4(quant<FMT>(w[2 * h] & 0xFFFFu, s, sat, nan), quant<FMT>(w[2 * h] >> 16, s, sat, nan),
-                     quant<FMT>(w[2 * h + 1] & 0xFFFFu, s, sat, nan), quant<FMT>(w[2 * h + 1] >> 16, s, sat, nan));
-    return make_uint2(o[0], o[1]);
-}
-
-// Adds this warp's counts to counts[0] (saturated) and counts[1] (NaN). All 32 lanes must call.
-__device__ __forceinline__ void flush_counts(unsigned long long *counts, unsigned sat, unsigned nan) {
-    if (counts == nullptr) return;
-    sat = __reduce_add_sync(0xFFFFFFFFu, sat);
-    nan = __reduce_add_sync(0xFFFFFFFFu, nan);
-    if ((threadIdx.x & 31) == 0) {
-        if (sat) atomicAdd(counts, (unsigned long long)sat);
-        if (nan) atomicAdd(counts + 1, (unsigned long long)nan);
-    }
-}
-
 // Max over the block (all threads get it). red: 32 words of shared memory.
 __device__ unsigned block_max(unsigned v, unsigned *red) {
     v = __reduce_max_sync(0xFFFFFFFFu, v);
@@ -123,19 +77,6 @@ __device__ unsigned block_max(unsigned v, unsigned *red) {
     r = __reduce_max_sync(0xFFFFFFFFu, r);
     __syncthreads();  // red may be reused
     return r;
-}
-
-// Eight BF16 of row `src` at columns [c, c + 8) of a group with nc valid columns: one 16-byte
-// load when allowed, else element by element; missing elements are 0.
-__device__ __forceinline__ void load8(uint32_t w[4], const uint16_t *src, int c, int nc, bool vec) {
-    if (vec && c + 8 <= nc) {
-        const uint4 v = *reinterpret_cast<const uint4 *>(src);
-        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-        return;
-    }
-    w[0] = w[1] = w[2] = w[3] = 0;
-    for (int e = 0; e < 8; e++)
-        if (c + e < nc) w[e >> 1] |= (uint32_t)src[e] << (16 * (e & 1));
 }
 
 // Stages rows [r0, r0 + nr) x columns [c0, c0 + nc) of x (rows of `cols` BF16) into a shared tile
@@ -155,48 +96,6 @@ __device__ __forceinline__ unsigned stage_tile(uint16_t (*tile)[PITCH], const ui
         dst[0] = w[0]; dst[1] = w[1]; dst[2] = w[2]; dst[3] = w[3];
     }
     return m;
-}
-
-// Writes the codes of a staged G x G tile (nr x nc valid) into q, the row-major (rows, cols)
-// codes, row r0 + r quantized with scale_of(r): each thread 8 consecutive codes of one row.
-template <Fp8Format FMT, class Scale>
-__device__ __forceinline__ void emit_tile_rows(uint8_t *q, uint16_t (*tile)[G + 2], int rows, int cols, int r0, int c0,
-                                               int nr, int nc, Scale scale_of, unsigned &sat, unsigned &nan) {
-    const bool vec_out = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
-    for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {
-        const int r = id / 16, c = (id % 16) * 8;
-        if (r >= nr) continue;
-        const float s = scale_of(r);
-        uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
-        if (vec_out && c + 8 <= nc) {
-            const uint32_t *src = reinterpret_cast<const uint32_t *>(&tile[r][c]);
-            const uint32_t w[4] = {src[0], src[1], src[2], src[3]};
-            *reinterpret_cast<uint2 *>(dst) = quant8<FMT>(w, s, sat, nan);
-        } else {
-            for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)quant<FMT>(tile[r][c + e], s, sat, nan);
-        }
-    }
-}
-
-// The same tile transposed into qt, the (cols, rows) codes: row c of x^T holds column c0 + c of
-// x, quantized with scale_of(c); each thread 4 consecutive codes.
-template <Fp8Format FMT, class Scale>
-__device__ __forceinline__ void emit_tile_cols(uint8_t *qt, uint16_t (*tile)[G + 2], int rows, int r0, int c0, int nr,
-                                               int nc, Scale scale_of, unsigned &sat, unsigned &nan) {
-    const bool vec_out = rows % 4 == 0 && ((uintptr_t)qt & 3) == 0;
-    for (int id = threadIdx.x; id < G * G / 4; id += THREADS) {
-        const int c = id / 32, r = (id % 32) * 4;
-        if (c >= nc) continue;
-        const float s = scale_of(c);
-        uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + r;
-        if (vec_out && r + 4 <= nr) {
-            *reinterpret_cast<uint32_t *>(dst) =
-                pack4(quant<FMT>(tile[r][c], s, sat, nan), quant<FMT>(tile[r + 1][c], s, sat, nan),
-                      quant<FMT>(tile[r + 2][c], s, sat, nan), quant<FMT>(tile[r + 3][c], s, sat, nan));
-        } else {
-            for (int e = 0; e < 4 && r + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[r + e][c], s, sat, nan);
-        }
-    }
 }
 
 // Per tensor, pass 1: *amax_f32 = max |x| (as FP32 bits; non-negative floats order like their
@@ -278,8 +177,8 @@ __global__ void __launch_bounds__(THREADS)
         }
     }
     unsigned sat = 0, nan = 0, tsat = 0, tnan = 0;
-    if (q) emit_tile_rows<FMT>(q, tile, rows, cols, r0, c0, nr, nc, [&](int) { return s; }, sat, nan);
-    if (qt) emit_tile_cols<FMT>(qt, tile, rows, r0, c0, nr, nc, [&](int) { return s; }, tsat, tnan);
+    if (q) emit_tile_rows<FMT, THREADS>(q, tile, rows, cols, r0, c0, nr, nc, [&](int) { return s; }, sat, nan);
+    if (qt) emit_tile_cols<FMT, THREADS>(qt, tile, rows, r0, c0, nr, nc, [&](int) { return s; }, tsat, tnan);
     if (!q) { sat = tsat; nan = tnan; }  // each element counted once
     flush_counts(counts, sat, nan);
 }
@@ -375,46 +274,12 @@ template <Fp8Format FMT>
 __global__ void __launch_bounds__(THREADS)
     vec128both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
                       float *qt_scales, unsigned long long *counts) {
-    __shared__ __align__(16) uint16_t tile[G][G + 2];
-    __shared__ unsigned part[THREADS / G][G];
-    __shared__ float rs[G], cs[G];  // scale s of tile row r (Q(x)) and of tile column c (Q(x^T))
-    const int bi = blockIdx.y, bj = blockIdx.x;
-    const int r0 = bi * G, c0 = bj * G;
+    __shared__ __align__(16) Vec128Smem<THREADS> sm;
+    const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, rows - r0), nc = min(G, cols - c0);
-    stage_tile<G, G, G + 2>(tile, x, cols, r0, c0, nr, nc);
+    stage_tile<G, G, G + 2>(sm.tile, x, cols, r0, c0, nr, nc);
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int r = warp; r < G; r += THREADS / 32) {  // row amax: a warp per row, 4 elements a lane
-        unsigned m = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) m = max(m, abs_bits(tile[r][lane * 4 + k]));
-        m = __reduce_max_sync(0xFFFFFFFFu, m);
-        if (lane == 0) {
-            const float sr = scale_of_bits(FMT, m);
-            rs[r] = sr;
-            if (r < nr) q_scales[(size_t)bj * rows + r0 + r] = 1.0f / sr;  // VEC128: [j * R + r]
-        }
-    }
-    {  // column amax in THREADS / G parts of rows
-        const int c = threadIdx.x % G, p = threadIdx.x / G, per = G / (THREADS / G);
-        unsigned m = 0;
-        for (int k = 0; k < per; k++) m = max(m, abs_bits(tile[p * per + k][c]));
-        part[p][c] = m;
-    }
-    __syncthreads();
-    if (threadIdx.x < G) {
-        const int c = threadIdx.x;
-        unsigned m = 0;
-        for (int p = 0; p < THREADS / G; p++) m = max(m, part[p][c]);
-        const float sc = scale_of_bits(FMT, m);
-        cs[c] = sc;
-        if (c < nc) qt_scales[(size_t)bi * cols + c0 + c] = 1.0f / sc;  // [j * R + r], R = cols
-    }
-    __syncthreads();
-    unsigned sat = 0, nan = 0, tsat = 0, tnan = 0;
-    emit_tile_rows<FMT>(q, tile, rows, cols, r0, c0, nr, nc, [&](int r) { return rs[r]; }, sat, nan);
-    emit_tile_cols<FMT>(qt, tile, rows, r0, c0, nr, nc, [&](int c) { return cs[c]; }, tsat, tnan);
-    flush_counts(counts, sat, nan);  // Q(x)'s: each element counted once
+    vec128_emit<FMT, THREADS>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, counts);
 }
 
 // Launches kernel<E4M3 or E5M2> on `stream`, then checks the launch.

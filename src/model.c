@@ -212,6 +212,7 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
     size_t wide = 3 * C > 2 * F ? 3 * C : 2 * F;
     int rc = c->train.recompute;  // norm outputs and SwiGLU are recomputed in the backward if set
     size_t *A = &out->activations;
+    AttnPrecision ap = c->precision.attention;
     for (int l = 0; l < m->n_layer; l++) {  // saved per layer for the backward
         plan_take(A, 2 * BT * C);                   // residual input x_in
         if (!rc) plan_take(A, 2 * BT * C);          // attention RMSNorm output h1
@@ -225,6 +226,8 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
         plan_take(A, 4 * BT);                       // attention RMSNorm rstd
         plan_take(A, 4 * BT);                       // MLP RMSNorm rstd
         if (m->qk_norm) plan_take(A, 4 * 2 * BT * H);  // QK-norm rstd per head (q and k)
+        if (attn_precision_is_fp8(ap) && c->precision.attention_keep_codes)  // the forward's quantized Q, K, V
+            plan_take(A, gpu_attn_saved_codes_bytes(ap, (size_t)micro_batch, H, T, hd));
     }
     size_t head_chunk = BT < PLAN_HEAD_CHUNK_TOKENS ? BT : PLAN_HEAD_CHUNK_TOKENS;
     plan_take(A, 2 * BT * C);           // residual after the last block
@@ -242,7 +245,7 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
     size_t *W = &out->workspace;
     plan_take(W, 4 * T * hd);  // RoPE table (T, hd/2) cos and sin
     // attention: the backward's scratch, plus in FP8 modes the quantized operands (attention_fp8.h)
-    plan_take(W, gpu_attn_mode_workspace_bytes(c->precision.attention, (size_t)micro_batch, H, T, hd));
+    plan_take(W, gpu_attn_mode_workspace_bytes(ap, (size_t)micro_batch, H, T, hd));
     size_t norm_scratch = gpu_norm_scratch_bytes((long long)BT, C);            // RMSNorm backward
     if (m->qk_norm) {
         size_t q = gpu_norm_scratch_bytes((long long)(BT * H), hd);            // QK-norm backward

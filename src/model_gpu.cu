@@ -10,7 +10,10 @@
 //   fc = h2 @ Wfc^T (BT, 2F); sw = silu(gate) * up (BT, F)
 //   x_out = x_mid + sw @ Wp^T; next block's h1 = RMSNorm(x_out)   (fused)
 // Saved per layer: x_in, h1, qkv (raw, before QK-norm, when qk_norm; else after RoPE), o, lse,
-// x_mid, h2, fc, sw, rstd1, rstd2 (+ QK-norm rstd): exactly model.c's memory_plan per layer.
+// x_mid, h2, fc, sw, rstd1, rstd2 (+ QK-norm rstd) (+ with an FP8 precision.attention and
+// precision.attention_keep_codes, the attention's quantized Q, K, V: the forward's quantize pass
+// writes every layout the backward reads, which then quantizes dO alone): exactly model.c's
+// memory_plan per layer.
 // With qk_norm the backward re-derives the normalised, rotated q, k from the saved raw qkv
 // (two cheap kernels) instead of keeping a second (BT, 3C) copy. With train.recompute, h1, h2
 // and sw are not kept: they are recomputed in the backward from x_in, x_mid and fc.
@@ -36,7 +39,14 @@
 //   activations x: one call in the forward writes Q(x) (scratch slot 0) for the forward GEMM and
 //     Q(x^T) (groups along tokens) into a per-layer buffer kept until wgrad (activations);
 //   output gradients dy: one call in lin_wgrad writes Q(dy^T) (slot 1) and Q(dy) (slot 0), and
-//     the lin_dgrad that follows on the same dy reuses slot 0.
+//     the lin_dgrad that follows on the same dy reuses slot 0;
+//   fp8_block, fused (model_gpu_linear.cu's norm_for_linear / swiglu_for_linear /
+//     swiglu_backward_for_linear, kernels in layers_fp8.h): the RMSNorms that make h1 and h2 and
+//     SwiGLU (sw) write Q(x) and Q(x^T) from 128x128 tiles of their own output, and the SwiGLU
+//     backward writes Q(dfc) and Q(dfc^T), so those four operands are never re-read; the BF16
+//     h1, h2, sw, dfc are then not written (nothing else reads them with FP8 linears). The QKV
+//     input of dqkv, the attention output o and the residual gradient dres are still quantized
+//     in separate passes, and fp8_tensor entirely (its per-tensor amax needs a pass first).
 // The LM head stays BF16 (linear_keep_lm_head_bf16 = false is refused: the CPU's per-chunk FP8
 // scales would need the CPU's chunking to match).
 #include "model_gpu.h"
@@ -44,8 +54,8 @@
 
 #include <cuda_runtime.h>  // cudaMalloc, streams, copies
 #include <math.h>          // sqrt for the norm
-#include <stdlib.h>        // free
-#include <string.h>        // memset, memcpy
+#include <stdlib.h>        // free, getenv
+#include <string.h>        // memset, memcpy, strcmp
 
 #include "adamw_gpu.h"      // adamw_update_gpu
 #include "attention_fp8.h"  // attn_mode_forward/backward: attention in precision.attention
@@ -113,6 +123,9 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     d->g = (float *)take(&cv, 4 * P, &plan->grads);
     // activations saved for backward
     size_t *A = &plan->activations;
+    AttnOptions ao;
+    attn_options_from_config(&ao, &c->precision);
+    size_t attn_codes = c->precision.attention_keep_codes ? attn_saved_codes_bytes(&ao, B, (int)H, T, (int)hd) : 0;
     for (int l = 0; l < mc->n_layer; l++) {
         LayerBufs lb;
         memset(&lb, 0, sizeof lb);
@@ -128,6 +141,10 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         lb.rstd1 = (float *)take(&cv, 4 * BT, A);
         lb.rstd2 = (float *)take(&cv, 4 * BT, A);
         if (mc->qk_norm) lb.rstd_qk = (float *)take(&cv, 4 * 2 * BT * H, A);
+        if (attn_codes) {
+            lb.attn_codes.buf = take(&cv, attn_codes, A);
+            lb.attn_codes.bytes = attn_codes;
+        }
         if (base) d->L[l] = lb;
     }
     d->x_final = (bf16 *)take(&cv, 2 * BT * C, A);
@@ -145,8 +162,6 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     // workspace
     size_t *W = &plan->workspace;
     d->rope = (float *)take(&cv, 4 * (size_t)T * hd, W);
-    AttnOptions ao;
-    attn_options_from_config(&ao, &c->precision);
     d->attn_ws_bytes = attn_mode_workspace_bytes(&ao, B, (int)H, T, (int)hd);
     d->attn_ws = take(&cv, d->attn_ws_bytes, W);
     size_t ns = rmsnorm_backward_scratch_bytes((int)BT, (int)C);
@@ -295,6 +310,10 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     if (memcmp(&again, &m->plan, sizeof again)) FATAL("model_gpu: the plan changed between sizing and carving");
     CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
     d->w8_dirty = 1;
+    {  // fp8_block: producers write the codes, unless TRAIN_GPT_FP8_FUSE=0 (A/B timing)
+        const char *env = getenv("TRAIN_GPT_FP8_FUSE");
+        d->fp8_fuse = !(env && strcmp(env, "0") == 0);
+    }
     matmul_gpu_init();
     if (c->precision.linear != LINEAR_BF16) linear_fp8_gpu_init();
     d->host_losses = (float *)xcalloc((size_t)B * T, sizeof(float));
@@ -384,7 +403,8 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     prof_mark(d, PH_FWD_LINEAR);
     // With recompute the per-layer h1, h2, sw live in scratch (see the file comment).
     embedding_forward_gpu(d->L[0].x_in, d->tokens, W(m, P_WTE, 0), BT, C, Vp, s);
-    rmsnorm_forward_gpu(rc ? d->dhf : d->L[0].h1, d->L[0].rstd1, d->L[0].x_in, W(m, P_ATTN_NORM, 0), BT, C, eps, s);
+    norm_for_linear(m, P_QKV, 0, NULL, rc ? d->dhf : d->L[0].h1, d->L[0].rstd1, d->L[0].x_in, NULL,
+                    W(m, P_ATTN_NORM, 0), BT, C, eps);
     prof_mark(d, PH_FWD_NORM);
     for (int l = 0; l < L; l++) {
         LayerBufs *lb = &d->L[l];
@@ -395,24 +415,27 @@ static void forward_blocks(GpuModel *m, int B, int T) {
         if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
         else if (mc->position == POS_ROPE) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
         prof_mark(d, PH_FWD_ROPE);
-        attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, d->attn_ws,
-                          attn_diag(d, l), s);
+        // Q, K, V codes kept for the backward when one follows (an evaluation forward leaves them)
+        AttnSavedCodes *keep = d->save_xt && lb->attn_codes.buf ? &lb->attn_codes : NULL;
+        if (!keep) lb->attn_codes.valid = 0;
+        attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, keep,
+                          d->attn_ws, attn_diag(d, l), s);
         prof_mark(d, PH_FWD_ATTN);
         lin_forward(m, P_ATTN_PROJ, l, d->buf2, lb->o, BT, C, C);                  // (BT, C)
         prof_mark(d, PH_FWD_LINEAR);
-        residual_rmsnorm_forward_gpu(lb->x_mid, h2, lb->rstd2, lb->x_in, d->buf2, W(m, P_MLP_NORM, l),
-                                     BT, C, eps, s);
+        norm_for_linear(m, P_MLP_FC, l, lb->x_mid, h2, lb->rstd2, lb->x_in, d->buf2, W(m, P_MLP_NORM, l), BT, C,
+                        eps);
         prof_mark(d, PH_FWD_NORM);
         lin_forward(m, P_MLP_FC, l, lb->fc, h2, BT, 2 * F, C);                     // (BT, 2F)
         prof_mark(d, PH_FWD_LINEAR);
-        swiglu_forward_gpu(sw, lb->fc, BT, F, s);                                  // (BT, F)
+        swiglu_for_linear(m, P_MLP_PROJ, l, sw, lb->fc, BT, F);                    // (BT, F)
         prof_mark(d, PH_FWD_SWIGLU);
         lin_forward(m, P_MLP_PROJ, l, d->buf2, sw, BT, C, F);                      // (BT, C)
         prof_mark(d, PH_FWD_LINEAR);
         if (l + 1 < L) {
             LayerBufs *nb = &d->L[l + 1];
-            residual_rmsnorm_forward_gpu(nb->x_in, rc ? d->dhf : nb->h1, nb->rstd1, lb->x_mid, d->buf2,
-                                         W(m, P_ATTN_NORM, l + 1), BT, C, eps, s);
+            norm_for_linear(m, P_QKV, l + 1, nb->x_in, rc ? d->dhf : nb->h1, nb->rstd1, lb->x_mid, d->buf2,
+                            W(m, P_ATTN_NORM, l + 1), BT, C, eps);
         } else {
             residual_rmsnorm_forward_gpu(d->x_final, d->hf, d->rstd_f, lb->x_mid, d->buf2,
                                          W(m, P_FINAL_NORM, 0), BT, C, eps, s);
@@ -528,7 +551,7 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         lin_wgrad(m, P_MLP_PROJ, l, d->dres, sw, BT, C, F);                         // (C, F)
         lin_dgrad(m, P_MLP_PROJ, l, d->buf2, d->dres, BT, C, F);                    // dsw (BT, F)
         prof_mark(d, PH_BWD_LINEAR);
-        swiglu_backward_gpu(d->buf1, d->buf2, lb->fc, BT, F, s);                    // dfc (BT, 2F)
+        swiglu_backward_for_linear(m, P_MLP_FC, l, d->buf1, d->buf2, lb->fc, BT, F); // dfc (BT, 2F)
         prof_mark(d, PH_BWD_SWIGLU);
         const bf16 *h2 = lb->h2;
         if (rc) {
@@ -550,7 +573,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         if (mc->qk_norm) prof_mark(d, PH_RECOMPUTE);
         bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
         attn_mode_backward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv, dqkv + C,
-                           dqkv + 2 * C, 3 * C, B, H, T, hd, d->attn_ws, attn_diag(d, l), s);
+                           dqkv + 2 * C, 3 * C, B, H, T, hd, lb->attn_codes.buf ? &lb->attn_codes : NULL,
+                           d->attn_ws, attn_diag(d, l), s);
         prof_mark(d, PH_BWD_ATTN);
         if (mc->position == POS_ROPE) rope_backward_gpu(dqkv, d->rope, B, T, H, hd, s);
         if (mc->qk_norm)  // in place: d(raw qkv) from d(normalised qkv); v copied through
@@ -679,6 +703,12 @@ uint16_t *gpu_model_weights_device(GpuModel *m) {  // the caller may write them:
     return dev_of(m)->w;
 }
 long long gpu_model_fp8_weight_refreshes(GpuModel *m) { return dev_of(m)->fp8_weight_refreshes; }
+void gpu_model_set_fp8_fusion(GpuModel *m, int on) {
+    Dev *d = dev_of(m);
+    d->fp8_fuse = on ? 1 : 0;
+    d->x_in_slot0 = d->dy_in_slot0 = d->dyt_in_slot1 = NULL;  // codes in the slots are not to be reused
+}
+long long gpu_model_fp8_fused_count(GpuModel *m) { return dev_of(m)->fp8_fused; }
 void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v) {
     Dev *d = dev_of(m);
     *master = d->p;

@@ -23,7 +23,9 @@
 // linears that linear_precision_of (linear_fp8.h) puts in FP8 quantize their GEMM operands with
 // linear_fp8_gpu.h exactly as linear_fp8.c's contract says (the CPU backend emulates the same
 // codes). FP8 linears need linear_keep_lm_head_bf16 = true (an FP8 LM head is refused),
-// d_model and ffn_hidden multiples of 16, and B*T a multiple of 16.
+// d_model and ffn_hidden multiples of 16, and B*T a multiple of 16. With fp8_block, the kernels
+// that produce a linear's input (RMSNorm, SwiGLU) or output gradient (the SwiGLU backward) write
+// its FP8 codes themselves (layers_fp8.h; same codes); gpu_model_set_fp8_fusion turns that off.
 // train.recompute: the attention/MLP RMSNorm outputs and the SwiGLU output are not kept per
 // layer but recomputed in the backward from the saved residuals (one norm or SwiGLU kernel
 // each), which saves 2*(2C + F) bytes per token and layer.
@@ -190,6 +192,14 @@ long long gpu_model_fp8_gemm_count(GpuModel *m);
 // Quantizations of an FP8 linear's weight into Q(W) and Q(W^T) so far (one per FP8 linear per
 // forward that follows a change of the BF16 weights; for tests).
 long long gpu_model_fp8_weight_refreshes(GpuModel *m);
+// fp8_block: on = 1 (the default, unless the environment has TRAIN_GPT_FP8_FUSE=0) lets the
+// RMSNorm and SwiGLU forward kernels write the codes of the next linear's input x, and the SwiGLU
+// backward those of the MLP-in linear's dy, instead of a separate quantization pass; on = 0 runs
+// the separate passes. The codes are the same either way (for A/B timing and tests).
+void gpu_model_set_fp8_fusion(GpuModel *m, int on);
+// Producer kernels that wrote FP8 codes so far (layers_fp8.h): per FP8 block 3 per forward (the
+// two RMSNorms feeding qkv and MLP-in, SwiGLU feeding MLP-out) and 1 per backward. For tests.
+long long gpu_model_fp8_fused_count(GpuModel *m);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,7 @@ typedef uint16_t bf16;  // BF16 bit patterns (the kernels' C interface)
 typedef struct {
     bf16 *x_in, *h1, *qkv, *o, *x_mid, *h2, *fc, *sw;  // see the file comment for the shapes
     float *rstd1, *rstd2, *lse, *rstd_qk;             // (BT), (BT), (B, H, T), (2, BT, H)
+    AttnSavedCodes attn_codes;  // the forward's quantized Q, K, V (attention_keep_codes), buf NULL if off
 } LayerBufs;
 
 typedef struct {
@@ -60,9 +61,15 @@ typedef struct {
     Fp8Operand *xt8;                 // (n_layer * 4) Q(x^T) (K, BT) saved by the forward for wgrad
     int *xt8_n;                      // (n_layer * 4) tokens of the saved Q(x^T) (0: none)
     int w8_dirty;                    // BF16 weights written since w8 / wt8 were made
-    int save_xt;                     // this forward prepares a backward (keep Q(x^T))
-    const bf16 *dy_in_slot0;         // slot 0 holds Q(dy) of this dy (lin_wgrad made it), or NULL
+    int save_xt;                     // this forward prepares a backward (keep Q(x^T), attention codes)
+    const bf16 *dy_in_slot0;         // slot 0 holds Q(dy) of this dy (lin_wgrad or its producer made it)
     int dy_in_slot0_n, dy_in_slot0_m;
+    const bf16 *dyt_in_slot1;        // slot 1 holds Q(dy^T) of this dy (its producer made it), or NULL
+    int dyt_in_slot1_n, dyt_in_slot1_m;
+    const bf16 *x_in_slot0;          // slot 0 holds Q(x) of this x for linear x_in_slot0_li (its
+    int x_in_slot0_li, x_in_slot0_n; //   producer made it, and Q(x^T) when save_xt), or NULL
+    int fp8_fuse;                    // fp8_block: producers write the codes (gpu_model_set_fp8_fusion)
+    long long fp8_fused;             // producer kernels that wrote codes (for tests)
     long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
     long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)
     struct ProfState *prof;          // phase profile (model_gpu_profile.cu), NULL when off
@@ -116,6 +123,17 @@ void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy,
 void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf16 *x, int N, int M, int K);
 // Q(W), Q(W^T) of every FP8 linear when the BF16 weights changed since the last refresh.
 void fp8_refresh_weights(GpuModel *m);
+// Producers of a linear's operands (model_gpu_linear.cu): the layers.h kernel, or, when the
+// linear (kind, layer) is fp8_block and fusion is on, its layers_fp8.h twin writing the codes
+// the linear's GEMMs read (and then no BF16 output: nothing else reads it).
+// h (N, C) = RMSNorm(x) (delta NULL) or RMSNorm(res_out = x + delta): the input of (kind, layer).
+void norm_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *res_out, bf16 *h, float *rstd, const bf16 *x,
+                     const bf16 *delta, const bf16 *g, int N, int C, float eps);
+// sw (N, F) = SwiGLU(fc): the input of (kind, layer).
+void swiglu_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *sw, const bf16 *fc, int N, int F);
+// dfc (N, 2F) = SwiGLU backward: the output gradient of (kind, layer).
+void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dfc, const bf16 *dsw, const bf16 *fc,
+                                int N, int F);
 
 // --- phase profile (model_gpu_profile.cu) ---------------------------------------------------------
 // prof_mark(d, ph) records an event on the model stream and charges the time since the previous

@@ -3,11 +3,26 @@
 // FP8 operands quantized with linear_fp8_gpu.h exactly as linear_fp8.c's contract says, and
 // cuBLASLt's FP8 GEMMs. The memory for the FP8 operands (scratch slots, persistent Q(W) / Q(W^T),
 // the forward's saved Q(x^T)) is carved by model_gpu.cu's carve() with the helpers below.
+//
+// Fused quantization (fp8_block, Dev.fp8_fuse): the kernels that produce a linear's input x
+// (the RMSNorms for qkv and MLP-in, SwiGLU for MLP-out) or its output gradient dy (the SwiGLU
+// backward for MLP-in) are the layers_fp8.h versions, which write Q(x) into slot 0 and Q(x^T)
+// into the layer's saved buffer (or Q(dy) into slot 0 and Q(dy^T) into slot 1) from the tile
+// they compute; lin_forward / lin_wgrad / lin_dgrad find the codes there (x_in_slot0,
+// dyt_in_slot1, dy_in_slot0) and skip their quantization. Same codes, same GEMMs. The BF16 output
+// is then not written: with FP8 linears the only readers of h1, h2, sw and dfc are these GEMMs
+// (wgrad uses the saved Q(x^T), not x), and the BF16 fallbacks (a BF16 block, or a forward whose
+// token count is not a multiple of 4) take the unfused path, which writes it. fp8_tensor stays
+// unfused: its one scale per tensor needs the whole tensor's amax before any code can be written
+// (a second pass, or the previous step's amax: another contract, which linear_fp8.c would have to
+// emulate).
 #include "model_gpu_internal.h"
 
 #include <string.h>  // memset
 
-#include "matmul.h"  // matmul_forward/dgrad/wgrad_gpu
+#include "layers.h"      // the unfused producers
+#include "layers_fp8.h"  // the producers that also write the codes
+#include "matmul.h"      // matmul_forward/dgrad/wgrad_gpu
 
 // --- FP8 operand slots ------------------------------------------------------------------------
 // Shapes (rows, cols) every FP8 operand of one micro-batch takes, per slot (cols = the
@@ -112,7 +127,9 @@ void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x,
     const int li = 4 * layer + fp8_lin_index(kind);
     Fp8Operand xq = fp8_slot(d, 0, N, K, act_groups(p), FP8_E4M3);  // (N, K)
     d->dy_in_slot0 = NULL;
-    if (d->save_xt) {  // Q(x) and Q(x^T) in one call (one pass over x unless 1x128)
+    if (d->x_in_slot0 == x && d->x_in_slot0_li == li && d->x_in_slot0_n == N) {
+        // x's producer wrote Q(x) here, and Q(x^T) with xt8_n[li] (norm_for_linear, swiglu_for_linear)
+    } else if (d->save_xt) {  // Q(x) and Q(x^T) in one call (one pass over x unless 1x128)
         Fp8Operand xt = d->xt8[li];                                 // (K, N <= BT)
         if (N > xt.cols) FATAL("model_gpu: %d tokens, the saved Q(x^T) has room for %d", N, xt.cols);
         xt.cols = N;
@@ -122,6 +139,7 @@ void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x,
         fp8_quantize_gpu(&xq, NULL, x, N, K, NULL, d->stream);
         d->xt8_n[li] = 0;
     }
+    d->x_in_slot0 = NULL;
     linear_fp8_forward_gpu(y, &xq, &d->w8[li], d->stream);
     d->fp8_gemms++;
 }
@@ -162,10 +180,14 @@ void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf1
     // Q(dy^T) for this GEMM and Q(dy) (slot 0) for the lin_dgrad that follows, in one call.
     Fp8Operand dyt = fp8_slot(d, 1, M, N, act_groups(p), grad_format(m));  // dy^T (M, N)
     Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));  // dy (N, M)
-    fp8_quantize_gpu(&dyq, &dyt, dy, N, M, NULL, d->stream);
-    d->dy_in_slot0 = dy;
-    d->dy_in_slot0_n = N;
-    d->dy_in_slot0_m = M;
+    if (d->dyt_in_slot1 != dy || d->dyt_in_slot1_n != N || d->dyt_in_slot1_m != M ||
+        d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M) {  // not made by dy's producer
+        fp8_quantize_gpu(&dyq, &dyt, dy, N, M, NULL, d->stream);
+        d->dy_in_slot0 = dy;
+        d->dy_in_slot0_n = N;
+        d->dy_in_slot0_m = M;
+    }
+    d->dyt_in_slot1 = NULL;
     linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, d->stream);
     d->fp8_gemms++;
 }
@@ -185,4 +207,75 @@ void fp8_refresh_weights(GpuModel *m) {
             d->fp8_weight_refreshes++;
         }
     d->w8_dirty = 0;
+}
+
+// --- producers that write the codes of a linear's operand (fp8_block) ---------------------------
+
+// Slot 0 (and the saved Q(x^T) when this forward keeps it) as the operands of linear (kind,
+// layer)'s input x (N, K) that its producer writes, marked for lin_forward; 0 (nothing set) when
+// the producer must write BF16 x instead: a linear that is not fp8_block, fusion off, or a forward
+// lin_forward runs in BF16 (N % 4). *has_qt: whether qt is to be written.
+static int fused_x_operands(GpuModel *m, ParamKind kind, int layer, const bf16 *x, int N, int K, Fp8Operand *q,
+                            Fp8Operand *qt, int *has_qt) {
+    Dev *d = dev_of(m);
+    if (!d->fp8_fuse || lin_prec(m, layer) != LINEAR_FP8_BLOCK || N % 4) return 0;
+    const int li = 4 * layer + fp8_lin_index(kind);
+    *q = fp8_slot(d, 0, N, K, FP8_GROUP_1x128, FP8_E4M3);
+    *has_qt = d->save_xt;
+    if (d->save_xt) {
+        *qt = d->xt8[li];  // (K, N <= BT)
+        if (N > qt->cols) FATAL("model_gpu: %d tokens, the saved Q(x^T) has room for %d", N, qt->cols);
+        qt->cols = N;
+    }
+    d->xt8_n[li] = d->save_xt ? N : 0;
+    d->x_in_slot0 = x;  // slot 0 is overwritten: no older Q(x) or Q(dy) is there any more
+    d->x_in_slot0_li = li;
+    d->x_in_slot0_n = N;
+    d->dy_in_slot0 = NULL;
+    d->fp8_fused++;
+    return 1;
+}
+
+void norm_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *res_out, bf16 *h, float *rstd, const bf16 *x,
+                     const bf16 *delta, const bf16 *g, int N, int C, float eps) {
+    Dev *d = dev_of(m);
+    Fp8Operand q, qt;
+    int has_qt = 0;
+    if (fused_x_operands(m, kind, layer, h, N, C, &q, &qt, &has_qt))
+        rmsnorm_forward_fp8_gpu(res_out, NULL, rstd, x, delta, g, N, C, eps, &q, has_qt ? &qt : NULL, d->stream);
+    else if (delta)
+        residual_rmsnorm_forward_gpu(res_out, h, rstd, x, delta, g, N, C, eps, d->stream);
+    else
+        rmsnorm_forward_gpu(h, rstd, x, g, N, C, eps, d->stream);
+}
+
+void swiglu_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *sw, const bf16 *fc, int N, int F) {
+    Dev *d = dev_of(m);
+    Fp8Operand q, qt;
+    int has_qt = 0;
+    if (fused_x_operands(m, kind, layer, sw, N, F, &q, &qt, &has_qt))
+        swiglu_forward_fp8_gpu(NULL, fc, N, F, &q, has_qt ? &qt : NULL, d->stream);
+    else
+        swiglu_forward_gpu(sw, fc, N, F, d->stream);
+}
+
+// dy (N, M = 2F) of linear (kind, layer): Q(dy) into slot 0 for lin_dgrad and Q(dy^T) into slot 1
+// for lin_wgrad, both marked, when the linear is fp8_block and fusion is on.
+void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dfc, const bf16 *dsw, const bf16 *fc,
+                                int N, int F) {
+    Dev *d = dev_of(m);
+    if (!d->fp8_fuse || lin_prec(m, layer) != LINEAR_FP8_BLOCK) {
+        swiglu_backward_gpu(dfc, dsw, fc, N, F, d->stream);
+        return;
+    }
+    (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
+    const int M = 2 * F;
+    Fp8Operand q = fp8_slot(d, 0, N, M, FP8_GROUP_1x128, grad_format(m));   // dy (N, M)
+    Fp8Operand qt = fp8_slot(d, 1, M, N, FP8_GROUP_1x128, grad_format(m));  // dy^T (M, N)
+    swiglu_backward_fp8_gpu(NULL, dsw, fc, N, F, &q, &qt, d->stream);
+    d->x_in_slot0 = NULL;
+    d->dy_in_slot0 = d->dyt_in_slot1 = dfc;
+    d->dy_in_slot0_n = d->dyt_in_slot1_n = N;
+    d->dy_in_slot0_m = d->dyt_in_slot1_m = M;
+    d->fp8_fused++;
 }

@@ -12,6 +12,8 @@
 // own amax) and on a later step with a stale history (values saturate; counts compared).
 // Appended: the FP8 backward (attention_bwd_fp8.cu) in fp8_naive, fp8_dm and fp8_dm_approx against
 // attn_cpu_backward of the same mode, D, and the row-sum invariant on the GPU (see run_bwd_case).
+// Then the layer API (attention_fp8.h) with the forward's codes kept for the backward against
+// the same without (see run_keep_case): the same results bit for bit but dQ's atomics order.
 // Without a GPU: prints one "skipped" line, returns 0.
 #include <cuda_bf16.h>     // __float2bfloat16 (host side)
 #include <cuda_runtime.h>  // device memory, events
@@ -23,6 +25,7 @@
 #include <vector>          // host buffers
 
 #include "attention_cpu.h"    // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
+#include "attention_fp8.h"    // attn_mode_forward / attn_mode_backward with and without kept codes
 #include "attention_gpu.h"    // attn_gpu_backward (BF16; fp8_hybrid's backward)
 #include "attention_quant.h"  // the kernels under test
 #include "fp8.h"              // fp8_from_f32, bf16_to_f32
@@ -845,6 +848,151 @@ static void bench_bwd(void) {
     cudaFree(x); cudaFree(dout); cudaFree(o); cudaFree(dqkv); cudaFree(lse); cudaFree(ws);
 }
 
+// --- attn_mode_forward / attn_mode_backward with kept codes (AttnSavedCodes) -------------------
+// Per FP8 mode, on fresh inputs: the layer run three times, (A) without kept codes, (B) with
+// them, (C) without again; the workspace poisoned between each forward and its backward (its
+// contents must not survive). Checked for (B) against (A):
+//   - O and LSE, dK and dV bit for bit (one CTA per key block forms dK, dV; no atomics);
+//   - dQ (FP32 atomics over key blocks, then BF16): within max(4x the (A)-(C) distance, 2e-3)
+//     relative L2, and the number of differing values printed;
+//   - the kept buffer holds exactly attn_gpu_quantize's outputs for Q, K, V: codes, transposed
+//     codes (padding included) and scales (fp8_naive / dm / dm_approx), or the BF16 dequantized
+//     copies (fp8_hybrid);
+//   - the saturation counts of both runs equal.
+// A failure of O or LSE points at the forward's launch with more layouts; of dK / dV alone at the
+// carve of the kept buffer or the backward's dO-only launch.
+static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
+    const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, C = H * d;
+    const int Tp = attn_quant_padded_len(T), nblk = attn_quant_n_blocks(T);
+    const int qs = cs.packed ? 3 * C : C;
+    const size_t n_tok = (size_t)B * T, nbht = (size_t)B * H * T;
+    rng_state = 0xF8CEE000ull + (uint64_t)seed;
+    char tag[160], name[300];
+    snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f %s", B, H, T, d, cs.packed ? "packed" : "separate",
+             cs.qk_scale, gfmt == FP8_E5M2 ? "e5m2" : "e4m3");
+    const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
+    auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
+    std::vector<uint16_t> hqkv(qkv_elems, 0), hdo(n_tok * C);
+    fill_tensor(hqkv, offs(0), qs, cs, cs.qk_scale, true, false);
+    fill_tensor(hqkv, offs(1), qs, cs, cs.qk_scale, true, false);
+    fill_tensor(hqkv, offs(2), qs, cs, 1.0, true, false);
+    fill_tensor(hdo, 0, C, cs, 1e-2, false, false);
+    uint16_t *d_qkv = dup(hqkv), *d_do = dup(hdo);
+    const AttnPrecision modes[4] = {ATTN_FP8_NAIVE, ATTN_FP8_HYBRID, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
+    for (AttnPrecision mode : modes) {
+        AttnOptions opt;
+        memset(&opt, 0, sizeof opt);
+        opt.precision = mode;
+        opt.grad_format = gfmt;
+        opt.scaling = SCALING_BLOCK;
+        opt.p_scale = 256.0f;
+        opt.block_q = ATTN_FP8_BWD_BLOCK_Q;
+        opt.block_k = ATTN_FP8_BWD_BLOCK_K;
+        const char *mname = mode == ATTN_FP8_HYBRID ? "fp8_hybrid" : mode_name(mode);
+        const size_t ws_bytes = attn_mode_workspace_bytes(&opt, B, H, T, d);
+        void *ws = NULL;
+        CU(cudaMalloc(&ws, ws_bytes));
+        AttnSavedCodes keep;
+        memset(&keep, 0, sizeof keep);
+        keep.bytes = attn_saved_codes_bytes(&opt, B, H, T, d);
+        CU(cudaMalloc(&keep.buf, keep.bytes));
+        CU(cudaMemset(keep.buf, 0xAB, keep.bytes));
+        // run r: 0 (A) and 2 (C) without kept codes, 1 (B) with
+        std::vector<uint16_t> o_h[3], dqkv_h[3];
+        std::vector<float> lse_h[3];
+        unsigned long long sat_h[3][ATTN_N_CASTS];
+        for (int r = 0; r < 3; r++) {
+            uint16_t *o = dnew<uint16_t>(n_tok * C), *dqkv = dnew<uint16_t>(3 * n_tok * C);
+            float *lse = dnew<float>(nbht);
+            unsigned long long *sat = NULL;
+            CU(cudaMalloc(&sat, sizeof(unsigned long long) * ATTN_N_CASTS));
+            CU(cudaMemset(sat, 0, sizeof(unsigned long long) * ATTN_N_CASTS));
+            AttnModeDiag diag;
+            memset(&diag, 0, sizeof diag);
+            diag.saturated = sat;
+            AttnSavedCodes *kp = r == 1 ? &keep : NULL;
+            CU(cudaMemset(ws, 0xFF, ws_bytes));
+            attn_mode_forward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, C, lse, B, H, T, d, kp,
+                              ws, &diag, 0);
+            CU(cudaMemset(ws, 0xFF, ws_bytes));  // nothing of the forward's may survive in the workspace
+            attn_mode_backward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, d_do, C, lse, dqkv,
+                               dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, ws, &diag, 0);
+            cudaError_t err = cudaDeviceSynchronize();
+            snprintf(name, sizeof name, "attn keep_codes %s run %d: %s", mname, r, tag);
+            CHECK(err == cudaSuccess, name, "%s", cudaGetErrorString(err));
+            if (err != cudaSuccess) exit(1);
+            o_h[r] = back(o, n_tok * C);
+            lse_h[r] = back(lse, nbht);
+            dqkv_h[r] = back(dqkv, 3 * n_tok * C);
+            CU(cudaMemcpy(sat_h[r], sat, sizeof sat_h[r], cudaMemcpyDeviceToHost));
+            cudaFree(o); cudaFree(dqkv); cudaFree(lse); cudaFree(sat);
+        }
+        // O, LSE; dK, dV; dQ (rel L2 against the run-to-run distance)
+        const bool o_same = o_h[0] == o_h[1], lse_same = !memcmp(lse_h[0].data(), lse_h[1].data(), nbht * 4);
+        long dkv_diff = 0, dq_diff = 0;
+        double num = 0, noise = 0, den = 0;
+        for (size_t t = 0; t < n_tok; t++)
+            for (int i = 0; i < 3; i++)
+                for (int c = 0; c < C; c++) {
+                    const size_t at = t * 3 * C + (size_t)i * C + c;
+                    const uint16_t a = dqkv_h[0][at], b = dqkv_h[1][at];
+                    if (i > 0) {
+                        dkv_diff += a != b;
+                        continue;
+                    }
+                    dq_diff += a != b;
+                    const double x = bf16_to_f32(a), y = bf16_to_f32(b), z = bf16_to_f32(dqkv_h[2][at]);
+                    num += (y - x) * (y - x), noise += (z - x) * (z - x), den += x * x;
+                }
+        const double r = sqrt(num / (den > 0 ? den : 1)), rn = sqrt(noise / (den > 0 ? den : 1));
+        const double bound = 4 * rn > 2e-3 ? 4 * rn : 2e-3;
+        printf("#   keep_codes %-13s %s: O %s, LSE %s, dK/dV %ld differ, dQ %ld of %zu differ (rel L2 %.2e, "
+               "run to run %.2e)\n", mname, tag, o_same ? "same" : "DIFFER", lse_same ? "same" : "DIFFER", dkv_diff,
+               dq_diff, n_tok * C, r, rn);
+        snprintf(name, sizeof name, "attn keep_codes %s: O and LSE the same bit for bit: %s", mname, tag);
+        CHECK(o_same && lse_same, name, "O %s, LSE %s", o_same ? "same" : "differ", lse_same ? "same" : "differ");
+        snprintf(name, sizeof name, "attn keep_codes %s: dK and dV the same bit for bit: %s", mname, tag);
+        CHECK(dkv_diff == 0, name, "%ld values differ", dkv_diff);
+        snprintf(name, sizeof name, "attn keep_codes %s: dQ differs by its atomics' order only (rel L2 < %.1e): %s",
+                 mname, bound, tag);
+        CHECK(r < bound, name, "rel L2 %.3e, run to run %.3e, %ld values differ", r, rn, dq_diff);
+        snprintf(name, sizeof name, "attn keep_codes %s: saturation counts the same: %s", mname, tag);
+        CHECK(!memcmp(sat_h[0], sat_h[1], sizeof sat_h[0]), name, "Q %llu/%llu K %llu/%llu V %llu/%llu dO %llu/%llu",
+              sat_h[0][CAST_Q], sat_h[1][CAST_Q], sat_h[0][CAST_K], sat_h[1][CAST_K], sat_h[0][CAST_V],
+              sat_h[1][CAST_V], sat_h[0][CAST_DO], sat_h[1][CAST_DO]);
+        // the kept buffer against attn_gpu_quantize's own outputs for Q, K, V
+        long bad = 0;
+        for (int i = 0; i < 3; i++) {
+            DevOut ref = dev_out_alloc(B, H, Tp, d, nblk);
+            AttnQuantTensor t = qt(d_qkv + offs(i), qs, FP8_E4M3, ref, C);
+            attn_gpu_quantize(&t, 1, B, H, T, d, 0);
+            const uint8_t *kc, *kct;
+            const float *ks;
+            const uint16_t *kdq;
+            attn_saved_codes_view(&keep, i, &kc, &kct, &ks, &kdq);
+            if (mode == ATTN_FP8_HYBRID) {
+                std::vector<uint16_t> a = back(ref.deq, n_tok * C), b = back(kdq, 3 * n_tok * C);
+                for (size_t tk = 0; tk < n_tok; tk++)
+                    for (int c = 0; c < C; c++) bad += a[tk * C + c] != b[tk * 3 * C + (size_t)i * C + c];
+            } else {
+                const size_t nc = (size_t)B * H * Tp * d, ns = (size_t)B * H * nblk;
+                bad += back(ref.codes, nc) != back(kc, nc);
+                bad += back(ref.codes_t, nc) != back(kct, nc);
+                std::vector<float> sa = back(ref.scales, ns), sb = back(ks, ns);
+                bad += memcmp(sa.data(), sb.data(), ns * 4) != 0;
+            }
+            dev_out_free(ref);
+        }
+        snprintf(name, sizeof name, "attn keep_codes %s: the kept %s attn_gpu_quantize's for Q, K, V: %s", mname,
+                 mode == ATTN_FP8_HYBRID ? "BF16 Q̂, K̂, V̂ are" : "codes, transposed codes and scales are", tag);
+        CHECK(bad == 0, name, "%ld differ (layouts or values)", bad);
+        cudaFree(ws);
+        cudaFree(keep.buf);
+    }
+    cudaFree(d_qkv);
+    cudaFree(d_do);
+}
+
 int main(void) {
     if (!gpu_test_have_gpu("test_attention_fp8_gpu")) return 0;
     const Case cases[] = {
@@ -891,6 +1039,16 @@ int main(void) {
     };
     const int n_bwd = is_small ? 2 : (int)(sizeof bwd_cases / sizeof bwd_cases[0]);
     for (int i = 0; i < n_bwd; i++) run_bwd_case(bwd_cases[i].cs, bwd_cases[i].gfmt, i);
+    // kept codes through the layer API: shapes with padding, several key blocks, d 64 and 128
+    struct KeepCase { Case cs; Fp8Format gfmt; };
+    const KeepCase keep_cases[] = {
+        {{2, 3, 200, 64, true, 1.0}, FP8_E4M3},
+        {{1, 2, 517, 128, false, 2.0}, FP8_E5M2},
+        {{2, 2, 1024, 64, true, 3.0}, FP8_E4M3},
+        {{1, 1, 64, 128, true, 1.0}, FP8_E5M2},
+    };
+    const int n_keep = is_small ? 1 : (int)(sizeof keep_cases / sizeof keep_cases[0]);
+    for (int i = 0; i < n_keep; i++) run_keep_case(keep_cases[i].cs, keep_cases[i].gfmt, i);
     if (!is_small && !bwd_only) bench_quant();
     if (!is_small) bench_bwd();
     return test_summary("test_attention_fp8_gpu");

@@ -64,7 +64,8 @@ static void test_defaults(void) {
     const PrecisionConfig *p = &c.precision;
     CHECK(p->attention == ATTN_BF16 && p->attention_grad_format == GRADFMT_E4M3 &&
           p->attention_scaling == SCALING_BLOCK && p->attention_p_scale == 256 && p->attention_amax_history == 16 &&
-          p->attention_block_q == 128 && p->attention_block_k == 128 && p->linear == LINEAR_BF16 &&
+          p->attention_block_q == 128 && p->attention_block_k == 128 && p->attention_keep_codes == 1 &&
+          p->linear == LINEAR_BF16 &&
           p->linear_grad_format == GRADFMT_E4M3,
           "defaults precision", "attention %d", (int)p->attention);
     CHECK(c.eval.interval == 100 && c.eval.batches == 10 && c.eval.sample_interval == 0 && c.eval.sample_tokens == 64 &&
@@ -198,6 +199,8 @@ static void test_ranges(void) {
             "precision.attention_block_q: must be a power of two in [16, 256], got 96");
     REJECTS("block_k range", "{" MODEL_OK ", \"precision\": {\"attention_block_k\": 512}}",
             "precision.attention_block_k");
+    REJECTS("keep_codes is a bool", "{" MODEL_OK ", \"precision\": {\"attention_keep_codes\": 1}}",
+            "precision.attention_keep_codes: expected true or false");
     REJECTS("amax_history 1..64", "{" MODEL_OK ", \"precision\": {\"attention_amax_history\": 65}}",
             "precision.attention_amax_history: must be in [1, 64], got 65");
     int ok = parse("{\"model\": {\"vocab_size\": 0, \"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, "
@@ -323,6 +326,7 @@ static void random_config(Config *c, int i) {
     p->attention_amax_history = rng_int(1, 64);
     p->attention_block_q = 16 << rng_int(0, 4);
     p->attention_block_k = 16 << rng_int(0, 4);
+    p->attention_keep_codes = rng_int(0, 1);
     p->linear = (LinearPrecision)rng_int(0, 2);
     p->linear_grad_format = (GradFormat)rng_int(0, 1);
     p->linear_keep_lm_head_bf16 = rng_int(0, 1);
@@ -379,7 +383,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 20, 12, 4, 3, 3, 3};
+    const int expected[] = {12, 4, 20, 13, 4, 3, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];

@@ -22,10 +22,16 @@
 //   linear per step and are not stale (the loss equals a fresh model's given the parameters). keep-first/last options: layer 0 or layer 1 kept BF16 (6 -> 12 FP8 GEMMs),
 //   and both kept (all BF16: the same gradients as the BF16 run).
 //   The row-sum invariant inside the model: fp8_dm's rows of dS sum to zero in every layer.
+//   Fused quantization (fp8_block; layers_fp8.h): 4 fused producers per FP8 block per forward +
+//   backward, 3 per evaluation forward; the fused model against the same model with separate
+//   quantization passes (gpu_model_set_fp8_fusion 0), with and without train.recompute: losses
+//   and the last block's MLP / attention-projection gradients bit-identical, the rest within the
+//   model's run-to-run distance (attention dQ atomics).
 //   Timing (information): the 125M config's and paper_569m's shapes (B 4 x T 4096) in bf16,
 //   fp8_tensor and fp8_block, steps split into forward / backward / optimizer, and a CUDA-event
-//   breakdown of the linears (BF16 GEMMs vs FP8 GEMMs + each quantization). FP8_SKIP_TIMING=1
-//   skips it.
+//   breakdown of the linears (BF16 GEMMs vs FP8 GEMMs + each quantization), fp8_block with the
+//   fusion off ("fp8_block unfused"), and the fused producers against layer + separate
+//   quantization ("# fused" lines). FP8_SKIP_TIMING=1 skips it.
 #include <cuda_runtime.h>  // cudaGetDeviceCount (via gpu_test.h)
 #include <math.h>          // sqrt, isfinite, fabs
 #include <stdint.h>        // int32_t
@@ -42,11 +48,14 @@
 #include "gpu_test.h"       // gpu_test_have_gpu
 #include "linear_fp8.h"     // linear_precision_of: which blocks run FP8
 #include "linear_fp8_gpu.h" // the timing breakdown's quantizations and FP8 GEMMs
+#include "layers.h"         // the timing breakdown's unfused producers
+#include "layers_fp8.h"     // ... and the fused ones
 #include "matmul.h"         // the timing breakdown's BF16 GEMMs
 #include "model.h"          // memory_plan, model_flops_per_token
 #include "model_cpu.h"      // the reference backend
 #include "model_gpu.h"      // the backend under test
 #include "optimizer.h"      // AdamW, grad_global_norm, grad_clip_factor
+#include "gpu_sizes.h"      // gpu_attn_saved_codes_bytes (the documented cost)
 #include "model_test.h"  // TINY_JSON, make_config, make_batch, rel_l2
 #include "test.h"           // CHECK, test_summary
 
@@ -154,30 +163,49 @@ static void plan_tests(void) {
     rc = gpu_model_plan(&c, 8, 64, &mp, &e);
     CHECK(rc == -1 && strstr(e.msg, "fp32"), "plan: fp32 attention is a user error on the GPU", "rc %d msg %s", rc,
           rc ? e.msg : "");
-    // FP8 attention: --dry-run's plan equals the GPU allocation; only the workspace grows, by the
-    // codes and transposed codes of Q, K, V, dO (8 * B*H*Tp*d bytes), their scales and (hybrid) the
-    // dequantized Q̂ K̂ V̂ (6 * B*T*C bytes).
+    // FP8 attention: --dry-run's plan equals the GPU allocation; the workspace grows by the codes
+    // and transposed codes of Q, K, V, dO (8 * B*H*Tp*d bytes), their scales and (hybrid) the
+    // dequantized Q̂ K̂ V̂ (6 * B*T*C bytes); with precision.attention_keep_codes (the default) the
+    // activations by the kept Q, K, V per layer (6 * B*H*Tp*d bytes + scales), else not at all.
     const char *amodes[] = {"precision.attention=\"fp8_naive\"", "precision.attention=\"fp8_hybrid\"",
                             "precision.attention=\"fp8_dm\"", "precision.attention=\"fp8_dm_approx\""};
     for (int ai = 0; ai < 4; ai++)
-        for (int sh = 0; sh < 2; sh++) {  // tiny (T 64 pads to 128) and T 1024
-            const char *ov[] = {amodes[ai], "model.seq_len=1024"};
-            Config ca = make_config(TINY_JSON, ov, sh ? 2 : 1), cb = make_config(TINY_JSON, ov + 1, sh ? 1 : 0);
-            int B = ca.train.micro_batch, T = ca.model.seq_len;
-            MemoryPlan dry, gpu, gpu_b;
-            char name[220];
-            memory_plan(&ca, 1, 0, B, &dry);
-            rc = gpu_model_plan(&ca, B, T, &gpu, &e);
-            gpu_model_plan(&cb, B, T, &gpu_b, &e);
-            size_t Tp = (T + 127) / 128 * 128, C = ca.model.d_model, codes = 8 * (size_t)B * Tp * C;
-            size_t extra = gpu.workspace - gpu_b.workspace, deq = ai == 1 ? 6 * (size_t)B * T * C : 0;
-            snprintf(name, sizeof name, "plan %s T %d: --dry-run's plan equals the GPU allocation, workspace +codes",
-                     amodes[ai], T);
-            CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry) && gpu.activations == gpu_b.activations &&
-                      extra >= codes + deq && extra < codes + deq + 64 * 1024,
-                  name, "rc %d dry ws %zu gpu ws %zu, extra %zu expected %zu", rc, dry.workspace, gpu.workspace, extra,
-                  codes + deq);
-        }
+        for (int sh = 0; sh < 2; sh++)  // tiny (T 64 pads to 128) and T 1024
+            for (int keep = 0; keep < 2; keep++) {
+                const char *ov[] = {amodes[ai], keep ? "precision.attention_keep_codes=true"
+                                                     : "precision.attention_keep_codes=false", "model.seq_len=1024"};
+                const char *ovb[] = {"model.seq_len=1024"};
+                Config ca = make_config(TINY_JSON, ov, sh ? 3 : 2), cb = make_config(TINY_JSON, ovb, sh ? 1 : 0);
+                int B = ca.train.micro_batch, T = ca.model.seq_len, L = ca.model.n_layer;
+                MemoryPlan dry, gpu, gpu_b;
+                char name[220];
+                memory_plan(&ca, 1, 0, B, &dry);
+                rc = gpu_model_plan(&ca, B, T, &gpu, &e);
+                gpu_model_plan(&cb, B, T, &gpu_b, &e);
+                size_t Tp = (T + 127) / 128 * 128, C = ca.model.d_model, codes = 8 * (size_t)B * Tp * C;
+                size_t extra = gpu.workspace - gpu_b.workspace, deq = ai == 1 ? 6 * (size_t)B * T * C : 0;
+                size_t kept = keep ? (size_t)L * 6 * B * Tp * C : 0, extra_a = gpu.activations - gpu_b.activations;
+                snprintf(name, sizeof name, "plan %s keep_codes %d T %d: --dry-run's plan equals the GPU allocation, "
+                         "workspace +codes, activations +%s", amodes[ai], keep, T, keep ? "kept Q, K, V" : "nothing");
+                CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry) && gpu.activations >= gpu_b.activations &&
+                          extra_a >= kept && extra_a < kept + (keep ? L * 4096 : 1) && extra >= codes + deq &&
+                          extra < codes + deq + 64 * 1024,
+                      name, "rc %d dry ws %zu gpu ws %zu, extra %zu expected %zu; activations extra %zu expected %zu",
+                      rc, dry.workspace, gpu.workspace, extra, codes + deq, extra_a, kept);
+                if (keep && sh)
+                    printf("# plan %s T %d: kept Q, K, V codes %.3f MiB per layer (6 bytes per q/k/v element + "
+                           "scales)\n", amodes[ai], T, extra_a / (double)L / 1048576.0);
+            }
+    {  // the documented cost at paper_569m's shape: B 4 x T 4096, 12 heads of 128, per layer
+        size_t per = gpu_attn_saved_codes_bytes(ATTN_FP8_NAIVE, 4, 12, 4096, 128);
+        printf("# paper_569m (B 4, T 4096, H 12, d 128): kept Q, K, V codes %zu bytes = %.3f MiB per layer\n", per,
+               per / 1048576.0);
+        // 4 * 4096 tokens x 1536 channels x 6 bytes (codes and transposed codes of Q, K, V) = 144 MiB,
+        // + 3 x (4 * 12 * 32 blocks) FP32 scales = 18 KiB
+        CHECK(per == 6 * (size_t)4 * 4096 * 1536 + 3 * 4 * (4 * 12 * 32), "plan: paper_569m's kept codes are 6 "
+              "bytes per (token, channel) + 12 bytes per (b, h, 128-token block): 144 MiB + 18 KiB per layer",
+              "%zu bytes", per);
+    }
 }
 
 // --- GPU vs CPU in one linear precision ----------------------------------------------------------------
@@ -245,6 +273,13 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     CHECK(isfinite(lg) && fabs(lg - lc) <= 1e-2 * fabs(lc), name, "cpu %.6f gpu %.6f", lc, lg);
     snprintf(name, sizeof name, "%s: %d FP8 GEMMs in one forward + backward (12 per FP8 block)", label, 12 * n_fp8);
     CHECK(n_gemms == 12LL * n_fp8, name, "ran %lld", n_gemms);
+    // fp8_block: the two RMSNorms and SwiGLU write the codes of their linears' x, the SwiGLU
+    // backward those of MLP-in's dy (layers_fp8.h); fp8_tensor quantizes in separate passes.
+    const int blk = c.precision.linear == LINEAR_FP8_BLOCK;
+    const long long fused = gpu_model_fp8_fused_count(&gpu);
+    snprintf(name, sizeof name, "%s: %d fused quantizations in one forward + backward (4 per fp8_block block)", label,
+             blk ? 4 * n_fp8 : 0);
+    CHECK(fused == (blk ? 4LL * n_fp8 : 0), name, "ran %lld", fused);
     if (is_bf16) {
         ref->gpu_bf16 = gg;
         ref->cpu_bf16 = cg;
@@ -318,6 +353,9 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     snprintf(name, sizeof name, "%s: an evaluation forward runs %d FP8 GEMMs", label, 4 * n_fp8);
     CHECK(gpu_model_fp8_gemm_count(&gpu) - n_gemms == 4LL * n_fp8, name, "ran %lld",
           gpu_model_fp8_gemm_count(&gpu) - n_gemms);
+    snprintf(name, sizeof name, "%s: ... and %d fused quantizations", label, blk ? 3 * n_fp8 : 0);
+    CHECK(gpu_model_fp8_fused_count(&gpu) - fused == (blk ? 3LL * n_fp8 : 0), name, "ran %lld",
+          gpu_model_fp8_fused_count(&gpu) - fused);
     {
         int t = T / 2;
         std::vector<float> a(mc->padded_vocab_size), b(mc->padded_vocab_size);
@@ -429,6 +467,160 @@ static void invariant_check(const Batches &bt) {
     CHECK(r[2] > r[0], "invariant: fp8_dm_approx's residual is above fp8_dm's", "approx %.3e dm %.3e", r[2], r[0]);
 }
 
+// --- precision.attention_keep_codes: the same numbers, bit for bit ------------------------------
+// Two models of one config and seed, the forward's Q, K, V codes kept for the backward or made
+// again by it, on one batch: the loss and every gradient the backward forms before the first dQ
+// feeds anything (the last block's MLP, attention projection and norms, the final norm, the LM
+// head, and the K and V rows of the last block's qkv weight: dK and dV come from one CTA per key
+// block) must be equal bit for bit; the rest carries the FP32 atomics' order of dQ (run to run,
+// with or without the option), so it is compared with a third model's run without kept codes:
+// within max(4x that run-to-run distance, 2e-3) relative L2. Linears BF16 (an FP8 linear's
+// per-tensor gradient scale would spread dQ's noise into every row). Shapes with several 128-token
+// blocks, T not a multiple of 128, QK-norm, d 64 and 128, both gradient formats.
+struct KeepRun {
+    float loss;
+    std::vector<float> g;
+};
+static KeepRun keep_run(const Config &c, const std::vector<int32_t> &tok, const std::vector<int32_t> &tgt) {
+    KeepRun r = {NAN, {}};
+    GpuModel m;
+    ErrBuf e;
+    if (gpu_model_init(&m, &c, c.train.micro_batch, c.model.seq_len, SEED, NULL, &e)) {
+        CHECK(0, "keep_codes: gpu_model_init", "%s", e.msg);
+        return r;
+    }
+    gpu_model_zero_grad(&m);
+    r.loss = gpu_model_forward(&m, tok.data(), tgt.data());
+    gpu_model_backward(&m, 1.0f);
+    r.g.resize(m.table.total);
+    gpu_model_get_grads(&m, r.g.data());
+    gpu_model_free(&m);
+    return r;
+}
+
+static void keep_codes_check(void) {
+    struct { const char *label; std::vector<const char *> ov; } cases[] = {
+        {"fp8_naive tiny", {"precision.attention=\"fp8_naive\""}},
+        {"fp8_hybrid T 320 B 2", {"precision.attention=\"fp8_hybrid\"", "model.seq_len=320", "train.micro_batch=2"}},
+        {"fp8_dm T 320 B 2 qk_norm", {"precision.attention=\"fp8_dm\"", "model.seq_len=320", "train.micro_batch=2",
+                                      "model.qk_norm=true"}},
+        {"fp8_dm d128 T 384 e5m2", {"precision.attention=\"fp8_dm\"", "model.d_model=256", "model.seq_len=384",
+                                    "train.micro_batch=2", "precision.attention_grad_format=\"e5m2\""}},
+        {"fp8_dm_approx d128 T 200", {"precision.attention=\"fp8_dm_approx\"", "model.d_model=256",
+                                      "model.seq_len=200", "train.micro_batch=2"}},
+    };
+    for (auto &cs : cases) {
+        std::vector<const char *> on = cs.ov, off = cs.ov;
+        on.push_back("precision.attention_keep_codes=true");
+        off.push_back("precision.attention_keep_codes=false");
+        Config c_on = make_config(TINY_JSON, on.data(), (int)on.size());
+        Config c_off = make_config(TINY_JSON, off.data(), (int)off.size());
+        const int B = c_on.train.micro_batch, T = c_on.model.seq_len, L = c_on.model.n_layer;
+        const size_t C = c_on.model.d_model;
+        std::vector<int32_t> tok((size_t)B * T), tgt((size_t)B * T);
+        make_batch(tok.data(), tgt.data(), B, T, c_on.model.vocab_size);
+        KeepRun a = keep_run(c_on, tok, tgt), b = keep_run(c_off, tok, tgt), b2 = keep_run(c_off, tok, tgt);
+        if (a.g.empty() || b.g.empty() || b2.g.empty()) continue;
+        ParamTable t;
+        param_table_build(&t, &c_on.model);
+        // the exact part: a mask over the flat gradient vector
+        std::vector<char> exact(t.total, 0);
+        const ParamKind last[] = {P_MLP_PROJ, P_MLP_FC, P_MLP_NORM, P_ATTN_PROJ};
+        for (ParamKind k : last) {
+            const ParamDesc *p = param_find(&t, k, L - 1);
+            std::fill(exact.begin() + p->offset, exact.begin() + p->offset + p->numel, 1);
+        }
+        const ParamDesc *fn = param_find(&t, P_FINAL_NORM, 0), *hd = param_find(&t, P_LM_HEAD, 0);
+        std::fill(exact.begin() + fn->offset, exact.begin() + fn->offset + fn->numel, 1);
+        if (hd) std::fill(exact.begin() + hd->offset, exact.begin() + hd->offset + hd->numel, 1);
+        const ParamDesc *qkv = param_find(&t, P_QKV, L - 1);  // (3C, C): rows C..3C are K and V
+        std::fill(exact.begin() + qkv->offset + C * C, exact.begin() + qkv->offset + 3 * C * C, 1);
+        size_t n_exact = 0, bad_exact = 0;
+        double num = 0, den = 0, noise = 0;
+        for (size_t i = 0; i < t.total; i++) {
+            if (exact[i]) {
+                n_exact++;
+                bad_exact += memcmp(&a.g[i], &b.g[i], sizeof(float)) != 0;
+            } else {
+                num += ((double)a.g[i] - b.g[i]) * ((double)a.g[i] - b.g[i]);
+                noise += ((double)b2.g[i] - b.g[i]) * ((double)b2.g[i] - b.g[i]);
+                den += (double)b.g[i] * b.g[i];
+            }
+        }
+        param_table_free(&t);
+        const double r = sqrt(num / (den > 0 ? den : 1)), rn = sqrt(noise / (den > 0 ? den : 1));
+        const double bound = std::max(4 * rn, 2e-3);
+        printf("# keep_codes %s: loss %.7f / %.7f; %zu gradients before any dQ: %zu differ; the rest rel L2 %.3e "
+               "(two runs without kept codes: %.3e)\n", cs.label, a.loss, b.loss, n_exact, bad_exact, r, rn);
+        char name[220];
+        snprintf(name, sizeof name, "keep_codes %s: the loss is the same bit for bit", cs.label);
+        CHECK(isfinite(a.loss) && memcmp(&a.loss, &b.loss, sizeof(float)) == 0, name, "kept %.9g, made again %.9g",
+              a.loss, b.loss);
+        snprintf(name, sizeof name, "keep_codes %s: the %zu gradients no dQ reaches are the same bit for bit",
+                 cs.label, n_exact);
+        CHECK(bad_exact == 0, name, "%zu differ", bad_exact);
+        snprintf(name, sizeof name, "keep_codes %s: the others differ by dQ's atomics order only (rel L2 < %.1e)",
+                 cs.label, bound);
+        CHECK(r < bound, name, "rel L2 %.3e, run-to-run %.3e", r, rn);
+    }
+}
+
+// --- fused quantization against separate passes ---------------------------------------------------
+// fp8_block with the producers writing the codes (gpu_model_set_fp8_fusion 1) against the same
+// model quantizing in separate passes (0), same seed and batch: the codes are the same, so the
+// loss (forward: RMSNorm and SwiGLU fused) is bit-identical, and so are the last block's MLP and
+// attention-projection gradients (the SwiGLU backward fused; nothing nondeterministic before
+// them in the backward). Deeper gradients pass through the attention backward's dQ atomics:
+// compared with the run-to-run distance of the unfused model with itself.
+static void fusion_check(const Batches &bt, const char *label, const char *const *ov, int n_ov) {
+    Config c = make_config(TINY_JSON, ov, n_ov);
+    const int B = bt.B, T = bt.T, L = c.model.n_layer;
+    GpuModel g[3];  // fused, unfused, unfused again
+    ErrBuf e;
+    std::vector<std::vector<float>> gr(3);
+    float loss[3], eval[3];
+    for (int k = 0; k < 3; k++) {
+        if (gpu_model_init(&g[k], &c, B, T, SEED, NULL, &e)) {
+            CHECK(0, "fusion: gpu_model_init", "%s", e.msg);
+            for (int j = 0; j < k; j++) gpu_model_free(&g[j]);
+            return;
+        }
+        gpu_model_set_fp8_fusion(&g[k], k == 0);
+        gpu_model_zero_grad(&g[k]);
+        loss[k] = gpu_model_forward(&g[k], bt.tokens.data(), bt.targets.data());
+        gpu_model_backward(&g[k], 1.0f);
+        gr[k].resize(g[k].table.total);
+        gpu_model_get_grads(&g[k], gr[k].data());
+        eval[k] = gpu_model_loss(&g[k], bt.tokens.data(), bt.targets.data());
+    }
+    char name[220];
+    printf("# fusion %s: loss fused %.7f unfused %.7f; fused quantizations %lld (unfused model %lld)\n", label, loss[0],
+           loss[1], gpu_model_fp8_fused_count(&g[0]), gpu_model_fp8_fused_count(&g[1]));
+    snprintf(name, sizeof name, "fusion %s: the forward's and an evaluation's loss are bit-identical to separate passes",
+             label);
+    CHECK(!memcmp(&loss[0], &loss[1], sizeof(float)) && !memcmp(&eval[0], &eval[1], sizeof(float)), name,
+          "forward %.9g vs %.9g, eval %.9g vs %.9g", loss[0], loss[1], eval[0], eval[1]);
+    snprintf(name, sizeof name, "fusion %s: the fused model ran fused quantizations, the unfused none", label);
+    CHECK(gpu_model_fp8_fused_count(&g[0]) > 0 && gpu_model_fp8_fused_count(&g[1]) == 0, name, "%lld, %lld",
+          gpu_model_fp8_fused_count(&g[0]), gpu_model_fp8_fused_count(&g[1]));
+    const ParamKind last[] = {P_MLP_PROJ, P_MLP_FC, P_MLP_NORM, P_ATTN_PROJ};
+    for (ParamKind k : last) {
+        const ParamDesc *p = param_find(&g[0].table, k, L - 1);
+        snprintf(name, sizeof name, "fusion %s: last block's %s gradient bit-identical to separate passes", label,
+                 p ? p->name : "?");
+        CHECK(p && !memcmp(gr[0].data() + p->offset, gr[1].data() + p->offset, p->numel * sizeof(float)), name,
+              "rel L2 %.3e", p ? rel_l2(gr[0].data() + p->offset, gr[1].data() + p->offset, p->numel, NULL) : -1.0);
+    }
+    const size_t P = gr[0].size();
+    const double r = rel_l2(gr[0].data(), gr[1].data(), P, NULL), noise = rel_l2(gr[2].data(), gr[1].data(), P, NULL);
+    const int identical = !memcmp(gr[0].data(), gr[1].data(), P * sizeof(float));
+    printf("# fusion %s: all gradients fused vs unfused rel L2 %.3e%s; unfused vs unfused %.3e\n", label, r,
+           identical ? " (bit-identical)" : "", noise);
+    snprintf(name, sizeof name, "fusion %s: all gradients within the model's run-to-run distance (or 1e-3)", label);
+    CHECK(r <= std::max(1e-3, 3 * noise), name, "rel L2 %.3e, run to run %.3e", r, noise);
+    for (int k = 0; k < 3; k++) gpu_model_free(&g[k]);
+}
+
 // --- timing on the 125M and paper_569m shapes --------------------------------------------------------
 // Model shapes for timing: the 125M config (12 layers, d 768, B 16 x T 1024) and
 // configs/paper_569m.json's model (15 layers, d 1536, 12 heads of 128, SwiGLU 3968, untied; its
@@ -444,7 +636,8 @@ static const char *S569 =
 
 // Whole steps (forward + head, backward, grad norm + AdamW), host-timed per phase (each phase
 // ends with a stream synchronisation). Returns tokens/s.
-static double timed_run(const char *shape, const char *json, const char *label, const char *const *ov, int n_ov) {
+static double timed_run(const char *shape, const char *json, const char *label, const char *const *ov, int n_ov,
+                        int fuse = 1) {
     Config c = make_config(json, ov, n_ov);
     int B = c.train.micro_batch, T = c.model.seq_len, BT = B * T;
     std::vector<int32_t> tokens(BT), targets(BT);
@@ -456,6 +649,7 @@ static double timed_run(const char *shape, const char *json, const char *label, 
     snprintf(name, sizeof name, "timing %s %s: gpu_model_init", shape, label);
     CHECK(rc == 0, name, "%s", rc ? e.msg : "");
     if (rc) return 0;
+    gpu_model_set_fp8_fusion(&m, fuse);
     const int n_steps = 8, warm = 3;
     double tf = 0, tb = 0, ts = 0;
     float first = 0, last = 0;
@@ -577,6 +771,64 @@ static void linear_breakdown(const char *shape, const char *json) {
     CUDA_CHECK(cudaFree(dy)); CUDA_CHECK(cudaFree(y));
 }
 
+// The fused producers (layers_fp8.h) against layer + separate quantization, CUDA-event timed on
+// one model's shapes (N tokens, fp8_block, Q(out) and Q(out^T)): the residual RMSNorm (twice per
+// block: qkv and MLP-in inputs), SwiGLU (MLP-out input) and its backward (MLP-in dy). The fused
+// kernels run without their BF16 output, as the model runs them.
+static void fused_breakdown(const char *shape, const char *json) {
+    Config c = make_config(json, NULL, 0);
+    const int N = c.train.micro_batch * c.model.seq_len, C = c.model.d_model, F = c.model.ffn_hidden;
+    const int L = c.model.n_layer;
+    const size_t big = (size_t)N * 2 * F;
+    uint16_t *a, *b, *o, *res, *g;
+    float *rstd;
+    CUDA_CHECK(cudaMalloc(&a, 2 * big));
+    CUDA_CHECK(cudaMalloc(&b, 2 * big));
+    CUDA_CHECK(cudaMalloc(&o, 2 * big));
+    CUDA_CHECK(cudaMalloc(&res, 2 * (size_t)N * C));
+    CUDA_CHECK(cudaMalloc(&g, 2 * (size_t)C));
+    CUDA_CHECK(cudaMalloc(&rstd, 4 * (size_t)N));
+    // moderate values, U[-2, 2) (gpu_test.h); gains around 1
+    gpu_test_fill_bf16(a, big, 1, 2.0f);
+    gpu_test_fill_bf16(b, big, 2, 2.0f);
+    gpu_test_fill_bf16(g, C, 3, 0.5f, 1.0f);
+    Fp8Operand q, qt;  // room for the widest, (N, 2F) and (2F, N)
+    fp8_operand_alloc(&q, N, 2 * F, FP8_GROUP_1x128, FP8_E4M3);
+    fp8_operand_alloc(&qt, 2 * F, N, FP8_GROUP_1x128, FP8_E4M3);
+    auto shaped = [](Fp8Operand op, int rows, int cols) { op.rows = rows; op.cols = cols; return op; };
+    const Fp8Operand qc = shaped(q, N, C), qtc = shaped(qt, C, N), qf = shaped(q, N, F), qtf = shaped(qt, F, N);
+    cudaStream_t st = 0;  // gpu_time_ms times the default stream
+    const int reps = 10;
+    // milliseconds per call of f (after one warm-up call)
+    auto time_ms = [&](auto f) { return gpu_time_ms(f, 1, reps); };
+    const float eps = 1e-5f;
+    double t[3][3];  // [norm, swiglu, swiglu bwd][layer alone, its quantization, fused]
+    t[0][0] = time_ms([&] { residual_rmsnorm_forward_gpu(res, o, rstd, a, b, g, N, C, eps, st); });
+    t[0][1] = time_ms([&] { fp8_quantize_gpu(&qc, &qtc, o, N, C, NULL, st); });
+    t[0][2] = time_ms([&] { rmsnorm_forward_fp8_gpu(res, NULL, rstd, a, b, g, N, C, eps, &qc, &qtc, st); });
+    t[1][0] = time_ms([&] { swiglu_forward_gpu(o, a, N, F, st); });
+    t[1][1] = time_ms([&] { fp8_quantize_gpu(&qf, &qtf, o, N, F, NULL, st); });
+    t[1][2] = time_ms([&] { swiglu_forward_fp8_gpu(NULL, a, N, F, &qf, &qtf, st); });
+    t[2][0] = time_ms([&] { swiglu_backward_gpu(o, b, a, N, F, st); });
+    t[2][1] = time_ms([&] { fp8_quantize_gpu(&q, &qt, o, N, 2 * F, NULL, st); });
+    t[2][2] = time_ms([&] { swiglu_backward_fp8_gpu(NULL, b, a, N, F, &q, &qt, st); });
+    const char *names[3] = {"residual rmsnorm (x2 per block)", "swiglu", "swiglu backward"};
+    const int per_block[3] = {2, 1, 1};
+    double saved = 0;
+    for (int k = 0; k < 3; k++) {
+        const double un = t[k][0] + t[k][1];
+        printf("# fused %s %-32s: layer %.3f + quantize %.3f = %.3f ms | fused %.3f ms (%.2fx, saves %.3f)\n", shape,
+               names[k], t[k][0], t[k][1], un, t[k][2], un / t[k][2], un - t[k][2]);
+        saved += per_block[k] * (un - t[k][2]);
+    }
+    printf("# fused %s: all %d blocks, per step: saves %.2f ms (N = %d, fp8_block, Q(out) + Q(out^T))\n", shape, L,
+           L * saved, N);
+    fp8_operand_free(&q);
+    fp8_operand_free(&qt);
+    CUDA_CHECK(cudaFree(a)); CUDA_CHECK(cudaFree(b)); CUDA_CHECK(cudaFree(o)); CUDA_CHECK(cudaFree(res));
+    CUDA_CHECK(cudaFree(g)); CUDA_CHECK(cudaFree(rstd));
+}
+
 static void timing_section(void) {
     const char *ov_tt[] = {"precision.linear=\"fp8_tensor\""};
     const char *ov_b[] = {"precision.linear=\"fp8_block\""};
@@ -585,11 +837,14 @@ static void timing_section(void) {
         double tb = timed_run(shapes[k], jsons[k], "bf16", NULL, 0);
         double tt = timed_run(shapes[k], jsons[k], "fp8_tensor", ov_tt, 1);
         double tk = timed_run(shapes[k], jsons[k], "fp8_block", ov_b, 1);
+        double tu = timed_run(shapes[k], jsons[k], "fp8_block unfused", ov_b, 1, 0);
         if (tb > 0)
-            printf("# timing: %s tokens/s relative to bf16: fp8_tensor %.2fx, fp8_block %.2fx (weights quantized once "
-                   "per step, Q(x^T) kept from the forward, dy quantized once for dgrad and wgrad)\n",
-                   shapes[k], tt / tb, tk / tb);
+            printf("# timing: %s tokens/s relative to bf16: fp8_tensor %.2fx, fp8_block %.2fx (unfused %.2fx) (weights "
+                   "quantized once per step, Q(x^T) kept from the forward, dy quantized once for dgrad and wgrad; "
+                   "fp8_block: RMSNorm, SwiGLU and its backward write the codes)\n",
+                   shapes[k], tt / tb, tk / tb, tu / tb);
         linear_breakdown(shapes[k], jsons[k]);
+        fused_breakdown(shapes[k], jsons[k]);
     }
 }
 
@@ -638,6 +893,10 @@ int main(void) {
     run_mode("attn fp8_dm e5m2", make_config(TINY_JSON, ov_ad5, 2), bt, 0, 5e-2, &ref);
     run_mode("attn fp8_dm + fp8_block", make_config(TINY_JSON, ov_all, 2), bt, STEPS, 3e-2, &ref);
     invariant_check(bt);
+    keep_codes_check();
+    const char *ov_fb[] = {"precision.linear=\"fp8_block\"", "train.recompute=true"};
+    fusion_check(bt, "fp8_block", ov_fb, 1);
+    fusion_check(bt, "fp8_block recompute", ov_fb, 2);
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
     if (!getenv("FP8_SKIP_TIMING")) timing_section();

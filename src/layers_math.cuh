@@ -1,0 +1,36 @@
+// layers_math.cuh: the per-element arithmetic of the RMSNorm and SwiGLU kernels, in one place so
+// that layers.cu's kernels and layers_fp8.cu's (the same layers, also writing the FP8 codes of
+// their output) compile literally the same expressions: their BF16 outputs, and hence the codes
+// quantized from them, are bit-identical (test_layers_fp8_gpu checks it). Rounding to BF16 is the
+// caller's, with lm_f2bf.
+#ifndef LAYERS_MATH_CUH
+#define LAYERS_MATH_CUH
+
+#include <cuda_bf16.h>  // __nv_bfloat16 and its conversions
+#include <math.h>       // expf, sqrtf
+
+static __device__ __forceinline__ float lm_bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ __nv_bfloat16 lm_f2bf(float x) { return __float2bfloat16_rn(x); }
+static __device__ __forceinline__ float lm_bits2f(unsigned short b) { return lm_bf2f(__ushort_as_bfloat16(b)); }
+static __device__ __forceinline__ unsigned short lm_f2bits(float x) { return __bfloat16_as_ushort(lm_f2bf(x)); }
+
+// Sum over the warp with a fixed butterfly (every lane gets the same, deterministic, result).
+static __device__ __forceinline__ float lm_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// RMSNorm: rstd of a row from its sum of squares; the output element before rounding.
+static __device__ __forceinline__ float lm_rstd(float ss, int dim, float eps) { return 1.0f / sqrtf(ss / (float)dim + eps); }
+static __device__ __forceinline__ float lm_rms_out(float x, float rstd, float g) { return x * rstd * g; }
+
+// SwiGLU out = silu(g) * u, and its gradients: du = dout * silu(g),
+// dg = dout * u * s * (1 + g * (1 - s)), s = sigmoid(g).
+static __device__ __forceinline__ float lm_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+static __device__ __forceinline__ void lm_swiglu_grad(float g, float u, float d, float &dg, float &du) {
+    const float s = 1.0f / (1.0f + expf(-g));
+    du = d * g * s;
+    dg = d * u * s * (1.0f + g * (1.0f - s));
+}
+
+#endif  // LAYERS_MATH_CUH
