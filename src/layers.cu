@@ -99,6 +99,8 @@ __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 
 }
 
 // Eight BF16 values in one 16-byte access.
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 union Bf16x8 {
     uint4 u;
     bf16 h[8];
@@ -417,9 +419,46 @@ __global__ void rope_kernel(bf16 *qkv, const float *cos_sin, long long n_pairs, 
     p[i + half] = f2bf(b * c + a * s);
 }
 
+// Eight pairs per thread with 16-byte accesses (hd % 16 == 0, aligned): a block per token, the
+// threads over (q or k, head, group of 8 pairs). Same element math as rope_kernel, without its
+// chain of 64-bit divisions per pair (it ran at ~1.3 TB/s, perf.md).
+__global__ void rope_vec_kernel(bf16 *qkv, const float *cos_sin, int T, int H, int hd, float sign) {
+    const long long token = blockIdx.x;  // b * T + t
+    const int t = (int)(token % T), half = hd / 2, groups = half / 8;
+    const float4 *cs_row = (const float4 *)(cos_sin + (size_t)t * half * 2);  // (cos, sin) pairs
+    for (int w = threadIdx.x; w < 2 * H * groups; w += blockDim.x) {
+        const int i0 = (w % groups) * 8, head = w / groups;  // head: 0..2H-1 = q heads, then k heads
+        bf16 *p = qkv + token * 3 * H * hd + (long long)head * hd;
+        Bf16x8 a, b;
+        a.u = *(const uint4 *)(p + i0);
+        b.u = *(const uint4 *)(p + i0 + half);
+        float cs[16];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 v = cs_row[i0 / 2 + k];
+            cs[4 * k] = v.x, cs[4 * k + 1] = v.y, cs[4 * k + 2] = v.z, cs[4 * k + 3] = v.w;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float c = cs[2 * e], sn = sign * cs[2 * e + 1], x = bf2f(a.h[e]), y = bf2f(b.h[e]);
+            a.h[e] = f2bf(x * c - y * sn);
+            b.h[e] = f2bf(y * c + x * sn);
+        }
+        *(uint4 *)(p + i0) = a.u;
+        *(uint4 *)(p + i0 + half) = b.u;
+    }
+}
+
 static void rope_launch(uint16_t *qkv, const float *cos_sin, int B, int T, int H, int hd, float sign,
                         cudaStream_t stream) {
     if (hd % 2) FATAL("RoPE needs an even head size, got %d (hint: the config validation missed it)", hd);
+    if (hd % 16 == 0 && aligned16(qkv) && aligned16(cos_sin)) {
+        const int work = 2 * H * (hd / 16);  // (q or k, head, group of 8 pairs) per token
+        const int threads = work < 256 ? (work + 31) / 32 * 32 : 256;
+        rope_vec_kernel<<<(unsigned)((long long)B * T), threads, 0, stream>>>((bf16 *)qkv, cos_sin, T, H, hd, sign);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     const long long n_pairs = (long long)B * T * 2 * H * (hd / 2);
     rope_kernel<<<blocks_for((size_t)n_pairs, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)qkv, cos_sin, n_pairs,
                                                                               T, H, hd, sign);
@@ -460,15 +499,69 @@ __global__ void swiglu_backward_kernel(bf16 *dfc, const bf16 *dout, const bf16 *
     dfc[row * 2 * F + j] = f2bf(dg);
 }
 
+// The same element math, 8 consecutive columns per thread with 16-byte accesses (F % 8 == 0,
+// aligned rows): one 32-bit division per 8 elements instead of a 64-bit one per element, which
+// held the scalar kernels to ~1.5-2.3 TB/s (perf.md).
+__global__ void swiglu_forward_vec_kernel(bf16 *out, const bf16 *fc, unsigned n_vec, unsigned f8) {
+    const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_vec) return;
+    const unsigned row = idx / f8, j = (idx - row * f8) * 8, F = f8 * 8;
+    const bf16 *fr = fc + (size_t)row * 2 * F;
+    Bf16x8 g, u, o;
+    g.u = *(const uint4 *)(fr + j);
+    u.u = *(const uint4 *)(fr + F + j);
+#pragma unroll
+    for (int e = 0; e < 8; e++) o.h[e] = f2bf(lm_swiglu(bf2f(g.h[e]), bf2f(u.h[e])));
+    *(uint4 *)(out + (size_t)row * F + j) = o.u;
+}
+
+__global__ void swiglu_backward_vec_kernel(bf16 *dfc, const bf16 *dout, const bf16 *fc, unsigned n_vec, unsigned f8) {
+    const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_vec) return;
+    const unsigned row = idx / f8, j = (idx - row * f8) * 8, F = f8 * 8;
+    const bf16 *fr = fc + (size_t)row * 2 * F;
+    Bf16x8 g, u, d, dg, du;
+    g.u = *(const uint4 *)(fr + j);
+    u.u = *(const uint4 *)(fr + F + j);
+    d.u = *(const uint4 *)(dout + (size_t)row * F + j);
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float a, b;
+        lm_swiglu_grad(bf2f(g.h[e]), bf2f(u.h[e]), bf2f(d.h[e]), a, b);
+        dg.h[e] = f2bf(a);
+        du.h[e] = f2bf(b);
+    }
+    bf16 *dr = dfc + (size_t)row * 2 * F;
+    *(uint4 *)(dr + j) = dg.u;
+    *(uint4 *)(dr + F + j) = du.u;
+}
+
+// The vectorized SwiGLU kernels apply: 8 | F, aligned bases, and N * F / 8 within 32 bits.
+static bool swiglu_vec_ok(int N, int F, const void *a, const void *b, const void *c) {
+    return F % 8 == 0 && aligned16(a) && aligned16(b) && aligned16(c) && (size_t)N * F / 8 < 0x7fffffffu;
+}
+
 extern "C" void swiglu_forward_gpu(uint16_t *out, const uint16_t *fc, int N, int F, cudaStream_t stream) {
-    swiglu_forward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)out,
-                                                                                     (const bf16 *)fc, N, F);
+    if (swiglu_vec_ok(N, F, out, fc, fc)) {
+        const unsigned n_vec = (unsigned)((size_t)N * F / 8);
+        swiglu_forward_vec_kernel<<<blocks_for(n_vec, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)out, (const bf16 *)fc,
+                                                                                      n_vec, (unsigned)F / 8);
+    } else {
+        swiglu_forward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)out,
+                                                                                         (const bf16 *)fc, N, F);
+    }
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void swiglu_backward_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
                                     cudaStream_t stream) {
-    swiglu_backward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>(
-        (bf16 *)dfc, (const bf16 *)dout, (const bf16 *)fc, N, F);
+    if (swiglu_vec_ok(N, F, dfc, dout, fc)) {
+        const unsigned n_vec = (unsigned)((size_t)N * F / 8);
+        swiglu_backward_vec_kernel<<<blocks_for(n_vec, EW_BLOCK), EW_BLOCK, 0, stream>>>(
+            (bf16 *)dfc, (const bf16 *)dout, (const bf16 *)fc, n_vec, (unsigned)F / 8);
+    } else {
+        swiglu_backward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>(
+            (bf16 *)dfc, (const bf16 *)dout, (const bf16 *)fc, N, F);
+    }
     CUDA_CHECK_LAUNCH();
 }
 

@@ -555,12 +555,14 @@ int main(void) {
     test_rmsnorm(1, 64);
     test_rmsnorm(33, 200);
     test_rmsnorm(257, 1024);
+    test_rmsnorm(40, 36);  // 36 % 8 != 0: the scalar kernels
     test_residual_add(1);
     test_residual_add(100003);
     test_qk_norm(5, 3, 64);
     test_qk_norm(64, 4, 128);
     test_rope(1, 7, 2, 64);
     test_rope(2, 65, 3, 128);
+    test_rope(2, 9, 3, 40);  // 40 % 16 != 0: the scalar kernel
     test_swiglu(3, 100);
     test_swiglu(65, 256);
     test_cross_entropy(4, 1000, 1024);
