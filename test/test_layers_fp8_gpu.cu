@@ -104,13 +104,14 @@ static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with
     fp8_operand_alloc(&qt, C, N, FP8_GROUP_1x128, fmt);
     fp8_operand_alloc(&q_ref, N, C, FP8_GROUP_1x128, fmt);
     fp8_operand_alloc(&qt_ref, C, N, FP8_GROUP_1x128, fmt);
-    const long nsc = fp8_gpu_scale_count(FP8_GROUP_1x128, N, C);
+    const long nsc = fp8_gpu_scale_count(FP8_GROUP_1x128, N, C);    // scales of Q(out) (N, C)
+    const long nsc_t = fp8_gpu_scale_count(FP8_GROUP_1x128, C, N);  // scales of Q(out^T) (C, N)
     CU(cudaMemset(q.codes, 0xAA, n));  // poison; unwritten scale slack stays equal on both sides
     CU(cudaMemset(qt.codes, 0xAA, n));
     CU(cudaMemset(q.scales, 0xFF, sizeof(float) * nsc));
-    CU(cudaMemset(qt.scales, 0xFF, sizeof(float) * nsc));
+    CU(cudaMemset(qt.scales, 0xFF, sizeof(float) * nsc_t));
     CU(cudaMemset(q_ref.scales, 0xFF, sizeof(float) * nsc));
-    CU(cudaMemset(qt_ref.scales, 0xFF, sizeof(float) * nsc));
+    CU(cudaMemset(qt_ref.scales, 0xFF, sizeof(float) * nsc_t));
     const float eps = 1e-5f;
     uint16_t *o = with_out ? out : NULL;
     const Fp8Operand *pqt = with_qt ? &qt : NULL;
