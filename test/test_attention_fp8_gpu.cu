@@ -911,10 +911,12 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
             memset(&diag, 0, sizeof diag);
             diag.saturated = sat;
             AttnSavedCodes *kp = r == 1 ? &keep : NULL;
-            CU(cudaMemset(ws, 0xFF, ws_bytes));
+            const char *pe = getenv("ATTN_KEEP_POISON");  // the byte the workspace is poisoned with
+            const int poison = pe ? atoi(pe) : 0xFF;
+            CU(cudaMemset(ws, poison, ws_bytes));
             attn_mode_forward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, C, lse, B, H, T, d, kp,
                               ws, &diag, 0);
-            CU(cudaMemset(ws, 0xFF, ws_bytes));  // nothing of the forward's may survive in the workspace
+            CU(cudaMemset(ws, poison, ws_bytes));  // nothing of the forward's may survive in the workspace
             attn_mode_backward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, d_do, C, lse, dqkv,
                                dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, ws, &diag, 0);
             cudaError_t err = cudaDeviceSynchronize();
@@ -924,6 +926,21 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
             o_h[r] = back(o, n_tok * C);
             lse_h[r] = back(lse, nbht);
             dqkv_h[r] = back(dqkv, 3 * n_tok * C);
+            {
+                long nonfin[3] = {0, 0, 0}, first[3] = {-1, -1, -1};
+                for (size_t at = 0; at < dqkv_h[r].size(); at++) {
+                    const int part = (int)((at / C) % 3);
+                    const float f = bf16_to_f32(dqkv_h[r][at]);
+                    if (!(f == f) || f - f != 0.0f) {
+                        if (first[part] < 0) first[part] = (long)(at / (3 * C));
+                        nonfin[part]++;
+                    }
+                }
+                long lse_bad = 0;
+                for (float f : lse_h[r]) lse_bad += !(f == f) || f - f != 0.0f;
+                printf("#   keep_codes %s run %d %s: non-finite dQ %ld (first token %ld) dK %ld dV %ld LSE %ld\n",
+                       mname, r, tag, nonfin[0], first[0], nonfin[1], nonfin[2], lse_bad);
+            }
             CU(cudaMemcpy(sat_h[r], sat, sizeof sat_h[r], cudaMemcpyDeviceToHost));
             cudaFree(o); cudaFree(dqkv); cudaFree(lse); cudaFree(sat);
         }
