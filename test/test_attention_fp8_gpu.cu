@@ -858,7 +858,12 @@ static void bench_bwd(void) {
 //   - the kept buffer holds exactly attn_gpu_quantize's outputs for Q, K, V: codes, transposed
 //     codes (padding included) and scales (fp8_naive / dm / dm_approx), or the BF16 dequantized
 //     copies (fp8_hybrid);
-//   - the saturation counts of both runs equal.
+//   - the saturation counts of both runs equal;
+//   - every run's LSE and gradients finite.
+// Inputs have one magnitude throughout (no per-block 2^-128..2^27 cells as in run_case): with
+// those, the backward of every mode (and the BF16 backward of fp8_hybrid) gave non-finite
+// gradients in the reference runs themselves (2026-11-30, an open question noted in perf.md),
+// which would hide what this test compares.
 // A failure of O or LSE points at the forward's launch with more layouts; of dK / dV alone at the
 // carve of the kept buffer or the backward's dO-only launch.
 static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
@@ -873,9 +878,9 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
     const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
     auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
     std::vector<uint16_t> hqkv(qkv_elems, 0), hdo(n_tok * C);
-    fill_tensor(hqkv, offs(0), qs, cs, cs.qk_scale, true, false);
-    fill_tensor(hqkv, offs(1), qs, cs, cs.qk_scale, true, false);
-    fill_tensor(hqkv, offs(2), qs, cs, 1.0, true, false);
+    fill_tensor(hqkv, offs(0), qs, cs, cs.qk_scale, false, false);
+    fill_tensor(hqkv, offs(1), qs, cs, cs.qk_scale, false, false);
+    fill_tensor(hqkv, offs(2), qs, cs, 1.0, false, false);
     fill_tensor(hdo, 0, C, cs, 1e-2, false, false);
     uint16_t *d_qkv = dup(hqkv), *d_do = dup(hdo);
     const AttnPrecision modes[4] = {ATTN_FP8_NAIVE, ATTN_FP8_HYBRID, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
@@ -938,8 +943,10 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
                 }
                 long lse_bad = 0;
                 for (float f : lse_h[r]) lse_bad += !(f == f) || f - f != 0.0f;
-                printf("#   keep_codes %s run %d %s: non-finite dQ %ld (first token %ld) dK %ld dV %ld LSE %ld\n",
-                       mname, r, tag, nonfin[0], first[0], nonfin[1], nonfin[2], lse_bad);
+                snprintf(name, sizeof name, "attn keep_codes %s run %d: O's LSE and dQ, dK, dV finite: %s", mname, r, tag);
+                CHECK(nonfin[0] + nonfin[1] + nonfin[2] + lse_bad == 0, name,
+                      "non-finite dQ %ld (first token %ld) dK %ld dV %ld LSE %ld", nonfin[0], first[0], nonfin[1],
+                      nonfin[2], lse_bad);
             }
             CU(cudaMemcpy(sat_h[r], sat, sizeof sat_h[r], cudaMemcpyDeviceToHost));
             cudaFree(o); cudaFree(dqkv); cudaFree(lse); cudaFree(sat);
