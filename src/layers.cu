@@ -3,7 +3,10 @@
 // Patterns used throughout:
 //  - element-wise kernels: one thread per element, 64-bit indices;
 //  - row kernels (RMSNorm, QK-norm, dx of their backward): one warp per row, lane j handles
-//    columns j, j + 32, ...; warp sums with a fixed butterfly (deterministic);
+//    the 8-element chunks j, j + 32, ... (16-byte accesses where the shapes allow, kept in
+//    registers between passes); warp sums with a fixed butterfly (deterministic);
+//  - element-wise kernels on BF16 rows (RoPE, SwiGLU): 8 elements per thread, 16-byte accesses,
+//    with the scalar one-thread-per-element kernels kept for odd shapes;
 //  - reductions across rows (gain and embedding gradients, the gradient norm): a fixed partition
 //    of the rows into partial sums, then a fixed-order reduction. No floating-point atomics.
 #include "layers.h"
@@ -52,6 +55,17 @@ static __device__ __forceinline__ long long row_offset(RowMap m, long long r) {
 
 // One warp per row. With delta != NULL (fused residual): res_out = bf16(x + delta) is stored
 // first and the stored value is normalised. y may alias x (each lane rewrites only what it read).
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+union Bf16x8 {
+    uint4 u;
+    bf16 h[8];
+};
+
+// The order of a row's sum of squares, in every RMSNorm forward (here and layers_fp8.cu's fused
+// one, whose BF16 output must be bit-identical): lane l adds the elements of its 8-element chunks
+// l, l + 32, l + 64, ... (element 8l + 256v + e for v = 0, 1, ..., e = 0..7), then the butterfly.
+// The scalar form (any width or alignment) and the vectorized form add in that same order.
 __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
                                        long long n_rows, float eps, const bf16 *delta, bf16 *res_out) {
     const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -59,24 +73,79 @@ __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, cons
     const int lane = threadIdx.x & 31, dim = map.dim;
     const long long off = row_offset(map, row);
     float ss = 0.0f;
-    if (delta) {
-        for (int c = lane; c < dim; c += 32) {
-            bf16 r = f2bf(bf2f(x[off + c]) + bf2f(delta[off + c]));
-            res_out[off + c] = r;
-            float v = bf2f(r);
+    for (int cb = lane * 8; cb < dim; cb += 256)
+        for (int e = 0; e < 8 && cb + e < dim; e++) {
+            const int c = cb + e;
+            float v;
+            if (delta) {
+                bf16 r = f2bf(bf2f(x[off + c]) + bf2f(delta[off + c]));
+                res_out[off + c] = r;
+                v = bf2f(r);
+            } else {
+                v = bf2f(x[off + c]);
+            }
             ss += v * v;
         }
-    } else {
-        for (int c = lane; c < dim; c += 32) {
-            float v = bf2f(x[off + c]);
-            ss += v * v;
-        }
-    }
     ss = warp_sum(ss);
     const float r = lm_rstd(ss, dim, eps);
     if (lane == 0) rstd[row] = r;
-    const bf16 *src = delta ? res_out : x;
-    for (int c = lane; c < dim; c += 32) y[off + c] = f2bf(lm_rms_out(bf2f(src[off + c]), r, bf2f(g[c])));
+    const bf16 *src = delta ? res_out : x;  // each lane reads back only what it wrote (or read) above
+    for (int cb = lane * 8; cb < dim; cb += 256)
+        for (int e = 0; e < 8 && cb + e < dim; e++) {
+            const int c = cb + e;
+            y[off + c] = f2bf(lm_rms_out(bf2f(src[off + c]), r, bf2f(g[c])));
+        }
+}
+
+// The vectorized form: a warp per row, lane l holding its NV 16-byte chunks in registers (one
+// read of x and delta, one write of res_out and y, all 16 bytes wide).
+template <int NV>
+__global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_forward_vec_kernel(bf16 *y, float *rstd, const bf16 *x,
+                                                                         const bf16 *g, RowMap map, long long n_rows,
+                                                                         float eps, const bf16 *delta, bf16 *res_out) {
+    const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+    if (row >= n_rows) return;
+    const int lane = threadIdx.x & 31, dim = map.dim;
+    const long long off = row_offset(map, row);
+    Bf16x8 v[NV];
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int c = (k * 32 + lane) * 8;
+        if (c < dim) {
+            v[k].u = *(const uint4 *)(x + off + c);
+            if (delta) {
+                Bf16x8 dl;
+                dl.u = *(const uint4 *)(delta + off + c);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[k].h[e] = f2bf(bf2f(v[k].h[e]) + bf2f(dl.h[e]));
+                *(uint4 *)(res_out + off + c) = v[k].u;
+            }
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+        if ((k * 32 + lane) * 8 < dim) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float f = bf2f(v[k].h[e]);
+                ss += f * f;
+            }
+        }
+    ss = warp_sum(ss);
+    const float r = lm_rstd(ss, dim, eps);
+    if (lane == 0) rstd[row] = r;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int c = (k * 32 + lane) * 8;
+        if (c < dim) {
+            Bf16x8 gg, o;
+            gg.u = *(const uint4 *)(g + c);
+#pragma unroll
+            for (int e = 0; e < 8; e++) o.h[e] = f2bf(lm_rms_out(bf2f(v[k].h[e]), r, bf2f(gg.h[e])));
+            *(uint4 *)(y + off + c) = o.u;
+        }
+    }
 }
 
 // dx = r * (dy*g - xhat * mean(dy*g*xhat)), one warp per row; dx may alias dy.
@@ -99,12 +168,6 @@ __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 
 }
 
 // Eight BF16 values in one 16-byte access.
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
-union Bf16x8 {
-    uint4 u;
-    bf16 h[8];
-};
 
 // The vectorized form: lane j holds 16-byte chunks j, j + 32, ... of the row (NV of them,
 // 256 * NV >= dim) in registers between the two passes, so dy and x are read once and the
@@ -240,8 +303,17 @@ __global__ void norm_gain_reduce_kernel(float *dg, const float *partial, int n_c
 static void rmsnorm_forward_launch(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
                                    long long n_rows, float eps, const bf16 *delta, bf16 *res_out,
                                    cudaStream_t stream) {
-    rmsnorm_forward_kernel<<<blocks_for((size_t)n_rows, ROWS_PER_BLOCK), ROW_BLOCK, 0, stream>>>(
-        y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    const int nv = (map.dim + 255) / 256;  // 16-byte chunks per lane
+    const unsigned blocks = blocks_for((size_t)n_rows, ROWS_PER_BLOCK);
+    const bool vec = map.dim % 8 == 0 && map.stride % 8 == 0 && aligned16(y) && aligned16(x) && aligned16(g) &&
+                     (!delta || (aligned16(delta) && aligned16(res_out)));
+    if (vec && nv <= 1) rmsnorm_forward_vec_kernel<1><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    else if (vec && nv <= 2) rmsnorm_forward_vec_kernel<2><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    else if (vec && nv <= 4) rmsnorm_forward_vec_kernel<4><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    else if (vec && nv <= 6) rmsnorm_forward_vec_kernel<6><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    else if (vec && nv <= 8) rmsnorm_forward_vec_kernel<8><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    else if (vec && nv <= 12) rmsnorm_forward_vec_kernel<12><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    else rmsnorm_forward_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -31,7 +31,7 @@ typedef __nv_bfloat16 bf16;
 #define G FQ_G          // 128
 #define TILE_THREADS 256  // SwiGLU kernels: a CTA per 128 x 128 output tile
 #define NORM_THREADS 512  // RMSNorm: a CTA per 128 rows (only N / 128 CTAs: more warps each)
-#define NORM_BATCH 16     // pass 1: loads a lane issues before it adds them (same order of adds)
+#define NORM_CHUNKS 2     // pass 1: 8-element chunks whose loads a lane issues before adding them
 
 // Element e of eight BF16 packed in w[4] (element 0 in the low half of w[0]).
 static __device__ __forceinline__ unsigned short half_of(const uint32_t w[4], int e) {
@@ -55,9 +55,9 @@ static __host__ __device__ __forceinline__ bool aligned16(const void *p) { retur
 
 // --- RMSNorm -------------------------------------------------------------------------------------
 // CTA = rows [r0, r0 + 128). Pass 1 (a warp per row): as rmsnorm_forward_kernel, lane j adds the
-// squares of columns j, j + 32, ... in that order, then the butterfly, so rstd is the same float;
-// the loads of NORM_BATCH columns are issued before their adds (only 128 CTAs run: they need the
-// memory-level parallelism). Pass 2: per 128 columns, y of the tile from the residual (or x), the
+// squares of its 8-element chunks j, j + 32, ... in that order, then the butterfly, so rstd is the
+// same float; the loads of NORM_CHUNKS chunks are issued before their adds (only 128 CTAs run:
+// they need the memory-level parallelism). Pass 2: per 128 columns, y of the tile from the residual (or x), the
 // gains and rstd, then vec128_emit.
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(NORM_THREADS)
@@ -70,31 +70,36 @@ __global__ void __launch_bounds__(NORM_THREADS)
     for (int r = warp; r < nr; r += NORM_THREADS / 32) {
         const size_t off = (size_t)(r0 + r) * C;
         float ss = 0.0f;
-        for (int cb = lane; cb < C; cb += 32 * NORM_BATCH) {
-            bf16 a[NORM_BATCH], b[NORM_BATCH];
+        // element 8 * lane + 256 v + e, v = 0, 1, ..., e = 0..7: rmsnorm_forward_kernel's order
+        for (int cb = lane * 8; cb < C; cb += 256 * NORM_CHUNKS) {
+            bf16 a[NORM_CHUNKS][8], b[NORM_CHUNKS][8];
 #pragma unroll
-            for (int k = 0; k < NORM_BATCH; k++) {
-                const int c = cb + 32 * k;
-                if (c < C) {
-                    a[k] = x[off + c];
-                    if (delta) b[k] = delta[off + c];
-                }
-            }
+            for (int k = 0; k < NORM_CHUNKS; k++)
 #pragma unroll
-            for (int k = 0; k < NORM_BATCH; k++) {
-                const int c = cb + 32 * k;
-                if (c < C) {
-                    float v;
-                    if (delta) {
-                        const bf16 s = lm_f2bf(lm_bf2f(a[k]) + lm_bf2f(b[k]));
-                        res_out[off + c] = s;
-                        v = lm_bf2f(s);
-                    } else {
-                        v = lm_bf2f(a[k]);
+                for (int e = 0; e < 8; e++) {
+                    const int c = cb + 256 * k + e;
+                    if (c < C) {
+                        a[k][e] = x[off + c];
+                        if (delta) b[k][e] = delta[off + c];
                     }
-                    ss += v * v;
                 }
-            }
+#pragma unroll
+            for (int k = 0; k < NORM_CHUNKS; k++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const int c = cb + 256 * k + e;
+                    if (c < C) {
+                        float v;
+                        if (delta) {
+                            const bf16 s = lm_f2bf(lm_bf2f(a[k][e]) + lm_bf2f(b[k][e]));
+                            res_out[off + c] = s;
+                            v = lm_bf2f(s);
+                        } else {
+                            v = lm_bf2f(a[k][e]);
+                        }
+                        ss += v * v;
+                    }
+                }
         }
         ss = lm_warp_sum(ss);
         const float rr = lm_rstd(ss, C, eps);
