@@ -536,23 +536,47 @@ static const char *mode_name(AttnPrecision p) {
     return p == ATTN_FP8_NAIVE ? "fp8_naive" : p == ATTN_FP8_DM ? "fp8_dm" : "fp8_dm_approx";
 }
 
+// The host inputs of a backward case: Q and K of magnitude qk_scale, V of 1, all of one
+// magnitude (no per-block cells), dO small (its scales > 1); the tag that names the case.
+struct BwdInputs {
+    int qs;                 // row stride of q, k, v
+    size_t n_tok, nbht;     // B*T, B*H*T
+    bool packed;
+    int C;
+    std::vector<uint16_t> qkv, dout;
+    char tag[160];
+    size_t offs(int which) const { return packed ? (size_t)which * C : (size_t)which * n_tok * C; }
+};
+static BwdInputs bwd_inputs(const Case &cs, Fp8Format gfmt, uint64_t seed) {
+    BwdInputs in;
+    in.C = cs.H * cs.d;
+    in.packed = cs.packed;
+    in.qs = cs.packed ? 3 * in.C : in.C;
+    in.n_tok = (size_t)cs.B * cs.T;
+    in.nbht = (size_t)cs.B * cs.H * cs.T;
+    rng_state = seed;
+    snprintf(in.tag, sizeof in.tag, "B=%d H=%d T=%d d=%d %s qk*%.0f %s", cs.B, cs.H, cs.T, cs.d,
+             cs.packed ? "packed" : "separate", cs.qk_scale, gfmt == FP8_E5M2 ? "e5m2" : "e4m3");
+    in.qkv.assign(cs.packed ? in.n_tok * in.qs : 3 * in.n_tok * in.C, 0);
+    in.dout.assign(in.n_tok * in.C, 0);
+    fill_tensor(in.qkv, in.offs(0), in.qs, cs, cs.qk_scale, false, false);
+    fill_tensor(in.qkv, in.offs(1), in.qs, cs, cs.qk_scale, false, false);
+    fill_tensor(in.qkv, in.offs(2), in.qs, cs, 1.0, false, false);
+    fill_tensor(in.dout, 0, in.C, cs, 1e-2, false, false);
+    return in;
+}
+
 static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
     const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, C = H * d;
     const int Tp = attn_quant_padded_len(T), nblk = attn_quant_n_blocks(T);
-    const int qs = cs.packed ? 3 * C : C;
-    const size_t n_tok = (size_t)B * T, nbht = (size_t)B * H * T;
-    rng_state = 0xF8B0D000ull + (uint64_t)seed;
-    char tag[160], name[256];
-    snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f %s", B, H, T, d, cs.packed ? "packed" : "separate",
-             cs.qk_scale, gfmt == FP8_E5M2 ? "e5m2" : "e4m3");
+    BwdInputs in = bwd_inputs(cs, gfmt, 0xF8B0D000ull + (uint64_t)seed);
+    const int qs = in.qs;
+    const size_t n_tok = in.n_tok, nbht = in.nbht, qkv_elems = in.qkv.size();
+    const char *tag = in.tag;
+    char name[256];
     printf("# fp8 backward case: %s\n", tag);
-    const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
-    auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
-    std::vector<uint16_t> hqkv(qkv_elems, 0), hdo(n_tok * C);
-    fill_tensor(hqkv, offs(0), qs, cs, cs.qk_scale, false, false);
-    fill_tensor(hqkv, offs(1), qs, cs, cs.qk_scale, false, false);
-    fill_tensor(hqkv, offs(2), qs, cs, 1.0, false, false);
-    fill_tensor(hdo, 0, C, cs, 1e-2, false, false);  // small gradients: dO scales > 1
+    auto offs = [&](int which) -> size_t { return in.offs(which); };
+    std::vector<uint16_t> &hqkv = in.qkv, &hdo = in.dout;
 
     uint16_t *d_qkv, *d_do, *d_o, *d_dqkv;
     float *d_lse, *d_delta, *d_rs, *d_rc;
@@ -869,19 +893,13 @@ static void bench_bwd(void) {
 static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
     const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, C = H * d;
     const int Tp = attn_quant_padded_len(T), nblk = attn_quant_n_blocks(T);
-    const int qs = cs.packed ? 3 * C : C;
-    const size_t n_tok = (size_t)B * T, nbht = (size_t)B * H * T;
-    rng_state = 0xF8CEE000ull + (uint64_t)seed;
-    char tag[160], name[300];
-    snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f %s", B, H, T, d, cs.packed ? "packed" : "separate",
-             cs.qk_scale, gfmt == FP8_E5M2 ? "e5m2" : "e4m3");
-    const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
-    auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
-    std::vector<uint16_t> hqkv(qkv_elems, 0), hdo(n_tok * C);
-    fill_tensor(hqkv, offs(0), qs, cs, cs.qk_scale, false, false);
-    fill_tensor(hqkv, offs(1), qs, cs, cs.qk_scale, false, false);
-    fill_tensor(hqkv, offs(2), qs, cs, 1.0, false, false);
-    fill_tensor(hdo, 0, C, cs, 1e-2, false, false);
+    BwdInputs in = bwd_inputs(cs, gfmt, 0xF8CEE000ull + (uint64_t)seed);
+    const int qs = in.qs;
+    const size_t n_tok = in.n_tok, nbht = in.nbht;
+    const char *tag = in.tag;
+    char name[300];
+    auto offs = [&](int which) -> size_t { return in.offs(which); };
+    const std::vector<uint16_t> &hqkv = in.qkv, &hdo = in.dout;
     uint16_t *d_qkv = dup(hqkv), *d_do = dup(hdo);
     const AttnPrecision modes[4] = {ATTN_FP8_NAIVE, ATTN_FP8_HYBRID, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
     for (AttnPrecision mode : modes) {
