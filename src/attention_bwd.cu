@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(BWD_WARPS * 32, 2)
             for (int e = 0; e < 4; e++) {
                 int ql = n * 8 + 2 * t4 + (e & 1);
                 int key = kw0 + g + (e >> 1) * 8;
-                float p = exp2f(s[n][e] * scale_log2 - cL[ql] * LOG2E);
+                float p = exp2f(fminf(s[n][e] * scale_log2 - cL[ql] * LOG2E, 0.f));  // P <= 1 (see the wgmma kernel)
                 s[n][e] = (diag && key > q0 + ql) ? 0.f : p;
             }
         // dV += P^T dO (P in BF16)

@@ -137,7 +137,9 @@ __device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { retur
 // This is exp(tau S - LSE) of the emulation up to the rounding of the exponent's argument and
 // ex2.approx's ~2 ulp (relative error of P ~1e-6, well inside the GPU-vs-emulation tolerance;
 // a P̂ code flips only where P p_scale lies within that of a rounding boundary; P below 2^-126
-// flushes to 0). What matters for Delta-Matching is that both kernels run exactly this code:
+// flushes to 0). The argument is clamped at 0: S <= LSE in exact arithmetic, and where |S| is
+// huge (|tau S| ~ 2^20 and beyond) the rounding of a large LSE log2(e) could otherwise make P
+// overflow (non-finite gradients); for ordinary inputs the clamp changes nothing. What matters for Delta-Matching is that both kernels run exactly this code:
 // every FP32 operation is an explicitly rounded intrinsic or a fixed PTX instruction (never
 // contracted or reordered by the compiler), so they get bitwise the same p and dp from the same
 // codes. Tiles entirely below the diagonal and inside the sequence (the vast majority) skip the
@@ -169,7 +171,7 @@ __device__ __forceinline__ void tile_p_dp(const uint8_t *sKw, const uint8_t *sVw
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = 4 * n + e;
-            float pv = fast_exp2(__fmaf_rn(p[i], cs, nl[e & 1]));
+            float pv = fast_exp2(fminf(__fmaf_rn(p[i], cs, nl[e & 1]), 0.0f));  // P <= 1 whatever the rounding
             float dv = __fmul_rn(dp[i], cdp);
             if (!full) {
                 const int ql = 8 * n + 2 * t4 + (e & 1);

@@ -269,7 +269,8 @@ __global__ void __launch_bounds__(384, 1)
                 const float2 l2 = bw_lds2(cL + (8 * j + 2 * t4) * 4);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float p = fast_exp2(fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+                    // clamped at 0: P <= 1 even where a huge |S| makes the argument's rounding exceed LSE
+                    float p = fast_exp2(fminf(fmaf(s[4 * j + e], scale_log2, -((e & 1) ? l2.y : l2.x)), 0.f));
                     if (decltype(mask)::value) {
                         const int key = kw0 + 16 * wp + g + 8 * (e >> 1), qry = q0 + 8 * j + 2 * t4 + (e & 1);
                         if (key > qry) p = 0.f;

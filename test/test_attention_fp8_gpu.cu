@@ -536,8 +536,9 @@ static const char *mode_name(AttnPrecision p) {
     return p == ATTN_FP8_NAIVE ? "fp8_naive" : p == ATTN_FP8_DM ? "fp8_dm" : "fp8_dm_approx";
 }
 
-// The host inputs of a backward case: Q and K of magnitude qk_scale, V of 1, all of one
-// magnitude (no per-block cells), dO small (its scales > 1); the tag that names the case.
+// The host inputs of a backward case: Q and K of magnitude qk_scale, V of 1, of one magnitude
+// (or, with cells, per-block magnitudes 2^-128..2^27 as fill_tensor makes them), dO small (its
+// scales > 1); the tag that names the case.
 struct BwdInputs {
     int qs;                 // row stride of q, k, v
     size_t n_tok, nbht;     // B*T, B*H*T
@@ -547,7 +548,7 @@ struct BwdInputs {
     char tag[160];
     size_t offs(int which) const { return packed ? (size_t)which * C : (size_t)which * n_tok * C; }
 };
-static BwdInputs bwd_inputs(const Case &cs, Fp8Format gfmt, uint64_t seed) {
+static BwdInputs bwd_inputs(const Case &cs, Fp8Format gfmt, uint64_t seed, bool cells = false) {
     BwdInputs in;
     in.C = cs.H * cs.d;
     in.packed = cs.packed;
@@ -559,9 +560,9 @@ static BwdInputs bwd_inputs(const Case &cs, Fp8Format gfmt, uint64_t seed) {
              cs.packed ? "packed" : "separate", cs.qk_scale, gfmt == FP8_E5M2 ? "e5m2" : "e4m3");
     in.qkv.assign(cs.packed ? in.n_tok * in.qs : 3 * in.n_tok * in.C, 0);
     in.dout.assign(in.n_tok * in.C, 0);
-    fill_tensor(in.qkv, in.offs(0), in.qs, cs, cs.qk_scale, false, false);
-    fill_tensor(in.qkv, in.offs(1), in.qs, cs, cs.qk_scale, false, false);
-    fill_tensor(in.qkv, in.offs(2), in.qs, cs, 1.0, false, false);
+    fill_tensor(in.qkv, in.offs(0), in.qs, cs, cs.qk_scale, cells, false);
+    fill_tensor(in.qkv, in.offs(1), in.qs, cs, cs.qk_scale, cells, false);
+    fill_tensor(in.qkv, in.offs(2), in.qs, cs, 1.0, cells, false);
     fill_tensor(in.dout, 0, in.C, cs, 1e-2, false, false);
     return in;
 }
@@ -1035,6 +1036,57 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
     cudaFree(d_do);
 }
 
+// --- extreme magnitudes: the backward stays finite ---------------------------------------------
+// Q, K, V with per-(b, h, 128-token block) magnitudes from 2^-128 to 2^27 (|tau S| up to ~2^26),
+// through the layer API in fp8_naive, fp8_hybrid (whose BF16 backward recomputes S at another
+// precision than the FP8 forward) and fp8_dm: the forward's LSE and O finite, then every
+// gradient finite. Before the backward kernels clamped the exponent of P at 0 (P <= 1), the
+// rounding of a huge LSE made P overflow here (2026-11-30: non-finite dQ, dK, dV in fp8_hybrid).
+// (At |tau S| ~ 2^40 the forward's own exponent argument loses its precision, as in every flash
+// attention that forms it as S * scale - m * scale: not tested here.)
+static void run_extreme_case(const Case &cs, Fp8Format gfmt, int seed) {
+    const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, C = H * d;
+    BwdInputs in = bwd_inputs(cs, gfmt, 0xF8CEE000ull + (uint64_t)seed, true);  // the keep cases' seeds
+    const size_t n_tok = in.n_tok;
+    uint16_t *d_qkv = dup(in.qkv), *d_do = dup(in.dout);
+    const AttnPrecision modes[3] = {ATTN_FP8_NAIVE, ATTN_FP8_HYBRID, ATTN_FP8_DM};
+    for (AttnPrecision mode : modes) {
+        AttnOptions opt;
+        memset(&opt, 0, sizeof opt);
+        opt.precision = mode;
+        opt.grad_format = gfmt;
+        opt.scaling = SCALING_BLOCK;
+        opt.p_scale = 256.0f;
+        opt.block_q = ATTN_FP8_BWD_BLOCK_Q;
+        opt.block_k = ATTN_FP8_BWD_BLOCK_K;
+        const size_t ws_bytes = attn_mode_workspace_bytes(&opt, B, H, T, d);
+        void *ws = dnew<char>(ws_bytes);
+        uint16_t *o = dnew<uint16_t>(n_tok * C), *dqkv = dnew<uint16_t>(3 * n_tok * C);
+        float *lse = dnew<float>(in.nbht);
+        AttnModeDiag diag;
+        memset(&diag, 0, sizeof diag);
+        attn_mode_forward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), in.qs, o, C, lse, B, H, T,
+                          d, NULL, ws, &diag, 0);
+        attn_mode_backward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), in.qs, o, d_do, C, lse,
+                           dqkv, dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, NULL, ws, &diag, 0);
+        CU(cudaDeviceSynchronize());
+        std::vector<uint16_t> ho = back(o, n_tok * C), hg = back(dqkv, 3 * n_tok * C);
+        std::vector<float> hl = back(lse, in.nbht);
+        long bad_fwd = 0, bad[3] = {0, 0, 0};
+        for (uint16_t u : ho) bad_fwd += !isfinite(bf16_to_f32(u));
+        for (float x : hl) bad_fwd += !isfinite(x);
+        for (size_t at = 0; at < hg.size(); at++) bad[(at / C) % 3] += !isfinite(bf16_to_f32(hg[at]));
+        char name[300];
+        const char *mname = mode == ATTN_FP8_HYBRID ? "fp8_hybrid" : mode_name(mode);
+        snprintf(name, sizeof name, "attn extreme magnitudes %s: O, LSE finite: %s", mname, in.tag);
+        CHECK(bad_fwd == 0, name, "%ld non-finite", bad_fwd);
+        snprintf(name, sizeof name, "attn extreme magnitudes %s: dQ, dK, dV finite: %s", mname, in.tag);
+        CHECK(bad[0] + bad[1] + bad[2] == 0, name, "non-finite dQ %ld dK %ld dV %ld", bad[0], bad[1], bad[2]);
+        cudaFree(ws); cudaFree(o); cudaFree(dqkv); cudaFree(lse);
+    }
+    cudaFree(d_qkv); cudaFree(d_do);
+}
+
 int main(void) {
     if (!gpu_test_have_gpu("test_attention_fp8_gpu")) return 0;
     const Case cases[] = {
@@ -1091,6 +1143,9 @@ int main(void) {
     };
     const int n_keep = is_small ? 1 : (int)(sizeof keep_cases / sizeof keep_cases[0]);
     for (int i = 0; i < n_keep; i++) run_keep_case(keep_cases[i].cs, keep_cases[i].gfmt, i);
+    // the shapes whose fp8_hybrid backward overflowed before the clamp (their forward stays finite)
+    run_extreme_case({2, 3, 200, 64, true, 1.0}, FP8_E4M3, 0);
+    run_extreme_case({1, 2, 517, 128, false, 2.0}, FP8_E5M2, 1);
     if (!is_small && !bwd_only) bench_quant();
     if (!is_small) bench_bwd();
     return test_summary("test_attention_fp8_gpu");
