@@ -179,6 +179,9 @@ static void report(const char *tag, const char *what, const Mismatch &m, bool ex
 // few random (b, h, 128-token block) cells multiplied by 2^±k (with `cells`: scales far from 1,
 // down to the clamp 2^126 of blocks of subnormals);
 // with `huge`, also single outliers ×2^12 that make a stale delayed scale saturate.
+// max that propagates NaN (fmax drops it): a NaN on either side then fails the "< bound" checks.
+static double nan_max(double a, double b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
+
 static void fill_tensor(std::vector<uint16_t> &hx, size_t off, int stride, const Case &cs, double scale,
                         bool cells, bool huge) {
     const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, nblk = attn_quant_n_blocks(T);
@@ -399,14 +402,14 @@ static void run_fwd_case(const Case &cs, int seed) {
         attn_cpu_forward(&opt, NULL, T, d, x[0].data(), x[1].data(), x[2].data(), co.data(), clse.data(), &st);
         attn_ref_forward_f64(T, d, xd[0].data(), xd[1].data(), xd[2].data(), ro.data(), rlse.data());
         for (int t = 0; t < T; t++) {
-            lse_err = fmax(lse_err, fabs((double)g_lse[(size_t)bh * T + t] - clse[t]));
+            lse_err = nan_max(lse_err, fabs((double)g_lse[(size_t)bh * T + t] - clse[t]));
             for (int c = 0; c < d; c++) {
                 const double got = bf16_to_f32(g_o[((size_t)b * T + t) * C + (size_t)h * d + c]);
                 const double ref = co[(size_t)t * d + c], exact = ro[(size_t)t * d + c];
                 num += (got - ref) * (got - ref);
                 den += ref * ref;
-                maxabs = fmax(maxabs, fabs(got - ref));
-                maxref = fmax(maxref, fabs(ref));
+                maxabs = nan_max(maxabs, fabs(got - ref));
+                maxref = nan_max(maxref, fabs(ref));
                 num64 += (got - exact) * (got - exact);
                 numcpu64 += (ref - exact) * (ref - exact);
                 den64 += exact * exact;
@@ -713,7 +716,7 @@ static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
             attn_cpu_backward(&opt, NULL, T, d, hx[hi * 4].data(), hx[hi * 4 + 1].data(), hx[hi * 4 + 2].data(),
                               ho[hi].data(), hl[hi].data(), hx[hi * 4 + 3].data(), cg[0].data(), cg[1].data(),
                               cg[2].data(), &st, NULL);
-            cpu_cancel = fmax(cpu_cancel, st.resid_cancel_max);
+            cpu_cancel = nan_max(cpu_cancel, st.resid_cancel_max);
             for (int i = 0; i < 3; i++)
                 for (int t = 0; t < T; t++)
                     for (int c = 0; c < d; c++) {
@@ -756,7 +759,7 @@ static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
                 if (e > d_err) { d_err = e; d_err_row = t; }
                 // the GPU's row-sum invariant
                 const double rc = g_rc[(size_t)bh * T + t];
-                if (rc > 0) gpu_cancel = fmax(gpu_cancel, fabs((double)g_rs[(size_t)bh * T + t]) / rc);
+                if (rc > 0) gpu_cancel = nan_max(gpu_cancel, fabs((double)g_rs[(size_t)bh * T + t]) / rc);
             }
         }
         inv_max[mi] = gpu_cancel;
