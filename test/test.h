@@ -29,4 +29,7 @@ static inline int test_summary(const char *program) {
     return test_n_fail ? 1 : 0;
 }
 
+// max that propagates NaN (fmax drops it): a NaN on either side then fails a "< bound" check.
+static inline double nan_max(double a, double b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+
 #endif  // TEST_H

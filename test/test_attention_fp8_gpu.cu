@@ -179,9 +179,6 @@ static void report(const char *tag, const char *what, const Mismatch &m, bool ex
 // few random (b, h, 128-token block) cells multiplied by 2^±k (with `cells`: scales far from 1,
 // down to the clamp 2^126 of blocks of subnormals);
 // with `huge`, also single outliers ×2^12 that make a stale delayed scale saturate.
-// max that propagates NaN (fmax drops it): a NaN on either side then fails the "< bound" checks.
-static double nan_max(double a, double b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
-
 static void fill_tensor(std::vector<uint16_t> &hx, size_t off, int stride, const Case &cs, double scale,
                         bool cells, bool huge) {
     const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, nblk = attn_quant_n_blocks(T);

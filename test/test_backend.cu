@@ -245,10 +245,7 @@ static void gpu_facade_tests(void) {
     train_backend(&cpu, &c, &bt, 0, steps, lc, nc);
     train_backend(&gpu, &c, &bt, 0, steps, lg, ng);
     double worst = 0;
-    for (int s = 0; s < steps; s++) {  // not fmax: a NaN loss must fail the check, not vanish
-        const double r = fabs(lg[s] - lc[s]) / lc[s];
-        if (!(r <= worst)) worst = r;
-    }
+    for (int s = 0; s < steps; s++) worst = nan_max(worst, fabs(lg[s] - lc[s]) / lc[s]);  // NaN fails
     CHECK(worst < 2e-2 && lg[steps - 1] < lg[0], "gpu backend: loss curve follows the CPU's (rel 2e-2)",
           "worst rel %.3g; gpu %.5f..%.5f cpu %.5f..%.5f", worst, lg[0], lg[steps - 1], lc[0], lc[steps - 1]);
     size_t P = backend_table(&gpu)->total;
@@ -269,8 +266,7 @@ static void gpu_facade_tests(void) {
     double a[8], b2[8];
     train_backend(&gpu, &c, &bt, steps, steps + 2, a, NULL);
     train_backend(&g2, &c, &bt, steps, steps + 2, b2, NULL);
-    double d = fabs(a[steps] - b2[steps]);  // (a NaN propagates into d and fails the check)
-    if (!(fabs(a[steps + 1] - b2[steps + 1]) <= d)) d = fabs(a[steps + 1] - b2[steps + 1]);
+    double d = nan_max(fabs(a[steps] - b2[steps]), fabs(a[steps + 1] - b2[steps + 1]));
     CHECK(d < 1e-3 * a[steps], "gpu backend: a restored state continues the run (to dQ-atomics rounding)",
           "losses %.7f %.7f vs %.7f %.7f", a[steps], a[steps + 1], b2[steps], b2[steps + 1]);
     float *logits = (float *)malloc(sizeof(float) * c.model.padded_vocab_size);
