@@ -293,10 +293,13 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         setmaxnreg_dec<24>();
         const int ptid = threadIdx.x;
         const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
+        // Q̂ once, before the loop: its copies join block 0's cp.async group (the first commit),
+        // so full[0] covers them. (Inside the loop under kb == 0 they were issued predicated off
+        // on every later block.)
+        load_rows_tile<D, false>(sQ, qc + ((long)bh * Tp + q0) * D, ptid);
         for (int kb = 0; kb < n_kb; kb++) {
             const int st = kb % F8_STAGES;
             if (kb >= F8_STAGES) mbar_wait(empty + st, (uint32_t)((kb / F8_STAGES - 1) & 1));
-            if (kb == 0) load_rows_tile<D, false>(sQ, qc + ((long)bh * Tp + q0) * D, ptid);
             load_rows_tile<D, true>(sK + st * L::K, gk + (long)kb * F8_BK * D, ptid);
             load_vt_tile<D>(sV + st * L::V, gv + kb * F8_BK, Tp, ptid);
             cp_async_commit();
