@@ -7,7 +7,9 @@
 // scale block, so every S tile has one Q scale and one K scale and every PV step one V scale):
 //   S = (Q̂code · K̂code) * (tau / (s_q s_k))                    (FP8 wgmma, FP32 accumulators;
 //       tau / (s_q s_k) = tau * inv_q * inv_k is tau times a power of two, so this is the one
-//       rounding of tau * ((s * inv_q) * inv_k), the emulation's S)
+//       rounding of tau * ((s * inv_q) * inv_k), the emulation's S; the scales are powers of two
+//       in [2^-126, 2^126] (fp8_scale_for_amax), so inv_x = 1 / s_x is exact and is taken from
+//       the exponent bits, pow2_recip)
 //   running max m advanced once per key block (the max of the dequantized S: the max of the raw
 //   accumulators times the positive factor above, rounding being monotone), alpha = expf(m_old - m)
 //   P' = p_scale * P = 2^(S*log2e - m*log2e + log2 p_scale)   (ex2.approx, FP32; see below)
@@ -107,6 +109,14 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
         : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
     return r;
 }
+
+// 1 / s for a quantization scale s: fp8_scale_for_amax (fp8.h) gives s = 2^k with |k| <= 126 (or
+// s = 1), so 1 / s = 2^-k exactly, the value the IEEE division 1.0f / s returns; with bits(2^k) =
+// (127 + k) << 23 it is bits(2^-k) = (127 - k) << 23 = (254 << 23) - bits(2^k), a normal float
+// (exponent field 1..253). One integer subtraction instead of the division (MUFU.RCP, a Newton
+// step, a range check and a branch to a slow-path call); wrong for a scale that is not a power of
+// two, which attention_quant.cu never produces.
+__device__ __forceinline__ float pow2_recip(float s) { return __int_as_float(0x7f000000 - __float_as_int(s)); }
 
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 // Named barriers 1 and 2 (0 is __syncthreads'), 256 threads each: the consumers' ping-pong.
@@ -320,7 +330,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
         const uint8_t *sQw = sQ + wg * 64 * 128;       // this warpgroup's 64 rows of Q̂
         const float *ksc = k_scales + (long)bh * nblk, *vsc = v_scales + (long)bh * nblk;
-        const float tau_q = tau * (1.0f / q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
+        const float tau_q = tau * pow2_recip(q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
 
         // Ping-pong: warpgroup wg issues its wgmmas after bar.sync on barrier 1 + wg and then lets
         // the other one go (bar.arrive on its barrier). Each warpgroup has n_kb + 1 issue phases
@@ -336,10 +346,14 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
         uint32_t pa[F8_BK / 32][4];  // P̂ of the previous block: A operand of the PV wgmmas
 
+        // The K and V scales of key block j are read one block ahead (into ks_next, vs_next, at
+        // the top of step j - 1), so that no global load latency is exposed at the top of step j.
+        float ks_next = __ldg(ksc + min(1, n_kb - 1)), vs_next = __ldg(vsc + min(1, n_kb - 1));
+
         // block 0: S_0 and its softmax (masked if it is the diagonal block)
-        float fac_prev = inv_p * (1.0f / __ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
+        float fac_prev = inv_p * pow2_recip(__ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
         {
-            const float tau_qk = tau_q * (1.0f / __ldg(ksc));
+            const float tau_qk = tau_q * pow2_recip(__ldg(ksc));
             mbar_wait(full, 0);
             if (PP) pp_sync(wg);
             reg_fence(s);
@@ -362,8 +376,12 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // read by the tensor cores until the wait).
         auto step = [&](int j, auto mask) {
             const int st = j % F8_STAGES, pst = (j - 1) % F8_STAGES;
-            const float tau_qk = tau_q * (1.0f / __ldg(ksc + j));
-            const float fac = inv_p * (1.0f / __ldg(vsc + j));
+            const float tau_qk = tau_q * pow2_recip(ks_next);
+            const float fac = inv_p * pow2_recip(vs_next);
+            if constexpr (!decltype(mask)::value) {  // the diagonal block is the last: none after it
+                ks_next = __ldg(ksc + j + 1);
+                vs_next = __ldg(vsc + j + 1);
+            }
             mbar_wait(full + st, (uint32_t)((j / F8_STAGES) & 1));
             if (PP) pp_sync(wg);
             reg_fence(s);
