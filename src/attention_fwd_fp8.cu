@@ -167,20 +167,32 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
     for (int i = 0; i < D / 16; i++) cp_async16(dst + i * 16 * 128, src + (long)i * 16 * Tp, true);
 }
 
-// s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits).
+// Descriptors of the K-major tiles, wgmma_desc(p, 16, 1024) (attention_gpu_common.cuh), from
+// their low word: the high word is a constant (stride offset 1024 >> 4 = 0x40, bit 62 = the
+// 128-byte swizzle) and the low word is (shared address >> 4) | (16 >> 4) << 16. Shared
+// addresses are below 2^18 (at most 228 KB of shared memory), so the 14-bit start address
+// field never carries into the leading-offset field: the tile o bytes further on (o a multiple
+// of 16) has the low word kdesc_lo(p) + o / 16. The key loop keeps one low word per region
+// (Q̂ rows, K̂ ring, V̂^T ring) and adds constants, instead of rebuilding every descriptor from
+// its address (add, mask, shift, or per wgmma: ~40 uniform-datapath instructions per block).
+#define F8_KDESC_HI ((1024u >> 4) | 1u << (62 - 32))  // = the high word of wgmma_desc(p, 16, 1024)
+__device__ __forceinline__ uint32_t kdesc_lo(const void *p) { return (uint32_t)wgmma_desc(p, 16, 1024); }
+__device__ __forceinline__ uint64_t kdesc(uint32_t lo) { return (uint64_t)F8_KDESC_HI << 32 | lo; }
+
+// s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits). dq, dk:
+// kdesc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
 template <int D>
-__device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], const uint8_t *sQw, const uint8_t *sKst) {
+__device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint32_t dk) {
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++)
-        wgmma_fp8_m64n128(s, wgmma_desc(sQw + kk * 32, 16, 1024), wgmma_desc(sKst + kk * 32, 16, 1024), kk > 0);
+    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kdesc(dq + 2 * kk), kdesc(dk + 2 * kk), kk > 0);
 }
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
+// dv: kdesc_lo of the V̂^T stage.
 template <int D>
-__device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4],
-                                         const uint8_t *sVst) {
+__device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4], uint32_t dv) {
 #pragma unroll
     for (int kk = 0; kk < F8_BK / 32; kk++) {
-        const uint64_t db = wgmma_desc(sVst + kk * 32, 16, 1024);
+        const uint64_t db = kdesc(dv + 2 * kk);
         if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
         else wgmma_fp8_rs_m64n64(pv, pa[kk], db, kk > 0);
     }
@@ -329,7 +341,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             if (kb > 0) {
                 cp_async_wait_1();
                 fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-                mbar_arrive(full + (kb - 1) % F8_STAGES);
+                mbar_arrive(full + (unsigned)(kb - 1) % F8_STAGES);
             }
         }
         cp_async_wait_all();
@@ -341,7 +353,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
-        const uint8_t *sQw = sQ + wg * 64 * 128;       // this warpgroup's 64 rows of Q̂
+        // descriptor low words (kdesc_lo): this warpgroup's 64 rows of Q̂, stage 0 of the K̂ and
+        // V̂^T rings (stage st: + st * L::K / 16, + st * L::V / 16)
+        const uint32_t dq = kdesc_lo(sQ + wg * 64 * 128), dk0 = kdesc_lo(sK), dv0 = kdesc_lo(sV);
         const float *ksc = k_scales + (long)bh * nblk, *vsc = v_scales + (long)bh * nblk;
         const float tau_q = tau * pow2_recip(q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
 
@@ -371,7 +385,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             if (PP) pp_sync(wg);
             reg_fence(s);
             wgmma_fence();
-            issue_s<D>(s, sQw, sK);
+            issue_s<D>(s, dq, dk0);
             wgmma_commit();
             if (PP) pp_pass(wg);
             wgmma_wait<0>();
@@ -388,7 +402,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // block is a separate instantiation (as in attention_fwd.cu: ptxas must see that pa stays
         // read by the tensor cores until the wait).
         auto step = [&](int j, auto mask) {
-            const int st = j % F8_STAGES, pst = (j - 1) % F8_STAGES;
+            // (j >= 1: unsigned, so that the stage index is a mask, not a signed remainder)
+            const int st = (unsigned)j % F8_STAGES, pst = (unsigned)(j - 1) % F8_STAGES;
             const float tau_qk = tau_q * pow2_recip(ks_next);
             const float fac = inv_p * pow2_recip(vs_next);
             if constexpr (!decltype(mask)::value) {  // the diagonal block is the last: none after it
@@ -401,9 +416,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             reg_fence(pv);
             reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
             wgmma_fence();
-            issue_s<D>(s, sQw, sK + st * L::K);
+            issue_s<D>(s, dq, dk0 + st * (L::K / 16));
             wgmma_commit();
-            issue_pv<D>(pv, pa, sV + pst * L::V);
+            issue_pv<D>(pv, pa, dv0 + pst * (L::V / 16));
             wgmma_commit();
             if (PP) pp_pass(wg);
             wgmma_wait<1>();
@@ -430,7 +445,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             reg_fence(pv);
             reg_fence(pa);
             wgmma_fence();
-            issue_pv<D>(pv, pa, sV + lst * L::V);
+            issue_pv<D>(pv, pa, dv0 + lst * (L::V / 16));
             wgmma_commit();
             if (PP && wg == 0) pp_pass(wg);
             wgmma_wait<0>();
