@@ -26,19 +26,6 @@
 // adds ~2 ulp, so P is within ~1e-7..1e-6 relative of the emulation's; P̂ (3 mantissa bits)
 // flips a code only when P' lies that close to a rounding boundary (a few in 1e5 values), far
 // inside the O tolerance of the GPU test. alpha (two per row and block) keeps the accurate expf.
-// O is accumulated in the units of the last key block added: oacc = O / fac_o, fac = 1 / (p_scale
-// s_v) (a power of two: p_scale is 256 in every caller). A block then costs one FFMA per element
-// instead of an FMUL and an FFMA: oacc' = fma(oacc, beta, pv_j), beta = alpha * fac_o / fac_j =
-// alpha * s_v(j) / s_v(o), exact (a power-of-two ratio; unless beta falls below 2^-126, where O's
-// old part no longer shows next to the new block's); the last block converts back with the
-// unfolded form, O = fma(pv, fac, oacc * (alpha * fac_o)). Scaling by powers of two commutes
-// with rounding, so O equals the unfolded O = round(pv fac + round(O alpha)) bit for bit in every
-// block where alpha = 1 (the row max did not rise) and otherwise rounds pv fac + O alpha once
-// instead of twice: at most one FP32 rounding (2^-24 relative) per such block, far below the ex2
-// effect above and 5 orders of magnitude inside the O tolerance; P̂, l and LSE are unchanged. Range:
-// oacc <= T * 256 * 448 * (largest V block amax so far / amax of block o), so it stays a normal
-// float unless the V block amaxes of one head are more than ~2^90 apart (or, after an all-zero V
-// block, whose scale is 1, unless |V| exceeds ~2^90).
 //
 // Structure (FlashAttention-3's, on FP8):
 // - 3 warpgroups per 128-row query block. Warpgroup 0 is the producer: its 128 threads copy the
@@ -394,11 +381,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // the top of step j - 1), so that no global load latency is exposed at the top of step j.
         float ks_next = __ldg(ksc + min(1, n_kb - 1)), vs_next = __ldg(vsc + min(1, n_kb - 1));
 
-        // O is kept as oacc = O p_scale s_v(o) (see the file comment: one FFMA per element and
-        // block): vs_pa is s_v of the block in pa, vs_o that of the last block added to O.
-        float vs_pa = __ldg(vsc), vs_o = vs_pa;
-
         // block 0: S_0 and its softmax (masked if it is the diagonal block)
+        float fac_prev = inv_p * pow2_recip(__ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
         {
             const float tau_qk = tau_q * pow2_recip(__ldg(ksc));
             mbar_wait(full, 0);
@@ -424,7 +408,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         auto step = [&](int j, auto mask) {
             // (j >= 1: unsigned, so that the stage index is a mask, not a signed remainder)
             const int st = (unsigned)j % F8_STAGES, pst = (unsigned)(j - 1) % F8_STAGES;
-            const float tau_qk = tau_q * pow2_recip(ks_next), vs_j = vs_next;
+            const float tau_qk = tau_q * pow2_recip(ks_next);
+            const float fac = inv_p * pow2_recip(vs_next);
             if constexpr (!decltype(mask)::value) {  // the diagonal block is the last: none after it
                 ks_next = __ldg(ksc + j + 1);
                 vs_next = __ldg(vsc + j + 1);
@@ -447,18 +432,12 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             reg_fence(pv);
             reg_fence(pa);
             mbar_arrive(empty + pst);  // K̂_{j-1} and V̂_{j-1} are no longer read
-            {   // O = O alpha + PV_{j-1} / (p_scale s_v(j-1)), in oacc's units: oacc' = oacc beta + pv
-                // with beta = alpha s_v(j-1) / s_v(o) (a power-of-two ratio: beta is exact)
-                const float ratio = vs_pa * pow2_recip(vs_o);
-                const float beta[2] = {alpha_prev[0] * ratio, alpha_prev[1] * ratio};
 #pragma unroll
-                for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(oacc[i], beta[(i >> 1) & 1], pv[i]);
-                vs_o = vs_pa;
-            }
+            for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
             pack_p(pa, s);
             alpha_prev[0] = alpha[0];
             alpha_prev[1] = alpha[1];
-            vs_pa = vs_j;
+            fac_prev = fac;
         };
         for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
         if (n_kb > 1) step(n_kb - 1, std::true_type());
@@ -476,13 +455,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             wgmma_wait<0>();
             reg_fence(pv);
             reg_fence(pa);
-            // back to O's units, with the two roundings of the unfolded update:
-            // O = round(pv fac_pa + round(O_prev alpha)), O_prev alpha = oacc (alpha fac_o), where
-            // alpha fac_o is exact (fac = 1 / (p_scale s_v), a power of two)
-            const float fac_o = inv_p * pow2_recip(vs_o), fac_pa = inv_p * pow2_recip(vs_pa);
-            const float c[2] = {alpha_prev[0] * fac_o, alpha_prev[1] * fac_o};
 #pragma unroll
-            for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_pa, oacc[i] * c[(i >> 1) & 1]);
+            for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
         }
 
         // epilogue: full row sums, O = acc / l in BF16, LSE natural log
