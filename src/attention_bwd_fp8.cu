@@ -106,6 +106,15 @@ __device__ __forceinline__ void b8_load(uint8_t *s, const uint8_t *g, long pitch
     }
 }
 
+// The dynamic shared memory rounded up to a 1024-byte boundary (the swizzled wgmma regions'
+// alignment; the launches add 1024 bytes of slack). Rounded by pointer arithmetic on smem_raw
+// itself: rounding the generic address through an integer (uintptr_t) hides from the compiler
+// that the result points to shared memory, and every access through such a pointer compiles to a
+// generic 64-bit LD/ST (ST.E.U16 [R.64]) with 64-bit address math (~1/10 of the main loop).
+__device__ __forceinline__ uint8_t *b8_smem_align1024(unsigned char *raw) {
+    return raw + ((0u - smem_addr(raw)) & 1023u);  // bytes to the next multiple of 1024
+}
+
 // K-major descriptor of a swizzled tile, advanced by k32 step kk.
 __device__ __forceinline__ uint64_t b8_desc(const uint8_t *tile, int kk) {
     return wgmma_desc(tile + kk * 32, 16, 1024);
@@ -248,7 +257,7 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
                               const float *__restrict__ v_scales, const float *__restrict__ do_scales,
                               const float *__restrict__ lse, float *__restrict__ dlt, int T, float tau) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *smem = b8_smem_align1024(smem_raw);
     uint8_t *sK = smem;               // (128 keys x 128 B)
     uint8_t *sV = sK + B8_BK * 128;   // (128 keys x 128 B)
     uint8_t *sQ = sV + B8_BK * 128;   // (64 queries x 128 B)
@@ -346,7 +355,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         float *__restrict__ row_cancel, int H, int T, float tau) {
     using L = B8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *smem = b8_smem_align1024(smem_raw);
     uint8_t *sK = smem;              // (128 keys x 128 B)  K̂, reduction over d
     uint8_t *sV = sK + L::KV;        // (128 keys x 128 B)  V̂
     uint8_t *sPt = sV + L::KV;       // (128 keys x 64 queries) P̂^T
