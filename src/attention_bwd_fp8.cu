@@ -174,7 +174,7 @@ __device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { retur
 // every FP32 operation is an explicitly rounded intrinsic or a fixed PTX instruction (never
 // contracted or reordered by the compiler), so they get bitwise the same p and dp from the same
 // codes. Tiles entirely below the diagonal and inside the sequence (the vast majority) skip the
-// mask; the unmasked values are the same instructions either way.
+// mask (a branch, see below); the unmasked values are the same instructions either way.
 template <int D, bool E5>
 __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t dQ, uint32_t ddO, const float *sLse,
                                           float cs, float cdp, int key0, int q0, int T, float (&p)[32],
@@ -190,9 +190,6 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
     wgmma_wait<0>();
     reg_fence(p);
     reg_fence(dp);
-    // no key of the warpgroup above any query of the block, no query past T: nothing to mask
-    const bool full = key0 + 63 <= q0 && q0 + B8_BQ <= T;
-    const int kq = key0 + warp * 16 + g - (q0 + 2 * t4);  // key - query of element (n = 0, e = 0)
 #pragma unroll
     for (int n = 0; n < 8; n++) {
         const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
@@ -200,17 +197,28 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = 4 * n + e;
-            float pv = fast_exp2(fminf(__fmaf_rn(p[i], cs, nl[e & 1]), 0.0f));  // P <= 1 whatever the rounding
-            float dv = __fmul_rn(dp[i], cdp);
-            if (!full) {
-                const int ql = 8 * n + 2 * t4 + (e & 1);
-                const bool masked = kq + 8 * (e >> 1) - 8 * n - (e & 1) > 0 || q0 + ql >= T;
-                pv = masked ? 0.0f : pv;
-                dv = masked ? 0.0f : dv;
-            }
-            p[i] = pv;
-            dp[i] = dv;
+            p[i] = fast_exp2(fminf(__fmaf_rn(p[i], cs, nl[e & 1]), 0.0f));  // P <= 1 whatever the rounding
+            dp[i] = __fmul_rn(dp[i], cdp);
         }
+    }
+    // The mask, as a second pass behind a warp-uniform branch (key0, q0, T are the same for the
+    // whole warpgroup): only tiles that reach above the diagonal or past T take it (per CTA the
+    // first two query blocks and a partial last one). Written into the loop above, the compiler
+    // if-converts it and every tile pays its ~64 selects and ~70 integer tests; peeling the masked
+    // iterations into their own loops instead spills (0.5-0.9 KB, the main kernel has no
+    // registers to spare). The values are the same either way: masked elements become 0.
+    const bool full = key0 + 63 <= q0 && q0 + B8_BQ <= T;  // no key above a query, no query >= T
+    if (!full) {
+        const int kq = key0 + warp * 16 + g - (q0 + 2 * t4);  // key - query of element (n = 0, e = 0)
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 4 * n + e, ql = 8 * n + 2 * t4 + (e & 1);
+                const bool masked = kq + 8 * (e >> 1) - 8 * n - (e & 1) > 0 || q0 + ql >= T;
+                p[i] = masked ? 0.0f : p[i];
+                dp[i] = masked ? 0.0f : dp[i];
+            }
     }
 }
 
