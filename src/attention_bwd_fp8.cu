@@ -585,16 +585,24 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         wgmma_wait<1>();  // dQ's group done (groups complete in order)
         reg_fence(tq);
         {
+            // this thread's dQ elements: rows q, q + 8 (q = q0 + warp*16 + g), columns
+            // wg*D/2 + 8n + 2t4, +1; one float2 atomic each, all at constant offsets from one row
+            // pointer. Both rows exist except in a partial last query block, the only case that
+            // tests them (per atomic, the test and its address math were ~10 instructions).
             const float f = inv_ds * inv_k;
+            const int q = q0 + warp * 16 + g;
+            float *row = gdq + (long)q * D + wg * (D / 2) + 2 * t4;
+            auto add_dq = [&](bool row0, bool row8) {
 #pragma unroll
-            for (int n = 0; n < D / 16; n++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int q = q0 + warp * 16 + g + 8 * r, col = wg * (D / 2) + 8 * n + 2 * t4;
-                    if (q < T)
-                        atomicAdd(reinterpret_cast<float2 *>(gdq + (long)q * D + col),
-                                  make_float2(tq[4 * n + 2 * r] * f, tq[4 * n + 2 * r + 1] * f));
+                for (int n = 0; n < D / 16; n++) {
+                    if (row0) atomicAdd(reinterpret_cast<float2 *>(row + 8 * n), make_float2(tq[4 * n] * f, tq[4 * n + 1] * f));
+                    if (row8)
+                        atomicAdd(reinterpret_cast<float2 *>(row + 8 * D + 8 * n),
+                                  make_float2(tq[4 * n + 2] * f, tq[4 * n + 3] * f));
                 }
+            };
+            if (q + 8 < T) add_dq(true, true);
+            else add_dq(q < T, false);
         }
         wgmma_wait<0>();
         reg_fence(t);
