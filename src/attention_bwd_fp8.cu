@@ -327,7 +327,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
         fence_proxy_async();
         __syncthreads();
         const uint32_t dsm = b8_opaque(dlo_smem);  // the tiles' descriptors: offsets from smem
-        tile_p_dp<D, E5>(dsm + (OFF_K + wg * 64 * 128) / 16, dsm + (OFF_V + wg * 64 * 128) / 16, dsm + OFF_Q / 16,
+        const int wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
+        tile_p_dp<D, E5>(dsm + (OFF_K + wgu * 64 * 128) / 16, dsm + (OFF_V + wgu * 64 * 128) / 16, dsm + OFF_Q / 16,
                          dsm + OFF_DO / 16, sLse, cs, cdp, k0 + wg * 64, q0, T, p, dp);
 #pragma unroll
         for (int n = 0; n < 8; n++)
@@ -460,14 +461,19 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             load_qblock(qb + 1, s ^ 1);
             cp_async_commit();
         }
-        // descriptor low words of the tiles: constant offsets from the opaque base, one add each
+        // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
+        // wgu = wg, as a value the compiler knows to be warp-uniform (a shuffle from lane 0, as
+        // CUTLASS's canonical_warp_group_idx), so the descriptors that depend on it are built in
+        // uniform registers rather than per thread and moved over (R2UR) for every wgmma. Taken
+        // here, not before the loop: there ptxas hoists more wg-dependent addresses and spills.
         const uint32_t dsm = b8_opaque(dlo_smem), dstage = dsm + (L::OFF_STAGE + s * L::STAGE) / 16;
+        const int wgu = __shfl_sync(0xffffffffu, wg, 0);
         const float *sLse = sLse2 + s * B8_BQ, *sDl = sDl2 + s * B8_BQ;
         const float inv_q = 1.0f / q_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
         const float inv_do = 1.0f / do_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
 
         float p[32], ds[32];
-        tile_p_dp<D, E5>(dsm + (L::OFF_K + wg * 64 * 128) / 16, dsm + (L::OFF_V + wg * 64 * 128) / 16,
+        tile_p_dp<D, E5>(dsm + (L::OFF_K + wgu * 64 * 128) / 16, dsm + (L::OFF_V + wgu * 64 * 128) / 16,
                          dstage + L::OFF_Q / 16, dstage + L::OFF_DO / 16, sLse, pdp_s_scale(inv_q, inv_k, tau),
                          pdp_dp_scale(inv_do, inv_v), key0, q0, T, p, ds);
 
@@ -572,9 +578,9 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         reg_fence(t);
         reg_fence(tq);
         wgmma_fence();
-        wg_fp8_tile<D, 0, E5 ? 1 : 0, B8_BQ / 32>(t, dsm + (L::OFF_PT + wg * 64 * 128) / 16, dstage + L::OFF_DOT / 16);
+        wg_fp8_tile<D, 0, E5 ? 1 : 0, B8_BQ / 32>(t, dsm + (L::OFF_PT + wgu * 64 * 128) / 16, dstage + L::OFF_DOT / 16);
         wgmma_commit();
-        wg_fp8_tile<D / 2, E5 ? 1 : 0, 0, B8_BK / 32>(tq, dsm + L::OFF_DS / 16, dsm + (L::OFF_KT + wg * (D / 2) * 128) / 16);
+        wg_fp8_tile<D / 2, E5 ? 1 : 0, 0, B8_BK / 32>(tq, dsm + L::OFF_DS / 16, dsm + (L::OFF_KT + wgu * (D / 2) * 128) / 16);
         wgmma_commit();
         wgmma_wait<1>();  // dV's group done
         reg_fence(t);
@@ -586,7 +592,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // dK += dŜ^T Q̂ (tau at the end), fresh accumulator (t again)
         reg_fence(t);
         wgmma_fence();
-        wg_fp8_tile<D, E5 ? 1 : 0, 0, B8_BQ / 32>(t, dsm + (L::OFF_DST + wg * 64 * 128) / 16, dstage + L::OFF_QT / 16);
+        wg_fp8_tile<D, E5 ? 1 : 0, 0, B8_BQ / 32>(t, dsm + (L::OFF_DST + wgu * 64 * 128) / 16, dstage + L::OFF_QT / 16);
         wgmma_commit();
         wgmma_wait<1>();  // dQ's group done (groups complete in order)
         reg_fence(tq);
