@@ -327,9 +327,10 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
         fence_proxy_async();
         __syncthreads();
         const uint32_t dsm = b8_opaque(dlo_smem);  // the tiles' descriptors: offsets from smem
-        const int wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
-        tile_p_dp<D, E5>(dsm + (OFF_K + wgu * 64 * 128) / 16, dsm + (OFF_V + wgu * 64 * 128) / 16, dsm + OFF_Q / 16,
-                         dsm + OFF_DO / 16, sLse, cs, cdp, k0 + wg * 64, q0, T, p, dp);
+        const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
+        const uint32_t dkw = wgu * (64 * 128 / 16);              // the warpgroup's 64 key rows
+        tile_p_dp<D, E5>(dsm + OFF_K / 16 + dkw, dsm + OFF_V / 16 + dkw, dsm + OFF_Q / 16, dsm + OFF_DO / 16, sLse, cs,
+                         cdp, k0 + wg * 64, q0, T, p, dp);
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -383,6 +384,7 @@ struct B8Smem {
     // within a stage: Q̂, dÔ, Q̂^T, dÔ^T
     static constexpr int OFF_Q = 0, OFF_DO = QT, OFF_QT = 2 * QT, OFF_DOT = 2 * QT + KT;
     static constexpr int FIXED = OFF_STAGE;        // 4 KV + KT + QT
+    static_assert(KV % 1024 == 0 && KT % 1024 == 0 && QT % 1024 == 0, "swizzled regions start at 1024-byte boundaries");
     static constexpr size_t bytes = (size_t)FIXED + 2 * STAGE + (4 * B8_BQ + 8) * sizeof(float) + 1024;
 };
 
@@ -467,15 +469,16 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // uniform registers rather than per thread and moved over (R2UR) for every wgmma. Taken
         // here, not before the loop: there ptxas hoists more wg-dependent addresses and spills.
         const uint32_t dsm = b8_opaque(dlo_smem), dstage = dsm + (L::OFF_STAGE + s * L::STAGE) / 16;
-        const int wgu = __shfl_sync(0xffffffffu, wg, 0);
+        const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);
+        const uint32_t dkw = wgu * (64 * 128 / 16);  // the warpgroup's 64 key rows of K̂, V̂, P̂^T, dŜ^T
         const float *sLse = sLse2 + s * B8_BQ, *sDl = sDl2 + s * B8_BQ;
         const float inv_q = 1.0f / q_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
         const float inv_do = 1.0f / do_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
 
         float p[32], ds[32];
-        tile_p_dp<D, E5>(dsm + (L::OFF_K + wgu * 64 * 128) / 16, dsm + (L::OFF_V + wgu * 64 * 128) / 16,
-                         dstage + L::OFF_Q / 16, dstage + L::OFF_DO / 16, sLse, pdp_s_scale(inv_q, inv_k, tau),
-                         pdp_dp_scale(inv_do, inv_v), key0, q0, T, p, ds);
+        tile_p_dp<D, E5>(dsm + L::OFF_K / 16 + dkw, dsm + L::OFF_V / 16 + dkw, dstage + L::OFF_Q / 16,
+                         dstage + L::OFF_DO / 16, sLse, pdp_s_scale(inv_q, inv_k, tau), pdp_dp_scale(inv_do, inv_v),
+                         key0, q0, T, p, ds);
 
         // optional row diagnostics (spec §4.1) over the FP32 dS, column by column (few live
         // registers): sum_j dS_ij (the same rounded products as below) and sum_j P (|dP| + |D|)
@@ -578,9 +581,9 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         reg_fence(t);
         reg_fence(tq);
         wgmma_fence();
-        wg_fp8_tile<D, 0, E5 ? 1 : 0, B8_BQ / 32>(t, dsm + (L::OFF_PT + wgu * 64 * 128) / 16, dstage + L::OFF_DOT / 16);
+        wg_fp8_tile<D, 0, E5 ? 1 : 0, B8_BQ / 32>(t, dsm + L::OFF_PT / 16 + dkw, dstage + L::OFF_DOT / 16);
         wgmma_commit();
-        wg_fp8_tile<D / 2, E5 ? 1 : 0, 0, B8_BK / 32>(tq, dsm + L::OFF_DS / 16, dsm + (L::OFF_KT + wgu * (D / 2) * 128) / 16);
+        wg_fp8_tile<D / 2, E5 ? 1 : 0, 0, B8_BK / 32>(tq, dsm + L::OFF_DS / 16, dsm + L::OFF_KT / 16 + wgu * (D / 2 * 128 / 16));
         wgmma_commit();
         wgmma_wait<1>();  // dV's group done
         reg_fence(t);
@@ -592,7 +595,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // dK += dŜ^T Q̂ (tau at the end), fresh accumulator (t again)
         reg_fence(t);
         wgmma_fence();
-        wg_fp8_tile<D, E5 ? 1 : 0, 0, B8_BQ / 32>(t, dsm + (L::OFF_DST + wgu * 64 * 128) / 16, dstage + L::OFF_QT / 16);
+        wg_fp8_tile<D, E5 ? 1 : 0, 0, B8_BQ / 32>(t, dsm + L::OFF_DST / 16 + dkw, dstage + L::OFF_QT / 16);
         wgmma_commit();
         wgmma_wait<1>();  // dQ's group done (groups complete in order)
         reg_fence(tq);
