@@ -36,6 +36,16 @@
 // block i+1 loads while block i computes), overlaps the dV / dQ / dK wgmma groups with each
 // other's FP32 epilogues, and converts to FP8 with the hardware's paired conversion (cvt_*x2,
 // the same codes as fp8.h's encoders); see the comment above attn_bwd_fp8_kernel.
+//
+// By a static count the main loop is bound by instruction issue, not by the tensor cores
+// (docs/perf.md, "FP8 backward trim"), so its bookkeeping is kept lean (none of it changes a
+// computed value): tiles are reached through pointers that keep
+// the shared address space (b8_smem_align1024: LDS/STS with 32-bit addresses, not generic
+// 64-bit LD/ST); wgmma descriptors are 32-bit low words derived from one base by constant
+// offsets (b8_dlo, wg_fp8_tile), the warpgroup's part in uniform registers; the causal / sequence
+// end mask runs behind a warp-uniform branch, only on the tiles that need it (tile_p_dp); each
+// thread's dQ atomics use one row pointer and test the rows only in a partial last block; and
+// 1/s_ds comes from the exponent bits of the power-of-two scale (b8_inv_pow2).
 #include "attention_quant.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
