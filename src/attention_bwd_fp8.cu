@@ -45,7 +45,7 @@
 // offsets (b8_dlo, wg_fp8_tile), the warpgroup's part in uniform registers; the causal / sequence
 // end mask runs behind a warp-uniform branch, only on the tiles that need it (tile_p_dp); each
 // thread's dQ atomics use one row pointer and test the rows only in a partial last block; and
-// 1/s_ds comes from the exponent bits of the power-of-two scale (b8_inv_pow2).
+// 1/s_ds comes from the exponent bits of the power-of-two scale (pow2_recip).
 #include "attention_quant.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
@@ -151,11 +151,6 @@ __device__ __forceinline__ void wg_fp8_tile(float (&d)[N / 2], uint32_t a, uint3
     for (int kk = 0; kk < STEPS; kk++) wg_fp8<N, AT, BT>(d, b8_desc(a + 2 * kk), b8_desc(b + 2 * kk), kk > 0);
 }
 
-// 1 / s for s = 2^k, |k| <= FP8_SCALE_MAX_EXP (fp8_scale_for_amax's scales are such powers of
-// two): 2^-k, the exact quotient 1.0f / s returns (the exponent field 127 + k becomes 127 - k),
-// without the IEEE division's reciprocal refinement and slow-path branch.
-static_assert(FP8_SCALE_MAX_EXP <= 126, "b8_inv_pow2: 2^-k must be a normal float");
-__device__ __forceinline__ float b8_inv_pow2(float s) { return __int_as_float(0x7f000000 - __float_as_int(s)); }
 
 // Fragment map of a 64 x N wgmma accumulator (this thread's element i = 4n + e):
 // row (M) = warp*16 + g + 8*(e>>1) within the warpgroup's 64, column (N) = 8n + 2*t4 + (e&1).
@@ -548,7 +543,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         float tmax = sAmax[0];
 #pragma unroll
         for (int w = 1; w < 8; w++) tmax = fmaxf(tmax, sAmax[w]);
-        const float s_ds = fp8_scale_for_amax(gfmt, tmax), inv_ds = b8_inv_pow2(s_ds);
+        const float s_ds = fp8_scale_for_amax(gfmt, tmax), inv_ds = pow2_recip(s_ds);
 
         // dŜ codes, both orientations: dŜ^T (for dK) as this thread's (key, query pair) 16-bit
         // words; dŜ (for dQ) wants (query, key pair) words, so lanes g and g^1 (lane ^ 4: the
@@ -629,6 +624,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             if (q + 8 < T) add_dq(true, true);
             else add_dq(q < T, false);
         }
+        __syncwarp();  // lanes may have split on q + 8 < T (a partial last block): converge before the .aligned wait
         wgmma_wait<0>();
         reg_fence(t);
         {

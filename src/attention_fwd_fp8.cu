@@ -110,13 +110,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
     return r;
 }
 
-// 1 / s for a quantization scale s: fp8_scale_for_amax (fp8.h) gives s = 2^k with |k| <= 126 (or
-// s = 1), so 1 / s = 2^-k exactly, the value the IEEE division 1.0f / s returns; with bits(2^k) =
-// (127 + k) << 23 it is bits(2^-k) = (127 - k) << 23 = (254 << 23) - bits(2^k), a normal float
-// (exponent field 1..253). One integer subtraction instead of the division (MUFU.RCP, a Newton
-// step, a range check and a branch to a slow-path call); wrong for a scale that is not a power of
-// two, which attention_quant.cu never produces.
-__device__ __forceinline__ float pow2_recip(float s) { return __int_as_float(0x7f000000 - __float_as_int(s)); }
 
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 // Named barriers 1 and 2 (0 is __syncthreads'), 256 threads each: the consumers' ping-pong.
