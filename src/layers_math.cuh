@@ -9,6 +9,12 @@
 #include <cuda_bf16.h>  // __nv_bfloat16 and its conversions
 #include <math.h>       // expf, sqrtf
 
+// Eight BF16 values in one 16-byte access (the vectorized kernels' unit).
+union Bf16x8 {
+    uint4 u;
+    __nv_bfloat16 h[8];
+};
+
 static __device__ __forceinline__ float lm_bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
 static __device__ __forceinline__ __nv_bfloat16 lm_f2bf(float x) { return __float2bfloat16_rn(x); }
 static __device__ __forceinline__ float lm_bits2f(unsigned short b) { return lm_bf2f(__ushort_as_bfloat16(b)); }
