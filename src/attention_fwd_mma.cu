@@ -128,22 +128,7 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, 1)
             oacc[n][2] *= alpha[1];
             oacc[n][3] *= alpha[1];
         }
-        // O += P V, P as BF16 A fragments straight from the S accumulators
-#pragma unroll
-        for (int kk = 0; kk < FWD_BK / 16; kk++) {
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                              pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int n2 = 0; n2 < D / 16; n2++) {
-                uint32_t bv[4];
-                ldmatrix_x4_trans(bv, cV + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P +
-                                          n2 * 16 + (lane >> 4) * 8);
-                mma_bf16(oacc[2 * n2], pa, bv[0], bv[1]);
-                mma_bf16(oacc[2 * n2 + 1], pa, bv[2], bv[3]);
-            }
-        }
+        mma_frag_rowtile<FWD_BK, D>(oacc, s, cV, P, lane);  // O += P V, P from the S accumulators
     }
 
     // epilogue: full row sums, O = acc / l in BF16, LSE in natural log

@@ -74,6 +74,30 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+// acc (16 x N) += A (16 x K) * B (K x N) for one warp of the mma.sync kernels: A is the BF16
+// rounding of this warp's FP32 m16n8 accumulator fragments a (K/8 of them: P, P^T or dS^T, fed
+// to the next product straight from registers), B a row-major BF16 tile in shared memory (K rows
+// of pitch elements: V, dO or Q) read transposed by ldmatrix. The O += P V of the forward and the
+// dV += P^T dO, dK += dS^T Q of the backward.
+template <int K, int N>
+__device__ __forceinline__ void mma_frag_rowtile(float (&acc)[N / 8][4], const float (&a)[K / 8][4], const bf16 *b,
+                                                 int pitch, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        const uint32_t pa[4] = {pack_bf16(a[2 * kk][0], a[2 * kk][1]), pack_bf16(a[2 * kk][2], a[2 * kk][3]),
+                                pack_bf16(a[2 * kk + 1][0], a[2 * kk + 1][1]),
+                                pack_bf16(a[2 * kk + 1][2], a[2 * kk + 1][3])};
+#pragma unroll
+        for (int n2 = 0; n2 < N / 16; n2++) {
+            uint32_t bt[4];
+            ldmatrix_x4_trans(bt, b + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * pitch + n2 * 16 +
+                                      (lane >> 4) * 8);
+            mma_bf16(acc[2 * n2], pa, bt[0], bt[1]);
+            mma_bf16(acc[2 * n2 + 1], pa, bt[2], bt[3]);
+        }
+    }
+}
+
 // Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns used) into a shared
 // tile with row pitch D+8; rows >= T become zeros (so masked keys never bring NaN into PV).
 template <int ROWS, int D, int NTHREADS>
