@@ -132,24 +132,10 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, 1)
     }
 
     // epilogue: full row sums, O = acc / l in BF16, LSE in natural log
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    const long obase = (long)b * T * o_stride + (long)h * D;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row_w0 + g + r * 8;
-        if (row >= T) continue;
-        const float inv = 1.f / l[r];
-        bf16 *orow = o + obase + (long)row * o_stride;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
-                pack_bf16(oacc[n][2 * r] * inv, oacc[n][2 * r + 1] * inv);
-        if (t4 == 0) lse[(long)bh * T + row] = (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f;
-    }
+    quad_sum(l);
+    fwd_store_rows<D>(reinterpret_cast<const float(&)[D / 2]>(oacc), l, o + (long)b * T * o_stride + (long)h * D,
+                      o_stride, lse + (long)bh * T, row_w0 + g, T, t4,
+                      [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });
 }
 
 

@@ -98,6 +98,35 @@ __device__ __forceinline__ void mma_frag_rowtile(float (&acc)[N / 8][4], const f
     }
 }
 
+// The forward kernels' epilogue. quad_sum: a row's sum over the 4 threads of a quad (the threads
+// of one accumulator row), left in all four. fwd_store_rows: this thread's two rows row0 and
+// row0 + 8 (those < T) of O = acc / l[r] in BF16, acc in the mma / wgmma fragment order (element
+// 4n + 2r + c is row r, column 8n + 2 t4 + c), o the head's first row, and from the quad's first
+// thread lse_head[row] = lse_of(r).
+__device__ __forceinline__ void quad_sum(float (&v)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        v[r] += __shfl_xor_sync(0xffffffffu, v[r], 1);
+        v[r] += __shfl_xor_sync(0xffffffffu, v[r], 2);
+    }
+}
+template <int D, class LseOf>
+__device__ __forceinline__ void fwd_store_rows(const float (&acc)[D / 2], const float (&l)[2], bf16 *o, int o_stride,
+                                               float *lse_head, int row0, int T, int t4, LseOf lse_of) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + r * 8;
+        if (row >= T) continue;
+        const float inv = 1.f / l[r];
+        bf16 *orow = o + (long)row * o_stride;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
+                pack_bf16(acc[4 * n + 2 * r] * inv, acc[4 * n + 2 * r + 1] * inv);
+        if (t4 == 0) lse_head[row] = lse_of(r);
+    }
+}
+
 // Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns used) into a shared
 // tile with row pitch D+8; rows >= T become zeros (so masked keys never bring NaN into PV).
 template <int ROWS, int D, int NTHREADS>
