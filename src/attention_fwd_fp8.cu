@@ -217,8 +217,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
     float bias[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mx[r] = quad_max(mx[r]);
         // every row sees at least one key of every block it visits (key k0 <= row on the
         // diagonal), so mx is finite and m is finite from block 0 on
         const float mn = fmaxf(m[r], mx[r] * tau_qk);  // the dequantized S of the max, as the emulation rounds it

@@ -101,14 +101,7 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, 1)
             mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
         }
         float ms[2], alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            ms[r] = mx[r] * scale_log2;
-            alpha[r] = exp2f(m[r] * scale_log2 - ms[r]);
-            m[r] = mx[r];
-        }
+        online_max_step(mx, m, ms, alpha, scale_log2);
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int n = 0; n < FWD_BK / 8; n++) {

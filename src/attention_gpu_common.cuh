@@ -98,8 +98,8 @@ __device__ __forceinline__ void mma_frag_rowtile(float (&acc)[N / 8][4], const f
     }
 }
 
-// The forward kernels' epilogue. quad_sum: a row's sum over the 4 threads of a quad (the threads
-// of one accumulator row), left in all four. fwd_store_rows: this thread's two rows row0 and
+// Row statistics and the epilogue of the forward kernels. quad_sum / quad_max: a row's sum / max
+// over the 4 threads of a quad (the threads of one accumulator row), in all four. fwd_store_rows: this thread's two rows row0 and
 // row0 + 8 (those < T) of O = acc / l[r] in BF16, acc in the mma / wgmma fragment order (element
 // 4n + 2r + c is row r, column 8n + 2 t4 + c), o the head's first row, and from the quad's first
 // thread lse_head[row] = lse_of(r).
@@ -108,6 +108,23 @@ __device__ __forceinline__ void quad_sum(float (&v)[2]) {
     for (int r = 0; r < 2; r++) {
         v[r] += __shfl_xor_sync(0xffffffffu, v[r], 1);
         v[r] += __shfl_xor_sync(0xffffffffu, v[r], 2);
+    }
+}
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+// The BF16 forwards' online-softmax step for this thread's two rows: mx (the block's row maxima
+// of this thread, raw S) becomes the row's maximum over the quad, which becomes the running max
+// m; ms = that max in log2 units (S * scale_log2), alpha the factor for the old accumulators.
+__device__ __forceinline__ void online_max_step(float (&mx)[2], float (&m)[2], float (&ms)[2], float (&alpha)[2],
+                                                float scale_log2) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {  // one row at a time, as the kernels were scheduled and measured
+        mx[r] = quad_max(mx[r]);
+        ms[r] = mx[r] * scale_log2;
+        alpha[r] = exp2f(m[r] * scale_log2 - ms[r]);
+        m[r] = mx[r];
     }
 }
 template <int D, class LseOf>
