@@ -923,12 +923,10 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
             memset(&diag, 0, sizeof diag);
             diag.saturated = sat;
             AttnSavedCodes *kp = r == 1 ? &keep : NULL;
-            const char *pe = getenv("ATTN_KEEP_POISON");  // the byte the workspace is poisoned with
-            const int poison = pe ? atoi(pe) : 0xFF;
-            CU(cudaMemset(ws, poison, ws_bytes));
+            CU(cudaMemset(ws, 0xFF, ws_bytes));
             attn_mode_forward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, C, lse, B, H, T, d, kp,
                               ws, &diag, 0);
-            CU(cudaMemset(ws, poison, ws_bytes));  // nothing of the forward's may survive in the workspace
+            CU(cudaMemset(ws, 0xFF, ws_bytes));  // nothing of the forward's may survive in the workspace
             attn_mode_backward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, d_do, C, lse, dqkv,
                                dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, ws, &diag, 0);
             cudaError_t err = cudaDeviceSynchronize();
