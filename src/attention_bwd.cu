@@ -157,22 +157,7 @@ __global__ void __launch_bounds__(BWD_WARPS * 32, 2)
                 float p = exp2f(fminf(s[n][e] * scale_log2 - cL[ql] * LOG2E, 0.f));  // P <= 1 (see the wgmma kernel)
                 s[n][e] = (diag && key > q0 + ql) ? 0.f : p;
             }
-        // dV += P^T dO (P in BF16)
-#pragma unroll
-        for (int kk = 0; kk < BWD_BQ / 16; kk++) {
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                              pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int n2 = 0; n2 < D / 16; n2++) {
-                uint32_t bo[4];
-                ldmatrix_x4_trans(bo, cdO + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P +
-                                          n2 * 16 + (lane >> 4) * 8);
-                mma_bf16(dva[2 * n2], pa, bo[0], bo[1]);
-                mma_bf16(dva[2 * n2 + 1], pa, bo[2], bo[3]);
-            }
-        }
+        mma_frag_rowtile<BWD_BQ, D>(dva, s, cdO, P, lane);  // dV += P^T dO (P in BF16)
         // dP^T = V dO^T
         float dp[BWD_BQ / 8][4];
 #pragma unroll
@@ -202,22 +187,7 @@ __global__ void __launch_bounds__(BWD_WARPS * 32, 2)
             *reinterpret_cast<uint32_t *>(sdS + (warp * 16 + g + 8) * PS + n * 8 + 2 * t4) =
                 pack_bf16(dp[n][2], dp[n][3]);
         }
-        // dK += dS^T Q
-#pragma unroll
-        for (int kk = 0; kk < BWD_BQ / 16; kk++) {
-            uint32_t da[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]),
-                              pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                              pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-#pragma unroll
-            for (int n2 = 0; n2 < D / 16; n2++) {
-                uint32_t bq[4];
-                ldmatrix_x4_trans(bq, cQ + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P +
-                                          n2 * 16 + (lane >> 4) * 8);
-                mma_bf16(dka[2 * n2], da, bq[0], bq[1]);
-                mma_bf16(dka[2 * n2 + 1], da, bq[2], bq[3]);
-            }
-        }
+        mma_frag_rowtile<BWD_BQ, D>(dka, dp, cQ, P, lane);  // dK += dS^T Q (dS in BF16)
         __syncthreads();  // the whole dS^T tile is in shared memory
         // dQ (queries 16w..16w+15 of this block) += dS K, A fragments from dS^T transposed
         uint32_t dsa[BWD_BK / 16][4];

@@ -68,14 +68,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[WG_BK / 2], float (&m)[
         mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
     }
     float ms[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        ms[r] = mx[r] * scale_log2;
-        alpha[r] = exp2f(m[r] * scale_log2 - ms[r]);
-        m[r] = mx[r];
-    }
+    online_max_step(mx, m, ms, alpha, scale_log2);
     float rs[2] = {0.f, 0.f};
 #pragma unroll
     for (int n = 0; n < WG_BK / 8; n++) {
@@ -172,23 +165,9 @@ template <int D>
 __device__ __forceinline__ void wg_store_output(const WgFwdCta &c, const float (&oacc)[D / 2],
                                                 const float (&m)[2], float (&l)[2], bf16 *o,
                                                 int o_stride, float *lse, int T, float scale_log2) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = c.row_w0 + c.g + r * 8;
-        if (row >= T) continue;
-        const float inv = 1.f / l[r];
-        bf16 *orow = o + c.obase + (long)row * o_stride;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * c.t4) =
-                pack_bf16(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
-        if (c.t4 == 0) lse[(long)c.bh * T + row] = (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f;
-    }
+    quad_sum(l);
+    fwd_store_rows<D>(oacc, l, o + c.obase, o_stride, lse + (long)c.bh * T, c.row_w0 + c.g, T, c.t4,
+                      [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });
 }
 
 __device__ __forceinline__ const unsigned char *as_bytes(const bf16 *p) {

@@ -245,8 +245,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
     float bias[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mx[r] = quad_max(mx[r]);
         // every row sees at least one key of every block it visits (key k0 <= row on the
         // diagonal), so mx is finite and m is finite from block 0 on
         const float mn = fmaxf(m[r], mx[r] * tau_qk);  // the dequantized S of the max, as the emulation rounds it
@@ -453,26 +452,12 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         }
 
         // epilogue: full row sums, O = acc / l in BF16, LSE natural log
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-            l[r] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
-        }
+        quad_sum(l);
+        l[0] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
+        l[1] *= inv_p;
         const int b = bh / H, h = bh % H;
-        const long obase = (long)b * T * o_stride + (long)h * D;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int row = row_w0 + g + r * 8;
-            if (row >= T) continue;
-            const float inv = 1.f / l[r];
-            bf16 *orow = o + obase + (long)row * o_stride;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++)
-                *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
-                    pack_bf16(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
-            if (t4 == 0) lse[(long)bh * T + row] = m[r] + logf(l[r]);
-        }
+        fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
+                          row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
     }
 }
 

@@ -101,14 +101,7 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, 1)
             mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
         }
         float ms[2], alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            ms[r] = mx[r] * scale_log2;
-            alpha[r] = exp2f(m[r] * scale_log2 - ms[r]);
-            m[r] = mx[r];
-        }
+        online_max_step(mx, m, ms, alpha, scale_log2);
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int n = 0; n < FWD_BK / 8; n++) {
@@ -128,43 +121,14 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, 1)
             oacc[n][2] *= alpha[1];
             oacc[n][3] *= alpha[1];
         }
-        // O += P V, P as BF16 A fragments straight from the S accumulators
-#pragma unroll
-        for (int kk = 0; kk < FWD_BK / 16; kk++) {
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                              pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int n2 = 0; n2 < D / 16; n2++) {
-                uint32_t bv[4];
-                ldmatrix_x4_trans(bv, cV + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P +
-                                          n2 * 16 + (lane >> 4) * 8);
-                mma_bf16(oacc[2 * n2], pa, bv[0], bv[1]);
-                mma_bf16(oacc[2 * n2 + 1], pa, bv[2], bv[3]);
-            }
-        }
+        mma_frag_rowtile<FWD_BK, D>(oacc, s, cV, P, lane);  // O += P V, P from the S accumulators
     }
 
     // epilogue: full row sums, O = acc / l in BF16, LSE in natural log
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    const long obase = (long)b * T * o_stride + (long)h * D;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row_w0 + g + r * 8;
-        if (row >= T) continue;
-        const float inv = 1.f / l[r];
-        bf16 *orow = o + obase + (long)row * o_stride;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
-                pack_bf16(oacc[n][2 * r] * inv, oacc[n][2 * r + 1] * inv);
-        if (t4 == 0) lse[(long)bh * T + row] = (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f;
-    }
+    quad_sum(l);
+    fwd_store_rows<D>(reinterpret_cast<const float(&)[D / 2]>(oacc), l, o + (long)b * T * o_stride + (long)h * D,
+                      o_stride, lse + (long)bh * T, row_w0 + g, T, t4,
+                      [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });
 }
 
 

@@ -75,6 +75,76 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+// acc (16 x N) += A (16 x K) * B (K x N) for one warp of the mma.sync kernels: A is the BF16
+// rounding of this warp's FP32 m16n8 accumulator fragments a (K/8 of them: P, P^T or dS^T, fed
+// to the next product straight from registers), B a row-major BF16 tile in shared memory (K rows
+// of pitch elements: V, dO or Q) read transposed by ldmatrix. The O += P V of the forward and the
+// dV += P^T dO, dK += dS^T Q of the backward.
+template <int K, int N>
+__device__ __forceinline__ void mma_frag_rowtile(float (&acc)[N / 8][4], const float (&a)[K / 8][4], const bf16 *b,
+                                                 int pitch, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        const uint32_t pa[4] = {pack_bf16(a[2 * kk][0], a[2 * kk][1]), pack_bf16(a[2 * kk][2], a[2 * kk][3]),
+                                pack_bf16(a[2 * kk + 1][0], a[2 * kk + 1][1]),
+                                pack_bf16(a[2 * kk + 1][2], a[2 * kk + 1][3])};
+#pragma unroll
+        for (int n2 = 0; n2 < N / 16; n2++) {
+            uint32_t bt[4];
+            ldmatrix_x4_trans(bt, b + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * pitch + n2 * 16 +
+                                      (lane >> 4) * 8);
+            mma_bf16(acc[2 * n2], pa, bt[0], bt[1]);
+            mma_bf16(acc[2 * n2 + 1], pa, bt[2], bt[3]);
+        }
+    }
+}
+
+// Row statistics and the epilogue of the forward kernels. quad_sum / quad_max: a row's sum / max
+// over the 4 threads of a quad (the threads of one accumulator row), in all four. fwd_store_rows: this thread's two rows row0 and
+// row0 + 8 (those < T) of O = acc / l[r] in BF16, acc in the mma / wgmma fragment order (element
+// 4n + 2r + c is row r, column 8n + 2 t4 + c), o the head's first row, and from the quad's first
+// thread lse_head[row] = lse_of(r).
+__device__ __forceinline__ void quad_sum(float (&v)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        v[r] += __shfl_xor_sync(0xffffffffu, v[r], 1);
+        v[r] += __shfl_xor_sync(0xffffffffu, v[r], 2);
+    }
+}
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+// The BF16 forwards' online-softmax step for this thread's two rows: mx (the block's row maxima
+// of this thread, raw S) becomes the row's maximum over the quad, which becomes the running max
+// m; ms = that max in log2 units (S * scale_log2), alpha the factor for the old accumulators.
+__device__ __forceinline__ void online_max_step(float (&mx)[2], float (&m)[2], float (&ms)[2], float (&alpha)[2],
+                                                float scale_log2) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {  // one row at a time, as the kernels were scheduled and measured
+        mx[r] = quad_max(mx[r]);
+        ms[r] = mx[r] * scale_log2;
+        alpha[r] = exp2f(m[r] * scale_log2 - ms[r]);
+        m[r] = mx[r];
+    }
+}
+template <int D, class LseOf>
+__device__ __forceinline__ void fwd_store_rows(const float (&acc)[D / 2], const float (&l)[2], bf16 *o, int o_stride,
+                                               float *lse_head, int row0, int T, int t4, LseOf lse_of) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + r * 8;
+        if (row >= T) continue;
+        const float inv = 1.f / l[r];
+        bf16 *orow = o + (long)row * o_stride;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
+                pack_bf16(acc[4 * n + 2 * r] * inv, acc[4 * n + 2 * r + 1] * inv);
+        if (t4 == 0) lse_head[row] = lse_of(r);
+    }
+}
+
 // Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns used) into a shared
 // tile with row pitch D+8; rows >= T become zeros (so masked keys never bring NaN into PV).
 template <int ROWS, int D, int NTHREADS>

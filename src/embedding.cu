@@ -27,6 +27,7 @@
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
 #include "gpu_sizes.h"   // gpu_embedding_scratch_bytes, EMB_TILE: the memory plan sizes it too
+#include "layers_math.cuh"  // Bf16x8, aligned16
 
 typedef __nv_bfloat16 bf16;
 
@@ -77,7 +78,7 @@ template <bool VEC>
 static __device__ __forceinline__ void load_cols(float (&v)[EMB_COLS], const bf16 *dx, long long p, int C, int c0) {
     const bf16 *row = dx + p * C + c0;
     if (VEC) {
-        union { uint4 u; bf16 h[8]; } w;
+        Bf16x8 w;
         w.u = *(const uint4 *)row;
 #pragma unroll
         for (int j = 0; j < EMB_COLS; j++) v[j] = bf2f(w.h[j]);
@@ -193,7 +194,7 @@ extern "C" void embedding_backward_gpu(float *dwte, const uint16_t *dx, const in
 
     const int tiles = (N + EMB_TILE - 1) / EMB_TILE;
     dim3 grid((unsigned)tiles, (unsigned)((C + 32 * EMB_COLS - 1) / (32 * EMB_COLS)));
-    const bool vec = C % 8 == 0 && ((uintptr_t)dx & 15) == 0;
+    const bool vec = C % 8 == 0 && aligned16(dx);
     if (vec)
         emb_accumulate_kernel<true><<<grid, 32, 0, stream>>>(dwte, head, tail, (const bf16 *)dx, keys, pos, N, C, Vp);
     else

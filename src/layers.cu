@@ -14,7 +14,8 @@
 #include <cuda_bf16.h>     // __nv_bfloat16 and its conversions
 #include <cuda_runtime.h>  // kernel launches
 #include <math.h>          // INFINITY, NAN
-#include <stdint.h>        // int32_t
+#include <stdint.h>        // int32_t, uintptr_t
+#include <type_traits>     // std::integral_constant (the chunk count of the vectorized row kernels)
 
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
@@ -55,12 +56,6 @@ static __device__ __forceinline__ long long row_offset(RowMap m, long long r) {
 
 // One warp per row. With delta != NULL (fused residual): res_out = bf16(x + delta) is stored
 // first and the stored value is normalised. y may alias x (each lane rewrites only what it read).
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
-union Bf16x8 {
-    uint4 u;
-    bf16 h[8];
-};
 
 // The order of a row's sum of squares, in every RMSNorm forward (here and layers_fp8.cu's fused
 // one, whose BF16 output must be bit-identical): lane l adds the elements of its 8-element chunks
@@ -299,36 +294,41 @@ __global__ void norm_gain_reduce_kernel(float *dg, const float *partial, int n_c
     dg[c] += (float)acc;
 }
 
+// Whether rows of map at these pointers allow 16-byte accesses: widths and strides multiples of
+// 8 elements, every base 16-byte aligned (a NULL pointer, an unused operand, passes).
+static bool vec8_ok(RowMap map, const void *a, const void *b, const void *c, const void *d,
+                    const void *e = NULL) {
+    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e;
+    return map.dim % 8 == 0 && map.stride % 8 == 0 && (bits & 15) == 0;
+}
+
+// The vectorized row kernels hold a row's NV 16-byte chunks per lane in registers, NV a template
+// parameter: launch(std::integral_constant<int, NV>) with the smallest instantiated NV such that
+// 256 * NV >= dim; false (nothing launched) past 3072 columns, where the scalar kernels run.
+template <class Launch>
+static bool with_row_chunks(int dim, Launch launch) {
+    const int nv = (dim + 255) / 256;
+    if (nv <= 1) launch(std::integral_constant<int, 1>());
+    else if (nv <= 2) launch(std::integral_constant<int, 2>());
+    else if (nv <= 4) launch(std::integral_constant<int, 4>());
+    else if (nv <= 6) launch(std::integral_constant<int, 6>());
+    else if (nv <= 8) launch(std::integral_constant<int, 8>());
+    else if (nv <= 12) launch(std::integral_constant<int, 12>());
+    else return false;
+    return true;
+}
+
 // (The gain gradient partitions the rows with gpu_norm_chunks: at most 1024 chunks of >= 32 rows.)
 static void rmsnorm_forward_launch(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
                                    long long n_rows, float eps, const bf16 *delta, bf16 *res_out,
                                    cudaStream_t stream) {
-    const int nv = (map.dim + 255) / 256;  // 16-byte chunks per lane
     const unsigned blocks = blocks_for((size_t)n_rows, ROWS_PER_BLOCK);
-    const bool vec = map.dim % 8 == 0 && map.stride % 8 == 0 && aligned16(y) && aligned16(x) && aligned16(g) &&
-                     (!delta || (aligned16(delta) && aligned16(res_out)));
-    if (vec && nv <= 1) rmsnorm_forward_vec_kernel<1><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
-    else if (vec && nv <= 2) rmsnorm_forward_vec_kernel<2><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
-    else if (vec && nv <= 4) rmsnorm_forward_vec_kernel<4><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
-    else if (vec && nv <= 6) rmsnorm_forward_vec_kernel<6><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
-    else if (vec && nv <= 8) rmsnorm_forward_vec_kernel<8><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
-    else if (vec && nv <= 12) rmsnorm_forward_vec_kernel<12><<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
-    else rmsnorm_forward_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
-    CUDA_CHECK_LAUNCH();
-}
-
-// Whether rows of map at these pointers allow 16-byte accesses: widths and strides multiples of
-// 8 elements, every base 16-byte aligned.
-static bool vec8_ok(RowMap map, const void *a, const void *b, const void *c, const void *d) {
-    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d;
-    return map.dim % 8 == 0 && map.stride % 8 == 0 && (bits & 15) == 0;
-}
-
-template <int NV>
-static void dx_vec_launch(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *g, const float *rstd, RowMap map,
-                          long long n_rows, int accumulate, cudaStream_t stream) {
-    rmsnorm_backward_dx_vec_kernel<NV><<<blocks_for((size_t)n_rows, ROWS_PER_BLOCK), ROW_BLOCK, 0, stream>>>(
-        dx, dy, x, g, rstd, map, n_rows, accumulate);
+    const bool vec = vec8_ok(map, y, x, g, delta, res_out) &&
+                     with_row_chunks(map.dim, [&](auto nv) {
+                         rmsnorm_forward_vec_kernel<decltype(nv)::value><<<blocks, ROW_BLOCK, 0, stream>>>(
+                             y, rstd, x, g, map, n_rows, eps, delta, res_out);
+                     });
+    if (!vec) rmsnorm_forward_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -339,7 +339,7 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
     int n_chunks;
     long long chunk_rows;
     gpu_norm_chunks(n_rows, &n_chunks, &chunk_rows);
-    const bool vec = vec8_ok(map, dx, dy, x, g) && ((uintptr_t)scratch & 15) == 0;
+    const bool vec = vec8_ok(map, dx, dy, x, g, scratch);
     if (vec) {  // 8 columns per thread, 128 threads per block
         dim3 grid((unsigned)n_chunks, (unsigned)((map.dim + 1023) / 1024));
         norm_gain_partial_vec_kernel<<<grid, 128, 0, stream>>>(scratch, dy, x, rstd, map, n_rows, chunk_rows);
@@ -352,18 +352,14 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
     // 32 columns per block: dim / 32 blocks (64 for C = 2048) spread the columns over the SMs
     norm_gain_reduce_kernel<<<blocks_for(map.dim, 32), 32, 0, stream>>>(dg, scratch, n_chunks, map.dim);
     CUDA_CHECK_LAUNCH();
-    const int nv = (map.dim + 255) / 256;  // 16-byte chunks per lane
-    if (vec && nv <= 1) dx_vec_launch<1>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
-    else if (vec && nv <= 2) dx_vec_launch<2>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
-    else if (vec && nv <= 4) dx_vec_launch<4>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
-    else if (vec && nv <= 6) dx_vec_launch<6>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
-    else if (vec && nv <= 8) dx_vec_launch<8>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
-    else if (vec && nv <= 12) dx_vec_launch<12>(dx, dy, x, g, rstd, map, n_rows, accumulate, stream);
-    else {
-        rmsnorm_backward_dx_kernel<<<blocks_for((size_t)n_rows, ROWS_PER_BLOCK), ROW_BLOCK, 0, stream>>>(
+    const unsigned blocks = blocks_for((size_t)n_rows, ROWS_PER_BLOCK);
+    const bool dx_vec = vec && with_row_chunks(map.dim, [&](auto nv) {
+        rmsnorm_backward_dx_vec_kernel<decltype(nv)::value><<<blocks, ROW_BLOCK, 0, stream>>>(
             dx, dy, x, g, rstd, map, n_rows, accumulate);
-        CUDA_CHECK_LAUNCH();
-    }
+    });
+    if (!dx_vec)
+        rmsnorm_backward_dx_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(dx, dy, x, g, rstd, map, n_rows, accumulate);
+    CUDA_CHECK_LAUNCH();
 }
 
 static RowMap plain_rows(int C) { RowMap m = {1, C, C}; return m; }

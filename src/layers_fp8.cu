@@ -51,7 +51,6 @@ static __device__ __forceinline__ void tile_put8(uint16_t *dst, const uint32_t w
     uint32_t *d = reinterpret_cast<uint32_t *>(dst);  // 4-byte aligned (pitch and c even)
     d[0] = w[0]; d[1] = w[1]; d[2] = w[2]; d[3] = w[3];
 }
-static __host__ __device__ __forceinline__ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 // --- RMSNorm -------------------------------------------------------------------------------------
 // CTA = rows [r0, r0 + 128). Pass 1 (a warp per row): as rmsnorm_forward_kernel, lane j adds the

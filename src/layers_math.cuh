@@ -8,6 +8,16 @@
 
 #include <cuda_bf16.h>  // __nv_bfloat16 and its conversions
 #include <math.h>       // expf, sqrtf
+#include <stdint.h>     // uintptr_t
+
+// Whether p allows 16-byte accesses (host: choosing a vectorized kernel; device: per row).
+static __host__ __device__ __forceinline__ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// Eight BF16 values in one 16-byte access (the vectorized kernels' unit).
+union Bf16x8 {
+    uint4 u;
+    __nv_bfloat16 h[8];
+};
 
 static __device__ __forceinline__ float lm_bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
 static __device__ __forceinline__ __nv_bfloat16 lm_f2bf(float x) { return __float2bfloat16_rn(x); }

@@ -23,12 +23,13 @@
 #include <cublasLt.h>      // the cuBLASLt API
 #include <cuda_runtime.h>  // cudaMalloc, launches
 #include <stdint.h>        // uintptr_t
-#include <string.h>        // memset, memcmp
+#include <string.h>        // memset
 
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
 #include "fp8_quant.cuh"  // the device quantization shared with layers_fp8.cu (abs_bits, quant,
                           // emit_tile_rows / emit_tile_cols, vec128_emit)
+#include "gemm_plan_cache.h"  // GemmPlanCache: the plans cached per shape
 #include "gpu_sizes.h"   // the scale-buffer sizes (shared with the memory plan)
 #include "matmul.h"      // the shared cuBLASLt handle and workspace
 
@@ -385,8 +386,7 @@ typedef struct {
 
 static cublasLtHandle_t handle;  // matmul.cu's, shared (see matmul.h)
 static void *workspace;          // matmul.cu's MATMUL_WORKSPACE_BYTES
-static Fp8GemmPlan plans[MAX_PLANS];
-static int n_plans, next_evict;
+static GemmPlanCache<Fp8GemmPlan, MAX_PLANS> cache;
 
 void linear_fp8_gpu_init(void) {
     if (handle) return;
@@ -395,22 +395,14 @@ void linear_fp8_gpu_init(void) {
     workspace = matmul_gpu_workspace();
 }
 
-static void plan_destroy(Fp8GemmPlan *p) {
-    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->a));
-    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->b));
-    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->c));
-    CUBLASLT_CHECK(cublasLtMatmulDescDestroy(p->op));
-}
-
 void linear_fp8_gpu_shutdown(void) {
     if (!handle) return;
-    for (int i = 0; i < n_plans; i++) plan_destroy(&plans[i]);
-    n_plans = next_evict = 0;
+    cache.clear();
     workspace = NULL;  // both belong to matmul.cu, which frees them in matmul_gpu_shutdown()
     handle = NULL;
 }
 
-int linear_fp8_gpu_plan_count(void) { return n_plans; }
+int linear_fp8_gpu_plan_count(void) { return cache.n; }
 
 static int pointer_alignment(const void *p) {
     uintptr_t u = (uintptr_t)p;
@@ -453,7 +445,7 @@ static cublasStatus_t plan_build(Fp8GemmPlan *p, const Fp8GemmKey *k, const floa
     // codes: alignment checked >= 16 by the caller
     cublasStatus_t st = (cublasStatus_t)matmul_gpu_pick_algo(p->op, p->a, p->b, p->c, 16, 16, k->align_c, &p->algo);
     if (st != CUBLAS_STATUS_SUCCESS) {
-        plan_destroy(p);
+        cache.destroy(p);
         memset(p, 0, sizeof *p);
     }
     return st;
@@ -462,19 +454,11 @@ static cublasStatus_t plan_build(Fp8GemmPlan *p, const Fp8GemmKey *k, const floa
 // The cached plan for key (built on first use), or NULL with *status saying why there is none.
 static Fp8GemmPlan *plan_get(const Fp8GemmKey *k, const float *a_scales, const float *b_scales, cublasStatus_t *status) {
     *status = CUBLAS_STATUS_SUCCESS;
-    for (int i = 0; i < n_plans; i++)
-        if (memcmp(&plans[i].key, k, sizeof *k) == 0) return &plans[i];
-    Fp8GemmPlan fresh;
+    if (Fp8GemmPlan *hit = cache.find(*k)) return hit;
+    Fp8GemmPlan fresh;  // built first: a shape cuBLASLt cannot run takes no slot
     *status = plan_build(&fresh, k, a_scales, b_scales);
     if (*status != CUBLAS_STATUS_SUCCESS) return NULL;
-    Fp8GemmPlan *p;
-    if (n_plans < MAX_PLANS) {
-        p = &plans[n_plans++];
-    } else {  // full: replace the oldest slot in turn
-        p = &plans[next_evict];
-        next_evict = (next_evict + 1) % MAX_PLANS;
-        plan_destroy(p);
-    }
+    Fp8GemmPlan *p = cache.slot();
     *p = fresh;
     return p;
 }

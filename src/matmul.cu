@@ -11,10 +11,11 @@
 #include <cublasLt.h>      // the cuBLASLt API
 #include <cuda_runtime.h>  // cudaMalloc, cudaFree
 #include <stdint.h>        // uintptr_t
-#include <string.h>        // memset, memcmp
+#include <string.h>        // memset
 
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUBLASLT_CHECK
+#include "gemm_plan_cache.h"  // GemmPlanCache: the plans cached per shape
 
 // Everything that selects a plan. Pointer alignment is part of it because the heuristic only
 // returns algorithms valid for the alignment it was promised.
@@ -37,8 +38,7 @@ typedef struct {
 
 static cublasLtHandle_t handle;
 static void *workspace;  // MATMUL_WORKSPACE_BYTES on the device
-static GemmPlan plans[MAX_PLANS];
-static int n_plans, next_evict;
+static GemmPlanCache<GemmPlan, MAX_PLANS> cache;
 
 extern "C" void matmul_gpu_init(void) {
     if (handle) return;
@@ -79,24 +79,16 @@ extern "C" void *matmul_gpu_workspace(void) {
     return workspace;
 }
 
-static void plan_destroy(GemmPlan *p) {
-    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->a));
-    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->b));
-    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(p->c));
-    CUBLASLT_CHECK(cublasLtMatmulDescDestroy(p->op));
-}
-
 extern "C" void matmul_gpu_shutdown(void) {
     if (!handle) return;
-    for (int i = 0; i < n_plans; i++) plan_destroy(&plans[i]);
-    n_plans = next_evict = 0;
+    cache.clear();
     CUDA_CHECK(cudaFree(workspace));
     workspace = NULL;
     CUBLASLT_CHECK(cublasLtDestroy(handle));
     handle = NULL;
 }
 
-extern "C" int matmul_gpu_plan_count(void) { return n_plans; }
+extern "C" int matmul_gpu_plan_count(void) { return cache.n; }
 
 static int pointer_alignment(const void *p) {
     uintptr_t u = (uintptr_t)p;
@@ -136,16 +128,8 @@ static void plan_build(GemmPlan *p, const GemmKey *k) {
 }
 
 static const GemmPlan *plan_get(const GemmKey *k) {
-    for (int i = 0; i < n_plans; i++)
-        if (memcmp(&plans[i].key, k, sizeof *k) == 0) return &plans[i];
-    GemmPlan *p;
-    if (n_plans < MAX_PLANS) {
-        p = &plans[n_plans++];
-    } else {  // full: replace the oldest slot in turn
-        p = &plans[next_evict];
-        next_evict = (next_evict + 1) % MAX_PLANS;
-        plan_destroy(p);
-    }
+    if (const GemmPlan *hit = cache.find(*k)) return hit;
+    GemmPlan *p = cache.slot();
     plan_build(p, k);
     return p;
 }

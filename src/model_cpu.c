@@ -488,16 +488,7 @@ void cpu_probe_alloc(ModelProbe *p, const CpuModel *m) {
     p->local_ref = ATTN_N_PRECISIONS;
 }
 
-void cpu_probe_free(ModelProbe *p) {
-    free(p->layer_stats);
-    free(p->row_resid);
-    free(p->dq);
-    free(p->dk);
-    free(p->dv);
-    free(p->grads);
-    free(p->local_sq);
-    memset(p, 0, sizeof *p);
-}
+void cpu_probe_free(ModelProbe *p) { probe_free_host(p); }
 
 // Everything a forward + backward writes besides the activations is set aside first and put back
 // afterwards: the gradient buffer (swapped for the probe's own), the attention precision, the

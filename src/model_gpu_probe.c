@@ -88,12 +88,7 @@ void gpu_probe_free(ModelProbe *p) {
         free(d->host_cancel);
         free(d);
     }
-    free(p->layer_stats);
-    free(p->row_resid);
-    free(p->cmp_sq);
-    free(p->local_sq);
-    free(p->grads);
-    memset(p, 0, sizeof *p);
+    probe_free_host(p);
 }
 
 void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_ref, const int32_t *tokens,

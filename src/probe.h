@@ -5,6 +5,8 @@
 #define PROBE_H
 
 #include <stddef.h>  // size_t
+#include <stdlib.h>  // free
+#include <string.h>  // memset
 
 #include "attention_cpu.h"  // AttnStats
 #include "config.h"         // AttnPrecision
@@ -31,6 +33,20 @@ typedef struct {
     double *local_sq;        // (n_layer, 6) with a local reference: sum (x - x_ref)^2, sum x_ref^2
                              // for x = dq, dk, dv of each layer's attention alone
 } ModelProbe;
+
+// Frees the host arrays of either backend's probe (those it never allocated are NULL) and clears
+// it; the GPU's device part (dev) is model_gpu_probe.c's to free first.
+static inline void probe_free_host(ModelProbe *p) {
+    free(p->layer_stats);
+    free(p->row_resid);
+    free(p->dq);
+    free(p->dk);
+    free(p->dv);
+    free(p->cmp_sq);
+    free(p->grads);
+    free(p->local_sq);
+    memset(p, 0, sizeof *p);
+}
 
 #ifdef __cplusplus
 }

@@ -179,6 +179,19 @@ static void report(const char *tag, const char *what, const Mismatch &m, bool ex
 // few random (b, h, 128-token block) cells multiplied by 2^±k (with `cells`: scales far from 1,
 // down to the clamp 2^126 of blocks of subnormals);
 // with `huge`, also single outliers ×2^12 that make a stale delayed scale saturate.
+// The options every GPU case runs with: block scaling, P's static scale 256, the kernels' tiles.
+static AttnOptions block_options(AttnPrecision precision, Fp8Format gfmt, int block_q, int block_k) {
+    AttnOptions opt;
+    memset(&opt, 0, sizeof opt);
+    opt.precision = precision;
+    opt.grad_format = gfmt;
+    opt.scaling = SCALING_BLOCK;
+    opt.p_scale = 256.0f;
+    opt.block_q = block_q;
+    opt.block_k = block_k;
+    return opt;
+}
+
 static void fill_tensor(std::vector<uint16_t> &hx, size_t off, int stride, const Case &cs, double scale,
                         bool cells, bool huge) {
     const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, nblk = attn_quant_n_blocks(T);
@@ -223,12 +236,7 @@ static void run_case(const Case &cs, int seed) {
     CU(cudaMemcpy(d_qkv, hqkv.data(), qkv_elems * 2, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(d_do, hdo.data(), n_tok * C * 2, cudaMemcpyHostToDevice));
 
-    AttnOptions opt;
-    memset(&opt, 0, sizeof opt);
-    opt.precision = ATTN_FP8_DM;
-    opt.scaling = SCALING_BLOCK;
-    opt.p_scale = 256.0f;
-    opt.block_q = opt.block_k = 128;
+    AttnOptions opt = block_options(ATTN_FP8_DM, FP8_E4M3, 128, 128);
 
     // --- block scaling: Q, K, V (E4M3) and dO (E4M3) in one launch, then dO in E5M2 ---------
     DevOut o[5];
@@ -370,14 +378,7 @@ static void run_fwd_case(const Case &cs, int seed) {
     for (float x : g_lse) nonfinite += !isfinite(x);
     CHECK(nonfinite == 0, "attn fp8 forward writes every output", "%s: %ld values not finite", tag, nonfinite);
 
-    AttnOptions opt;
-    memset(&opt, 0, sizeof opt);
-    opt.precision = ATTN_FP8_NAIVE;
-    opt.scaling = SCALING_BLOCK;
-    opt.grad_format = FP8_E4M3;
-    opt.p_scale = 256.0f;
-    opt.block_q = ATTN_FP8_FWD_BLOCK_Q;
-    opt.block_k = ATTN_FP8_FWD_BLOCK_K;
+    AttnOptions opt = block_options(ATTN_FP8_NAIVE, FP8_E4M3, ATTN_FP8_FWD_BLOCK_Q, ATTN_FP8_FWD_BLOCK_K);
     std::vector<int> heads;
     if ((double)B * H * T * T <= 4.0e6) for (int i = 0; i < B * H; i++) heads.push_back(i);
     else { heads.push_back(0); if (B * H > 1) heads.push_back(B * H - 1); }
@@ -622,13 +623,7 @@ static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
     const int nh = (int)heads.size();
     std::vector<std::vector<float>> hx(nh * 4), hq(nh * 4), ho(nh), hl(nh);
     std::vector<std::vector<double>> r64(nh * 3);
-    AttnOptions opt;
-    memset(&opt, 0, sizeof opt);
-    opt.scaling = SCALING_BLOCK;
-    opt.grad_format = gfmt;
-    opt.p_scale = 256.0f;
-    opt.block_q = ATTN_FP8_BWD_BLOCK_Q;
-    opt.block_k = ATTN_FP8_BWD_BLOCK_K;
+    AttnOptions opt = block_options(ATTN_FP32, gfmt, ATTN_FP8_BWD_BLOCK_Q, ATTN_FP8_BWD_BLOCK_K);  // precision: per mode below
     for (int hi = 0; hi < nh; hi++) {
         const int bh = heads[hi], b = bh / H, h = bh % H;
         std::vector<double> xd[4];
@@ -904,14 +899,7 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
     uint16_t *d_qkv = dup(hqkv), *d_do = dup(hdo);
     const AttnPrecision modes[4] = {ATTN_FP8_NAIVE, ATTN_FP8_HYBRID, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
     for (AttnPrecision mode : modes) {
-        AttnOptions opt;
-        memset(&opt, 0, sizeof opt);
-        opt.precision = mode;
-        opt.grad_format = gfmt;
-        opt.scaling = SCALING_BLOCK;
-        opt.p_scale = 256.0f;
-        opt.block_q = ATTN_FP8_BWD_BLOCK_Q;
-        opt.block_k = ATTN_FP8_BWD_BLOCK_K;
+        const AttnOptions opt = block_options(mode, gfmt, ATTN_FP8_BWD_BLOCK_Q, ATTN_FP8_BWD_BLOCK_K);
         const char *mname = mode == ATTN_FP8_HYBRID ? "fp8_hybrid" : mode_name(mode);
         const size_t ws_bytes = attn_mode_workspace_bytes(&opt, B, H, T, d);
         void *ws = NULL;
@@ -935,12 +923,10 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
             memset(&diag, 0, sizeof diag);
             diag.saturated = sat;
             AttnSavedCodes *kp = r == 1 ? &keep : NULL;
-            const char *pe = getenv("ATTN_KEEP_POISON");  // the byte the workspace is poisoned with
-            const int poison = pe ? atoi(pe) : 0xFF;
-            CU(cudaMemset(ws, poison, ws_bytes));
+            CU(cudaMemset(ws, 0xFF, ws_bytes));
             attn_mode_forward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, C, lse, B, H, T, d, kp,
                               ws, &diag, 0);
-            CU(cudaMemset(ws, poison, ws_bytes));  // nothing of the forward's may survive in the workspace
+            CU(cudaMemset(ws, 0xFF, ws_bytes));  // nothing of the forward's may survive in the workspace
             attn_mode_backward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, d_do, C, lse, dqkv,
                                dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, ws, &diag, 0);
             cudaError_t err = cudaDeviceSynchronize();
@@ -1051,14 +1037,7 @@ static void run_extreme_case(const Case &cs, Fp8Format gfmt, int seed) {
     uint16_t *d_qkv = dup(in.qkv), *d_do = dup(in.dout);
     const AttnPrecision modes[3] = {ATTN_FP8_NAIVE, ATTN_FP8_HYBRID, ATTN_FP8_DM};
     for (AttnPrecision mode : modes) {
-        AttnOptions opt;
-        memset(&opt, 0, sizeof opt);
-        opt.precision = mode;
-        opt.grad_format = gfmt;
-        opt.scaling = SCALING_BLOCK;
-        opt.p_scale = 256.0f;
-        opt.block_q = ATTN_FP8_BWD_BLOCK_Q;
-        opt.block_k = ATTN_FP8_BWD_BLOCK_K;
+        const AttnOptions opt = block_options(mode, gfmt, ATTN_FP8_BWD_BLOCK_Q, ATTN_FP8_BWD_BLOCK_K);
         const size_t ws_bytes = attn_mode_workspace_bytes(&opt, B, H, T, d);
         void *ws = dnew<char>(ws_bytes);
         uint16_t *o = dnew<uint16_t>(n_tok * C), *dqkv = dnew<uint16_t>(3 * n_tok * C);

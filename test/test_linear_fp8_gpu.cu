@@ -228,29 +228,23 @@ static void test_gemms(int N, int M, int K, LinearPrecision prec, GradFormat gf)
     char nm[160];
 
     Fv ref((size_t)N * M);
+    // a BF16 GEMM output against the CPU emulation's FP32 result, and against that rounded to BF16
+    auto check_bf16_out = [&](const uint16_t *d_out, const char *what) {
+        Bf got = back(d_out, ref.size());
+        Err e, er;
+        for (size_t i = 0; i < got.size(); i++) {
+            e.add(bf16_to_f32(got[i]), ref[i]);
+            er.add(bf16_to_f32(got[i]), bf16_round(ref[i]));
+        }
+        report(e, &er, 3e-3, what, mode, N, M, K);
+    };
     linear_forward(&L, prec, ref.data(), xf.data(), wf.data(), N, M, K, 0);
     snprintf(nm, sizeof nm, "fp8 gemm %s forward runs N=%d M=%d K=%d", mode, N, M, K);
-    if (run_gemm(nm, d_y, 0, 0, &qx, &qw)) {
-        Bf y = back(d_y, (size_t)N * M);
-        Err e, er;
-        for (size_t i = 0; i < y.size(); i++) {
-            e.add(bf16_to_f32(y[i]), ref[i]);
-            er.add(bf16_to_f32(y[i]), bf16_round(ref[i]));
-        }
-        report(e, &er, 3e-3, "forward (bf16 out)", mode, N, M, K);
-    }
+    if (run_gemm(nm, d_y, 0, 0, &qx, &qw)) check_bf16_out(d_y, "forward (bf16 out)");
     ref.assign((size_t)N * K, 0.0f);
     linear_dgrad(&L, prec, ref.data(), dyf32.data(), wf.data(), N, M, K, 0);
     snprintf(nm, sizeof nm, "fp8 gemm %s dgrad runs N=%d M=%d K=%d", mode, N, M, K);
-    if (run_gemm(nm, d_dx, 0, 0, &qdy, &qwt)) {
-        Bf dx = back(d_dx, (size_t)N * K);
-        Err e, er;
-        for (size_t i = 0; i < dx.size(); i++) {
-            e.add(bf16_to_f32(dx[i]), ref[i]);
-            er.add(bf16_to_f32(dx[i]), bf16_round(ref[i]));
-        }
-        report(e, &er, 3e-3, "dgrad (bf16 out)", mode, N, M, K);
-    }
+    if (run_gemm(nm, d_dx, 0, 0, &qdy, &qwt)) check_bf16_out(d_dx, "dgrad (bf16 out)");
     ref.assign((size_t)M * K, 0.0f);
     linear_wgrad(&L, prec, ref.data(), dyf32.data(), xf.data(), N, M, K, 0);
     snprintf(nm, sizeof nm, "fp8 gemm %s wgrad runs N=%d M=%d K=%d", mode, N, M, K);
