@@ -11,7 +11,8 @@
 #      lines that answer the analysis' questions printed: tensor and XU pipe utilisation, issue
 #      activity, the warp-stall breakdown, and the SASS lines that collect the most stall samples.
 # Logs and reports go to $OUT (default /tmp/gpu_fp8_profile_out). About 3-4 minutes on one H200.
-#   usage: bash scripts/gpu_fp8_attention_profile.sh      (KERNELS="attn_fwd_fp8" to narrow it)
+#   usage: bash scripts/gpu_fp8_attention_profile.sh      (KERNELS="attn_fwd_fp8" to narrow it;
+#          REUSE_LIB=1 skips step 1 when the benchmark script just built $BD/libattn_fp8.so)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_profile_out}
@@ -22,10 +23,14 @@ NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-com
 if [ -z "$NCU" ] || [ ! -x "$NCU" ]; then echo "no ncu found (set NCU=path)"; exit 1; fi
 echo "== ncu: $NCU"
 
-echo "== 1. build + baseline (scripts/gpu_fp8_attention_bench.sh, fp8_naive, 5 rounds)"
-OUT="$OUT/bench" BD="$BD" MODES="fp8_naive" ROUNDS=5 BUDGET=150 bash scripts/gpu_fp8_attention_bench.sh \
-  > "$OUT/bench.log" 2>&1 || { tail -20 "$OUT/bench.log"; echo "== build/bench FAILED"; exit 1; }
-grep -A6 "^quantize passes and the bare FP8 kernels" "$OUT/bench.log"
+if [ "${REUSE_LIB:-0}" = 1 ] && [ -f "$BD/libattn_fp8.so" ]; then
+  echo "== 1. reusing $BD/libattn_fp8.so (REUSE_LIB=1: built by gpu_fp8_attention_bench.sh of this tree)"
+else
+  echo "== 1. build + baseline (scripts/gpu_fp8_attention_bench.sh, fp8_naive, 5 rounds)"
+  OUT="$OUT/bench" BD="$BD" MODES="fp8_naive" ROUNDS=5 BUDGET=150 bash scripts/gpu_fp8_attention_bench.sh \
+    > "$OUT/bench.log" 2>&1 || { tail -20 "$OUT/bench.log"; echo "== build/bench FAILED"; exit 1; }
+  grep -A6 "^quantize passes and the bare FP8 kernels" "$OUT/bench.log"
+fi
 
 # fp8_dm runs the delta kernel too; fp8_naive has the forward and the main backward kernel
 for k in $KERNELS; do

@@ -36,6 +36,16 @@
 // block i+1 loads while block i computes), overlaps the dV / dQ / dK wgmma groups with each
 // other's FP32 epilogues, and converts to FP8 with the hardware's paired conversion (cvt_*x2,
 // the same codes as fp8.h's encoders); see the comment above attn_bwd_fp8_kernel.
+//
+// By a static count the main loop is bound by instruction issue, not by the tensor cores
+// (docs/perf.md, "FP8 backward trim"), so its bookkeeping is kept lean (none of it changes a
+// computed value): tiles are reached through pointers that keep
+// the shared address space (b8_smem_align1024: LDS/STS with 32-bit addresses, not generic
+// 64-bit LD/ST); wgmma descriptors are 32-bit low words derived from one base by constant
+// offsets (b8_dlo, wg_fp8_tile), the warpgroup's part in uniform registers; the causal / sequence
+// end mask runs behind a warp-uniform branch, only on the tiles that need it (tile_p_dp); each
+// thread's dQ atomics use one row pointer and test the rows only in a partial last block; and
+// 1/s_ds comes from the exponent bits of the power-of-two scale (pow2_recip).
 #include "attention_quant.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
@@ -106,10 +116,41 @@ __device__ __forceinline__ void b8_load(uint8_t *s, const uint8_t *g, long pitch
     }
 }
 
-// K-major descriptor of a swizzled tile, advanced by k32 step kk.
-__device__ __forceinline__ uint64_t b8_desc(const uint8_t *tile, int kk) {
-    return wgmma_desc(tile + kk * 32, 16, 1024);
+// The dynamic shared memory rounded up to a 1024-byte boundary (the swizzled wgmma regions'
+// alignment; the launches add 1024 bytes of slack). Rounded by pointer arithmetic on smem_raw
+// itself: rounding the generic address through an integer (uintptr_t) hides from the compiler
+// that the result points to shared memory, and every access through such a pointer compiles to a
+// generic 64-bit LD/ST (ST.E.U16 [R.64]) with 64-bit address math (~1/10 of the main loop).
+__device__ __forceinline__ uint8_t *b8_smem_align1024(unsigned char *raw) {
+    return raw + ((0u - smem_addr(raw)) & 1023u);  // bytes to the next multiple of 1024
 }
+
+// wgmma descriptor of a K-major swizzled tile (wgmma_desc(tile, 16, 1024)), handled as its low
+// word: the high word is a constant (stride 1024 B per 8 rows, 128-byte swizzle); the low word is
+// the start address in 16-byte units (bits 0-13) and the unused leading offset (16 B). Shared
+// addresses stay below 2^18, so the address field never carries: the descriptor of the tile at
+// byte offset o from another is that one's low word + o / 16 (a k32 step: + 2). The loops thus
+// derive every descriptor from one base by 32-bit adds of constants instead of rebuilding each
+// with 64-bit math from a pointer.
+__device__ __forceinline__ uint32_t b8_dlo(uint32_t smem_address) { return ((smem_address & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t b8_desc(uint32_t lo) { return (uint64_t)(1024 >> 4) << 32 | 1ull << 62 | lo; }
+
+// The same value, opaque to the compiler: descriptors derived from it inside the loop body are
+// recomputed there (one add each) instead of hoisted out of the loop into registers, of which the
+// main kernel has none to spare (as bw_opaque in the BF16 backward).
+__device__ __forceinline__ uint32_t b8_opaque(uint32_t x) {
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+    return x;
+}
+
+// d (64 x N) = A (64 x 32 STEPS) B (32 STEPS x N), both K-major swizzled tiles, in STEPS k32
+// steps into a fresh accumulator. a, b: the tiles' descriptor low words (b8_dlo).
+template <int N, int AT, int BT, int STEPS>
+__device__ __forceinline__ void wg_fp8_tile(float (&d)[N / 2], uint32_t a, uint32_t b) {
+#pragma unroll
+    for (int kk = 0; kk < STEPS; kk++) wg_fp8<N, AT, BT>(d, b8_desc(a + 2 * kk), b8_desc(b + 2 * kk), kk > 0);
+}
+
 
 // Fragment map of a 64 x N wgmma accumulator (this thread's element i = 4n + e):
 // row (M) = warp*16 + g + 8*(e>>1) within the warpgroup's 64, column (N) = 8n + 2*t4 + (e&1).
@@ -129,9 +170,10 @@ __device__ __forceinline__ float pdp_s_scale(float inv_q, float inv_k, float tau
 __device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { return __fmul_rn(inv_do, inv_v); }
 
 // THE shared recomputation (main pass and delta pass): for this warpgroup's 64 keys
-// (key0 = first of them; sKw, sVw their K̂, V̂ rows) and the 64 queries of sQ, sdO (first query
-// q0), P^T and dP^T in FP32, 0 where masked (key > query, or query >= T). sLse: the 64 LSEs
-// (natural log, 8-byte aligned). cs = pdp_s_scale(..), cdp = pdp_dp_scale(..).
+// (key0 = first of them; dKw, dVw the descriptor low words (b8_dlo) of their K̂, V̂ rows) and the
+// 64 queries of the Q̂, dÔ tiles at dQ, ddO (first query q0), P^T and dP^T in FP32, 0 where masked
+// (key > query, or query >= T). sLse: the 64 LSEs (natural log, 8-byte aligned).
+// cs = pdp_s_scale(..), cdp = pdp_dp_scale(..).
 //   P  = 2^(acc_s * cs - LSE log2(e))  (one explicit FMA, then ex2.approx.ftz on the SFU)
 //   dP = acc_dp * cdp
 // This is exp(tau S - LSE) of the emulation up to the rounding of the exponent's argument and
@@ -143,27 +185,22 @@ __device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { retur
 // every FP32 operation is an explicitly rounded intrinsic or a fixed PTX instruction (never
 // contracted or reordered by the compiler), so they get bitwise the same p and dp from the same
 // codes. Tiles entirely below the diagonal and inside the sequence (the vast majority) skip the
-// mask; the unmasked values are the same instructions either way.
+// mask (a branch, see below); the unmasked values are the same instructions either way.
 template <int D, bool E5>
-__device__ __forceinline__ void tile_p_dp(const uint8_t *sKw, const uint8_t *sVw, const uint8_t *sQ,
-                                          const uint8_t *sdO, const float *sLse, float cs, float cdp, int key0,
-                                          int q0, int T, float (&p)[32], float (&dp)[32]) {
+__device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t dQ, uint32_t ddO, const float *sLse,
+                                          float cs, float cdp, int key0, int q0, int T, float (&p)[32],
+                                          float (&dp)[32]) {
     const int tid = threadIdx.x, warp = (tid % 128) / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
     reg_fence(p);
     reg_fence(dp);
     wgmma_fence();
     // S^T and dP^T back to back in one group: one wait for both
-#pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wg_fp8<64, 0, 0>(p, b8_desc(sKw, kk), b8_desc(sQ, kk), kk > 0);
-#pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wg_fp8<64, 0, E5 ? 1 : 0>(dp, b8_desc(sVw, kk), b8_desc(sdO, kk), kk > 0);
+    wg_fp8_tile<64, 0, 0, D / 32>(p, dKw, dQ);
+    wg_fp8_tile<64, 0, E5 ? 1 : 0, D / 32>(dp, dVw, ddO);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(p);
     reg_fence(dp);
-    // no key of the warpgroup above any query of the block, no query past T: nothing to mask
-    const bool full = key0 + 63 <= q0 && q0 + B8_BQ <= T;
-    const int kq = key0 + warp * 16 + g - (q0 + 2 * t4);  // key - query of element (n = 0, e = 0)
 #pragma unroll
     for (int n = 0; n < 8; n++) {
         const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
@@ -171,17 +208,28 @@ __device__ __forceinline__ void tile_p_dp(const uint8_t *sKw, const uint8_t *sVw
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = 4 * n + e;
-            float pv = fast_exp2(fminf(__fmaf_rn(p[i], cs, nl[e & 1]), 0.0f));  // P <= 1 whatever the rounding
-            float dv = __fmul_rn(dp[i], cdp);
-            if (!full) {
-                const int ql = 8 * n + 2 * t4 + (e & 1);
-                const bool masked = kq + 8 * (e >> 1) - 8 * n - (e & 1) > 0 || q0 + ql >= T;
-                pv = masked ? 0.0f : pv;
-                dv = masked ? 0.0f : dv;
-            }
-            p[i] = pv;
-            dp[i] = dv;
+            p[i] = fast_exp2(fminf(__fmaf_rn(p[i], cs, nl[e & 1]), 0.0f));  // P <= 1 whatever the rounding
+            dp[i] = __fmul_rn(dp[i], cdp);
         }
+    }
+    // The mask, as a second pass behind a warp-uniform branch (key0, q0, T are the same for the
+    // whole warpgroup): only tiles that reach above the diagonal or past T take it (per CTA the
+    // first two query blocks and a partial last one). Written into the loop above, the compiler
+    // if-converts it and every tile pays its ~64 selects and ~70 integer tests; peeling the masked
+    // iterations into their own loops instead spills (0.5-0.9 KB, the main kernel has no
+    // registers to spare). The values are the same either way: masked elements become 0.
+    const bool full = key0 + 63 <= q0 && q0 + B8_BQ <= T;  // no key above a query, no query >= T
+    if (!full) {
+        const int kq = key0 + warp * 16 + g - (q0 + 2 * t4);  // key - query of element (n = 0, e = 0)
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 4 * n + e, ql = 8 * n + 2 * t4 + (e & 1);
+                const bool masked = kq + 8 * (e >> 1) - 8 * n - (e & 1) > 0 || q0 + ql >= T;
+                p[i] = masked ? 0.0f : p[i];
+                dp[i] = masked ? 0.0f : dp[i];
+            }
     }
 }
 
@@ -248,11 +296,13 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
                               const float *__restrict__ v_scales, const float *__restrict__ do_scales,
                               const float *__restrict__ lse, float *__restrict__ dlt, int T, float tau) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sK = smem;               // (128 keys x 128 B)
-    uint8_t *sV = sK + B8_BK * 128;   // (128 keys x 128 B)
-    uint8_t *sQ = sV + B8_BK * 128;   // (64 queries x 128 B)
-    uint8_t *sdO = sQ + B8_BQ * 128;  // (64 queries x 128 B)
+    uint8_t *smem = b8_smem_align1024(smem_raw);
+    constexpr int OFF_K = 0, OFF_V = OFF_K + B8_BK * 128, OFF_Q = OFF_V + B8_BK * 128, OFF_DO = OFF_Q + B8_BQ * 128;
+    uint8_t *sK = smem + OFF_K;    // (128 keys x 128 B)
+    uint8_t *sV = smem + OFF_V;    // (128 keys x 128 B)
+    uint8_t *sQ = smem + OFF_Q;    // (64 queries x 128 B)
+    uint8_t *sdO = smem + OFF_DO;  // (64 queries x 128 B)
+    const uint32_t dlo_smem = b8_dlo(smem_addr(smem));
     float *sLse = reinterpret_cast<float *>(sdO + B8_BQ * 128);  // (64)
     float *sRed = sLse + B8_BQ;                                  // (2, 8 warps, 64)
 
@@ -281,7 +331,11 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();
-        tile_p_dp<D, E5>(sK + wg * 64 * 128, sV + wg * 64 * 128, sQ, sdO, sLse, cs, cdp, k0 + wg * 64, q0, T, p, dp);
+        const uint32_t dsm = b8_opaque(dlo_smem);  // the tiles' descriptors: offsets from smem
+        const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
+        const uint32_t dkw = wgu * (64 * 128 / 16);              // the warpgroup's 64 key rows
+        tile_p_dp<D, E5>(dsm + OFF_K / 16 + dkw, dsm + OFF_V / 16 + dkw, dsm + OFF_Q / 16, dsm + OFF_DO / 16, sLse, cs,
+                         cdp, k0 + wg * 64, q0, T, p, dp);
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -329,7 +383,13 @@ struct B8Smem {
     static constexpr int KT = D * 128;             // K̂^T, Q̂^T, dÔ^T (D rows x 128 B)
     static constexpr int QT = B8_BQ * 128;         // Q̂, dÔ, dŜ (64 rows x 128 B)
     static constexpr int STAGE = 2 * QT + 2 * KT;  // Q̂, dÔ, Q̂^T, dÔ^T of one query block
-    static constexpr int FIXED = 4 * KV + KT + QT; // K̂, V̂, P̂^T, dŜ^T, K̂^T, dŜ
+    // byte offsets from the 1024-aligned base: K̂, V̂, P̂^T, dŜ^T, K̂^T, dŜ, then the 2 stages
+    static constexpr int OFF_K = 0, OFF_V = OFF_K + KV, OFF_PT = OFF_V + KV, OFF_DST = OFF_PT + KV,
+                         OFF_KT = OFF_DST + KV, OFF_DS = OFF_KT + KT, OFF_STAGE = OFF_DS + QT;
+    // within a stage: Q̂, dÔ, Q̂^T, dÔ^T
+    static constexpr int OFF_Q = 0, OFF_DO = QT, OFF_QT = 2 * QT, OFF_DOT = 2 * QT + KT;
+    static constexpr int FIXED = OFF_STAGE;        // 4 KV + KT + QT
+    static_assert(KV % 1024 == 0 && KT % 1024 == 0 && QT % 1024 == 0, "swizzled regions start at 1024-byte boundaries");
     static constexpr size_t bytes = (size_t)FIXED + 2 * STAGE + (4 * B8_BQ + 8) * sizeof(float) + 1024;
 };
 
@@ -346,14 +406,15 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         float *__restrict__ row_cancel, int H, int T, float tau) {
     using L = B8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sK = smem;              // (128 keys x 128 B)  K̂, reduction over d
-    uint8_t *sV = sK + L::KV;        // (128 keys x 128 B)  V̂
-    uint8_t *sPt = sV + L::KV;       // (128 keys x 64 queries) P̂^T
-    uint8_t *sdSt = sPt + L::KV;     // (128 keys x 64 queries) dŜ^T
-    uint8_t *sKt = sdSt + L::KV;     // (D x 128 keys)      K̂^T, for dQ
-    uint8_t *sdS = sKt + L::KT;      // (64 queries x 128 keys) dŜ
-    uint8_t *stage0 = sdS + L::QT;   // 2 stages: Q̂ (64 x 128 B), dÔ, Q̂^T (D x 64 queries), dÔ^T
+    uint8_t *smem = b8_smem_align1024(smem_raw);
+    uint8_t *sK = smem + L::OFF_K;          // (128 keys x 128 B)  K̂, reduction over d
+    uint8_t *sV = smem + L::OFF_V;          // (128 keys x 128 B)  V̂
+    uint8_t *sPt = smem + L::OFF_PT;        // (128 keys x 64 queries) P̂^T
+    uint8_t *sdSt = smem + L::OFF_DST;      // (128 keys x 64 queries) dŜ^T
+    uint8_t *sKt = smem + L::OFF_KT;        // (D x 128 keys)      K̂^T, for dQ
+    uint8_t *sdS = smem + L::OFF_DS;        // (64 queries x 128 keys) dŜ
+    uint8_t *stage0 = smem + L::OFF_STAGE;  // 2 stages: Q̂ (64 x 128 B), dÔ, Q̂^T (D x 64 queries), dÔ^T
+    const uint32_t dlo_smem = b8_dlo(smem_addr(smem));  // descriptor low word of the base (b8_dlo)
     float *sLse2 = reinterpret_cast<float *>(stage0 + 2 * L::STAGE);  // (2 stages, 64)
     float *sDl2 = sLse2 + 2 * B8_BQ;                                  // (2 stages, 64) D
     float *sAmax = sDl2 + 2 * B8_BQ;                                  // (8) per-warp |dS| max
@@ -373,10 +434,10 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     auto load_qblock = [&](int qb, int s) {
         const int q0 = qb * B8_BQ;
         uint8_t *st = stage0 + s * L::STAGE;
-        b8_load<B8_BQ, D / 16>(st, qc + ((long)bh * Tp + q0) * D, D, tid);
-        b8_load<B8_BQ, D / 16>(st + L::QT, doc + ((long)bh * Tp + q0) * D, D, tid);
-        b8_load<D, B8_BQ / 16>(st + 2 * L::QT, qtc + (long)bh * D * Tp + q0, Tp, tid);
-        b8_load<D, B8_BQ / 16>(st + 2 * L::QT + L::KT, dotc + (long)bh * D * Tp + q0, Tp, tid);
+        b8_load<B8_BQ, D / 16>(st + L::OFF_Q, qc + ((long)bh * Tp + q0) * D, D, tid);
+        b8_load<B8_BQ, D / 16>(st + L::OFF_DO, doc + ((long)bh * Tp + q0) * D, D, tid);
+        b8_load<D, B8_BQ / 16>(st + L::OFF_QT, qtc + (long)bh * D * Tp + q0, Tp, tid);
+        b8_load<D, B8_BQ / 16>(st + L::OFF_DOT, dotc + (long)bh * D * Tp + q0, Tp, tid);
         if (tid < 2 * B8_BQ) {  // LSE (threads 0-63) and D (64-127); rows past T become 0
             const int r = tid % B8_BQ;
             const bool ok = q0 + r < T;
@@ -407,14 +468,22 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             load_qblock(qb + 1, s ^ 1);
             cp_async_commit();
         }
-        const uint8_t *sQ = stage0 + s * L::STAGE, *sdO = sQ + L::QT, *sQt = sQ + 2 * L::QT, *sdOt = sQt + L::KT;
+        // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
+        // wgu = wg, as a value the compiler knows to be warp-uniform (a shuffle from lane 0, as
+        // CUTLASS's canonical_warp_group_idx), so the descriptors that depend on it are built in
+        // uniform registers rather than per thread and moved over (R2UR) for every wgmma. Taken
+        // here, not before the loop: there ptxas hoists more wg-dependent addresses and spills.
+        const uint32_t dsm = b8_opaque(dlo_smem), dstage = dsm + (L::OFF_STAGE + s * L::STAGE) / 16;
+        const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);
+        const uint32_t dkw = wgu * (64 * 128 / 16);  // the warpgroup's 64 key rows of K̂, V̂, P̂^T, dŜ^T
         const float *sLse = sLse2 + s * B8_BQ, *sDl = sDl2 + s * B8_BQ;
         const float inv_q = 1.0f / q_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
         const float inv_do = 1.0f / do_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
 
         float p[32], ds[32];
-        tile_p_dp<D, E5>(sK + wg * 64 * 128, sV + wg * 64 * 128, sQ, sdO, sLse, pdp_s_scale(inv_q, inv_k, tau),
-                         pdp_dp_scale(inv_do, inv_v), key0, q0, T, p, ds);
+        tile_p_dp<D, E5>(dsm + L::OFF_K / 16 + dkw, dsm + L::OFF_V / 16 + dkw, dstage + L::OFF_Q / 16,
+                         dstage + L::OFF_DO / 16, sLse, pdp_s_scale(inv_q, inv_k, tau), pdp_dp_scale(inv_do, inv_v),
+                         key0, q0, T, p, ds);
 
         // optional row diagnostics (spec §4.1) over the FP32 dS, column by column (few live
         // registers): sum_j dS_ij (the same rounded products as below) and sum_j P (|dP| + |D|)
@@ -474,7 +543,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         float tmax = sAmax[0];
 #pragma unroll
         for (int w = 1; w < 8; w++) tmax = fmaxf(tmax, sAmax[w]);
-        const float s_ds = fp8_scale_for_amax(gfmt, tmax), inv_ds = 1.0f / s_ds;
+        const float s_ds = fp8_scale_for_amax(gfmt, tmax), inv_ds = pow2_recip(s_ds);
 
         // dŜ codes, both orientations: dŜ^T (for dK) as this thread's (key, query pair) 16-bit
         // words; dŜ (for dQ) wants (query, key pair) words, so lanes g and g^1 (lane ^ 4: the
@@ -517,13 +586,9 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         reg_fence(t);
         reg_fence(tq);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < B8_BQ / 32; kk++)
-            wg_fp8<D, 0, E5 ? 1 : 0>(t, b8_desc(sPt + wg * 64 * 128, kk), b8_desc(sdOt, kk), kk > 0);
+        wg_fp8_tile<D, 0, E5 ? 1 : 0, B8_BQ / 32>(t, dsm + L::OFF_PT / 16 + dkw, dstage + L::OFF_DOT / 16);
         wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < B8_BK / 32; kk++)
-            wg_fp8<D / 2, E5 ? 1 : 0, 0>(tq, b8_desc(sdS, kk), b8_desc(sKt + wg * (D / 2) * 128, kk), kk > 0);
+        wg_fp8_tile<D / 2, E5 ? 1 : 0, 0, B8_BK / 32>(tq, dsm + L::OFF_DS / 16, dsm + L::OFF_KT / 16 + wgu * (D / 2 * 128 / 16));
         wgmma_commit();
         wgmma_wait<1>();  // dV's group done
         reg_fence(t);
@@ -535,24 +600,31 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // dK += dŜ^T Q̂ (tau at the end), fresh accumulator (t again)
         reg_fence(t);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < B8_BQ / 32; kk++)
-            wg_fp8<D, E5 ? 1 : 0, 0>(t, b8_desc(sdSt + wg * 64 * 128, kk), b8_desc(sQt, kk), kk > 0);
+        wg_fp8_tile<D, E5 ? 1 : 0, 0, B8_BQ / 32>(t, dsm + L::OFF_DST / 16 + dkw, dstage + L::OFF_QT / 16);
         wgmma_commit();
         wgmma_wait<1>();  // dQ's group done (groups complete in order)
         reg_fence(tq);
         {
+            // this thread's dQ elements: rows q, q + 8 (q = q0 + warp*16 + g), columns
+            // wg*D/2 + 8n + 2t4, +1; one float2 atomic each, all at constant offsets from one row
+            // pointer. Both rows exist except in a partial last query block, the only case that
+            // tests them (per atomic, the test and its address math were ~10 instructions).
             const float f = inv_ds * inv_k;
+            const int q = q0 + warp * 16 + g;
+            float *row = gdq + (long)q * D + wg * (D / 2) + 2 * t4;
+            auto add_dq = [&](bool row0, bool row8) {
 #pragma unroll
-            for (int n = 0; n < D / 16; n++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int q = q0 + warp * 16 + g + 8 * r, col = wg * (D / 2) + 8 * n + 2 * t4;
-                    if (q < T)
-                        atomicAdd(reinterpret_cast<float2 *>(gdq + (long)q * D + col),
-                                  make_float2(tq[4 * n + 2 * r] * f, tq[4 * n + 2 * r + 1] * f));
+                for (int n = 0; n < D / 16; n++) {
+                    if (row0) atomicAdd(reinterpret_cast<float2 *>(row + 8 * n), make_float2(tq[4 * n] * f, tq[4 * n + 1] * f));
+                    if (row8)
+                        atomicAdd(reinterpret_cast<float2 *>(row + 8 * D + 8 * n),
+                                  make_float2(tq[4 * n + 2] * f, tq[4 * n + 3] * f));
                 }
+            };
+            if (q + 8 < T) add_dq(true, true);
+            else add_dq(q < T, false);
         }
+        __syncwarp();  // lanes may have split on q + 8 < T (a partial last block): converge before the .aligned wait
         wgmma_wait<0>();
         reg_fence(t);
         {

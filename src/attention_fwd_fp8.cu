@@ -7,7 +7,9 @@
 // scale block, so every S tile has one Q scale and one K scale and every PV step one V scale):
 //   S = (Q̂code · K̂code) * (tau / (s_q s_k))                    (FP8 wgmma, FP32 accumulators;
 //       tau / (s_q s_k) = tau * inv_q * inv_k is tau times a power of two, so this is the one
-//       rounding of tau * ((s * inv_q) * inv_k), the emulation's S)
+//       rounding of tau * ((s * inv_q) * inv_k), the emulation's S; the scales are powers of two
+//       in [2^-126, 2^126] (fp8_scale_for_amax), so inv_x = 1 / s_x is exact and is taken from
+//       the exponent bits, pow2_recip)
 //   running max m advanced once per key block (the max of the dequantized S: the max of the raw
 //   accumulators times the positive factor above, rounding being monotone), alpha = expf(m_old - m)
 //   P' = p_scale * P = 2^(S*log2e - m*log2e + log2 p_scale)   (ex2.approx, FP32; see below)
@@ -108,6 +110,7 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
     return r;
 }
 
+
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 // Named barriers 1 and 2 (0 is __syncthreads'), 256 threads each: the consumers' ping-pong.
 // Immediate ids, so that ptxas reserves only these (a register id makes it assume all 16).
@@ -157,20 +160,32 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
     for (int i = 0; i < D / 16; i++) cp_async16(dst + i * 16 * 128, src + (long)i * 16 * Tp, true);
 }
 
-// s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits).
+// Descriptors of the K-major tiles, wgmma_desc(p, 16, 1024) (attention_gpu_common.cuh), from
+// their low word: the high word is a constant (stride offset 1024 >> 4 = 0x40, bit 62 = the
+// 128-byte swizzle) and the low word is (shared address >> 4) | (16 >> 4) << 16. Shared
+// addresses are below 2^18 (at most 228 KB of shared memory), so the 14-bit start address
+// field never carries into the leading-offset field: the tile o bytes further on (o a multiple
+// of 16) has the low word kdesc_lo(p) + o / 16. The key loop keeps one low word per region
+// (Q̂ rows, K̂ ring, V̂^T ring) and adds constants, instead of rebuilding every descriptor from
+// its address (add, mask, shift, or per wgmma: ~40 uniform-datapath instructions per block).
+#define F8_KDESC_HI ((1024u >> 4) | 1u << (62 - 32))  // = the high word of wgmma_desc(p, 16, 1024)
+__device__ __forceinline__ uint32_t kdesc_lo(const void *p) { return (uint32_t)wgmma_desc(p, 16, 1024); }
+__device__ __forceinline__ uint64_t kdesc(uint32_t lo) { return (uint64_t)F8_KDESC_HI << 32 | lo; }
+
+// s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits). dq, dk:
+// kdesc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
 template <int D>
-__device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], const uint8_t *sQw, const uint8_t *sKst) {
+__device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint32_t dk) {
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++)
-        wgmma_fp8_m64n128(s, wgmma_desc(sQw + kk * 32, 16, 1024), wgmma_desc(sKst + kk * 32, 16, 1024), kk > 0);
+    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kdesc(dq + 2 * kk), kdesc(dk + 2 * kk), kk > 0);
 }
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
+// dv: kdesc_lo of the V̂^T stage.
 template <int D>
-__device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4],
-                                         const uint8_t *sVst) {
+__device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4], uint32_t dv) {
 #pragma unroll
     for (int kk = 0; kk < F8_BK / 32; kk++) {
-        const uint64_t db = wgmma_desc(sVst + kk * 32, 16, 1024);
+        const uint64_t db = kdesc(dv + 2 * kk);
         if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
         else wgmma_fp8_rs_m64n64(pv, pa[kk], db, kk > 0);
     }
@@ -208,12 +223,25 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
                 if (key > row || key >= T) s[4 * n + e] = -INFINITY;
             }
     }
-    float mx[2] = {-INFINITY, -INFINITY};  // max of the raw products (tau_qk > 0: same argmax)
+    // Max of the raw products (tau_qk > 0: same argmax) per row, as 4 partial maxima (n-tiles n
+    // with the same n % 4) combined at the end: dependent chains of ~8 FMNMX instead of one of
+    // ~32 on the path to the exponentials. The max of a set is exact and does not depend on the
+    // order (at most the sign of a zero maximum could, and that changes no output: m only enters
+    // through m_old - m, -m * log2e + log2(p_scale) and m + logf(l)).
+    float pm[2][4];
 #pragma unroll
-    for (int n = 0; n < F8_BK / 8; n++) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[4 * n + 0], s[4 * n + 1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    for (int q = 0; q < 4; q++) {
+        pm[0][q] = fmaxf(s[4 * q + 0], s[4 * q + 1]);
+        pm[1][q] = fmaxf(s[4 * q + 2], s[4 * q + 3]);
     }
+#pragma unroll
+    for (int n = 4; n < F8_BK / 8; n++) {
+        pm[0][n % 4] = fmaxf(pm[0][n % 4], fmaxf(s[4 * n + 0], s[4 * n + 1]));
+        pm[1][n % 4] = fmaxf(pm[1][n % 4], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+    float mx[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) mx[r] = fmaxf(fmaxf(pm[r][0], pm[r][1]), fmaxf(pm[r][2], pm[r][3]));
     float bias[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -221,6 +249,10 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
         // every row sees at least one key of every block it visits (key k0 <= row on the
         // diagonal), so mx is finite and m is finite from block 0 on
         const float mn = fmaxf(m[r], mx[r] * tau_qk);  // the dequantized S of the max, as the emulation rounds it
+        // The -inf test matters only in block 0, but it stays in every block: the branch around
+        // expf it compiles to is what keeps ptxas from hoisting the step's PV wait above the row
+        // max (without it, 12 instructions fewer, the wait moved in front of the FMNMX chains
+        // in the SASS and PV_{j-1} no longer overlaps them).
         alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
         m[r] = mn;
         bias[r] = fmaf(-mn, LOG2E, log2_ps);
@@ -292,17 +324,20 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         setmaxnreg_dec<24>();
         const int ptid = threadIdx.x;
         const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
+        // Q̂ once, before the loop: its copies join block 0's cp.async group (the first commit),
+        // so full[0] covers them. (Inside the loop under kb == 0 they were issued predicated off
+        // on every later block.)
+        load_rows_tile<D, false>(sQ, qc + ((long)bh * Tp + q0) * D, ptid);
         for (int kb = 0; kb < n_kb; kb++) {
             const int st = kb % F8_STAGES;
             if (kb >= F8_STAGES) mbar_wait(empty + st, (uint32_t)((kb / F8_STAGES - 1) & 1));
-            if (kb == 0) load_rows_tile<D, false>(sQ, qc + ((long)bh * Tp + q0) * D, ptid);
             load_rows_tile<D, true>(sK + st * L::K, gk + (long)kb * F8_BK * D, ptid);
             load_vt_tile<D>(sV + st * L::V, gv + kb * F8_BK, Tp, ptid);
             cp_async_commit();
             if (kb > 0) {
                 cp_async_wait_1();
                 fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-                mbar_arrive(full + (kb - 1) % F8_STAGES);
+                mbar_arrive(full + (unsigned)(kb - 1) % F8_STAGES);
             }
         }
         cp_async_wait_all();
@@ -314,9 +349,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
-        const uint8_t *sQw = sQ + wg * 64 * 128;       // this warpgroup's 64 rows of Q̂
+        // descriptor low words (kdesc_lo): this warpgroup's 64 rows of Q̂, stage 0 of the K̂ and
+        // V̂^T rings (stage st: + st * L::K / 16, + st * L::V / 16)
+        const uint32_t dq = kdesc_lo(sQ + wg * 64 * 128), dk0 = kdesc_lo(sK), dv0 = kdesc_lo(sV);
         const float *ksc = k_scales + (long)bh * nblk, *vsc = v_scales + (long)bh * nblk;
-        const float tau_q = tau * (1.0f / q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
+        const float tau_q = tau * pow2_recip(q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
 
         // Ping-pong: warpgroup wg issues its wgmmas after bar.sync on barrier 1 + wg and then lets
         // the other one go (bar.arrive on its barrier). Each warpgroup has n_kb + 1 issue phases
@@ -332,15 +369,19 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
         uint32_t pa[F8_BK / 32][4];  // P̂ of the previous block: A operand of the PV wgmmas
 
+        // The K and V scales of key block j are read one block ahead (into ks_next, vs_next, at
+        // the top of step j - 1), so that no global load latency is exposed at the top of step j.
+        float ks_next = __ldg(ksc + min(1, n_kb - 1)), vs_next = __ldg(vsc + min(1, n_kb - 1));
+
         // block 0: S_0 and its softmax (masked if it is the diagonal block)
-        float fac_prev = inv_p * (1.0f / __ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
+        float fac_prev = inv_p * pow2_recip(__ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
         {
-            const float tau_qk = tau_q * (1.0f / __ldg(ksc));
+            const float tau_qk = tau_q * pow2_recip(__ldg(ksc));
             mbar_wait(full, 0);
             if (PP) pp_sync(wg);
             reg_fence(s);
             wgmma_fence();
-            issue_s<D>(s, sQw, sK);
+            issue_s<D>(s, dq, dk0);
             wgmma_commit();
             if (PP) pp_pass(wg);
             wgmma_wait<0>();
@@ -357,18 +398,23 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // block is a separate instantiation (as in attention_fwd.cu: ptxas must see that pa stays
         // read by the tensor cores until the wait).
         auto step = [&](int j, auto mask) {
-            const int st = j % F8_STAGES, pst = (j - 1) % F8_STAGES;
-            const float tau_qk = tau_q * (1.0f / __ldg(ksc + j));
-            const float fac = inv_p * (1.0f / __ldg(vsc + j));
+            // (j >= 1: unsigned, so that the stage index is a mask, not a signed remainder)
+            const int st = (unsigned)j % F8_STAGES, pst = (unsigned)(j - 1) % F8_STAGES;
+            const float tau_qk = tau_q * pow2_recip(ks_next);
+            const float fac = inv_p * pow2_recip(vs_next);
+            if constexpr (!decltype(mask)::value) {  // the diagonal block is the last: none after it
+                ks_next = __ldg(ksc + j + 1);
+                vs_next = __ldg(vsc + j + 1);
+            }
             mbar_wait(full + st, (uint32_t)((j / F8_STAGES) & 1));
             if (PP) pp_sync(wg);
             reg_fence(s);
             reg_fence(pv);
             reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
             wgmma_fence();
-            issue_s<D>(s, sQw, sK + st * L::K);
+            issue_s<D>(s, dq, dk0 + st * (L::K / 16));
             wgmma_commit();
-            issue_pv<D>(pv, pa, sV + pst * L::V);
+            issue_pv<D>(pv, pa, dv0 + pst * (L::V / 16));
             wgmma_commit();
             if (PP) pp_pass(wg);
             wgmma_wait<1>();
@@ -395,7 +441,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             reg_fence(pv);
             reg_fence(pa);
             wgmma_fence();
-            issue_pv<D>(pv, pa, sV + lst * L::V);
+            issue_pv<D>(pv, pa, dv0 + lst * (L::V / 16));
             wgmma_commit();
             if (PP && wg == 0) pp_pass(wg);
             wgmma_wait<0>();

@@ -80,7 +80,8 @@ void attn_gpu_amax_reduce(const float *in, int n_groups, int group_len, Fp8Forma
 //
 // FP8 forward (attention_fwd_fp8.cu): the forward of fp8_naive / fp8_hybrid / fp8_dm on the
 // operands quantized above: q_codes, k_codes (B, H, Tp, d) E4M3 and vt_codes (B, H, d, Tp) E4M3
-// with their scales (B, H, nblk); p_scale: the static scale of P before its E4M3 cast (256).
+// with their scales (B, H, nblk), powers of two as the quantize kernels write them (the kernel
+// inverts them by exponent arithmetic); p_scale: the static scale of P before its E4M3 cast (256).
 // o: (B, T, H, d) BF16 with row stride o_stride (written); lse: (B, H, T) FP32 natural log
 // (written). Tiles: ATTN_FP8_FWD_BLOCK_Q x ATTN_FP8_FWD_BLOCK_K, the block sizes the CPU
 // emulation (attn_cpu_forward) must be run with to compare P̂ code for code.
