@@ -37,7 +37,7 @@ for k in $KERNELS; do
   mode=fp8_naive
   [ "$k" = attn_bwd_fp8_delta_kernel ] && mode=fp8_dm
   echo "== 2. $k ($mode, T 4096)"
-  timeout -k 5 150 "$NCU" --clock-control none --set full -k "regex:^${k}" -c 1 -f -o "$OUT/$k" \
+  timeout -k 5 150 "$NCU" --clock-control none --set full --import-source no -k "regex:^${k}" -c 1 -f -o "$OUT/$k" \
     python3 bench/bench_attention_fp8.py --lib "$BD/libattn_fp8.so" --modes "$mode" --T 4096 --rounds 1 \
     > "$OUT/ncu_$k.log" 2>&1
   rc=$?
@@ -45,39 +45,8 @@ for k in $KERNELS; do
     echo "   ncu exit $rc"; grep -E "==PROF==|==ERROR==|==WARNING==" "$OUT/ncu_$k.log" | head -5; continue
   fi
   "$NCU" --import "$OUT/$k.ncu-rep" --page details --csv > "$OUT/${k}_details.csv" 2>/dev/null
+  "$NCU" --import "$OUT/$k.ncu-rep" --page raw --csv > "$OUT/${k}_raw.csv" 2>/dev/null
   "$NCU" --import "$OUT/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/${k}_sass.csv" 2>/dev/null
-  # the metrics the analysis asks for (names as ncu's sections print them)
-  python3 - "$OUT/${k}_details.csv" "$OUT/${k}_sass.csv" <<'EOF'
-import csv, sys
-keys = ("Duration", "SM Frequency", "Compute (SM) Throughput", "Issue Slots Busy", "Issued Ipc Active",
-        "Executed Ipc Active", "Registers Per Thread", "Achieved Occupancy", "Warp Cycles Per Issued Instruction",
-        "L1/TEX Hit Rate", "L2 Hit Rate", "Memory Throughput", "DRAM Throughput")
-rows = list(csv.reader(open(sys.argv[1], errors="replace")))
-head = rows[0] if rows else []
-try:
-    i_name, i_unit, i_val = head.index("Metric Name"), head.index("Metric Unit"), head.index("Metric Value")
-except ValueError:
-    print("   (no details page)"); sys.exit(0)
-seen = set()
-for r in rows[1:]:
-    if len(r) <= i_val: continue
-    n = r[i_name]
-    if (n in keys or "Pipe" in n or "Tensor" in n or n.startswith("Stall") or "stall" in n.lower()) and n not in seen:
-        seen.add(n)
-        print(f"   {n:<50s} {r[i_val]:>14s} {r[i_unit]}")
-# SASS lines with the most stall samples
-try:
-    src = list(csv.reader(open(sys.argv[2], errors="replace")))
-    h = src[0]
-    i_s = next(i for i, c in enumerate(h) if c.startswith("Warp Stall Sampling (All"))
-    i_t = h.index("Source")
-    body = [r for r in src[1:] if len(r) > max(i_s, i_t) and r[i_s].replace(".", "").isdigit()]
-    tot = sum(float(r[i_s]) for r in body) or 1.0
-    print("   SASS lines with the most warp-stall samples (share of the kernel's samples):")
-    for r in sorted(body, key=lambda r: -float(r[i_s]))[:12]:
-        print(f"     {100 * float(r[i_s]) / tot:5.1f}%  {r[i_t][:100]}")
-except Exception as e:
-    print(f"   (no per-line stall samples: {e})")
-EOF
+  python3 scripts/ncu_summary.py "$OUT/${k}_details.csv" "$OUT/${k}_raw.csv" "$OUT/${k}_sass.csv"
 done
 echo "== reports: $OUT/*.ncu-rep (open with ncu-ui), CSV pages alongside"
