@@ -274,40 +274,51 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
     l[1] = l[1] * alpha[1] + rs[1];
 }
 
-// Shared memory: Q̂ (128 x 128 B), F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B),
-// then the mbarriers; regions 1024-byte aligned (the 128-byte swizzle's period).
+// Shared memory: 2 x Q̂ (128 x 128 B: the tile being computed and the next one, loading),
+// F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B), then the mbarriers (full and empty
+// per stage, q_empty per Q̂ buffer); regions 1024-byte aligned (the 128-byte swizzle's period).
 template <int D>
 struct F8Smem {
     static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
-    static constexpr int BARS = Q + F8_STAGES * (K + V);
-    static constexpr size_t BYTES = (size_t)BARS + 2 * F8_STAGES * sizeof(uint64_t) + 1024;  // + alignment
+    static constexpr int BARS = 2 * Q + F8_STAGES * (K + V);
+    static constexpr size_t BYTES = (size_t)BARS + (2 * F8_STAGES + 2) * sizeof(uint64_t) + 1024;  // + alignment
 };
 
-// grid (n_qb * B * H), block 384 (producer + 2 consumer warpgroups). Heaviest query blocks first.
+// The tiles (query block, batch x head) of a launch, heaviest first: tile t is query block
+// nblk - 1 - t / n_bh of (b, h) = t % n_bh. CTA c of G takes tiles r G + c on even rounds r and
+// r G + G - 1 - c on odd ones (a snake), so that every CTA gets about the same number of key
+// blocks. With G = the number of tiles (one tile per CTA) this is the plain grid.
+__device__ __forceinline__ int fwd_fp8_tile_of(int round, int cta, int G) {
+    return round * G + ((round & 1) ? G - 1 - cta : cta);
+}
+
+// grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes the
+// tiles fwd_fp8_tile_of gives it, one after the other (persistent when G = the number of SMs:
+// the producer loads the next tile's Q̂ and first key blocks while the consumers finish the
+// current one, and no CTA launches in between).
 template <int D, bool PP>
 __global__ void __launch_bounds__(F8_THREADS, 1)
     attn_fwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
                         const uint8_t *__restrict__ vtc, const float *__restrict__ q_scales,
                         const float *__restrict__ k_scales, const float *__restrict__ v_scales,
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
-                        float *__restrict__ lse, int H, int T, float tau) {
+                        float *__restrict__ lse, int H, int n_bh, int T, float tau) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    uint8_t *sQ = smem, *sK = smem + L::Q, *sV = sK + F8_STAGES * L::K;
+    uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + F8_STAGES * L::K;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::BARS), *empty = full + F8_STAGES;
+    uint64_t *q_empty = empty + F8_STAGES;
 
     const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
-    const int n_bh = gridDim.x / nblk;
-    const int qb = nblk - 1 - (int)blockIdx.x / n_bh, bh = (int)blockIdx.x % n_bh;
-    const int q0 = qb * F8_BQ;
-    const int n_kb = qb + 1;  // causal: key blocks 0..qb
+    const int n_tiles = nblk * n_bh, G = (int)gridDim.x, cta = (int)blockIdx.x;
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < F8_STAGES; i++) {
             mbar_init(full + i, 128);   // the producer's threads, each after its copies landed
             mbar_init(empty + i, 256);  // every consumer thread, after its last wgmma on the stage
         }
+        for (int i = 0; i < 2; i++) mbar_init(q_empty + i, 256);  // every consumer thread, tile done
         mbar_fence_init();
     }
     __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups meet on mbarriers only
@@ -321,155 +332,200 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // block j, so the release waited for here (kb - F8_STAGES) needs block kb - F8_STAGES + 1
         // signalled, which happened at iteration kb - F8_STAGES + 2 <= kb - 1: no deadlock for
         // F8_STAGES >= 3.
+        // The ring runs on across tiles: `it` counts the key blocks this CTA has loaded, block it
+        // goes to stage it % F8_STAGES. A tile's Q̂ goes into buffer (tile count) % 2 once the
+        // consumers released that buffer's previous tile (q_empty), and its copies join the
+        // tile's first key block's cp.async group, so that block's full barrier covers them.
         setmaxnreg_dec<24>();
         const int ptid = threadIdx.x;
-        const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
-        // Q̂ once, before the loop: its copies join block 0's cp.async group (the first commit),
-        // so full[0] covers them. (Inside the loop under kb == 0 they were issued predicated off
-        // on every later block.)
-        load_rows_tile<D, false>(sQ, qc + ((long)bh * Tp + q0) * D, ptid);
-        for (int kb = 0; kb < n_kb; kb++) {
-            const int st = kb % F8_STAGES;
-            if (kb >= F8_STAGES) mbar_wait(empty + st, (uint32_t)((kb / F8_STAGES - 1) & 1));
-            load_rows_tile<D, true>(sK + st * L::K, gk + (long)kb * F8_BK * D, ptid);
-            load_vt_tile<D>(sV + st * L::V, gv + kb * F8_BK, Tp, ptid);
-            cp_async_commit();
-            if (kb > 0) {
-                cp_async_wait_1();
-                fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-                mbar_arrive(full + (unsigned)(kb - 1) % F8_STAGES);
+        unsigned it = 0;
+        for (int round = 0, ti = 0;; round++, ti++) {
+            const int tile = fwd_fp8_tile_of(round, cta, G);
+            if (tile >= n_tiles) break;
+            const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh, n_kb = qb + 1;
+            const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
+            if (ti >= 2) mbar_wait(q_empty + (ti & 1), (uint32_t)((ti / 2 - 1) & 1));
+            load_rows_tile<D, false>(sQ + (ti & 1) * L::Q, qc + ((long)bh * Tp + qb * F8_BQ) * D, ptid);
+            for (int kb = 0; kb < n_kb; kb++, it++) {
+                const unsigned st = it % F8_STAGES;
+                if (it >= F8_STAGES) mbar_wait(empty + st, (it / F8_STAGES - 1) & 1);
+                load_rows_tile<D, true>(sK + st * L::K, gk + (long)kb * F8_BK * D, ptid);
+                load_vt_tile<D>(sV + st * L::V, gv + kb * F8_BK, Tp, ptid);
+                cp_async_commit();
+                if (it > 0) {
+                    cp_async_wait_1();
+                    fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+                    mbar_arrive(full + (it - 1) % F8_STAGES);
+                }
             }
         }
         cp_async_wait_all();
         fence_proxy_async();
-        mbar_arrive(full + (n_kb - 1) % F8_STAGES);
+        if (it > 0) mbar_arrive(full + (it - 1) % F8_STAGES);
     } else {
-        // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63.
+        // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63 of each tile.
         setmaxnreg_inc<240>();
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
-        const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
-        // descriptor low words (kdesc_lo): this warpgroup's 64 rows of Q̂, stage 0 of the K̂ and
-        // V̂^T rings (stage st: + st * L::K / 16, + st * L::V / 16)
-        const uint32_t dq = kdesc_lo(sQ + wg * 64 * 128), dk0 = kdesc_lo(sK), dv0 = kdesc_lo(sV);
-        const float *ksc = k_scales + (long)bh * nblk, *vsc = v_scales + (long)bh * nblk;
-        const float tau_q = tau * pow2_recip(q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
+        // descriptor low words (kdesc_lo): stage 0 of the K̂ and V̂^T rings (stage st: + st * L::K
+        // / 16, + st * L::V / 16) and this warpgroup's 64 rows of Q̂ buffer 0 (buffer 1: + L::Q / 16)
+        const uint32_t dk0 = kdesc_lo(sK), dv0 = kdesc_lo(sV), dq0 = kdesc_lo(sQ + wg * 64 * 128);
+        unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
+        for (int round = 0, ti = 0;; round++, ti++) {
+            const int tile = fwd_fp8_tile_of(round, cta, G);
+            if (tile >= n_tiles) break;
+            const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh;
+            const int q0 = qb * F8_BQ, n_kb = qb + 1;  // causal: key blocks 0..qb
+            const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
+            const uint32_t dq = dq0 + (ti & 1) * (L::Q / 16);
+            const float *ksc = k_scales + (long)bh * nblk, *vsc = v_scales + (long)bh * nblk;
+            const float tau_q = tau * pow2_recip(q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
 
-        // Ping-pong: warpgroup wg issues its wgmmas after bar.sync on barrier 1 + wg and then lets
-        // the other one go (bar.arrive on its barrier). Each warpgroup has n_kb + 1 issue phases
-        // (S_0; S_j + PV_{j-1} for j = 1..n_kb-1; PV_last); warpgroup 1 arrives once up front and
-        // skips its last arrive, so every barrier sees as many arrivals as syncs.
-        if (PP && wg == 1) pp_pass(1);
+            // Ping-pong: warpgroup wg issues its wgmmas after bar.sync on barrier 1 + wg and then
+            // lets the other one go (bar.arrive on its barrier). Each warpgroup has n_kb + 1 issue
+            // phases per tile (S_0; S_j + PV_{j-1} for j = 1..n_kb-1; PV_last); warpgroup 1
+            // arrives once up front and skips its last arrive, so every barrier sees as many
+            // arrivals as syncs in every tile. (Warpgroup 1 cannot arrive twice on barrier 1
+            // before warpgroup 0 synced there: its next arrive follows its own turn, which
+            // warpgroup 0 grants only after that sync.)
+            if (PP && wg == 1) pp_pass(1);
 
-        float oacc[D / 2], pv[D / 2], s[F8_BK / 2];  // O (FP32), one block's P̂V̂, S: wgmma layouts
+            float oacc[D / 2], pv[D / 2], s[F8_BK / 2];  // O (FP32), one block's P̂V̂, S: wgmma layouts
 #pragma unroll
-        for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
+            for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
 #pragma unroll
-        for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
-        uint32_t pa[F8_BK / 32][4];  // P̂ of the previous block: A operand of the PV wgmmas
+            for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
+            float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+            uint32_t pa[F8_BK / 32][4];  // P̂ of the previous block: A operand of the PV wgmmas
 
-        // The K and V scales of key block j are read one block ahead (into ks_next, vs_next, at
-        // the top of step j - 1), so that no global load latency is exposed at the top of step j.
-        float ks_next = __ldg(ksc + min(1, n_kb - 1)), vs_next = __ldg(vsc + min(1, n_kb - 1));
+            // The K and V scales of key block j are read one block ahead (into ks_next, vs_next,
+            // at the top of step j - 1), so that no global load latency is exposed at the top of step j.
+            float ks_next = __ldg(ksc + min(1, n_kb - 1)), vs_next = __ldg(vsc + min(1, n_kb - 1));
 
-        // block 0: S_0 and its softmax (masked if it is the diagonal block)
-        float fac_prev = inv_p * pow2_recip(__ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
-        {
-            const float tau_qk = tau_q * pow2_recip(__ldg(ksc));
-            mbar_wait(full, 0);
-            if (PP) pp_sync(wg);
-            reg_fence(s);
-            wgmma_fence();
-            issue_s<D>(s, dq, dk0);
-            wgmma_commit();
-            if (PP) pp_pass(wg);
-            wgmma_wait<0>();
-            reg_fence(s);
-            if (n_kb == 1) softmax_block<true>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-            else softmax_block<false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-            pack_p(pa, s);  // O is zero: nothing to rescale
-        }
-        float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
-
-        // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once the
-        // first retires, while the tensor cores work on the second; then O takes PV_{j-1} and P̂_j
-        // replaces P̂_{j-1} in pa. Every issue and wait in a step is unconditional and the diagonal
-        // block is a separate instantiation (as in attention_fwd.cu: ptxas must see that pa stays
-        // read by the tensor cores until the wait).
-        auto step = [&](int j, auto mask) {
-            // (j >= 1: unsigned, so that the stage index is a mask, not a signed remainder)
-            const int st = (unsigned)j % F8_STAGES, pst = (unsigned)(j - 1) % F8_STAGES;
-            const float tau_qk = tau_q * pow2_recip(ks_next);
-            const float fac = inv_p * pow2_recip(vs_next);
-            if constexpr (!decltype(mask)::value) {  // the diagonal block is the last: none after it
-                ks_next = __ldg(ksc + j + 1);
-                vs_next = __ldg(vsc + j + 1);
+            // block 0: S_0 and its softmax (masked if it is the diagonal block)
+            float fac_prev = inv_p * pow2_recip(__ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
+            {
+                const float tau_qk = tau_q * pow2_recip(__ldg(ksc));
+                mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                if (PP) pp_sync(wg);
+                reg_fence(s);
+                wgmma_fence();
+                issue_s<D>(s, dq, dk0 + (it0 % F8_STAGES) * (L::K / 16));
+                wgmma_commit();
+                if (PP) pp_pass(wg);
+                wgmma_wait<0>();
+                reg_fence(s);
+                if (n_kb == 1) softmax_block<true>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                else softmax_block<false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                pack_p(pa, s);  // O is zero: nothing to rescale
             }
-            mbar_wait(full + st, (uint32_t)((j / F8_STAGES) & 1));
-            if (PP) pp_sync(wg);
-            reg_fence(s);
-            reg_fence(pv);
-            reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
-            wgmma_fence();
-            issue_s<D>(s, dq, dk0 + st * (L::K / 16));
-            wgmma_commit();
-            issue_pv<D>(pv, pa, dv0 + pst * (L::V / 16));
-            wgmma_commit();
-            if (PP) pp_pass(wg);
-            wgmma_wait<1>();
-            reg_fence(s);
-            softmax_block<decltype(mask)::value>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
-            wgmma_wait<0>();
-            reg_fence(pv);
-            reg_fence(pa);
-            mbar_arrive(empty + pst);  // K̂_{j-1} and V̂_{j-1} are no longer read
-#pragma unroll
-            for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
-            pack_p(pa, s);
-            alpha_prev[0] = alpha[0];
-            alpha_prev[1] = alpha[1];
-            fac_prev = fac;
-        };
-        for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
-        if (n_kb > 1) step(n_kb - 1, std::true_type());
+            float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
 
-        // the last block's PV
-        {
-            const int lst = (n_kb - 1) % F8_STAGES;
-            if (PP) pp_sync(wg);
-            reg_fence(pv);
-            reg_fence(pa);
-            wgmma_fence();
-            issue_pv<D>(pv, pa, dv0 + lst * (L::V / 16));
-            wgmma_commit();
-            if (PP && wg == 0) pp_pass(wg);
-            wgmma_wait<0>();
-            reg_fence(pv);
-            reg_fence(pa);
+            // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once
+            // the first retires, while the tensor cores work on the second; then O takes PV_{j-1}
+            // and P̂_j replaces P̂_{j-1} in pa. Every issue and wait in a step is unconditional and
+            // the diagonal block is a separate instantiation (as in attention_fwd.cu: ptxas must
+            // see that pa stays read by the tensor cores until the wait).
+            auto step = [&](int j, auto mask) {
+                const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
+                const unsigned st = rb % F8_STAGES, pst = (rb - 1) % F8_STAGES;
+                const float tau_qk = tau_q * pow2_recip(ks_next);
+                const float fac = inv_p * pow2_recip(vs_next);
+                if constexpr (!decltype(mask)::value) {  // the diagonal block is the last: none after it
+                    ks_next = __ldg(ksc + j + 1);
+                    vs_next = __ldg(vsc + j + 1);
+                }
+                mbar_wait(full + st, (rb / F8_STAGES) & 1);
+                if (PP) pp_sync(wg);
+                reg_fence(s);
+                reg_fence(pv);
+                reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
+                wgmma_fence();
+                issue_s<D>(s, dq, dk0 + st * (L::K / 16));
+                wgmma_commit();
+                issue_pv<D>(pv, pa, dv0 + pst * (L::V / 16));
+                wgmma_commit();
+                if (PP) pp_pass(wg);
+                wgmma_wait<1>();
+                reg_fence(s);
+                softmax_block<decltype(mask)::value>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+                wgmma_wait<0>();
+                reg_fence(pv);
+                reg_fence(pa);
+                mbar_arrive(empty + pst);  // K̂_{j-1} and V̂_{j-1} are no longer read
 #pragma unroll
-            for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                pack_p(pa, s);
+                alpha_prev[0] = alpha[0];
+                alpha_prev[1] = alpha[1];
+                fac_prev = fac;
+            };
+            for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
+            if (n_kb > 1) step(n_kb - 1, std::true_type());
+
+            // the last block's PV; then its stage and this tile's Q̂ buffer are free
+            {
+                const unsigned lst = (it0 + (unsigned)n_kb - 1) % F8_STAGES;
+                if (PP) pp_sync(wg);
+                reg_fence(pv);
+                reg_fence(pa);
+                wgmma_fence();
+                issue_pv<D>(pv, pa, dv0 + lst * (L::V / 16));
+                wgmma_commit();
+                if (PP && wg == 0) pp_pass(wg);
+                wgmma_wait<0>();
+                reg_fence(pv);
+                reg_fence(pa);
+                mbar_arrive(empty + lst);
+                mbar_arrive(q_empty + (ti & 1));
+#pragma unroll
+                for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+            }
+            it0 += (unsigned)n_kb;
+
+            // epilogue: full row sums, O = acc / l in BF16, LSE natural log
+            quad_sum(l);
+            l[0] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
+            l[1] *= inv_p;
+            const int b = bh / H, h = bh % H;
+            fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
+                              row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
         }
-
-        // epilogue: full row sums, O = acc / l in BF16, LSE natural log
-        quad_sum(l);
-        l[0] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
-        l[1] *= inv_p;
-        const int b = bh / H, h = bh % H;
-        fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
-                          row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
     }
 }
 
-// ATTN_FP8_FWD_PINGPONG=0 turns the consumers' ping-pong off (for timing comparisons; the
-// numbers are the same either way). Read once per process.
+// ATTN_FP8_FWD_PINGPONG=0 turns the consumers' ping-pong off, ATTN_FP8_FWD_PERSISTENT=0 launches
+// one CTA per tile instead of one per SM (for timing comparisons; the numbers are the same
+// either way: every tile runs the same instructions). Read once per process.
+static bool env_flag(const char *name, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = (e && *e) ? (atoi(e) != 0) : 1;
+    }
+    return *cache != 0;
+}
 static bool fwd_fp8_pingpong(void) {
     static int pp = -1;
-    if (pp < 0) {
-        const char *e = getenv("ATTN_FP8_FWD_PINGPONG");
-        pp = (e && *e) ? (atoi(e) != 0) : 1;
+    return env_flag("ATTN_FP8_FWD_PINGPONG", &pp);
+}
+static bool fwd_fp8_persistent(void) {
+    static int persist = -1;
+    return env_flag("ATTN_FP8_FWD_PERSISTENT", &persist);
+}
+// The CTAs of a launch of n_tiles tiles: one per SM (persistent), at most one per tile; or at
+// most fwd_fp8_max_ctas (attn_gpu_forward_fp8_set_max_ctas, for tests).
+static int fwd_fp8_max_ctas = 0;
+extern "C" void attn_gpu_forward_fp8_set_max_ctas(int n) { fwd_fp8_max_ctas = n > 0 ? n : 0; }
+static long fwd_fp8_grid(long n_tiles) {
+    static int n_sm = 0;  // one device per process (one GPU per rank)
+    if (n_sm == 0) {
+        int dev = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     }
-    return pp != 0;
+    long cap = fwd_fp8_persistent() ? n_sm : n_tiles;
+    if (fwd_fp8_max_ctas > 0) cap = fwd_fp8_max_ctas;
+    return cap < n_tiles ? cap : n_tiles;
 }
 
 template <int D, bool PP>
@@ -482,10 +538,11 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
         CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
-    const long n_cta = (long)attn_quant_n_blocks(T) * B * H;
-    if (n_cta > 0x7fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld CTAs is too many", n_cta);
-    attn_fwd_fp8_kernel<D, PP><<<(unsigned)n_cta, F8_THREADS, smem, stream>>>(
-        qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, T, 1.0f / sqrtf((float)D));
+    const long n_tiles = (long)attn_quant_n_blocks(T) * B * H;
+    if (n_tiles > 0x7fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
+    attn_fwd_fp8_kernel<D, PP><<<(unsigned)fwd_fp8_grid(n_tiles), F8_THREADS, smem, stream>>>(
+        qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
+        1.0f / sqrtf((float)D));
     CUDA_OK(cudaGetLastError());
 }
 

@@ -426,6 +426,38 @@ static void run_fwd_case(const Case &cs, int seed) {
     printf("#   fwd O vs emul rel L2 %.3e max %.3e | LSE max abs %.3e | O vs f64: gpu %.3e emul %.3e\n", rel, relmax,
            lse_err, rel64, relcpu64);
 
+    // The same tiles walked by fewer persistent CTAs (1: one CTA runs every tile, its K̂/V̂^T ring
+    // and Q̂ buffers wrapping across tiles; 2, 3: the snake order, tile counts per CTA odd and
+    // even): each tile runs the same instructions, so O and LSE must be the same bit for bit.
+    {
+        uint16_t *d_o2;
+        float *d_lse2;
+        CU(cudaMalloc(&d_o2, n_tok * C * 2));
+        CU(cudaMalloc(&d_lse2, (size_t)B * H * T * 4));
+        std::vector<uint16_t> g_o2(n_tok * C);
+        std::vector<float> g_lse2((size_t)B * H * T);
+        for (int cap : {1, 2, 3}) {
+            CU(cudaMemset(d_o2, 0xFF, n_tok * C * 2));
+            CU(cudaMemset(d_lse2, 0xFF, (size_t)B * H * T * 4));
+            attn_gpu_forward_fp8_set_max_ctas(cap);
+            attn_gpu_forward_fp8(o[0].codes, o[1].codes, o[2].codes_t, o[0].scales, o[1].scales, o[2].scales, 256.0f,
+                                 d_o2, C, d_lse2, B, H, T, d, 0);
+            attn_gpu_forward_fp8_set_max_ctas(0);
+            err = cudaDeviceSynchronize();
+            CU(cudaMemcpy(g_o2.data(), d_o2, g_o2.size() * 2, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(g_lse2.data(), d_lse2, g_lse2.size() * 4, cudaMemcpyDeviceToHost));
+            size_t diff_o = 0, diff_lse = 0;
+            for (size_t i = 0; i < g_o.size(); i++) diff_o += g_o2[i] != g_o[i];
+            for (size_t i = 0; i < g_lse.size(); i++) diff_lse += memcmp(&g_lse2[i], &g_lse[i], 4) != 0;
+            snprintf(name, sizeof name, "attn fp8 forward on %d persistent CTA(s) = one CTA per tile, bit for bit: %s",
+                     cap, tag);
+            CHECK(err == cudaSuccess && diff_o == 0 && diff_lse == 0, name, "%s; %zu O and %zu LSE values differ",
+                  cudaGetErrorString(err), diff_o, diff_lse);
+        }
+        CU(cudaFree(d_o2));
+        CU(cudaFree(d_lse2));
+    }
+
     // fp8_hybrid's backward: the BF16 kernels (attention_gpu.h) on the dequantized Q̂, K̂, V̂ that
     // the quantize kernel wrote in BF16 (exact), the FP8 forward's O and LSE, BF16 dO; against
     // attn_cpu_backward(fp8_hybrid) fed the same stored O and LSE. Tolerance: BF16 roundings of
