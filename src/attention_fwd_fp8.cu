@@ -276,49 +276,64 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
 
 // Shared memory: 2 x Q̂ (128 x 128 B: the tile being computed and the next one, loading),
 // F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B), then the mbarriers (full and empty
-// per stage, q_empty per Q̂ buffer); regions 1024-byte aligned (the 128-byte swizzle's period).
+// per stage; per Q̂ buffer q_full: its tile's number is posted, q_empty: the consumers are done
+// with it), the 2 posted tile numbers and each stage's K and V scale (copied with the stage's
+// tiles, so the consumers hold no pointers to the scale arrays); regions 1024-byte aligned (the
+// swizzle's period).
 template <int D>
 struct F8Smem {
     static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
     static constexpr int BARS = 2 * Q + F8_STAGES * (K + V);
-    static constexpr size_t BYTES = (size_t)BARS + (2 * F8_STAGES + 2) * sizeof(uint64_t) + 1024;  // + alignment
+    static constexpr size_t BYTES = (size_t)BARS + (2 * F8_STAGES + 4) * sizeof(uint64_t) +
+                                    (2 + 2 * F8_STAGES) * sizeof(int) + 1024;
 };
 
 // The tiles (query block, batch x head) of a launch, heaviest first: tile t is query block
-// nblk - 1 - t / n_bh of (b, h) = t % n_bh. CTA c of G takes tiles r G + c on even rounds r and
-// r G + G - 1 - c on odd ones (a snake), so that every CTA gets about the same number of key
-// blocks. With G = the number of tiles (one tile per CTA) this is the plain grid.
-__device__ __forceinline__ int fwd_fp8_tile_of(int round, int cta, int G) {
-    return round * G + ((round & 1) ? G - 1 - cta : cta);
+// nblk - 1 - t / n_bh of (b, h) = t % n_bh. CTAs take the next tile from a counter in global
+// memory when they start one (dynamic, heaviest first: the greedy schedule the hardware's own
+// block scheduler gives a grid of one CTA per tile). The counter is never reset: launch k gets
+// the values tile_base .. tile_base + n_tiles + G - 1 (every CTA fetches once more than its
+// tiles, to see the end), and the host advances tile_base by that much for the next launch.
+// Launches that share the counter must therefore run one after the other (one stream).
+__device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, unsigned base) {
+    return (int)min(atomicAdd(counter, 1u) - base, 0x7fffffffu);
 }
+// Producer-only named barrier (id 3; 0 is __syncthreads', 1 and 2 the consumers' ping-pong).
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 3, 128;\n" ::: "memory"); }
 
-// grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes the
-// tiles fwd_fp8_tile_of gives it, one after the other (persistent when G = the number of SMs:
-// the producer loads the next tile's Q̂ and first key blocks while the consumers finish the
-// current one, and no CTA launches in between).
+// grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
+// tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
+// the number of SMs: the producer loads the next tile's Q̂ and first key blocks while the
+// consumers finish the current one, and no CTA launches in between).
 template <int D, bool PP>
 __global__ void __launch_bounds__(F8_THREADS, 1)
     attn_fwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
                         const uint8_t *__restrict__ vtc, const float *__restrict__ q_scales,
                         const float *__restrict__ k_scales, const float *__restrict__ v_scales,
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
-                        float *__restrict__ lse, int H, int n_bh, int T, float tau) {
+                        float *__restrict__ lse, int H, int n_bh, int T, float tau,
+                        unsigned *__restrict__ tile_counter, unsigned tile_base) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + F8_STAGES * L::K;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::BARS), *empty = full + F8_STAGES;
-    uint64_t *q_empty = empty + F8_STAGES;
+    uint64_t *q_full = empty + F8_STAGES, *q_empty = q_full + 2;
+    int *tile_slot = reinterpret_cast<int *>(q_empty + 2);  // the tile of Q̂ buffer i (n_tiles or more: none)
+    float *sKs = reinterpret_cast<float *>(tile_slot + 2), *sVs = sKs + F8_STAGES;  // scales of stage st
 
     const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
-    const int n_tiles = nblk * n_bh, G = (int)gridDim.x, cta = (int)blockIdx.x;
+    const int n_tiles = nblk * n_bh;
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < F8_STAGES; i++) {
             mbar_init(full + i, 128);   // the producer's threads, each after its copies landed
             mbar_init(empty + i, 256);  // every consumer thread, after its last wgmma on the stage
         }
-        for (int i = 0; i < 2; i++) mbar_init(q_empty + i, 256);  // every consumer thread, tile done
+        for (int i = 0; i < 2; i++) {
+            mbar_init(q_full + i, 1);     // the producer's thread 0, after posting the tile number
+            mbar_init(q_empty + i, 256);  // every consumer thread, after the tile's last wgmma
+        }
         mbar_fence_init();
     }
     __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups meet on mbarriers only
@@ -333,24 +348,36 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // signalled, which happened at iteration kb - F8_STAGES + 2 <= kb - 1: no deadlock for
         // F8_STAGES >= 3.
         // The ring runs on across tiles: `it` counts the key blocks this CTA has loaded, block it
-        // goes to stage it % F8_STAGES. A tile's Q̂ goes into buffer (tile count) % 2 once the
-        // consumers released that buffer's previous tile (q_empty), and its copies join the
-        // tile's first key block's cp.async group, so that block's full barrier covers them.
+        // goes to stage it % F8_STAGES. The CTA's tile number ti uses Q̂ buffer ti % 2: once the
+        // consumers released the buffer's previous tile (q_empty), thread 0 takes the next tile
+        // from the counter and posts it (tile_slot, q_full: the consumers stop on the first
+        // number past the end); the Q̂ copies join the tile's first key block's cp.async group,
+        // so that block's full barrier covers them.
         setmaxnreg_dec<24>();
         const int ptid = threadIdx.x;
         unsigned it = 0;
-        for (int round = 0, ti = 0;; round++, ti++) {
-            const int tile = fwd_fp8_tile_of(round, cta, G);
+        for (int ti = 0;; ti++) {
+            const int qs = ti & 1;
+            if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
+            if (ptid == 0) {
+                tile_slot[qs] = fwd_fp8_next_tile(tile_counter, tile_base);
+                mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
+            }
+            producer_sync();
+            const int tile = tile_slot[qs];
             if (tile >= n_tiles) break;
             const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh, n_kb = qb + 1;
             const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
-            if (ti >= 2) mbar_wait(q_empty + (ti & 1), (uint32_t)((ti / 2 - 1) & 1));
-            load_rows_tile<D, false>(sQ + (ti & 1) * L::Q, qc + ((long)bh * Tp + qb * F8_BQ) * D, ptid);
+            load_rows_tile<D, false>(sQ + qs * L::Q, qc + ((long)bh * Tp + qb * F8_BQ) * D, ptid);
             for (int kb = 0; kb < n_kb; kb++, it++) {
                 const unsigned st = it % F8_STAGES;
                 if (it >= F8_STAGES) mbar_wait(empty + st, (it / F8_STAGES - 1) & 1);
                 load_rows_tile<D, true>(sK + st * L::K, gk + (long)kb * F8_BK * D, ptid);
                 load_vt_tile<D>(sV + st * L::V, gv + kb * F8_BK, Tp, ptid);
+                if (ptid == 0) {
+                    cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
+                    cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
+                }
                 cp_async_commit();
                 if (it > 0) {
                     cp_async_wait_1();
@@ -371,14 +398,14 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // / 16, + st * L::V / 16) and this warpgroup's 64 rows of Q̂ buffer 0 (buffer 1: + L::Q / 16)
         const uint32_t dk0 = kdesc_lo(sK), dv0 = kdesc_lo(sV), dq0 = kdesc_lo(sQ + wg * 64 * 128);
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
-        for (int round = 0, ti = 0;; round++, ti++) {
-            const int tile = fwd_fp8_tile_of(round, cta, G);
+        for (int ti = 0;; ti++) {
+            mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
+            const int tile = tile_slot[ti & 1];
             if (tile >= n_tiles) break;
             const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh;
             const int q0 = qb * F8_BQ, n_kb = qb + 1;  // causal: key blocks 0..qb
             const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
             const uint32_t dq = dq0 + (ti & 1) * (L::Q / 16);
-            const float *ksc = k_scales + (long)bh * nblk, *vsc = v_scales + (long)bh * nblk;
             const float tau_q = tau * pow2_recip(q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
 
             // Ping-pong: warpgroup wg issues its wgmmas after bar.sync on barrier 1 + wg and then
@@ -398,15 +425,16 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
             uint32_t pa[F8_BK / 32][4];  // P̂ of the previous block: A operand of the PV wgmmas
 
-            // The K and V scales of key block j are read one block ahead (into ks_next, vs_next,
-            // at the top of step j - 1), so that no global load latency is exposed at the top of step j.
-            float ks_next = __ldg(ksc + min(1, n_kb - 1)), vs_next = __ldg(vsc + min(1, n_kb - 1));
+            // The K and V scales of key block j come with its stage (sKs, sVs): read after the
+            // stage's full wait, they are first needed once S_j is done (tau_qk) and in the next
+            // step (fac), so their shared-memory latency hides behind the wgmmas.
+            float fac_prev;  // 1 / (p_scale s_v) of the block in pa
 
             // block 0: S_0 and its softmax (masked if it is the diagonal block)
-            float fac_prev = inv_p * pow2_recip(__ldg(vsc));  // 1 / (p_scale s_v) of the block in pa
             {
-                const float tau_qk = tau_q * pow2_recip(__ldg(ksc));
                 mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                const float tau_qk = tau_q * pow2_recip(sKs[it0 % F8_STAGES]);
+                fac_prev = inv_p * pow2_recip(sVs[it0 % F8_STAGES]);
                 if (PP) pp_sync(wg);
                 reg_fence(s);
                 wgmma_fence();
@@ -429,13 +457,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             auto step = [&](int j, auto mask) {
                 const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
                 const unsigned st = rb % F8_STAGES, pst = (rb - 1) % F8_STAGES;
-                const float tau_qk = tau_q * pow2_recip(ks_next);
-                const float fac = inv_p * pow2_recip(vs_next);
-                if constexpr (!decltype(mask)::value) {  // the diagonal block is the last: none after it
-                    ks_next = __ldg(ksc + j + 1);
-                    vs_next = __ldg(vsc + j + 1);
-                }
                 mbar_wait(full + st, (rb / F8_STAGES) & 1);
+                const float tau_qk = tau_q * pow2_recip(sKs[st]);
+                const float fac = inv_p * pow2_recip(sVs[st]);
                 if (PP) pp_sync(wg);
                 reg_fence(s);
                 reg_fence(pv);
@@ -515,6 +539,9 @@ static bool fwd_fp8_persistent(void) {
 // The CTAs of a launch of n_tiles tiles: one per SM (persistent), at most one per tile; or at
 // most fwd_fp8_max_ctas (attn_gpu_forward_fp8_set_max_ctas, for tests).
 static int fwd_fp8_max_ctas = 0;
+// The tile counter (fwd_fp8_next_tile) and the base of the next launch. One device per process
+// (one GPU per rank); launches on one stream.
+static unsigned *fwd_fp8_counter = NULL, fwd_fp8_counter_base = 0;
 extern "C" void attn_gpu_forward_fp8_set_max_ctas(int n) { fwd_fp8_max_ctas = n > 0 ? n : 0; }
 static long fwd_fp8_grid(long n_tiles) {
     static int n_sm = 0;  // one device per process (one GPU per rank)
@@ -539,10 +566,16 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
         attr_set = true;
     }
     const long n_tiles = (long)attn_quant_n_blocks(T) * B * H;
-    if (n_tiles > 0x7fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
-    attn_fwd_fp8_kernel<D, PP><<<(unsigned)fwd_fp8_grid(n_tiles), F8_THREADS, smem, stream>>>(
+    if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
+    if (!fwd_fp8_counter) {
+        CUDA_OK(cudaMalloc(&fwd_fp8_counter, sizeof(unsigned)));
+        CUDA_OK(cudaMemset(fwd_fp8_counter, 0, sizeof(unsigned)));
+    }
+    const long grid = fwd_fp8_grid(n_tiles);
+    attn_fwd_fp8_kernel<D, PP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D));
+        1.0f / sqrtf((float)D), fwd_fp8_counter, fwd_fp8_counter_base);
+    fwd_fp8_counter_base += (unsigned)(n_tiles + grid);  // modulo 2^32, as the counter
     CUDA_OK(cudaGetLastError());
 }
 

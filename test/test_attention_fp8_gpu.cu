@@ -427,8 +427,9 @@ static void run_fwd_case(const Case &cs, int seed) {
            lse_err, rel64, relcpu64);
 
     // The same tiles walked by fewer persistent CTAs (1: one CTA runs every tile, its K̂/V̂^T ring
-    // and Q̂ buffers wrapping across tiles; 2, 3: the snake order, tile counts per CTA odd and
-    // even): each tile runs the same instructions, so O and LSE must be the same bit for bit.
+    // and Q̂ buffers wrapping across tiles; 2, 3: CTAs taking tiles from the shared counter in
+    // turn, odd and even tile counts per CTA): each tile runs the same instructions whichever
+    // CTA takes it, so O and LSE must be the same bit for bit.
     {
         uint16_t *d_o2;
         float *d_lse2;
