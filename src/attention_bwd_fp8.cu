@@ -366,6 +366,30 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     }
 }
 
+namespace {
+// dQ leaves the CTA by bulk asynchronous reductions (FlashAttention-3's way): each query block's
+// 64 x D FP32 product is stored to shared memory and added to the FP32 accumulator in global
+// memory row by row with cp.reduce.async.bulk .add.f32 (each element added atomically, in L2),
+// instead of 16 float2 atomics per thread, which throttled the load/store queue (ncu: 15% of
+// the warp stalls) and slowed the next block's prefetch that shares it.
+// Row r of the staging area starts at r * B8DqPitch floats: the pitch D + 8 spreads the 8 rows
+// a warp's float2 stores reach over all 32 banks.
+template <int D>
+struct B8DqPitch {
+    static constexpr int value = D + 8;
+};
+__device__ __forceinline__ void bulk_reduce_add_f32(float *gdst, uint32_t ssrc, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gdst), "r"(ssrc),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// the shared-memory sources of this thread's bulk operations have been read (may be overwritten)
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... and their writes to global memory are done
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+}  // namespace
+
 // --- main backward: grid (ceil(T/128), B*H), block 256 (2 warpgroups) -------------------------
 // Per query block (one iteration), with the next block's tiles already loading (two stages):
 //   B1  wait for this stage's copies; __syncthreads (also: everyone is done with the previous
@@ -376,7 +400,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
 //   B3  __syncthreads: dV (fresh accumulator) and dQ issued together; dV added while dQ runs;
 //       dK issued; dQ's atomics while dK runs; dK added
 // Shared memory (d = 128): K̂, V̂, K̂^T, P̂^T, dŜ^T (16 KB each), dŜ (8 KB), 2 stages of
-// Q̂, dÔ (8 KB each), Q̂^T, dÔ^T (16 KB each), LSE and D: ~186 KB, one CTA per SM.
+// Q̂, dÔ (8 KB each), Q̂^T, dÔ^T (16 KB each), the dQ staging area (64 x 136 FP32, 34 KB), LSE
+// and D: ~220 KB, one CTA per SM.
 template <int D>
 struct B8Smem {
     static constexpr int KV = B8_BK * 128;         // K̂ or V̂ (128 keys x 128 B)
@@ -390,7 +415,11 @@ struct B8Smem {
     static constexpr int OFF_Q = 0, OFF_DO = QT, OFF_QT = 2 * QT, OFF_DOT = 2 * QT + KT;
     static constexpr int FIXED = OFF_STAGE;        // 4 KV + KT + QT
     static_assert(KV % 1024 == 0 && KT % 1024 == 0 && QT % 1024 == 0, "swizzled regions start at 1024-byte boundaries");
-    static constexpr size_t bytes = (size_t)FIXED + 2 * STAGE + (4 * B8_BQ + 8) * sizeof(float) + 1024;
+    // after the 2 stages: the dQ staging area (B8_BQ rows of B8DqPitch floats), then LSE, D, amax
+    static constexpr int OFF_DQ = FIXED + 2 * STAGE, DQ = B8_BQ * B8DqPitch<D>::value * (int)sizeof(float);
+    static_assert(OFF_DQ % 16 == 0 && (B8DqPitch<D>::value * 4) % 16 == 0, "bulk copies: 16-byte aligned rows");
+    static constexpr size_t bytes = (size_t)OFF_DQ + DQ + (4 * B8_BQ + 8) * sizeof(float) + 1024;
+    static_assert(bytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 };
 
 template <int D, bool E5>
@@ -415,7 +444,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     uint8_t *sdS = smem + L::OFF_DS;        // (64 queries x 128 keys) dŜ
     uint8_t *stage0 = smem + L::OFF_STAGE;  // 2 stages: Q̂ (64 x 128 B), dÔ, Q̂^T (D x 64 queries), dÔ^T
     const uint32_t dlo_smem = b8_dlo(smem_addr(smem));  // descriptor low word of the base (b8_dlo)
-    float *sLse2 = reinterpret_cast<float *>(stage0 + 2 * L::STAGE);  // (2 stages, 64)
+    float *sdQ = reinterpret_cast<float *>(smem + L::OFF_DQ);           // (64 queries, B8DqPitch) dQ staging
+    float *sLse2 = reinterpret_cast<float *>(smem + L::OFF_DQ + L::DQ);  // (2 stages, 64)
     float *sDl2 = sLse2 + 2 * B8_BQ;                                  // (2 stages, 64) D
     float *sAmax = sDl2 + 2 * B8_BQ;                                  // (8) per-warp |dS| max
 
@@ -462,11 +492,17 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // B1: this stage's copies (the only group in flight) have landed, for all threads; and
         // every thread is past the previous iteration, so the other stage is free to refill
         cp_async_wait_all();
-        fence_proxy_async();
+        fence_proxy_async();  // also orders the previous block's dQ staging stores for the bulk reads
         __syncthreads();
         if (qb + 1 < n_qb) {
             load_qblock(qb + 1, s ^ 1);
             cp_async_commit();
+        }
+        // the previous query block's dQ (staged by every thread before this barrier): one bulk
+        // reduction per row, rows past T left out (they would be the next head's)
+        if (qb > qb_first && tid < B8_BQ && q0 - B8_BQ + tid < T) {
+            bulk_reduce_add_f32(gdq + (long)(q0 - B8_BQ + tid) * D, smem_addr(sdQ + tid * B8DqPitch<D>::value), D * 4);
+            bulk_commit();
         }
         // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
         // wgu = wg, as a value the compiler knows to be warp-uniform (a shuffle from lane 0, as
@@ -577,6 +613,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             }
         }
         fence_proxy_async();  // generic-proxy stores -> wgmma reads
+        if (tid < B8_BQ) bulk_wait_read();  // the dQ staging area may be refilled after B3
         __syncthreads();      // B3
 
         // dV += P̂^T dÔ (keys x d, reduction over the 64 queries) and dQ (64 queries x this
@@ -605,26 +642,17 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         wgmma_wait<1>();  // dQ's group done (groups complete in order)
         reg_fence(tq);
         {
-            // this thread's dQ elements: rows q, q + 8 (q = q0 + warp*16 + g), columns
-            // wg*D/2 + 8n + 2t4, +1; one float2 atomic each, all at constant offsets from one row
-            // pointer. Both rows exist except in a partial last query block, the only case that
-            // tests them (per atomic, the test and its address math were ~10 instructions).
+            // this thread's dQ elements: rows r, r + 8 (r = warp*16 + g) of the block, columns
+            // wg*D/2 + 8n + 2t4, +1, into the staging area (bulk-reduced after the next B1)
             const float f = inv_ds * inv_k;
-            const int q = q0 + warp * 16 + g;
-            float *row = gdq + (long)q * D + wg * (D / 2) + 2 * t4;
-            auto add_dq = [&](bool row0, bool row8) {
+            float *row = sdQ + (warp * 16 + g) * B8DqPitch<D>::value + wg * (D / 2) + 2 * t4;
 #pragma unroll
-                for (int n = 0; n < D / 16; n++) {
-                    if (row0) atomicAdd(reinterpret_cast<float2 *>(row + 8 * n), make_float2(tq[4 * n] * f, tq[4 * n + 1] * f));
-                    if (row8)
-                        atomicAdd(reinterpret_cast<float2 *>(row + 8 * D + 8 * n),
-                                  make_float2(tq[4 * n + 2] * f, tq[4 * n + 3] * f));
-                }
-            };
-            if (q + 8 < T) add_dq(true, true);
-            else add_dq(q < T, false);
+            for (int n = 0; n < D / 16; n++) {
+                *reinterpret_cast<float2 *>(row + 8 * n) = make_float2(tq[4 * n] * f, tq[4 * n + 1] * f);
+                *reinterpret_cast<float2 *>(row + 8 * B8DqPitch<D>::value + 8 * n) =
+                    make_float2(tq[4 * n + 2] * f, tq[4 * n + 3] * f);
+            }
         }
-        __syncwarp();  // lanes may have split on q + 8 < T (a partial last block): converge before the .aligned wait
         wgmma_wait<0>();
         reg_fence(t);
         {
@@ -632,6 +660,18 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 #pragma unroll
             for (int i = 0; i < D / 2; i++) dka[i] += t[i] * f;
         }
+    }
+
+    // the last query block's dQ
+    fence_proxy_async();
+    __syncthreads();
+    if (tid < B8_BQ) {
+        const int q = (n_qb - 1) * B8_BQ + tid;
+        if (n_qb > qb_first && q < T) {
+            bulk_reduce_add_f32(gdq + (long)q * D, smem_addr(sdQ + tid * B8DqPitch<D>::value), D * 4);
+            bulk_commit();
+        }
+        bulk_wait_all();
     }
 
     // epilogue: dV, tau dK in BF16
