@@ -477,6 +477,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     };
 
     const int qb_first = k0 / B8_BQ;
+    const int dq_row = lane < B8_BQ / 8 ? (tid / 32) * (B8_BQ / 8) + lane : -1;  // the dQ row this thread sends, if any
+    static_assert(B8_THREADS / 32 * (B8_BQ / 8) == B8_BQ, "8 warps x 8 lanes cover the 64 dQ rows");
     b8_load<B8_BK, D / 16>(sK, kc + ((long)bh * Tp + k0) * D, D, tid);
     b8_load<B8_BK, D / 16>(sV, vc + ((long)bh * Tp + k0) * D, D, tid);
     b8_load<D, B8_BK / 16>(sKt, ktc + (long)bh * D * Tp + k0, Tp, tid);
@@ -499,9 +501,12 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             cp_async_commit();
         }
         // the previous query block's dQ (staged by every thread before this barrier): one bulk
-        // reduction per row, rows past T left out (they would be the next head's)
-        if (qb > qb_first && tid < B8_BQ && q0 - B8_BQ + tid < T) {
-            bulk_reduce_add_f32(gdq + (long)(q0 - B8_BQ + tid) * D, smem_addr(sdQ + tid * B8DqPitch<D>::value), D * 4);
+        // reduction per row, rows past T left out (they would be the next head's). Row
+        // dq_row = 8 warp + lane for lanes 0-7 of each of the 8 warps: the bulk instruction takes
+        // uniform operands, so a warp issues its rows one lane at a time; spread over all warps,
+        // no warp arrives at B2 much later than the others (with 64 rows on 2 warps they did).
+        if (qb > qb_first && dq_row >= 0 && q0 - B8_BQ + dq_row < T) {
+            bulk_reduce_add_f32(gdq + (long)(q0 - B8_BQ + dq_row) * D, smem_addr(sdQ + dq_row * B8DqPitch<D>::value), D * 4);
             bulk_commit();
         }
         // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
@@ -613,7 +618,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             }
         }
         fence_proxy_async();  // generic-proxy stores -> wgmma reads
-        if (tid < B8_BQ) bulk_wait_read();  // the dQ staging area may be refilled after B3
+        if (dq_row >= 0) bulk_wait_read();  // the dQ staging area may be refilled after B3
         __syncthreads();      // B3
 
         // dV += P̂^T dÔ (keys x d, reduction over the 64 queries) and dQ (64 queries x this
@@ -665,10 +670,10 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     // the last query block's dQ
     fence_proxy_async();
     __syncthreads();
-    if (tid < B8_BQ) {
-        const int q = (n_qb - 1) * B8_BQ + tid;
+    if (dq_row >= 0) {
+        const int q = (n_qb - 1) * B8_BQ + dq_row;
         if (n_qb > qb_first && q < T) {
-            bulk_reduce_add_f32(gdq + (long)q * D, smem_addr(sdQ + tid * B8DqPitch<D>::value), D * 4);
+            bulk_reduce_add_f32(gdq + (long)q * D, smem_addr(sdQ + dq_row * B8DqPitch<D>::value), D * 4);
             bulk_commit();
         }
         bulk_wait_all();

@@ -56,6 +56,7 @@
 #include <math.h>          // INFINITY, expf, logf, log2f
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
 #include <stdlib.h>        // getenv, atoi
+#include <string.h>        // strcmp
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
@@ -295,7 +296,14 @@ struct F8Smem {
 // the values tile_base .. tile_base + n_tiles + G - 1 (every CTA fetches once more than its
 // tiles, to see the end), and the host advances tile_base by that much for the next launch.
 // Launches that share the counter must therefore run one after the other (one stream).
-__device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, unsigned base) {
+// With counter NULL (ATTN_FP8_FWD_SCHED=static, for timing comparisons) the order is fixed
+// instead: CTA c of G takes tiles r G + c on even rounds r and r G + G - 1 - c on odd ones (a
+// snake, so that the CTAs get about the same number of key blocks).
+__device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, unsigned base, int round) {
+    if (!counter) {
+        const int G = (int)gridDim.x, c = (int)blockIdx.x;
+        return round * G + ((round & 1) ? G - 1 - c : c);
+    }
     return (int)min(atomicAdd(counter, 1u) - base, 0x7fffffffu);
 }
 // Producer-only named barrier (id 3; 0 is __syncthreads', 1 and 2 the consumers' ping-pong).
@@ -360,7 +368,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const int qs = ti & 1;
             if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
             if (ptid == 0) {
-                tile_slot[qs] = fwd_fp8_next_tile(tile_counter, tile_base);
+                tile_slot[qs] = fwd_fp8_next_tile(tile_counter, tile_base, ti);
                 mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
             }
             producer_sync();
@@ -536,13 +544,29 @@ static bool fwd_fp8_persistent(void) {
     static int persist = -1;
     return env_flag("ATTN_FP8_FWD_PERSISTENT", &persist);
 }
+// ATTN_FP8_FWD_SCHED=static: persistent CTAs walk a fixed (snake) order instead of taking tiles
+// from the counter (fwd_fp8_next_tile).
+static int fwd_fp8_order = -1;  // attn_gpu_forward_fp8_test_schedule: 0 static, 1 dynamic, -1 the environment's
+static bool fwd_fp8_dynamic(void) {
+    if (fwd_fp8_order >= 0) return fwd_fp8_order != 0;
+    static int dyn = -1;
+    if (dyn < 0) {
+        const char *e = getenv("ATTN_FP8_FWD_SCHED");
+        dyn = !(e && strcmp(e, "static") == 0);
+    }
+    return dyn != 0;
+}
 // The CTAs of a launch of n_tiles tiles: one per SM (persistent), at most one per tile; or at
-// most fwd_fp8_max_ctas (attn_gpu_forward_fp8_set_max_ctas, for tests).
+// most fwd_fp8_max_ctas (attn_gpu_forward_fp8_test_schedule).
 static int fwd_fp8_max_ctas = 0;
 // The tile counter (fwd_fp8_next_tile) and the base of the next launch. One device per process
 // (one GPU per rank); launches on one stream.
 static unsigned *fwd_fp8_counter = NULL, fwd_fp8_counter_base = 0;
-extern "C" void attn_gpu_forward_fp8_set_max_ctas(int n) { fwd_fp8_max_ctas = n > 0 ? n : 0; }
+
+extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
+    fwd_fp8_max_ctas = max_ctas > 0 ? max_ctas : 0;
+    fwd_fp8_order = order < 0 ? -1 : order != 0;
+}
 static long fwd_fp8_grid(long n_tiles) {
     static int n_sm = 0;  // one device per process (one GPU per rank)
     if (n_sm == 0) {
@@ -574,8 +598,8 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     const long grid = fwd_fp8_grid(n_tiles);
     attn_fwd_fp8_kernel<D, PP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), fwd_fp8_counter, fwd_fp8_counter_base);
-    fwd_fp8_counter_base += (unsigned)(n_tiles + grid);  // modulo 2^32, as the counter
+        1.0f / sqrtf((float)D), fwd_fp8_dynamic() ? fwd_fp8_counter : NULL, fwd_fp8_counter_base);
+    if (fwd_fp8_dynamic()) fwd_fp8_counter_base += (unsigned)(n_tiles + grid);  // modulo 2^32, as the counter
     CUDA_OK(cudaGetLastError());
 }
 

@@ -91,10 +91,12 @@ void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const 
                           const float *q_scales, const float *k_scales, const float *v_scales,
                           float p_scale, uint16_t *o, int o_stride, float *lse, int B, int H, int T,
                           int d, cudaStream_t stream);
-// The FP8 forward runs persistent CTAs (one per SM, each walking its share of the (query block,
-// b, h) tiles). For tests: cap the number of CTAs at n (n <= 0: back to the default), so that
-// small shapes also run several tiles per CTA; the outputs must not change by a bit.
-void attn_gpu_forward_fp8_set_max_ctas(int n);
+// The FP8 forward runs persistent CTAs (one per SM), each taking (query block, b, h) tiles from a
+// counter (dynamic order) or from a fixed snake order (ATTN_FP8_FWD_SCHED=static). For tests:
+// cap the number of CTAs at max_ctas (<= 0: the default) and choose the order (0 static,
+// 1 dynamic, < 0: the environment's), so that small shapes also run several tiles per CTA in
+// either order; the outputs must not change by a bit.
+void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
 
 // FP8 backward (attention_bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
 // (docs/fp8-attention.md §3) on the quantized operands above and the FP8 forward's O and LSE.

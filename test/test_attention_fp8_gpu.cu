@@ -427,8 +427,8 @@ static void run_fwd_case(const Case &cs, int seed) {
            lse_err, rel64, relcpu64);
 
     // The same tiles walked by fewer persistent CTAs (1: one CTA runs every tile, its K̂/V̂^T ring
-    // and Q̂ buffers wrapping across tiles; 2, 3: CTAs taking tiles from the shared counter in
-    // turn, odd and even tile counts per CTA): each tile runs the same instructions whichever
+    // and Q̂ buffers wrapping across tiles; 2, 3: odd and even tile counts per CTA), in the fixed
+    // (snake) and the dynamic (counter) order: each tile runs the same instructions whichever
     // CTA takes it, so O and LSE must be the same bit for bit.
     {
         uint16_t *d_o2;
@@ -437,21 +437,22 @@ static void run_fwd_case(const Case &cs, int seed) {
         CU(cudaMalloc(&d_lse2, (size_t)B * H * T * 4));
         std::vector<uint16_t> g_o2(n_tok * C);
         std::vector<float> g_lse2((size_t)B * H * T);
-        for (int cap : {1, 2, 3}) {
+        for (int run = 0; run < 6; run++) {
+            const int cap = 1 + run / 2, dynamic = run % 2;
             CU(cudaMemset(d_o2, 0xFF, n_tok * C * 2));
             CU(cudaMemset(d_lse2, 0xFF, (size_t)B * H * T * 4));
-            attn_gpu_forward_fp8_set_max_ctas(cap);
+            attn_gpu_forward_fp8_test_schedule(cap, dynamic);
             attn_gpu_forward_fp8(o[0].codes, o[1].codes, o[2].codes_t, o[0].scales, o[1].scales, o[2].scales, 256.0f,
                                  d_o2, C, d_lse2, B, H, T, d, 0);
-            attn_gpu_forward_fp8_set_max_ctas(0);
+            attn_gpu_forward_fp8_test_schedule(0, -1);
             err = cudaDeviceSynchronize();
             CU(cudaMemcpy(g_o2.data(), d_o2, g_o2.size() * 2, cudaMemcpyDeviceToHost));
             CU(cudaMemcpy(g_lse2.data(), d_lse2, g_lse2.size() * 4, cudaMemcpyDeviceToHost));
             size_t diff_o = 0, diff_lse = 0;
             for (size_t i = 0; i < g_o.size(); i++) diff_o += g_o2[i] != g_o[i];
             for (size_t i = 0; i < g_lse.size(); i++) diff_lse += memcmp(&g_lse2[i], &g_lse[i], 4) != 0;
-            snprintf(name, sizeof name, "attn fp8 forward on %d persistent CTA(s) = one CTA per tile, bit for bit: %s",
-                     cap, tag);
+            snprintf(name, sizeof name, "attn fp8 forward on %d persistent CTA(s), %s order = default grid, bit for bit: %s",
+                     cap, dynamic ? "dynamic" : "static", tag);
             CHECK(err == cudaSuccess && diff_o == 0 && diff_lse == 0, name, "%s; %zu O and %zu LSE values differ",
                   cudaGetErrorString(err), diff_o, diff_lse);
         }
