@@ -9,7 +9,7 @@
 //   dŜ = fmt(dS s_ds), s_ds from the amax of the 64 x 128 tile;  P̂ = E4M3(P p_scale)
 //   dV += P̂^T dÔ / (p_scale s_do),  dK += dŜ^T Q̂ / (s_ds s_q),  dQ += dŜ K̂ / (s_ds s_k)
 // Each tile's product goes to a fresh wgmma accumulator and is added in FP32 (registers for dK,
-// dV; FP32 atomics for dQ): the tensor cores' reduced-precision accumulation never runs over
+// dV; FP32 bulk reductions into an accumulator for dQ): the tensor cores' reduced-precision accumulation never runs over
 // more than 128 elements (spec §3). dK, dQ get tau at the end, as in the emulation.
 //
 // D (spec "Computing the matched D"): fp8_naive rowsum(dO ∘ O) with the BF16 dO and stored O;
@@ -43,9 +43,10 @@
 // the shared address space (b8_smem_align1024: LDS/STS with 32-bit addresses, not generic
 // 64-bit LD/ST); wgmma descriptors are 32-bit low words derived from one base by constant
 // offsets (b8_dlo, wg_fp8_tile), the warpgroup's part in uniform registers; the causal / sequence
-// end mask runs behind a warp-uniform branch, only on the tiles that need it (tile_p_dp); each
-// thread's dQ atomics use one row pointer and test the rows only in a partial last block; and
-// 1/s_ds comes from the exponent bits of the power-of-two scale (pow2_recip).
+// end mask runs behind a warp-uniform branch, only on the tiles that need it (tile_p_dp); dQ
+// leaves each query block through shared memory and D/32 TMA reductions issued by one thread
+// (dq_reduce), not per-thread atomics; and 1/s_ds comes from the exponent bits of the
+// power-of-two scale (pow2_recip).
 #include "attention_quant.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
@@ -57,6 +58,7 @@
 #include "common.h"                  // FATAL
 #include "fp8.h"                     // fp8_scale_for_amax, fp8_to_f32 (the encoders: see cvt_e4m3x2)
 #include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
+#include "tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map)
 
 #define B8_BQ ATTN_FP8_BWD_BLOCK_Q  // 64 queries per tile
 #define B8_BK ATTN_FP8_BWD_BLOCK_K  // 128 keys per tile = per CTA
@@ -367,27 +369,35 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
 }
 
 namespace {
-// dQ leaves the CTA by bulk asynchronous reductions (FlashAttention-3's way): each query block's
-// 64 x D FP32 product is stored to shared memory and added to the FP32 accumulator in global
-// memory row by row with cp.reduce.async.bulk .add.f32 (each element added atomically, in L2),
-// instead of 16 float2 atomics per thread, which throttled the load/store queue (ncu: 15% of
-// the warp stalls) and slowed the next block's prefetch that shares it.
-// Row r of the staging area starts at r * B8DqPitch floats: the pitch D + 8 spreads the 8 rows
-// a warp's float2 stores reach over all 32 banks.
-template <int D>
-struct B8DqPitch {
-    static constexpr int value = D + 8;
-};
-__device__ __forceinline__ void bulk_reduce_add_f32(float *gdst, uint32_t ssrc, uint32_t bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gdst), "r"(ssrc),
-                 "r"(bytes)
+// dQ leaves the CTA by bulk asynchronous tensor reductions (FlashAttention-3's way): each query
+// block's 64 x D FP32 product is stored to shared memory in the layout of D/32 TMA boxes (64 rows
+// x 32 floats = 128 bytes, 128-byte swizzle: 16-byte chunk c of row r at c ^ (r % 8)) and added
+// to the FP32 accumulator in global memory by one thread with D/32 cp.reduce.async.bulk.tensor
+// .add (each element added atomically in L2; rows past T are outside the tensor map and dropped).
+// This replaced 16 float2 atomics per thread per block, which throttled the load/store queue
+// (ncu: 15% of the warp stalls) and delayed the next block's prefetch behind them.
+__device__ __forceinline__ void tma_reduce_add_3d(const void *tmap, uint32_t ssrc, int c0, int c1, int c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                     (uint64_t)tmap),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(ssrc)
                  : "memory");
+}
+__device__ __forceinline__ void st_shared_f32x2(uint32_t a, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // the shared-memory sources of this thread's bulk operations have been read (may be overwritten)
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // ... and their writes to global memory are done
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// The dQ reduction of the query block at row q0 of head bh: thread 0, after a barrier that follows
+// every thread's staging stores and proxy fence.
+template <int D>
+__device__ __forceinline__ void dq_reduce(const void *tm_dq, uint32_t s_dq, int q0, int bh) {
+#pragma unroll
+    for (int bx = 0; bx < D / 32; bx++) tma_reduce_add_3d(tm_dq, s_dq + bx * B8_BQ * 128, bx * 32, q0, bh);
+    bulk_commit();
+}
 }  // namespace
 
 // --- main backward: grid (ceil(T/128), B*H), block 256 (2 warpgroups) -------------------------
@@ -398,10 +408,10 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 //       S^T, dP^T (one wgmma group) -> P, dP, dS in FP32; P̂^T codes; warp amax of dS
 //   B2  __syncthreads: the tile's amax -> s_ds; dŜ^T, dŜ codes
 //   B3  __syncthreads: dV (fresh accumulator) and dQ issued together; dV added while dQ runs;
-//       dK issued; dQ's atomics while dK runs; dK added
+//       dK issued; dQ staged in shared memory while dK runs (reduced after the next B1); dK added
 // Shared memory (d = 128): K̂, V̂, K̂^T, P̂^T, dŜ^T (16 KB each), dŜ (8 KB), 2 stages of
-// Q̂, dÔ (8 KB each), Q̂^T, dÔ^T (16 KB each), the dQ staging area (64 x 136 FP32, 34 KB), LSE
-// and D: ~220 KB, one CTA per SM.
+// Q̂, dÔ (8 KB each), Q̂^T, dÔ^T (16 KB each), the dQ staging area (64 x 128 FP32, 32 KB), LSE
+// and D: ~218 KB, one CTA per SM.
 template <int D>
 struct B8Smem {
     static constexpr int KV = B8_BK * 128;         // K̂ or V̂ (128 keys x 128 B)
@@ -415,9 +425,10 @@ struct B8Smem {
     static constexpr int OFF_Q = 0, OFF_DO = QT, OFF_QT = 2 * QT, OFF_DOT = 2 * QT + KT;
     static constexpr int FIXED = OFF_STAGE;        // 4 KV + KT + QT
     static_assert(KV % 1024 == 0 && KT % 1024 == 0 && QT % 1024 == 0, "swizzled regions start at 1024-byte boundaries");
-    // after the 2 stages: the dQ staging area (B8_BQ rows of B8DqPitch floats), then LSE, D, amax
-    static constexpr int OFF_DQ = FIXED + 2 * STAGE, DQ = B8_BQ * B8DqPitch<D>::value * (int)sizeof(float);
-    static_assert(OFF_DQ % 16 == 0 && (B8DqPitch<D>::value * 4) % 16 == 0, "bulk copies: 16-byte aligned rows");
+    // after the 2 stages: the dQ staging area (D/32 swizzled boxes of B8_BQ x 128 bytes), then
+    // LSE, D, amax
+    static constexpr int OFF_DQ = FIXED + 2 * STAGE, DQ = B8_BQ * D * (int)sizeof(float);
+    static_assert(OFF_DQ % 1024 == 0, "the 128-byte swizzle of the dQ boxes needs 1024-byte alignment");
     static constexpr size_t bytes = (size_t)OFF_DQ + DQ + (4 * B8_BQ + 8) * sizeof(float) + 1024;
     static_assert(bytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 };
@@ -430,9 +441,10 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         const uint8_t *__restrict__ dotc, const float *__restrict__ q_scales,
                         const float *__restrict__ k_scales, const float *__restrict__ v_scales,
                         const float *__restrict__ do_scales, float p_scale, const float *__restrict__ lse,
-                        const float *__restrict__ dlt, float *__restrict__ dq_acc, bf16 *__restrict__ dk,
+                        const float *__restrict__ dlt, bf16 *__restrict__ dk,
                         bf16 *__restrict__ dv, int dqkv_stride, float *__restrict__ row_ds_sum,
-                        float *__restrict__ row_cancel, int H, int T, float tau) {
+                        float *__restrict__ row_cancel, int H, int T, float tau,
+                        const __grid_constant__ CUtensorMap tm_dq) {
     using L = B8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = b8_smem_align1024(smem_raw);
@@ -444,7 +456,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     uint8_t *sdS = smem + L::OFF_DS;        // (64 queries x 128 keys) dŜ
     uint8_t *stage0 = smem + L::OFF_STAGE;  // 2 stages: Q̂ (64 x 128 B), dÔ, Q̂^T (D x 64 queries), dÔ^T
     const uint32_t dlo_smem = b8_dlo(smem_addr(smem));  // descriptor low word of the base (b8_dlo)
-    float *sdQ = reinterpret_cast<float *>(smem + L::OFF_DQ);           // (64 queries, B8DqPitch) dQ staging
+    const uint32_t s_dq = smem_addr(smem + L::OFF_DQ);                   // (D/32 boxes of 64 x 32) dQ staging
     float *sLse2 = reinterpret_cast<float *>(smem + L::OFF_DQ + L::DQ);  // (2 stages, 64)
     float *sDl2 = sLse2 + 2 * B8_BQ;                                  // (2 stages, 64) D
     float *sAmax = sDl2 + 2 * B8_BQ;                                  // (8) per-warp |dS| max
@@ -458,7 +470,6 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     const float inv_k = 1.0f / k_scales[(long)bh * nblk + kb], inv_v = 1.0f / v_scales[(long)bh * nblk + kb];
     const float inv_p = 1.0f / p_scale;
     const Fp8Format gfmt = E5 ? FP8_E5M2 : FP8_E4M3;
-    float *gdq = dq_acc + (long)bh * T * D;
 
     // cp.async of query block qb's tiles (codes, transposed codes, LSE, D) into stage s
     auto load_qblock = [&](int qb, int s) {
@@ -477,8 +488,6 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     };
 
     const int qb_first = k0 / B8_BQ;
-    const int dq_row = lane < B8_BQ / 8 ? (tid / 32) * (B8_BQ / 8) + lane : -1;  // the dQ row this thread sends, if any
-    static_assert(B8_THREADS / 32 * (B8_BQ / 8) == B8_BQ, "8 warps x 8 lanes cover the 64 dQ rows");
     b8_load<B8_BK, D / 16>(sK, kc + ((long)bh * Tp + k0) * D, D, tid);
     b8_load<B8_BK, D / 16>(sV, vc + ((long)bh * Tp + k0) * D, D, tid);
     b8_load<D, B8_BK / 16>(sKt, ktc + (long)bh * D * Tp + k0, Tp, tid);
@@ -500,15 +509,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             load_qblock(qb + 1, s ^ 1);
             cp_async_commit();
         }
-        // the previous query block's dQ (staged by every thread before this barrier): one bulk
-        // reduction per row, rows past T left out (they would be the next head's). Row
-        // dq_row = 8 warp + lane for lanes 0-7 of each of the 8 warps: the bulk instruction takes
-        // uniform operands, so a warp issues its rows one lane at a time; spread over all warps,
-        // no warp arrives at B2 much later than the others (with 64 rows on 2 warps they did).
-        if (qb > qb_first && dq_row >= 0 && q0 - B8_BQ + dq_row < T) {
-            bulk_reduce_add_f32(gdq + (long)(q0 - B8_BQ + dq_row) * D, smem_addr(sdQ + dq_row * B8DqPitch<D>::value), D * 4);
-            bulk_commit();
-        }
+        // the previous query block's dQ, staged by every thread before this barrier
+        if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
         // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
         // wgu = wg, as a value the compiler knows to be warp-uniform (a shuffle from lane 0, as
         // CUTLASS's canonical_warp_group_idx), so the descriptors that depend on it are built in
@@ -618,7 +620,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             }
         }
         fence_proxy_async();  // generic-proxy stores -> wgmma reads
-        if (dq_row >= 0) bulk_wait_read();  // the dQ staging area may be refilled after B3
+        if (tid == 0) bulk_wait_read();  // the dQ staging area may be refilled after B3
         __syncthreads();      // B3
 
         // dV += P̂^T dÔ (keys x d, reduction over the 64 queries) and dQ (64 queries x this
@@ -648,14 +650,18 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         reg_fence(tq);
         {
             // this thread's dQ elements: rows r, r + 8 (r = warp*16 + g) of the block, columns
-            // wg*D/2 + 8n + 2t4, +1, into the staging area (bulk-reduced after the next B1)
+            // c = wg*D/2 + 8n + 2t4, +1 (n < D/16), into the staging boxes (reduced after the next
+            // B1): box c / 32 = wg*D/64 + n/4, 16-byte chunk (8 (n%4) + 2 t4) / 4 = 2 (n%4) + t4/2 of
+            // the row, at chunk ^ (r % 8) = 2 (n%4) ^ (g ^ t4/2) (bit 0 of 2 (n%4) is free), byte
+            // 8 (t4 & 1) in it. Row r + 8 has the same swizzle, 1024 bytes further.
             const float f = inv_ds * inv_k;
-            float *row = sdQ + (warp * 16 + g) * B8DqPitch<D>::value + wg * (D / 2) + 2 * t4;
+            const uint32_t base = s_dq + (wg * (D / 64)) * (B8_BQ * 128) + (warp * 16 + g) * 128 + 8 * (t4 & 1);
+            const uint32_t x = (uint32_t)(g ^ (t4 >> 1));
 #pragma unroll
             for (int n = 0; n < D / 16; n++) {
-                *reinterpret_cast<float2 *>(row + 8 * n) = make_float2(tq[4 * n] * f, tq[4 * n + 1] * f);
-                *reinterpret_cast<float2 *>(row + 8 * B8DqPitch<D>::value + 8 * n) =
-                    make_float2(tq[4 * n + 2] * f, tq[4 * n + 3] * f);
+                const uint32_t a = base + (n / 4) * (B8_BQ * 128) + (((uint32_t)(2 * (n % 4)) ^ x) << 4);
+                st_shared_f32x2(a, tq[4 * n] * f, tq[4 * n + 1] * f);
+                st_shared_f32x2(a + 8 * 128, tq[4 * n + 2] * f, tq[4 * n + 3] * f);
             }
         }
         wgmma_wait<0>();
@@ -670,12 +676,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     // the last query block's dQ
     fence_proxy_async();
     __syncthreads();
-    if (dq_row >= 0) {
-        const int q = (n_qb - 1) * B8_BQ + dq_row;
-        if (n_qb > qb_first && q < T) {
-            bulk_reduce_add_f32(gdq + (long)q * D, smem_addr(sdQ + dq_row * B8DqPitch<D>::value), D * 4);
-            bulk_commit();
-        }
+    if (tid == 0) {
+        if (n_qb > qb_first) dq_reduce<D>(&tm_dq, s_dq, (n_qb - 1) * B8_BQ, bh);
         bulk_wait_all();
     }
 
@@ -726,6 +728,13 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
         CUDA_OK(cudaGetLastError());
     }
 
+    // dQ accumulator (B*H, T, D) FP32 as a 3-D tensor (d, t, bh); box 32 x 64 x 1, 128-byte
+    // swizzle (the staging layout of the main kernel); rows past T are out of bounds
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)T, (cuuint64_t)B * H};
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 4, (cuuint64_t)T * D * 4};
+    const cuuint32_t box[3] = {32, B8_BQ, 1};
+    const CUtensorMap tm_dq = tensor_map_tiled("the FP8 backward's dQ reduction", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3,
+                                               dq_acc, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
     const size_t smem = B8Smem<D>::bytes;
     static bool attr_set = false;
     if (!attr_set) {
@@ -735,8 +744,8 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
     dim3 grid(attn_quant_n_blocks(T), B * H);
     attn_bwd_fp8_kernel<D, E5><<<grid, B8_THREADS, smem, stream>>>(
         a->q_codes, a->qt_codes, a->k_codes, a->kt_codes, a->v_codes, a->do_codes, a->dot_codes, a->q_scales,
-        a->k_scales, a->v_scales, a->do_scales, a->p_scale, a->lse, dlt, dq_acc, (bf16 *)a->dk, (bf16 *)a->dv,
-        a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, T, tau);
+        a->k_scales, a->v_scales, a->do_scales, a->p_scale, a->lse, dlt, (bf16 *)a->dk, (bf16 *)a->dv,
+        a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, T, tau, tm_dq);
     CUDA_OK(cudaGetLastError());
 
     attn_bwd_convert_dq(dq_acc, (bf16 *)a->dq, a->dqkv_stride, B, H, T, D, tau, stream);  // the BF16 backward's

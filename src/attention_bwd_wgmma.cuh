@@ -31,11 +31,12 @@
 #define ATTENTION_BWD_WGMMA_CUH
 
 #include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
-#include <cuda_runtime.h>  // launches, cudaFuncSetAttribute, cudaGetDriverEntryPointByVersion
+#include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <stdint.h>        // uint32_t, uint64_t
 #include <type_traits>     // std::true_type, std::false_type
 
 #include "attention_gpu_common.cuh"  // PTX wrappers (wgmma, TMA, mbarrier), CUDA_OK
+#include "tensor_map.h"              // tensor_map_tiled (Q, K, V, dO maps)
 #include "common.h"                  // FATAL
 
 #define BW_BC 128  // keys per CTA: 2 consumer warpgroups x 64
@@ -353,38 +354,14 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // --- host side ---------------------------------------------------------------------------------
-// cuTensorMapEncodeTiled from the driver, through the runtime (no -lcuda at link time).
-typedef CUresult (*BwEncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static BwEncodeTiledFn bw_encode_tiled_fn(void) {
-    static BwEncodeTiledFn fn = nullptr;
-    if (!fn) {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult st;
-        CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &st));
-        if (st != cudaDriverEntryPointSuccess || !p)
-            FATAL("cuTensorMapEncodeTiled not found in the CUDA driver (the wgmma backward needs CUDA 12+; "
-                  "ATTN_GPU_BWD=mma avoids it)");
-        fn = (BwEncodeTiledFn)p;
-    }
-    return fn;
-}
 // (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x rows x 1,
 // 128-byte swizzle (the layout of load_tile_sw128); rows past T are zero-filled.
 static CUtensorMap bw_make_tmap(const bf16 *base, int B, int H, int T, int D, int stride, int rows) {
-    CUtensorMap m;
     const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
     const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)stride * 2, (cuuint64_t)T * stride * 2};
-    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, elem_strides[4] = {1, 1, 1, 1};
-    CUresult r = bw_encode_tiled_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides,
-                                      box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        FATAL("cuTensorMapEncodeTiled failed (%d) for B=%d H=%d T=%d d=%d stride=%d", (int)r, B, H, T, D, stride);
-    return m;
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
+    return tensor_map_tiled("the wgmma backward (ATTN_GPU_BWD=mma avoids it)", CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+                            base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 template <int D>

@@ -10,7 +10,7 @@
 #include "attention_gpu.h"
 
 #include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
-#include <cuda_runtime.h>  // launches, cudaFuncSetAttribute, cudaGetDriverEntryPointByVersion
+#include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <math.h>          // INFINITY
 #include <stdint.h>        // uint32_t, uint64_t
 #include <stdio.h>         // fprintf (the experimental-kernel warning)
@@ -19,6 +19,7 @@
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
 #include "attention_gpu_common.cuh"  // PTX wrappers, tile loaders, check_args
+#include "tensor_map.h"              // tensor_map_tiled (the TMA kernel's Q, K, V maps)
 #include "common.h"                  // FATAL
 
 // Tile sizes of the wgmma kernel: 128 query rows (2 warpgroups x 64), key blocks of 128.
@@ -426,36 +427,13 @@ extern "C" void attn_gpu_block_sizes(int d, int *block_q, int *block_k) {
     *block_k = wg ? WG_BK : FWD_BK;
 }
 
-// cuTensorMapEncodeTiled from the driver, through the runtime (no -lcuda at link time).
-typedef CUresult (*EncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static EncodeTiledFn encode_tiled_fn(void) {
-    static EncodeTiledFn fn = nullptr;
-    if (!fn) {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult st;
-        CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &st));
-        if (st != cudaDriverEntryPointSuccess || !p)
-            FATAL("cuTensorMapEncodeTiled not found in the CUDA driver (the TMA forward needs CUDA 12+; "
-                  "ATTN_GPU_FWD=wgmma_pipe avoids it)");
-        fn = (EncodeTiledFn)p;
-    }
-    return fn;
-}
 // (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x 128 x 1.
 static CUtensorMap make_tmap(const bf16 *base, int B, int H, int T, int D, int stride) {
-    CUtensorMap m;
     const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
     const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)stride * 2, (cuuint64_t)T * stride * 2};
-    const cuuint32_t box[4] = {64, 1, WG_BK, 1}, elem_strides[4] = {1, 1, 1, 1};
-    CUresult r = encode_tiled_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides,
-                                   box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) FATAL("cuTensorMapEncodeTiled failed (%d) for B=%d H=%d T=%d d=%d stride=%d", (int)r, B, H, T, D, stride);
-    return m;
+    const cuuint32_t box[4] = {64, 1, WG_BK, 1};
+    return tensor_map_tiled("the TMA forward (ATTN_GPU_FWD=wgmma_pipe avoids it)", CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+                            base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 template <int D>

@@ -1,0 +1,49 @@
+// tensor_map.h: TMA tensor maps (CUtensorMap) for the attention kernels, host side (CUDA sources). One place for
+// cuTensorMapEncodeTiled, which the runtime hands out from the driver (no -lcuda at link time),
+// and for the FATAL message when a map cannot be made.
+#pragma once
+
+#include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
+#include <cuda_runtime.h>  // cudaGetDriverEntryPointByVersion
+
+#include "attention_gpu_common.cuh"  // CUDA_OK
+#include "common.h"                  // FATAL
+
+typedef CUresult (*TensorMapEncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                           const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                           const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                           CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled, looked up once per translation unit. `who` names the kernel that needs
+// it in the message when the driver has none (CUDA 12+ drivers do).
+static inline TensorMapEncodeTiledFn tensor_map_encode_fn(const char *who) {
+    static TensorMapEncodeTiledFn fn = nullptr;
+    if (!fn) {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult st;
+        CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &st));
+        if (st != cudaDriverEntryPointSuccess || !p)
+            FATAL("cuTensorMapEncodeTiled not found in the CUDA driver (%s needs CUDA 12+)", who);
+        fn = (TensorMapEncodeTiledFn)p;
+    }
+    return fn;
+}
+
+// A tiled map of `rank` dimensions (dims innermost first, byte strides of dims 1.. rank-1), box
+// `box`, element strides 1, no interleave, the given swizzle, L2 promotion 256 B, out-of-bound
+// elements read as zero (and not written by stores or reductions).
+static inline CUtensorMap tensor_map_tiled(const char *who, CUtensorMapDataType type, int rank, const void *base,
+                                           const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box,
+                                           CUtensorMapSwizzle swizzle) {
+    CUtensorMap m;
+    const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+    const CUresult r = tensor_map_encode_fn(who)(&m, type, (cuuint32_t)rank, (void *)base, dims, strides, box,
+                                                 elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        FATAL("%s: cuTensorMapEncodeTiled failed (%d) for a rank-%d map of dims %llu x %llu x %llu, box %u x %u", who,
+              (int)r, rank, (unsigned long long)dims[0], (unsigned long long)dims[1],
+              (unsigned long long)(rank > 2 ? dims[2] : 1), box[0], box[1]);
+    }
+    return m;
+}
