@@ -312,8 +312,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
     const int q0 = qb * B8_BQ, q_last = min(q0 + B8_BQ, T) - 1;
-    const float inv_q = 1.0f / q_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
-    const float inv_do = 1.0f / do_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
+    const float inv_q = pow2_recip(q_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK]);  // exact: powers of two
+    const float inv_do = pow2_recip(do_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK]);
     b8_load<B8_BQ, D / 16>(sQ, qc + ((long)bh * Tp + q0) * D, D, tid);
     b8_load<B8_BQ, D / 16>(sdO, doc + ((long)bh * Tp + q0) * D, D, tid);
     if (tid < B8_BQ) sLse[tid] = q0 + tid < T ? lse[(long)bh * T + q0 + tid] : 0.f;
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
         b8_load<B8_BK, D / 16>(sK, kc + ((long)bh * Tp + k0) * D, D, tid);
         b8_load<B8_BK, D / 16>(sV, vc + ((long)bh * Tp + k0) * D, D, tid);
         cp_async_commit();
-        const float inv_k = 1.0f / k_scales[(long)bh * nblk + kb], inv_v = 1.0f / v_scales[(long)bh * nblk + kb];
+        const float inv_k = pow2_recip(k_scales[(long)bh * nblk + kb]), inv_v = pow2_recip(v_scales[(long)bh * nblk + kb]);
         const float cs = pdp_s_scale(inv_q, inv_k, tau), cdp = pdp_dp_scale(inv_do, inv_v);
         cp_async_wait_all();
         fence_proxy_async();
@@ -429,7 +429,7 @@ struct B8Smem {
     // LSE, D, amax
     static constexpr int OFF_DQ = FIXED + 2 * STAGE, DQ = B8_BQ * D * (int)sizeof(float);
     static_assert(OFF_DQ % 1024 == 0, "the 128-byte swizzle of the dQ boxes needs 1024-byte alignment");
-    static constexpr size_t bytes = (size_t)OFF_DQ + DQ + (4 * B8_BQ + 8) * sizeof(float) + 1024;
+    static constexpr size_t bytes = (size_t)OFF_DQ + DQ + (4 * B8_BQ + 8 + 4) * sizeof(float) + 1024;
     static_assert(bytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 };
 
@@ -460,6 +460,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     float *sLse2 = reinterpret_cast<float *>(smem + L::OFF_DQ + L::DQ);  // (2 stages, 64)
     float *sDl2 = sLse2 + 2 * B8_BQ;                                  // (2 stages, 64) D
     float *sAmax = sDl2 + 2 * B8_BQ;                                  // (8) per-warp |dS| max
+    float *sQDs = sAmax + 8;  // (2 stages, 2) the query block's Q and dO scales
 
     const int kb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
@@ -471,7 +472,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     const float inv_p = 1.0f / p_scale;
     const Fp8Format gfmt = E5 ? FP8_E5M2 : FP8_E4M3;
 
-    // cp.async of query block qb's tiles (codes, transposed codes, LSE, D) into stage s
+    // cp.async of query block qb's tiles (codes, transposed codes, LSE, D, the Q and dO scales)
+    // into stage s
     auto load_qblock = [&](int qb, int s) {
         const int q0 = qb * B8_BQ;
         uint8_t *st = stage0 + s * L::STAGE;
@@ -484,6 +486,9 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             const bool ok = q0 + r < T;
             const float *src = (tid < B8_BQ ? lse : dlt) + (long)bh * T + (ok ? q0 + r : 0);
             cp_async4((tid < B8_BQ ? sLse2 : sDl2) + s * B8_BQ + r, src, ok);
+        } else if (tid < 2 * B8_BQ + 2) {  // threads 128, 129: the scales of the block's 128-token scale block
+            const float *src = (tid == 2 * B8_BQ ? q_scales : do_scales) + (long)bh * nblk + q0 / ATTN_SCALE_BLOCK;
+            cp_async4(sQDs + 2 * s + (tid - 2 * B8_BQ), src, true);
         }
     };
 
@@ -520,8 +525,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);
         const uint32_t dkw = wgu * (64 * 128 / 16);  // the warpgroup's 64 key rows of K̂, V̂, P̂^T, dŜ^T
         const float *sLse = sLse2 + s * B8_BQ, *sDl = sDl2 + s * B8_BQ;
-        const float inv_q = 1.0f / q_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
-        const float inv_do = 1.0f / do_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK];
+        const float inv_q = pow2_recip(sQDs[2 * s]), inv_do = pow2_recip(sQDs[2 * s + 1]);  // exact: powers of two
 
         float p[32], ds[32];
         tile_p_dp<D, E5>(dsm + L::OFF_K / 16 + dkw, dsm + L::OFF_V / 16 + dkw, dstage + L::OFF_Q / 16,
