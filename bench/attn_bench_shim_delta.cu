@@ -15,9 +15,7 @@ template <int D, bool E5>
 static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc, const uint8_t *doc,
                         const float *qs, const float *ks, const float *vs, const float *dos, const float *lse,
                         float *delta, int B, int H, int T, cudaStream_t stream) {
-    // as backward_fp8_d: K, V (128 keys) and Q, dO (64 queries) tiles of 128-byte rows, LSE and
-    // the 2 x 8-warp reduction, 1024 bytes of alignment slack
-    const size_t smem = (size_t)(2 * B8_BK + 2 * B8_BQ) * 128 + 17 * B8_BQ * sizeof(float) + 1024;
+    const size_t smem = B8DeltaSmem::bytes;  // as backward_fp8_d
     static bool attr_set = false;
     if (!attr_set) {
         if (cudaFuncSetAttribute(attn_bwd_fp8_delta_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize,

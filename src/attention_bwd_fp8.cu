@@ -287,9 +287,14 @@ __global__ void attn_bwd_fp8_pre_kernel(const bf16 *__restrict__ o, const bf16 *
 // --- fp8_dm's delta pass: grid (ceil(T/64), B*H), block 256 ----------------------------------
 // D_i = sum_j P_ij dP_ij / sum_j P_ij over the key blocks 0 .. (last row of the query block)/128,
 // P and dP from tile_p_dp exactly as the main kernel gets them. Two CTAs per SM (<= 128
-// registers, ~54 KB of shared memory each): while one waits for its next K̂, V̂ tiles the other
-// computes, which hides the load latency without a second buffer (the shared-memory size, grid
-// and block stay those that bench/attn_bench_shim_delta.cu launches this kernel with).
+// registers, ~86 KB of shared memory each), and the next key block's K̂, V̂ load into a second
+// buffer while the current one computes. Shared memory: 2 x (K̂, V̂) (128 keys x 128 B each),
+// Q̂, dÔ (64 queries x 128 B), LSE (64 floats), the 2 x 8-warp reduction (16 x 64 floats).
+struct B8DeltaSmem {
+    static constexpr int KV = B8_BK * 128, BUF = 2 * KV;  // K̂ then V̂ of one buffer
+    static constexpr int OFF_Q = 2 * BUF, OFF_DO = OFF_Q + B8_BQ * 128, OFF_F = OFF_DO + B8_BQ * 128;
+    static constexpr size_t bytes = (size_t)OFF_F + 17 * B8_BQ * sizeof(float) + 1024;  // + alignment
+};
 template <int D, bool E5>
 __global__ void __launch_bounds__(B8_THREADS, 2)
     attn_bwd_fp8_delta_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
@@ -299,14 +304,12 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
                               const float *__restrict__ lse, float *__restrict__ dlt, int T, float tau) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = b8_smem_align1024(smem_raw);
-    constexpr int OFF_K = 0, OFF_V = OFF_K + B8_BK * 128, OFF_Q = OFF_V + B8_BK * 128, OFF_DO = OFF_Q + B8_BQ * 128;
-    uint8_t *sK = smem + OFF_K;    // (128 keys x 128 B)
-    uint8_t *sV = smem + OFF_V;    // (128 keys x 128 B)
-    uint8_t *sQ = smem + OFF_Q;    // (64 queries x 128 B)
-    uint8_t *sdO = smem + OFF_DO;  // (64 queries x 128 B)
+    using L = B8DeltaSmem;
+    uint8_t *sQ = smem + L::OFF_Q;    // (64 queries x 128 B)
+    uint8_t *sdO = smem + L::OFF_DO;  // (64 queries x 128 B)
     const uint32_t dlo_smem = b8_dlo(smem_addr(smem));
-    float *sLse = reinterpret_cast<float *>(sdO + B8_BQ * 128);  // (64)
-    float *sRed = sLse + B8_BQ;                                  // (2, 8 warps, 64)
+    float *sLse = reinterpret_cast<float *>(smem + L::OFF_F);  // (64)
+    float *sRed = sLse + B8_BQ;                                // (2, 8 warps, 64)
 
     const int qb = blockIdx.x, bh = blockIdx.y, tid = threadIdx.x;
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t4 = lane & 3;
@@ -322,22 +325,32 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
 #pragma unroll
     for (int i = 0; i < 16; i++) pd[i] = ps[i] = 0.f;
     float p[32], dp[32];
-    for (int kb = 0; kb * B8_BK <= q_last; kb++) {
-        const int k0 = kb * B8_BK;
-        __syncthreads();  // everyone is done with sK, sV
-        b8_load<B8_BK, D / 16>(sK, kc + ((long)bh * Tp + k0) * D, D, tid);
-        b8_load<B8_BK, D / 16>(sV, vc + ((long)bh * Tp + k0) * D, D, tid);
+    auto load_kv = [&](int kb) {  // key block kb's K̂, V̂ into buffer kb % 2 (one cp.async group)
+        uint8_t *buf = smem + (kb & 1) * L::BUF;
+        b8_load<B8_BK, D / 16>(buf, kc + ((long)bh * Tp + kb * B8_BK) * D, D, tid);
+        b8_load<B8_BK, D / 16>(buf + L::KV, vc + ((long)bh * Tp + kb * B8_BK) * D, D, tid);
         cp_async_commit();
+    };
+    load_kv(0);  // the group also holds Q̂ and dÔ
+    const int n_kb = q_last / B8_BK + 1;
+    for (int kb = 0; kb < n_kb; kb++) {
+        const int k0 = kb * B8_BK;
+        __syncthreads();  // everyone is done with buffer (kb + 1) % 2, the previous block's
+        if (kb + 1 < n_kb) {
+            load_kv(kb + 1);
+            cp_async_wait_1();  // this block's group has landed (groups complete in order)
+        } else {
+            cp_async_wait_all();
+        }
         const float inv_k = pow2_recip(k_scales[(long)bh * nblk + kb]), inv_v = pow2_recip(v_scales[(long)bh * nblk + kb]);
         const float cs = pdp_s_scale(inv_q, inv_k, tau), cdp = pdp_dp_scale(inv_do, inv_v);
-        cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();
         const uint32_t dsm = b8_opaque(dlo_smem);  // the tiles' descriptors: offsets from smem
         const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
-        const uint32_t dkw = wgu * (64 * 128 / 16);              // the warpgroup's 64 key rows
-        tile_p_dp<D, E5>(dsm + OFF_K / 16 + dkw, dsm + OFF_V / 16 + dkw, dsm + OFF_Q / 16, dsm + OFF_DO / 16, sLse, cs,
-                         cdp, k0 + wg * 64, q0, T, p, dp);
+        const uint32_t dkw = (kb & 1) * (L::BUF / 16) + wgu * (64 * 128 / 16);  // the buffer, the warpgroup's 64 key rows
+        tile_p_dp<D, E5>(dsm + dkw, dsm + L::KV / 16 + dkw, dsm + L::OFF_Q / 16, dsm + L::OFF_DO / 16, sLse, cs, cdp,
+                         k0 + wg * 64, q0, T, p, dp);
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -718,7 +731,7 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
     CUDA_OK(cudaGetLastError());
 
     if (a->precision == ATTN_FP8_DM) {
-        const size_t smem = (size_t)(2 * B8_BK + 2 * B8_BQ) * 128 + 17 * B8_BQ * sizeof(float) + 1024;
+        const size_t smem = B8DeltaSmem::bytes;
         static bool attr_set = false;  // one device per process (one GPU per rank)
         if (!attr_set) {
             CUDA_OK(cudaFuncSetAttribute(attn_bwd_fp8_delta_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -112,7 +112,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 }
 
 
-__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 // Named barriers 1 and 2 (0 is __syncthreads'), 256 threads each: the consumers' ping-pong.
 // Immediate ids, so that ptxas reserves only these (a register id makes it assume all 16).
 __device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
