@@ -18,7 +18,10 @@
 # Logs go to $OUT (default /tmp/gpu_fp8_e2e_out), runs to $WORK. About 5 minutes on one H200.
 #   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_linear_e2e.sh
 #   (STEPS=40 MB=4 NO_TEST=1 NO_NOISE=1 BUDGET=320 to change; UNFUSED=1 adds fp8_block with
-#   TRAIN_GPT_FP8_FUSE=0: the quantizations in separate passes, as before the fused producers)
+#   TRAIN_GPT_FP8_FUSE=0: the quantizations in separate passes, as before the fused producers;
+#   RUNS="name:linear:attention:seed ..." replaces the list of runs, e.g. FP8 attention too:
+#   RUNS="bf16:bf16:bf16:42 attn_dm:bf16:fp8_dm:42 all_fp8:fp8_tensor:fp8_dm:42 bf16_seed43:bf16:bf16:43";
+#   the first run is the baseline of the ratios, a run named bf16_seed43 gives the seed noise)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_e2e_out}
@@ -52,12 +55,12 @@ if [ "${NO_TEST:-0}" != 1 ]; then
   grep -E "^# test_model_gpu_fp8" "$OUT/test_model_gpu_fp8.log"
 fi
 
-# run NAME LINEAR SEED: STEPS steps of paper_569m on data/austen, log to $OUT/run_NAME.log
+# run NAME LINEAR SEED [ATTENTION]: STEPS steps of paper_569m on data/austen, log to $OUT/run_NAME.log
 run() {
-  local name=$1 lin=$2 seed=$3 dir=$WORK/run_$1
+  local name=$1 lin=$2 seed=$3 attn=${4:-bf16} dir=$WORK/run_$1
   set -- --config configs/paper_569m.json --device gpu --set train.micro_batch="$MB" --set train.batch_tokens=0 \
     --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.recompute=false --set train.seed="$seed" \
-    --set "precision.linear=\"$lin\"" --set 'precision.attention="bf16"' \
+    --set "precision.linear=\"$lin\"" --set "precision.attention=\"$attn\"" \
     --set "data.train=data/austen/train_*.bin" --set "data.val=data/austen/val_*.bin" \
     --set eval.interval=0 --set eval.batches=3 --set eval.sample_interval=0 \
     --set checkpoint.interval=0 --set checkpoint.keep=1 --set log.interval=5 --set "log.dir=$dir"
@@ -69,16 +72,24 @@ run() {
   cp "$dir/summary.json" "$OUT/summary_$name.json" 2>/dev/null
 }
 echo "== 3. train_gpt paper_569m, $STEPS steps of $MB x 4096 per mode ($(elapsed) s)"
-run bf16 bf16 42
-run fp8_tensor fp8_tensor 42
-run fp8_block fp8_block 42
-[ "${UNFUSED:-0}" = 1 ] && TRAIN_GPT_FP8_FUSE=0 run fp8_block_unfused fp8_block 42
-[ "${NO_NOISE:-0}" != 1 ] && run bf16_seed43 bf16 43
+if [ -z "${RUNS:-}" ]; then
+  RUNS="bf16:bf16:bf16:42 fp8_tensor:fp8_tensor:bf16:42 fp8_block:fp8_block:bf16:42"
+  [ "${UNFUSED:-0}" = 1 ] && RUNS="$RUNS fp8_block_unfused:fp8_block:bf16:42"
+  [ "${NO_NOISE:-0}" != 1 ] && RUNS="$RUNS bf16_seed43:bf16:bf16:43"
+fi
+names=""
+for r in $RUNS; do
+  IFS=: read -r name lin attn seed <<<"$r"
+  if [ "$name" = fp8_block_unfused ]; then TRAIN_GPT_FP8_FUSE=0 run "$name" "$lin" "$seed" "$attn"
+  else run "$name" "$lin" "$seed" "$attn"; fi
+  names="$names $name:$lin:$attn"
+done
 
 echo "== 4. table ($(elapsed) s)"
-python3 - "$OUT" <<'EOF' | tee "$OUT/table.md"
+python3 - "$OUT" $names <<'EOF' | tee "$OUT/table.md"
 import json, os, statistics, sys
 out = sys.argv[1]
+runs = [a.split(":") for a in sys.argv[2:]]  # name, linear, attention
 def load(name):
     r = {"name": name}
     try:
@@ -91,18 +102,19 @@ def load(name):
         r["train"], r["val"] = s.get("final_train_loss"), s.get("final_val_loss")
     except Exception: pass
     return r
-rows = [load(n) for n in ("bf16", "fp8_tensor", "fp8_block", "fp8_block_unfused", "bf16_seed43")]
+rows = [dict(load(n), lin=l, attn=a) for n, l, a in runs]
 base = rows[0]
-noise = abs(rows[4]["val"] - base["val"]) if rows[4].get("val") is not None and base.get("val") is not None else None
+seed = [r for r in rows if r["name"] == "bf16_seed43"]
+noise = abs(seed[0]["val"] - base["val"]) if seed and seed[0].get("val") is not None and base.get("val") is not None else None
 f = lambda v, fmt: (fmt % v) if v is not None else "n/a"
-print("| paper_569m linears | tok/s | vs bf16 | final train loss | final val loss | val - bf16 |")
-print("|---|---|---|---|---|---|")
+print("| paper_569m run | linears | attention | tok/s | vs %s | final train loss | final val loss | val - %s |" % (base["name"], base["name"]))
+print("|---|---|---|---|---|---|---|---|")
 for r in rows:
     if "tok" not in r and "val" not in r: continue
     ratio = r["tok"] / base["tok"] if r.get("tok") and base.get("tok") else None
     dv = r["val"] - base["val"] if r.get("val") is not None and base.get("val") is not None else None
-    print("| %s | %s | %s | %s | %s | %s |" % (r["name"], f(r.get("tok"), "%.0f"), f(ratio, "**%.2fx**"),
-          f(r.get("train"), "%.4f"), f(r.get("val"), "%.4f"), f(dv, "%+.4f")))
+    print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (r["name"], r["lin"], r["attn"], f(r.get("tok"), "%.0f"),
+          f(ratio, "**%.2fx**"), f(r.get("train"), "%.4f"), f(r.get("val"), "%.4f"), f(dv, "%+.4f")))
 print("seed noise of the val loss (|bf16 seed 43 - seed 42|): %s; tok/s: median of metrics.jsonl steps > 5"
       % f(noise, "%.4f"))
 EOF
