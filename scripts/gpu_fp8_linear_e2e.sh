@@ -70,6 +70,7 @@ run() {
   grep -E "^(step [0-9]+/|done:|train_gpt: error)|rror" "$OUT/run_$name.log" | tail -4 | cut -c1-200
   cp "$dir/metrics.jsonl" "$OUT/metrics_$name.jsonl" 2>/dev/null
   cp "$dir/summary.json" "$OUT/summary_$name.json" 2>/dev/null
+  rm -rf "$dir/checkpoints"  # ~7 GB each at paper_569m; not needed, and they fill the disk
 }
 echo "== 3. train_gpt paper_569m, $STEPS steps of $MB x 4096 per mode ($(elapsed) s)"
 if [ -z "${RUNS:-}" ]; then

@@ -67,6 +67,10 @@ run() {
       ./train_gpt "${common[@]}" > "$dir.log" 2>&1; rc=$?
   fi
   kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  # the end-of-run checkpoint is not needed here, and a few of them fill the disk (paper_1p67b:
+  # ~20 GB each; a 1.67B fp8 run after a bf16 one exited 1 on a 64 GB disk, most likely so)
+  rm -rf "$dir/checkpoints"
+  [ "$rc" != 0 ] && { echo "  $name: exit $rc; the end of $dir.log:"; tail -5 "$dir.log" | sed 's/^/    /'; } >&2
   local peak
   peak=$(sort -n "$dir.smi" 2>/dev/null | tail -1)
   python3 - "$dir/metrics.jsonl" "$name" "$cfg" "$mode" "$g" "$z" "$rc" "$plan" "${peak:-0}" "$(( $(date +%s) - t0 ))" <<'EOF'
