@@ -28,12 +28,15 @@
 // inside the O tolerance of the GPU test. alpha (two per row and block) keeps the accurate expf.
 //
 // Structure (FlashAttention-3's, on FP8):
-// - 3 warpgroups per 128-row query block. Warpgroup 0 is the producer: its 128 threads copy the
-//   Q block once and each key block's K̂ and V̂^T tiles with cp.async into a ring of F8_STAGES
-//   stages, and hand most of their registers to the consumers (setmaxnreg). Warpgroups 1 and 2
-//   (64 query rows each) compute. Stages are paced by mbarriers (full: the producer's 128
-//   threads landed their copies; empty: the 256 consumer threads are done with the stage), so
-//   there is no CTA-wide barrier in the loop and the two consumers drift freely.
+// - Persistent CTAs (one per SM) of 3 warpgroups; each CTA computes 128-row query blocks (tiles)
+//   one after the other, taking them from a counter heaviest first. Warpgroup 0 is the producer:
+//   its 128 threads copy each tile's Q̂ block (two buffers: the next tile's loads while the
+//   current one computes) and each key block's K̂ and V̂^T tiles and scales with cp.async into a
+//   ring of F8_STAGES stages that runs on across tiles, and hand most of their registers to the
+//   consumers (setmaxnreg). Warpgroups 1 and 2 (64 query rows each) compute. Stages are paced
+//   by mbarriers (full: the producer's 128 threads landed their copies; empty: the 256 consumer
+//   threads are done with the stage), so there is no CTA-wide barrier in the loop and the two
+//   consumers drift freely.
 // - P̂ goes from registers straight into the PV wgmma (A operand from registers), never through
 //   shared memory. The FP8 A fragment holds 4 consecutive keys per register (keys 4t..4t+3 and
 //   16+4t..16+4t+3 of each 32-key step), while the S accumulator gives a thread keys 2t, 2t+1
