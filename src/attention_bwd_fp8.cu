@@ -284,16 +284,24 @@ __global__ void attn_bwd_fp8_pre_kernel(const bf16 *__restrict__ o, const bf16 *
     }
 }
 
-// --- fp8_dm's delta pass: grid (ceil(T/64), B*H), block 256 ----------------------------------
+// --- fp8_dm's delta pass: grid (ceil(T/128), B*H), block 256 ---------------------------------
 // D_i = sum_j P_ij dP_ij / sum_j P_ij over the key blocks 0 .. (last row of the query block)/128,
-// P and dP from tile_p_dp exactly as the main kernel gets them. Two CTAs per SM (<= 128
-// registers, ~86 KB of shared memory each), and the next key block's K̂, V̂ load into a second
-// buffer while the current one computes. Shared memory: 2 x (K̂, V̂) (128 keys x 128 B each),
-// Q̂, dÔ (64 queries x 128 B), LSE (64 floats), the 2 x 8-warp reduction (16 x 64 floats).
+// P and dP from tile_p_dp exactly as the main kernel gets them: the same 64-key x 64-query tiles
+// (warpgroup w takes queries q0 + 64w .. + 63 and walks both 64-key halves of every key block),
+// so every element comes from the same instruction sequence on the same codes. A CTA covers 128
+// queries, so each K̂, V̂ block it loads serves twice as many queries as with 64 (the pass reads
+// ~2 GB of K̂, V̂ at T = 4K with 64). Two CTAs per SM (<= 128 registers, ~102 KB of shared
+// memory each), and the next key block's K̂, V̂ load into a second buffer while the current one
+// computes. Shared memory: 2 x (K̂, V̂) (128 keys x 128 B each), Q̂, dÔ (128 queries x 128 B),
+// LSE (128 floats), the per-warpgroup 4-warp reduction (2 warpgroups x 2 sums x 4 warps x 64).
+#define B8_DQB (2 * B8_BQ)  // queries per delta-pass CTA: one 128-token scale block
+static_assert(B8_DQB == ATTN_SCALE_BLOCK, "a delta-pass query block is one scale block (one Q and one dO scale)");
 struct B8DeltaSmem {
     static constexpr int KV = B8_BK * 128, BUF = 2 * KV;  // K̂ then V̂ of one buffer
-    static constexpr int OFF_Q = 2 * BUF, OFF_DO = OFF_Q + B8_BQ * 128, OFF_F = OFF_DO + B8_BQ * 128;
-    static constexpr size_t bytes = (size_t)OFF_F + 17 * B8_BQ * sizeof(float) + 1024;  // + alignment
+    static constexpr int OFF_Q = 2 * BUF, OFF_DO = OFF_Q + B8_DQB * 128, OFF_F = OFF_DO + B8_DQB * 128;
+    static constexpr int RED = 2 * 2 * 4 * B8_BQ;  // floats of the reduction
+    static constexpr size_t bytes = (size_t)OFF_F + (B8_DQB + RED) * sizeof(float) + 1024;  // + alignment
+    static dim3 grid(int T, int BH) { return dim3((unsigned)((T + B8_DQB - 1) / B8_DQB), (unsigned)BH); }
 };
 template <int D, bool E5>
 __global__ void __launch_bounds__(B8_THREADS, 2)
@@ -305,21 +313,22 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = b8_smem_align1024(smem_raw);
     using L = B8DeltaSmem;
-    uint8_t *sQ = smem + L::OFF_Q;    // (64 queries x 128 B)
-    uint8_t *sdO = smem + L::OFF_DO;  // (64 queries x 128 B)
+    uint8_t *sQ = smem + L::OFF_Q;    // (128 queries x 128 B)
+    uint8_t *sdO = smem + L::OFF_DO;  // (128 queries x 128 B)
     const uint32_t dlo_smem = b8_dlo(smem_addr(smem));
-    float *sLse = reinterpret_cast<float *>(smem + L::OFF_F);  // (64)
-    float *sRed = sLse + B8_BQ;                                // (2, 8 warps, 64)
+    float *sLse = reinterpret_cast<float *>(smem + L::OFF_F);  // (128)
+    float *sRed = sLse + B8_DQB;                               // (2 warpgroups, 2 sums, 4 warps, 64)
 
     const int qb = blockIdx.x, bh = blockIdx.y, tid = threadIdx.x;
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
-    const int q0 = qb * B8_BQ, q_last = min(q0 + B8_BQ, T) - 1;
-    const float inv_q = pow2_recip(q_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK]);  // exact: powers of two
-    const float inv_do = pow2_recip(do_scales[(long)bh * nblk + q0 / ATTN_SCALE_BLOCK]);
-    b8_load<B8_BQ, D / 16>(sQ, qc + ((long)bh * Tp + q0) * D, D, tid);
-    b8_load<B8_BQ, D / 16>(sdO, doc + ((long)bh * Tp + q0) * D, D, tid);
-    if (tid < B8_BQ) sLse[tid] = q0 + tid < T ? lse[(long)bh * T + q0 + tid] : 0.f;
+    const int q0 = qb * B8_DQB, q_last = min(q0 + B8_DQB, T) - 1;
+    const int qw0 = q0 + wg * B8_BQ, qw_last = min(qw0 + B8_BQ, T) - 1;  // this warpgroup's queries
+    const float inv_q = pow2_recip(q_scales[(long)bh * nblk + qb]);  // exact: powers of two
+    const float inv_do = pow2_recip(do_scales[(long)bh * nblk + qb]);
+    b8_load<B8_DQB, D / 16>(sQ, qc + ((long)bh * Tp + q0) * D, D, tid);
+    b8_load<B8_DQB, D / 16>(sdO, doc + ((long)bh * Tp + q0) * D, D, tid);
+    if (tid < B8_DQB) sLse[tid] = q0 + tid < T ? lse[(long)bh * T + q0 + tid] : 0.f;
 
     float pd[16], ps[16];  // this thread's column partial sums, [2n + c] -> column 8n + 2*t4 + c
 #pragma unroll
@@ -334,7 +343,6 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     load_kv(0);  // the group also holds Q̂ and dÔ
     const int n_kb = q_last / B8_BK + 1;
     for (int kb = 0; kb < n_kb; kb++) {
-        const int k0 = kb * B8_BK;
         __syncthreads();  // everyone is done with buffer (kb + 1) % 2, the previous block's
         if (kb + 1 < n_kb) {
             load_kv(kb + 1);
@@ -348,34 +356,39 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
         __syncthreads();
         const uint32_t dsm = b8_opaque(dlo_smem);  // the tiles' descriptors: offsets from smem
         const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
-        const uint32_t dkw = (kb & 1) * (L::BUF / 16) + wgu * (64 * 128 / 16);  // the buffer, the warpgroup's 64 key rows
-        tile_p_dp<D, E5>(dsm + dkw, dsm + L::KV / 16 + dkw, dsm + L::OFF_Q / 16, dsm + L::OFF_DO / 16, sLse, cs, cdp,
-                         k0 + wg * 64, q0, T, p, dp);
+        const uint32_t dq = dsm + L::OFF_Q / 16 + wgu * (B8_BQ * 128 / 16), ddo = dsm + L::OFF_DO / 16 + wgu * (B8_BQ * 128 / 16);
+#pragma unroll 1
+        for (int h = 0; h < 2; h++) {
+            const int key0 = kb * B8_BK + h * 64;
+            if (key0 > qw_last) break;  // above the diagonal for all of this warpgroup's queries (warp-uniform)
+            const uint32_t dkh = (kb & 1) * (L::BUF / 16) + h * (64 * 128 / 16);  // the buffer, the 64 key rows
+            tile_p_dp<D, E5>(dsm + dkh, dsm + L::KV / 16 + dkh, dq, ddo, sLse + wg * B8_BQ, cs, cdp, key0, qw0, T, p, dp);
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+            for (int n = 0; n < 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                pd[2 * n + (e & 1)] += p[4 * n + e] * dp[4 * n + e];
-                ps[2 * n + (e & 1)] += p[4 * n + e];
-            }
+                for (int e = 0; e < 4; e++) {
+                    pd[2 * n + (e & 1)] += p[4 * n + e] * dp[4 * n + e];
+                    ps[2 * n + (e & 1)] += p[4 * n + e];
+                }
+        }
     }
     col_sum_warp(pd);
     col_sum_warp(ps);
-    const int wi = wg * 4 + warp;  // 0..7
     if (lane < 4)
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-                sRed[wi * B8_BQ + 8 * n + 2 * t4 + c] = pd[2 * n + c];
-                sRed[(8 + wi) * B8_BQ + 8 * n + 2 * t4 + c] = ps[2 * n + c];
+                sRed[((wg * 2 + 0) * 4 + warp) * B8_BQ + 8 * n + 2 * t4 + c] = pd[2 * n + c];
+                sRed[((wg * 2 + 1) * 4 + warp) * B8_BQ + 8 * n + 2 * t4 + c] = ps[2 * n + c];
             }
     __syncthreads();
-    if (tid < B8_BQ && q0 + tid < T) {
+    if (tid < B8_DQB && q0 + tid < T) {
+        const int w = tid / B8_BQ, col = tid % B8_BQ;  // the warpgroup that summed this query
         float a = 0.f, s = 0.f;
-        for (int w = 0; w < 8; w++) {
-            a += sRed[w * B8_BQ + tid];
-            s += sRed[(8 + w) * B8_BQ + tid];
+        for (int i = 0; i < 4; i++) {
+            a += sRed[((w * 2 + 0) * 4 + i) * B8_BQ + col];
+            s += sRed[((w * 2 + 1) * 4 + i) * B8_BQ + col];
         }
         dlt[(long)bh * T + q0 + tid] = a / s;
     }
@@ -738,8 +751,7 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
                                          (int)smem));
             attr_set = true;
         }
-        dim3 grid((T + B8_BQ - 1) / B8_BQ, B * H);
-        attn_bwd_fp8_delta_kernel<D, E5><<<grid, B8_THREADS, smem, stream>>>(
+        attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
             a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales,
             a->lse, dlt, T, tau);
         CUDA_OK(cudaGetLastError());
