@@ -115,15 +115,14 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 }
 
 
-// Named barriers 1 and 2 (0 is __syncthreads'), 256 threads each: the consumers' ping-pong.
-// Immediate ids, so that ptxas reserves only these (a register id makes it assume all 16).
+// Named barriers 1 and 2, 256 threads each: the consumers' ping-pong (3: the producer's own).
 __device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
-    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    if (wg == 0) named_bar_sync<1, 256>();
+    else named_bar_sync<2, 256>();
 }
 __device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the turn to the other one
-    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    else asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    if (wg == 0) named_bar_arrive<2, 256>();
+    else named_bar_arrive<1, 256>();
 }
 
 // Byte offset of (row r, byte column c) in a 128-byte-swizzled tile of 128-byte rows.
@@ -163,32 +162,24 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
     for (int i = 0; i < D / 16; i++) cp_async16(dst + i * 16 * 128, src + (long)i * 16 * Tp, true);
 }
 
-// Descriptors of the K-major tiles, wgmma_desc(p, 16, 1024) (attention_gpu_common.cuh), from
-// their low word: the high word is a constant (stride offset 1024 >> 4 = 0x40, bit 62 = the
-// 128-byte swizzle) and the low word is (shared address >> 4) | (16 >> 4) << 16. Shared
-// addresses are below 2^18 (at most 228 KB of shared memory), so the 14-bit start address
-// field never carries into the leading-offset field: the tile o bytes further on (o a multiple
-// of 16) has the low word kdesc_lo(p) + o / 16. The key loop keeps one low word per region
-// (Q̂ rows, K̂ ring, V̂^T ring) and adds constants, instead of rebuilding every descriptor from
-// its address (add, mask, shift, or per wgmma: ~40 uniform-datapath instructions per block).
-#define F8_KDESC_HI ((1024u >> 4) | 1u << (62 - 32))  // = the high word of wgmma_desc(p, 16, 1024)
-__device__ __forceinline__ uint32_t kdesc_lo(const void *p) { return (uint32_t)wgmma_desc(p, 16, 1024); }
-__device__ __forceinline__ uint64_t kdesc(uint32_t lo) { return (uint64_t)F8_KDESC_HI << 32 | lo; }
+// Descriptors of the K-major tiles as low words (kmajor_desc_lo, attention_gpu_common.cuh): the
+// key loop keeps one per region (Q̂ rows, K̂ ring, V̂^T ring) and adds constants, instead of
+// rebuilding every descriptor from its address (~40 uniform-datapath instructions per block).
 
 // s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits). dq, dk:
-// kdesc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
+// kmajor_desc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
 template <int D>
 __device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint32_t dk) {
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kdesc(dq + 2 * kk), kdesc(dk + 2 * kk), kk > 0);
+    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
 }
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
-// dv: kdesc_lo of the V̂^T stage.
+// dv: kmajor_desc_lo of the V̂^T stage.
 template <int D>
 __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4], uint32_t dv) {
 #pragma unroll
     for (int kk = 0; kk < F8_BK / 32; kk++) {
-        const uint64_t db = kdesc(dv + 2 * kk);
+        const uint64_t db = kmajor_desc(dv + 2 * kk);
         if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
         else wgmma_fp8_rs_m64n64(pv, pa[kk], db, kk > 0);
     }
@@ -308,8 +299,6 @@ __device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, unsigned bas
     }
     return (int)min(atomicAdd(counter, 1u) - base, 0x7fffffffu);
 }
-// Producer-only named barrier (id 3; 0 is __syncthreads', 1 and 2 the consumers' ping-pong).
-__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 3, 128;\n" ::: "memory"); }
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
@@ -374,7 +363,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 tile_slot[qs] = fwd_fp8_next_tile(tile_counter, tile_base, ti);
                 mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
             }
-            producer_sync();
+            named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
             const int tile = tile_slot[qs];
             if (tile >= n_tiles) break;
             const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh, n_kb = qb + 1;
@@ -405,9 +394,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         setmaxnreg_inc<240>();
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
-        // descriptor low words (kdesc_lo): stage 0 of the K̂ and V̂^T rings (stage st: + st * L::K
-        // / 16, + st * L::V / 16) and this warpgroup's 64 rows of Q̂ buffer 0 (buffer 1: + L::Q / 16)
-        const uint32_t dk0 = kdesc_lo(sK), dv0 = kdesc_lo(sV), dq0 = kdesc_lo(sQ + wg * 64 * 128);
+        // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
+        // + st * L::K / 16, + st * L::V / 16) and this warpgroup's 64 rows of Q̂ buffer 0
+        // (buffer 1: + L::Q / 16)
+        const uint32_t dk0 = kmajor_desc_lo(smem_addr(sK)), dv0 = kmajor_desc_lo(smem_addr(sV)),
+                       dq0 = kmajor_desc_lo(smem_addr(sQ + wg * 64 * 128));
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
         for (int ti = 0;; ti++) {
             mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
