@@ -58,6 +58,7 @@
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <math.h>          // INFINITY, expf, logf, log2f
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
+#include <stdio.h>         // fprintf (a wrong ATTN_FP8_FWD_SCHED)
 #include <stdlib.h>        // getenv, atoi
 #include <string.h>        // strcmp
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
@@ -520,57 +521,49 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     }
 }
 
-// ATTN_FP8_FWD_PINGPONG=0 turns the consumers' ping-pong off, ATTN_FP8_FWD_PERSISTENT=0 launches
-// one CTA per tile instead of one per SM (for timing comparisons; the numbers are the same
-// either way: every tile runs the same instructions). Read once per process.
-static bool env_flag(const char *name, int *cache) {
-    if (*cache < 0) {
-        const char *e = getenv(name);
-        *cache = (e && *e) ? (atoi(e) != 0) : 1;
+// Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
+// same instructions): ATTN_FP8_FWD_PINGPONG=0 turns the consumers' ping-pong off,
+// ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
+// ATTN_FP8_FWD_SCHED=static makes persistent CTAs walk a fixed (snake) order instead of taking
+// tiles from the counter (fwd_fp8_next_tile). attn_gpu_forward_fp8_test_schedule overrides the
+// order and caps the grid, for tests.
+struct FwdFp8Knobs {
+    bool pingpong, persistent, dynamic;
+};
+static const FwdFp8Knobs &fwd_fp8_env(void) {
+    static FwdFp8Knobs k;
+    static bool read = false;
+    if (!read) {
+        const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *pers = getenv("ATTN_FP8_FWD_PERSISTENT"),
+                   *sched = getenv("ATTN_FP8_FWD_SCHED");
+        k.pingpong = !(pp && *pp && atoi(pp) == 0);
+        k.persistent = !(pers && *pers && atoi(pers) == 0);
+        k.dynamic = !(sched && strcmp(sched, "static") == 0);
+        if (sched && *sched && k.dynamic && strcmp(sched, "dynamic") != 0)
+            fprintf(stderr, "attention: ATTN_FP8_FWD_SCHED=%s is neither static nor dynamic; using dynamic\n", sched);
+        read = true;
     }
-    return *cache != 0;
+    return k;
 }
-static bool fwd_fp8_pingpong(void) {
-    static int pp = -1;
-    return env_flag("ATTN_FP8_FWD_PINGPONG", &pp);
-}
-static bool fwd_fp8_persistent(void) {
-    static int persist = -1;
-    return env_flag("ATTN_FP8_FWD_PERSISTENT", &persist);
-}
-// ATTN_FP8_FWD_SCHED=static: persistent CTAs walk a fixed (snake) order instead of taking tiles
-// from the counter (fwd_fp8_next_tile).
-static int fwd_fp8_order = -1;  // attn_gpu_forward_fp8_test_schedule: 0 static, 1 dynamic, -1 the environment's
-static bool fwd_fp8_dynamic(void) {
-    if (fwd_fp8_order >= 0) return fwd_fp8_order != 0;
-    static int dyn = -1;
-    if (dyn < 0) {
-        const char *e = getenv("ATTN_FP8_FWD_SCHED");
-        dyn = !(e && strcmp(e, "static") == 0);
-    }
-    return dyn != 0;
-}
-// The CTAs of a launch of n_tiles tiles: one per SM (persistent), at most one per tile; or at
-// most fwd_fp8_max_ctas (attn_gpu_forward_fp8_test_schedule).
-static int fwd_fp8_max_ctas = 0;
-// The tile counter (fwd_fp8_next_tile) and the base of the next launch. One device per process
-// (one GPU per rank); launches on one stream.
-static unsigned *fwd_fp8_counter = NULL, fwd_fp8_counter_base = 0;
-
+static int fwd_fp8_test_max_ctas = 0, fwd_fp8_test_order = -1;  // attn_gpu_forward_fp8_test_schedule
 extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
-    fwd_fp8_max_ctas = max_ctas > 0 ? max_ctas : 0;
-    fwd_fp8_order = order < 0 ? -1 : order != 0;
+    fwd_fp8_test_max_ctas = max_ctas > 0 ? max_ctas : 0;
+    fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
-static long fwd_fp8_grid(long n_tiles) {
-    static int n_sm = 0;  // one device per process (one GPU per rank)
+// The tile counter (fwd_fp8_next_tile) and the base of the next launch, shared by every
+// instantiation of the kernel. One device per process (one GPU per rank); launches on one stream.
+static unsigned *fwd_fp8_counter = NULL, fwd_fp8_counter_base = 0;
+// Once per process: allocates the counter; returns the number of SMs (the persistent grid).
+static int fwd_fp8_device_init(void) {
+    static int n_sm = 0;
     if (n_sm == 0) {
         int dev = 0;
         CUDA_OK(cudaGetDevice(&dev));
         CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+        CUDA_OK(cudaMalloc(&fwd_fp8_counter, sizeof(unsigned)));
+        CUDA_OK(cudaMemset(fwd_fp8_counter, 0, sizeof(unsigned)));
     }
-    long cap = fwd_fp8_persistent() ? n_sm : n_tiles;
-    if (fwd_fp8_max_ctas > 0) cap = fwd_fp8_max_ctas;
-    return cap < n_tiles ? cap : n_tiles;
+    return n_sm;
 }
 
 template <int D, bool PP>
@@ -585,15 +578,15 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     }
     const long n_tiles = (long)attn_quant_n_blocks(T) * B * H;
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
-    if (!fwd_fp8_counter) {
-        CUDA_OK(cudaMalloc(&fwd_fp8_counter, sizeof(unsigned)));
-        CUDA_OK(cudaMemset(fwd_fp8_counter, 0, sizeof(unsigned)));
-    }
-    const long grid = fwd_fp8_grid(n_tiles);
+    const int n_sm = fwd_fp8_device_init();
+    const FwdFp8Knobs &k = fwd_fp8_env();
+    const bool dynamic = fwd_fp8_test_order >= 0 ? fwd_fp8_test_order != 0 : k.dynamic;
+    long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? n_sm : n_tiles;
+    if (grid > n_tiles) grid = n_tiles;
     attn_fwd_fp8_kernel<D, PP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), fwd_fp8_dynamic() ? fwd_fp8_counter : NULL, fwd_fp8_counter_base);
-    if (fwd_fp8_dynamic()) fwd_fp8_counter_base += (unsigned)(n_tiles + grid);  // modulo 2^32, as the counter
+        1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter : NULL, fwd_fp8_counter_base);
+    if (dynamic) fwd_fp8_counter_base += (unsigned)(n_tiles + grid);  // modulo 2^32, as the counter
     CUDA_OK(cudaGetLastError());
 }
 
@@ -601,7 +594,7 @@ template <int D>
 static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                           const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                           float *lse, int B, int H, int T, cudaStream_t stream) {
-    if (fwd_fp8_pingpong())
+    if (fwd_fp8_env().pingpong)
         forward_fp8_launch<D, true>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else
         forward_fp8_launch<D, false>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
