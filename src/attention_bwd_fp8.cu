@@ -9,8 +9,9 @@
 //   dŜ = fmt(dS s_ds), s_ds from the amax of the 64 x 128 tile;  P̂ = E4M3(P p_scale)
 //   dV += P̂^T dÔ / (p_scale s_do),  dK += dŜ^T Q̂ / (s_ds s_q),  dQ += dŜ K̂ / (s_ds s_k)
 // Each tile's product goes to a fresh wgmma accumulator and is added in FP32 (registers for dK,
-// dV; FP32 bulk reductions into an accumulator for dQ): the tensor cores' reduced-precision accumulation never runs over
-// more than 128 elements (spec §3). dK, dQ get tau at the end, as in the emulation.
+// dV; FP32 bulk reductions into an accumulator for dQ): the tensor cores' reduced-precision
+// accumulation never runs over more than 128 elements (spec §3). dK, dQ get tau at the end, as
+// in the emulation.
 //
 // D (spec "Computing the matched D"): fp8_naive rowsum(dO ∘ O) with the BF16 dO and stored O;
 // fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the delta pass, attn_bwd_fp8_delta_kernel: per query
@@ -39,14 +40,14 @@
 //
 // By a static count the main loop is bound by instruction issue, not by the tensor cores
 // (docs/perf.md, "FP8 backward trim"), so its bookkeeping is kept lean (none of it changes a
-// computed value): tiles are reached through pointers that keep
-// the shared address space (smem_align1024: LDS/STS with 32-bit addresses, not generic
-// 64-bit LD/ST); wgmma descriptors are 32-bit low words derived from one base by constant
-// offsets (kmajor_desc_lo, wg_fp8_tile), the warpgroup's part in uniform registers; the causal / sequence
-// end mask runs behind a warp-uniform branch, only on the tiles that need it (tile_p_dp); dQ
-// leaves each query block through shared memory and D/32 TMA reductions issued by one thread
-// (dq_reduce), not per-thread atomics; and 1/s_ds comes from the exponent bits of the
-// power-of-two scale (pow2_recip).
+// computed value): tiles are reached through pointers that keep the shared address space
+// (smem_align1024: LDS/STS with 32-bit addresses, not generic 64-bit LD/ST); wgmma descriptors
+// are 32-bit low words derived from one base by constant offsets (kmajor_desc_lo, wg_fp8_tile),
+// the warpgroup's part in uniform registers; the causal / sequence end mask runs behind a
+// warp-uniform branch, only on the tiles that need it (tile_p_dp); dQ leaves each query block
+// through shared memory and D/32 TMA reductions issued by one thread (dq_reduce), not
+// per-thread atomics; and 1/s_ds comes from the exponent bits of the power-of-two scale
+// (pow2_recip).
 #include "attention_quant.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
@@ -362,17 +363,6 @@ namespace {
 // .add (each element added atomically in L2; rows past T are outside the tensor map and dropped).
 // This replaced 16 float2 atomics per thread per block, which throttled the load/store queue
 // (ncu: 15% of the warp stalls) and delayed the next block's prefetch behind them.
-__device__ __forceinline__ void tma_reduce_add_3d(const void *tmap, uint32_t ssrc, int c0, int c1, int c2) {
-    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                     (uint64_t)tmap),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(ssrc)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// the shared-memory sources of this thread's bulk operations have been read (may be overwritten)
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// ... and their writes to global memory are done
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // The dQ reduction of the query block at row q0 of head bh: thread 0, after a barrier that follows
 // every thread's staging stores and proxy fence.
 template <int D>
@@ -438,7 +428,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     uint8_t *sKt = smem + L::OFF_KT;        // (D x 128 keys)      K̂^T, for dQ
     uint8_t *sdS = smem + L::OFF_DS;        // (64 queries x 128 keys) dŜ
     uint8_t *stage0 = smem + L::OFF_STAGE;  // 2 stages: Q̂ (64 x 128 B), dÔ, Q̂^T (D x 64 queries), dÔ^T
-    const uint32_t dlo_smem = kmajor_desc_lo(smem_addr(smem));  // descriptor low word of the base (kmajor_desc_lo)
+    const uint32_t dlo_smem = kmajor_desc_lo(smem_addr(smem));  // the base's descriptor low word
     const uint32_t s_dq = smem_addr(smem + L::OFF_DQ);                   // (D/32 boxes of 64 x 32) dQ staging
     float *sLse2 = reinterpret_cast<float *>(smem + L::OFF_DQ + L::DQ);  // (2 stages, 64)
     float *sDl2 = sLse2 + 2 * B8_BQ;                                  // (2 stages, 64) D

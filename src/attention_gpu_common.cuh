@@ -381,6 +381,20 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const void *tmap, uint64_
         "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
         : "memory");
 }
+// TMA reduction: the box at coordinates (c0 innermost, c1, c2) of the 3-D tensor map += the
+// shared-memory tile at ssrc (FP32 add, each element atomically in L2; out-of-bound elements are
+// dropped), in this thread's current bulk group.
+__device__ __forceinline__ void tma_reduce_add_3d(const void *tmap, uint32_t ssrc, int c0, int c1, int c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                     (uint64_t)tmap),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(ssrc)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// the shared-memory sources of this thread's bulk operations have been read (may be overwritten)
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... and their writes to global memory are done
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Register budget per thread of the executing warpgroup (needs a register cap at kernel entry:
 // __launch_bounds__(threads, 1)).
 template <int N>
