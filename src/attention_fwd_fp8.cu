@@ -291,19 +291,31 @@ struct F8Smem {
 // The tiles (query block, batch x head) of a launch, heaviest first: tile t is query block
 // nblk - 1 - t / n_bh of (b, h) = t % n_bh. CTAs take the next tile from a counter in global
 // memory when they start one (dynamic, heaviest first: the greedy schedule the hardware's own
-// block scheduler gives a grid of one CTA per tile). The counter is never reset: launch k gets
-// the values tile_base .. tile_base + n_tiles + G - 1 (every CTA fetches once more than its
-// tiles, to see the end), and the host advances tile_base by that much for the next launch.
-// Launches that share the counter must therefore run one after the other (one stream).
+// block scheduler gives a grid of one CTA per tile). counter[0] hands out the tiles, counter[1]
+// counts the CTAs that have seen the end (every CTA fetches once more than its tiles); the last
+// of them sets both back to 0, so every launch starts from 0 without a memset, also when replayed
+// from a CUDA graph. Launches on one stream follow each other; each stream has its own counter
+// (fwd_fp8_counter_for), so launches on different streams may overlap.
 // With counter NULL (ATTN_FP8_FWD_SCHED=static, for timing comparisons) the order is fixed
 // instead: CTA c of G takes tiles r G + c on even rounds r and r G + G - 1 - c on odd ones (a
 // snake, so that the CTAs get about the same number of key blocks).
-__device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, unsigned base, int round) {
+__device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, int n_tiles) {
     if (!counter) {
         const int G = (int)gridDim.x, c = (int)blockIdx.x;
         return round * G + ((round & 1) ? G - 1 - c : c);
     }
-    return (int)min(atomicAdd(counter, 1u) - base, 0x7fffffffu);
+    const unsigned t = atomicAdd(counter, 1u);
+    if (t >= (unsigned)n_tiles) {
+        // this CTA's last fetch is done (the fence orders it before the count below, so the
+        // reset cannot overtake another CTA's fetch)
+        __threadfence();
+        if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
+            atomicExch(counter, 0u);
+            atomicExch(counter + 1, 0u);
+        }
+        return n_tiles;
+    }
+    return (int)t;
 }
 // Producer-only named barrier (id 3; 0 is __syncthreads', 1 and 2 the consumers' ping-pong).
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 3, 128;\n" ::: "memory"); }
@@ -319,7 +331,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         const float *__restrict__ k_scales, const float *__restrict__ v_scales,
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
                         float *__restrict__ lse, int H, int n_bh, int T, float tau,
-                        unsigned *__restrict__ tile_counter, unsigned tile_base) {
+                        unsigned *__restrict__ tile_counter) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -367,7 +379,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const int qs = ti & 1;
             if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
             if (ptid == 0) {
-                tile_slot[qs] = fwd_fp8_next_tile(tile_counter, tile_base, ti);
+                tile_slot[qs] = fwd_fp8_next_tile(tile_counter, ti, n_tiles);
                 mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
             }
             producer_sync();
@@ -558,9 +570,27 @@ static bool fwd_fp8_dynamic(void) {
 // The CTAs of a launch of n_tiles tiles: one per SM (persistent), at most one per tile; or at
 // most fwd_fp8_max_ctas (attn_gpu_forward_fp8_test_schedule).
 static int fwd_fp8_max_ctas = 0;
-// The tile counter (fwd_fp8_next_tile) and the base of the next launch. One device per process
-// (one GPU per rank); launches on one stream.
-static unsigned *fwd_fp8_counter = NULL, fwd_fp8_counter_base = 0;
+// The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
+// One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
+// a stream up with one forward before capturing on it.
+static unsigned *fwd_fp8_counter_for(cudaStream_t stream) {
+    static struct {
+        cudaStream_t stream;
+        unsigned *counter;
+    } slots[32];
+    static int n_slots = 0;
+    for (int i = 0; i < n_slots; i++)
+        if (slots[i].stream == stream) return slots[i].counter;
+    if (n_slots == (int)(sizeof slots / sizeof slots[0]))
+        FATAL("attn_gpu_forward_fp8: more than %d streams launched the FP8 forward (one tile counter each)", n_slots);
+    unsigned *c = NULL;
+    CUDA_OK(cudaMalloc(&c, 2 * sizeof(unsigned)));
+    CUDA_OK(cudaMemset(c, 0, 2 * sizeof(unsigned)));
+    slots[n_slots].stream = stream;
+    slots[n_slots].counter = c;
+    n_slots++;
+    return c;
+}
 
 extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_max_ctas = max_ctas > 0 ? max_ctas : 0;
@@ -590,15 +620,10 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     }
     const long n_tiles = (long)attn_quant_n_blocks(T) * B * H;
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
-    if (!fwd_fp8_counter) {
-        CUDA_OK(cudaMalloc(&fwd_fp8_counter, sizeof(unsigned)));
-        CUDA_OK(cudaMemset(fwd_fp8_counter, 0, sizeof(unsigned)));
-    }
-    const long grid = fwd_fp8_grid(n_tiles);
-    attn_fwd_fp8_kernel<D, PP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
+    unsigned *counter = fwd_fp8_dynamic() ? fwd_fp8_counter_for(stream) : NULL;
+    attn_fwd_fp8_kernel<D, PP><<<(unsigned)fwd_fp8_grid(n_tiles), F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), fwd_fp8_dynamic() ? fwd_fp8_counter : NULL, fwd_fp8_counter_base);
-    if (fwd_fp8_dynamic()) fwd_fp8_counter_base += (unsigned)(n_tiles + grid);  // modulo 2^32, as the counter
+        1.0f / sqrtf((float)D), counter);
     CUDA_OK(cudaGetLastError());
 }
 
