@@ -28,12 +28,15 @@
 // inside the O tolerance of the GPU test. alpha (two per row and block) keeps the accurate expf.
 //
 // Structure (FlashAttention-3's, on FP8):
-// - 3 warpgroups per 128-row query block. Warpgroup 0 is the producer: its 128 threads copy the
-//   Q block once and each key block's K̂ and V̂^T tiles with cp.async into a ring of F8_STAGES
-//   stages, and hand most of their registers to the consumers (setmaxnreg). Warpgroups 1 and 2
-//   (64 query rows each) compute. Stages are paced by mbarriers (full: the producer's 128
-//   threads landed their copies; empty: the 256 consumer threads are done with the stage), so
-//   there is no CTA-wide barrier in the loop and the two consumers drift freely.
+// - Persistent CTAs (one per SM) of 3 warpgroups; each CTA computes 128-row query blocks (tiles)
+//   one after the other, taking them from a counter heaviest first. Warpgroup 0 is the producer:
+//   its 128 threads copy each tile's Q̂ block (two buffers: the next tile's loads while the
+//   current one computes) and each key block's K̂ and V̂^T tiles and scales with cp.async into a
+//   ring of F8_STAGES stages that runs on across tiles, and hand most of their registers to the
+//   consumers (setmaxnreg). Warpgroups 1 and 2 (64 query rows each) compute. Stages are paced
+//   by mbarriers (full: the producer's 128 threads landed their copies; empty: the 256 consumer
+//   threads are done with the stage), so there is no CTA-wide barrier in the loop and the two
+//   consumers drift freely.
 // - P̂ goes from registers straight into the PV wgmma (A operand from registers), never through
 //   shared memory. The FP8 A fragment holds 4 consecutive keys per register (keys 4t..4t+3 and
 //   16+4t..16+4t+3 of each 32-key step), while the S accumulator gives a thread keys 2t, 2t+1
@@ -358,20 +361,21 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
-        // ---- producer. Block kb goes into stage kb % F8_STAGES once the consumers released its
-        // previous use (block kb - F8_STAGES). Each thread waits for its own copies (cp.async
-        // groups complete in order), makes them visible to the tensor cores' async proxy and
-        // arrives on the stage's full barrier; it does that for block kb-1 only after issuing
-        // block kb, so two blocks are in flight. Consumers release block j-1 while computing on
-        // block j, so the release waited for here (kb - F8_STAGES) needs block kb - F8_STAGES + 1
-        // signalled, which happened at iteration kb - F8_STAGES + 2 <= kb - 1: no deadlock for
-        // F8_STAGES >= 3.
-        // The ring runs on across tiles: `it` counts the key blocks this CTA has loaded, block it
-        // goes to stage it % F8_STAGES. The CTA's tile number ti uses Q̂ buffer ti % 2: once the
-        // consumers released the buffer's previous tile (q_empty), thread 0 takes the next tile
-        // from the counter and posts it (tile_slot, q_full: the consumers stop on the first
-        // number past the end); the Q̂ copies join the tile's first key block's cp.async group,
-        // so that block's full barrier covers them.
+        // ---- producer. The K̂ / V̂^T ring runs on across the CTA's tiles: `it` counts the key
+        // blocks loaded so far, and ring block it goes into stage it % F8_STAGES once the
+        // consumers released its previous use (ring block it - F8_STAGES; they release a tile's
+        // last block after its last PV). Each thread waits for its own copies (cp.async groups
+        // complete in order), makes them visible to the tensor cores' async proxy and arrives on
+        // the stage's full barrier; it does that for ring block it-1 only after issuing block it,
+        // so two blocks are in flight. Consumers release block j-1 while computing on block j, so
+        // the release waited for here (it - F8_STAGES) needs block it - F8_STAGES + 1 signalled,
+        // which happened at iteration it - F8_STAGES + 2 <= it - 1: no deadlock for F8_STAGES >= 3
+        // (across a tile boundary too: the next tile's Q̂ buffer was released a tile earlier).
+        // The CTA's tile number ti uses Q̂ buffer ti % 2: once the consumers released the
+        // buffer's previous tile (q_empty), thread 0 takes the next tile from the counter and
+        // posts it (tile_slot, q_full: the consumers stop on the first number past the end); the
+        // Q̂ copies join the tile's first key block's cp.async group, so that block's full
+        // barrier covers them.
         setmaxnreg_dec<24>();
         const int ptid = threadIdx.x;
         unsigned it = 0;
