@@ -17,7 +17,7 @@ do_test=1; do_bench=1
 for a in "$@"; do
   case $a in --no-bench) do_bench=0 ;; --no-test) do_test=0 ;; esac
 done
-NVCC=${NVCC:-nvcc}
+. scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
 ARCH="-gencode arch=compute_90a,code=sm_90a"
 NVF="-std=c++17 -O3 -lineinfo $ARCH -Isrc -Itest"
 IMPLS="wgmma_tma wgmma_pipe mma"  # ATTN_GPU_FWD values (attention_fwd.cu)

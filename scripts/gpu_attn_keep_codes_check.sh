@@ -37,8 +37,6 @@ else
   echo "== build FAILED"
   exit 1
 fi
-NVCC=${NVCC:-nvcc}
-command -v "$NVCC" >/dev/null || NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
 $NVCC -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xptxas -v -c src/attention_quant.cu \
   -o "$OUT/ptxas_quant.o" > "$OUT/ptxas_quant.txt" 2>&1
 summary+=("quantize kernel (ptxas, D=128 then D=64): $(grep -E 'registers' "$OUT/ptxas_quant.txt" | head -2 |

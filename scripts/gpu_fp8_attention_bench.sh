@@ -12,8 +12,7 @@ cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_bench_out}
 BD=${BD:-/tmp/gpu_fp8_bench_build}
 mkdir -p "$OUT" "$BD"
-NVCC=${NVCC:-nvcc}
-command -v "$NVCC" >/dev/null || NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+. scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
 NVF="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xcompiler -fopenmp -Xcompiler -fPIC"
 BUDGET=${BUDGET:-230}  # seconds for the whole script; the benchmark gets what the build leaves
 start=$(date +%s)

@@ -13,8 +13,7 @@ cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_attn_out}
 BD=${BD:-/tmp/gpu_fp8_attn_build}
 mkdir -p "$OUT" "$BD"
-NVCC=${NVCC:-nvcc}
-command -v "$NVCC" >/dev/null || NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+. scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
 CUOBJDUMP=$(command -v cuobjdump || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump")
 NVF="-std=c++17 -O3 -lineinfo -gencode arch=compute_90a,code=sm_90a -Isrc -Xcompiler -fopenmp"  # the Makefile's NVFLAGS
 CU_SRCS="attention_quant"
@@ -27,7 +26,6 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/de
 
 echo "== build (Makefile)"
 t0=$(date +%s)
-CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
 TEST=build/tests/test_attention_fp8_gpu
 if make -j16 SETUP=0 $CJ $TEST > "$OUT/make.log" 2>&1; then
   summary+=("build: Makefile ok ($(( $(date +%s) - t0 )) s)")

@@ -19,7 +19,8 @@
 #   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_linear_e2e.sh
 #   (STEPS=40 MB=4 NO_TEST=1 NO_NOISE=1 BUDGET=320 to change; UNFUSED=1 adds fp8_block with
 #   TRAIN_GPT_FP8_FUSE=0: the quantizations in separate passes, as before the fused producers;
-#   RUNS="name:linear:attention:seed ..." replaces the list of runs, e.g. FP8 attention too:
+#   RUNS="name:linear:attention:seed[:VAR=value] ..." replaces the list of runs (the optional
+#   fifth field is an environment variable for that run), e.g. FP8 attention too:
 #   RUNS="bf16:bf16:bf16:42 attn_dm:bf16:fp8_dm:42 all_fp8:fp8_tensor:fp8_dm:42 bf16_seed43:bf16:bf16:43";
 #   the first run is the baseline of the ratios, a run named bf16_seed43 gives the seed noise)
 set -u
@@ -75,14 +76,13 @@ run() {
 echo "== 3. train_gpt paper_569m, $STEPS steps of $MB x 4096 per mode ($(elapsed) s)"
 if [ -z "${RUNS:-}" ]; then
   RUNS="bf16:bf16:bf16:42 fp8_tensor:fp8_tensor:bf16:42 fp8_block:fp8_block:bf16:42"
-  [ "${UNFUSED:-0}" = 1 ] && RUNS="$RUNS fp8_block_unfused:fp8_block:bf16:42"
+  [ "${UNFUSED:-0}" = 1 ] && RUNS="$RUNS fp8_block_unfused:fp8_block:bf16:42:TRAIN_GPT_FP8_FUSE=0"
   [ "${NO_NOISE:-0}" != 1 ] && RUNS="$RUNS bf16_seed43:bf16:bf16:43"
 fi
 names=""
 for r in $RUNS; do
-  IFS=: read -r name lin attn seed <<<"$r"
-  if [ "$name" = fp8_block_unfused ]; then TRAIN_GPT_FP8_FUSE=0 run "$name" "$lin" "$seed" "$attn"
-  else run "$name" "$lin" "$seed" "$attn"; fi
+  IFS=: read -r name lin attn seed var <<<"$r"
+  ( [ -n "$var" ] && export "$var"; run "$name" "$lin" "$seed" "$attn" )
   names="$names $name:$lin:$attn"
 done
 

@@ -16,7 +16,7 @@ compile_only=0; sanitize=0; timing=0
 for a in "$@"; do
   case $a in --compile-only) compile_only=1 ;; --sanitize) sanitize=1 ;; --timing) timing=1 ;; *) echo "unknown option $a"; exit 2 ;; esac
 done
-NVCC=${NVCC:-nvcc}
+. scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
 ARCH="-gencode arch=compute_90a,code=sm_90a"
 CI_NVF="-std=c++17 -O3 -lineinfo $ARCH -Isrc -Xcompiler -fopenmp"   # the Makefile's NVFLAGS
 CFL="-std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc"

@@ -9,8 +9,9 @@
 //   dŜ = fmt(dS s_ds), s_ds from the amax of the 64 x 128 tile;  P̂ = E4M3(P p_scale)
 //   dV += P̂^T dÔ / (p_scale s_do),  dK += dŜ^T Q̂ / (s_ds s_q),  dQ += dŜ K̂ / (s_ds s_k)
 // Each tile's product goes to a fresh wgmma accumulator and is added in FP32 (registers for dK,
-// dV; FP32 bulk reductions into an accumulator for dQ): the tensor cores' reduced-precision accumulation never runs over
-// more than 128 elements (spec §3). dK, dQ get tau at the end, as in the emulation.
+// dV; FP32 bulk reductions into an accumulator for dQ): the tensor cores' reduced-precision
+// accumulation never runs over more than 128 elements (spec §3). dK, dQ get tau at the end, as
+// in the emulation.
 //
 // D (spec "Computing the matched D"): fp8_naive rowsum(dO ∘ O) with the BF16 dO and stored O;
 // fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the delta pass, attn_bwd_fp8_delta_kernel: per query
@@ -39,14 +40,14 @@
 //
 // By a static count the main loop is bound by instruction issue, not by the tensor cores
 // (docs/perf.md, "FP8 backward trim"), so its bookkeeping is kept lean (none of it changes a
-// computed value): tiles are reached through pointers that keep
-// the shared address space (b8_smem_align1024: LDS/STS with 32-bit addresses, not generic
-// 64-bit LD/ST); wgmma descriptors are 32-bit low words derived from one base by constant
-// offsets (b8_dlo, wg_fp8_tile), the warpgroup's part in uniform registers; the causal / sequence
-// end mask runs behind a warp-uniform branch, only on the tiles that need it (tile_p_dp); dQ
-// leaves each query block through shared memory and D/32 TMA reductions issued by one thread
-// (dq_reduce), not per-thread atomics; and 1/s_ds comes from the exponent bits of the
-// power-of-two scale (pow2_recip).
+// computed value): tiles are reached through pointers that keep the shared address space
+// (smem_align1024: LDS/STS with 32-bit addresses, not generic 64-bit LD/ST); wgmma descriptors
+// are 32-bit low words derived from one base by constant offsets (kmajor_desc_lo, wg_fp8_tile),
+// the warpgroup's part in uniform registers; the causal / sequence end mask runs behind a
+// warp-uniform branch, only on the tiles that need it (tile_p_dp); dQ leaves each query block
+// through shared memory and D/32 TMA reductions issued by one thread (dq_reduce), not
+// per-thread atomics; and 1/s_ds comes from the exponent bits of the power-of-two scale
+// (pow2_recip).
 #include "attention_quant.h"
 
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
@@ -118,39 +119,12 @@ __device__ __forceinline__ void b8_load(uint8_t *s, const uint8_t *g, long pitch
     }
 }
 
-// The dynamic shared memory rounded up to a 1024-byte boundary (the swizzled wgmma regions'
-// alignment; the launches add 1024 bytes of slack). Rounded by pointer arithmetic on smem_raw
-// itself: rounding the generic address through an integer (uintptr_t) hides from the compiler
-// that the result points to shared memory, and every access through such a pointer compiles to a
-// generic 64-bit LD/ST (ST.E.U16 [R.64]) with 64-bit address math (~1/10 of the main loop).
-__device__ __forceinline__ uint8_t *b8_smem_align1024(unsigned char *raw) {
-    return raw + ((0u - smem_addr(raw)) & 1023u);  // bytes to the next multiple of 1024
-}
-
-// wgmma descriptor of a K-major swizzled tile (wgmma_desc(tile, 16, 1024)), handled as its low
-// word: the high word is a constant (stride 1024 B per 8 rows, 128-byte swizzle); the low word is
-// the start address in 16-byte units (bits 0-13) and the unused leading offset (16 B). Shared
-// addresses stay below 2^18, so the address field never carries: the descriptor of the tile at
-// byte offset o from another is that one's low word + o / 16 (a k32 step: + 2). The loops thus
-// derive every descriptor from one base by 32-bit adds of constants instead of rebuilding each
-// with 64-bit math from a pointer.
-__device__ __forceinline__ uint32_t b8_dlo(uint32_t smem_address) { return ((smem_address & 0x3FFFF) >> 4) | (1u << 16); }
-__device__ __forceinline__ uint64_t b8_desc(uint32_t lo) { return (uint64_t)(1024 >> 4) << 32 | 1ull << 62 | lo; }
-
-// The same value, opaque to the compiler: descriptors derived from it inside the loop body are
-// recomputed there (one add each) instead of hoisted out of the loop into registers, of which the
-// main kernel has none to spare (as bw_opaque in the BF16 backward).
-__device__ __forceinline__ uint32_t b8_opaque(uint32_t x) {
-    asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
-    return x;
-}
-
 // d (64 x N) = A (64 x 32 STEPS) B (32 STEPS x N), both K-major swizzled tiles, in STEPS k32
-// steps into a fresh accumulator. a, b: the tiles' descriptor low words (b8_dlo).
+// steps into a fresh accumulator. a, b: the tiles' descriptor low words (kmajor_desc_lo).
 template <int N, int AT, int BT, int STEPS>
 __device__ __forceinline__ void wg_fp8_tile(float (&d)[N / 2], uint32_t a, uint32_t b) {
 #pragma unroll
-    for (int kk = 0; kk < STEPS; kk++) wg_fp8<N, AT, BT>(d, b8_desc(a + 2 * kk), b8_desc(b + 2 * kk), kk > 0);
+    for (int kk = 0; kk < STEPS; kk++) wg_fp8<N, AT, BT>(d, kmajor_desc(a + 2 * kk), kmajor_desc(b + 2 * kk), kk > 0);
 }
 
 
@@ -172,7 +146,7 @@ __device__ __forceinline__ float pdp_s_scale(float inv_q, float inv_k, float tau
 __device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { return __fmul_rn(inv_do, inv_v); }
 
 // THE shared recomputation (main pass and delta pass): for this warpgroup's 64 keys
-// (key0 = first of them; dKw, dVw the descriptor low words (b8_dlo) of their K̂, V̂ rows) and the
+// (key0 = first of them; dKw, dVw the descriptor low words (kmajor_desc_lo) of their K̂, V̂ rows) and the
 // 64 queries of the Q̂, dÔ tiles at dQ, ddO (first query q0), P^T and dP^T in FP32, 0 where masked
 // (key > query, or query >= T). sLse: the 64 LSEs (natural log, 8-byte aligned).
 // cs = pdp_s_scale(..), cdp = pdp_dp_scale(..).
@@ -303,11 +277,11 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
                               const float *__restrict__ v_scales, const float *__restrict__ do_scales,
                               const float *__restrict__ lse, float *__restrict__ dlt, int T, float tau) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = b8_smem_align1024(smem_raw);
+    uint8_t *smem = smem_align1024(smem_raw);
     using L = B8DeltaSmem;
     uint8_t *sQ = smem + L::OFF_Q;    // (64 queries x 128 B)
     uint8_t *sdO = smem + L::OFF_DO;  // (64 queries x 128 B)
-    const uint32_t dlo_smem = b8_dlo(smem_addr(smem));
+    const uint32_t dlo_smem = kmajor_desc_lo(smem_addr(smem));
     float *sLse = reinterpret_cast<float *>(smem + L::OFF_F);  // (64)
     float *sRed = sLse + B8_BQ;                                // (2, 8 warps, 64)
 
@@ -346,7 +320,7 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
         const float cs = pdp_s_scale(inv_q, inv_k, tau), cdp = pdp_dp_scale(inv_do, inv_v);
         fence_proxy_async();
         __syncthreads();
-        const uint32_t dsm = b8_opaque(dlo_smem);  // the tiles' descriptors: offsets from smem
+        const uint32_t dsm = opaque_u32(dlo_smem);  // the tiles' descriptors: offsets from smem
         const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
         const uint32_t dkw = (kb & 1) * (L::BUF / 16) + wgu * (64 * 128 / 16);  // the buffer, the warpgroup's 64 key rows
         tile_p_dp<D, E5>(dsm + dkw, dsm + L::KV / 16 + dkw, dsm + L::OFF_Q / 16, dsm + L::OFF_DO / 16, sLse, cs, cdp,
@@ -389,20 +363,6 @@ namespace {
 // .add (each element added atomically in L2; rows past T are outside the tensor map and dropped).
 // This replaced 16 float2 atomics per thread per block, which throttled the load/store queue
 // (ncu: 15% of the warp stalls) and delayed the next block's prefetch behind them.
-__device__ __forceinline__ void tma_reduce_add_3d(const void *tmap, uint32_t ssrc, int c0, int c1, int c2) {
-    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
-                     (uint64_t)tmap),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(ssrc)
-                 : "memory");
-}
-__device__ __forceinline__ void st_shared_f32x2(uint32_t a, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// the shared-memory sources of this thread's bulk operations have been read (may be overwritten)
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// ... and their writes to global memory are done
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // The dQ reduction of the query block at row q0 of head bh: thread 0, after a barrier that follows
 // every thread's staging stores and proxy fence.
 template <int D>
@@ -460,7 +420,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         const __grid_constant__ CUtensorMap tm_dq) {
     using L = B8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = b8_smem_align1024(smem_raw);
+    uint8_t *smem = smem_align1024(smem_raw);
     uint8_t *sK = smem + L::OFF_K;          // (128 keys x 128 B)  K̂, reduction over d
     uint8_t *sV = smem + L::OFF_V;          // (128 keys x 128 B)  V̂
     uint8_t *sPt = smem + L::OFF_PT;        // (128 keys x 64 queries) P̂^T
@@ -468,7 +428,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     uint8_t *sKt = smem + L::OFF_KT;        // (D x 128 keys)      K̂^T, for dQ
     uint8_t *sdS = smem + L::OFF_DS;        // (64 queries x 128 keys) dŜ
     uint8_t *stage0 = smem + L::OFF_STAGE;  // 2 stages: Q̂ (64 x 128 B), dÔ, Q̂^T (D x 64 queries), dÔ^T
-    const uint32_t dlo_smem = b8_dlo(smem_addr(smem));  // descriptor low word of the base (b8_dlo)
+    const uint32_t dlo_smem = kmajor_desc_lo(smem_addr(smem));  // the base's descriptor low word
     const uint32_t s_dq = smem_addr(smem + L::OFF_DQ);                   // (D/32 boxes of 64 x 32) dQ staging
     float *sLse2 = reinterpret_cast<float *>(smem + L::OFF_DQ + L::DQ);  // (2 stages, 64)
     float *sDl2 = sLse2 + 2 * B8_BQ;                                  // (2 stages, 64) D
@@ -534,7 +494,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // CUTLASS's canonical_warp_group_idx), so the descriptors that depend on it are built in
         // uniform registers rather than per thread and moved over (R2UR) for every wgmma. Taken
         // here, not before the loop: there ptxas hoists more wg-dependent addresses and spills.
-        const uint32_t dsm = b8_opaque(dlo_smem), dstage = dsm + (L::OFF_STAGE + s * L::STAGE) / 16;
+        const uint32_t dsm = opaque_u32(dlo_smem), dstage = dsm + (L::OFF_STAGE + s * L::STAGE) / 16;
         const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);
         const uint32_t dkw = wgu * (64 * 128 / 16);  // the warpgroup's 64 key rows of K̂, V̂, P̂^T, dŜ^T
         const float *sLse = sLse2 + s * B8_BQ, *sDl = sDl2 + s * B8_BQ;
@@ -677,8 +637,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 #pragma unroll
             for (int n = 0; n < D / 16; n++) {
                 const uint32_t a = base + (n / 4) * (B8_BQ * 128) + (((uint32_t)(2 * (n % 4)) ^ x) << 4);
-                st_shared_f32x2(a, tq[4 * n] * f, tq[4 * n + 1] * f);
-                st_shared_f32x2(a + 8 * 128, tq[4 * n + 2] * f, tq[4 * n + 3] * f);
+                sts_f32x2(a, tq[4 * n] * f, tq[4 * n + 1] * f);
+                sts_f32x2(a + 8 * 128, tq[4 * n + 2] * f, tq[4 * n + 3] * f);
             }
         }
         wgmma_wait<0>();

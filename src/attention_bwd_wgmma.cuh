@@ -52,68 +52,6 @@ struct BwCfg {
                                    2 * LD_FLOATS * sizeof(float) + 8 * sizeof(uint64_t);
 };
 
-// --- wgmma wrappers of this kernel (bw_ prefix: no clash with attention_gpu_common.cuh) -------
-// d (64 x 64) (+)= A (64 x 16, smem, K-major) * B (16 x 64, smem, K-major)
-__device__ __forceinline__ void bw_wgmma_m64n64_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-// d (64 x 64) (+)= A (64 x 16, smem, M-major) * B (16 x 64, smem, N-major): both transposed
-__device__ __forceinline__ void bw_wgmma_m64n64_ss_tt(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-// d (64 x 128) (+)= A (64 x 16, smem, K-major) * B (16 x 128, smem, N-major)
-__device__ __forceinline__ void bw_wgmma_m64n128_ss_nt(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
-        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-// d (64 x 64) (+)= A (64 x 16, smem, K-major) * B (16 x 64, smem, N-major)
-__device__ __forceinline__ void bw_wgmma_m64n64_ss_nt(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, 0, 1;\n}\n"
-        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-// Barrier `id` (1..15) over `n` threads (a multiple of 32) of the CTA.
-__device__ __forceinline__ void bw_named_bar_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
-// The same pointer, opaque to the compiler: descriptors derived from it inside the loop body are
-// recomputed there (a few integer adds) instead of hoisted out of the loop into ~50 registers.
-// (Shared-memory addresses are kept as 32-bit values throughout the consumer loop.)
-__device__ __forceinline__ uint32_t bw_opaque(uint32_t x) {
-    asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
-    return x;
-}
-// wgmma_desc from a 32-bit shared address (same fields: 128-byte swizzle).
-__device__ __forceinline__ uint64_t bw_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-
-// Two floats from shared memory, in program order with the other volatile asm of the loop body
-// (keeps the compiler from loading all of a stage's LSE or D values at once, 16-32 registers).
-__device__ __forceinline__ float2 bw_lds2(uint32_t addr) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-    return v;
-}
-__device__ __forceinline__ void bw_sts32(uint32_t addr, uint32_t v) {
-    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
 // acc (64 x N) = A (64 rows at sA, K-major, D/64 regions of a_rows x 128 bytes) *
 // B^T (N rows at sB, K-major, D/64 regions of N x 128 bytes): S^T = K Q^T and dP^T = V dO^T.
 template <int D, int N>
@@ -121,9 +59,9 @@ __device__ __forceinline__ void bw_issue_kmajor(float (&acc)[N / 2], uint32_t sA
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const int reg = kk >> 2, off = (kk & 3) * 32;  // 64-column region, 32 bytes per k16
-        const uint64_t da = bw_desc(sA + reg * a_rows * 128 + off, 16, 1024);
-        const uint64_t db = bw_desc(sB + reg * N * 128 + off, 16, 1024);
-        if constexpr (N == 64) bw_wgmma_m64n64_ss(acc, da, db, kk > 0);
+        const uint64_t da = wgmma_desc_at(sA + reg * a_rows * 128 + off, 16, 1024);
+        const uint64_t db = wgmma_desc_at(sB + reg * N * 128 + off, 16, 1024);
+        if constexpr (N == 64) wgmma_m64n64_ss(acc, da, db, kk > 0);
         else wgmma_m64n128_ss(acc, da, db, kk > 0);
     }
 }
@@ -134,7 +72,7 @@ template <int D, int BR>
 __device__ __forceinline__ void bw_issue_rs(float (&acc)[D / 2], const uint32_t (&a)[BR / 16][4], uint32_t sB) {
 #pragma unroll
     for (int kk = 0; kk < BR / 16; kk++) {
-        const uint64_t db = bw_desc(sB + kk * 16 * 128, BR * 128, 1024);
+        const uint64_t db = wgmma_desc_at(sB + kk * 16 * 128, BR * 128, 1024);
         if constexpr (D == 128) wgmma_m64n128_rs_nmajor(acc, a[kk], db);
         else wgmma_m64n64_rs_nmajor(acc, a[kk], db);
     }
@@ -146,20 +84,11 @@ template <int D, int BR>
 __device__ __forceinline__ void bw_issue_ss_nt(float (&acc)[D / 2], uint32_t sA, int a_rows, uint32_t sB) {
 #pragma unroll
     for (int kk = 0; kk < BR / 16; kk++) {
-        const uint64_t da = bw_desc(sA + (kk >> 2) * a_rows * 128 + (kk & 3) * 32, 16, 1024);
-        const uint64_t db = bw_desc(sB + kk * 16 * 128, BR * 128, 1024);
-        if constexpr (D == 128) bw_wgmma_m64n128_ss_nt(acc, da, db, 1);
-        else bw_wgmma_m64n64_ss_nt(acc, da, db, 1);
+        const uint64_t da = wgmma_desc_at(sA + (kk >> 2) * a_rows * 128 + (kk & 3) * 32, 16, 1024);
+        const uint64_t db = wgmma_desc_at(sB + kk * 16 * 128, BR * 128, 1024);
+        if constexpr (D == 128) wgmma_m64n128_ss<0, 1>(acc, da, db, 1);
+        else wgmma_m64n64_ss<0, 1>(acc, da, db, 1);
     }
-}
-
-// FP32 accumulator layout (m64nN) -> BF16 A fragments (as the forward's wg_pack_p).
-template <int N>
-__device__ __forceinline__ void bw_pack(uint32_t (&a)[N / 16][4], const float (&s)[N / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < N / 16; kk++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) a[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
 }
 
 // grid: ceil(T/BW_BC) * B*H CTAs, heaviest key blocks (kb = 0) first; block 384 threads.
@@ -249,7 +178,7 @@ __global__ void __launch_bounds__(384, 1)
         auto step = [&](int it, auto mask) {
             const int st = it & 1, q0 = (qb0 + it) * BR;
             const uint32_t cQ = aQ + st * C::Q_BYTES, cdO = adO + st * C::Q_BYTES, cdS = adS + st * C::DS_BYTES;
-            const uint32_t oK = bw_opaque(aK), oKw = oK + w * 64 * 128, oVw = bw_opaque(aV) + w * 64 * 128;
+            const uint32_t oK = opaque_u32(aK), oKw = oK + w * 64 * 128, oVw = opaque_u32(aV) + w * 64 * 128;
             const uint32_t cL = aLD + st * C::LD_FLOATS * 4, cD = cL + BR * 4;
             float s[BR / 2], dp[BR / 2];
             uint32_t pa[BR / 16][4], dsa[BR / 16][4];
@@ -267,7 +196,7 @@ __global__ void __launch_bounds__(384, 1)
             reg_fence(s);
 #pragma unroll
             for (int j = 0; j < BR / 8; j++) {
-                const float2 l2 = bw_lds2(cL + (8 * j + 2 * t4) * 4);
+                const float2 l2 = lds_f32x2(cL + (8 * j + 2 * t4) * 4);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     // clamped at 0: P <= 1 even where a huge |S| makes the argument's rounding exceed LSE
@@ -283,12 +212,12 @@ __global__ void __launch_bounds__(384, 1)
             reg_fence(dp);
 #pragma unroll
             for (int j = 0; j < BR / 8; j++) {
-                const float2 d2 = bw_lds2(cD + (8 * j + 2 * t4) * 4);
+                const float2 d2 = lds_f32x2(cD + (8 * j + 2 * t4) * 4);
 #pragma unroll
                 for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
             }
-            bw_pack<BR>(pa, s);
-            bw_pack<BR>(dsa, dp);
+            pack_bf16_afrags<BR>(pa, s);
+            pack_bf16_afrags<BR>(dsa, dp);
             // dS^T (keys x queries) -> shared memory, BF16, 128-byte swizzle: 64-query regions of
             // BW_BC rows x 128 bytes; the pair (key, 8j+2t4..+1) is dsa[j/2][2*(j%2) + r]
 #pragma unroll
@@ -296,7 +225,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     const int kr = krow + 8 * r;  // kr % 8 == g
-                    bw_sts32(cdS + (j >> 3) * (BW_BC * 128) + kr * 128 + (((j & 7) ^ g) << 4) + 4 * t4,
+                    sts_b32(cdS + (j >> 3) * (BW_BC * 128) + kr * 128 + (((j & 7) ^ g) << 4) + 4 * t4,
                              dsa[j >> 1][2 * (j & 1) + r]);
                 }
             fence_proxy_async();  // the dS^T stores, before the tensor cores read them
@@ -305,14 +234,14 @@ __global__ void __launch_bounds__(384, 1)
             wgmma_fence();
             bw_issue_rs<D, BR>(dva, pa, cdO);
             wgmma_commit();
-            bw_named_bar_sync(1, 256);  // both warpgroups' dS^T in shared memory
+            named_bar_sync<1, 256>();  // both warpgroups' dS^T in shared memory
             reg_fence(dq);
             wgmma_fence();
             bw_issue_ss_nt<D, BR>(dka, cdS + w * 64 * 128, BW_BC, cQ);
 #pragma unroll
             for (int kk = 0; kk < BW_BC / 16; kk++)
-                bw_wgmma_m64n64_ss_tt(dq, bw_desc(cdS + ra * (BW_BC * 128) + kk * 16 * 128, BW_BC * 128, 1024),
-                                      bw_desc(oK + rb * (BW_BC * 128) + kk * 16 * 128, BW_BC * 128, 1024), kk > 0);
+                wgmma_m64n64_ss<1, 1>(dq, wgmma_desc_at(cdS + ra * (BW_BC * 128) + kk * 16 * 128, BW_BC * 128, 1024),
+                                      wgmma_desc_at(oK + rb * (BW_BC * 128) + kk * 16 * 128, BW_BC * 128, 1024), kk > 0);
             wgmma_commit();
             wgmma_wait<0>();
             reg_fence(dq);

@@ -108,14 +108,6 @@ __device__ __forceinline__ void wg_issue_pv(float (&oacc)[D / 2], const uint32_t
     }
 }
 
-// P (FP32 in the S accumulator layout) -> the BF16 A fragments of the PV wgmma.
-__device__ __forceinline__ void wg_pack_p(uint32_t (&pa)[WG_BK / 16][4], const float (&s)[WG_BK / 2]) {
-#pragma unroll
-    for (int kk = 0; kk < WG_BK / 16; kk++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) pa[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-}
-
 // O *= alpha (per row: elements e = 0, 1 of each n-tile are row g, e = 2, 3 row g + 8).
 template <int N>
 __device__ __forceinline__ void wg_rescale(float (&oacc)[N], const float (&alpha)[2]) {
@@ -220,7 +212,7 @@ __global__ void __launch_bounds__(256, 1)
     reg_fence(s);
     if (c.n_kb == 1) softmax_block<true>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
     else softmax_block<false>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
-    wg_pack_p(pa, s);  // O is zero: no rescale
+    pack_bf16_afrags<WG_BK>(pa, s);  // O is zero: no rescale
 
     auto step = [&](int kb, auto mask) {
         cp_async_wait_all();  // K_kb and V_{kb-1} (this thread's part)
@@ -245,7 +237,7 @@ __global__ void __launch_bounds__(256, 1)
         reg_fence(oacc);
         reg_fence(pa);
         wg_rescale(oacc, alpha);
-        wg_pack_p(pa, s);
+        pack_bf16_afrags<WG_BK>(pa, s);
     };
     for (int kb = 1; kb < c.n_kb - 1; kb++) step(kb, std::false_type());
     if (c.n_kb > 1) step(c.n_kb - 1, std::true_type());
@@ -342,7 +334,7 @@ __global__ void __launch_bounds__(384, 1)
         mbar_arrive(empty_k);
         if (c.n_kb == 1) softmax_block<true>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
         else softmax_block<false>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
-        wg_pack_p(pa, s);
+        pack_bf16_afrags<WG_BK>(pa, s);
 
         auto step = [&](int kb, auto mask) {
             mbar_wait(full_k + (kb & 1), (kb >> 1) & 1);
@@ -363,7 +355,7 @@ __global__ void __launch_bounds__(384, 1)
             reg_fence(pa);
             mbar_arrive(empty_v + ((kb - 1) & 1));
             wg_rescale(oacc, alpha);
-            wg_pack_p(pa, s);
+            pack_bf16_afrags<WG_BK>(pa, s);
         };
         for (int kb = 1; kb < c.n_kb - 1; kb++) step(kb, std::false_type());
         if (c.n_kb > 1) step(c.n_kb - 1, std::true_type());

@@ -58,6 +58,7 @@
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <math.h>          // INFINITY, expf, logf, log2f
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
+#include <stdio.h>         // fprintf (a wrong ATTN_FP8_FWD_SCHED)
 #include <stdlib.h>        // getenv, atoi
 #include <string.h>        // strcmp
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
@@ -115,15 +116,14 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 }
 
 
-// Named barriers 1 and 2 (0 is __syncthreads'), 256 threads each: the consumers' ping-pong.
-// Immediate ids, so that ptxas reserves only these (a register id makes it assume all 16).
+// Named barriers 1 and 2, 256 threads each: the consumers' ping-pong (3: the producer's own).
 __device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
-    if (wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    if (wg == 0) named_bar_sync<1, 256>();
+    else named_bar_sync<2, 256>();
 }
 __device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the turn to the other one
-    if (wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-    else asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    if (wg == 0) named_bar_arrive<2, 256>();
+    else named_bar_arrive<1, 256>();
 }
 
 // Byte offset of (row r, byte column c) in a 128-byte-swizzled tile of 128-byte rows.
@@ -163,32 +163,24 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
     for (int i = 0; i < D / 16; i++) cp_async16(dst + i * 16 * 128, src + (long)i * 16 * Tp, true);
 }
 
-// Descriptors of the K-major tiles, wgmma_desc(p, 16, 1024) (attention_gpu_common.cuh), from
-// their low word: the high word is a constant (stride offset 1024 >> 4 = 0x40, bit 62 = the
-// 128-byte swizzle) and the low word is (shared address >> 4) | (16 >> 4) << 16. Shared
-// addresses are below 2^18 (at most 228 KB of shared memory), so the 14-bit start address
-// field never carries into the leading-offset field: the tile o bytes further on (o a multiple
-// of 16) has the low word kdesc_lo(p) + o / 16. The key loop keeps one low word per region
-// (Q̂ rows, K̂ ring, V̂^T ring) and adds constants, instead of rebuilding every descriptor from
-// its address (add, mask, shift, or per wgmma: ~40 uniform-datapath instructions per block).
-#define F8_KDESC_HI ((1024u >> 4) | 1u << (62 - 32))  // = the high word of wgmma_desc(p, 16, 1024)
-__device__ __forceinline__ uint32_t kdesc_lo(const void *p) { return (uint32_t)wgmma_desc(p, 16, 1024); }
-__device__ __forceinline__ uint64_t kdesc(uint32_t lo) { return (uint64_t)F8_KDESC_HI << 32 | lo; }
+// Descriptors of the K-major tiles as low words (kmajor_desc_lo, attention_gpu_common.cuh): the
+// key loop keeps one per region (Q̂ rows, K̂ ring, V̂^T ring) and adds constants, instead of
+// rebuilding every descriptor from its address (~40 uniform-datapath instructions per block).
 
 // s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits). dq, dk:
-// kdesc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
+// kmajor_desc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
 template <int D>
 __device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint32_t dk) {
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kdesc(dq + 2 * kk), kdesc(dk + 2 * kk), kk > 0);
+    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
 }
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
-// dv: kdesc_lo of the V̂^T stage.
+// dv: kmajor_desc_lo of the V̂^T stage.
 template <int D>
 __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4], uint32_t dv) {
 #pragma unroll
     for (int kk = 0; kk < F8_BK / 32; kk++) {
-        const uint64_t db = kdesc(dv + 2 * kk);
+        const uint64_t db = kmajor_desc(dv + 2 * kk);
         if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
         else wgmma_fp8_rs_m64n64(pv, pa[kk], db, kk > 0);
     }
@@ -320,8 +312,6 @@ __device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, i
     }
     return (int)t;
 }
-// Producer-only named barrier (id 3; 0 is __syncthreads', 1 and 2 the consumers' ping-pong).
-__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 3, 128;\n" ::: "memory"); }
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
@@ -386,7 +376,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 tile_slot[qs] = fwd_fp8_next_tile(tile_counter, ti, n_tiles);
                 mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
             }
-            producer_sync();
+            named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
             const int tile = tile_slot[qs];
             if (tile >= n_tiles) break;
             const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh, n_kb = qb + 1;
@@ -417,9 +407,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         setmaxnreg_inc<240>();
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
-        // descriptor low words (kdesc_lo): stage 0 of the K̂ and V̂^T rings (stage st: + st * L::K
-        // / 16, + st * L::V / 16) and this warpgroup's 64 rows of Q̂ buffer 0 (buffer 1: + L::Q / 16)
-        const uint32_t dk0 = kdesc_lo(sK), dv0 = kdesc_lo(sV), dq0 = kdesc_lo(sQ + wg * 64 * 128);
+        // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
+        // + st * L::K / 16, + st * L::V / 16) and this warpgroup's 64 rows of Q̂ buffer 0
+        // (buffer 1: + L::Q / 16)
+        const uint32_t dk0 = kmajor_desc_lo(smem_addr(sK)), dv0 = kmajor_desc_lo(smem_addr(sV)),
+                       dq0 = kmajor_desc_lo(smem_addr(sQ + wg * 64 * 128));
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
         for (int ti = 0;; ti++) {
             mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
@@ -541,39 +533,45 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     }
 }
 
-// ATTN_FP8_FWD_PINGPONG=0 turns the consumers' ping-pong off, ATTN_FP8_FWD_PERSISTENT=0 launches
-// one CTA per tile instead of one per SM (for timing comparisons; the numbers are the same
-// either way: every tile runs the same instructions). Read once per process.
-static bool env_flag(const char *name, int *cache) {
-    if (*cache < 0) {
-        const char *e = getenv(name);
-        *cache = (e && *e) ? (atoi(e) != 0) : 1;
+// Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
+// same instructions): ATTN_FP8_FWD_PINGPONG=0 turns the consumers' ping-pong off,
+// ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
+// ATTN_FP8_FWD_SCHED=static makes persistent CTAs walk a fixed (snake) order instead of taking
+// tiles from the counter (fwd_fp8_next_tile). attn_gpu_forward_fp8_test_schedule overrides the
+// order and caps the grid, for tests.
+struct FwdFp8Knobs {
+    bool pingpong, persistent, dynamic;
+};
+static const FwdFp8Knobs &fwd_fp8_env(void) {
+    static FwdFp8Knobs k;
+    static bool read = false;
+    if (!read) {
+        const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *pers = getenv("ATTN_FP8_FWD_PERSISTENT"),
+                   *sched = getenv("ATTN_FP8_FWD_SCHED");
+        k.pingpong = !(pp && *pp && atoi(pp) == 0);
+        k.persistent = !(pers && *pers && atoi(pers) == 0);
+        k.dynamic = !(sched && strcmp(sched, "static") == 0);
+        if (sched && *sched && k.dynamic && strcmp(sched, "dynamic") != 0)
+            fprintf(stderr, "attention: ATTN_FP8_FWD_SCHED=%s is neither static nor dynamic; using dynamic\n", sched);
+        read = true;
     }
-    return *cache != 0;
+    return k;
 }
-static bool fwd_fp8_pingpong(void) {
-    static int pp = -1;
-    return env_flag("ATTN_FP8_FWD_PINGPONG", &pp);
+static int fwd_fp8_test_max_ctas = 0, fwd_fp8_test_order = -1;  // attn_gpu_forward_fp8_test_schedule
+extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
+    fwd_fp8_test_max_ctas = max_ctas > 0 ? max_ctas : 0;
+    fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
-static bool fwd_fp8_persistent(void) {
-    static int persist = -1;
-    return env_flag("ATTN_FP8_FWD_PERSISTENT", &persist);
-}
-// ATTN_FP8_FWD_SCHED=static: persistent CTAs walk a fixed (snake) order instead of taking tiles
-// from the counter (fwd_fp8_next_tile).
-static int fwd_fp8_order = -1;  // attn_gpu_forward_fp8_test_schedule: 0 static, 1 dynamic, -1 the environment's
-static bool fwd_fp8_dynamic(void) {
-    if (fwd_fp8_order >= 0) return fwd_fp8_order != 0;
-    static int dyn = -1;
-    if (dyn < 0) {
-        const char *e = getenv("ATTN_FP8_FWD_SCHED");
-        dyn = !(e && strcmp(e, "static") == 0);
+// The number of SMs (the persistent grid), once per process (one device per process).
+static int fwd_fp8_n_sm(void) {
+    static int n_sm = 0;
+    if (n_sm == 0) {
+        int dev = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     }
-    return dyn != 0;
+    return n_sm;
 }
-// The CTAs of a launch of n_tiles tiles: one per SM (persistent), at most one per tile; or at
-// most fwd_fp8_max_ctas (attn_gpu_forward_fp8_test_schedule).
-static int fwd_fp8_max_ctas = 0;
 // The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
 // One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
 // a stream up with one forward before capturing on it.
@@ -596,22 +594,6 @@ static unsigned *fwd_fp8_counter_for(cudaStream_t stream) {
     return c;
 }
 
-extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
-    fwd_fp8_max_ctas = max_ctas > 0 ? max_ctas : 0;
-    fwd_fp8_order = order < 0 ? -1 : order != 0;
-}
-static long fwd_fp8_grid(long n_tiles) {
-    static int n_sm = 0;  // one device per process (one GPU per rank)
-    if (n_sm == 0) {
-        int dev = 0;
-        CUDA_OK(cudaGetDevice(&dev));
-        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    }
-    long cap = fwd_fp8_persistent() ? n_sm : n_tiles;
-    if (fwd_fp8_max_ctas > 0) cap = fwd_fp8_max_ctas;
-    return cap < n_tiles ? cap : n_tiles;
-}
-
 template <int D, bool PP>
 static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                                const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
@@ -624,10 +606,13 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     }
     const long n_tiles = (long)attn_quant_n_blocks(T) * B * H;
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
-    unsigned *counter = fwd_fp8_dynamic() ? fwd_fp8_counter_for(stream) : NULL;
-    attn_fwd_fp8_kernel<D, PP><<<(unsigned)fwd_fp8_grid(n_tiles), F8_THREADS, smem, stream>>>(
+    const FwdFp8Knobs &k = fwd_fp8_env();
+    const bool dynamic = fwd_fp8_test_order >= 0 ? fwd_fp8_test_order != 0 : k.dynamic;
+    long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? fwd_fp8_n_sm() : n_tiles;
+    if (grid > n_tiles) grid = n_tiles;
+    attn_fwd_fp8_kernel<D, PP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), counter);
+        1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL);
     CUDA_OK(cudaGetLastError());
 }
 
@@ -635,7 +620,7 @@ template <int D>
 static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                           const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                           float *lse, int B, int H, int T, cudaStream_t stream) {
-    if (fwd_fp8_pingpong())
+    if (fwd_fp8_env().pingpong)
         forward_fp8_launch<D, true>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else
         forward_fp8_launch<D, false>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);

@@ -51,6 +51,42 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // all but the most recent group have landed (groups complete in order)
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
+// The dynamic shared memory rounded up to a 1024-byte boundary (the swizzled wgmma regions'
+// alignment; the launches add 1024 bytes of slack). Rounded by pointer arithmetic on raw itself:
+// rounding the generic address through an integer (uintptr_t) hides from the compiler that the
+// result points to shared memory, and every access through such a pointer compiles to a generic
+// 64-bit LD/ST with 64-bit address math.
+__device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
+    return raw + ((0u - smem_addr(raw)) & 1023u);  // bytes to the next multiple of 1024
+}
+// The same value, opaque to the compiler: addresses and descriptors derived from it inside a loop
+// body are recomputed there (a few integer adds) instead of hoisted out of the loop into
+// registers, of which the attention kernels have none to spare.
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+    return x;
+}
+// Shared-memory accesses by 32-bit address. volatile: they stay in program order with the other
+// volatile asm of a loop body (lds_f32x2 keeps the compiler from loading a whole stage's LSE or D
+// values at once, 16-32 registers).
+__device__ __forceinline__ float2 lds_f32x2(uint32_t addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void sts_b32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void sts_f32x2(uint32_t addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+// Named barrier ID (1..15; 0 is __syncthreads') over N threads (a multiple of 32). Immediate
+// operands, so that ptxas reserves only the barriers a kernel names.
+template <int ID, int N>
+__device__ __forceinline__ void named_bar_sync() { asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory"); }
+template <int ID, int N>
+__device__ __forceinline__ void named_bar_arrive() { asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(N) : "memory"); }
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -225,11 +261,22 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N][4]) {
 // K-major operand: stride offset = 1024 (next 8 rows), leading offset unused.
 // N-major operand (V in PV): leading offset = bytes to the next 64-column region, stride = 1024
 // (next 8 rows along K).
-__device__ __forceinline__ uint64_t wgmma_desc(const void *p, uint32_t lbo, uint32_t sbo) {
-    uint64_t addr = smem_addr(p);
+__device__ __forceinline__ uint64_t wgmma_desc_at(uint32_t addr, uint32_t lbo, uint32_t sbo) {  // 32-bit shared address
     return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
+__device__ __forceinline__ uint64_t wgmma_desc(const void *p, uint32_t lbo, uint32_t sbo) {
+    return wgmma_desc_at(smem_addr(p), lbo, sbo);
+}
+// The descriptor of a K-major tile (wgmma_desc(tile, 16, 1024)) handled as its low word: the high
+// word is a constant (stride 1024 B per 8 rows, 128-byte swizzle); the low word is the start
+// address in 16-byte units (bits 0-13) and the unused leading offset (16 B). Shared addresses
+// stay below 2^18 (at most 228 KB), so the address field never carries into the leading offset:
+// the tile o bytes (a multiple of 16) further on has the low word kmajor_desc_lo(..) + o / 16 (a
+// 32-byte FP8 k-step: + 2). Loops derive every descriptor from one base by 32-bit adds of
+// constants instead of rebuilding each with 64-bit math from a pointer.
+__device__ __forceinline__ uint32_t kmajor_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t lo) { return (uint64_t)(1024 >> 4) << 32 | 1ull << 62 | lo; }
 
 #define WG_ACC8(b) "+f"(d[(b) + 0]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3]), \
                    "+f"(d[(b) + 4]), "+f"(d[(b) + 5]), "+f"(d[(b) + 6]), "+f"(d[(b) + 7])
@@ -238,13 +285,24 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void *p, uint32_t lbo, uint
 #define WG_REGS64 WG_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, " \
                   "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
-// d (64 x 128, FP32) (+)= A (64 x 16, smem, K-major) * B (16 x 128, smem, K-major)
+// BF16 wgmma with both operands in shared memory: d (64 x N, FP32) (+)= A (64 x 16) * B (16 x N);
+// accumulate = 0 starts a fresh accumulator. TA / TB: 0 = the operand is K-major, 1 = transposed
+// (A M-major, B N-major).
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WG_REGS64 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB));
+}
+template <int TA = 0, int TB = 0>
+__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB));
 }
 // d (64 x 128) += A (64 x 16, registers) * B (16 x 128, smem, N-major)
 __device__ __forceinline__ void wgmma_m64n128_rs_nmajor(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -259,6 +317,15 @@ __device__ __forceinline__ void wgmma_m64n64_rs_nmajor(float (&d)[32], const uin
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_REGS32 "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+// FP32 accumulator layout (m64nN, N/2 values per thread) -> the BF16 A fragments of an RS wgmma
+// over the same N (k16 step kk: elements 8kk .. 8kk + 7, paired).
+template <int N>
+__device__ __forceinline__ void pack_bf16_afrags(uint32_t (&a)[N / 16][4], const float (&s)[N / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) a[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
 }
 
 // Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns) into D/64 swizzled
@@ -314,6 +381,20 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const void *tmap, uint64_
         "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
         : "memory");
 }
+// TMA reduction: the box at coordinates (c0 innermost, c1, c2) of the 3-D tensor map += the
+// shared-memory tile at ssrc (FP32 add, each element atomically in L2; out-of-bound elements are
+// dropped), in this thread's current bulk group.
+__device__ __forceinline__ void tma_reduce_add_3d(const void *tmap, uint32_t ssrc, int c0, int c1, int c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                     (uint64_t)tmap),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(ssrc)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// the shared-memory sources of this thread's bulk operations have been read (may be overwritten)
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... and their writes to global memory are done
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Register budget per thread of the executing warpgroup (needs a register cap at kernel entry:
 // __launch_bounds__(threads, 1)).
 template <int N>
