@@ -286,19 +286,31 @@ struct F8Smem {
 // The tiles (query block, batch x head) of a launch, heaviest first: tile t is query block
 // nblk - 1 - t / n_bh of (b, h) = t % n_bh. CTAs take the next tile from a counter in global
 // memory when they start one (dynamic, heaviest first: the greedy schedule the hardware's own
-// block scheduler gives a grid of one CTA per tile). The counter is never reset: launch k gets
-// the values tile_base .. tile_base + n_tiles + G - 1 (every CTA fetches once more than its
-// tiles, to see the end), and the host advances tile_base by that much for the next launch.
-// Launches that share the counter must therefore run one after the other (one stream).
+// block scheduler gives a grid of one CTA per tile). counter[0] hands out the tiles, counter[1]
+// counts the CTAs that have seen the end (every CTA fetches once more than its tiles); the last
+// of them sets both back to 0, so every launch starts from 0 without a memset, also when replayed
+// from a CUDA graph. Launches on one stream follow each other; each stream has its own counter
+// (fwd_fp8_counter_for), so launches on different streams may overlap.
 // With counter NULL (ATTN_FP8_FWD_SCHED=static, for timing comparisons) the order is fixed
 // instead: CTA c of G takes tiles r G + c on even rounds r and r G + G - 1 - c on odd ones (a
 // snake, so that the CTAs get about the same number of key blocks).
-__device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, unsigned base, int round) {
+__device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, int n_tiles) {
     if (!counter) {
         const int G = (int)gridDim.x, c = (int)blockIdx.x;
         return round * G + ((round & 1) ? G - 1 - c : c);
     }
-    return (int)min(atomicAdd(counter, 1u) - base, 0x7fffffffu);
+    const unsigned t = atomicAdd(counter, 1u);
+    if (t >= (unsigned)n_tiles) {
+        // this CTA's last fetch is done (the fence orders it before the count below, so the
+        // reset cannot overtake another CTA's fetch)
+        __threadfence();
+        if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
+            atomicExch(counter, 0u);
+            atomicExch(counter + 1, 0u);
+        }
+        return n_tiles;
+    }
+    return (int)t;
 }
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
@@ -312,7 +324,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         const float *__restrict__ k_scales, const float *__restrict__ v_scales,
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
                         float *__restrict__ lse, int H, int n_bh, int T, float tau,
-                        unsigned *__restrict__ tile_counter, unsigned tile_base) {
+                        unsigned *__restrict__ tile_counter) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -361,7 +373,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const int qs = ti & 1;
             if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
             if (ptid == 0) {
-                tile_slot[qs] = fwd_fp8_next_tile(tile_counter, tile_base, ti);
+                tile_slot[qs] = fwd_fp8_next_tile(tile_counter, ti, n_tiles);
                 mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
             }
             named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
@@ -550,20 +562,36 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_max_ctas = max_ctas > 0 ? max_ctas : 0;
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
-// The tile counter (fwd_fp8_next_tile) and the base of the next launch, shared by every
-// instantiation of the kernel. One device per process (one GPU per rank); launches on one stream.
-static unsigned *fwd_fp8_counter = NULL, fwd_fp8_counter_base = 0;
-// Once per process: allocates the counter; returns the number of SMs (the persistent grid).
-static int fwd_fp8_device_init(void) {
+// The number of SMs (the persistent grid), once per process (one device per process).
+static int fwd_fp8_n_sm(void) {
     static int n_sm = 0;
     if (n_sm == 0) {
         int dev = 0;
         CUDA_OK(cudaGetDevice(&dev));
         CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-        CUDA_OK(cudaMalloc(&fwd_fp8_counter, sizeof(unsigned)));
-        CUDA_OK(cudaMemset(fwd_fp8_counter, 0, sizeof(unsigned)));
     }
     return n_sm;
+}
+// The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
+// One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
+// a stream up with one forward before capturing on it.
+static unsigned *fwd_fp8_counter_for(cudaStream_t stream) {
+    static struct {
+        cudaStream_t stream;
+        unsigned *counter;
+    } slots[32];
+    static int n_slots = 0;
+    for (int i = 0; i < n_slots; i++)
+        if (slots[i].stream == stream) return slots[i].counter;
+    if (n_slots == (int)(sizeof slots / sizeof slots[0]))
+        FATAL("attn_gpu_forward_fp8: more than %d streams launched the FP8 forward (one tile counter each)", n_slots);
+    unsigned *c = NULL;
+    CUDA_OK(cudaMalloc(&c, 2 * sizeof(unsigned)));
+    CUDA_OK(cudaMemset(c, 0, 2 * sizeof(unsigned)));
+    slots[n_slots].stream = stream;
+    slots[n_slots].counter = c;
+    n_slots++;
+    return c;
 }
 
 template <int D, bool PP>
@@ -578,15 +606,13 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     }
     const long n_tiles = (long)attn_quant_n_blocks(T) * B * H;
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
-    const int n_sm = fwd_fp8_device_init();
     const FwdFp8Knobs &k = fwd_fp8_env();
     const bool dynamic = fwd_fp8_test_order >= 0 ? fwd_fp8_test_order != 0 : k.dynamic;
-    long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? n_sm : n_tiles;
+    long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? fwd_fp8_n_sm() : n_tiles;
     if (grid > n_tiles) grid = n_tiles;
     attn_fwd_fp8_kernel<D, PP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter : NULL, fwd_fp8_counter_base);
-    if (dynamic) fwd_fp8_counter_base += (unsigned)(n_tiles + grid);  // modulo 2^32, as the counter
+        1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL);
     CUDA_OK(cudaGetLastError());
 }
 

@@ -428,8 +428,9 @@ static void run_fwd_case(const Case &cs, int seed) {
 
     // The same tiles walked by fewer persistent CTAs (1: one CTA runs every tile, its K̂/V̂^T ring
     // and Q̂ buffers wrapping across tiles; 2, 3: odd and even tile counts per CTA), in the fixed
-    // (snake) and the dynamic (counter) order: each tile runs the same instructions whichever
-    // CTA takes it, so O and LSE must be the same bit for bit.
+    // (snake) and the dynamic (counter) order, on two streams at once and from a replayed CUDA
+    // graph: each tile runs the same instructions whichever CTA takes it, so O and LSE must be
+    // the same bit for bit.
     {
         uint16_t *d_o2;
         float *d_lse2;
@@ -437,25 +438,72 @@ static void run_fwd_case(const Case &cs, int seed) {
         CU(cudaMalloc(&d_lse2, (size_t)B * H * T * 4));
         std::vector<uint16_t> g_o2(n_tok * C);
         std::vector<float> g_lse2((size_t)B * H * T);
-        for (int run = 0; run < 6; run++) {
-            const int cap = 1 + run / 2, dynamic = run % 2;
-            CU(cudaMemset(d_o2, 0xFF, n_tok * C * 2));
-            CU(cudaMemset(d_lse2, 0xFF, (size_t)B * H * T * 4));
-            attn_gpu_forward_fp8_test_schedule(cap, dynamic);
-            attn_gpu_forward_fp8(o[0].codes, o[1].codes, o[2].codes_t, o[0].scales, o[1].scales, o[2].scales, 256.0f,
-                                 d_o2, C, d_lse2, B, H, T, d, 0);
-            attn_gpu_forward_fp8_test_schedule(0, -1);
-            err = cudaDeviceSynchronize();
-            CU(cudaMemcpy(g_o2.data(), d_o2, g_o2.size() * 2, cudaMemcpyDeviceToHost));
-            CU(cudaMemcpy(g_lse2.data(), d_lse2, g_lse2.size() * 4, cudaMemcpyDeviceToHost));
+        // O and LSE in d_o2 / d_lse2 against the default launch's, bit for bit
+        auto same_as_default = [&](uint16_t *dev_o, float *dev_lse, const char *what) {
+            cudaError_t e = cudaDeviceSynchronize();
+            CU(cudaMemcpy(g_o2.data(), dev_o, g_o2.size() * 2, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(g_lse2.data(), dev_lse, g_lse2.size() * 4, cudaMemcpyDeviceToHost));
             size_t diff_o = 0, diff_lse = 0;
             for (size_t i = 0; i < g_o.size(); i++) diff_o += g_o2[i] != g_o[i];
             for (size_t i = 0; i < g_lse.size(); i++) diff_lse += memcmp(&g_lse2[i], &g_lse[i], 4) != 0;
-            snprintf(name, sizeof name, "attn fp8 forward on %d persistent CTA(s), %s order = default grid, bit for bit: %s",
-                     cap, dynamic ? "dynamic" : "static", tag);
-            CHECK(err == cudaSuccess && diff_o == 0 && diff_lse == 0, name, "%s; %zu O and %zu LSE values differ",
-                  cudaGetErrorString(err), diff_o, diff_lse);
+            snprintf(name, sizeof name, "attn fp8 forward %s = default launch, bit for bit: %s", what, tag);
+            CHECK(e == cudaSuccess && diff_o == 0 && diff_lse == 0, name, "%s; %zu O and %zu LSE values differ",
+                  cudaGetErrorString(e), diff_o, diff_lse);
+        };
+        auto poison = [&](uint16_t *dev_o, float *dev_lse, cudaStream_t st) {
+            CU(cudaMemsetAsync(dev_o, 0xFF, n_tok * C * 2, st));
+            CU(cudaMemsetAsync(dev_lse, 0xFF, (size_t)B * H * T * 4, st));
+        };
+        auto forward_into = [&](uint16_t *dev_o, float *dev_lse, cudaStream_t st) {
+            attn_gpu_forward_fp8(o[0].codes, o[1].codes, o[2].codes_t, o[0].scales, o[1].scales, o[2].scales, 256.0f,
+                                 dev_o, C, dev_lse, B, H, T, d, st);
+        };
+        for (int run = 0; run < 6; run++) {
+            const int cap = 1 + run / 2, dynamic = run % 2;
+            poison(d_o2, d_lse2, 0);
+            attn_gpu_forward_fp8_test_schedule(cap, dynamic);
+            forward_into(d_o2, d_lse2, 0);
+            attn_gpu_forward_fp8_test_schedule(0, -1);
+            char what[96];
+            snprintf(what, sizeof what, "on %d persistent CTA(s), %s order", cap, dynamic ? "dynamic" : "static");
+            same_as_default(d_o2, d_lse2, what);
         }
+        // Two streams at once (each has its own tile counter), and a CUDA graph replayed three
+        // times (the counter must be back at 0 after every launch): 2 CTAs, dynamic order.
+        uint16_t *d_o3;
+        float *d_lse3;
+        CU(cudaMalloc(&d_o3, n_tok * C * 2));
+        CU(cudaMalloc(&d_lse3, (size_t)B * H * T * 4));
+        cudaStream_t s1, s2;
+        CU(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+        CU(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+        attn_gpu_forward_fp8_test_schedule(2, 1);
+        poison(d_o2, d_lse2, s1);
+        poison(d_o3, d_lse3, s2);
+        forward_into(d_o2, d_lse2, s1);
+        forward_into(d_o3, d_lse3, s2);
+        same_as_default(d_o2, d_lse2, "on two streams at once (first)");
+        same_as_default(d_o3, d_lse3, "on two streams at once (second)");
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        CU(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+        forward_into(d_o2, d_lse2, s1);
+        CU(cudaStreamEndCapture(s1, &graph));
+        CU(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 3; rep++) {
+            poison(d_o2, d_lse2, s1);
+            CU(cudaGraphLaunch(exec, s1));
+            char what[64];
+            snprintf(what, sizeof what, "from a CUDA graph, replay %d", rep + 1);
+            same_as_default(d_o2, d_lse2, what);
+        }
+        attn_gpu_forward_fp8_test_schedule(0, -1);
+        CU(cudaGraphExecDestroy(exec));
+        CU(cudaGraphDestroy(graph));
+        CU(cudaStreamDestroy(s1));
+        CU(cudaStreamDestroy(s2));
+        CU(cudaFree(d_o3));
+        CU(cudaFree(d_lse3));
         CU(cudaFree(d_o2));
         CU(cudaFree(d_lse2));
     }
