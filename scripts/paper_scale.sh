@@ -52,7 +52,7 @@ run() {
   local common=(--config "configs/$cfg.json" $(mode_sets "$mode") "${DATA[@]}" --set "train.steps=$steps"
                 --set "train.batch_tokens=$(( mbt * g * ACCUM ))"
                 --set train.warmup_steps=2 --set eval.interval=0 --set eval.sample_interval=0
-                --set checkpoint.interval=0 --set log.interval=1 --set "log.dir=$dir" --set "train.zero1=$z")
+                --set checkpoint.interval=0 --set checkpoint.at_end=false --set log.interval=1 --set "log.dir=$dir" --set "train.zero1=$z")
   # the per-GPU plan first: a config that cannot fit is a result, not a crash
   local plan
   plan=$(./train_gpt "${common[@]}" --dry-run --world-size "$g" $([ "$z" = true ] && echo --zero1) 2>&1 |
@@ -67,7 +67,7 @@ run() {
       ./train_gpt "${common[@]}" > "$dir.log" 2>&1; rc=$?
   fi
   kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-  # the end-of-run checkpoint is not needed here, and a few of them fill the disk (paper_1p67b:
+  # checkpoint.at_end=false above writes none; this removes any a stop left (paper_1p67b:
   # ~20 GB each; a 1.67B fp8 run after a bf16 one exited 1 on a 64 GB disk, most likely so)
   rm -rf "$dir/checkpoints"
   [ "$rc" != 0 ] && { echo "  $name: exit $rc; the end of $dir.log:"; tail -5 "$dir.log" | sed 's/^/    /'; } >&2

@@ -128,7 +128,7 @@ static const KeyDef EVAL_KEYS[] = {
 };
 static const KeyDef CHECKPOINT_KEYS[] = {
     KEY(checkpoint, dir, KIND_STR), KEY(checkpoint, interval, KIND_INT),
-    KEY(checkpoint, keep, KIND_INT),
+    KEY(checkpoint, keep, KIND_INT), KEY(checkpoint, at_end, KIND_BOOL),
 };
 static const KeyDef LOG_KEYS[] = {
     KEY(log, dir, KIND_STR), KEY(log, interval, KIND_INT), KEY(log, metrics_file, KIND_STR),
@@ -226,6 +226,7 @@ void config_defaults(Config *c) {
     c->eval.sample_tokens = 64;
     c->checkpoint.interval = 0;
     c->checkpoint.keep = 3;
+    c->checkpoint.at_end = 1;
     c->log.interval = 1;
     snprintf(c->log.metrics_file, sizeof c->log.metrics_file, "metrics.jsonl");
 }

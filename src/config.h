@@ -23,7 +23,8 @@
 //   eval          interval (steps; 0 = only at the end), batches, sample_interval (0 = off),
 //                 sample_tokens
 //   checkpoint    dir ("" = <log.dir>/checkpoints), interval (steps; 0 = only at the end),
-//                 keep (last N kept)
+//                 keep (last N kept), at_end (true; false = none after the last step, e.g. for
+//                 throughput runs: a 5.29B model's checkpoint is ~63 GB)
 //   log           dir (the run directory, "runs/<config name>"), interval (progress line every
 //                 N steps), metrics_file ("metrics.jsonl", inside log.dir)
 //   diagnostics   interval (0 = off), bias_probe_batches (8; 0 = off), reference ("bf16" | "fp32")
@@ -119,6 +120,7 @@ typedef struct {
 typedef struct {
     char dir[1024];
     int interval, keep;
+    int at_end;  // write one after the last step (false: throughput runs that need none)
 } CheckpointConfig;
 
 // FP8 attention diagnostics on a probe micro-batch (docs/fp8-attention.md; issue "FP8 attention

@@ -591,7 +591,9 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
         if (r->rank == 0 && c->eval.sample_interval > 0 && step % c->eval.sample_interval == 0) print_sample(r, step);
 
         int stopping = dp_any(r, stop_signal || (opt->stop_after > 0 && step >= opt->stop_after));
-        if ((c->checkpoint.interval > 0 && step % c->checkpoint.interval == 0) || step == steps || stopping) {
+        // A stop (signal, --stop-after) always checkpoints: that run is meant to be resumed.
+        if ((c->checkpoint.interval > 0 && step % c->checkpoint.interval == 0) ||
+            (step == steps && c->checkpoint.at_end) || stopping) {
             if (save_checkpoint(r, step, r->elapsed_before + (now_seconds() - t_start), &e) != 0) {
                 fprintf(stderr, "train_gpt: error: %s\n", e.msg);
                 status = 1;
@@ -609,7 +611,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     }
     if (step > steps) step = steps;
     if (status == 0 && start_step >= steps) printf("the run is already at step %lld of %d: nothing to do\n", start_step, steps);
-    if (status == 0 && step == steps && last_ckpt == steps)
+    if (status == 0 && step == steps && (last_ckpt == steps || !c->checkpoint.at_end))
         write_summary(r, step, last_loss, last_val, r->elapsed_before + (now_seconds() - t_start));
 
     if (prof_steps > 0 && r->rank == 0) gpu_model_profile_report(&r->be.gpu, stdout, prof_steps);

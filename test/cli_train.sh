@@ -71,6 +71,16 @@ check "rerun into the same run dir refused" "rc $rc: $(cat "$tmp/err2")" grep -q
 "$BIN" "$@" --resume >"$tmp/out2" 2>"$tmp/err2"
 check "resume of a finished run: nothing to do" "$(cat "$tmp/out2" "$tmp/err2")" grep -q 'nothing to do' "$tmp/out2"
 
+# checkpoint.at_end=false (throughput runs): no checkpoint at all with interval 0, the summary still.
+run2=$tmp/run_noend
+"$BIN" "$@" --set train.steps=3 --set checkpoint.interval=0 --set checkpoint.at_end=false \
+  --set "log.dir=$run2" >"$tmp/out3" 2>"$tmp/err3"
+rc=$?
+check "checkpoint.at_end=false run exits 0" "rc $rc: $(tail -3 "$tmp/err3")" [ "$rc" -eq 0 ]
+check "checkpoint.at_end=false writes no checkpoint" "$(ls -R "$run2" | tr '\n' ' ')" \
+  sh -c "! ls '$run2/checkpoints' 2>/dev/null | grep -q 'ckpt'"
+check "checkpoint.at_end=false still writes summary.json" "$(ls "$run2" | tr '\n' ' ')" [ -s "$run2/summary.json" ]
+
 # Sampling needs only the checkpoint (its config is stored inside).
 "$BIN" sample --checkpoint "$run" --tokens 8 --seed 7 >"$tmp/s1" 2>"$tmp/serr"
 rc=$?

@@ -69,7 +69,7 @@ static void test_defaults(void) {
           p->linear_grad_format == GRADFMT_E4M3,
           "defaults precision", "attention %d", (int)p->attention);
     CHECK(c.eval.interval == 100 && c.eval.batches == 10 && c.eval.sample_interval == 0 && c.eval.sample_tokens == 64 &&
-          c.checkpoint.dir[0] == 0 && c.checkpoint.interval == 0 && c.checkpoint.keep == 3 && c.log.dir[0] == 0 &&
+          c.checkpoint.dir[0] == 0 && c.checkpoint.interval == 0 && c.checkpoint.keep == 3 && c.checkpoint.at_end == 1 && c.log.dir[0] == 0 &&
           c.log.interval == 1 && strcmp(c.log.metrics_file, "metrics.jsonl") == 0,
           "defaults eval/checkpoint/log", "metrics_file '%s'", c.log.metrics_file);
     // The 0x5a fill must be gone everywhere, padding included (the round trip relies on it).
@@ -344,6 +344,7 @@ static void random_config(Config *c, int i) {
     c->eval.sample_tokens = rng_int(1, 1000);
     c->checkpoint.interval = rng_int(0, 10000);
     c->checkpoint.keep = rng_int(1, 10);
+    c->checkpoint.at_end = rng_int(0, 1);
     if (i % 2) snprintf(c->log.dir, sizeof c->log.dir, "runs/r%d", i);  // else: derived from the name
     c->log.interval = rng_int(1, 100);
     SET_STR(c->log.metrics_file, "m%d.jsonl", i);
@@ -383,7 +384,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 20, 13, 4, 3, 3, 3};
+    const int expected[] = {12, 4, 20, 13, 4, 4, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];
