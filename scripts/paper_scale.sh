@@ -16,7 +16,8 @@
 # corpus the config names (data/corpus, scripts/prepare_corpus.sh) or data/austen when it is
 # missing; tokens/s and MFU are the medians of metrics.jsonl after the first 3 steps. A run that
 # does not fit (plan larger than the GPU) is reported as such and skipped. Results: $OUT/runs.tsv
-# (one line per run), $OUT/paper_scale.md (tables), the plan last. NCCL_NVLS_ENABLE=0 is kept.
+# (one line per run), $OUT/paper_scale.md (tables), the plan last; with LONG, each long run's
+# metrics.jsonl beside them (scripts/plot_runs.py plots them). NCCL_NVLS_ENABLE=0 is kept.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/paper_scale_out}
@@ -102,7 +103,9 @@ for cfg in $CONFIGS; do
     done
     if [ "$LONG" -gt 0 ]; then  # the loss falling over a few hundred steps, on the most GPUs
       g=$(echo $GPUS | awk '{print $NF}')
-      run "${cfg}_${mode}_${g}g_long" "$g" true "$LONG" "$cfg" "$mode" | tee -a "$OUT/runs.tsv"
+      run "${cfg}_${mode}_${g}g_long$LONG" "$g" true "$LONG" "$cfg" "$mode" | tee -a "$OUT/runs.tsv"
+      # the curve comes back with $OUT (scripts/plot_runs.py draws it)
+      cp "$WORK/${cfg}_${mode}_${g}g_long$LONG/metrics.jsonl" "$OUT/${cfg}_${mode}_${g}g_long$LONG.metrics.jsonl" 2>/dev/null
     fi
   done
 done

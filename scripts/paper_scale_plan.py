@@ -10,11 +10,12 @@ best measured per-GPU rate on the largest GPU count, and wall time on 8 and 64 G
 (8 nodes) are not measured: the plan assumes the 8-GPU per-GPU rate times the measured 1 -> 8
 efficiency once more (inter-node links are slower than NVLink), and says so.
 
-    python3 scripts/paper_scale_plan.py runs.tsv
+    python3 scripts/paper_scale_plan.py runs.tsv [more.tsv ...]   (several files: one table)
 """
-import csv
-import math
-import sys
+import argparse  # command line
+import csv  # the tab-separated runs files
+import math  # nan for missing numbers
+import sys  # exit with a message
 
 PARAMS = {"paper_569m": 570407424, "paper_1p67b": 1673385984, "paper_5p29b": 5292174336}
 
@@ -26,9 +27,36 @@ def num(x):
         return math.nan
 
 
-def main(path):
-    rows = [r for r in csv.DictReader(open(path), delimiter="\t") if "_long" not in r["name"]]
-    longs = [r for r in csv.DictReader(open(path), delimiter="\t") if "_long" in r["name"]]
+COLUMNS = ("name", "config", "mode", "gpus", "zero1", "exit", "tok_s", "mfu", "plan_gib", "peak_mib",
+           "loss_first", "loss_last", "seconds")
+
+
+def read_runs(paths):
+    """Every row of every runs.tsv; exits with a message naming the file on a bad one."""
+    out = []
+    for path in paths:
+        try:
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f, delimiter="\t")
+                missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+                if missing:
+                    sys.exit(f"paper_scale_plan.py: {path}: header lacks column(s) {', '.join(missing)} "
+                             f"(expected paper_scale.sh's runs.tsv: {' '.join(COLUMNS)})")
+                for n, r in enumerate(reader, 2):
+                    if None in r or any(r[c] is None for c in COLUMNS):
+                        sys.exit(f"paper_scale_plan.py: {path}:{n}: expected {len(COLUMNS)} tab-separated fields")
+                    if not r["gpus"].isdigit() or int(r["gpus"]) < 1:
+                        sys.exit(f"paper_scale_plan.py: {path}:{n}: gpus: expected a positive integer, got '{r['gpus']}'")
+                    out.append(r)
+        except OSError as e:
+            sys.exit(f"paper_scale_plan.py: {path}: {e.strerror}")
+    return out
+
+
+def main(paths):
+    runs = read_runs(paths)
+    rows = [r for r in runs if "_long" not in r["name"]]
+    longs = [r for r in runs if "_long" in r["name"]]
     print("| config | precision | GPUs | ZeRO-1 | tokens/s | MFU | plan GiB/GPU | peak MiB/GPU | scaling vs 1 GPU |")
     print("|---|---|---|---|---|---|---|---|---|")
     one = {}
@@ -50,10 +78,12 @@ def main(path):
             best[key] = (g, tps, eff)
     if longs:
         print()
-        print("| long run | steps | first loss | last loss |")
-        print("|---|---|---|---|")
-        for r in longs:
-            print("| %s | %s | %s | %s |" % (r["name"], r["name"].split("_")[-1], r["loss_first"], r["loss_last"]))
+        print("| long run | GPUs | steps | tokens/s | first loss | last loss |")
+        print("|---|---|---|---|---|---|")
+        for r in longs:  # named CONFIG_MODE_<g>g_long<steps> by paper_scale.sh
+            steps = r["name"].rsplit("_long", 1)[1] or "?"
+            print("| %s | %s | %s | %s | %s | %s |" % (r["name"], r["gpus"], steps, r["tok_s"], r["loss_first"],
+                                                       r["loss_last"]))
     print()
     print("Costed plan (20 tokens per parameter; per-GPU rate of the largest measured GPU count; 64 GPUs "
           "assume that rate times the measured efficiency once more):")
@@ -72,4 +102,6 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "runs.tsv")
+    ap = argparse.ArgumentParser(description="tables and the costed plan from paper_scale.sh's runs.tsv")
+    ap.add_argument("runs", nargs="*", default=["runs.tsv"], help="runs.tsv file(s) (default: runs.tsv)")
+    main(ap.parse_args().runs)

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""plot_runs.py: loss curves of a few runs' metrics.jsonl files in one PNG.
+Left: each run's train loss, smoothed (moving mean over --window steps), and its validation
+losses as dots; right: each run's smoothed train loss minus the first run's (the baseline), the
+view in which a precision's effect shows. The runs must log the same steps.
+usage:
+    scripts/plot_runs.py --out docs/img/paper_569m_300steps.png --title "paper_569m, 2 x H200" \\
+        bf16=docs/data/paper_569m_2xh200_300steps_bf16.metrics.jsonl \\
+        fp8=docs/data/paper_569m_2xh200_300steps_fp8.metrics.jsonl
+Reads with the standard library; matplotlib draws (Debian: apt-get install python3-matplotlib).
+"""
+import argparse  # command line
+import json  # metrics.jsonl lines
+import sys  # exit with a message
+
+
+def read_run(path):
+    """(train: {step: loss}, val: {step: val_loss}) of one metrics.jsonl."""
+    train, val = {}, {}
+    try:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    sys.exit(f"plot_runs.py: {path}:{n}: not a JSON line")
+                if "loss" in r:
+                    train[r["step"]] = r["loss"]
+                if "val_loss" in r:
+                    val[r["step"]] = r["val_loss"]
+    except OSError as e:
+        sys.exit(f"plot_runs.py: {path}: {e.strerror}")
+    if not train:
+        sys.exit(f"plot_runs.py: {path}: no line with a train loss")
+    return train, val
+
+
+def smooth(steps, losses, window):
+    """Trailing moving mean: point i averages losses[max(0, i - window + 1) .. i]."""
+    out, acc = [], 0.0
+    for i, x in enumerate(losses):
+        acc += x
+        if i >= window:
+            acc -= losses[i - window]
+        out.append(acc / min(i + 1, window))
+    return steps, out
+
+
+def main():
+    ap = argparse.ArgumentParser(description="loss curves of runs' metrics.jsonl in one PNG")
+    ap.add_argument("runs", nargs="+", metavar="LABEL=METRICS_JSONL", help="the first is the baseline")
+    ap.add_argument("--out", required=True, help="PNG to write")
+    ap.add_argument("--title", default="", help="figure title")
+    ap.add_argument("--window", type=int, default=20, help="smoothing window in steps (default 20)")
+    a = ap.parse_args()
+    runs = []
+    for spec in a.runs:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            sys.exit(f"plot_runs.py: '{spec}': expected LABEL=METRICS_JSONL")
+        runs.append((label, *read_run(path)))
+    base_steps = sorted(runs[0][1])
+    for label, train, _ in runs[1:]:
+        if sorted(train) != base_steps:
+            sys.exit(f"plot_runs.py: run '{label}' logs other steps than '{runs[0][0]}'")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")  # no display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("plot_runs.py: matplotlib is not installed (Debian: apt-get install python3-matplotlib)")
+    fig, (ax_loss, ax_diff) = plt.subplots(1, 2, figsize=(11, 4))
+    _, base = smooth(base_steps, [runs[0][1][s] for s in base_steps], a.window)
+    for label, train, val in runs:
+        steps, sm = smooth(base_steps, [train[s] for s in base_steps], a.window)
+        line, = ax_loss.plot(steps, sm, label=f"{label} train (mean of {a.window})")
+        if val:
+            vs = sorted(val)
+            ax_loss.plot(vs, [val[s] for s in vs], "o", color=line.get_color(), label=f"{label} val")
+        ax_diff.plot(steps, [x - b for x, b in zip(sm, base)], color=line.get_color(), label=label)
+    ax_loss.set_xlabel("step"); ax_loss.set_ylabel("loss"); ax_loss.set_yscale("log"); ax_loss.legend()
+    ax_diff.axhline(0, color="gray", lw=0.5)
+    ax_diff.set_xlabel("step"); ax_diff.set_ylabel(f"smoothed train loss - {runs[0][0]}'s"); ax_diff.legend()
+    if a.title:
+        fig.suptitle(a.title)
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=110)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
