@@ -32,6 +32,7 @@ from bench_attention import Ours, flops, time_interleaved, torch_setup
 
 MODES = {"bf16": 1, "fp8_naive": 2, "fp8_hybrid": 3, "fp8_dm": 4, "fp8_dm_approx": 5}  # AttnPrecision
 BARE_BWD = ("fp8_naive", "fp8_dm", "fp8_dm_approx")  # the modes attn_gpu_backward_fp8 runs
+FWD_LOOPS = ((1, "plain"), (2, "overlap"))  # the FP8 forward's other block loops (F8_LOOP_*)
 SHORT = {"bf16": "bf16", "fp8_naive": "naive", "fp8_hybrid": "hybrid", "fp8_dm": "dm",
          "fp8_dm_approx": "dm_apx"}
 
@@ -52,6 +53,11 @@ class Shim:
         lib.shim_fp8_fwd.argtypes = [P, P]
         lib.shim_fp8_bwd.argtypes = [I, P, P, P, P]
         lib.shim_delta.argtypes = [P, P]
+        # the FP8 forward's block loop (src/attention_fwd_fp8.cu, F8_LOOP_*), when the library has it
+        self.set_fwd_loop = getattr(lib, "attn_gpu_forward_fp8_test_loop", None)
+        if self.set_fwd_loop is not None:
+            self.set_fwd_loop.argtypes = [I]
+            self.set_fwd_loop.restype = None
         for f in ("shim_fwd", "shim_bwd", "shim_fwd_keep", "shim_bwd_keep", "shim_quant", "shim_fp8_fwd", "shim_fp8_bwd", "shim_free"):
             getattr(lib, f).restype = None
         self.lib = lib
@@ -158,6 +164,26 @@ def main():
             fwds["quant_fwd"] = lambda: lib.shim_quant(0)
             fwds["quant_fwd_keep"] = lambda: lib.shim_quant(2)
             fwds["fp8_fwd_bare"] = lambda: lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
+            if shim.set_fwd_loop is not None:
+                # the other block loops of the FP8 forward, timed in the same rounds; first checked
+                # to give the default loop's O and LSE bit for bit (else not timed)
+                o8r, lse8r = o8.clone(), lse8.clone()
+                for li, ln in FWD_LOOPS:
+                    shim.set_fwd_loop(li)
+                    lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
+                    shim.set_fwd_loop(-1)
+                    torch.cuda.synchronize()
+                    same = torch.equal(o8, o8r) and torch.equal(lse8, lse8r)
+                    print(f"# T={T}: FP8 forward, {ln} loop vs the default: O, LSE "
+                          f"{'the same bit for bit' if same else 'DIFFER: not timed'}", flush=True)
+                    if same:
+                        def run_loop(li=li):
+                            shim.set_fwd_loop(li)
+                            lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
+                            shim.set_fwd_loop(-1)
+                        fwds["fp8_fwd_bare_" + ln] = run_loop
+                    o8.copy_(o8r)
+                    lse8.copy_(lse8r)
             bwds["quant_bwd"] = lambda: lib.shim_quant(1)
             bwds["quant_bwd_keep"] = lambda: lib.shim_quant(3)
             for m in BARE_BWD:
@@ -240,6 +266,18 @@ def main():
                 f"{tflops(r, 'tf', 'fp8_dm')} | {ms(r, 'tb', 'quant_bwd')}{sb} | {tflops(r, 'tb', 'bare_fp8_naive')} | "
                 f"{tflops(r, 'tb', 'bare_fp8_dm')} | {tflops(r, 'tb', 'bare_fp8_dm_approx')} | "
                 f"{tflops(r, 'tb', 'fp8_dm')} | {ms(r, 'tb', 'delta')} |")
+        out()
+
+    if bare and any("fp8_fwd_bare_" + ln in r["tf"] for r in rows for _, ln in FWD_LOOPS):
+        out("the FP8 forward's block loops, bare TFLOP/s (same rounds; default = ping-pong unless "
+            "ATTN_FP8_FWD_LOOP says otherwise); overlap / default in the last column")
+        out("| T | default | " + " | ".join(ln for _, ln in FWD_LOOPS) + " | overlap / default |")
+        out("|---|---|" + "---|" * len(FWD_LOOPS) + "---|")
+        for r in rows:
+            base, ovl = r["tf"].get("fp8_fwd_bare"), r["tf"].get("fp8_fwd_bare_overlap")
+            out(f"| {label(r['T'])} | {tflops(r, 'tf', 'fp8_fwd_bare')} | "
+                + " | ".join(tflops(r, 'tf', 'fp8_fwd_bare_' + ln) for _, ln in FWD_LOOPS)
+                + (f" | {base / ovl:.2f} |" if base and ovl else " | n/a |"))
         out()
 
     keep_modes = [m for m in modes if m != "bf16"]

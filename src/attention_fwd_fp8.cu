@@ -46,9 +46,16 @@
 //   keys: P̂ packs into the A fragments in place. V̂^T stays in natural key order.
 // - Within a consumer, key block j issues S_j = Q K_j^T and then PV_{j-1} = P̂_{j-1} V_{j-1} as
 //   two wgmma groups; the softmax of S_j runs while the tensor cores still work on PV_{j-1}.
-// - Optionally (template PP, default on) the two consumers take turns issuing their wgmmas
-//   (FA3's ping-pong: two named barriers), so that one warpgroup's softmax, bound by the
+// - Optionally (loop F8_LOOP_PINGPONG, the default) the two consumers take turns issuing their
+//   wgmmas (FA3's ping-pong: two named barriers), so that one warpgroup's softmax, bound by the
 //   special-function unit (16 ex2 per clock per SM), overlaps the other one's matmuls.
+// - Loop F8_LOOP_OVERLAP (ATTN_FP8_FWD_LOOP=overlap) orders a consumer's work the other way
+//   round: S_{j+1} is issued before the softmax of S_j, and PV_j after it; so S_{j+1} runs
+//   during the softmax, and PV_j is waited for at once. The registers allow it because the
+//   fresh PV accumulator and S_j are never live together (the softmax turns S_j into P̂_j before
+//   PV_j is issued): O 64 + S_j 64 + S_{j+1} 64 + P̂ 16, as in the default loop (O 64 + S_j 64
+//   + PV_{j-1} 64 + P̂ 16). Same arithmetic (O * alpha, then + PV * fac, in that order): O and
+//   LSE are the same bit for bit.
 // Both matmuls use K-major operands (the only FP8 wgmma form): rows of 128 bytes (128 FP8 values
 // along the reduction), 16-byte chunk c of row r at chunk c ^ (r % 8), regions 1024-byte aligned;
 // a k32 step advances the descriptor by 32 bytes. For d = 64 the Q and K rows use only the first
@@ -83,6 +90,15 @@ __device__ __forceinline__ void wgmma_fp8_m64n128(float (&d)[64], uint64_t desc_
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
+// d (64 x 128, FP32) = A (64 x 32 E4M3, smem) * B (32 x 128 E4M3, smem): the first step of a
+// chain, d written only (WG_OUT8)
+__device__ __forceinline__ void wgmma_fp8_m64n128_first(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, %64, %65, p, 1, 1;\n}\n"
+        : WG_OUT8(0), WG_OUT8(8), WG_OUT8(16), WG_OUT8(24), WG_OUT8(32), WG_OUT8(40), WG_OUT8(48), WG_OUT8(56)
+        : "l"(desc_a), "l"(desc_b));
+}
 // d (64 x 128, FP32) (+)= A (64 x 32 E4M3, registers) * B (32 x 128 E4M3, smem, K-major)
 __device__ __forceinline__ void wgmma_fp8_rs_m64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
                                                      int accumulate) {
@@ -91,6 +107,14 @@ __device__ __forceinline__ void wgmma_fp8_rs_m64n128(float (&d)[64], const uint3
         "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+// d (64 x 128, FP32) = A (64 x 32 E4M3, registers) * B: the first step of a chain (WG_OUT8)
+__device__ __forceinline__ void wgmma_fp8_rs_m64n128_first(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : WG_OUT8(0), WG_OUT8(8), WG_OUT8(16), WG_OUT8(24), WG_OUT8(32), WG_OUT8(40), WG_OUT8(48), WG_OUT8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 // d (64 x 64, FP32) (+)= A (64 x 32 E4M3, registers) * B (32 x 64 E4M3, smem, K-major)
 __device__ __forceinline__ void wgmma_fp8_rs_m64n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
@@ -169,19 +193,28 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
 
 // s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits). dq, dk:
 // kmajor_desc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
-template <int D>
+// FRESH: the first step writes s only (s's old values are dead before the chain; the overlap loop
+// needs that, or the old values of its second S accumulator stay live through the previous PV).
+template <int D, bool FRESH = false>
 __device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint32_t dk) {
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
+    for (int kk = 0; kk < D / 32; kk++) {
+        if (FRESH && kk == 0) wgmma_fp8_m64n128_first(s, kmajor_desc(dq), kmajor_desc(dk));
+        else wgmma_fp8_m64n128(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
+    }
 }
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
 // dv: kmajor_desc_lo of the V̂^T stage.
-template <int D>
+// FRESH (d = 128): the first step writes pv only, as in issue_s.
+template <int D, bool FRESH = false>
 __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4], uint32_t dv) {
 #pragma unroll
     for (int kk = 0; kk < F8_BK / 32; kk++) {
         const uint64_t db = kmajor_desc(dv + 2 * kk);
-        if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
+        if constexpr (D == 128 && FRESH) {
+            if (kk == 0) wgmma_fp8_rs_m64n128_first(pv, pa[kk], db);
+            else wgmma_fp8_rs_m64n128(pv, pa[kk], db, 1);
+        } else if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
         else wgmma_fp8_rs_m64n64(pv, pa[kk], db, kk > 0);
     }
 }
@@ -313,11 +346,14 @@ __device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, i
     return (int)t;
 }
 
+// The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
+enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2 };
+
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
 // the number of SMs: the producer loads the next tile's Q̂ and first key blocks while the
 // consumers finish the current one, and no CTA launches in between).
-template <int D, bool PP>
+template <int D, int LOOP>
 __global__ void __launch_bounds__(F8_THREADS, 1)
     attn_fwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
                         const uint8_t *__restrict__ vtc, const float *__restrict__ q_scales,
@@ -405,6 +441,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63 of each tile.
         setmaxnreg_inc<240>();
+        constexpr bool PP = LOOP == F8_LOOP_PINGPONG;
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
@@ -432,93 +469,158 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             // warpgroup 0 grants only after that sync.)
             if (PP && wg == 1) pp_pass(1);
 
-            float oacc[D / 2], pv[D / 2], s[F8_BK / 2];  // O (FP32), one block's P̂V̂, S: wgmma layouts
+            float oacc[D / 2], pv[D / 2];  // O (FP32), one block's P̂V̂: wgmma layouts
 #pragma unroll
             for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
-#pragma unroll
-            for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
             float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
-            uint32_t pa[F8_BK / 32][4];  // P̂ of the previous block: A operand of the PV wgmmas
-
-            // The K and V scales of key block j come with its stage (sKs, sVs): read after the
-            // stage's full wait, they are first needed once S_j is done (tau_qk) and in the next
-            // step (fac), so their shared-memory latency hides behind the wgmmas.
-            float fac_prev;  // 1 / (p_scale s_v) of the block in pa
-
-            // block 0: S_0 and its softmax (masked if it is the diagonal block)
-            {
-                mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
-                const float tau_qk = tau_q * pow2_recip(sKs[it0 % F8_STAGES]);
-                fac_prev = inv_p * pow2_recip(sVs[it0 % F8_STAGES]);
-                if (PP) pp_sync(wg);
-                reg_fence(s);
-                wgmma_fence();
-                issue_s<D>(s, dq, dk0 + (it0 % F8_STAGES) * (L::K / 16));
-                wgmma_commit();
-                if (PP) pp_pass(wg);
-                wgmma_wait<0>();
-                reg_fence(s);
-                if (n_kb == 1) softmax_block<true>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                else softmax_block<false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                pack_p(pa, s);  // O is zero: nothing to rescale
-            }
-            float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
-
-            // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once
-            // the first retires, while the tensor cores work on the second; then O takes PV_{j-1}
-            // and P̂_j replaces P̂_{j-1} in pa. Every issue and wait in a step is unconditional and
-            // the diagonal block is a separate instantiation (as in attention_fwd.cu: ptxas must
-            // see that pa stays read by the tensor cores until the wait).
-            auto step = [&](int j, auto mask) {
-                const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
-                const unsigned st = rb % F8_STAGES, pst = (rb - 1) % F8_STAGES;
-                mbar_wait(full + st, (rb / F8_STAGES) & 1);
-                const float tau_qk = tau_q * pow2_recip(sKs[st]);
-                const float fac = inv_p * pow2_recip(sVs[st]);
-                if (PP) pp_sync(wg);
-                reg_fence(s);
-                reg_fence(pv);
-                reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
-                wgmma_fence();
-                issue_s<D>(s, dq, dk0 + st * (L::K / 16));
-                wgmma_commit();
-                issue_pv<D>(pv, pa, dv0 + pst * (L::V / 16));
-                wgmma_commit();
-                if (PP) pp_pass(wg);
-                wgmma_wait<1>();
-                reg_fence(s);
-                softmax_block<decltype(mask)::value>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
-                wgmma_wait<0>();
-                reg_fence(pv);
-                reg_fence(pa);
-                mbar_arrive(empty + pst);  // K̂_{j-1} and V̂_{j-1} are no longer read
+            uint32_t pa[F8_BK / 32][4];  // P̂ of a block: A operand of the PV wgmmas
+            if constexpr (LOOP == F8_LOOP_OVERLAP && D == 128) {
+                // Two S accumulators: block j's in sc (complete), block j+1's in sn (in flight
+                // during block j's softmax). Step j: wait for block j+1's stage, issue S_{j+1};
+                // softmax of S_j -> P̂_j; O *= alpha_j; issue PV_j into sc itself (64 x d = 64 x
+                // 128 FP32, S's own size: the fresh PV accumulator is sc's registers, so no third
+                // block of 64 is ever live); wait for both; release block j's stage; O += PV_j *
+                // fac_j. The loop runs two steps per turn so that the two accumulators swap roles
+                // without copies; the diagonal block (masked) is last. (d = 64 runs the default
+                // loop: its PV accumulator is half of S's.)
+                float sa[F8_BK / 2], sb[F8_BK / 2];
 #pragma unroll
-                for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
-                pack_p(pa, s);
-                alpha_prev[0] = alpha[0];
-                alpha_prev[1] = alpha[1];
-                fac_prev = fac;
-            };
-            for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
-            if (n_kb > 1) step(n_kb - 1, std::true_type());
-
-            // the last block's PV; then its stage and this tile's Q̂ buffer are free
-            {
-                const unsigned lst = (it0 + (unsigned)n_kb - 1) % F8_STAGES;
-                if (PP) pp_sync(wg);
-                reg_fence(pv);
-                reg_fence(pa);
-                wgmma_fence();
-                issue_pv<D>(pv, pa, dv0 + lst * (L::V / 16));
-                wgmma_commit();
-                if (PP && wg == 0) pp_pass(wg);
-                wgmma_wait<0>();
-                reg_fence(pv);
-                reg_fence(pa);
-                mbar_arrive(empty + lst);
-                mbar_arrive(q_empty + (ti & 1));
+                for (int i = 0; i < F8_BK / 2; i++) sa[i] = sb[i] = 0.f;
+                {  // S_0
+                    mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                    reg_fence(sa);
+                    wgmma_fence();
+                    issue_s<D>(sa, dq, dk0 + (it0 % F8_STAGES) * (L::K / 16));
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    reg_fence(sa);
+                }
+                auto ostep = [&](int j, float(&sc)[F8_BK / 2], float(&sn)[F8_BK / 2], auto mask, auto has_next) {
+                    const unsigned rb = it0 + (unsigned)j, st = rb % F8_STAGES;
+                    const float tau_qk = tau_q * pow2_recip(sKs[st]);
+                    const float fac = inv_p * pow2_recip(sVs[st]);
+                    if constexpr (decltype(has_next)::value) {
+                        const unsigned nst = (rb + 1) % F8_STAGES;
+                        mbar_wait(full + nst, ((rb + 1) / F8_STAGES) & 1);
+                        reg_fence(sn);
+                        wgmma_fence();
+                        issue_s<D>(sn, dq, dk0 + nst * (L::K / 16));
+                        wgmma_commit();
+                    }
+                    softmax_block<decltype(mask)::value>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
 #pragma unroll
-                for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                    for (int i = 0; i < D / 2; i++) oacc[i] = oacc[i] * alpha[(i >> 1) & 1];
+                    pack_p(pa, sc);
+                    reg_fence(sc);
+                    reg_fence(pa);
+                    wgmma_fence();
+                    issue_pv<D>(sc, pa, dv0 + st * (L::V / 16));
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    reg_fence(sc);
+                    reg_fence(pa);
+                    reg_fence(sn);
+                    mbar_arrive(empty + st);  // K̂_j (S_j long done) and V̂_j are no longer read
+#pragma unroll
+                    for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(sc[i], fac, oacc[i]);
+                };
+                int j = 0;
+                for (; j + 2 < n_kb; j += 2) {
+                    ostep(j, sa, sb, std::false_type(), std::true_type());
+                    ostep(j + 1, sb, sa, std::false_type(), std::true_type());
+                }
+                if (n_kb - j == 2) {
+                    ostep(j, sa, sb, std::false_type(), std::true_type());
+                    ostep(j + 1, sb, sa, std::true_type(), std::false_type());
+                } else {
+                    ostep(j, sa, sb, std::true_type(), std::false_type());
+                }
+                mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂ buffer is free
+            } else {
+                float s[F8_BK / 2];  // S of the current block
+    #pragma unroll
+                for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
+
+                // The K and V scales of key block j come with its stage (sKs, sVs): read after the
+                // stage's full wait, they are first needed once S_j is done (tau_qk) and in the next
+                // step (fac), so their shared-memory latency hides behind the wgmmas.
+                float fac_prev;  // 1 / (p_scale s_v) of the block in pa
+
+                // block 0: S_0 and its softmax (masked if it is the diagonal block)
+                {
+                    mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                    const float tau_qk = tau_q * pow2_recip(sKs[it0 % F8_STAGES]);
+                    fac_prev = inv_p * pow2_recip(sVs[it0 % F8_STAGES]);
+                    if (PP) pp_sync(wg);
+                    reg_fence(s);
+                    wgmma_fence();
+                    issue_s<D>(s, dq, dk0 + (it0 % F8_STAGES) * (L::K / 16));
+                    wgmma_commit();
+                    if (PP) pp_pass(wg);
+                    wgmma_wait<0>();
+                    reg_fence(s);
+                    if (n_kb == 1) softmax_block<true>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    else softmax_block<false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    pack_p(pa, s);  // O is zero: nothing to rescale
+                }
+                float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
+
+                // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once
+                // the first retires, while the tensor cores work on the second; then O takes PV_{j-1}
+                // and P̂_j replaces P̂_{j-1} in pa. Every issue and wait in a step is unconditional and
+                // the diagonal block is a separate instantiation (as in attention_fwd.cu: ptxas must
+                // see that pa stays read by the tensor cores until the wait).
+                auto step = [&](int j, auto mask) {
+                    const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
+                    const unsigned st = rb % F8_STAGES, pst = (rb - 1) % F8_STAGES;
+                    mbar_wait(full + st, (rb / F8_STAGES) & 1);
+                    const float tau_qk = tau_q * pow2_recip(sKs[st]);
+                    const float fac = inv_p * pow2_recip(sVs[st]);
+                    if (PP) pp_sync(wg);
+                    reg_fence(s);
+                    reg_fence(pv);
+                    reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
+                    wgmma_fence();
+                    issue_s<D>(s, dq, dk0 + st * (L::K / 16));
+                    wgmma_commit();
+                    issue_pv<D>(pv, pa, dv0 + pst * (L::V / 16));
+                    wgmma_commit();
+                    if (PP) pp_pass(wg);
+                    wgmma_wait<1>();
+                    reg_fence(s);
+                    softmax_block<decltype(mask)::value>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+                    wgmma_wait<0>();
+                    reg_fence(pv);
+                    reg_fence(pa);
+                    mbar_arrive(empty + pst);  // K̂_{j-1} and V̂_{j-1} are no longer read
+    #pragma unroll
+                    for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                    pack_p(pa, s);
+                    alpha_prev[0] = alpha[0];
+                    alpha_prev[1] = alpha[1];
+                    fac_prev = fac;
+                };
+                for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
+                if (n_kb > 1) step(n_kb - 1, std::true_type());
+
+                // the last block's PV; then its stage and this tile's Q̂ buffer are free
+                {
+                    const unsigned lst = (it0 + (unsigned)n_kb - 1) % F8_STAGES;
+                    if (PP) pp_sync(wg);
+                    reg_fence(pv);
+                    reg_fence(pa);
+                    wgmma_fence();
+                    issue_pv<D>(pv, pa, dv0 + lst * (L::V / 16));
+                    wgmma_commit();
+                    if (PP && wg == 0) pp_pass(wg);
+                    wgmma_wait<0>();
+                    reg_fence(pv);
+                    reg_fence(pa);
+                    mbar_arrive(empty + lst);
+                    mbar_arrive(q_empty + (ti & 1));
+    #pragma unroll
+                    for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                }
             }
             it0 += (unsigned)n_kb;
 
@@ -534,21 +636,30 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 }
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same instructions): ATTN_FP8_FWD_PINGPONG=0 turns the consumers' ping-pong off,
+// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap picks the consumers' block loop
+// (F8_LOOP_*; ATTN_FP8_FWD_PINGPONG=0, the older spelling, means plain),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
 // ATTN_FP8_FWD_SCHED=static makes persistent CTAs walk a fixed (snake) order instead of taking
 // tiles from the counter (fwd_fp8_next_tile). attn_gpu_forward_fp8_test_schedule overrides the
-// order and caps the grid, for tests.
+// order and caps the grid, attn_gpu_forward_fp8_test_loop the loop, for tests.
 struct FwdFp8Knobs {
-    bool pingpong, persistent, dynamic;
+    int loop;
+    bool persistent, dynamic;
 };
 static const FwdFp8Knobs &fwd_fp8_env(void) {
     static FwdFp8Knobs k;
     static bool read = false;
     if (!read) {
         const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *pers = getenv("ATTN_FP8_FWD_PERSISTENT"),
-                   *sched = getenv("ATTN_FP8_FWD_SCHED");
-        k.pingpong = !(pp && *pp && atoi(pp) == 0);
+                   *sched = getenv("ATTN_FP8_FWD_SCHED"), *loop = getenv("ATTN_FP8_FWD_LOOP");
+        k.loop = pp && *pp && atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG;
+        if (loop && *loop) {
+            if (strcmp(loop, "pingpong") == 0) k.loop = F8_LOOP_PINGPONG;
+            else if (strcmp(loop, "plain") == 0) k.loop = F8_LOOP_PLAIN;
+            else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
+            else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap; using %s\n",
+                         loop, k.loop == F8_LOOP_PLAIN ? "plain" : "pingpong");
+        }
         k.persistent = !(pers && *pers && atoi(pers) == 0);
         k.dynamic = !(sched && strcmp(sched, "static") == 0);
         if (sched && *sched && k.dynamic && strcmp(sched, "dynamic") != 0)
@@ -558,9 +669,13 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
     return k;
 }
 static int fwd_fp8_test_max_ctas = 0, fwd_fp8_test_order = -1;  // attn_gpu_forward_fp8_test_schedule
+static int fwd_fp8_test_loop_kind = -1;                          // attn_gpu_forward_fp8_test_loop
 extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_max_ctas = max_ctas > 0 ? max_ctas : 0;
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
+}
+extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
+    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_OVERLAP ? loop : -1;
 }
 // The number of SMs (the persistent grid), once per process (one device per process).
 static int fwd_fp8_n_sm(void) {
@@ -594,14 +709,14 @@ static unsigned *fwd_fp8_counter_for(cudaStream_t stream) {
     return c;
 }
 
-template <int D, bool PP>
+template <int D, int LOOP>
 static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                                const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                                float *lse, int B, int H, int T, cudaStream_t stream) {
     const size_t smem = F8Smem<D>::BYTES;
     static bool attr_set = false;  // one device per process (one GPU per rank)
     if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     const long n_tiles = (long)attn_quant_n_blocks(T) * B * H;
@@ -610,7 +725,7 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     const bool dynamic = fwd_fp8_test_order >= 0 ? fwd_fp8_test_order != 0 : k.dynamic;
     long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? fwd_fp8_n_sm() : n_tiles;
     if (grid > n_tiles) grid = n_tiles;
-    attn_fwd_fp8_kernel<D, PP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
+    attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
         1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL);
     CUDA_OK(cudaGetLastError());
@@ -620,10 +735,13 @@ template <int D>
 static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                           const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                           float *lse, int B, int H, int T, cudaStream_t stream) {
-    if (fwd_fp8_env().pingpong)
-        forward_fp8_launch<D, true>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    const int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
+    if (loop == F8_LOOP_OVERLAP)
+        forward_fp8_launch<D, F8_LOOP_OVERLAP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else if (loop == F8_LOOP_PLAIN)
+        forward_fp8_launch<D, F8_LOOP_PLAIN>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else
-        forward_fp8_launch<D, false>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+        forward_fp8_launch<D, F8_LOOP_PINGPONG>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
 }
 
 extern "C" void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const uint8_t *vt_codes,
