@@ -90,15 +90,6 @@ __device__ __forceinline__ void wgmma_fp8_m64n128(float (&d)[64], uint64_t desc_
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
-// d (64 x 128, FP32) = A (64 x 32 E4M3, smem) * B (32 x 128 E4M3, smem): the first step of a
-// chain, d written only (WG_OUT8)
-__device__ __forceinline__ void wgmma_fp8_m64n128_first(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, %64, %65, p, 1, 1;\n}\n"
-        : WG_OUT8(0), WG_OUT8(8), WG_OUT8(16), WG_OUT8(24), WG_OUT8(32), WG_OUT8(40), WG_OUT8(48), WG_OUT8(56)
-        : "l"(desc_a), "l"(desc_b));
-}
 // d (64 x 128, FP32) (+)= A (64 x 32 E4M3, registers) * B (32 x 128 E4M3, smem, K-major)
 __device__ __forceinline__ void wgmma_fp8_rs_m64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
                                                      int accumulate) {
@@ -107,14 +98,6 @@ __device__ __forceinline__ void wgmma_fp8_rs_m64n128(float (&d)[64], const uint3
         "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-}
-// d (64 x 128, FP32) = A (64 x 32 E4M3, registers) * B: the first step of a chain (WG_OUT8)
-__device__ __forceinline__ void wgmma_fp8_rs_m64n128_first(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-        : WG_OUT8(0), WG_OUT8(8), WG_OUT8(16), WG_OUT8(24), WG_OUT8(32), WG_OUT8(40), WG_OUT8(48), WG_OUT8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 // d (64 x 64, FP32) (+)= A (64 x 32 E4M3, registers) * B (32 x 64 E4M3, smem, K-major)
 __device__ __forceinline__ void wgmma_fp8_rs_m64n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
@@ -193,28 +176,19 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
 
 // s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits). dq, dk:
 // kmajor_desc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
-// FRESH: the first step writes s only (s's old values are dead before the chain; the overlap loop
-// needs that, or the old values of its second S accumulator stay live through the previous PV).
-template <int D, bool FRESH = false>
+template <int D>
 __device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint32_t dk) {
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) {
-        if (FRESH && kk == 0) wgmma_fp8_m64n128_first(s, kmajor_desc(dq), kmajor_desc(dk));
-        else wgmma_fp8_m64n128(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
-    }
+    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
 }
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
 // dv: kmajor_desc_lo of the V̂^T stage.
-// FRESH (d = 128): the first step writes pv only, as in issue_s.
-template <int D, bool FRESH = false>
+template <int D>
 __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4], uint32_t dv) {
 #pragma unroll
     for (int kk = 0; kk < F8_BK / 32; kk++) {
         const uint64_t db = kmajor_desc(dv + 2 * kk);
-        if constexpr (D == 128 && FRESH) {
-            if (kk == 0) wgmma_fp8_rs_m64n128_first(pv, pa[kk], db);
-            else wgmma_fp8_rs_m64n128(pv, pa[kk], db, 1);
-        } else if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
+        if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
         else wgmma_fp8_rs_m64n64(pv, pa[kk], db, kk > 0);
     }
 }

@@ -280,11 +280,6 @@ __device__ __forceinline__ uint64_t kmajor_desc(uint32_t lo) { return (uint64_t)
 
 #define WG_ACC8(b) "+f"(d[(b) + 0]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3]), \
                    "+f"(d[(b) + 4]), "+f"(d[(b) + 5]), "+f"(d[(b) + 6]), "+f"(d[(b) + 7])
-// The same registers written only (early clobber: never one of the instruction's inputs, which an
-// async wgmma may still read after issue): for the first wgmma of a chain, scale-d false, so the
-// accumulator's old values are dead before it instead of inputs that keep them live.
-#define WG_OUT8(b) "=&f"(d[(b) + 0]), "=&f"(d[(b) + 1]), "=&f"(d[(b) + 2]), "=&f"(d[(b) + 3]), \
-                   "=&f"(d[(b) + 4]), "=&f"(d[(b) + 5]), "=&f"(d[(b) + 6]), "=&f"(d[(b) + 7])
 #define WG_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define WG_REGS64 WG_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, " \
