@@ -49,9 +49,9 @@
 // - Optionally (loop F8_LOOP_PINGPONG, the default) the two consumers take turns issuing their
 //   wgmmas (FA3's ping-pong: two named barriers), so that one warpgroup's softmax, bound by the
 //   special-function unit (16 ex2 per clock per SM), overlaps the other one's matmuls.
-// - Loop F8_LOOP_OVERLAP (ATTN_FP8_FWD_LOOP=overlap) orders a consumer's work the other way
-//   round: S_{j+1} is issued before the softmax of S_j, and PV_j after it; so S_{j+1} runs
-//   during the softmax, and PV_j is waited for at once. The registers allow it because the
+// - Loop F8_LOOP_OVERLAP (ATTN_FP8_FWD_LOOP=overlap; overlap_pp adds the ping-pong) orders a
+//   consumer's work the other way round: S_{j+1} is issued before the softmax of S_j, and PV_j
+//   after it; so S_{j+1} runs during the softmax, and PV_j is waited for at once. The registers allow it because the
 //   fresh PV accumulator and S_j are never live together (the softmax turns S_j into P̂_j before
 //   PV_j is issued): O 64 + S_j 64 + S_{j+1} 64 + P̂ 16, as in the default loop (O 64 + S_j 64
 //   + PV_{j-1} 64 + P̂ 16). Same arithmetic (O * alpha, then + PV * fac, in that order): O and
@@ -287,7 +287,7 @@ struct F8Smem {
     static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
     static constexpr int BARS = 2 * Q + F8_STAGES * (K + V);
     static constexpr size_t BYTES = (size_t)BARS + (2 * F8_STAGES + 4) * sizeof(uint64_t) +
-                                    (2 + 2 * F8_STAGES) * sizeof(int) + 1024;
+                                    (2 + 2 * F8_STAGES + 8) * sizeof(int) + 1024;
 };
 
 // The tiles (query block, batch x head) of a launch, heaviest first: tile t is query block
@@ -321,7 +321,7 @@ __device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, i
 }
 
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
-enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2 };
+enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3 };
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
@@ -343,6 +343,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     uint64_t *q_full = empty + F8_STAGES, *q_empty = q_full + 2;
     int *tile_slot = reinterpret_cast<int *>(q_empty + 2);  // the tile of Q̂ buffer i (n_tiles or more: none)
     float *sKs = reinterpret_cast<float *>(tile_slot + 2), *sVs = sKs + F8_STAGES;  // scales of stage st
+    int *pp_sink = reinterpret_cast<int *>(sVs + F8_STAGES);  // (8 consumer warps) see the overlap loop
 
     const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
     const int n_tiles = nblk * n_bh;
@@ -415,7 +416,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63 of each tile.
         setmaxnreg_inc<240>();
-        constexpr bool PP = LOOP == F8_LOOP_PINGPONG;
+        // ping-pong (default loop, and the overlap loop's _PP form); the overlap loop (d = 128)
+        constexpr bool PP = LOOP == F8_LOOP_PINGPONG || LOOP == F8_LOOP_OVERLAP_PP;
+        constexpr bool OVL = (LOOP == F8_LOOP_OVERLAP || LOOP == F8_LOOP_OVERLAP_PP) && D == 128;
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
@@ -448,7 +451,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
             float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
             uint32_t pa[F8_BK / 32][4];  // P̂ of a block: A operand of the PV wgmmas
-            if constexpr (LOOP == F8_LOOP_OVERLAP && D == 128) {
+            if constexpr (OVL) {
                 // Two S accumulators: block j's in sc (complete), block j+1's in sn (in flight
                 // during block j's softmax). Step j: wait for block j+1's stage, issue S_{j+1};
                 // softmax of S_j -> P̂_j; O *= alpha_j; issue PV_j into sc itself (64 x d = 64 x
@@ -457,11 +460,16 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 // fac_j. The loop runs two steps per turn so that the two accumulators swap roles
                 // without copies; the diagonal block (masked) is last. (d = 64 runs the default
                 // loop: its PV accumulator is half of S's.)
+                // With ping-pong (F8_LOOP_OVERLAP_PP) a warpgroup's issue phase is PV_j, its wait,
+                // the O update and the issue of S_{j+2}; phase 0 is S_0 and S_1. So it holds the
+                // turn while PV_j runs, and the other one's softmax fills that time. n_kb + 1
+                // phases per tile, as in the default loop (same barrier accounting).
                 float sa[F8_BK / 2], sb[F8_BK / 2];
 #pragma unroll
                 for (int i = 0; i < F8_BK / 2; i++) sa[i] = sb[i] = 0.f;
                 {  // S_0
                     mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                    if (PP) pp_sync(wg);
                     reg_fence(sa);
                     wgmma_fence();
                     issue_s<D>(sa, dq, dk0 + (it0 % F8_STAGES) * (L::K / 16));
@@ -481,10 +489,23 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         issue_s<D>(sn, dq, dk0 + nst * (L::K / 16));
                         wgmma_commit();
                     }
+                    if (PP) pp_pass(wg);  // end of issue phase j
                     softmax_block<decltype(mask)::value>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
 #pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = oacc[i] * alpha[(i >> 1) & 1];
                     pack_p(pa, sc);
+                    if (PP) {
+                        // Issue phase j + 1. Within one basic block ptxas moves the softmax below
+                        // this barrier (the warpgroup would compute it holding the turn); one
+                        // shared store of all of P̂_j, which the barrier must order, keeps it above.
+                        uint32_t x = 0;
+#pragma unroll
+                        for (int kk = 0; kk < F8_BK / 32; kk++)
+#pragma unroll
+                            for (int q = 0; q < 4; q++) x ^= pa[kk][q];
+                        sts_b32(smem_addr(pp_sink + (ctid >> 5)), x);
+                        pp_sync(wg);
+                    }
                     reg_fence(sc);
                     reg_fence(pa);
                     wgmma_fence();
@@ -509,10 +530,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 } else {
                     ostep(j, sa, sb, std::true_type(), std::false_type());
                 }
+                if (PP && wg == 0) pp_pass(wg);  // the last phase (warpgroup 1 arrived up front)
                 mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂ buffer is free
             } else {
                 float s[F8_BK / 2];  // S of the current block
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
 
                 // The K and V scales of key block j come with its stage (sKs, sVs): read after the
@@ -567,7 +589,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pv);
                     reg_fence(pa);
                     mbar_arrive(empty + pst);  // K̂_{j-1} and V̂_{j-1} are no longer read
-    #pragma unroll
+#pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
                     pack_p(pa, s);
                     alpha_prev[0] = alpha[0];
@@ -592,7 +614,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pa);
                     mbar_arrive(empty + lst);
                     mbar_arrive(q_empty + (ti & 1));
-    #pragma unroll
+#pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
                 }
             }
@@ -610,7 +632,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 }
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap picks the consumers' block loop
+// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp picks the consumers' block loop
 // (F8_LOOP_*; ATTN_FP8_FWD_PINGPONG=0, the older spelling, means plain),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
 // ATTN_FP8_FWD_SCHED=static makes persistent CTAs walk a fixed (snake) order instead of taking
@@ -631,7 +653,8 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             if (strcmp(loop, "pingpong") == 0) k.loop = F8_LOOP_PINGPONG;
             else if (strcmp(loop, "plain") == 0) k.loop = F8_LOOP_PLAIN;
             else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
-            else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap; using %s\n",
+            else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
+            else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, overlap_pp; using %s\n",
                          loop, k.loop == F8_LOOP_PLAIN ? "plain" : "pingpong");
         }
         k.persistent = !(pers && *pers && atoi(pers) == 0);
@@ -649,7 +672,7 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_OVERLAP ? loop : -1;
+    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_OVERLAP_PP ? loop : -1;
 }
 // The number of SMs (the persistent grid), once per process (one device per process).
 static int fwd_fp8_n_sm(void) {
@@ -710,7 +733,9 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
                           const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                           float *lse, int B, int H, int T, cudaStream_t stream) {
     const int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
-    if (loop == F8_LOOP_OVERLAP)
+    if (loop == F8_LOOP_OVERLAP_PP)
+        forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else if (loop == F8_LOOP_OVERLAP)
         forward_fp8_launch<D, F8_LOOP_OVERLAP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_PLAIN)
         forward_fp8_launch<D, F8_LOOP_PLAIN>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);

@@ -98,7 +98,8 @@ void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const 
 // either order; the outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
 // For tests: the consumers' block loop (0 ping-pong, 1 plain, 2 overlap: S_{j+1} issued before
-// the softmax of S_j; < 0: the environment's, ATTN_FP8_FWD_LOOP); the outputs must not change by a bit.
+// the softmax of S_j, 3 overlap with ping-pong; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
+// outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_loop(int loop);
 
 // FP8 backward (attention_bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
