@@ -287,7 +287,7 @@ struct F8Smem {
     static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
     static constexpr int BARS = 2 * Q + F8_STAGES * (K + V);
     static constexpr size_t BYTES = (size_t)BARS + (2 * F8_STAGES + 4) * sizeof(uint64_t) +
-                                    (2 + 2 * F8_STAGES + 8) * sizeof(int) + 1024;
+                                    (4 + 2 * F8_STAGES + 8) * sizeof(int) + 1024;
 };
 
 // The tiles (query block, batch x head) of a launch, heaviest first: tile t is query block
@@ -344,6 +344,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     int *tile_slot = reinterpret_cast<int *>(q_empty + 2);  // the tile of Q̂ buffer i (n_tiles or more: none)
     float *sKs = reinterpret_cast<float *>(tile_slot + 2), *sVs = sKs + F8_STAGES;  // scales of stage st
     int *pp_sink = reinterpret_cast<int *>(sVs + F8_STAGES);  // (8 consumer warps) see the overlap loop
+    float *sQs = reinterpret_cast<float *>(pp_sink + 8);       // the Q scale of each Q̂ buffer's tile
 
     const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
     const int n_tiles = nblk * n_bh;
@@ -393,6 +394,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh, n_kb = qb + 1;
             const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
             load_rows_tile<D, false>(sQ + qs * L::Q, qc + ((long)bh * Tp + qb * F8_BQ) * D, ptid);
+            if (ptid == 0) cp_async4(sQs + qs, q_scales + (long)bh * nblk + qb, true);  // with the Q̂ copies
             for (int kb = 0; kb < n_kb; kb++, it++) {
                 const unsigned st = it % F8_STAGES;
                 if (it >= F8_STAGES) mbar_wait(empty + st, (it / F8_STAGES - 1) & 1);
@@ -435,7 +437,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const int q0 = qb * F8_BQ, n_kb = qb + 1;  // causal: key blocks 0..qb
             const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
             const uint32_t dq = dq0 + (ti & 1) * (L::Q / 16);
-            const float tau_q = tau * pow2_recip(q_scales[(long)bh * nblk + qb]);  // tau * inv_q (exact scaling)
+            // tau * inv_q (exact scaling): the Q scale came with the tile's Q̂ copies (sQs), readable
+            // after the first key block's full wait, which covers them
+            float tau_q;
 
             // Ping-pong: warpgroup wg issues its wgmmas after bar.sync on barrier 1 + wg and then
             // lets the other one go (bar.arrive on its barrier). Each warpgroup has n_kb + 1 issue
@@ -469,6 +473,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 for (int i = 0; i < F8_BK / 2; i++) sa[i] = sb[i] = 0.f;
                 {  // S_0
                     mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                    tau_q = tau * pow2_recip(sQs[ti & 1]);
                     if (PP) pp_sync(wg);
                     reg_fence(sa);
                     wgmma_fence();
@@ -545,6 +550,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 // block 0: S_0 and its softmax (masked if it is the diagonal block)
                 {
                     mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                    tau_q = tau * pow2_recip(sQs[ti & 1]);
                     const float tau_qk = tau_q * pow2_recip(sKs[it0 % F8_STAGES]);
                     fac_prev = inv_p * pow2_recip(sVs[it0 % F8_STAGES]);
                     if (PP) pp_sync(wg);
