@@ -51,11 +51,11 @@
 //   special-function unit (16 ex2 per clock per SM), overlaps the other one's matmuls.
 // - Loop F8_LOOP_OVERLAP (ATTN_FP8_FWD_LOOP=overlap; overlap_pp adds the ping-pong) orders a
 //   consumer's work the other way round: S_{j+1} is issued before the softmax of S_j, and PV_j
-//   after it; so S_{j+1} runs during the softmax, and PV_j is waited for at once. The registers allow it because the
-//   fresh PV accumulator and S_j are never live together (the softmax turns S_j into P̂_j before
-//   PV_j is issued): O 64 + S_j 64 + S_{j+1} 64 + P̂ 16, as in the default loop (O 64 + S_j 64
-//   + PV_{j-1} 64 + P̂ 16). Same arithmetic (O * alpha, then + PV * fac, in that order): O and
-//   LSE are the same bit for bit.
+//   after it; so S_{j+1} runs during the softmax, and PV_j is waited for at once. The registers
+//   allow it because the fresh PV accumulator and S_j are never live together (the softmax turns
+//   S_j into P̂_j before PV_j is issued, into S_j's registers): O 64 + S_j 64 + S_{j+1} 64 + P̂ 16,
+//   as in the default loop (O 64 + S_j 64 + PV_{j-1} 64 + P̂ 16). Same arithmetic (O * alpha,
+//   then + PV * fac, in that order): O and LSE are the same bit for bit.
 // Both matmuls use K-major operands (the only FP8 wgmma form): rows of 128 bytes (128 FP8 values
 // along the reduction), 16-byte chunk c of row r at chunk c ^ (r % 8), regions 1024-byte aligned;
 // a k32 step advances the descriptor by 32 bytes. For d = 64 the Q and K rows use only the first
