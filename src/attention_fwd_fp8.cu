@@ -660,8 +660,8 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             else if (strcmp(loop, "plain") == 0) k.loop = F8_LOOP_PLAIN;
             else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
             else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
-            else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, overlap_pp; using %s\n",
-                         loop, k.loop == F8_LOOP_PLAIN ? "plain" : "pingpong");
+            else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
+                                 "overlap_pp; using %s\n", loop, k.loop == F8_LOOP_PLAIN ? "plain" : "pingpong");
         }
         k.persistent = !(pers && *pers && atoi(pers) == 0);
         k.dynamic = !(sched && strcmp(sched, "static") == 0);
@@ -719,7 +719,8 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     const size_t smem = F8Smem<D>::BYTES;
     static bool attr_set = false;  // one device per process (one GPU per rank)
     if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem));
         attr_set = true;
     }
     const long n_tiles = (long)attn_quant_n_blocks(T) * B * H;
