@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         unsigned *__restrict__ tile_counter) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *smem = smem_align1024(smem_raw);
     uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + F8_STAGES * L::K;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::BARS), *empty = full + F8_STAGES;
     uint64_t *q_full = empty + F8_STAGES, *q_empty = q_full + 2;
