@@ -170,13 +170,14 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
     reg_fence(p);
     reg_fence(dp);
     wgmma_fence();
-    // S^T and dP^T back to back in one group: one wait for both
+    // S^T and dP^T in two groups: the exponentials of P run while dP^T is still on the tensor
+    // cores (the caller has no other group in flight, so "all but the newest" is S^T's group).
     wg_fp8_tile<64, 0, 0, D / 32>(p, dKw, dQ);
+    wgmma_commit();
     wg_fp8_tile<64, 0, E5 ? 1 : 0, D / 32>(dp, dVw, ddO);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();
     reg_fence(p);
-    reg_fence(dp);
 #pragma unroll
     for (int n = 0; n < 8; n++) {
         const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
@@ -185,9 +186,13 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
         for (int e = 0; e < 4; e++) {
             const int i = 4 * n + e;
             p[i] = fast_exp2(fminf(__fmaf_rn(p[i], cs, nl[e & 1]), 0.0f));  // P <= 1 whatever the rounding
-            dp[i] = __fmul_rn(dp[i], cdp);
         }
     }
+    reg_fence(p);
+    wgmma_wait<0>();
+    reg_fence(dp);
+#pragma unroll
+    for (int i = 0; i < 32; i++) dp[i] = __fmul_rn(dp[i], cdp);
     // The mask, as a second pass behind a warp-uniform branch (key0, q0, T are the same for the
     // whole warpgroup): only tiles that reach above the diagonal or past T take it (per CTA the
     // first two query blocks and a partial last one). Written into the loop above, the compiler
