@@ -125,37 +125,31 @@ int shim_init(const void *qkv, const void *dout, int B, int H, int T, int d, int
 
 // Through the dispatcher, quantization included. o (B, T, H, d), lse (B, H, T), dqkv
 // (B, T, 3, H, d): Python's buffers for this mode.
-void shim_fwd(int precision, void *o, float *lse) {
+// The layer API on the shim's q, k, v, dout; keep: NULL (the backward quantizes Q, K, V again)
+// or the mode's kept-codes buffer.
+static void mode_fwd(int precision, void *o, float *lse, AttnSavedCodes *keep) {
     AttnOptions opt = options(precision);
     const int C = S.H * S.d;
     attn_mode_forward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (uint16_t *)o, C, lse, S.B, S.H, S.T, S.d,
-                      NULL, S.ws, NULL, S.stream);
+                      keep, S.ws, NULL, S.stream);
 }
-
-void shim_bwd(int precision, const void *o, const float *lse, void *dqkv) {
+static void mode_bwd(int precision, const void *o, const float *lse, void *dqkv, const AttnSavedCodes *keep) {
     AttnOptions opt = options(precision);
     const int C = S.H * S.d;
     uint16_t *dq = (uint16_t *)dqkv;
     attn_mode_backward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (const uint16_t *)o, S.dout, C, lse, dq,
-                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, NULL, S.ws, NULL, S.stream);
+                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, keep, S.ws, NULL, S.stream);
 }
+
+void shim_fwd(int precision, void *o, float *lse) { mode_fwd(precision, o, lse, NULL); }
+void shim_bwd(int precision, const void *o, const float *lse, void *dqkv) { mode_bwd(precision, o, lse, dqkv, NULL); }
 
 // With kept codes (FP8 modes; one buffer per mode): shim_bwd_keep needs a shim_fwd_keep of the
 // same precision before it (attention_fp8.cu checks it); every timed forward rewrites the same
 // codes, and o, lse are the same as shim_fwd's.
-void shim_fwd_keep(int precision, void *o, float *lse) {
-    AttnOptions opt = options(precision);
-    const int C = S.H * S.d;
-    attn_mode_forward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (uint16_t *)o, C, lse, S.B, S.H, S.T, S.d,
-                      &S.keep[precision], S.ws, NULL, S.stream);
-}
-
+void shim_fwd_keep(int precision, void *o, float *lse) { mode_fwd(precision, o, lse, &S.keep[precision]); }
 void shim_bwd_keep(int precision, const void *o, const float *lse, void *dqkv) {
-    AttnOptions opt = options(precision);
-    const int C = S.H * S.d;
-    uint16_t *dq = (uint16_t *)dqkv;
-    attn_mode_backward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (const uint16_t *)o, S.dout, C, lse, dq,
-                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, &S.keep[precision], S.ws, NULL, S.stream);
+    mode_bwd(precision, o, lse, dqkv, &S.keep[precision]);
 }
 
 static AttnQuantTensor tensor(int i, int with_codes, int with_t) {

@@ -23,8 +23,8 @@ static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc,
             return -1;
         attr_set = true;
     }
-    attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(qc, kc, vc, doc, qs, ks, vs, dos, lse,
-                                                                          delta, T, 1.0f / sqrtf((float)D));
+    attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
+        qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, T, 1.0f / sqrtf((float)D));
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 

@@ -48,7 +48,7 @@ ours() {
     --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.recompute=false \
     --set "data.train=data/austen/train_*.bin" --set "data.val=data/austen/val_*.bin" \
     --set eval.interval=0 --set eval.batches=1 --set eval.sample_interval=0 \
-    --set checkpoint.interval=0 --set checkpoint.keep=1 --set log.interval=5 --set "log.dir=$run"
+    --set checkpoint.interval=0 --set checkpoint.at_end=false --set log.interval=5 --set "log.dir=$run"
   ./train_gpt "$@" --dry-run 2>&1 | grep -E "^(memory plan|  total|training FLOPs)"
   timeout -k 5 "$(left "$lim")" ./train_gpt "$@" >"$OUT/ours_$name.log" 2>&1
   echo "train_gpt $name exit $? at $(elapsed) s"

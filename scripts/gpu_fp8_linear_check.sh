@@ -14,7 +14,7 @@ sanitize=1
 for a in "$@"; do
   case $a in --no-sanitize) sanitize=0 ;; *) echo "unknown option $a"; exit 2 ;; esac
 done
-CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
+. scripts/gpu_lib.sh  # CJ
 T=build/tests/test_linear_fp8_gpu
 summary=()
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader

@@ -64,14 +64,14 @@ run() {
     --set "precision.linear=\"$lin\"" --set "precision.attention=\"$attn\"" \
     --set "data.train=data/austen/train_*.bin" --set "data.val=data/austen/val_*.bin" \
     --set eval.interval=0 --set eval.batches=3 --set eval.sample_interval=0 \
-    --set checkpoint.interval=0 --set checkpoint.keep=1 --set log.interval=5 --set "log.dir=$dir"
+    --set checkpoint.interval=0 --set checkpoint.at_end=false --set log.interval=5 --set "log.dir=$dir"
   [ "$name" = bf16 ] && ./train_gpt "$@" --dry-run 2>&1 | grep -E "^(memory plan|  total|training FLOPs)"
   timeout -k 5 "$(left 75)" ./train_gpt "$@" >"$OUT/run_$name.log" 2>&1
   echo "train_gpt $name exit $? at $(elapsed) s"
   grep -E "^(step [0-9]+/|done:|train_gpt: error)|rror" "$OUT/run_$name.log" | tail -4 | cut -c1-200
   cp "$dir/metrics.jsonl" "$OUT/metrics_$name.jsonl" 2>/dev/null
   cp "$dir/summary.json" "$OUT/summary_$name.json" 2>/dev/null
-  rm -rf "$dir/checkpoints"  # ~7 GB each at paper_569m; not needed, and they fill the disk
+  rm -rf "$dir/checkpoints"  # only a stop (timeout's SIGTERM) writes one: ~7 GB at paper_569m
 }
 echo "== 3. train_gpt paper_569m, $STEPS steps of $MB x 4096 per mode ($(elapsed) s)"
 if [ -z "${RUNS:-}" ]; then

@@ -11,7 +11,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_model_out}
 mkdir -p "$OUT"
-CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
+. scripts/gpu_lib.sh  # CJ
 export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=$(nproc)
 summary=()
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader 2>/dev/null

@@ -16,7 +16,7 @@ do_torch=1
 for a in "$@"; do
   case $a in --no-torch) do_torch=0 ;; *) echo "unknown option $a"; exit 2 ;; esac
 done
-CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
+. scripts/gpu_lib.sh  # CJ
 summary=()
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 

@@ -7,43 +7,26 @@ usage:
     scripts/plot_runs.py --out docs/img/paper_569m_300steps.png --title "paper_569m, 2 x H200" \\
         bf16=docs/data/paper_569m_2xh200_300steps_bf16.metrics.jsonl \\
         fp8=docs/data/paper_569m_2xh200_300steps_fp8.metrics.jsonl
-Reads with the standard library; matplotlib draws (Debian: apt-get install python3-matplotlib).
+Reads with compare_modes.py's reader (standard library); matplotlib draws (Debian: apt-get
+install python3-matplotlib).
 """
 import argparse  # command line
-import json  # metrics.jsonl lines
+import os  # this script's folder, to import compare_modes beside it
 import sys  # exit with a message
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_modes import moving_average, read_metrics  # the mode comparison's reader and smoothing
 
 
 def read_run(path):
-    """(train: {step: loss}, val: {step: val_loss}) of one metrics.jsonl."""
-    train, val = {}, {}
+    """(train: {step: loss}, val: {step: val_loss}) of one metrics.jsonl (compare_modes' reader)."""
     try:
-        with open(path) as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    sys.exit(f"plot_runs.py: {path}:{n}: not a JSON line")
-                if "loss" in r:
-                    train[r["step"]] = r["loss"]
-                if "val_loss" in r:
-                    val[r["step"]] = r["val_loss"]
+        train, val, _ = read_metrics(path)
     except OSError as e:
         sys.exit(f"plot_runs.py: {path}: {e.strerror}")
     if not train:
         sys.exit(f"plot_runs.py: {path}: no line with a train loss")
-    return train, val
-
-
-def smooth(steps, losses, window):
-    """Trailing moving mean: point i averages losses[max(0, i - window + 1) .. i]."""
-    out, acc = [], 0.0
-    for i, x in enumerate(losses):
-        acc += x
-        if i >= window:
-            acc -= losses[i - window]
-        out.append(acc / min(i + 1, window))
-    return steps, out
+    return {t["step"]: t["loss"] for t in train}, dict(val)
 
 
 def main():
@@ -70,9 +53,10 @@ def main():
     except ImportError:
         sys.exit("plot_runs.py: matplotlib is not installed (Debian: apt-get install python3-matplotlib)")
     fig, (ax_loss, ax_diff) = plt.subplots(1, 2, figsize=(11, 4))
-    _, base = smooth(base_steps, [runs[0][1][s] for s in base_steps], a.window)
+    steps = base_steps
+    base = moving_average([runs[0][1][s] for s in steps], a.window)
     for label, train, val in runs:
-        steps, sm = smooth(base_steps, [train[s] for s in base_steps], a.window)
+        sm = moving_average([train[s] for s in steps], a.window)
         line, = ax_loss.plot(steps, sm, label=f"{label} train (mean of {a.window})")
         if val:
             vs = sorted(val)

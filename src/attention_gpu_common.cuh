@@ -227,7 +227,6 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>  // wait until at most N committed wgmma groups are pending
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// 2^x on the special-function unit (the softmax exponentials; inputs <= 0 or -inf)
 // 1 / s for a quantization scale s: fp8_scale_for_amax (fp8.h) gives s = 2^k with |k| <= 126 (or
 // s = 1), so 1 / s = 2^-k exactly, the value the IEEE division 1.0f / s returns; with bits(2^k) =
 // (127 + k) << 23 it is bits(2^-k) = (127 - k) << 23 = (254 << 23) - bits(2^k), a normal float
@@ -237,6 +236,7 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 static_assert(FP8_SCALE_MAX_EXP <= 126, "pow2_recip: 2^-k must be a normal float");
 __device__ __forceinline__ float pow2_recip(float s) { return __int_as_float(0x7f000000 - __float_as_int(s)); }
 
+// 2^x on the special-function unit (the softmax exponentials; inputs <= 0 or -inf)
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -60,8 +60,8 @@ extern "C" void embedding_forward_gpu(uint16_t *x, const int32_t *tokens, const 
 
 // --- backward ----------------------------------------------------------------------------------
 
-extern "C" size_t embedding_backward_scratch_bytes(int N, int C, int Vp) {
-    return gpu_embedding_scratch_bytes((size_t)N, (size_t)C, (size_t)Vp);
+extern "C" size_t embedding_backward_scratch_bytes(int N, int C) {
+    return gpu_embedding_scratch_bytes((size_t)N, (size_t)C);
 }
 
 // The sort keys: the token, or Vp for a token outside [0, Vp) (sorted last, then skipped).
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(32) emb_fixup_kernel(float *dwte, const float 
 extern "C" void embedding_backward_gpu(float *dwte, const uint16_t *dx, const int32_t *tokens, void *scratch,
                                        int N, int C, int Vp, cudaStream_t stream) {
     if (N <= 0) return;
-    GpuEmbeddingScratch sl = gpu_embedding_scratch_layout((size_t)N, (size_t)C, (size_t)Vp);
+    GpuEmbeddingScratch sl = gpu_embedding_scratch_layout((size_t)N, (size_t)C);
     char *base = (char *)scratch;
     uint32_t *keys_a = (uint32_t *)(base + sl.keys_a), *keys_b = (uint32_t *)(base + sl.keys_b);
     uint32_t *pos_a = (uint32_t *)(base + sl.pos_a), *pos_b = (uint32_t *)(base + sl.pos_b);

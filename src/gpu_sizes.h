@@ -40,10 +40,9 @@ typedef struct {
     size_t keys_a, keys_b, pos_a, pos_b, head, tail, sort_temp;  // byte offsets, 256-aligned
     size_t sort_temp_bytes, total;
 } GpuEmbeddingScratch;
-static inline GpuEmbeddingScratch gpu_embedding_scratch_layout(size_t N, size_t C, size_t Vp) {
+static inline GpuEmbeddingScratch gpu_embedding_scratch_layout(size_t N, size_t C) {
     GpuEmbeddingScratch s;
     size_t at = 0, tiles = (N + EMB_TILE - 1) / EMB_TILE;
-    (void)Vp;
     s.keys_a = at; at += gpu_align256(4 * N);
     s.keys_b = at; at += gpu_align256(4 * N);
     s.pos_a = at; at += gpu_align256(4 * N);
@@ -55,8 +54,8 @@ static inline GpuEmbeddingScratch gpu_embedding_scratch_layout(size_t N, size_t 
     s.total = at + s.sort_temp_bytes;
     return s;
 }
-static inline size_t gpu_embedding_scratch_bytes(size_t N, size_t C, size_t Vp) {
-    return gpu_embedding_scratch_layout(N, C, Vp).total;
+static inline size_t gpu_embedding_scratch_bytes(size_t N, size_t C) {
+    return gpu_embedding_scratch_layout(N, C).total;
 }
 
 // BF16 attention backward: the FP32 dQ accumulator (B, H, T, d) and D = rowsum(dO * O) (B, H, T).

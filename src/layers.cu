@@ -162,8 +162,6 @@ __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 
     }
 }
 
-// Eight BF16 values in one 16-byte access.
-
 // The vectorized form: lane j holds 16-byte chunks j, j + 32, ... of the row (NV of them,
 // 256 * NV >= dim) in registers between the two passes, so dy and x are read once and the
 // loads of a row are all in flight together (the scalar form waited for each load: with dx

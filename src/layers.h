@@ -29,11 +29,11 @@ extern "C" {
 void embedding_forward_gpu(uint16_t *x, const int32_t *tokens, const uint16_t *wte, int N, int C,
                            int Vp, cudaStream_t stream);
 // Scratch for the backward: the positions sorted by token and the partial rows of long runs.
-size_t embedding_backward_scratch_bytes(int N, int C, int Vp);
+size_t embedding_backward_scratch_bytes(int N, int C);
 // dwte (Vp, C) FP32 += sum over positions i with tokens[i] == v of dx[i] (BF16 (N, C)). The rows
 // of one token are added in a fixed order that depends only on the tokens (increasing position
 // within tiles of 64 sorted entries, the tiles in order): deterministic, and fast for any token
-// distribution (embedding.cu). scratch: embedding_backward_scratch_bytes(N, C, Vp) bytes,
+// distribution (embedding.cu). scratch: embedding_backward_scratch_bytes(N, C) bytes,
 // 256-byte aligned. Tokens outside [0, Vp) are skipped.
 void embedding_backward_gpu(float *dwte, const uint16_t *dx, const int32_t *tokens, void *scratch,
                             int N, int C, int Vp, cudaStream_t stream);

@@ -252,7 +252,7 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
         if (q > norm_scratch) norm_scratch = q;
     }
     plan_take(W, norm_scratch);
-    plan_take(W, gpu_embedding_scratch_bytes(BT, C, Vp));  // embedding backward (token sort for wte)
+    plan_take(W, gpu_embedding_scratch_bytes(BT, C));  // embedding backward (token sort for wte)
     plan_take(W, sizeof(double) * GRAD_NORM_PARTIALS);                 // grad-norm partial sums
     plan_take(W, sizeof(double));                                      // and their total
     *W += MATMUL_WORKSPACE_BYTES;  // cuBLASLt's workspace, allocated by matmul.cu outside the arena

@@ -170,7 +170,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         if (q > ns) ns = q;
     }
     d->norm_scratch = take(&cv, ns, W);
-    d->emb_scratch = take(&cv, embedding_backward_scratch_bytes((int)BT, (int)C, (int)Vp), W);
+    d->emb_scratch = take(&cv, embedding_backward_scratch_bytes((int)BT, (int)C), W);
     d->norm_partials = (double *)take(&cv, sizeof(double) * GRAD_NORM_PARTIALS, W);
     d->sumsq = (double *)take(&cv, sizeof(double), W);
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena

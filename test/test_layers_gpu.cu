@@ -94,12 +94,12 @@ static void test_embedding(int N, int C, int Vp, double hot = 0.33, double bad =
             for (int c = 0; c < C; c++) ref[(size_t)tok[i] * C + c] += bv(dx[(size_t)i * C + c]);
     uint16_t *d_dx = dup(dx);
     float *d_dw = dup(init);
-    void *scratch = dnew<char>(embedding_backward_scratch_bytes(N, C, Vp));
+    void *scratch = dnew<char>(embedding_backward_scratch_bytes(N, C));
     embedding_backward_gpu(d_dw, d_dx, d_tok, scratch, N, C, Vp, 0);
     std::vector<float> dw1 = back(d_dw, (size_t)Vp * C);
     CHECK_ERR(err_f(dw1, ref), 1e-5, "embedding backward N=%d C=%d Vp=%d hot %.2f bad %.2f vs fp64", N, C, Vp, hot, bad);
     CU(cudaMemcpy(d_dw, init.data(), init.size() * 4, cudaMemcpyHostToDevice));
-    poison((char *)scratch, embedding_backward_scratch_bytes(N, C, Vp));
+    poison((char *)scratch, embedding_backward_scratch_bytes(N, C));
     embedding_backward_gpu(d_dw, d_dx, d_tok, scratch, N, C, Vp, 0);
     std::vector<float> dw2 = back(d_dw, (size_t)Vp * C);
     snprintf(nm, sizeof nm, "embedding backward N=%d C=%d deterministic", N, C);
@@ -485,7 +485,7 @@ static void timing(void) {
     for (int i = 0; i < N; i++) ht[i] = (int32_t)(rng_uniform() * V);
     CU(cudaMemcpy(tok, ht.data(), 4 * (size_t)N, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(tgt, ht.data(), 4 * (size_t)Nce, cudaMemcpyHostToDevice));
-    size_t scratch_bytes = embedding_backward_scratch_bytes(N, C, Vp);
+    size_t scratch_bytes = embedding_backward_scratch_bytes(N, C);
     if (rmsnorm_backward_scratch_bytes(N, C) > scratch_bytes) scratch_bytes = rmsnorm_backward_scratch_bytes(N, C);
     if (qk_rmsnorm_backward_scratch_bytes(N, H, hd) > scratch_bytes) scratch_bytes = qk_rmsnorm_backward_scratch_bytes(N, H, hd);
     void *scratch = dnew<char>(scratch_bytes);
