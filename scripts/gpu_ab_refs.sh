@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null
 status=0
 for d in "$@"; do
-  n=$(basename "$d")
+  n=$(basename "$d"); n=${n#.}  # no leading dot: the logs stay visible to globs
   mkdir -p "$OUT/$n"
   if [ "${NO_CHECK:-0}" != 1 ]; then
     echo "== $n: tests"
@@ -38,7 +38,7 @@ done
 # table ("| T | quant fwd ms ...") and the loops table when a version has it.
 python3 - "$OUT" "$@" <<'EOF'
 import os, sys
-out, dirs = sys.argv[1], [os.path.basename(d) for d in sys.argv[2:]]
+out, dirs = sys.argv[1], [os.path.basename(d).lstrip(".") for d in sys.argv[2:]]
 
 def table(lines, head):
     """The rows of the markdown table whose header starts with head: [{column: cell}]."""
