@@ -263,7 +263,7 @@ __global__ void attn_bwd_fp8_pre_kernel(const bf16 *__restrict__ o, const bf16 *
     }
 }
 
-// --- fp8_dm's delta pass: grid (ceil(T/128), B*H), block 256 ---------------------------------
+// --- fp8_dm's delta pass: grid (ceil(T/128), B*H) heaviest first, block 256 -------------------
 // D_i = sum_j P_ij dP_ij / sum_j P_ij over the key blocks 0 .. (last row of the query block)/128,
 // P and dP from tile_p_dp exactly as the main kernel gets them: the same 64-key x 64-query tiles
 // (warpgroup w takes queries q0 + 64w .. + 63 and walks both 64-key halves of every key block),
@@ -300,7 +300,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     float *sRed = sLse + B8_DQB;                               // (2 warpgroups, 2 sums, 4 warps, 64)
     float *sKVs = sRed + L::RED;  // (2 buffers, K scale then V scale) of the block in each buffer
 
-    const int qb = blockIdx.x, bh = blockIdx.y, tid = threadIdx.x;
+    const CausalCta cta = causal_cta_heaviest_first();  // the last query block walks the most key blocks
+    const int qb = (int)gridDim.x - 1 - cta.rank, bh = cta.bh, tid = threadIdx.x;
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
     const int q0 = qb * B8_DQB, q_last = min(q0 + B8_DQB, T) - 1;
@@ -400,7 +401,7 @@ __device__ __forceinline__ void dq_reduce(const void *tm_dq, uint32_t s_dq, int 
 }
 }  // namespace
 
-// --- main backward: grid (ceil(T/128), B*H), block 256 (2 warpgroups) -------------------------
+// --- main backward: grid (ceil(T/128), B*H) heaviest first, block 256 (2 warpgroups) -----------
 // Per query block (one iteration), with the next block's tiles already loading (two stages):
 //   B1  wait for this stage's copies; __syncthreads (also: everyone is done with the previous
 //       iteration, so its stage, sPt, sdSt, sdS and sAmax may be overwritten); prefetch the next
@@ -462,7 +463,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     float *sAmax = sDl2 + 2 * B8_BQ;                                  // (8) per-warp |dS| max
     float *sQDs = sAmax + 8;  // (2 stages, 2) the query block's Q and dO scales
 
-    const int kb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const CausalCta cta = causal_cta_heaviest_first();  // key block 0 walks the most query blocks
+    const int kb = cta.rank, bh = cta.bh, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
