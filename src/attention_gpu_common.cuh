@@ -64,9 +64,10 @@ __device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
 // the next B*H rank 1, and so on; the kernel maps rank 0 to its longest block loop. CTAs start in
 // index order, so the long ones run in the first waves and the short ones fill the tail. With the
 // natural order (each head's blocks in turn) the last heads' longest CTAs start near the end and
-// run alone: a list-scheduling model of 132 SMs gives a tail of ~6% of the FP8 backward and ~15%
-// of the delta pass (whose longest CTA was each head's last). The BF16 kernels' 1-D grids already
-// launch heaviest first.
+// run alone. Measured on one H200 (docs/perf.md): the fp8_dm delta pass (whose longest CTA was
+// each head's last) 6-12% faster at T = 1K-8K; the main FP8 backward +1% at 4K-8K but -18-21% at
+// 1K-2K, where the natural order's CTAs of one head share its Q̂, dÔ blocks in L2, so it keeps
+// the natural order. (The BF16 kernels' 1-D grids launch heaviest first.)
 struct CausalCta {
     int rank, bh;
 };
