@@ -23,8 +23,20 @@ static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc,
             return -1;
         attr_set = true;
     }
+    // the FP32 dQ accumulator the kernel zeroes (its rows), as in the backward: a scratch buffer
+    // of this shim, grown when a call needs more
+    static float *dq_acc = NULL;
+    static size_t dq_bytes = 0;
+    const size_t need = (size_t)B * H * T * D * sizeof(float);
+    if (need > dq_bytes) {
+        if (dq_acc) cudaFree(dq_acc);
+        dq_acc = NULL;
+        dq_bytes = 0;
+        if (cudaMalloc(&dq_acc, need) != cudaSuccess) return -1;
+        dq_bytes = need;
+    }
     attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
-        qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, T, 1.0f / sqrtf((float)D));
+        qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, dq_acc, NULL, NULL, T, 1.0f / sqrtf((float)D));
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 

@@ -289,7 +289,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
                               const uint8_t *__restrict__ vc, const uint8_t *__restrict__ doc,
                               const float *__restrict__ q_scales, const float *__restrict__ k_scales,
                               const float *__restrict__ v_scales, const float *__restrict__ do_scales,
-                              const float *__restrict__ lse, float *__restrict__ dlt, int T, float tau) {
+                              const float *__restrict__ lse, float *__restrict__ dlt, float *__restrict__ dq_acc,
+                              float *__restrict__ row_ds_sum, float *__restrict__ row_cancel, int T, float tau) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
     using L = B8DeltaSmem;
@@ -311,6 +312,17 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     b8_load<B8_DQB, D / 16>(sQ, qc + ((long)bh * Tp + q0) * D, D, tid);
     b8_load<B8_DQB, D / 16>(sdO, doc + ((long)bh * Tp + q0) * D, D, tid);
     if (tid < B8_DQB) sLse[tid] = q0 + tid < T ? lse[(long)bh * T + q0 + tid] : 0.f;
+    // The pre kernel's other job for fp8_dm, done here while the first tiles load (one launch
+    // less): zero this CTA's rows of the FP32 dQ accumulator and of the row diagnostics
+    {
+        const int n4 = (q_last - q0 + 1) * D / 4;  // float4s of the CTA's rows
+        float4 *z = reinterpret_cast<float4 *>(dq_acc + ((long)bh * T + q0) * D);
+        for (int i = tid; i < n4; i += B8_THREADS) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (row_ds_sum && tid < q_last - q0 + 1) {
+            row_ds_sum[(long)bh * T + q0 + tid] = 0.f;
+            row_cancel[(long)bh * T + q0 + tid] = 0.f;
+        }
+    }
 
     float pd[16], ps[16];  // this thread's column partial sums, [2n + c] -> column 8n + 2*t4 + c
 #pragma unroll
@@ -717,12 +729,12 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
     float *dlt = a->delta_out ? a->delta_out : dq_acc + (size_t)B * H * T * D;  // (B, H, T)
     const float tau = 1.0f / sqrtf((float)D);
     const long rows = (long)B * H * T;
-    attn_bwd_fp8_pre_kernel<D><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
-        (const bf16 *)a->o, (const bf16 *)a->dout, a->o_stride, a->do_codes, a->do_scales, a->grad_format,
-        (int)a->precision, dlt, dq_acc, a->row_ds_sum, a->row_cancel, B, H, T);
-    CUDA_OK(cudaGetLastError());
-
-    if (a->precision == ATTN_FP8_DM) {
+    if (a->precision != ATTN_FP8_DM) {  // fp8_dm: the delta pass zeroes the accumulators itself
+        attn_bwd_fp8_pre_kernel<D><<<(unsigned)((rows + 7) / 8), 256, 0, stream>>>(
+            (const bf16 *)a->o, (const bf16 *)a->dout, a->o_stride, a->do_codes, a->do_scales, a->grad_format,
+            (int)a->precision, dlt, dq_acc, a->row_ds_sum, a->row_cancel, B, H, T);
+        CUDA_OK(cudaGetLastError());
+    } else {
         const size_t smem = B8DeltaSmem::bytes;
         static bool attr_set = false;  // one device per process (one GPU per rank)
         if (!attr_set) {
@@ -732,7 +744,7 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
         }
         attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
             a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales,
-            a->lse, dlt, T, tau);
+            a->lse, dlt, dq_acc, a->row_ds_sum, a->row_cancel, T, tau);
         CUDA_OK(cudaGetLastError());
     }
 
