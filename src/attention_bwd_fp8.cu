@@ -162,7 +162,11 @@ __device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { retur
 // contracted or reordered by the compiler), so they get bitwise the same p and dp from the same
 // codes. Tiles entirely below the diagonal and inside the sequence (the vast majority) skip the
 // mask (a branch, see below); the unmasked values are the same instructions either way.
-template <int D, bool E5>
+// The delta pass's form (DELTA = true) does two things once that the main pass does per tile:
+// it leaves dP in code-product units (acc_dp, without the power-of-two cdp; the caller scales its
+// sums instead, which gives the same bits), and sLse holds -LSE log2(e) already (the same
+// rounded product, computed once per CTA instead of once per tile).
+template <int D, bool E5, bool DELTA = false>
 __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t dQ, uint32_t ddO, const float *sLse,
                                           float cs, float cdp, int key0, int q0, int T, float (&p)[32],
                                           float (&dp)[32]) {
@@ -181,7 +185,8 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
 #pragma unroll
     for (int n = 0; n < 8; n++) {
         const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
-        const float nl[2] = {__fmul_rn(l.x, -1.4426950408889634f), __fmul_rn(l.y, -1.4426950408889634f)};
+        const float nl[2] = {DELTA ? l.x : __fmul_rn(l.x, -1.4426950408889634f),
+                             DELTA ? l.y : __fmul_rn(l.y, -1.4426950408889634f)};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = 4 * n + e;
@@ -191,8 +196,9 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
     reg_fence(p);
     wgmma_wait<0>();
     reg_fence(dp);
+    if (!DELTA)
 #pragma unroll
-    for (int i = 0; i < 32; i++) dp[i] = __fmul_rn(dp[i], cdp);
+        for (int i = 0; i < 32; i++) dp[i] = __fmul_rn(dp[i], cdp);
     // The mask, as a second pass behind a warp-uniform branch (key0, q0, T are the same for the
     // whole warpgroup): only tiles that reach above the diagonal or past T take it (per CTA the
     // first two query blocks and a partial last one). Written into the loop above, the compiler
@@ -297,7 +303,7 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     uint8_t *sQ = smem + L::OFF_Q;    // (128 queries x 128 B)
     uint8_t *sdO = smem + L::OFF_DO;  // (128 queries x 128 B)
     const uint32_t dlo_smem = kmajor_desc_lo(smem_addr(smem));
-    float *sLse = reinterpret_cast<float *>(smem + L::OFF_F);  // (128)
+    float *sLse = reinterpret_cast<float *>(smem + L::OFF_F);  // (128) -LSE log2(e) of the CTA's queries
     float *sRed = sLse + B8_DQB;                               // (2 warpgroups, 2 sums, 4 warps, 64)
     float *sKVs = sRed + L::RED;  // (2 buffers, K scale then V scale) of the block in each buffer
 
@@ -311,7 +317,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     const float inv_do = pow2_recip(do_scales[(long)bh * nblk + qb]);
     b8_load<B8_DQB, D / 16>(sQ, qc + ((long)bh * Tp + q0) * D, D, tid);
     b8_load<B8_DQB, D / 16>(sdO, doc + ((long)bh * Tp + q0) * D, D, tid);
-    if (tid < B8_DQB) sLse[tid] = q0 + tid < T ? lse[(long)bh * T + q0 + tid] : 0.f;
+    if (tid < B8_DQB)  // -LSE log2(e), as tile_p_dp<.., true> wants it (the main pass's product)
+        sLse[tid] = q0 + tid < T ? __fmul_rn(lse[(long)bh * T + q0 + tid], -1.4426950408889634f) : 0.f;
     // The pre kernel's other job for fp8_dm, done here while the first tiles load (one launch
     // less): zero this CTA's rows of the FP32 dQ accumulator and of the row diagnostics
     {
@@ -343,6 +350,7 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     };
     load_kv(0);  // the group also holds Q̂ and dÔ
     const int n_kb = q_last / B8_BK + 1;
+    float cdp_u = 1.f, s_v_u = 1.f;  // the units of pd: the cdp (and V scale) of the block last summed
     for (int kb = 0; kb < n_kb; kb++) {
         __syncthreads();  // everyone is done with buffer (kb + 1) % 2, the previous block's
         if (kb + 1 < n_kb) {
@@ -355,6 +363,20 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
         __syncthreads();  // (also makes buffer kb % 2's scales, landed above, visible to all)
         const float inv_k = pow2_recip(sKVs[2 * (kb & 1)]), inv_v = pow2_recip(sKVs[2 * (kb & 1) + 1]);
         const float cs = pdp_s_scale(inv_q, inv_k, tau), cdp = pdp_dp_scale(inv_do, inv_v);
+        // pd is kept in units of this block's cdp: tile_p_dp leaves dP unscaled (64 FMUL less per
+        // block and thread) and the sums are rescaled once per block by cdp_prev / cdp = s_v /
+        // s_v_prev (inv_do cancels; a ratio of powers of two, so exact). Scaling by 2^k commutes
+        // with rounding, so D has the bits it would have with every dP scaled and the main pass's
+        // dS rows still sum to 0. (The only exception would be over- or underflow of the sums in
+        // these units, which needs V blocks of one head whose scales differ by ~2^90 or more.)
+        const float s_v = sKVs[2 * (kb & 1) + 1];
+        if (kb > 0) {
+            const float r = __fmul_rn(s_v, pow2_recip(s_v_u));
+#pragma unroll
+            for (int i = 0; i < 16; i++) pd[i] = __fmul_rn(pd[i], r);
+        }
+        s_v_u = s_v;
+        cdp_u = cdp;
         const uint32_t dsm = opaque_u32(dlo_smem);  // the tiles' descriptors: offsets from smem
         const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
         const uint32_t dq = dsm + L::OFF_Q / 16 + wgu * (B8_BQ * 128 / 16), ddo = dsm + L::OFF_DO / 16 + wgu * (B8_BQ * 128 / 16);
@@ -363,7 +385,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
             const int key0 = kb * B8_BK + h * 64;
             if (key0 > qw_last) break;  // above the diagonal for all of this warpgroup's queries (warp-uniform)
             const uint32_t dkh = (kb & 1) * (L::BUF / 16) + h * (64 * 128 / 16);  // the buffer, the 64 key rows
-            tile_p_dp<D, E5>(dsm + dkh, dsm + L::KV / 16 + dkh, dq, ddo, sLse + wg * B8_BQ, cs, cdp, key0, qw0, T, p, dp);
+            tile_p_dp<D, E5, true>(dsm + dkh, dsm + L::KV / 16 + dkh, dq, ddo, sLse + wg * B8_BQ, cs, cdp, key0, qw0, T,
+                                   p, dp);
 #pragma unroll
             for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -373,6 +396,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
                 }
         }
     }
+#pragma unroll
+    for (int i = 0; i < 16; i++) pd[i] = __fmul_rn(pd[i], cdp_u);  // back to dP units (exact)
     col_sum_warp(pd);
     col_sum_warp(ps);
     if (lane < 4)
