@@ -7,7 +7,8 @@
 # the other on the same GPU. Prints, last, one table per measure with a column per version, so a
 # change is judged against the base measured minutes apart on the same machine.
 # Logs: $OUT/<dir>/{check,bench}.log and the bench's summary.txt.
-#   usage: [MODES="bf16 fp8_naive fp8_dm"] [ROUNDS=10] [NO_CHECK=1] bash scripts/gpu_ab_refs.sh .snap_main .snap_x ...
+#   usage: [MODES="bf16 fp8_naive fp8_dm"] [ROUNDS=10] [NO_CHECK=1 | NO_CHECK_FIRST=1] bash scripts/gpu_ab_refs.sh .snap_main .snap_x ...
+#   (NO_CHECK_FIRST=1 skips the tests of the first version only: the base, already validated)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_ab_out}
@@ -22,7 +23,7 @@ status=0
 for d in "$@"; do
   n=$(basename "$d"); n=${n#.}  # no leading dot: the logs stay visible to globs
   mkdir -p "$OUT/$n"
-  if [ "${NO_CHECK:-0}" != 1 ]; then
+  if [ "${NO_CHECK:-0}" != 1 ] && { [ "${NO_CHECK_FIRST:-0}" != 1 ] || [ "$d" != "$1" ]; }; then
     echo "== $n: tests"
     OUT="$OUT/$n/check" BD="/tmp/gpu_ab_build/$n/check" bash "$d/scripts/gpu_fp8_attention_check.sh" \
       > "$OUT/$n/check.log" 2>&1 || status=1
