@@ -6,7 +6,7 @@
 # BF16 kernels and cuDNN, plus the quantize passes, the bare FP8 kernels and fp8_dm's delta
 # kernel alone. Prints the summary table (with the issue's targets marked) last; the per-T
 # timings with min/max are in $OUT/bench.txt. Logs go to $OUT (or /tmp/gpu_fp8_bench_out).
-#   usage: [MODES="bf16 fp8_dm"] [ROUNDS=30] [GRAD_FORMAT=e4m3] [BUDGET=230] bash scripts/gpu_fp8_attention_bench.sh
+#   usage: [MODES="bf16 fp8_dm"] [ROUNDS=30] [GRAD_FORMAT=e4m3] [HEAD_DIM=128] [HEADS=16] [BUDGET=230] bash scripts/gpu_fp8_attention_bench.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_bench_out}
@@ -58,6 +58,8 @@ left=$(( BUDGET - ($(date +%s) - start) ))
 args=(--lib "$BD/libattn_fp8.so" --summary-out "$OUT/summary.txt" --rounds "${ROUNDS:-30}"
       --grad-format "${GRAD_FORMAT:-e4m3}")
 [ -n "${MODES:-}" ] && args+=(--modes $MODES)
+[ -n "${HEAD_DIM:-}" ] && args+=(--d "$HEAD_DIM")
+[ -n "${HEADS:-}" ] && args+=(--H "$HEADS")
 t0=$(date +%s)
 PYTHONUNBUFFERED=1 timeout -k 5 $left python3 bench/bench_attention_fp8.py "${args[@]}" > "$OUT/bench.txt" 2>&1
 rc=$?
