@@ -32,7 +32,7 @@ from bench_attention import Ours, flops, time_interleaved, torch_setup
 
 MODES = {"bf16": 1, "fp8_naive": 2, "fp8_hybrid": 3, "fp8_dm": 4, "fp8_dm_approx": 5}  # AttnPrecision
 BARE_BWD = ("fp8_naive", "fp8_dm", "fp8_dm_approx")  # the modes attn_gpu_backward_fp8 runs
-# the FP8 forward's block loops (F8_LOOP_*); the default is one of them (plain at d = 128)
+# the FP8 forward's block loops (F8_LOOP_*); the default is one of them (plain)
 FWD_LOOPS = ((0, "pingpong"), (1, "plain"), (2, "overlap"), (3, "overlap_pp"))
 SHORT = {"bf16": "bf16", "fp8_naive": "naive", "fp8_hybrid": "hybrid", "fp8_dm": "dm",
          "fp8_dm_approx": "dm_apx"}
@@ -270,7 +270,7 @@ def main():
         out()
 
     if bare and any("fp8_fwd_bare_" + ln in r["tf"] for r in rows for _, ln in FWD_LOOPS):
-        out("the FP8 forward's block loops, bare TFLOP/s (same rounds; default = plain at d = 128 unless "
+        out("the FP8 forward's block loops, bare TFLOP/s (same rounds; default = plain unless "
             "ATTN_FP8_FWD_LOOP says otherwise); last column: the best other loop's speed / the default's")
         out("| T | default | " + " | ".join(ln for _, ln in FWD_LOOPS) + " | best loop / default |")
         out("|---|---|" + "---|" * len(FWD_LOOPS) + "---|")

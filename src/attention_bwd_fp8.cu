@@ -149,13 +149,9 @@ __device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { retur
 // (key0 = first of them; dKw, dVw the descriptor low words (kmajor_desc_lo) of their K̂, V̂ rows) and the
 // 64 queries of the Q̂, dÔ tiles at dQ, ddO (first query q0), P^T and dP^T in FP32, 0 where masked
 // (key > query, or query >= T). sLse: the 64 LSEs (natural log, 8-byte aligned).
-// cs = pdp_s_scale(..).
+// cs = pdp_s_scale(..), cdp = pdp_dp_scale(..).
 //   P  = 2^(acc_s * cs - LSE log2(e))  (one explicit FMA, then ex2.approx.ftz on the SFU)
-//   dP = acc_dp, in code-product units: the true dP is acc_dp * cdp (cdp = pdp_dp_scale(..), a
-//        power of two, so the product is exact), which each caller folds into its next
-//        operation instead of a multiply per element: the main pass's dS = P (dP cdp - D) is one
-//        FMA (its inner product exact, hence the same bits as multiply-then-subtract), the delta
-//        pass keeps its sums in units of cdp
+//   dP = acc_dp * cdp
 // This is exp(tau S - LSE) of the emulation up to the rounding of the exponent's argument and
 // ex2.approx's ~2 ulp (relative error of P ~1e-6, well inside the GPU-vs-emulation tolerance;
 // a P̂ code flips only where P p_scale lies within that of a rounding boundary; P below 2^-126
@@ -166,11 +162,14 @@ __device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { retur
 // contracted or reordered by the compiler), so they get bitwise the same p and dp from the same
 // codes. Tiles entirely below the diagonal and inside the sequence (the vast majority) skip the
 // mask (a branch, see below); the unmasked values are the same instructions either way.
-// NL_READY (the delta pass): sLse holds -LSE log2(e) already (the same rounded product, computed
-// once per CTA instead of once per tile).
-template <int D, bool E5, bool NL_READY = false>
+// The delta pass's form (DELTA = true) does two things once that the main pass does per tile:
+// it leaves dP in code-product units (acc_dp, without the power-of-two cdp; the caller scales its
+// sums instead, which gives the same bits), and sLse holds -LSE log2(e) already (the same
+// rounded product, computed once per CTA instead of once per tile).
+template <int D, bool E5, bool DELTA = false>
 __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t dQ, uint32_t ddO, const float *sLse,
-                                          float cs, int key0, int q0, int T, float (&p)[32], float (&dp)[32]) {
+                                          float cs, float cdp, int key0, int q0, int T, float (&p)[32],
+                                          float (&dp)[32]) {
     const int tid = threadIdx.x, warp = (tid % 128) / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
     reg_fence(p);
     reg_fence(dp);
@@ -186,8 +185,8 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
 #pragma unroll
     for (int n = 0; n < 8; n++) {
         const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
-        const float nl[2] = {NL_READY ? l.x : __fmul_rn(l.x, -1.4426950408889634f),
-                             NL_READY ? l.y : __fmul_rn(l.y, -1.4426950408889634f)};
+        const float nl[2] = {DELTA ? l.x : __fmul_rn(l.x, -1.4426950408889634f),
+                             DELTA ? l.y : __fmul_rn(l.y, -1.4426950408889634f)};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = 4 * n + e;
@@ -197,6 +196,9 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
     reg_fence(p);
     wgmma_wait<0>();
     reg_fence(dp);
+    if (!DELTA)
+#pragma unroll
+        for (int i = 0; i < 32; i++) dp[i] = __fmul_rn(dp[i], cdp);
     // The mask, as a second pass behind a warp-uniform branch (key0, q0, T are the same for the
     // whole warpgroup): only tiles that reach above the diagonal or past T take it (per CTA the
     // first two query blocks and a partial last one). Written into the loop above, the compiler
@@ -383,7 +385,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
             const int key0 = kb * B8_BK + h * 64;
             if (key0 > qw_last) break;  // above the diagonal for all of this warpgroup's queries (warp-uniform)
             const uint32_t dkh = (kb & 1) * (L::BUF / 16) + h * (64 * 128 / 16);  // the buffer, the 64 key rows
-            tile_p_dp<D, E5, true>(dsm + dkh, dsm + L::KV / 16 + dkh, dq, ddo, sLse + wg * B8_BQ, cs, key0, qw0, T, p, dp);
+            tile_p_dp<D, E5, true>(dsm + dkh, dsm + L::KV / 16 + dkh, dq, ddo, sLse + wg * B8_BQ, cs, cdp, key0, qw0, T,
+                                   p, dp);
 #pragma unroll
             for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -566,10 +569,10 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         const float *sLse = sLse2 + s * B8_BQ, *sDl = sDl2 + s * B8_BQ;
         const float inv_q = pow2_recip(sQDs[2 * s]), inv_do = pow2_recip(sQDs[2 * s + 1]);  // exact: powers of two
 
-        float p[32], ds[32];  // ds: dP in code-product units (times cdp: dP), then dS
+        float p[32], ds[32];
         tile_p_dp<D, E5>(dsm + L::OFF_K / 16 + dkw, dsm + L::OFF_V / 16 + dkw, dstage + L::OFF_Q / 16,
-                         dstage + L::OFF_DO / 16, sLse, pdp_s_scale(inv_q, inv_k, tau), key0, q0, T, p, ds);
-        const float cdp = pdp_dp_scale(inv_do, inv_v);
+                         dstage + L::OFF_DO / 16, sLse, pdp_s_scale(inv_q, inv_k, tau), pdp_dp_scale(inv_do, inv_v),
+                         key0, q0, T, p, ds);
 
         // optional row diagnostics (spec §4.1) over the FP32 dS, column by column (few live
         // registers): sum_j dS_ij (the same rounded products as below) and sum_j P (|dP| + |D|)
@@ -581,8 +584,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                 for (int e = 0; e < 4; e++) {
                     const int i = 4 * n + e;
                     const float dl = sDl[8 * n + 2 * t4 + (e & 1)];
-                    rc[e & 1] += p[i] * (fabsf(ds[i]) * cdp + fabsf(dl));
-                    rs[e & 1] += __fmul_rn(p[i], __fmaf_rn(ds[i], cdp, -dl));
+                    rc[e & 1] += p[i] * (fabsf(ds[i]) + fabsf(dl));
+                    rs[e & 1] += __fmul_rn(p[i], __fsub_rn(ds[i], dl));
                 }
 #pragma unroll
                 for (int c = 0; c < 2; c++)
@@ -602,10 +605,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             }
         }
         // dS = P (dP - D) in FP32 (masked entries: P = dP = 0 -> 0), its tile amax; P̂^T codes
-        // (two per hardware conversion, one 16-bit store per key row and query pair). dP - D is
-        // one FMA of the unscaled dP: acc_dp * cdp is exact (cdp a power of two; barring
-        // underflow, which needs scales near the 2^±126 limits), so the FMA gives the bits of
-        // multiply-then-subtract with one instruction less per element.
+        // (two per hardware conversion, one 16-bit store per key row and query pair)
         float amax = 0.f;
 #pragma unroll
         for (int n = 0; n < 8; n++) {
@@ -613,7 +613,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int i = 4 * n + e;
-                ds[i] = __fmul_rn(p[i], __fmaf_rn(ds[i], cdp, -((e & 1) ? dl.y : dl.x)));
+                ds[i] = __fmul_rn(p[i], __fsub_rn(ds[i], (e & 1) ? dl.y : dl.x));
                 amax = fmaxf(amax, fabsf(ds[i]));
             }
         }

@@ -46,7 +46,7 @@
 //   keys: P̂ packs into the A fragments in place. V̂^T stays in natural key order.
 // - Within a consumer, key block j issues S_j = Q K_j^T and then PV_{j-1} = P̂_{j-1} V_{j-1} as
 //   two wgmma groups; the softmax of S_j runs while the tensor cores still work on PV_{j-1}.
-// - Optionally (loop F8_LOOP_PINGPONG, the default at d = 64) the two consumers take turns issuing their
+// - Optionally (loop F8_LOOP_PINGPONG; the default is F8_LOOP_PLAIN) the two consumers take turns issuing their
 //   wgmmas (FA3's ping-pong: two named barriers), so that one warpgroup's softmax, bound by the
 //   special-function unit (16 ex2 per clock per SM), overlaps the other one's matmuls.
 // - Loop F8_LOOP_OVERLAP (ATTN_FP8_FWD_LOOP=overlap; overlap_pp adds the ping-pong) orders a
@@ -462,8 +462,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 // 128 FP32, S's own size: the fresh PV accumulator is sc's registers, so no third
                 // block of 64 is ever live); wait for both; release block j's stage; O += PV_j *
                 // fac_j. The loop runs two steps per turn so that the two accumulators swap roles
-                // without copies; the diagonal block (masked) is last. (d = 64 runs the default
-                // loop: its PV accumulator is half of S's.)
+                // without copies; the diagonal block (masked) is last. (At d = 64 the overlap loops
+                // are the plain / ping-pong ones: the PV accumulator is half of S's.)
                 // With ping-pong (F8_LOOP_OVERLAP_PP) a warpgroup's issue phase is PV_j, its wait,
                 // the O update and the issue of S_{j+2}; phase 0 is S_0 and S_1. So it holds the
                 // turn while PV_j runs, and the other one's softmax fills that time. n_kb + 1
@@ -639,7 +639,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
 // same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp picks the consumers' block loop
-// (F8_LOOP_*; unset: plain at d = 128, ping-pong at d = 64, see forward_fp8_d;
+// (F8_LOOP_*; unset: plain, see forward_fp8_d;
 // ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
 // ATTN_FP8_FWD_SCHED=static makes persistent CTAs walk a fixed (snake) order instead of taking
@@ -655,7 +655,7 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
     if (!read) {
         const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *pers = getenv("ATTN_FP8_FWD_PERSISTENT"),
                    *sched = getenv("ATTN_FP8_FWD_SCHED"), *loop = getenv("ATTN_FP8_FWD_LOOP");
-        k.loop = pp && *pp ? (atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG) : -1;  // -1: per head dim
+        k.loop = pp && *pp ? (atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG) : -1;  // -1: the default
         if (loop && *loop) {
             if (strcmp(loop, "pingpong") == 0) k.loop = F8_LOOP_PINGPONG;
             else if (strcmp(loop, "plain") == 0) k.loop = F8_LOOP_PLAIN;
@@ -740,12 +740,12 @@ template <int D>
 static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                           const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                           float *lse, int B, int H, int T, cudaStream_t stream) {
-    // The default loop, measured (docs/perf.md, "the FP8 forward's block loops"): at d = 128 the
-    // plain loop is 1-4% faster than ping-pong since the shared memory keeps its address space
-    // (fewer spills, 569 instead of 582 instructions per block) and the overlap loops are not
-    // faster; d = 64 keeps ping-pong, which has not been measured against plain.
+    // The default loop, measured (docs/perf.md, "the FP8 forward's block loops"): the plain loop
+    // is 1-4% faster than ping-pong at d = 128 since the shared memory keeps its address space
+    // (fewer spills, 569 instead of 582 instructions per block), 1-2% at d = 64, and the overlap
+    // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
-    if (loop < 0) loop = D == 128 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG;
+    if (loop < 0) loop = F8_LOOP_PLAIN;
     if (loop == F8_LOOP_OVERLAP_PP)
         forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_OVERLAP)

@@ -468,11 +468,10 @@ static void run_fwd_case(const Case &cs, int seed) {
             snprintf(what, sizeof what, "on %d persistent CTA(s), %s order", cap, dynamic ? "dynamic" : "static");
             same_as_default(d_o2, d_lse2, what);
         }
-        // Every block loop of the consumers (ping-pong; plain: no ping-pong; overlap: S_{j+1} issued
-        // before the softmax of S_j, PV_j into S_j's registers; overlap with ping-pong), one of them
-        // the default (plain at d = 128, ping-pong at d = 64): the same arithmetic in another
-        // order, so the same O and LSE bit for bit; on the full grid and on 2 CTAs (several tiles
-        // per CTA).
+        // Every block loop of the consumers (ping-pong; plain: no ping-pong, the default; overlap:
+        // S_{j+1} issued before the softmax of S_j, PV_j into S_j's registers; overlap with
+        // ping-pong): the same arithmetic in another order, so the same O and LSE bit for bit; on
+        // the full grid and on 2 CTAs (several tiles per CTA).
         for (int loop = 0; loop <= 3; loop++)
             for (int cap = 0; cap <= 2; cap += 2) {
                 poison(d_o2, d_lse2, 0);
