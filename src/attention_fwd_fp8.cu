@@ -290,8 +290,9 @@ struct F8Smem {
                                     (4 + 2 * F8_STAGES + 8) * sizeof(int) + 1024;
 };
 
-// The tiles (query block, batch x head) of a launch, heaviest first: tile t is query block
-// nblk - 1 - t / n_bh of (b, h) = t % n_bh. CTAs take the next tile from a counter in global
+// The tiles (query block, batch x head) of a launch, heaviest first within groups of
+// heads_per_group heads (causal_item_grouped: rank r is query block nblk - 1 - r; the group's
+// K̂ and V̂^T stay in L2 while its tiles run, causal_heads_per_group). CTAs take the next tile from a counter in global
 // memory when they start one (dynamic, heaviest first: the greedy schedule the hardware's own
 // block scheduler gives a grid of one CTA per tile). counter[0] hands out the tiles, counter[1]
 // counts the CTAs that have seen the end (every CTA fetches once more than its tiles); the last
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         const float *__restrict__ k_scales, const float *__restrict__ v_scales,
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
                         float *__restrict__ lse, int H, int n_bh, int T, float tau,
-                        unsigned *__restrict__ tile_counter) {
+                        unsigned *__restrict__ tile_counter, int heads_per_group) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
@@ -391,7 +392,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
             const int tile = tile_slot[qs];
             if (tile >= n_tiles) break;
-            const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh, n_kb = qb + 1;
+            const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
+            const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1;
             const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
             load_rows_tile<D, false>(sQ + qs * L::Q, qc + ((long)bh * Tp + qb * F8_BQ) * D, ptid);
             if (ptid == 0) cp_async4(sQs + qs, q_scales + (long)bh * nblk + qb, true);  // with the Q̂ copies
@@ -433,7 +435,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
             const int tile = tile_slot[ti & 1];
             if (tile >= n_tiles) break;
-            const int qb = nblk - 1 - tile / n_bh, bh = tile % n_bh;
+            const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
+            const int qb = nblk - 1 - item.rank, bh = item.bh;
             const int q0 = qb * F8_BQ, n_kb = qb + 1;  // causal: key blocks 0..qb
             const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
             const uint32_t dq = dq0 + (ti & 1) * (L::Q / 16);
@@ -732,7 +735,9 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     if (grid > n_tiles) grid = n_tiles;
     attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL);
+        1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL,
+        causal_heads_per_group(2L * attn_quant_n_blocks(T) * 128 * D, attn_quant_n_blocks(T), B * H,
+                               2 * fwd_fp8_n_sm()));
     CUDA_OK(cudaGetLastError());
 }
 

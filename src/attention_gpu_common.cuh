@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>     // __nv_bfloat16, __floats2bfloat162_rn
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
+#include <stdlib.h>        // getenv, atoi (causal_heads_per_group)
 
 #include "common.h"  // FATAL
 #include "fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
@@ -59,21 +60,50 @@ __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_
 __device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
     return raw + ((0u - smem_addr(raw)) & 1023u);  // bytes to the next multiple of 1024
 }
-// The CTA's (rank, head) in a causal kernel's grid (n_blocks, B*H), heaviest first: the launch
-// order (blockIdx.x fastest) is renumbered so that the first B*H CTAs take rank 0 of every head,
-// the next B*H rank 1, and so on; the kernel maps rank 0 to its longest block loop. CTAs start in
-// index order, so the long ones run in the first waves and the short ones fill the tail. With the
-// natural order (each head's blocks in turn) the last heads' longest CTAs start near the end and
-// run alone. Measured on one H200 (docs/perf.md): the fp8_dm delta pass (whose longest CTA was
-// each head's last) 6-12% faster at T = 1K-8K; the main FP8 backward +1% at 4K-8K but -18-21% at
-// 1K-2K, where the natural order's CTAs of one head share its Q̂, dÔ blocks in L2, so it keeps
-// the natural order. (The BF16 kernels' 1-D grids launch heaviest first.)
-struct CausalCta {
+// Causal kernels' work items (block rank, head), heaviest first within groups of hg heads: item
+// t (of n_blocks blocks per head, n_bh heads) lies in group t / (hg n_blocks); inside it, rank =
+// w / hg' and head = group hg + w % hg' (w = t's place in the group, hg' = the group's heads,
+// fewer in a last partial group). The kernel maps rank 0 to its longest block loop, so each
+// group's long items start first and its short ones fill in behind them. hg = n_bh is heaviest
+// first over all heads; with the natural order (each head's blocks in turn) the last heads'
+// longest CTAs start near the end and run alone. Smaller groups keep the items that run at once
+// on fewer heads, whose K̂, V̂ blocks then stay in L2 (causal_heads_per_group picks hg).
+// Measured on one H200 (docs/perf.md): the fp8_dm delta pass heaviest first over all heads 6-12%
+// faster than in the natural order; the main FP8 backward +1% at 4K-8K but -18-21% at 1K-2K,
+// where the natural order's CTAs of one head share its Q̂, dÔ blocks and dQ rows in L2, so it
+// keeps the natural order. (The BF16 kernels' 1-D grids launch heaviest first.)
+struct CausalItem {
     int rank, bh;
 };
-__device__ __forceinline__ CausalCta causal_cta_heaviest_first() {
-    const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
-    return {(int)(lin / gridDim.y), (int)(lin % gridDim.y)};
+__device__ __forceinline__ CausalItem causal_item_grouped(unsigned t, int n_blocks, int n_bh, int hg) {
+    const unsigned per = (unsigned)(hg * n_blocks), grp = t / per, w = t - grp * per;
+    const int hge = min(hg, n_bh - (int)grp * hg);
+    return {(int)(w / (unsigned)hge), (int)grp * hg + (int)(w % (unsigned)hge)};
+}
+// The item of this CTA of a grid (n_blocks, n_bh): its launch index (blockIdx.x fastest), grouped.
+__device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
+    return causal_item_grouped(blockIdx.y * gridDim.x + blockIdx.x, (int)gridDim.x, (int)gridDim.y, hg);
+}
+// hg for causal_item_grouped: the most heads whose K̂ and V̂ codes (kv_bytes_per_head) fit in
+// 16 MiB (a third of the H200's 50 MB L2, the rest being Q̂ tiles, outputs and the other
+// partition's copies), but at least enough heads for min_items items per group (two waves of
+// CTAs, so that the group's long items have short ones to overlap), at most n_bh.
+// ATTN_GROUP_HEADS=N overrides it (N <= 0: all heads), for timing comparisons.
+static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, int n_bh, int min_items) {
+    static int env = -2;  // -2: not read yet, -1: unset
+    if (env == -2) {
+        const char *e = getenv("ATTN_GROUP_HEADS");
+        env = e && *e ? atoi(e) : -1;
+        if (env == 0 || env < -1) env = 0;
+    }
+    int hg;
+    if (env >= 0) hg = env == 0 ? n_bh : env;
+    else {
+        const long fit = (16L << 20) / (kv_bytes_per_head > 0 ? kv_bytes_per_head : 1);
+        const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
+        hg = (int)(fit < need ? need : fit > n_bh ? n_bh : fit);
+    }
+    return hg < 1 ? 1 : hg > n_bh ? n_bh : hg;
 }
 // The same value, opaque to the compiler: addresses and descriptors derived from it inside a loop
 // body are recomputed there (a few integer adds) instead of hoisted out of the loop into
