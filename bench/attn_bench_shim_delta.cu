@@ -36,8 +36,7 @@ static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc,
         dq_bytes = need;
     }
     attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
-        qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, dq_acc, NULL, NULL, T, 1.0f / sqrtf((float)D),
-        b8_delta_heads_per_group(T, D, B * H));
+        qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, dq_acc, NULL, NULL, T, 1.0f / sqrtf((float)D));
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 

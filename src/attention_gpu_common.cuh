@@ -68,10 +68,12 @@ __device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
 // first over all heads; with the natural order (each head's blocks in turn) the last heads'
 // longest CTAs start near the end and run alone. Smaller groups keep the items that run at once
 // on fewer heads, whose K̂, V̂ blocks then stay in L2 (causal_heads_per_group picks hg).
-// Measured on one H200 (docs/perf.md): the fp8_dm delta pass heaviest first over all heads 6-12%
-// faster than in the natural order; the main FP8 backward +1% at 4K-8K but -18-21% at 1K-2K,
-// where the natural order's CTAs of one head share its Q̂, dÔ blocks and dQ rows in L2, so it
-// keeps the natural order. (The BF16 kernels' 1-D grids launch heaviest first.)
+// Measured on one H200 (docs/perf.md): the persistent FP8 forward in head groups 2-5% faster than
+// heaviest first over all heads; the fp8_dm delta pass heaviest first over all heads 6-12% faster
+// than in the natural order, and 2-10% slower in head groups; the main FP8 backward over all
+// heads +1% at 4K-8K but -18-21% at 1K-2K, where the natural order's CTAs of one head share its
+// Q̂, dÔ blocks and dQ rows in L2, so it keeps the natural order. (The BF16 kernels' 1-D grids
+// launch heaviest first over all heads.)
 struct CausalItem {
     int rank, bh;
 };
@@ -88,11 +90,11 @@ __device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
 // 16 MiB (a third of the H200's 50 MB L2, the rest being Q̂ tiles, outputs and the other
 // partition's copies), but at least enough heads for min_items items per group (two waves of
 // CTAs, so that the group's long items have short ones to overlap), at most n_bh.
-// ATTN_GROUP_HEADS=N overrides it (N <= 0: all heads), for timing comparisons.
+// ATTN_FP8_FWD_GROUP_HEADS=N overrides it (N <= 0: all heads), for timing comparisons.
 static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, int n_bh, int min_items) {
     static int env = -2;  // -2: not read yet, -1: unset
     if (env == -2) {
-        const char *e = getenv("ATTN_GROUP_HEADS");
+        const char *e = getenv("ATTN_FP8_FWD_GROUP_HEADS");
         env = e && *e ? atoi(e) : -1;
         if (env == 0 || env < -1) env = 0;
     }
