@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     // The natural order (each head's key blocks in turn), not heaviest first: measured, heaviest
     // first gained 1% at T = 4K-8K and lost 18-21% at 1K-2K (the CTAs running at once then belong
     // to ~132 different heads and no longer share their Q̂, dÔ blocks in L2); see
-    // causal_cta_heaviest_first, which the delta pass uses
+    // causal_item_grouped, whose heaviest-first order over all heads the delta pass uses
     const int kb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane >> 2, t4 = lane & 3;
