@@ -16,7 +16,6 @@
 #include <cuda_bf16.h>     // __nv_bfloat16, __floats2bfloat162_rn
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
-#include <stdlib.h>        // getenv, atoi (causal_heads_per_group)
 
 #include "common.h"  // FATAL
 #include "fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
@@ -89,23 +88,13 @@ __device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
 // hg for causal_item_grouped: the most heads whose K̂ and V̂ codes (kv_bytes_per_head) fit in
 // 16 MiB (a third of the H200's 50 MB L2, the rest being Q̂ tiles, outputs and the other
 // partition's copies), but at least enough heads for min_items items per group (two waves of
-// CTAs, so that the group's long items have short ones to overlap), at most n_bh.
-// ATTN_FP8_FWD_GROUP_HEADS=N overrides it (N <= 0: all heads), for timing comparisons.
+// CTAs, so that the group's long items have short ones to overlap), at most n_bh. (A kernel's
+// timing knob may override the result, as the FP8 forward's ATTN_FP8_FWD_GROUP_HEADS does.)
 static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, int n_bh, int min_items) {
-    static int env = -2;  // -2: not read yet, -1: unset
-    if (env == -2) {
-        const char *e = getenv("ATTN_FP8_FWD_GROUP_HEADS");
-        env = e && *e ? atoi(e) : -1;
-        if (env == 0 || env < -1) env = 0;
-    }
-    int hg;
-    if (env >= 0) hg = env == 0 ? n_bh : env;
-    else {
-        const long fit = (16L << 20) / (kv_bytes_per_head > 0 ? kv_bytes_per_head : 1);
-        const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
-        hg = (int)(fit < need ? need : fit > n_bh ? n_bh : fit);
-    }
-    return hg < 1 ? 1 : hg > n_bh ? n_bh : hg;
+    const long fit = (16L << 20) / (kv_bytes_per_head > 0 ? kv_bytes_per_head : 1);
+    const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
+    const long hg = fit < need ? need : fit;
+    return hg < 1 ? 1 : hg > n_bh ? n_bh : (int)hg;
 }
 // The same value, opaque to the compiler: addresses and descriptors derived from it inside a loop
 // body are recomputed there (a few integer adds) instead of hoisted out of the loop into
