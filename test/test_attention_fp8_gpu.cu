@@ -176,10 +176,6 @@ static void report(const char *tag, const char *what, const Mismatch &m, bool ex
           m.cpu_sat);
 }
 
-// Random BF16 (B, T, H, d) values with row stride `stride` at `off`: N(0,1) * scale, and in a
-// few random (b, h, 128-token block) cells multiplied by 2^±k (with `cells`: scales far from 1,
-// down to the clamp 2^126 of blocks of subnormals);
-// with `huge`, also single outliers ×2^12 that make a stale delayed scale saturate.
 // The options every GPU case runs with: block scaling, P's static scale 256, the kernels' tiles.
 static AttnOptions block_options(AttnPrecision precision, Fp8Format gfmt, int block_q, int block_k) {
     AttnOptions opt;
@@ -193,6 +189,10 @@ static AttnOptions block_options(AttnPrecision precision, Fp8Format gfmt, int bl
     return opt;
 }
 
+// Random BF16 (B, T, H, d) values with row stride `stride` at `off`: N(0,1) * scale, and in a
+// few random (b, h, 128-token block) cells multiplied by 2^±k (with `cells`: scales far from 1,
+// down to the clamp 2^126 of blocks of subnormals);
+// with `huge`, also single outliers ×2^12 that make a stale delayed scale saturate.
 static void fill_tensor(std::vector<uint16_t> &hx, size_t off, int stride, const Case &cs, double scale,
                         bool cells, bool huge) {
     const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, nblk = attn_quant_n_blocks(T);
@@ -1203,7 +1203,6 @@ static void check_causal_orders(void) {
         snprintf(name, sizeof name, "causal order %d x %d: one group of all heads is heaviest first over all", nb, nh);
         CHECK(plain_same, name, "differs from (t / heads, t %% heads)");
     }
-    unsetenv("ATTN_FP8_FWD_GROUP_HEADS");  // the automatic choice (read once, here first)
     struct { long kv; int nb, nh, min_items, want; } g[] = {
         {2L << 20, 64, 32, 264, 8},     // T = 8K, d 128, B*H 32: 16 MiB / 2 MiB
         {1L << 20, 32, 64, 264, 16},    // 4K
