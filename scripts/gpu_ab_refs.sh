@@ -35,62 +35,13 @@ for d in "$@"; do
   grep -E "DIFFER|SUSPECT|NOT timed|FAILED" "$OUT/$n/bench.log" | head -5
 done
 
-# One table per measure, a column per version, from each bench's summary.txt: the bare-kernel
-# table ("| T | quant fwd ms ...") and the loops table when a version has it.
-python3 - "$OUT" "$@" <<'EOF'
-import os, sys
-out, dirs = sys.argv[1], [os.path.basename(d).lstrip(".") for d in sys.argv[2:]]
-
-def table(lines, head):
-    """The rows of the markdown table whose header starts with head: [{column: cell}]."""
-    for i, l in enumerate(lines):
-        if l.startswith(head):
-            cols = [c.strip() for c in l.strip().strip("|").split("|")]
-            rows = []
-            for r in lines[i + 2:]:
-                if not r.startswith("|"):
-                    break
-                rows.append(dict(zip(cols, [c.strip() for c in r.strip().strip("|").split("|")])))
-            return rows
-    return []
-
-def cell(rows, T, prefix):
-    """The cell of row T in the first column whose name starts with prefix (its first word)."""
-    for r in rows:
-        if r["T"] == T:
-            for k, v in r.items():
-                if k.startswith(prefix):
-                    return v.split(" ")[0]
-    return "n/a"
-
-bare, api, loops = {}, {}, {}
-for d in dirs:
-    try:
-        lines = open(os.path.join(out, d, "bench", "summary.txt")).read().splitlines()
-    except OSError:
-        lines = []
-    bare[d] = table(lines, "| T | quant fwd ms")
-    api[d] = table(lines, "| T | ours f")
-    i = next((i for i, l in enumerate(lines) if l.startswith("| T | default")), None)  # the loops table
-    n = 0 if i is None else next((k for k, l in enumerate(lines[i:]) if not l.startswith("|")), len(lines) - i)
-    loops[d] = [] if i is None else lines[i:i + n]
-measures = [(bare, "FP8 fwd bare TFLOP/s"), (bare, "naive bwd bare"), (bare, "dm bwd bare"),
-            (bare, "dm bwd API"), (bare, "delta kernel ms"), (api, "dm f / ours f"),
-            (api, "dm f+b / ours f+b time")]
-Ts = [r["T"] for r in next((v for v in bare.values() if v), [])]
-if not Ts:
-    print("no bench summary to compare (see the bench logs)")
-    sys.exit(0)
-print()
-print("same GPU, one call, the versions one after the other (TFLOP/s; delta kernel: ms; ratios: "
-      "fp8_dm through the API against our BF16)")
-for src, m in measures:
-    print(f"\n{m}\n| T | " + " | ".join(dirs) + " |\n|---|" + "---|" * len(dirs))
-    for T in Ts:
-        print(f"| {T} | " + " | ".join(cell(src[d], T, m) for d in dirs) + " |")
-for d in dirs:
-    if loops[d]:
-        print(f"\n{d}: the FP8 forward's block loops, bare TFLOP/s")
-        print("\n".join(loops[d]))
-EOF
+# One table per measure, a column per version, from each bench's summary.txt
+args=()
+for d in "$@"; do n=$(basename "$d"); n=${n#.}; args+=("$n=$OUT/$n/bench/summary.txt"); done
+python3 scripts/compare_bench_summaries.py "${args[@]}"
+# every version's summary in one file (the device tool returns few files)
+for d in "$@"; do
+  n=$(basename "$d"); n=${n#.}
+  echo "===== $n"; cat "$OUT/$n/bench/summary.txt" 2>/dev/null
+done > "$OUT/summaries.txt"
 exit $status

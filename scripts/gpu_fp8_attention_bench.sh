@@ -6,7 +6,8 @@
 # BF16 kernels and cuDNN, plus the quantize passes, the bare FP8 kernels and fp8_dm's delta
 # kernel alone. Prints the summary table (with the issue's targets marked) last; the per-T
 # timings with min/max are in $OUT/bench.txt. Logs go to $OUT (or /tmp/gpu_fp8_bench_out).
-#   usage: [MODES="bf16 fp8_dm"] [ROUNDS=30] [GRAD_FORMAT=e4m3] [HEAD_DIM=128] [HEADS=16] [BUDGET=230] bash scripts/gpu_fp8_attention_bench.sh
+#   usage: [MODES="bf16 fp8_dm"] [ROUNDS=30] [GRAD_FORMAT=e4m3] [HEAD_DIM=128] [HEADS=16] [BUDGET=230]
+#          [REUSE_LIB=1 (skip the build: $BD/libattn_fp8.so of an earlier run)] bash scripts/gpu_fp8_attention_bench.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_bench_out}
@@ -18,6 +19,9 @@ BUDGET=${BUDGET:-230}  # seconds for the whole script; the benchmark gets what t
 start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader 2>/dev/null
 
+if [ "${REUSE_LIB:-0}" = 1 ] && [ -f "$BD/libattn_fp8.so" ]; then
+  echo "== reusing $BD/libattn_fp8.so (REUSE_LIB=1: built by an earlier run of this script, same tree)"
+else
 echo "== build ($BD, logs build_*.log)"
 CU="attention_fwd attention_fwd_mma attention_bwd attention_quant attention_fwd_fp8 attention_bwd_fp8 attention_fp8"
 pids=""
@@ -51,6 +55,7 @@ else echo "   src/attention_cpu.c did not compile (build_attention_cpu.log); not
 $NVCC -gencode arch=compute_90a,code=sm_90a -shared -Xcompiler -fopenmp $objs -o "$BD/libattn_fp8.so" \
   > "$OUT/build_link.log" 2>&1 || { echo "== link FAILED:"; tail -15 "$OUT/build_link.log"; exit 1; }
 echo "   built in $(( $(date +%s) - start )) s"
+fi
 
 echo "== bench (bench/bench_attention_fp8.py; full log bench.txt)"
 left=$(( BUDGET - ($(date +%s) - start) ))
