@@ -739,7 +739,7 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
         1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL,
         causal_heads_per_group(2L * attn_quant_n_blocks(T) * 128 * D, attn_quant_n_blocks(T), B * H,
-                               2 * fwd_fp8_n_sm()));
+                               2 * fwd_fp8_n_sm(), causal_group_heads_env("ATTN_FP8_FWD_GROUP_HEADS")));
     CUDA_OK(cudaGetLastError());
 }
 
