@@ -77,9 +77,9 @@ __device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
 struct CausalItem {
     int rank, bh;
 };
-__device__ __forceinline__ CausalItem causal_item_grouped(unsigned t, int n_blocks, int n_bh, int hg) {
+__host__ __device__ __forceinline__ CausalItem causal_item_grouped(unsigned t, int n_blocks, int n_bh, int hg) {
     const unsigned per = (unsigned)(hg * n_blocks), grp = t / per, w = t - grp * per;
-    const int hge = min(hg, n_bh - (int)grp * hg);
+    const int left = n_bh - (int)grp * hg, hge = hg < left ? hg : left;  // (host-callable: no min)
     return {(int)(w / (unsigned)hge), (int)grp * hg + (int)(w % (unsigned)hge)};
 }
 // The item of this CTA of a grid (n_blocks, n_bh): its launch index (blockIdx.x fastest), grouped.

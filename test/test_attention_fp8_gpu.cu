@@ -26,6 +26,7 @@
 
 #include "attention_cpu.h"    // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
 #include "attention_fp8.h"    // attn_mode_forward / attn_mode_backward with and without kept codes
+#include "attention_gpu_common.cuh"  // causal_item_grouped, causal_heads_per_group (host-side checks)
 #include "attention_gpu.h"    // attn_gpu_backward (BF16; fp8_hybrid's backward)
 #include "attention_quant.h"  // the kernels under test
 #include "fp8.h"              // fp8_from_f32, bf16_to_f32
@@ -1166,8 +1167,62 @@ static void run_extreme_case(const Case &cs, Fp8Format gfmt, int seed) {
     cudaFree(d_qkv); cudaFree(d_do);
 }
 
+// The kernels' CTA and tile orders (causal_item_grouped), on the host, so they run without a GPU
+// too: every (rank, head) exactly once, heaviest first within each group, the group's heads
+// only; hg = all heads is the plain heaviest-first order; and the group sizes
+// causal_heads_per_group picks (the L2 budget, two waves per group, 1 <= hg <= heads).
+static void check_causal_orders(void) {
+    const int shapes[][3] = {{8, 256, 64}, {64, 32, 8}, {5, 7, 3}, {1, 3, 2}, {4, 4, 4}, {3, 10, 1}, {16, 5, 5}, {2, 9, 4}};
+    for (const auto &sh : shapes) {
+        const int nb = sh[0], nh = sh[1], hg = sh[2], n = nb * nh;
+        std::vector<int> seen((size_t)n, 0);
+        bool in_range = true, heavy_first = true, in_group = true, plain_same = true;
+        int prev_rank = -1, prev_grp = -1;
+        for (int t = 0; t < n; t++) {
+            const CausalItem it = causal_item_grouped((unsigned)t, nb, nh, hg);
+            if (it.rank < 0 || it.rank >= nb || it.bh < 0 || it.bh >= nh) {
+                in_range = false;
+                continue;
+            }
+            seen[(size_t)it.rank * nh + it.bh]++;
+            const int grp = t / (hg * nb);
+            if (grp != prev_grp) prev_rank = -1, prev_grp = grp;
+            if (it.rank < prev_rank) heavy_first = false;
+            prev_rank = it.rank;
+            if (it.bh / hg != grp) in_group = false;
+            const CausalItem all = causal_item_grouped((unsigned)t, nb, nh, nh);
+            if (all.rank != t / nh || all.bh != t % nh) plain_same = false;
+        }
+        bool once = in_range;
+        for (int c : seen) once = once && c == 1;
+        char name[96];
+        snprintf(name, sizeof name, "causal order %d blocks x %d heads in groups of %d: a permutation", nb, nh, hg);
+        CHECK(once, name, "an item is missing, repeated or out of range");
+        snprintf(name, sizeof name, "causal order %d x %d / %d: heaviest first within each group", nb, nh, hg);
+        CHECK(heavy_first && in_group, name, "heaviest first %d, heads inside the group %d", heavy_first, in_group);
+        snprintf(name, sizeof name, "causal order %d x %d: one group of all heads is heaviest first over all", nb, nh);
+        CHECK(plain_same, name, "differs from (t / heads, t %% heads)");
+    }
+    unsetenv("ATTN_FP8_FWD_GROUP_HEADS");  // the automatic choice (read once, here first)
+    struct { long kv; int nb, nh, min_items, want; } g[] = {
+        {2L << 20, 64, 32, 264, 8},     // T = 8K, d 128, B*H 32: 16 MiB / 2 MiB
+        {1L << 20, 32, 64, 264, 16},    // 4K
+        {256L << 10, 8, 256, 264, 64},  // 1K
+        {16L << 10, 4, 100, 264, 100},  // small heads: all of them fit
+        {2L << 20, 2, 1000, 264, 132},  // few blocks: two waves need 132 heads
+        {64L << 20, 64, 5, 264, 5},     // huge heads: at least the two waves, at most all heads
+    };
+    for (const auto &c : g) {
+        const int hg = causal_heads_per_group(c.kv, c.nb, c.nh, c.min_items);
+        char name[96];
+        snprintf(name, sizeof name, "heads per group for %ld B per head, %d blocks, %d heads", c.kv, c.nb, c.nh);
+        CHECK(hg == c.want, name, "got %d, expected %d", hg, c.want);
+    }
+}
+
 int main(void) {
-    if (!gpu_test_have_gpu("test_attention_fp8_gpu")) return 0;
+    check_causal_orders();
+    if (!gpu_test_have_gpu("test_attention_fp8_gpu")) return test_summary("test_attention_fp8_gpu");
     const Case cases[] = {
         {2, 3, 200, 64, true, 1.0},    // T not a multiple of 128, several heads
         {1, 2, 517, 128, false, 2.0},  // d = 128, separate buffers
