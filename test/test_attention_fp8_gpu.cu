@@ -1203,7 +1203,6 @@ static void check_causal_orders(void) {
         snprintf(name, sizeof name, "causal order %d x %d: one group of all heads is heaviest first over all", nb, nh);
         CHECK(plain_same, name, "differs from (t / heads, t %% heads)");
     }
-    unsetenv("ATTN_FP8_FWD_GROUP_HEADS");  // the automatic choice (read once, here first)
     struct { long kv; int nb, nh, min_items, want; } g[] = {
         {2L << 20, 64, 32, 264, 8},     // T = 8K, d 128, B*H 32: 16 MiB / 2 MiB
         {1L << 20, 32, 64, 264, 16},    // 4K
@@ -1213,11 +1212,14 @@ static void check_causal_orders(void) {
         {64L << 20, 64, 5, 264, 5},     // huge heads: at least the two waves, at most all heads
     };
     for (const auto &c : g) {
-        const int hg = causal_heads_per_group(c.kv, c.nb, c.nh, c.min_items);
+        const int hg = causal_heads_per_group(c.kv, c.nb, c.nh, c.min_items, -1);  // -1: automatic
         char name[96];
         snprintf(name, sizeof name, "heads per group for %ld B per head, %d blocks, %d heads", c.kv, c.nb, c.nh);
         CHECK(hg == c.want, name, "got %d, expected %d", hg, c.want);
     }
+    CHECK(causal_heads_per_group(2L << 20, 64, 32, 264, 0) == 32 && causal_heads_per_group(2L << 20, 64, 32, 264, 3) == 3 &&
+              causal_heads_per_group(2L << 20, 64, 32, 264, 99) == 32,
+          "heads per group: a forced count (0 = all heads, capped at all heads)", "not honoured");
 }
 
 int main(void) {
