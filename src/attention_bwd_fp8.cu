@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     };
     load_kv(0);  // the group also holds Q̂ and dÔ
     const int n_kb = q_last / B8_BK + 1;
-    float cdp_u = 1.f, s_v_u = 1.f;  // the units of pd: the cdp (and V scale) of the block last summed
+    float s_v_u = 1.f;  // the units of pd: 1 / (s_do s_v_u), s_v_u the V scale of the block last summed
     for (int kb = 0; kb < n_kb; kb++) {
         __syncthreads();  // everyone is done with buffer (kb + 1) % 2, the previous block's
         if (kb + 1 < n_kb) {
@@ -364,22 +364,20 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
         }
         fence_proxy_async();
         __syncthreads();  // (also makes buffer kb % 2's scales, landed above, visible to all)
-        const float inv_k = pow2_recip(sKVs[2 * (kb & 1)]), inv_v = pow2_recip(sKVs[2 * (kb & 1) + 1]);
-        const float cs = pdp_s_scale(inv_q, inv_k, tau), cdp = pdp_dp_scale(inv_do, inv_v);
-        // pd is kept in units of this block's cdp: tile_p_dp leaves dP unscaled (64 FMUL less per
-        // block and thread) and the sums are rescaled once per block by cdp_prev / cdp = s_v /
-        // s_v_prev (inv_do cancels; a ratio of powers of two, so exact). Scaling by 2^k commutes
-        // with rounding, so D has the bits it would have with every dP scaled and the main pass's
-        // dS rows still sum to 0. (The only exception would be over- or underflow of the sums in
-        // these units, which needs V blocks of one head whose scales differ by ~2^90 or more.)
-        const float s_v = sKVs[2 * (kb & 1) + 1];
+        const float cs = pdp_s_scale(inv_q, pow2_recip(sKVs[2 * (kb & 1)]), tau), s_v = sKVs[2 * (kb & 1) + 1];
+        // pd is kept in units of this block's cdp = pdp_dp_scale(inv_do, 1 / s_v): tile_p_dp leaves
+        // dP unscaled (64 FMUL less per block and thread) and the sums are rescaled once per block
+        // by cdp_prev / cdp = s_v / s_v_prev (inv_do cancels; a ratio of powers of two, so exact).
+        // Scaling by 2^k commutes with rounding, so D has the bits it would have with every dP
+        // scaled and the main pass's dS rows still sum to 0. (The only exception would be over- or
+        // underflow of the sums in these units, which needs V blocks of one head whose scales
+        // differ by ~2^90 or more.)
         if (kb > 0) {
             const float r = __fmul_rn(s_v, pow2_recip(s_v_u));
 #pragma unroll
             for (int i = 0; i < 16; i++) pd[i] = __fmul_rn(pd[i], r);
         }
         s_v_u = s_v;
-        cdp_u = cdp;
         const uint32_t dsm = opaque_u32(dlo_smem);  // the tiles' descriptors: offsets from smem
         const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
         const uint32_t dq = dsm + L::OFF_Q / 16 + wgu * (B8_BQ * 128 / 16), ddo = dsm + L::OFF_DO / 16 + wgu * (B8_BQ * 128 / 16);
@@ -388,8 +386,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
             const int key0 = kb * B8_BK + h * 64;
             if (key0 > qw_last) break;  // above the diagonal for all of this warpgroup's queries (warp-uniform)
             const uint32_t dkh = (kb & 1) * (L::BUF / 16) + h * (64 * 128 / 16);  // the buffer, the 64 key rows
-            tile_p_dp<D, E5, true>(dsm + dkh, dsm + L::KV / 16 + dkh, dq, ddo, sLse + wg * B8_BQ, cs, cdp, key0, qw0, T,
-                                   p, dp);
+            tile_p_dp<D, E5, true>(dsm + dkh, dsm + L::KV / 16 + dkh, dq, ddo, sLse + wg * B8_BQ, cs,
+                                   0.f /* unused: dP stays unscaled */, key0, qw0, T, p, dp);
 #pragma unroll
             for (int n = 0; n < 8; n++)
 #pragma unroll
@@ -399,6 +397,7 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
                 }
         }
     }
+    const float cdp_u = pdp_dp_scale(inv_do, pow2_recip(s_v_u));  // the last block's cdp
 #pragma unroll
     for (int i = 0; i < 16; i++) pd[i] = __fmul_rn(pd[i], cdp_u);  // back to dP units (exact)
     col_sum_warp(pd);
@@ -506,7 +505,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     // The natural order (each head's key blocks in turn), not heaviest first: measured, heaviest
     // first gained 1% at T = 4K-8K and lost 18-21% at 1K-2K (the CTAs running at once then belong
     // to ~132 different heads and no longer share their Q̂, dÔ blocks in L2); see
-    // causal_cta_heaviest_first, which the delta pass uses
+    // causal_item_grouped, whose heaviest-first order over all heads the delta pass uses
     const int kb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane >> 2, t4 = lane & 3;

@@ -446,9 +446,11 @@ static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, c
         CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     }
     // heads per group of the CTA order: K and V of a head are 2 T D BF16 values; two waves of
-    // CTAs per group (one CTA per SM); ATTN_BF16_FWD_GROUP_HEADS=N overrides (0: all heads)
-    const int hg = causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, 2 * n_sm,
-                                          causal_group_heads_env("ATTN_BF16_FWD_GROUP_HEADS"));
+    // CTAs per group (one CTA per SM); ATTN_BF16_FWD_GROUP_HEADS=N overrides (N <= 0: all heads)
+    const char *gh = getenv("ATTN_BF16_FWD_GROUP_HEADS");
+    const int forced = gh && *gh ? atoi(gh) : -1;
+    const int hg = !(gh && *gh) ? causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, 2 * n_sm)
+                   : forced > 0 && forced < B * H ? forced : B * H;
     // V's descriptor offsets: next 64-column region (leading), next 8 keys (stride).
     const uint32_t v_lbo = WG_BK * 128, v_sbo = 1024;
     static bool attr_set[2] = {false, false};  // one device per process (one GPU per rank)

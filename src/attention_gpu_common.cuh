@@ -16,7 +16,6 @@
 #include <cuda_bf16.h>     // __nv_bfloat16, __floats2bfloat162_rn
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
-#include <stdlib.h>        // getenv, atoi (causal_heads_per_group)
 
 #include "common.h"  // FATAL
 #include "fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
@@ -86,28 +85,16 @@ __host__ __device__ __forceinline__ CausalItem causal_item_grouped(unsigned t, i
 __device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
     return causal_item_grouped(blockIdx.y * gridDim.x + blockIdx.x, (int)gridDim.x, (int)gridDim.y, hg);
 }
-// hg for causal_item_grouped: the most heads whose K and V (kv_bytes_per_head) fit in 16 MiB (a
-// third of the H200's 50 MB L2, the rest being Q tiles, outputs and the other partition's
-// copies), but at least enough heads for min_items items per group (two waves of CTAs, so that
-// the group's long items have short ones to overlap), at most n_bh. forced >= 0 (a timing knob
-// of the caller's) overrides it: forced heads per group, 0 = all heads.
-static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, int n_bh, int min_items, int forced) {
-    int hg;
-    if (forced >= 0) hg = forced == 0 ? n_bh : forced;
-    else {
-        const long fit = (16L << 20) / (kv_bytes_per_head > 0 ? kv_bytes_per_head : 1);
-        const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
-        hg = (int)(fit < need ? need : fit > n_bh ? n_bh : fit);
-    }
-    return hg < 1 ? 1 : hg > n_bh ? n_bh : hg;
-}
-// A causal_heads_per_group override from the environment variable `name`: unset or negative:
-// -1 (automatic), else the number (0: all heads). Read each call (cheap next to a launch).
-static inline int causal_group_heads_env(const char *name) {
-    const char *e = getenv(name);
-    if (!e || !*e) return -1;
-    const int v = atoi(e);
-    return v < 0 ? -1 : v;
+// hg for causal_item_grouped: the most heads whose K̂ and V̂ codes (kv_bytes_per_head) fit in
+// 16 MiB (a third of the H200's 50 MB L2, the rest being Q̂ tiles, outputs and the other
+// partition's copies), but at least enough heads for min_items items per group (two waves of
+// CTAs, so that the group's long items have short ones to overlap), at most n_bh. (A kernel's
+// timing knob may override the result, as the FP8 forward's ATTN_FP8_FWD_GROUP_HEADS does.)
+static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, int n_bh, int min_items) {
+    const long fit = (16L << 20) / (kv_bytes_per_head > 0 ? kv_bytes_per_head : 1);
+    const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
+    const long hg = fit < need ? need : fit;
+    return hg < 1 ? 1 : hg > n_bh ? n_bh : (int)hg;
 }
 // The same value, opaque to the compiler: addresses and descriptors derived from it inside a loop
 // body are recomputed there (a few integer adds) instead of hoisted out of the loop into
