@@ -125,18 +125,21 @@ struct WgFwdCta {
 };
 template <int D>
 __device__ __forceinline__ WgFwdCta wg_fwd_cta(unsigned char *smem_raw, int qkv_stride, int o_stride,
-                                               int H, int T, int tid) {
+                                               int H, int T, int tid, int heads_per_group) {
     WgFwdCta c;
     unsigned char *smem = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     c.sQ = reinterpret_cast<bf16 *>(smem);
     c.sK = c.sQ + WG_BQ * D;
     c.sV = c.sK + 2 * WG_BK * D;
-    // 1-D grid over (query block, b*H + h), heaviest first: every head's last query block before
-    // any head's second-to-last, so the longest jobs start first and the shortest fill the tail
-    // (measured on the H200, pipe kernel: +2-4% at T = 4K-8K over walking head by head).
+    // 1-D grid over (query block, b*H + h), heaviest first within groups of heads: in a group,
+    // every head's last query block before any head's second-to-last, so the longest jobs start
+    // first and the shortest fill the tail (measured on the H200, pipe kernel: +2-4% at T = 4K-8K
+    // over walking head by head), and the group's K and V stay in L2 (causal_item_grouped; with
+    // heads_per_group = B*H heaviest first over all heads, as before).
     const int n_qb = (T + WG_BQ - 1) / WG_BQ, n_bh = gridDim.x / n_qb;
-    const int qb = n_qb - 1 - blockIdx.x / n_bh;
-    c.bh = blockIdx.x % n_bh;
+    const CausalItem item = causal_item_grouped(blockIdx.x, n_qb, n_bh, heads_per_group);
+    const int qb = n_qb - 1 - item.rank;
+    c.bh = item.bh;
     const int b = c.bh / H, h = c.bh % H;
     c.b = b;
     c.h = h;
@@ -180,9 +183,9 @@ __global__ void __launch_bounds__(256, 1)
     attn_fwd_wgmma_pipe_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                                const bf16 *__restrict__ v, int qkv_stride, bf16 *__restrict__ o,
                                int o_stride, float *__restrict__ lse, int H, int T,
-                               float scale_log2, uint32_t v_lbo, uint32_t v_sbo) {
+                               float scale_log2, uint32_t v_lbo, uint32_t v_sbo, int heads_per_group) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const WgFwdCta c = wg_fwd_cta<D>(smem_raw, qkv_stride, o_stride, H, T, threadIdx.x);
+    const WgFwdCta c = wg_fwd_cta<D>(smem_raw, qkv_stride, o_stride, H, T, threadIdx.x, heads_per_group);
     const bf16 *gq = q + c.qkv_base, *gk = k + c.qkv_base, *gv = v + c.qkv_base;
     constexpr int KV_TILE = WG_BK * D;
     float oacc[D / 2], s[WG_BK / 2];
@@ -271,12 +274,12 @@ __global__ void __launch_bounds__(384, 1)
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, bf16 *__restrict__ o,
                               int o_stride, float *__restrict__ lse, int H, int T,
-                              float scale_log2, uint32_t v_lbo, uint32_t v_sbo) {
+                              float scale_log2, uint32_t v_lbo, uint32_t v_sbo, int heads_per_group) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int KV_TILE = WG_BK * D;
     constexpr uint32_t Q_BYTES = WG_BQ * D * 2, KV_BYTES = WG_BK * D * 2;
     const int ctid = (int)threadIdx.x - 128;  // index among the consumer threads (< 0: producer)
-    const WgFwdCta c = wg_fwd_cta<D>(smem_raw, 0, o_stride, H, T, ctid < 0 ? 0 : ctid);
+    const WgFwdCta c = wg_fwd_cta<D>(smem_raw, 0, o_stride, H, T, ctid < 0 ? 0 : ctid, heads_per_group);
     uint64_t *bars = reinterpret_cast<uint64_t *>(c.sV + 2 * KV_TILE);
     uint64_t *full_q = bars, *full_k = bars + 1, *full_v = bars + 3, *empty_k = bars + 5,
              *empty_v = bars + 7;
@@ -436,6 +439,18 @@ static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, c
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     const long n_cta = (long)((T + WG_BQ - 1) / WG_BQ) * B * H;
     if (n_cta > 0x7fffffffL) FATAL("attn_gpu_forward: B*H*ceil(T/%d) = %ld CTAs is too many", WG_BQ, n_cta);
+    static int n_sm = 0;  // one device per process
+    if (n_sm == 0) {
+        int dev = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    }
+    // heads per group of the CTA order: K and V of a head are 2 T D BF16 values; two waves of
+    // CTAs per group (one CTA per SM); ATTN_BF16_FWD_GROUP_HEADS=N overrides (N <= 0: all heads)
+    const char *gh = getenv("ATTN_BF16_FWD_GROUP_HEADS");
+    const int forced = gh && *gh ? atoi(gh) : -1;
+    const int hg = !(gh && *gh) ? causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, 2 * n_sm)
+                   : forced > 0 && forced < B * H ? forced : B * H;
     // V's descriptor offsets: next 64-column region (leading), next 8 keys (stride).
     const uint32_t v_lbo = WG_BK * 128, v_sbo = 1024;
     static bool attr_set[2] = {false, false};  // one device per process (one GPU per rank)
@@ -448,14 +463,14 @@ static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, c
         const CUtensorMap tq = make_tmap(q, B, H, T, D, qkv_stride), tk = make_tmap(k, B, H, T, D, qkv_stride),
                           tv = make_tmap(v, B, H, T, D, qkv_stride);
         attn_fwd_wgmma_tma_kernel<D><<<(unsigned)n_cta, 384, smem, stream>>>(
-            tq, tk, tv, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo);
+            tq, tk, tv, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo, hg);
     } else {
         if (!attr_set[1]) {
             CUDA_OK(cudaFuncSetAttribute(attn_fwd_wgmma_pipe_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tiles));
             attr_set[1] = true;
         }
         attn_fwd_wgmma_pipe_kernel<D><<<(unsigned)n_cta, 256, tiles, stream>>>(
-            q, k, v, qkv_stride, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo);
+            q, k, v, qkv_stride, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo, hg);
     }
     CUDA_OK(cudaGetLastError());
 }
