@@ -71,8 +71,8 @@ __device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
 // heaviest first over all heads; the fp8_dm delta pass heaviest first over all heads 6-12% faster
 // than in the natural order, and 2-10% slower in head groups; the main FP8 backward over all
 // heads +1% at 4K-8K but -18-21% at 1K-2K, where the natural order's CTAs of one head share its
-// Q̂, dÔ blocks and dQ rows in L2, so it keeps the natural order. (The BF16 kernels' 1-D grids
-// launch heaviest first over all heads.)
+// Q̂, dÔ blocks and dQ rows in L2, so it keeps the natural order. Our BF16 forward in groups of
+// about one wave of CTAs: 10-27% faster than heaviest first over all heads at 1K-4K, 4% at 8K.
 struct CausalItem {
     int rank, bh;
 };
