@@ -54,6 +54,9 @@
 #include <math.h>          // sqrtf
 #include <stddef.h>        // size_t
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
+#include <stdlib.h>        // getenv, atoi (the timing knobs)
+
+#include <algorithm>  // std::min
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, check_args
 #include "common.h"                  // FATAL
@@ -296,7 +299,8 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
                               const float *__restrict__ q_scales, const float *__restrict__ k_scales,
                               const float *__restrict__ v_scales, const float *__restrict__ do_scales,
                               const float *__restrict__ lse, float *__restrict__ dlt, float *__restrict__ dq_acc,
-                              float *__restrict__ row_ds_sum, float *__restrict__ row_cancel, int T, float tau) {
+                              float *__restrict__ row_ds_sum, float *__restrict__ row_cancel, int T, float tau,
+                              int heads_per_group) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
     using L = B8DeltaSmem;
@@ -310,7 +314,7 @@ __global__ void __launch_bounds__(B8_THREADS, 2)
     // heaviest first over all heads (the last query block walks the most key blocks). Measured:
     // in groups of heads as the forward (causal_heads_per_group) the pass was 2-10% slower at
     // T = 4K-8K, in the natural order 6-12% slower.
-    const CausalItem cta = causal_cta_grouped((int)gridDim.y);
+    const CausalItem cta = causal_cta_grouped(heads_per_group);
     const int qb = (int)gridDim.x - 1 - cta.rank, bh = cta.bh, tid = threadIdx.x;
     const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
@@ -473,7 +477,7 @@ struct B8Smem {
     static_assert(bytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 };
 
-template <int D, bool E5>
+template <int D, bool E5, bool GROUPED>  // GROUPED: heaviest first in groups of heads (a timing knob)
 __global__ void __launch_bounds__(B8_THREADS, 1)
     attn_bwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ qtc,
                         const uint8_t *__restrict__ kc, const uint8_t *__restrict__ ktc,
@@ -483,7 +487,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         const float *__restrict__ do_scales, float p_scale, const float *__restrict__ lse,
                         const float *__restrict__ dlt, bf16 *__restrict__ dk,
                         bf16 *__restrict__ dv, int dqkv_stride, float *__restrict__ row_ds_sum,
-                        float *__restrict__ row_cancel, int H, int T, float tau,
+                        float *__restrict__ row_cancel, int H, int T, float tau, int heads_per_group,
                         const __grid_constant__ CUtensorMap tm_dq) {
     using L = B8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -506,7 +510,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     // first gained 1% at T = 4K-8K and lost 18-21% at 1K-2K (the CTAs running at once then belong
     // to ~132 different heads and no longer share their Q̂, dÔ blocks in L2); see
     // causal_item_grouped, whose heaviest-first order over all heads the delta pass uses
-    const int kb = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const CausalItem cta = GROUPED ? causal_cta_grouped(heads_per_group) : CausalItem{(int)blockIdx.x, (int)blockIdx.y};
+    const int kb = cta.rank, bh = cta.bh, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
@@ -746,6 +751,26 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 }
 
 // --- launchers ---------------------------------------------------------------------------------
+// Timing knobs, read once per process (the CTA orders; dK, dV, D are the same whatever the order,
+// dQ up to the order of its FP32 reductions, which is not fixed anyway):
+// ATTN_FP8_BWD_GROUP_HEADS=N runs the main backward heaviest first within groups of N heads
+// (unset or 1: the natural order, each head's key blocks in turn, heaviest first within the head),
+// ATTN_FP8_DELTA_GROUP_HEADS=N the delta pass (unset or 0: heaviest first over all heads).
+struct BwdFp8Knobs {
+    int main_group_heads, delta_group_heads;
+};
+static const BwdFp8Knobs &bwd_fp8_env(void) {
+    static BwdFp8Knobs k;
+    static bool read = false;
+    if (!read) {
+        const char *m = getenv("ATTN_FP8_BWD_GROUP_HEADS"), *dl = getenv("ATTN_FP8_DELTA_GROUP_HEADS");
+        k.main_group_heads = m && *m ? atoi(m) : 0;
+        k.delta_group_heads = dl && *dl ? atoi(dl) : 0;
+        read = true;
+    }
+    return k;
+}
+
 extern "C" size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d) {
     return gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d);  // the BF16 backward's layout
 }
@@ -771,7 +796,8 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
         }
         attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
             a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales,
-            a->lse, dlt, dq_acc, a->row_ds_sum, a->row_cancel, T, tau);
+            a->lse, dlt, dq_acc, a->row_ds_sum, a->row_cancel, T, tau,
+            bwd_fp8_env().delta_group_heads > 0 ? std::min(bwd_fp8_env().delta_group_heads, B * H) : B * H);
         CUDA_OK(cudaGetLastError());
     }
 
@@ -783,16 +809,18 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
     const CUtensorMap tm_dq = tensor_map_tiled("the FP8 backward's dQ reduction", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3,
                                                dq_acc, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
     const size_t smem = B8Smem<D>::bytes;
-    static bool attr_set = false;
-    if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_bwd_fp8_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+    const int hg = std::min(std::max(bwd_fp8_env().main_group_heads, 1), B * H);
+    auto kernel = hg > 1 ? attn_bwd_fp8_kernel<D, E5, true> : attn_bwd_fp8_kernel<D, E5, false>;
+    static bool attr_set[2] = {false, false};
+    if (!attr_set[hg > 1]) {
+        CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set[hg > 1] = true;
     }
     dim3 grid(attn_quant_n_blocks(T), B * H);
-    attn_bwd_fp8_kernel<D, E5><<<grid, B8_THREADS, smem, stream>>>(
+    kernel<<<grid, B8_THREADS, smem, stream>>>(
         a->q_codes, a->qt_codes, a->k_codes, a->kt_codes, a->v_codes, a->do_codes, a->dot_codes, a->q_scales,
         a->k_scales, a->v_scales, a->do_scales, a->p_scale, a->lse, dlt, (bf16 *)a->dk, (bf16 *)a->dv,
-        a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, T, tau, tm_dq);
+        a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, T, tau, hg, tm_dq);
     CUDA_OK(cudaGetLastError());
 
     attn_bwd_convert_dq(dq_acc, (bf16 *)a->dq, a->dqkv_stride, B, H, T, D, tau, stream);  // the BF16 backward's

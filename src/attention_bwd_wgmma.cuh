@@ -91,14 +91,15 @@ __device__ __forceinline__ void bw_issue_ss_nt(float (&acc)[D / 2], uint32_t sA,
     }
 }
 
-// grid: ceil(T/BW_BC) * B*H CTAs, heaviest key blocks (kb = 0) first; block 384 threads.
+// grid: ceil(T/BW_BC) * B*H CTAs, heaviest key blocks (kb = 0) first within groups of
+// heads_per_group heads (causal_item_grouped; all heads by default); block 384 threads.
 template <int D>
 __global__ void __launch_bounds__(384, 1)
     attn_bwd_wgmma_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                           const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                           const float *__restrict__ lse, const float *__restrict__ dlt,
                           float *__restrict__ dq_acc, bf16 *__restrict__ dk, bf16 *__restrict__ dv,
-                          int dqkv_stride, int H, int T, float scale_log2, float tau) {
+                          int dqkv_stride, int H, int T, float scale_log2, float tau, int heads_per_group) {
     using C = BwCfg<D>;
     constexpr int BR = C::BR;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -110,7 +111,8 @@ __global__ void __launch_bounds__(384, 1)
     uint64_t *full_kv = bars, *full = bars + 1, *empty = bars + 3;
 
     const int n_kb = (T + BW_BC - 1) / BW_BC, n_bh = gridDim.x / n_kb;
-    const int kb = blockIdx.x / n_bh, bh = blockIdx.x % n_bh, b = bh / H, h = bh % H;
+    const CausalItem cta = causal_item_grouped(blockIdx.x, n_kb, n_bh, heads_per_group);
+    const int kb = cta.rank, bh = cta.bh, b = bh / H, h = bh % H;
     const int k0 = kb * BW_BC, qb0 = k0 / BR, n_it = (T + BR - 1) / BR - qb0;
 
     if (threadIdx.x == 0) {
@@ -311,8 +313,16 @@ static void bwd_wgmma_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_str
     const CUtensorMap tdo = bw_make_tmap(dout, B, H, T, D, o_stride, C::BR);
     const float tau = 1.f / sqrtf((float)D);
     const float scale_log2 = 1.4426950408889634f * tau;
+    // CTA order: heaviest first over all heads (the default), or in groups of
+    // ATTN_BF16_BWD_GROUP_HEADS=N heads (a timing knob: dK, dV are the same in any order)
+    static int group_heads = -1;
+    if (group_heads < 0) {
+        const char *gh = getenv("ATTN_BF16_BWD_GROUP_HEADS");
+        group_heads = gh && *gh && atoi(gh) > 0 ? atoi(gh) : 0;
+    }
+    const int hg = group_heads > 0 && group_heads < B * H ? group_heads : B * H;
     attn_bwd_wgmma_kernel<D><<<(unsigned)n_cta, 384, C::SMEM, stream>>>(tq, tk, tv, tdo, lse, dlt, dq_acc, dk, dv,
-                                                                        dqkv_stride, H, T, scale_log2, tau);
+                                                                        dqkv_stride, H, T, scale_log2, tau, hg);
     CUDA_OK(cudaGetLastError());
 }
 
