@@ -2,7 +2,7 @@
 // src/attention_bwd_fp8.cu) on its own, so the benchmark can time it without touching src/. The
 // kernel has no launcher of its own and its host stub is local to its object file, so this file
 // compiles the same source once more (same flags, same code) with the two exported launchers
-// renamed, and launches its copy of the kernel with the grid and shared memory of
+// renamed, and launches its copy of the kernel with the grid, shared memory and head groups of
 // backward_fp8_d. If src/ changes those, the benchmark's check (D equal to the backward's
 // delta_out) shows it; if it no longer compiles, the library is linked without this file.
 #define attn_gpu_backward_fp8 shim_copy_attn_gpu_backward_fp8
@@ -36,7 +36,8 @@ static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc,
         dq_bytes = need;
     }
     attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
-        qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, dq_acc, NULL, NULL, T, 1.0f / sqrtf((float)D));
+        qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, dq_acc, NULL, NULL, T, 1.0f / sqrtf((float)D),
+        bwd_fp8_delta_heads_per_group(B * H));
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 

@@ -477,7 +477,7 @@ struct B8Smem {
     static_assert(bytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 };
 
-template <int D, bool E5, bool GROUPED>  // GROUPED: heaviest first in groups of heads (a timing knob)
+template <int D, bool E5>
 __global__ void __launch_bounds__(B8_THREADS, 1)
     attn_bwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ qtc,
                         const uint8_t *__restrict__ kc, const uint8_t *__restrict__ ktc,
@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         const float *__restrict__ do_scales, float p_scale, const float *__restrict__ lse,
                         const float *__restrict__ dlt, bf16 *__restrict__ dk,
                         bf16 *__restrict__ dv, int dqkv_stride, float *__restrict__ row_ds_sum,
-                        float *__restrict__ row_cancel, int H, int T, float tau, int heads_per_group,
+                        float *__restrict__ row_cancel, int H, int n_bh, int T, float tau,
                         const __grid_constant__ CUtensorMap tm_dq) {
     using L = B8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -506,12 +506,14 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     float *sAmax = sDl2 + 2 * B8_BQ;                                  // (8) per-warp |dS| max
     float *sQDs = sAmax + 8;  // (2 stages, 2) the query block's Q and dO scales
 
-    // The natural order (each head's key blocks in turn), not heaviest first: measured, heaviest
-    // first gained 1% at T = 4K-8K and lost 18-21% at 1K-2K (the CTAs running at once then belong
-    // to ~132 different heads and no longer share their Q̂, dÔ blocks in L2); see
-    // causal_item_grouped, whose heaviest-first order over all heads the delta pass uses
-    const CausalItem cta = GROUPED ? causal_cta_grouped(heads_per_group) : CausalItem{(int)blockIdx.x, (int)blockIdx.y};
-    const int kb = cta.rank, bh = cta.bh, b = bh / H, h = bh % H;
+    // Heaviest first within groups of heads (grid (heads per group, key blocks, groups): the
+    // launch order runs x fastest, so a group's CTAs of rank 0 start first, then rank 1, ...),
+    // the groups of about one wave of CTAs (backward_fp8_d). Measured: 2-4% faster than the
+    // natural order (each head's key blocks in turn, a group of one head); heaviest first over
+    // all heads gained 1% at T = 4K-8K and lost 18-21% at 1K-2K (the CTAs running at once then
+    // belong to ~132 heads and no longer share their Q̂, dÔ blocks in L2).
+    const int kb = blockIdx.y, bh = blockIdx.z * gridDim.x + blockIdx.x, b = bh / H, h = bh % H;
+    if (bh >= n_bh) return;  // past the last head of a partial last group (before any barrier)
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
@@ -754,8 +756,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 // Timing knobs, read once per process (the CTA orders; dK, dV, D are the same whatever the order,
 // dQ up to the order of its FP32 reductions, which is not fixed anyway):
 // ATTN_FP8_BWD_GROUP_HEADS=N runs the main backward heaviest first within groups of N heads
-// (unset or 1: the natural order, each head's key blocks in turn, heaviest first within the head),
-// ATTN_FP8_DELTA_GROUP_HEADS=N the delta pass (unset or 0: heaviest first over all heads).
+// (1: the natural order, each head's key blocks in turn; unset: about one wave of CTAs per
+// group), ATTN_FP8_DELTA_GROUP_HEADS=N the delta pass (unset or 0: heaviest first over all heads).
 struct BwdFp8Knobs {
     int main_group_heads, delta_group_heads;
 };
@@ -769,6 +771,31 @@ static const BwdFp8Knobs &bwd_fp8_env(void) {
         read = true;
     }
     return k;
+}
+
+static int bwd_fp8_test_group_heads = 0;  // attn_gpu_backward_fp8_test_group_heads
+extern "C" void attn_gpu_backward_fp8_test_group_heads(int heads_per_group) {
+    bwd_fp8_test_group_heads = heads_per_group > 0 ? heads_per_group : 0;
+}
+// The main backward's heads per group: about one wave of CTAs whose heads' Q̂, dÔ and their
+// transposed copies (4 T d bytes per head) fit ~16 MiB of L2 (causal_heads_per_group). Measured
+// on one H200 (docs/perf.md, the backward order sweep): groups of 8-16 heads 2-4% faster than the
+// natural order at every T; more than a wave per group gained nothing.
+static int bwd_fp8_main_heads_per_group(int n_bh, int T, int d) {
+    static int n_sm = 0;  // one device per process
+    if (n_sm == 0) {
+        int dev = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    }
+    const int forced = bwd_fp8_test_group_heads > 0 ? bwd_fp8_test_group_heads : bwd_fp8_env().main_group_heads;
+    if (forced > 0) return std::min(forced, n_bh);
+    return causal_heads_per_group(4L * T * d, attn_quant_n_blocks(T), n_bh, n_sm);
+}
+// The delta pass's: all heads (heaviest first over all of them) unless ATTN_FP8_DELTA_GROUP_HEADS.
+static int bwd_fp8_delta_heads_per_group(int n_bh) {
+    const int forced = bwd_fp8_env().delta_group_heads;
+    return forced > 0 ? std::min(forced, n_bh) : n_bh;
 }
 
 extern "C" size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d) {
@@ -796,8 +823,7 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
         }
         attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
             a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales,
-            a->lse, dlt, dq_acc, a->row_ds_sum, a->row_cancel, T, tau,
-            bwd_fp8_env().delta_group_heads > 0 ? std::min(bwd_fp8_env().delta_group_heads, B * H) : B * H);
+            a->lse, dlt, dq_acc, a->row_ds_sum, a->row_cancel, T, tau, bwd_fp8_delta_heads_per_group(B * H));
         CUDA_OK(cudaGetLastError());
     }
 
@@ -809,18 +835,17 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
     const CUtensorMap tm_dq = tensor_map_tiled("the FP8 backward's dQ reduction", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3,
                                                dq_acc, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
     const size_t smem = B8Smem<D>::bytes;
-    const int hg = std::min(std::max(bwd_fp8_env().main_group_heads, 1), B * H);
-    auto kernel = hg > 1 ? attn_bwd_fp8_kernel<D, E5, true> : attn_bwd_fp8_kernel<D, E5, false>;
-    static bool attr_set[2] = {false, false};
-    if (!attr_set[hg > 1]) {
-        CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set[hg > 1] = true;
+    static bool attr_set = false;
+    if (!attr_set) {
+        CUDA_OK(cudaFuncSetAttribute(attn_bwd_fp8_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
     }
-    dim3 grid(attn_quant_n_blocks(T), B * H);
-    kernel<<<grid, B8_THREADS, smem, stream>>>(
+    const int nblk = attn_quant_n_blocks(T), hg = bwd_fp8_main_heads_per_group(B * H, T, D);
+    dim3 grid(hg, nblk, (B * H + hg - 1) / hg);
+    attn_bwd_fp8_kernel<D, E5><<<grid, B8_THREADS, smem, stream>>>(
         a->q_codes, a->qt_codes, a->k_codes, a->kt_codes, a->v_codes, a->do_codes, a->dot_codes, a->q_scales,
         a->k_scales, a->v_scales, a->do_scales, a->p_scale, a->lse, dlt, (bf16 *)a->dk, (bf16 *)a->dv,
-        a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, T, tau, hg, tm_dq);
+        a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, B * H, T, tau, tm_dq);
     CUDA_OK(cudaGetLastError());
 
     attn_bwd_convert_dq(dq_acc, (bf16 *)a->dq, a->dqkv_stride, B, H, T, D, tau, stream);  // the BF16 backward's

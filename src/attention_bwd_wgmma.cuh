@@ -313,14 +313,23 @@ static void bwd_wgmma_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_str
     const CUtensorMap tdo = bw_make_tmap(dout, B, H, T, D, o_stride, C::BR);
     const float tau = 1.f / sqrtf((float)D);
     const float scale_log2 = 1.4426950408889634f * tau;
-    // CTA order: heaviest first over all heads (the default), or in groups of
-    // ATTN_BF16_BWD_GROUP_HEADS=N heads (a timing knob: dK, dV are the same in any order)
-    static int group_heads = -1;
+    // CTA order: heaviest first within groups of heads, about one wave of CTAs whose Q and dO
+    // (4 T D bytes per head) fit ~16 MiB of L2 (causal_heads_per_group). Measured on one H200
+    // (docs/perf.md, the backward order sweep): 16-27% faster than heaviest first over all heads
+    // at T = 1K-2K (where the CTAs running at once then share each head's Q and dO in L2), the same
+    // at 4K-8K. ATTN_BF16_BWD_GROUP_HEADS=N overrides (a timing knob: dK, dV are the same in any
+    // order; N >= B*H: all heads, the order before head groups).
+    static int group_heads = -1, n_sm = 0;  // one device per process
     if (group_heads < 0) {
         const char *gh = getenv("ATTN_BF16_BWD_GROUP_HEADS");
         group_heads = gh && *gh && atoi(gh) > 0 ? atoi(gh) : 0;
+        int dev = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     }
-    const int hg = group_heads > 0 && group_heads < B * H ? group_heads : B * H;
+    const int n_kb = (T + BW_BC - 1) / BW_BC;
+    const int hg = group_heads > 0 ? (group_heads < B * H ? group_heads : B * H)
+                                   : causal_heads_per_group(4L * T * D, n_kb, B * H, n_sm);
     attn_bwd_wgmma_kernel<D><<<(unsigned)n_cta, 384, C::SMEM, stream>>>(tq, tk, tv, tdo, lse, dlt, dq_acc, dk, dv,
                                                                         dqkv_stride, H, T, scale_log2, tau, hg);
     CUDA_OK(cudaGetLastError());

@@ -138,6 +138,10 @@ typedef struct {
 } AttnFp8BwdArgs;
 size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d);
 void attn_gpu_backward_fp8(const AttnFp8BwdArgs *args, int B, int H, int T, int d, cudaStream_t stream);
+// For tests: the main backward's heads per group of its CTA order (> 0; <= 0: the default or
+// ATTN_FP8_BWD_GROUP_HEADS), e.g. one that leaves a partial last group; dK, dV must not change
+// by a bit, dQ only by the order of its FP32 reductions.
+void attn_gpu_backward_fp8_test_group_heads(int heads_per_group);
 
 #ifdef __cplusplus
 }
