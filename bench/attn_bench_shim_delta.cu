@@ -1,15 +1,17 @@
 // attn_bench_shim_delta.cu: launches fp8_dm's delta-pass kernel (attn_bwd_fp8_delta_kernel of
 // src/attention_bwd_fp8.cu) on its own, so the benchmark can time it without touching src/. The
 // kernel has no launcher of its own and its host stub is local to its object file, so this file
-// compiles the same source once more (same flags, same code) with the two exported launchers
+// compiles the same source once more (same flags, same code) with its exported functions
 // renamed, and launches its copy of the kernel with the grid, shared memory and head groups of
 // backward_fp8_d. If src/ changes those, the benchmark's check (D equal to the backward's
 // delta_out) shows it; if it no longer compiles, the library is linked without this file.
 #define attn_gpu_backward_fp8 shim_copy_attn_gpu_backward_fp8
 #define attn_gpu_backward_fp8_workspace_bytes shim_copy_attn_gpu_backward_fp8_workspace_bytes
+#define attn_gpu_backward_fp8_test_group_heads shim_copy_attn_gpu_backward_fp8_test_group_heads
 #include "attention_bwd_fp8.cu"
 #undef attn_gpu_backward_fp8
 #undef attn_gpu_backward_fp8_workspace_bytes
+#undef attn_gpu_backward_fp8_test_group_heads
 
 template <int D, bool E5>
 static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc, const uint8_t *doc,
