@@ -19,7 +19,8 @@
 #   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_linear_e2e.sh
 #   (STEPS=40 MB=4 NO_TEST=1 NO_NOISE=1 BUDGET=320 to change; UNFUSED=1 adds fp8_block with
 #   TRAIN_GPT_FP8_FUSE=0: the quantizations in separate passes, as before the fused producers;
-#   RUNS="name:linear:attention:seed[:VAR=value] ..." replaces the list of runs (the optional
+#   RUNS="name:linear:attention:seed[:VAR=value] ..." replaces the list of runs (linear "fp8_block+head":
+#   the LM head in FP8 too; the optional
 #   fifth field is an environment variable for that run), e.g. FP8 attention too:
 #   RUNS="bf16:bf16:bf16:42 attn_dm:bf16:fp8_dm:42 all_fp8:fp8_tensor:fp8_dm:42 bf16_seed43:bf16:bf16:43";
 #   the first run is the baseline of the ratios, a run named bf16_seed43 gives the seed noise)
@@ -57,11 +58,14 @@ if [ "${NO_TEST:-0}" != 1 ]; then
 fi
 
 # run NAME LINEAR SEED [ATTENTION]: STEPS steps of paper_569m on data/austen, log to $OUT/run_NAME.log
+# (LINEAR "fp8_block+head": fp8_block with the LM head in FP8 too, linear_keep_lm_head_bf16 = false)
 run() {
-  local name=$1 lin=$2 seed=$3 attn=${4:-bf16} dir=$WORK/run_$1
+  local name=$1 lin=$2 seed=$3 attn=${4:-bf16} dir=$WORK/run_$1 head=true
+  case "$lin" in *+head) lin=${lin%+head}; head=false;; esac
   set -- --config configs/paper_569m.json --device gpu --set train.micro_batch="$MB" --set train.batch_tokens=0 \
     --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.recompute=false --set train.seed="$seed" \
-    --set "precision.linear=\"$lin\"" --set "precision.attention=\"$attn\"" \
+    --set "precision.linear=\"$lin\"" --set "precision.linear_keep_lm_head_bf16=$head" \
+    --set "precision.attention=\"$attn\"" \
     --set "data.train=data/austen/train_*.bin" --set "data.val=data/austen/val_*.bin" \
     --set eval.interval=0 --set eval.batches=3 --set eval.sample_interval=0 \
     --set checkpoint.interval=0 --set checkpoint.at_end=false --set log.interval=5 --set "log.dir=$dir"

@@ -63,8 +63,11 @@
 // the first precision.linear_bf16_first_layers and last linear_bf16_last_layers blocks. The LM
 // head (fused with the cross-entropy, in chunks of tokens) is FP8 only when
 // linear_keep_lm_head_bf16 is false; then each chunk's hf (n, C) and dlogits (n, Vp) are the
-// operand tensors (per-tensor scales and wgrad token slices are per chunk, so the GPU must use
-// the same chunking to match). The embedding is never quantized. Accumulation is FP32; outputs
+// operand tensors. With fp8_block their 1x128 slices run along C, along Vp, and (wgrad) along
+// runs of 128 tokens, which both backends' chunk sizes (multiples of 128: 256 on the CPU, 8192
+// on the GPU) keep at the same tokens, so the codes do not depend on the chunking; fp8_tensor's
+// scales are one per chunk, which the GPU backend (other chunks) refuses. The embedding is never
+// quantized. Accumulation is FP32; outputs
 // (y, dx, dW) are written in the backend's own precision.
 // ===============================================================================================
 #include "linear_fp8.h"

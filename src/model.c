@@ -260,10 +260,13 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
         // FP8 linears: model_gpu.cu's two operand slots (codes, then scales), each sized for
         // the largest of the shapes it takes (fp8_slot_shapes there); the FP8 GEMMs share
         // matmul.cu's cuBLASLt workspace.
-        size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}};
-        size_t s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}};
+        // An FP8 LM head (fp8_block only, model_gpu_linear.cu's fp8_head_chunk) adds its chunk's
+        // dlogits: Q(dy) (chunk, Vp) to slot 0 and Q(dy^T) (Vp, chunk) to slot 1.
+        const int fp8_head = linear_precision_of(&c->precision, m->n_layer, -1) == LINEAR_FP8_BLOCK;
+        size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {head_chunk, Vp}};
+        size_t s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}, {Vp, head_chunk}};
         size_t (*slots[2])[2] = {s0, s1};
-        int n_shapes[2] = {4, 3};
+        int n_shapes[2] = {4 + fp8_head, 3 + fp8_head};
         for (int slot = 0; slot < 2; slot++) {
             size_t codes = 0, scales = 0;
             for (int i = 0; i < n_shapes[slot]; i++) {
@@ -290,6 +293,14 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
                 plan_take(A, K * BT);                                                   // Q(x^T) codes
                 plan_take(A, 4 * plan_fp8_scales(c->precision.linear, 0, K, BT));
             }
+        }
+        if (fp8_head) {  // the LM head's Q(W) (Vp, C), Q(W^T) (C, Vp) and its chunk's Q(hf^T) (C, chunk)
+            plan_take(&out->weights, Vp * C);
+            plan_take(&out->weights, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 1, Vp, C));
+            plan_take(&out->weights, C * Vp);
+            plan_take(&out->weights, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 1, C, Vp));
+            plan_take(W, C * head_chunk);
+            plan_take(W, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 0, C, head_chunk));
         }
     }
     out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +

@@ -23,7 +23,11 @@
 #include "layers_cpu.h"  // rmsnorm, rope, swiglu, cross-entropy
 #include "linear_fp8.h"  // linear_forward / dgrad / wgrad in the linear precision of a layer
 
-#define HEAD_CHUNK 192  // tokens per chunk of the fused LM head + cross-entropy
+// Tokens per chunk of the fused LM head + cross-entropy: a multiple of 128, so that an FP8 head's
+// 1x128 token slices of its wgrad operands (fp8_block) start at the same tokens as the GPU's
+// 8192-token chunks give them: then the head's codes do not depend on either backend's chunking.
+#define HEAD_CHUNK 256
+_Static_assert(HEAD_CHUNK % 128 == 0, "LM-head chunks must keep 128-token slices aligned");
 
 // Activations of one block saved for backward (BT = B*T rows; heads laid out (B, H, T, hd)).
 typedef struct {

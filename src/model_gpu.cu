@@ -47,8 +47,10 @@
 //     h1, h2, sw, dfc are then not written (nothing else reads them with FP8 linears). The QKV
 //     input of dqkv, the attention output o and the residual gradient dres are still quantized
 //     in separate passes, and fp8_tensor entirely (its per-tensor amax needs a pass first).
-// The LM head stays BF16 (linear_keep_lm_head_bf16 = false is refused: the CPU's per-chunk FP8
-// scales would need the CPU's chunking to match).
+// The LM head stays BF16 unless linear_keep_lm_head_bf16 is false with fp8_block: then its three
+// GEMMs per chunk run in FP8 (head_fp8_forward / head_fp8_backward, the operands quantized in
+// separate passes), whose 1x128 scales do not depend on the chunking; fp8_tensor's per-chunk
+// tensor scales would, and the GPU's chunks are not the CPU's, so that combination is refused.
 #include "model_gpu.h"
 #include "model_gpu_internal.h"  // Dev, LayerBufs, Carver, accessors, the linear layers
 
@@ -85,10 +87,12 @@ static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
         return errf(e, "micro-batch %d x %d tokens does not fit model.seq_len %d", B, T, mc->seq_len);
     if (c->precision.linear != LINEAR_BF16) {
         const char *lp = linear_precision_name(c->precision.linear);
-        if (!c->precision.linear_keep_lm_head_bf16)
-            return errf(e, "precision.linear_keep_lm_head_bf16 = false (an FP8 LM head) is not available on the GPU "
-                           "backend yet: set it to true (precision.linear \"%s\" then covers the blocks' linears), or "
-                           "use train.device \"cpu\"", lp);
+        if (!c->precision.linear_keep_lm_head_bf16 && c->precision.linear != LINEAR_FP8_BLOCK)
+            return errf(e, "precision.linear_keep_lm_head_bf16 = false (an FP8 LM head) with precision.linear \"%s\" "
+                           "is not available on the GPU backend: its one scale per tensor would be one per chunk of "
+                           "the fused LM head, and the GPU's chunks are not the CPU emulation's; use precision.linear "
+                           "\"fp8_block\" (whose 1x128 scales do not depend on the chunks), set "
+                           "linear_keep_lm_head_bf16 to true, or use train.device \"cpu\"", lp);
         if (mc->d_model % 16 || mc->ffn_hidden % 16)
             return errf(e, "precision.linear \"%s\" on the GPU needs model.d_model (%d) and model.ffn_hidden (%d) to "
                            "be multiples of 16 (cuBLASLt's FP8 GEMMs reduce over them)", lp, mc->d_model, mc->ffn_hidden);
@@ -199,6 +203,18 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
                     d->wt8[4 * l + i] = wt;
                     d->xt8[4 * l + i] = xt;
                 }
+            }
+        }
+        // an FP8 LM head: Q(W), Q(W^T) (weights) and one chunk's Q(hf^T) (workspace)
+        const long hc = fp8_head_chunk(c, (long)BT);
+        if (hc > 0) {
+            Fp8Operand w = take_operand(&cv, (int)Vp, (int)C, FP8_GROUP_128x128, FP8_E4M3, &plan->weights);
+            Fp8Operand wt = take_operand(&cv, (int)C, (int)Vp, FP8_GROUP_128x128, FP8_E4M3, &plan->weights);
+            Fp8Operand xt = take_operand(&cv, (int)C, (int)hc, FP8_GROUP_1x128, FP8_E4M3, W);
+            if (base) {
+                d->head_w8 = w;
+                d->head_wt8 = wt;
+                d->head_xt = xt;
             }
         }
     }
@@ -455,14 +471,20 @@ static float head_and_loss(GpuModel *m, int counted, int want_grad) {
     float *gw = G(m, head_kind(m), 0);
     float grad_scale = want_grad && counted ? m->loss_scale / (float)counted : 0.0f;
     if (want_grad && grad_scale == 0.0f) CUDA_CHECK(cudaMemsetAsync(d->dhf, 0, sizeof(bf16) * (size_t)BT * C, s));
+    const int fp8_head = d->head_w8.codes != NULL;  // fp8_block with linear_keep_lm_head_bf16 false
     for (int c0 = 0; c0 < BT; c0 += d->head_chunk) {
         int n = BT - c0 < d->head_chunk ? BT - c0 : d->head_chunk;
         const bf16 *hf = d->hf + (size_t)c0 * C;
-        matmul_forward_gpu(d->logits, hf, w, n, Vp, C, 0, s);                        // (n, Vp)
+        if (fp8_head) head_fp8_forward(m, d->logits, hf, n, grad_scale != 0.0f);          // (n, Vp)
+        else matmul_forward_gpu(d->logits, hf, w, n, Vp, C, 0, s);                       // (n, Vp)
         cross_entropy_gpu(d->logits, d->losses + c0, d->targets + c0, n, V, Vp, grad_scale, s);
         if (grad_scale != 0.0f) {  // the chunk now holds dlogits
-            matmul_dgrad_gpu(d->dhf + (size_t)c0 * C, d->logits, w, n, Vp, C, 0, s);  // (n, C)
-            matmul_wgrad_gpu(gw, d->logits, hf, n, Vp, C, s);                         // (Vp, C)
+            if (fp8_head) {
+                head_fp8_backward(m, d->dhf + (size_t)c0 * C, gw, d->logits, n);
+            } else {
+                matmul_dgrad_gpu(d->dhf + (size_t)c0 * C, d->logits, w, n, Vp, C, 0, s);  // (n, C)
+                matmul_wgrad_gpu(gw, d->logits, hf, n, Vp, C, s);                         // (Vp, C)
+            }
         }
     }
     prof_mark(d, PH_HEAD);

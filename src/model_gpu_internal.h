@@ -60,7 +60,9 @@ typedef struct {
     Fp8Operand *w8, *wt8;            // (n_layer * 4) Q(W) (M, K), Q(W^T) (K, M) (codes NULL: BF16 block)
     Fp8Operand *xt8;                 // (n_layer * 4) Q(x^T) (K, BT) saved by the forward for wgrad
     int *xt8_n;                      // (n_layer * 4) tokens of the saved Q(x^T) (0: none)
-    int w8_dirty;                    // BF16 weights written since w8 / wt8 were made
+    Fp8Operand head_w8, head_wt8;    // an FP8 LM head's Q(W) (Vp, C), Q(W^T) (C, Vp) (codes NULL: BF16 head)
+    Fp8Operand head_xt;              // and its chunk's Q(hf^T) (C, chunk) for the wgrad
+    int w8_dirty;                    // BF16 weights written since w8 / wt8 (and head_w8) were made
     int save_xt;                     // this forward prepares a backward (keep Q(x^T), attention codes)
     const bf16 *dy_in_slot0;         // slot 0 holds Q(dy) of this dy (lin_wgrad or its producer made it)
     int dy_in_slot0_n, dy_in_slot0_m;
@@ -121,8 +123,16 @@ Fp8Operand take_operand(Carver *cv, int rows, int cols, Fp8Grouping g, Fp8Format
 void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x, int N, int M, int K);
 void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy, int N, int M, int K);
 void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf16 *x, int N, int M, int K);
-// Q(W), Q(W^T) of every FP8 linear when the BF16 weights changed since the last refresh.
+// Q(W), Q(W^T) of every FP8 linear (and of an FP8 LM head) when the BF16 weights changed since
+// the last refresh.
 void fp8_refresh_weights(GpuModel *m);
+// Tokens per chunk of an FP8 LM head (fp8_block with linear_keep_lm_head_bf16 false), else 0.
+long fp8_head_chunk(const Config *c, long BT);
+// The FP8 LM head's GEMMs for one chunk of n tokens (model_gpu_linear.cu): the forward logits
+// (n, Vp) from hf (n, C), keeping Q(hf^T) when want_grad; then, on the chunk's dlogits, dhf
+// (n, C) and the weight gradient gw (Vp, C) += dlogits^T hf.
+void head_fp8_forward(GpuModel *m, bf16 *logits, const bf16 *hf, int n, int want_grad);
+void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n);
 // Producers of a linear's operands (model_gpu_linear.cu): the layers.h kernel, or, when the
 // linear (kind, layer) is fp8_block and fusion is on, its layers_fp8.h twin writing the codes
 // the linear's GEMMs read (and then no BF16 output: nothing else reads it).

@@ -29,26 +29,39 @@
 // reduction of the consuming GEMM; model.c's memory_plan repeats this list):
 //   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F)
 //   slot 1: wgrad dy^T (3C, BT) (C, BT) (2F, BT)
+// and with an FP8 LM head (fp8_head_chunk > 0) its dlogits per chunk of n tokens: Q(dy) (n, Vp)
+// in slot 0 and Q(dy^T) (Vp, n) in slot 1 (its x, hf (n, C), fits slot 0's (BT, C)).
 // Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K) and
-// Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations).
+// Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
+// Q(W) (Vp, C), Q(W^T) (C, Vp) (weights) and its chunk's Q(hf^T) (C, n) (workspace).
 #define FP8_MAX_SHAPES 8
-static int fp8_slot_shapes(int slot, long BT, long C, long F, long shapes[][2]) {
-    long s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}};
-    long s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}};
+static int fp8_slot_shapes(int slot, long BT, long C, long F, long head_chunk, long Vp, long shapes[][2]) {
+    long s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {head_chunk, Vp}};
+    long s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}, {Vp, head_chunk}};
     long(*src)[2] = slot == 0 ? s0 : s1;
-    int n = slot == 0 ? 4 : 3;
+    int n = (slot == 0 ? 4 : 3) + (head_chunk > 0);
     for (int i = 0; i < n; i++) {
         shapes[i][0] = src[i][0];
         shapes[i][1] = src[i][1];
     }
     return n;
 }
+// Tokens per LM-head chunk when the head runs in FP8, else 0. Only fp8_block: its 1x128 slices
+// (along C for hf, along Vp for dlogits, along 128-token runs for the wgrad operands, which the
+// chunks of both backends keep aligned) do not depend on how the tokens are chunked, so the GPU's
+// 8192-token chunks give the CPU emulation's codes; fp8_tensor's one scale per operand tensor
+// would be one per chunk, and the chunks differ (model_gpu.cu refuses that configuration).
+long fp8_head_chunk(const Config *c, long BT) {
+    if (linear_precision_of(&c->precision, c->model.n_layer, -1) != LINEAR_FP8_BLOCK) return 0;
+    return BT < HEAD_CHUNK_TOKENS ? BT : HEAD_CHUNK_TOKENS;
+}
 Fp8Grouping act_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_1x128 : FP8_GROUP_TENSOR; }
 Fp8Grouping weight_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_128x128 : FP8_GROUP_TENSOR; }
 // Bytes of codes and floats of scales slot `slot` needs for config c's linears.
 void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
     long shapes[FP8_MAX_SHAPES][2];
-    int n = fp8_slot_shapes(slot, BT, c->model.d_model, c->model.ffn_hidden, shapes);
+    int n = fp8_slot_shapes(slot, BT, c->model.d_model, c->model.ffn_hidden, fp8_head_chunk(c, BT),
+                            c->model.padded_vocab_size, shapes);
     Fp8Grouping g = act_groups(c->precision.linear);
     *codes = 0;
     *scales = 0;
@@ -206,7 +219,44 @@ void fp8_refresh_weights(GpuModel *m) {
             fp8_quantize_gpu(w, wt, W(m, fp8_lin_kind[i], l), w->rows, w->cols, NULL, d->stream);
             d->fp8_weight_refreshes++;
         }
+    if (d->head_w8.codes) {  // an FP8 LM head: its weight (wte when tied)
+        const ParamKind hk = mc->tied_embeddings ? P_WTE : P_LM_HEAD;
+        fp8_quantize_gpu(&d->head_w8, &d->head_wt8, W(m, hk, 0), d->head_w8.rows, d->head_w8.cols, NULL, d->stream);
+        d->fp8_weight_refreshes++;
+    }
     d->w8_dirty = 0;
+}
+
+// The fused LM head's GEMMs for one chunk of n tokens in FP8 (fp8_block; model_gpu.cu's
+// head_and_loss runs the chunks and the cross-entropy): logits (n, Vp) = Q(hf) Q(W)^T, with
+// Q(hf^T) kept for the wgrad when want_grad; then, once the chunk holds dlogits,
+// head_fp8_backward: dhf (n, C) = Q(dy) Q(W^T)^T and dW (Vp, C) += Q(dy^T) Q(hf^T)^T, with Q(dy)
+// and Q(dy^T) made in one pass. Codes and scales as linear_fp8.c's linear_forward / dgrad /
+// wgrad make them for the CPU's chunks (fp8_head_chunk).
+void head_fp8_forward(GpuModel *m, bf16 *logits, const bf16 *hf, int n, int want_grad) {
+    Dev *d = dev_of(m);
+    const int C = m->cfg.model.d_model;
+    Fp8Operand xq = fp8_slot(d, 0, n, C, FP8_GROUP_1x128, FP8_E4M3);  // (n, C)
+    Fp8Operand xt = d->head_xt;                                         // (C, n <= chunk)
+    if (n > xt.cols) FATAL("model_gpu: LM head chunk of %d tokens, Q(hf^T) has room for %d", n, xt.cols);
+    xt.cols = n;
+    fp8_quantize_gpu(&xq, want_grad ? &xt : NULL, hf, n, C, NULL, d->stream);
+    d->x_in_slot0 = NULL;  // slots 0 and 1 now hold the head's operands
+    d->dy_in_slot0 = d->dyt_in_slot1 = NULL;
+    linear_fp8_forward_gpu(logits, &xq, &d->head_w8, d->stream);
+    d->fp8_gemms++;
+}
+void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n) {
+    Dev *d = dev_of(m);
+    const int Vp = m->cfg.model.padded_vocab_size;
+    Fp8Operand dyq = fp8_slot(d, 0, n, Vp, FP8_GROUP_1x128, grad_format(m));  // (n, Vp)
+    Fp8Operand dyt = fp8_slot(d, 1, Vp, n, FP8_GROUP_1x128, grad_format(m));  // (Vp, n)
+    Fp8Operand xt = d->head_xt;
+    xt.cols = n;
+    fp8_quantize_gpu(&dyq, &dyt, dlogits, n, Vp, NULL, d->stream);
+    linear_fp8_dgrad_gpu(dhf, &dyq, &d->head_wt8, d->stream);  // W^T (C, Vp)
+    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, d->stream);
+    d->fp8_gemms += 2;
 }
 
 // --- producers that write the codes of a linear's operand (fp8_block) ---------------------------

@@ -129,10 +129,31 @@ static void plan_tests(void) {
     ErrBuf e;
     MemoryPlan mp;
     const char *ov_head[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_keep_lm_head_bf16=false"};
+    const char *ov_blk_head_base[] = {"precision.linear=\"fp8_block\""};
     Config c = make_config(TINY_JSON, ov_head, 2);
     int rc = gpu_model_plan(&c, 8, 64, &mp, &e);
-    CHECK(rc == -1 && strstr(e.msg, "linear_keep_lm_head_bf16"), "plan: an FP8 LM head is a user error on the GPU",
-          "rc %d msg %s", rc, rc ? e.msg : "");
+    CHECK(rc == -1 && strstr(e.msg, "linear_keep_lm_head_bf16") && strstr(e.msg, "fp8_block"),
+          "plan: an fp8_tensor LM head is a user error on the GPU that names the way out", "rc %d msg %s", rc,
+          rc ? e.msg : "");
+    const char *ov_bhead[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false"};
+    Config cb = make_config(TINY_JSON, ov_bhead, 2), cb0 = make_config(TINY_JSON, ov_blk_head_base, 1);
+    MemoryPlan mp_h, mp_0, dry_h;
+    const int hB = cb.train.micro_batch, hT = cb.model.seq_len;
+    rc = gpu_model_plan(&cb, hB, hT, &mp_h, &e);
+    int rc0 = gpu_model_plan(&cb0, hB, hT, &mp_0, &e);
+    memory_plan(&cb, 1, 0, hB, &dry_h);
+    CHECK(rc == 0 && !memcmp(&dry_h, &mp_h, sizeof dry_h), "plan: with an fp8_block LM head --dry-run's plan equals "
+          "the GPU allocation", "rc %d: weights %zu/%zu ws %zu/%zu act %zu/%zu", rc, dry_h.weights, mp_h.weights,
+          dry_h.workspace, mp_h.workspace, dry_h.activations, mp_h.activations);
+    {
+        // the head's Q(W) and Q(W^T) (Vp x C codes each, with 128x128 scales) are weights
+        const size_t Vp = cb.model.padded_vocab_size, C = cb.model.d_model;
+        CHECK(rc == 0 && rc0 == 0 && mp_h.weights >= mp_0.weights + 2 * Vp * C && mp_h.workspace > mp_0.workspace &&
+                  mp_h.activations == mp_0.activations,
+              "plan: an fp8_block LM head is planned (its weights' codes, its chunk's operands)",
+              "rc %d/%d weights %zu vs %zu, workspace %zu vs %zu", rc, rc0, mp_h.weights, mp_0.weights, mp_h.workspace,
+              mp_0.workspace);
+    }
     const char *ov_blk[] = {"precision.linear=\"fp8_block\""};
     c = make_config(TINY_JSON, ov_blk, 1);
     rc = gpu_model_plan(&c, 1, 63, &mp, &e);
@@ -253,9 +274,10 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     }
     size_t P = gpu.table.total;
     std::vector<float> gg(P), cg(P), gp(P);
-    printf("# %s: %d of %d blocks' linears in %s (grads %s), LM head bf16; attention %s (grads %s, tiles %d x %d)\n",
+    printf("# %s: %d of %d blocks' linears in %s (grads %s), LM head %s; attention %s (grads %s, tiles %d x %d)\n",
            label, n_fp8, mc->n_layer, linear_precision_name(c.precision.linear),
            c.precision.linear == LINEAR_FP8_TENSOR && c.precision.linear_grad_format == GRADFMT_E5M2 ? "e5m2" : "e4m3",
+           linear_precision_name(linear_precision_of(&c.precision, mc->n_layer, -1)),
            attn_precision_name(c.precision.attention), grad_format_name(c.precision.attention_grad_format),
            c.precision.attention_block_q, c.precision.attention_block_k);
 
@@ -271,8 +293,12 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     printf("# %s: loss cpu %.6f gpu %.6f (rel %.2e)\n", label, lc, lg, fabs(lg - lc) / fabs(lc));
     snprintf(name, sizeof name, "%s: loss matches the CPU in the same mode (rel 1e-2)", label);
     CHECK(isfinite(lg) && fabs(lg - lc) <= 1e-2 * fabs(lc), name, "cpu %.6f gpu %.6f", lc, lg);
-    snprintf(name, sizeof name, "%s: %d FP8 GEMMs in one forward + backward (12 per FP8 block)", label, 12 * n_fp8);
-    CHECK(n_gemms == 12LL * n_fp8, name, "ran %lld", n_gemms);
+    // an FP8 LM head (fp8_block, linear_keep_lm_head_bf16 false): 3 GEMMs per chunk of 8192 tokens
+    const int head_fp8 = linear_precision_of(&c.precision, mc->n_layer, -1) != LINEAR_BF16;
+    const long long head_gemms = head_fp8 ? 3LL * ((BT + 8191) / 8192) : 0;
+    snprintf(name, sizeof name, "%s: %lld FP8 GEMMs in one forward + backward (12 per FP8 block, 3 per head chunk)",
+             label, 12LL * n_fp8 + head_gemms);
+    CHECK(n_gemms == 12LL * n_fp8 + head_gemms, name, "ran %lld", n_gemms);
     // fp8_block: the two RMSNorms and SwiGLU write the codes of their linears' x, the SwiGLU
     // backward those of MLP-in's dy (layers_fp8.h); fp8_tensor quantizes in separate passes.
     const int blk = c.precision.linear == LINEAR_FP8_BLOCK;
@@ -872,6 +898,8 @@ int main(void) {
     run_mode("fp8_tensor e4m3", make_config(TINY_JSON, ov_t4, 2), bt, STEPS, 3e-2, &ref);
     run_mode("fp8_tensor e5m2", make_config(TINY_JSON, ov_t5, 2), bt, STEPS, 5e-2, &ref);
     run_mode("fp8_block", make_config(TINY_JSON, ov_b, 1), bt, STEPS, 3e-2, &ref);
+    const char *ov_bh[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false"};
+    run_mode("fp8_block + FP8 LM head", make_config(TINY_JSON, ov_bh, 2), bt, STEPS, 3e-2, &ref);
     const char *ov_first[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_bf16_first_layers=1"};
     const char *ov_last[] = {"precision.linear=\"fp8_block\"", "precision.linear_bf16_last_layers=1"};
     const char *ov_both[] = {"precision.linear=\"fp8_block\"", "precision.linear_bf16_first_layers=1",
