@@ -519,7 +519,17 @@ void gpu_model_next_logits(GpuModel *m, const int32_t *tokens, int t, float *log
     forward_blocks(m, 1, t);
     d->grad_ready = 0;
     int C = mc->d_model, Vp = mc->padded_vocab_size;
-    matmul_forward_gpu(d->logits, d->hf + (size_t)(t - 1) * C, W(m, head_kind(m), 0), 1, Vp, C, 0, d->stream);
+    if (d->head_w8.codes) {
+        // an FP8 LM head, as the CPU runs it: the row padded to the 4 rows a 1x128-scaled operand
+        // needs (cuBLASLt's VEC128 layout), with zero rows (1x128 scales are per row: row 0's
+        // codes do not depend on them); logits row 0 is the token's
+        CUDA_CHECK(cudaMemsetAsync(d->buf1, 0, sizeof(bf16) * 4 * (size_t)C, d->stream));
+        CUDA_CHECK(cudaMemcpyAsync(d->buf1, d->hf + (size_t)(t - 1) * C, sizeof(bf16) * (size_t)C,
+                                   cudaMemcpyDeviceToDevice, d->stream));
+        head_fp8_forward(m, d->logits, d->buf1, 4, 0);
+    } else {
+        matmul_forward_gpu(d->logits, d->hf + (size_t)(t - 1) * C, W(m, head_kind(m), 0), 1, Vp, C, 0, d->stream);
+    }
     CUDA_CHECK(cudaMemcpyAsync(d->host_logits, d->logits, sizeof(bf16) * Vp, cudaMemcpyDeviceToHost, d->stream));
     CUDA_CHECK(cudaStreamSynchronize(d->stream));
     for (int i = 0; i < Vp; i++) {
