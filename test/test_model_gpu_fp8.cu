@@ -391,9 +391,10 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
         double r = rel_l2(a.data(), b.data(), (size_t)mc->vocab_size, NULL);
         printf("# %s: next_logits (t %d) rel L2 %.3e\n", label, t, r);
         // FP8 linears: the forward's code differences (see the gradient bound) reach the logits;
-        // measured 2.2e-2 .. 3.2e-2 on an H200, against 5.9e-3 in BF16. (An FP8 LM head runs in
-        // FP8 here too: the GPU pads the one row to cuBLASLt's 4.)
-        double lt = n_fp8 > 0 ? 5e-2 : 2e-2;
+        // measured 2.2e-2 .. 3.2e-2 on an H200, against 5.9e-3 in BF16. An FP8 LM head (run in FP8
+        // here too: the GPU pads the one row to cuBLASLt's 4) adds its own code differences of hf:
+        // 5.0e-2 measured (the loss still matches to 2.4e-5).
+        double lt = head_fp8 ? 8e-2 : n_fp8 > 0 ? 5e-2 : 2e-2;
         snprintf(name, sizeof name, "%s: next_logits match the CPU (rel L2 < %.0e)", label, lt);
         CHECK(r < lt, name, "rel L2 %.3e", r);
     }
