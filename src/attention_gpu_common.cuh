@@ -67,12 +67,13 @@ __device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
 // first over all heads; with the natural order (each head's blocks in turn) the last heads'
 // longest CTAs start near the end and run alone. Smaller groups keep the items that run at once
 // on fewer heads, whose K̂, V̂ blocks then stay in L2 (causal_heads_per_group picks hg).
-// Measured on one H200 (docs/perf.md): the persistent FP8 forward in head groups 2-5% faster than
-// heaviest first over all heads; the fp8_dm delta pass heaviest first over all heads 6-12% faster
-// than in the natural order, and 2-10% slower in head groups; the main FP8 backward over all
-// heads +1% at 4K-8K but -18-21% at 1K-2K, where the natural order's CTAs of one head share its
-// Q̂, dÔ blocks and dQ rows in L2, so it keeps the natural order. Our BF16 forward in groups of
-// about one wave of CTAs: 10-27% faster than heaviest first over all heads at 1K-4K, 4% at 8K.
+// Measured on one H200 (docs/perf.md): the persistent FP8 forward in head groups (two waves of
+// CTAs each) 2-5% faster than heaviest first over all heads; the fp8_dm delta pass heaviest first
+// over all heads 6-12% faster than in the natural order, and 0-10% slower in head groups; the
+// main FP8 backward over all heads +1% at 4K-8K but -18-21% at 1K-2K (its CTAs running at once
+// no longer share a head's Q̂, dÔ blocks and dQ rows in L2), in groups of one wave +2-4% over the
+// natural order. Our BF16 kernels in groups of about one wave: the forward 6-29% and the backward
+// 0-27% faster than heaviest first over all heads (most at T = 1K-2K).
 struct CausalItem {
     int rank, bh;
 };
@@ -85,11 +86,13 @@ __host__ __device__ __forceinline__ CausalItem causal_item_grouped(unsigned t, i
 __device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
     return causal_item_grouped(blockIdx.y * gridDim.x + blockIdx.x, (int)gridDim.x, (int)gridDim.y, hg);
 }
-// hg for causal_item_grouped: the most heads whose K̂ and V̂ codes (kv_bytes_per_head) fit in
-// 16 MiB (a third of the H200's 50 MB L2, the rest being Q̂ tiles, outputs and the other
-// partition's copies), but at least enough heads for min_items items per group (two waves of
-// CTAs, so that the group's long items have short ones to overlap), at most n_bh. (A kernel's
-// timing knob may override the result, as the FP8 forward's ATTN_FP8_FWD_GROUP_HEADS does.)
+// hg for causal_item_grouped: the most heads whose shared operands (kv_bytes_per_head: the
+// forwards' K and V, the backwards' Q and dO, with their copies) fit in 16 MiB (a third of the
+// H200's 50 MB L2, the rest being the CTAs' own tiles, outputs and the other partition's copies),
+// but at least enough heads for min_items items per group (the caller's choice, measured per
+// kernel: two waves of CTAs for the persistent FP8 forward, one wave for the one-CTA-per-item
+// kernels, so that a group's long items have short ones to overlap), at most n_bh. (A kernel's
+// timing knob may override the result, as ATTN_FP8_FWD_GROUP_HEADS and the others do.)
 static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, int n_bh, int min_items) {
     const long fit = (16L << 20) / (kv_bytes_per_head > 0 ? kv_bytes_per_head : 1);
     const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
