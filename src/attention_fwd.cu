@@ -449,11 +449,14 @@ static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, c
     // wave of CTAs per group (one CTA per SM). Measured on one H200 (docs/perf.md, the head-group
     // sweep): the best fixed group was 8-16 heads at T = 1K, 8 at 2K, 4 at 4K, 2 at 8K, i.e. about
     // one wave of CTAs with K, V in 16 MiB; two waves per group (the FP8 persistent forward's
-    // rule) took 9-13% of that back at 4K-8K. ATTN_BF16_FWD_GROUP_HEADS=N overrides (N <= 0: all
-    // heads, the order before head groups).
-    const char *gh = getenv("ATTN_BF16_FWD_GROUP_HEADS");
-    const int forced = gh && *gh ? atoi(gh) : -1;
-    const int hg = !(gh && *gh) ? causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, n_sm)
+    // rule) took 5-9% of that back at 4K-8K. ATTN_BF16_FWD_GROUP_HEADS=N overrides (N <= 0: all
+    // heads, the order before head groups; read once per process, as the other timing knobs).
+    static int forced = -2;  // -2: not read yet; -1: unset
+    if (forced == -2) {
+        const char *gh = getenv("ATTN_BF16_FWD_GROUP_HEADS");
+        forced = gh && *gh ? (atoi(gh) > 0 ? atoi(gh) : 0) : -1;
+    }
+    const int hg = forced < 0 ? causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, n_sm)
                    : forced > 0 && forced < B * H ? forced : B * H;
     // V's descriptor offsets: next 64-column region (leading), next 8 keys (stride).
     const uint32_t v_lbo = WG_BK * 128, v_sbo = 1024;
