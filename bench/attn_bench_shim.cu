@@ -131,14 +131,14 @@ static void mode_fwd(int precision, void *o, float *lse, AttnSavedCodes *keep) {
     AttnOptions opt = options(precision);
     const int C = S.H * S.d;
     attn_mode_forward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (uint16_t *)o, C, lse, S.B, S.H, S.T, S.d,
-                      keep, S.ws, NULL, S.stream);
+                      keep, NULL, S.ws, NULL, S.stream);
 }
 static void mode_bwd(int precision, const void *o, const float *lse, void *dqkv, const AttnSavedCodes *keep) {
     AttnOptions opt = options(precision);
     const int C = S.H * S.d;
     uint16_t *dq = (uint16_t *)dqkv;
     attn_mode_backward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (const uint16_t *)o, S.dout, C, lse, dq,
-                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, keep, S.ws, NULL, S.stream);
+                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, keep, NULL, S.ws, NULL, S.stream);
 }
 
 void shim_fwd(int precision, void *o, float *lse) { mode_fwd(precision, o, lse, NULL); }

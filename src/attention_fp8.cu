@@ -4,6 +4,7 @@
 // attention_quant.cu.
 #include "attention_fp8.h"
 
+#include <math.h>    // fmaxf (host: attn_delayed_scales)
 #include <string.h>  // memset
 
 #include "attention_gpu.h"    // attn_gpu_forward / attn_gpu_backward (BF16)
@@ -19,8 +20,8 @@ extern "C" int attn_mode_supported(const AttnOptions *opt, int d, const char **w
     if (d != 64 && d != 128) w = "the GPU attention supports head_dim 64 or 128";
     else if (opt->precision == ATTN_FP32) w = "fp32 attention is the CPU backend's reference mode";
     else if (opt->precision != ATTN_BF16 && !attn_precision_is_fp8(opt->precision)) w = "unknown attention precision";
-    else if (attn_precision_is_fp8(opt->precision) && opt->scaling != SCALING_BLOCK)
-        w = "delayed scaling of the FP8 attention operands runs on the CPU backend only so far";
+    else if (attn_precision_is_fp8(opt->precision) && opt->scaling != SCALING_BLOCK && opt->scaling != SCALING_DELAYED)
+        w = "unknown attention scaling";
     else if (attn_precision_is_fp8(opt->precision) && opt->p_scale != 256.0f)
         w = "the GPU's FP8 attention kernels use the static P scale 256 (precision.attention_p_scale)";
     if (why) *why = w;
@@ -51,6 +52,8 @@ typedef struct {
     float *scales[4];                // (B, H, Tp/128)
     void *bwd;                       // the backward's FP32 scratch (dQ accumulator, D)
     bf16 *deq;                       // fp8_hybrid: (B, T, 3, H, d) dequantized Q̂ K̂ V̂
+    float *amax[4];                  // delayed scaling: (B, H, Tp/128) block amaxes per operand
+    float *heads[4];                 // delayed scaling, first step: (B, H) per-head scales per operand
 } Parts;
 
 static Parts carve_parts(const AttnOptions *opt, void *ws, int B, int H, int T, int d) {
@@ -67,6 +70,11 @@ static Parts carve_parts(const AttnOptions *opt, void *ws, int B, int H, int T, 
     p.bwd = c;
     c += l.bwd;
     if (l.deq) p.deq = (bf16 *)c;
+    c += l.deq;
+    if (l.codes) {
+        for (int i = 0; i < 4; i++, c += l.scales) p.amax[i] = (float *)c;
+        for (int i = 0; i < 4; i++, c += l.heads) p.heads[i] = (float *)c;
+    }
     return p;
 }
 
@@ -117,9 +125,89 @@ static AttnQuantTensor operand(const bf16 *x, int stride, Fp8Format fmt, uint8_t
     return t;
 }
 
+// --- delayed scaling (AttnDelayedGpu) -------------------------------------------------------------
+
+extern "C" void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]) {
+    if (s->filled < 1 || s->filled > ATTN_MAX_AMAX_HISTORY)
+        FATAL("attn_delayed_scales: a history of %d entries (hint: the first step takes per-head scales)", s->filled);
+    for (int t = 0; t < 4; t++) {
+        float h = 0.0f;
+        for (int i = 0; i < s->filled; i++) h = fmaxf(h, s->hist[t][i]);
+        scale[t] = fp8_scale_for_amax(t == CAST_DO ? grad_format : FP8_E4M3, h);
+    }
+}
+
+// cur[i] = max(cur[i], max |amax_i[0 .. n)|) for each pair i (grid.x = pairs, block 256).
+struct AmaxFold {
+    const float *src[4];
+    float *dst[4];
+    int n;
+};
+__global__ void amax_fold_kernel(AmaxFold f) {
+    __shared__ float red[8];
+    const float *src = f.src[blockIdx.x];
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < f.n; i += blockDim.x) m = fmaxf(m, src[i]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; w++) m = fmaxf(m, red[w]);
+        *f.dst[blockIdx.x] = fmaxf(*f.dst[blockIdx.x], m);
+    }
+}
+
+// Quantizes ts[0..n) (operands ops[i]) as attn_gpu_quantize does, with delayed scales when
+// delayed is set: the step's tensor scale, or on the first step each head's own (a first pass
+// finds the block amaxes, attn_gpu_amax_reduce the per-head scales); the operands with track[i]
+// then fold their block amaxes into delayed->cur_amax (when tracked).
+static void quantize_scaled(const AttnOptions *opt, const AttnDelayedGpu *delayed, AttnQuantTensor *ts, const int *ops,
+                            const int *track, int n, const Parts &p, int B, int H, int T, int d, cudaStream_t stream) {
+    if (opt->scaling != SCALING_DELAYED) {
+        attn_gpu_quantize(ts, n, B, H, T, d, stream);
+        return;
+    }
+    if (!delayed) FATAL("attention %s with delayed scaling: no AttnDelayedGpu (hint: the layer's delayed-scaling state)",
+                        attn_precision_name(opt->precision));
+    if (!delayed->first_step && !delayed->scale) FATAL("attention: delayed scaling past the first step needs scale");
+    const int nblk = attn_quant_n_blocks(T);
+    if (delayed->first_step) {
+        AttnQuantTensor probe[ATTN_QUANT_MAX_TENSORS];
+        for (int i = 0; i < n; i++) {
+            memset(&probe[i], 0, sizeof probe[i]);
+            probe[i].x = ts[i].x;
+            probe[i].stride = ts[i].stride;
+            probe[i].fmt = ts[i].fmt;
+            probe[i].block_amax = p.amax[ops[i]];  // the only output: block amaxes
+        }
+        attn_gpu_quantize(probe, n, B, H, T, d, stream);
+        for (int i = 0; i < n; i++)
+            attn_gpu_amax_reduce(p.amax[ops[i]], B * H, nblk, ts[i].fmt, NULL, p.heads[ops[i]], stream);
+    }
+    AmaxFold fold;
+    memset(&fold, 0, sizeof fold);
+    int n_fold = 0;
+    for (int i = 0; i < n; i++) {
+        ts[i].scale_in = delayed->first_step ? p.heads[ops[i]] : delayed->scale + ops[i];
+        ts[i].scale_in_per_head = delayed->first_step;
+        if (track[i] && delayed->cur_amax) {
+            ts[i].block_amax = p.amax[ops[i]];
+            fold.src[n_fold] = p.amax[ops[i]];
+            fold.dst[n_fold++] = delayed->cur_amax + ops[i];
+        }
+    }
+    attn_gpu_quantize(ts, n, B, H, T, d, stream);
+    if (n_fold) {
+        fold.n = B * H * nblk;
+        amax_fold_kernel<<<n_fold, 256, 0, stream>>>(fold);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
 extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
                                   bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
-                                  void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
+                                  const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
+                                  cudaStream_t stream) {
     check_mode(opt, d);
     if (saved) saved->valid = 0;
     if (!attn_precision_is_fp8(opt->precision)) {
@@ -151,7 +239,8 @@ extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const b
             ts[i].dequant = p.deq + (size_t)i * C;
             ts[i].dequant_stride = 3 * C;
         }
-    attn_gpu_quantize(ts, 3, B, H, T, d, stream);
+    const int ops[3] = {OP_Q, OP_K, OP_V}, track[3] = {1, 1, 1};  // the forward counts Q, K, V
+    quantize_scaled(opt, delayed, ts, ops, track, 3, p, B, H, T, d, stream);
     if (saved) {
         saved->valid = 1;
         saved->precision = opt->precision;
@@ -164,7 +253,8 @@ extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const b
 static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
                           const bf16 *o, const bf16 *dout, int o_stride, const float *lse, bf16 *dq, bf16 *dk,
                           bf16 *dv, int dqkv_stride, int B, int H, int T, int d, const AttnSavedCodes *saved,
-                          void *workspace, const AttnModeDiag *diag, cudaStream_t stream);
+                          const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
+                          cudaStream_t stream);
 
 // sq[2i] += sum (x_i - r_i)^2, sq[2i+1] += sum r_i^2 over (rows, C) for i = dq, dk, dv: x_i is
 // the i-th of the strided views xs[i] (row stride x_stride), r_i is (rows, 3, C) packed. FP64
@@ -208,7 +298,8 @@ static void diff_sq(const bf16 *dq, const bf16 *dk, const bf16 *dv, int stride, 
 // The probe outputs of AttnModeDiag: the kept copy, the comparison, the local reference.
 static void probe_outputs(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, const bf16 *dout,
                           int o_stride, const bf16 *dq, const bf16 *dk, const bf16 *dv, int dqkv_stride, int B,
-                          int H, int T, int d, void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
+                          int H, int T, int d, const AttnDelayedGpu *delayed, void *workspace,
+                          const AttnModeDiag *diag, cudaStream_t stream) {
     const int C = H * d;
     const size_t row = (size_t)C * sizeof(bf16), rows = (size_t)B * T;
     if (diag->dqkv_keep) {
@@ -226,10 +317,17 @@ static void probe_outputs(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_s
         const AttnOptions *r = diag->local_ref;
         if (!diag->ref_o || !diag->ref_lse || !diag->ref_dqkv || !diag->local_sq)
             FATAL("attention diagnostics: local_ref needs ref_o, ref_lse, ref_dqkv and local_sq");
-        attn_mode_forward(r, q, k, v, qkv_stride, diag->ref_o, C, diag->ref_lse, B, H, T, d, NULL, workspace, NULL,
-                          stream);
+        // a reference in delayed scaling takes the layer's scales, without counting its amaxes
+        AttnDelayedGpu rd;
+        memset(&rd, 0, sizeof rd);
+        if (delayed) rd = *delayed;
+        rd.cur_amax = NULL;
+        const AttnDelayedGpu *rdp = delayed ? &rd : NULL;
+        attn_mode_forward(r, q, k, v, qkv_stride, diag->ref_o, C, diag->ref_lse, B, H, T, d, NULL, rdp, workspace,
+                          NULL, stream);
         backward_mode(r, q, k, v, qkv_stride, diag->ref_o, dout, o_stride, diag->ref_lse, diag->ref_dqkv,
-                      diag->ref_dqkv + C, diag->ref_dqkv + 2 * C, 3 * C, B, H, T, d, NULL, workspace, NULL, stream);
+                      diag->ref_dqkv + C, diag->ref_dqkv + 2 * C, 3 * C, B, H, T, d, NULL, rdp, workspace, NULL,
+                      stream);
         diff_sq(dq, dk, dv, dqkv_stride, diag->ref_dqkv, rows, C, diag->local_sq, stream);
     }
 }
@@ -237,22 +335,23 @@ static void probe_outputs(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_s
 extern "C" void attn_mode_backward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v,
                                    int qkv_stride, const bf16 *o, const bf16 *dout, int o_stride, const float *lse,
                                    bf16 *dq, bf16 *dk, bf16 *dv, int dqkv_stride, int B, int H, int T, int d,
-                                   const AttnSavedCodes *saved, void *workspace, const AttnModeDiag *diag,
-                                   cudaStream_t stream) {
+                                   const AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
+                                   const AttnModeDiag *diag, cudaStream_t stream) {
     backward_mode(opt, q, k, v, qkv_stride, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride, B, H, T, d, saved,
-                  workspace, diag, stream);
+                  delayed, workspace, diag, stream);
     if (diag && diag->local_ref &&
         attn_mode_workspace_bytes(diag->local_ref, B, H, T, d) > attn_mode_workspace_bytes(opt, B, H, T, d))
         FATAL("attention diagnostics: the local reference %s needs more workspace than %s",
               attn_precision_name(diag->local_ref->precision), attn_precision_name(opt->precision));
-    if (diag) probe_outputs(q, k, v, qkv_stride, dout, o_stride, dq, dk, dv, dqkv_stride, B, H, T, d, workspace, diag,
-                            stream);
+    if (diag) probe_outputs(q, k, v, qkv_stride, dout, o_stride, dq, dk, dv, dqkv_stride, B, H, T, d, delayed,
+                            workspace, diag, stream);
 }
 
 static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
                           const bf16 *o, const bf16 *dout, int o_stride, const float *lse, bf16 *dq, bf16 *dk,
                           bf16 *dv, int dqkv_stride, int B, int H, int T, int d, const AttnSavedCodes *saved,
-                          void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
+                          const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
+                          cudaStream_t stream) {
     check_mode(opt, d);
     Parts p = carve_parts(opt, workspace, B, H, T, d);
     if (opt->precision == ATTN_BF16) {
@@ -280,7 +379,8 @@ static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, 
                 ts[i].dequant = p.deq + (size_t)i * C;
                 ts[i].dequant_stride = 3 * C;
             }
-            attn_gpu_quantize(ts, 3, B, H, T, d, stream);
+            const int ops[3] = {OP_Q, OP_K, OP_V}, track[3] = {0, 0, 0};  // counted by the forward
+            quantize_scaled(opt, delayed, ts, ops, track, 3, p, B, H, T, d, stream);
         }
         attn_gpu_backward(p.deq, p.deq + C, p.deq + 2 * C, 3 * C, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride,
                           p.bwd, B, H, T, d, stream);
@@ -296,7 +396,8 @@ static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, 
         operand(q, qkv_stride, FP8_E4M3, p.codes[OP_Q], p.codes_t[OP_Q], p.scales[OP_Q], NULL, CAST_Q),
         operand(k, qkv_stride, FP8_E4M3, p.codes[OP_K], p.codes_t[OP_K], p.scales[OP_K], NULL, CAST_K),
         operand(v, qkv_stride, FP8_E4M3, p.codes[OP_V], NULL, p.scales[OP_V], NULL, CAST_V)};
-    attn_gpu_quantize(ts, saved ? 1 : 4, B, H, T, d, stream);
+    const int ops[4] = {OP_DO, OP_Q, OP_K, OP_V}, track[4] = {1, 0, 0, 0};  // dO counted here, Q K V by the forward
+    quantize_scaled(opt, delayed, ts, ops, track, saved ? 1 : 4, p, B, H, T, d, stream);
     AttnFp8BwdArgs a;
     memset(&a, 0, sizeof a);
     a.precision = opt->precision;

@@ -18,8 +18,10 @@
 // the same BF16 inputs. Either way the values are the same bit for bit (block scales are functions
 // of the values), so the option trades memory (gpu_sizes.h: 6 bytes per q/k/v element per layer)
 // for two quantize passes' worth of memory traffic per layer; results do not change.
-// Scaling: block scaling only (per 128-token block for Q, K, V, dO, per tile for dS, static 2^8
-// for P); precision.attention_scaling = "delayed" runs on the CPU backend only so far.
+// Scaling: block scaling (per 128-token block for Q, K, V, dO, per tile for dS, static 2^8 for
+// P), or with precision.attention_scaling = "delayed" one scale per tensor (Q, K, V, dO) from the
+// layer's amax history (AttnDelayedGpu below; dS and P as in block scaling), as
+// attention_cpu.c emulates it.
 //
 // Layouts as in attention_gpu.h: q, k, v (B, T, H, d) BF16 with row stride qkv_stride (views
 // of the packed QKV buffer), o and dout (B, T, H, d) with row stride o_stride, lse (B, H, T)
@@ -39,7 +41,7 @@ extern "C" {
 #endif
 
 // 0 when opt can run on the GPU; else -1 with a one-line reason in why (may be NULL):
-// fp32 attention and delayed scaling are CPU-only.
+// fp32 attention is CPU-only.
 int attn_mode_supported(const AttnOptions *opt, int d, const char **why);
 
 // Tiles the CPU emulation (attn_cpu_forward / attn_cpu_backward) must use to reproduce this
@@ -103,10 +105,32 @@ typedef struct {
     double *local_sq;
 } AttnModeDiag;
 
+// Delayed scaling of one layer on the GPU (opt->scaling == SCALING_DELAYED; required then, else
+// ignored). The history itself stays on the host in the CPU backend's AttnDelayedState (same
+// commits, same checkpoints); the caller derives from it, per step, what the kernels need:
+//   first_step: the history is empty, so each head's tensor scale comes from the head's own amax
+//     (attention_cpu.c's delayed_scale): one more quantize pass per tensor finds it;
+//   scale (4) device: else this step's scale of Q, K, V, dO, fp8_scale_for_amax of the history's
+//     max (attn_delayed_scales below);
+//   cur_amax (4) device, or NULL: max-accumulates this step's amax of Q, K, V (forward) and dO
+//     (backward), the values attention_cpu.c collects in cur_amax with update_amax (a training
+//     step; NULL for evaluation forwards and probes, which the trainer does not let count).
+typedef struct {
+    int first_step;
+    const float *scale;
+    float *cur_amax;
+} AttnDelayedGpu;
+// The four tensor scales of a step from a host history that is not empty (first_step == 0):
+// scale[t] = fp8_scale_for_amax(format of t, max of the history of t); Q, K, V in E4M3, dO in
+// grad_format. The same function attention_cpu.c's delayed_scale applies.
+void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]);
+
 // saved: NULL, or this layer's kept codes (filled here in FP8 modes; marked not valid in bf16).
+// delayed: NULL in block scaling, this layer's AttnDelayedGpu in delayed scaling.
 void attn_mode_forward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                        int qkv_stride, uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d,
-                       AttnSavedCodes *saved, void *workspace, const AttnModeDiag *diag, cudaStream_t stream);
+                       AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
+                       const AttnModeDiag *diag, cudaStream_t stream);
 
 // dq, dk, dv are overwritten. o and lse: what attn_mode_forward wrote for the same q, k, v.
 // saved: NULL (Q, K, V quantized again from q, k, v), or what that forward filled (ignored in
@@ -115,8 +139,8 @@ void attn_mode_forward(const AttnOptions *opt, const uint16_t *q, const uint16_t
 void attn_mode_backward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                         int qkv_stride, const uint16_t *o, const uint16_t *dout, int o_stride, const float *lse,
                         uint16_t *dq, uint16_t *dk, uint16_t *dv, int dqkv_stride, int B, int H, int T, int d,
-                        const AttnSavedCodes *saved, void *workspace, const AttnModeDiag *diag,
-                        cudaStream_t stream);
+                        const AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
+                        const AttnModeDiag *diag, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -111,8 +111,8 @@ extern "C" void attn_eval_mode_gpu(const AttnOptions *opt, int T, int d, const f
     AttnModeDiag diag = {};  // row sums only; saturation is not part of the table
     diag.row_ds_sum = b.ds_sum;
     diag.row_cancel = b.cancel;
-    attn_mode_forward(opt, b.q, b.k, b.v, d, b.o, d, b.lse, 1, 1, T, d, &b.codes, b.ws, NULL, 0);
-    attn_mode_backward(opt, b.q, b.k, b.v, d, b.o, b.dout, d, b.lse, b.dq, b.dk, b.dv, d, 1, 1, T, d, &b.codes, b.ws,
+    attn_mode_forward(opt, b.q, b.k, b.v, d, b.o, d, b.lse, 1, 1, T, d, &b.codes, NULL, b.ws, NULL, 0);
+    attn_mode_backward(opt, b.q, b.k, b.v, d, b.o, b.dout, d, b.lse, b.dq, b.dk, b.dv, d, 1, 1, T, d, &b.codes, NULL, b.ws,
                        rows ? &diag : NULL, 0);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernels surface here

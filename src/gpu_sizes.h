@@ -68,24 +68,28 @@ static inline size_t gpu_attn_bwd_workspace_bytes(size_t B, size_t H, size_t T, 
 // transposed codes of Q, K, V, dO, each (B, H, Tp, d) bytes with Tp = T rounded up to 128, and
 // their per-128-token-block scales (B, H, Tp/128) FP32; then fp8_hybrid the dequantized Q̂, K̂,
 // V̂ in BF16 (B, T, 3, H, d) for its BF16 backward, the others the FP8 backward's scratch (the
-// same dQ accumulator and D). Every part starts on a 256-byte boundary. The layout is described
-// once, here: attention_fp8.cu carves the workspace in this order with these sizes.
+// same dQ accumulator and D); then, for delayed scaling, each operand's block amaxes (B, H,
+// Tp/128) and per-head scales (B, H) FP32 (a few KB; there in block scaling too). Every part
+// starts on a 256-byte boundary. The layout is described once, here: attention_fp8.cu carves the
+// workspace in this order with these sizes.
 typedef struct {
     size_t codes;   // bytes of one operand's codes (or transposed codes); 8 of them; 0 in bf16
-    size_t scales;  // bytes of one operand's scales; 4 of them; 0 in bf16
+    size_t scales;  // bytes of one operand's scales (and of its block amaxes); 4 + 4 of them; 0 in bf16
     size_t bwd;     // the backward's FP32 scratch
     size_t deq;     // fp8_hybrid's dequantized Q, K, V; else 0
-    size_t total;   // 8 codes + 4 scales + bwd + deq
+    size_t heads;   // bytes of one operand's per-head scales; 4 of them; 0 in bf16
+    size_t total;   // 8 codes + 4 scales + bwd + deq + 4 block amaxes + 4 per-head scales
 } GpuAttnLayout;
 static inline GpuAttnLayout gpu_attn_mode_layout(AttnPrecision p, size_t B, size_t H, size_t T, size_t d) {
-    GpuAttnLayout l = {0, 0, gpu_align256(gpu_attn_bwd_workspace_bytes(B, H, T, d)), 0, 0};
+    GpuAttnLayout l = {0, 0, gpu_align256(gpu_attn_bwd_workspace_bytes(B, H, T, d)), 0, 0, 0};
     if (attn_precision_is_fp8(p)) {
         size_t Tp = (T + 127) / 128 * 128;
         l.codes = gpu_align256(B * H * Tp * d);
         l.scales = gpu_align256(sizeof(float) * B * H * (Tp / 128));
+        l.heads = gpu_align256(sizeof(float) * B * H);
     }
     if (p == ATTN_FP8_HYBRID) l.deq = gpu_align256(2 * 3 * B * T * H * d);
-    l.total = 8 * l.codes + 4 * l.scales + l.bwd + l.deq;
+    l.total = 8 * l.codes + 4 * l.scales + l.bwd + l.deq + 4 * l.scales + 4 * l.heads;
     return l;
 }
 static inline size_t gpu_attn_mode_workspace_bytes(AttnPrecision p, size_t B, size_t H, size_t T, size_t d) {

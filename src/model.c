@@ -255,6 +255,8 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
     plan_take(W, gpu_embedding_scratch_bytes(BT, C));  // embedding backward (token sort for wte)
     plan_take(W, sizeof(double) * GRAD_NORM_PARTIALS);                 // grad-norm partial sums
     plan_take(W, sizeof(double));                                      // and their total
+    if (c->precision.attention_scaling == SCALING_DELAYED)              // per layer: 4 scales, 4 amaxes
+        plan_take(W, sizeof(float) * 8 * (size_t)m->n_layer);
     *W += MATMUL_WORKSPACE_BYTES;  // cuBLASLt's workspace, allocated by matmul.cu outside the arena
     if (c->precision.linear != LINEAR_BF16) {
         // FP8 linears: model_gpu.cu's two operand slots (codes, then scales), each sized for

@@ -177,6 +177,8 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     d->emb_scratch = take(&cv, embedding_backward_scratch_bytes((int)BT, (int)C), W);
     d->norm_partials = (double *)take(&cv, sizeof(double) * GRAD_NORM_PARTIALS, W);
     d->sumsq = (double *)take(&cv, sizeof(double), W);
+    if (c->precision.attention_scaling == SCALING_DELAYED)  // per layer: 4 scales, 4 amaxes
+        d->dl_dev = (float *)take(&cv, sizeof(float) * 8 * (size_t)mc->n_layer, W);
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
     if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots (the GEMMs share matmul's workspace)
         for (int slot = 0; slot < 2; slot++) {
@@ -268,6 +270,8 @@ static void dev_free_host(Dev *d) {
     free(d->xt8_n);
     free(d->host_losses);
     free(d->host_logits);
+    free(d->attn_delayed);
+    free(d->dl_host);
     free(d);
 }
 
@@ -295,6 +299,12 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     m->shard_hi = m->shard_lo + m->shard_len < P ? m->shard_lo + m->shard_len : P;
     Dev *d = (Dev *)xcalloc(1, sizeof(Dev));
     d->L = (LayerBufs *)xcalloc((size_t)c->model.n_layer, sizeof(LayerBufs));
+    if (c->precision.attention_scaling == SCALING_DELAYED) {  // whatever the precision: probes may switch it
+        d->attn_delayed = (AttnDelayedState *)xcalloc((size_t)c->model.n_layer, sizeof(AttnDelayedState));
+        for (int l = 0; l < c->model.n_layer; l++)
+            attn_delayed_init(&d->attn_delayed[l], c->precision.attention_amax_history);
+        d->dl_host = (float *)xcalloc(8 * (size_t)c->model.n_layer, sizeof(float));
+    }
     if (c->precision.linear != LINEAR_BF16) {  // FP8 linears: per-layer quantized weights and Q(x^T)
         d->w8 = (Fp8Operand *)xcalloc(4 * (size_t)c->model.n_layer, sizeof(Fp8Operand));
         d->wt8 = (Fp8Operand *)xcalloc(4 * (size_t)c->model.n_layer, sizeof(Fp8Operand));
@@ -391,6 +401,56 @@ static int upload_batch(GpuModel *m, const int32_t *tokens, const int32_t *targe
 
 static const AttnModeDiag *attn_diag(Dev *d, int l) { return d->attn_diag ? &d->attn_diag[l] : NULL; }
 
+// Delayed scaling: what layer l's attention needs this step (attention_fp8.h's AttnDelayedGpu),
+// from the device copy delayed_upload made; count: whether its amaxes go into this step's.
+static AttnDelayedGpu attn_delayed_of(Dev *d, int l, int count) {
+    AttnDelayedGpu g;
+    memset(&g, 0, sizeof g);
+    if (!d->attn_delayed) return g;
+    g.first_step = d->attn_delayed[l].filled == 0;
+    g.scale = d->dl_dev + 8 * (size_t)l;
+    g.cur_amax = count ? d->dl_dev + 8 * (size_t)l + 4 : NULL;
+    return g;
+}
+// Before a forward: every layer's scales from its host history (first step: none, the kernels
+// take per-head scales) and its amax so far, to the device. The host state is the only state
+// between steps, so checkpoint restores and the trainer's restores around evaluation need nothing
+// else.
+static void delayed_upload(GpuModel *m) {
+    Dev *d = dev_of(m);
+    if (!d->attn_delayed) return;
+    const int L = m->cfg.model.n_layer;
+    for (int l = 0; l < L; l++) {
+        const AttnDelayedState *s = &d->attn_delayed[l];
+        float *h = d->dl_host + 8 * (size_t)l;
+        if (s->filled > 0) attn_delayed_scales(s, d->attn.grad_format, h);
+        else h[0] = h[1] = h[2] = h[3] = 1.0f;  // unused: first_step
+        for (int t = 0; t < 4; t++) h[4 + t] = s->cur_amax[t];
+    }
+    CUDA_CHECK(cudaMemcpyAsync(d->dl_dev, d->dl_host, sizeof(float) * 8 * (size_t)L, cudaMemcpyHostToDevice,
+                               d->stream));
+}
+// After a backward: the step's amaxes home and into every layer's history, as cpu_model_backward
+// commits them (one stream synchronization, with delayed scaling only).
+static void delayed_commit(GpuModel *m) {
+    Dev *d = dev_of(m);
+    if (!d->attn_delayed) return;
+    const int L = m->cfg.model.n_layer;
+    CUDA_CHECK(cudaMemcpyAsync(d->dl_host, d->dl_dev, sizeof(float) * 8 * (size_t)L, cudaMemcpyDeviceToHost,
+                               d->stream));
+    CUDA_CHECK(cudaStreamSynchronize(d->stream));
+    for (int l = 0; l < L; l++) {
+        for (int t = 0; t < 4; t++) d->attn_delayed[l].cur_amax[t] = d->dl_host[8 * (size_t)l + 4 + t];
+        attn_delayed_commit(&d->attn_delayed[l]);
+    }
+}
+
+AttnDelayedState *gpu_model_delayed_state(GpuModel *m, int *n) {
+    Dev *d = dev_of(m);
+    *n = d->attn_delayed ? m->cfg.model.n_layer : 0;
+    return d->attn_delayed;
+}
+
 // The normalised, rotated q, k, v of layer l for attention: the saved qkv itself, or (qk_norm)
 // QK-norm of the saved raw qkv into dst, then RoPE there.
 static const bf16 *attention_inputs(GpuModel *m, int l, bf16 *dst, int B, int T) {
@@ -416,6 +476,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     d->fwd_T = T;
     prof_mark(d, PH_HOST);
     fp8_refresh_weights(m);  // Q(W), Q(W^T) if the weights changed (FP8 linears only)
+    delayed_upload(m);       // attention delayed scaling: this step's scales and amaxes
     prof_mark(d, PH_FWD_LINEAR);
     // With recompute the per-layer h1, h2, sw live in scratch (see the file comment).
     embedding_forward_gpu(d->L[0].x_in, d->tokens, W(m, P_WTE, 0), BT, C, Vp, s);
@@ -434,8 +495,9 @@ static void forward_blocks(GpuModel *m, int B, int T) {
         // Q, K, V codes kept for the backward when one follows (an evaluation forward leaves them)
         AttnSavedCodes *keep = d->save_xt && lb->attn_codes.buf ? &lb->attn_codes : NULL;
         if (!keep) lb->attn_codes.valid = 0;
+        const AttnDelayedGpu dl = attn_delayed_of(d, l, d->save_xt);  // a training forward counts its amaxes
         attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, keep,
-                          d->attn_ws, attn_diag(d, l), s);
+                          d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
         prof_mark(d, PH_FWD_ATTN);
         lin_forward(m, P_ATTN_PROJ, l, d->buf2, lb->o, BT, C, C);                  // (BT, C)
         prof_mark(d, PH_FWD_LINEAR);
@@ -604,9 +666,10 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         const bf16 *qkv = attention_inputs(m, l, d->buf2, B, T);
         if (mc->qk_norm) prof_mark(d, PH_RECOMPUTE);
         bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
+        const AttnDelayedGpu dl = attn_delayed_of(d, l, 1);
         attn_mode_backward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv, dqkv + C,
                            dqkv + 2 * C, 3 * C, B, H, T, hd, lb->attn_codes.buf ? &lb->attn_codes : NULL,
-                           d->attn_ws, attn_diag(d, l), s);
+                           d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
         prof_mark(d, PH_BWD_ATTN);
         if (mc->position == POS_ROPE) rope_backward_gpu(dqkv, d->rope, B, T, H, hd, s);
         if (mc->qk_norm)  // in place: d(raw qkv) from d(normalised qkv); v copied through
@@ -632,6 +695,7 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
     prof_mark(d, PH_BWD_EMBED);
     grads_final(m, 0, param_offset(m, P_ATTN_NORM, 0));  // wte (+ the tied head's, from the forward)
     CUDA_CHECK(cudaStreamSynchronize(s));
+    delayed_commit(m);  // attention delayed scaling: this step's amaxes into the histories
 }
 
 // --- optimizer, norms, host copies ------------------------------------------------------------------

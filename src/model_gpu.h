@@ -168,6 +168,12 @@ AttnPrecision gpu_model_attention(GpuModel *m);
 // The array must outlive its use.
 void gpu_model_set_attn_diag(GpuModel *m, const AttnModeDiag *per_layer);
 
+// Attention delayed scaling (precision.attention_scaling = "delayed"): the per-layer amax
+// histories, n_layer entries in *n (NULL, 0 otherwise). Host memory, the state itself: every
+// forward derives the step's scales from it and every backward commits the step's amaxes into it
+// (as the CPU backend does), so a caller may save, restore or checkpoint it between steps.
+AttnDelayedState *gpu_model_delayed_state(GpuModel *m, int *n);
+
 // Diagnostics probe (probe.h): forward + backward of tokens, targets (B, T) with attention in
 // `precision`, leaving the training state as it was (gradients, attention precision, loss
 // scale; the activations are the probe's afterwards, so call it between steps). Fills out's

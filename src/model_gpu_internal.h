@@ -40,6 +40,12 @@ typedef struct {
     float *losses;                   // (BT) per-token loss
     float *rope;                     // (T, hd/2, 2) cos, sin
     AttnOptions attn;                // precision.attention and its options (attention_fp8.h)
+    // Delayed scaling (precision.attention_scaling = "delayed"; else NULL): the per-layer history
+    // on the host (the CPU backend's struct: same commits, checkpoints and restores), and per
+    // layer 8 device floats, [this step's scales of Q, K, V, dO | their amax so far], uploaded
+    // from the host state at every forward and read back at the end of every backward
+    AttnDelayedState *attn_delayed;  // (n_layer)
+    float *dl_dev, *dl_host;         // (n_layer * 8) device, host staging
     void *attn_ws;                   // attention workspace (quantized operands, backward scratch)
     size_t attn_ws_bytes;
     const AttnModeDiag *attn_diag;   // (n_layer) diagnostics outputs, or NULL (gpu_model_set_attn_diag)

@@ -1047,10 +1047,10 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
             AttnSavedCodes *kp = r == 1 ? &keep : NULL;
             CU(cudaMemset(ws, 0xFF, ws_bytes));
             attn_mode_forward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, C, lse, B, H, T, d, kp,
-                              ws, &diag, 0);
+                              NULL, ws, &diag, 0);
             CU(cudaMemset(ws, 0xFF, ws_bytes));  // nothing of the forward's may survive in the workspace
             attn_mode_backward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, d_do, C, lse, dqkv,
-                               dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, ws, &diag, 0);
+                               dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, NULL, ws, &diag, 0);
             cudaError_t err = cudaDeviceSynchronize();
             snprintf(name, sizeof name, "attn keep_codes %s run %d: %s", mname, r, tag);
             CHECK(err == cudaSuccess, name, "%s", cudaGetErrorString(err));
@@ -1167,9 +1167,9 @@ static void run_extreme_case(const Case &cs, Fp8Format gfmt, int seed) {
         AttnModeDiag diag;
         memset(&diag, 0, sizeof diag);
         attn_mode_forward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), in.qs, o, C, lse, B, H, T,
-                          d, NULL, ws, &diag, 0);
+                          d, NULL, NULL, ws, &diag, 0);
         attn_mode_backward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), in.qs, o, d_do, C, lse,
-                           dqkv, dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, NULL, ws, &diag, 0);
+                           dqkv, dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, NULL, NULL, ws, &diag, 0);
         CU(cudaDeviceSynchronize());
         std::vector<uint16_t> ho = back(o, n_tok * C), hg = back(dqkv, 3 * n_tok * C);
         std::vector<float> hl = back(lse, in.nbht);
@@ -1186,6 +1186,141 @@ static void run_extreme_case(const Case &cs, Fp8Format gfmt, int seed) {
         cudaFree(ws); cudaFree(o); cudaFree(dqkv); cudaFree(lse);
     }
     cudaFree(d_qkv); cudaFree(d_do);
+}
+
+// --- delayed scaling through the layer API, step by step, against the CPU emulation --------------
+// One layer trained for `steps` steps on fresh inputs whose magnitude changes (x1, x1/2, x8: the
+// last step's history is stale, so its Q, K, V and dO casts saturate). Each step as model_gpu.cu
+// runs it: the scales from the host history (attn_delayed_scales; on the first step the kernels
+// take each head's own), the step's amaxes accumulated on the device and committed on the host;
+// the CPU emulation runs the same steps per (b, h) with its own AttnDelayedState. Checked per step:
+// the committed histories equal bit for bit (the amaxes are exact), the saturation counts of Q, K,
+// V, dO equal, O against the CPU forward (rel L2 < 1e-2) and dQ, dK, dV against the CPU backward
+// on the GPU's O and LSE (rel L2 < 5e-2), as the block-scaling tests; once with kept codes too.
+static void run_delayed_case(const Case &cs, Fp8Format gfmt, int keep_codes, int seed) {
+    const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, C = H * d, steps = 3;
+    const float step_mag[3] = {1.0f, 0.5f, 8.0f};  // powers of two: exact on the BF16 inputs
+    AttnOptions opt = block_options(ATTN_FP8_DM, gfmt, ATTN_FP8_BWD_BLOCK_Q, ATTN_FP8_BWD_BLOCK_K);
+    opt.scaling = SCALING_DELAYED;
+    AttnDelayedState gds, cds;
+    attn_delayed_init(&gds, 16);
+    attn_delayed_init(&cds, 16);
+    const size_t ws_bytes = attn_mode_workspace_bytes(&opt, B, H, T, d);
+    void *ws = dnew<char>(ws_bytes);
+    float *dl = dnew<float>(8);
+    unsigned long long *sat = dnew<unsigned long long>(ATTN_N_CASTS);
+    AttnSavedCodes keep;
+    memset(&keep, 0, sizeof keep);
+    if (keep_codes) {
+        keep.bytes = attn_saved_codes_bytes(&opt, B, H, T, d);
+        keep.buf = dnew<char>(keep.bytes);
+    }
+    char name[300];
+    for (int k = 0; k < steps; k++) {
+        BwdInputs in = bwd_inputs(cs, gfmt, 0xF8DE1A00ull + 16 * (uint64_t)seed + (uint64_t)k);
+        for (auto &u : in.qkv) u = bf16_from_f32(bf16_to_f32(u) * step_mag[k]);
+        for (auto &u : in.dout) u = bf16_from_f32(bf16_to_f32(u) * step_mag[k]);
+        const size_t n_tok = in.n_tok, nbht = in.nbht;
+        const int qs = in.qs;
+        uint16_t *d_qkv = dup(in.qkv), *d_do = dup(in.dout);
+        uint16_t *o = dnew<uint16_t>(n_tok * C), *dqkv = dnew<uint16_t>(3 * n_tok * C);
+        float *lse = dnew<float>(nbht);
+        // the step's scales and amaxes, as model_gpu.cu's delayed_upload makes them
+        float host[8] = {1.0f, 1.0f, 1.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (gds.filled) attn_delayed_scales(&gds, gfmt, host);
+        for (int t = 0; t < 4; t++) host[4 + t] = gds.cur_amax[t];
+        CU(cudaMemcpy(dl, host, sizeof host, cudaMemcpyHostToDevice));
+        CU(cudaMemset(sat, 0, sizeof(unsigned long long) * ATTN_N_CASTS));
+        AttnDelayedGpu g = {gds.filled == 0, dl, dl + 4};
+        AttnModeDiag diag;
+        memset(&diag, 0, sizeof diag);
+        diag.saturated = sat;
+        AttnSavedCodes *kp = keep_codes ? &keep : NULL;
+        attn_mode_forward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), qs, o, C, lse, B, H, T, d,
+                          kp, &g, ws, &diag, 0);
+        attn_mode_backward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), qs, o, d_do, C, lse, dqkv,
+                           dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, &g, ws, &diag, 0);
+        cudaError_t err = cudaDeviceSynchronize();
+        snprintf(name, sizeof name, "attn delayed%s step %d runs: %s", keep_codes ? " (kept codes)" : "", k, in.tag);
+        CHECK(err == cudaSuccess, name, "%s", cudaGetErrorString(err));
+        if (err != cudaSuccess) exit(1);
+        CU(cudaMemcpy(host, dl, sizeof host, cudaMemcpyDeviceToHost));
+        for (int t = 0; t < 4; t++) gds.cur_amax[t] = host[4 + t];
+        attn_delayed_commit(&gds);
+        std::vector<uint16_t> ho = back(o, n_tok * C), hg = back(dqkv, 3 * n_tok * C);
+        std::vector<float> hl = back(lse, nbht);
+        std::vector<unsigned long long> hsat = back(sat, ATTN_N_CASTS);
+
+        // the CPU emulation of the same step, head by head, with its own history
+        AttnStats st;
+        memset(&st, 0, sizeof st);
+        double on = 0, od = 0, gn[3] = {0, 0, 0}, gd[3] = {0, 0, 0};
+        std::vector<float> x[4], fo(T * d), flse(T), co(T * d), clse(T), cg[3];
+        for (int i = 0; i < 4; i++) x[i].resize((size_t)T * d);
+        for (int i = 0; i < 3; i++) cg[i].resize((size_t)T * d);
+        for (int bh = 0; bh < B * H; bh++) {
+            const int b = bh / H, h = bh % H;
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < d; c++) {
+                    const size_t row = (size_t)b * T + t;
+                    for (int i = 0; i < 3; i++)
+                        x[i][(size_t)t * d + c] = bf16_to_f32(in.qkv[in.offs(i) + row * qs + (size_t)h * d + c]);
+                    x[3][(size_t)t * d + c] = bf16_to_f32(in.dout[row * C + (size_t)h * d + c]);
+                    fo[(size_t)t * d + c] = bf16_to_f32(ho[row * C + (size_t)h * d + c]);
+                }
+            for (int t = 0; t < T; t++) flse[t] = hl[(size_t)bh * T + t];
+            attn_cpu_forward(&opt, &cds, T, d, x[0].data(), x[1].data(), x[2].data(), co.data(), clse.data(), &st);
+            for (size_t i = 0; i < (size_t)T * d; i++) {
+                on += ((double)fo[i] - co[i]) * ((double)fo[i] - co[i]);
+                od += (double)co[i] * co[i];
+            }
+            attn_cpu_backward(&opt, &cds, T, d, x[0].data(), x[1].data(), x[2].data(), fo.data(), flse.data(),
+                              x[3].data(), cg[0].data(), cg[1].data(), cg[2].data(), &st, NULL);
+            for (int i = 0; i < 3; i++)
+                for (int t = 0; t < T; t++)
+                    for (int c = 0; c < d; c++) {
+                        const double got = bf16_to_f32(hg[(size_t)i * n_tok * C + ((size_t)b * T + t) * C + (size_t)h * d + c]);
+                        const double ref = cg[i][(size_t)t * d + c];
+                        gn[i] += (got - ref) * (got - ref);
+                        gd[i] += ref * ref;
+                    }
+        }
+        attn_delayed_commit(&cds);
+        long hist_diff = 0;
+        for (int t = 0; t < 4; t++)
+            for (int i = 0; i < cds.filled; i++) hist_diff += fp8_f32_bits(gds.hist[t][i]) != fp8_f32_bits(cds.hist[t][i]);
+        snprintf(name, sizeof name, "attn delayed%s step %d: the amax histories equal the CPU's bit for bit: %s",
+                 keep_codes ? " (kept codes)" : "", k, in.tag);
+        CHECK(gds.filled == cds.filled && hist_diff == 0, name, "%ld entries differ (filled %d / %d)", hist_diff,
+              gds.filled, cds.filled);
+        long sat_diff = 0;
+        for (int c = CAST_Q; c <= CAST_DO; c++) sat_diff += (long long)hsat[c] != st.saturated[c];
+        printf("#   delayed step %d: saturated Q %llu K %llu V %llu dO %llu (cpu %lld %lld %lld %lld)\n", k, hsat[CAST_Q],
+               hsat[CAST_K], hsat[CAST_V], hsat[CAST_DO], st.saturated[CAST_Q], st.saturated[CAST_K],
+               st.saturated[CAST_V], st.saturated[CAST_DO]);
+        snprintf(name, sizeof name, "attn delayed%s step %d: saturation counts of Q, K, V, dO equal the CPU's: %s",
+                 keep_codes ? " (kept codes)" : "", k, in.tag);
+        CHECK(sat_diff == 0, name, "%ld counts differ", sat_diff);
+        if (k == steps - 1) {
+            snprintf(name, sizeof name, "attn delayed step %d: the stale history saturates (the test bites): %s", k,
+                     in.tag);
+            CHECK(hsat[CAST_Q] + hsat[CAST_K] + hsat[CAST_V] + hsat[CAST_DO] > 0, name, "no saturation");
+        }
+        const double ro = sqrt(on / (od > 0 ? od : 1));
+        snprintf(name, sizeof name, "attn delayed%s step %d: O vs CPU emulation (rel L2 < 1e-2): %s",
+                 keep_codes ? " (kept codes)" : "", k, in.tag);
+        CHECK(ro < 1e-2, name, "rel L2 %.3e", ro);
+        const char *gname[3] = {"dQ", "dK", "dV"};
+        for (int i = 0; i < 3; i++) {
+            const double r = sqrt(gn[i] / (gd[i] > 0 ? gd[i] : 1));
+            snprintf(name, sizeof name, "attn delayed%s step %d: %s vs CPU emulation (rel L2 < 5e-2): %s",
+                     keep_codes ? " (kept codes)" : "", k, gname[i], in.tag);
+            CHECK(r < 5e-2, name, "rel L2 %.3e", r);
+        }
+        cudaFree(d_qkv); cudaFree(d_do); cudaFree(o); cudaFree(dqkv); cudaFree(lse);
+    }
+    cudaFree(ws); cudaFree(dl); cudaFree(sat);
+    if (keep_codes) cudaFree(keep.buf);
 }
 
 // The kernels' CTA and tile orders (causal_item_grouped), on the host, so they run without a GPU
@@ -1300,6 +1435,8 @@ int main(void) {
     // the shapes whose fp8_hybrid backward overflowed before the clamp (their forward stays finite)
     run_extreme_case({2, 3, 200, 64, true, 1.0}, FP8_E4M3, 0);
     run_extreme_case({1, 2, 517, 128, false, 2.0}, FP8_E5M2, 1);
+    run_delayed_case({2, 2, 300, 128, true, 1.0}, FP8_E4M3, 0, 0);
+    run_delayed_case({1, 3, 256, 64, false, 2.0}, FP8_E5M2, 1, 1);
     if (!is_small && !bwd_only) bench_quant();
     if (!is_small) bench_bwd();
     return test_summary("test_attention_fp8_gpu");

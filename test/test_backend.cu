@@ -260,7 +260,8 @@ static void gpu_facade_tests(void) {
     CHECK(step == steps && step2 == step && !memcmp(p, p2, P * 4) && !memcmp(m, m2, P * 4) && !memcmp(v, v2, P * 4),
           "gpu backend: state round trip is exact", "step %lld/%lld", step, step2);
     int nd = -1;
-    CHECK(backend_delayed_state(&gpu, &nd) == NULL && nd == 0, "gpu backend: no delayed-scaling state", "n %d", nd);
+    CHECK(backend_delayed_state(&gpu, &nd) == NULL && nd == 0, "gpu backend: no delayed-scaling state in block scaling",
+          "n %d", nd);
     float ev1 = backend_eval_loss(&gpu, bt.tok, bt.tgt), ev2 = backend_eval_loss(&gpu, bt.tok, bt.tgt);
     CHECK(ev1 == ev2 && isfinite(ev1), "gpu backend: eval is repeatable", "%.9g vs %.9g", ev1, ev2);
     double a[8], b2[8];
