@@ -111,8 +111,11 @@ extern "C" void attn_eval_mode_gpu(const AttnOptions *opt, int T, int d, const f
     AttnModeDiag diag = {};  // row sums only; saturation is not part of the table
     diag.row_ds_sum = b.ds_sum;
     diag.row_cancel = b.cancel;
-    attn_mode_forward(opt, b.q, b.k, b.v, d, b.o, d, b.lse, 1, 1, T, d, &b.codes, NULL, b.ws, NULL, 0);
-    attn_mode_backward(opt, b.q, b.k, b.v, d, b.o, b.dout, d, b.lse, b.dq, b.dk, b.dv, d, 1, 1, T, d, &b.codes, NULL, b.ws,
+    // delayed scaling: a fresh layer, as attn_check.c's CPU rows (each head's scale from its own amax)
+    const AttnDelayedGpu fresh = {1, NULL, NULL};
+    const AttnDelayedGpu *dl = opt->scaling == SCALING_DELAYED ? &fresh : NULL;
+    attn_mode_forward(opt, b.q, b.k, b.v, d, b.o, d, b.lse, 1, 1, T, d, &b.codes, dl, b.ws, NULL, 0);
+    attn_mode_backward(opt, b.q, b.k, b.v, d, b.o, b.dout, d, b.lse, b.dq, b.dk, b.dv, d, 1, 1, T, d, &b.codes, dl, b.ws,
                        rows ? &diag : NULL, 0);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernels surface here
