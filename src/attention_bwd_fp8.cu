@@ -54,9 +54,6 @@
 #include <math.h>          // sqrtf
 #include <stddef.h>        // size_t
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
-#include <stdlib.h>        // getenv, atoi (the timing knobs)
-
-#include <algorithm>  // std::min
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, check_args
 #include "common.h"                  // FATAL
@@ -444,7 +441,7 @@ __device__ __forceinline__ void dq_reduce(const void *tm_dq, uint32_t s_dq, int 
 }
 }  // namespace
 
-// --- main backward: grid (ceil(T/128), B*H), block 256 (2 warpgroups) ---------------------------
+// --- main backward: grid (heads per group, ceil(T/128), groups), block 256 (2 warpgroups) -------
 // Per query block (one iteration), with the next block's tiles already loading (two stages):
 //   B1  wait for this stage's copies; __syncthreads (also: everyone is done with the previous
 //       iteration, so its stage, sPt, sdSt, sdS and sAmax may be overwritten); prefetch the next
@@ -754,25 +751,11 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 
 // --- launchers ---------------------------------------------------------------------------------
 // Timing knobs, read once per process (the CTA orders; dK, dV, D are the same whatever the order,
-// dQ up to the order of its FP32 reductions, which is not fixed anyway):
-// ATTN_FP8_BWD_GROUP_HEADS=N runs the main backward heaviest first within groups of N heads
-// (1: the natural order, each head's key blocks in turn; unset: about one wave of CTAs per
-// group), ATTN_FP8_DELTA_GROUP_HEADS=N the delta pass (unset or 0: heaviest first over all heads).
-struct BwdFp8Knobs {
-    int main_group_heads, delta_group_heads;
-};
-static const BwdFp8Knobs &bwd_fp8_env(void) {
-    static BwdFp8Knobs k;
-    static bool read = false;
-    if (!read) {
-        const char *m = getenv("ATTN_FP8_BWD_GROUP_HEADS"), *dl = getenv("ATTN_FP8_DELTA_GROUP_HEADS");
-        k.main_group_heads = m && *m ? atoi(m) : 0;
-        k.delta_group_heads = dl && *dl ? atoi(dl) : 0;
-        read = true;
-    }
-    return k;
-}
-
+// dQ up to the order of its FP32 reductions, which is not fixed anyway), as causal_group_heads
+// reads them (N: groups of N heads, 0: all heads, unset: the kernel's own):
+// ATTN_FP8_BWD_GROUP_HEADS the main backward's (1: the natural order, each head's key blocks in
+// turn; its own: about one wave of CTAs per group), ATTN_FP8_DELTA_GROUP_HEADS the delta pass's
+// (its own: all heads).
 static int bwd_fp8_test_group_heads = 0;  // attn_gpu_backward_fp8_test_group_heads
 extern "C" void attn_gpu_backward_fp8_test_group_heads(int heads_per_group) {
     bwd_fp8_test_group_heads = heads_per_group > 0 ? heads_per_group : 0;
@@ -782,20 +765,14 @@ extern "C" void attn_gpu_backward_fp8_test_group_heads(int heads_per_group) {
 // on one H200 (docs/perf.md, the backward order sweep): groups of 8-16 heads 2-4% faster than the
 // natural order at every T; more than a wave per group gained nothing.
 static int bwd_fp8_main_heads_per_group(int n_bh, int T, int d) {
-    static int n_sm = 0;  // one device per process
-    if (n_sm == 0) {
-        int dev = 0;
-        CUDA_OK(cudaGetDevice(&dev));
-        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    }
-    const int forced = bwd_fp8_test_group_heads > 0 ? bwd_fp8_test_group_heads : bwd_fp8_env().main_group_heads;
-    if (forced > 0) return std::min(forced, n_bh);
-    return causal_heads_per_group(4L * T * d, attn_quant_n_blocks(T), n_bh, n_sm);
+    static const int env = attn_env_group_heads("ATTN_FP8_BWD_GROUP_HEADS");
+    const int forced = bwd_fp8_test_group_heads > 0 ? bwd_fp8_test_group_heads : env;
+    return causal_group_heads(forced, n_bh, causal_heads_per_group(4L * T * d, attn_quant_n_blocks(T), n_bh, attn_sm_count()));
 }
 // The delta pass's: all heads (heaviest first over all of them) unless ATTN_FP8_DELTA_GROUP_HEADS.
 static int bwd_fp8_delta_heads_per_group(int n_bh) {
-    const int forced = bwd_fp8_env().delta_group_heads;
-    return forced > 0 ? std::min(forced, n_bh) : n_bh;
+    static const int env = attn_env_group_heads("ATTN_FP8_DELTA_GROUP_HEADS");
+    return causal_group_heads(env, n_bh, n_bh);
 }
 
 extern "C" size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d) {

@@ -439,25 +439,15 @@ static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, c
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     const long n_cta = (long)((T + WG_BQ - 1) / WG_BQ) * B * H;
     if (n_cta > 0x7fffffffL) FATAL("attn_gpu_forward: B*H*ceil(T/%d) = %ld CTAs is too many", WG_BQ, n_cta);
-    static int n_sm = 0;  // one device per process
-    if (n_sm == 0) {
-        int dev = 0;
-        CUDA_OK(cudaGetDevice(&dev));
-        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    }
     // heads per group of the CTA order: K and V of a head are 2 T D BF16 values, and at least one
     // wave of CTAs per group (one CTA per SM). Measured on one H200 (docs/perf.md, the head-group
     // sweep): the best fixed group was 8-16 heads at T = 1K, 8 at 2K, 4 at 4K, 2 at 8K, i.e. about
     // one wave of CTAs with K, V in 16 MiB; two waves per group (the FP8 persistent forward's
-    // rule) took 5-9% of that back at 4K-8K. ATTN_BF16_FWD_GROUP_HEADS=N overrides (N <= 0: all
-    // heads, the order before head groups; read once per process, as the other timing knobs).
-    static int forced = -2;  // -2: not read yet; -1: unset
-    if (forced == -2) {
-        const char *gh = getenv("ATTN_BF16_FWD_GROUP_HEADS");
-        forced = gh && *gh ? (atoi(gh) > 0 ? atoi(gh) : 0) : -1;
-    }
-    const int hg = forced < 0 ? causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, n_sm)
-                   : forced > 0 && forced < B * H ? forced : B * H;
+    // rule) took 5-9% of that back at 4K-8K. ATTN_BF16_FWD_GROUP_HEADS=N overrides (0: all heads,
+    // the order before head groups).
+    static const int forced = attn_env_group_heads("ATTN_BF16_FWD_GROUP_HEADS");
+    const int hg = causal_group_heads(
+        forced, B * H, causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, attn_sm_count()));
     // V's descriptor offsets: next 64-column region (leading), next 8 keys (stride).
     const uint32_t v_lbo = WG_BK * 128, v_sbo = 1024;
     static bool attr_set[2] = {false, false};  // one device per process (one GPU per rank)

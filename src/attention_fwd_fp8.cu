@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 // overrides the order and caps the grid, attn_gpu_forward_fp8_test_loop the loop, for tests.
 struct FwdFp8Knobs {
     int loop;         // F8_LOOP_*, or -1: the default
-    int group_heads;  // heads per group of the tile order, 0: all heads, -1: causal_heads_per_group's
+    int group_heads;  // heads per group of the tile order (causal_group_heads' forced)
     bool persistent, dynamic;
 };
 static const FwdFp8Knobs &fwd_fp8_env(void) {
@@ -670,8 +670,7 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
                                  "overlap_pp; using the default\n", loop);
         }
-        const char *gh = getenv("ATTN_FP8_FWD_GROUP_HEADS");
-        k.group_heads = gh && *gh ? (atoi(gh) < 0 ? 0 : atoi(gh)) : -1;
+        k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = !(pers && *pers && atoi(pers) == 0);
         k.dynamic = !(sched && strcmp(sched, "static") == 0);
         if (sched && *sched && k.dynamic && strcmp(sched, "dynamic") != 0)
@@ -688,16 +687,6 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
     fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_OVERLAP_PP ? loop : -1;
-}
-// The number of SMs (the persistent grid), once per process (one device per process).
-static int fwd_fp8_n_sm(void) {
-    static int n_sm = 0;
-    if (n_sm == 0) {
-        int dev = 0;
-        CUDA_OK(cudaGetDevice(&dev));
-        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return n_sm;
 }
 // The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
 // One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
@@ -737,12 +726,11 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
     const FwdFp8Knobs &k = fwd_fp8_env();
     const bool dynamic = fwd_fp8_test_order >= 0 ? fwd_fp8_test_order != 0 : k.dynamic;
-    long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? fwd_fp8_n_sm() : n_tiles;
+    long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? attn_sm_count() : n_tiles;
     if (grid > n_tiles) grid = n_tiles;
     // heads per group: K̂ and V̂^T of a head are 2 Tp D bytes; two waves of CTAs per group
-    const int hg = k.group_heads > 0 ? (k.group_heads < B * H ? k.group_heads : B * H)
-                   : k.group_heads == 0 ? B * H
-                                        : causal_heads_per_group(2L * nblk * F8_BK * D, nblk, B * H, 2 * fwd_fp8_n_sm());
+    const int hg = causal_group_heads(k.group_heads, B * H,
+                                      causal_heads_per_group(2L * nblk * F8_BK * D, nblk, B * H, 2 * attn_sm_count()));
     attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
         1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL, hg);

@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>     // __nv_bfloat16, __floats2bfloat162_rn
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
+#include <stdlib.h>        // getenv, atoi (attn_env_group_heads)
 
 #include "common.h"  // FATAL
 #include "fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
@@ -98,6 +99,30 @@ static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, i
     const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
     const long hg = fit < need ? need : fit;
     return hg < 1 ? 1 : hg > n_bh ? n_bh : (int)hg;
+}
+// The heads per group a causal kernel launches with: forced > 0 that many (at most n_bh), 0 all
+// heads (heaviest first over all of them), < 0 the kernel's own choice `automatic` (usually
+// causal_heads_per_group's). forced comes from the kernel's timing knob, attn_env_group_heads.
+static inline int causal_group_heads(int forced, int n_bh, int automatic) {
+    return forced > 0 ? (forced < n_bh ? forced : n_bh) : forced == 0 ? n_bh : automatic;
+}
+// A heads-per-group timing knob (ATTN_*_GROUP_HEADS=N): -1 when unset (the kernel's own choice),
+// 0 for N <= 0 (all heads), else N. Launchers read it once: static const int k = attn_env_group_heads(..).
+static inline int attn_env_group_heads(const char *name) {
+    const char *v = getenv(name);
+    if (!v || !*v) return -1;
+    return atoi(v) > 0 ? atoi(v) : 0;
+}
+// The number of SMs of the current device, once per process (one device per process: one GPU
+// per rank). The causal kernels' group sizes and the persistent FP8 forward's grid use it.
+static inline int attn_sm_count(void) {
+    static int n_sm = 0;
+    if (n_sm == 0) {
+        int dev = 0;
+        CUDA_OK(cudaGetDevice(&dev));
+        CUDA_OK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n_sm;
 }
 // The same value, opaque to the compiler: addresses and descriptors derived from it inside a loop
 // body are recomputed there (a few integer adds) instead of hoisted out of the loop into

@@ -121,4 +121,37 @@ static inline size_t gpu_fp8_scales_128x128(size_t rows, size_t cols) {
     return gpu_round4(gpu_cdiv128(rows)) * gpu_round4(gpu_cdiv128(cols));
 }
 
+// The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).
+#define GPU_HEAD_CHUNK_TOKENS 8192
+static inline size_t gpu_head_chunk(size_t BT) { return BT < GPU_HEAD_CHUNK_TOKENS ? BT : GPU_HEAD_CHUNK_TOKENS; }
+// The chunk of an FP8 LM head (head: the head's linear precision), 0 when the head is not FP8 on
+// the GPU. Only fp8_block: its 1x128 slices (along C for hf, along Vp for dlogits, along runs of
+// 128 tokens for the wgrad operands, which both backends' chunks keep aligned) do not depend on
+// the chunking, so the GPU's chunks give the CPU emulation's codes; fp8_tensor's one scale per
+// operand would be one per chunk, and the chunks differ (model_gpu.cu refuses that configuration).
+static inline size_t gpu_fp8_head_chunk(LinearPrecision head, size_t BT) {
+    return head == LINEAR_FP8_BLOCK ? gpu_head_chunk(BT) : 0;
+}
+// The GPU model's two FP8 operand slots (model_gpu_linear.cu), each sized for the largest of the
+// shapes (rows, cols = the consuming GEMM's reduction) it takes in one micro-batch of BT tokens:
+//   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F)
+//   slot 1: wgrad dy^T (3C, BT) (C, BT) (2F, BT)
+// and an FP8 LM head's chunk (head_chunk > 0, gpu_fp8_head_chunk) its dlogits: Q(dy) (chunk, Vp)
+// in slot 0, Q(dy^T) (Vp, chunk) in slot 1 (its x, hf (chunk, C), fits slot 0's (BT, C)). Bytes
+// of codes and floats of scales (per tensor, or 1x128 slices with fp8_block).
+static inline void gpu_fp8_slot_size(int slot, LinearPrecision p, size_t BT, size_t C, size_t F, size_t head_chunk,
+                                     size_t Vp, size_t *codes, size_t *scales) {
+    const size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {head_chunk, Vp}};
+    const size_t s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}, {Vp, head_chunk}};
+    const size_t(*shapes)[2] = slot == 0 ? s0 : s1;
+    const int n = (slot == 0 ? 4 : 3) + (head_chunk > 0);
+    *codes = *scales = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t r = shapes[i][0], c = shapes[i][1];
+        const size_t ns = p == LINEAR_FP8_TENSOR ? gpu_fp8_scales_tensor() : gpu_fp8_scales_1x128(r, c);
+        if (r * c > *codes) *codes = r * c;
+        if (ns > *scales) *scales = ns;
+    }
+}
+
 #endif  // GPU_SIZES_H

@@ -177,7 +177,6 @@ double model_flops_per_token(const ModelConfig *m) {
 // gpu_model_plan byte for byte for several configs.
 
 #define PLAN_ALIGN 256               // model_gpu.cu's ARENA_ALIGN
-#define PLAN_HEAD_CHUNK_TOKENS 8192  // model_gpu.cu's HEAD_CHUNK_TOKENS: tokens per LM-head chunk
 
 // FP8 scale floats of an operand of the GPU model's linears: activations and gradients per
 // tensor or in 1x128 slices, weights per tensor or in 128x128 blocks (linear_fp8_gpu.cu).
@@ -229,7 +228,7 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
         if (attn_precision_is_fp8(ap) && c->precision.attention_keep_codes)  // the forward's quantized Q, K, V
             plan_take(A, gpu_attn_saved_codes_bytes(ap, (size_t)micro_batch, H, T, hd));
     }
-    size_t head_chunk = BT < PLAN_HEAD_CHUNK_TOKENS ? BT : PLAN_HEAD_CHUNK_TOKENS;
+    size_t head_chunk = gpu_head_chunk(BT);
     plan_take(A, 2 * BT * C);           // residual after the last block
     plan_take(A, 2 * BT * C);           // final RMSNorm output
     plan_take(A, 4 * BT);               // its rstd
@@ -259,24 +258,13 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
         plan_take(W, sizeof(float) * 8 * (size_t)m->n_layer);
     *W += MATMUL_WORKSPACE_BYTES;  // cuBLASLt's workspace, allocated by matmul.cu outside the arena
     if (c->precision.linear != LINEAR_BF16) {
-        // FP8 linears: model_gpu.cu's two operand slots (codes, then scales), each sized for
-        // the largest of the shapes it takes (fp8_slot_shapes there); the FP8 GEMMs share
-        // matmul.cu's cuBLASLt workspace.
-        // An FP8 LM head (fp8_block only, model_gpu_linear.cu's fp8_head_chunk) adds its chunk's
-        // dlogits: Q(dy) (chunk, Vp) to slot 0 and Q(dy^T) (Vp, chunk) to slot 1.
-        const int fp8_head = linear_precision_of(&c->precision, m->n_layer, -1) == LINEAR_FP8_BLOCK;
-        size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {head_chunk, Vp}};
-        size_t s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}, {Vp, head_chunk}};
-        size_t (*slots[2])[2] = {s0, s1};
-        int n_shapes[2] = {4 + fp8_head, 3 + fp8_head};
+        // FP8 linears: model_gpu.cu's two operand slots (codes, then scales; gpu_fp8_slot_size,
+        // with an FP8 LM head's chunk when the head is FP8); the FP8 GEMMs share matmul.cu's
+        // cuBLASLt workspace.
+        const size_t fp8_head = gpu_fp8_head_chunk(linear_precision_of(&c->precision, m->n_layer, -1), BT);
         for (int slot = 0; slot < 2; slot++) {
-            size_t codes = 0, scales = 0;
-            for (int i = 0; i < n_shapes[slot]; i++) {
-                size_t r = slots[slot][i][0], cc = slots[slot][i][1];
-                size_t ns = plan_fp8_scales(c->precision.linear, 0, r, cc);
-                if (r * cc > codes) codes = r * cc;
-                if (ns > scales) scales = ns;
-            }
+            size_t codes, scales;
+            gpu_fp8_slot_size(slot, c->precision.linear, BT, C, F, fp8_head, Vp, &codes, &scales);
             plan_take(W, codes);       // FP8 codes
             plan_take(W, 4 * scales);  // their scales
         }
@@ -301,8 +289,8 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
             plan_take(&out->weights, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 1, Vp, C));
             plan_take(&out->weights, C * Vp);
             plan_take(&out->weights, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 1, C, Vp));
-            plan_take(W, C * head_chunk);
-            plan_take(W, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 0, C, head_chunk));
+            plan_take(W, C * fp8_head);
+            plan_take(W, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 0, C, fp8_head));
         }
     }
     out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +

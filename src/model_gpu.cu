@@ -154,7 +154,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     d->x_final = (bf16 *)take(&cv, 2 * BT * C, A);
     d->hf = (bf16 *)take(&cv, 2 * BT * C, A);
     d->rstd_f = (float *)take(&cv, 4 * BT, A);
-    d->head_chunk = BT < HEAD_CHUNK_TOKENS ? (int)BT : HEAD_CHUNK_TOKENS;
+    d->head_chunk = (int)gpu_head_chunk(BT);  // (gpu_sizes.h: model.c's plan takes the same)
     d->logits = (bf16 *)take(&cv, 2 * (size_t)d->head_chunk * Vp, A);
     d->buf1 = (bf16 *)take(&cv, 2 * BT * wide, A);
     d->buf2 = (bf16 *)take(&cv, 2 * BT * wide, A);

@@ -10,11 +10,11 @@
 
 #include "attention_fp8.h"   // AttnOptions, AttnModeDiag
 #include "common.h"          // FATAL
+#include "gpu_sizes.h"       // gpu_head_chunk, gpu_fp8_slot_size (shared with model.c's plan)
 #include "linear_fp8.h"      // LinearPrecision, Fp8Grouping
 #include "linear_fp8_gpu.h"  // Fp8Operand
 #include "model_gpu.h"       // GpuModel
 
-#define HEAD_CHUNK_TOKENS 8192  // tokens per chunk of the fused LM head (model.c's plan agrees)
 #define ARENA_ALIGN 256         // every buffer starts on a 256-byte boundary
 
 typedef uint16_t bf16;  // BF16 bit patterns (the kernels' C interface)

@@ -25,52 +25,22 @@
 #include "matmul.h"      // matmul_forward/dgrad/wgrad_gpu
 
 // --- FP8 operand slots ------------------------------------------------------------------------
-// Shapes (rows, cols) every FP8 operand of one micro-batch takes, per slot (cols = the
-// reduction of the consuming GEMM; model.c's memory_plan repeats this list):
-//   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F)
-//   slot 1: wgrad dy^T (3C, BT) (C, BT) (2F, BT)
-// and with an FP8 LM head (fp8_head_chunk > 0) its dlogits per chunk of n tokens: Q(dy) (n, Vp)
-// in slot 0 and Q(dy^T) (Vp, n) in slot 1 (its x, hf (n, C), fits slot 0's (BT, C)).
-// Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K) and
-// Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
+// Their shapes and sizes are gpu_sizes.h's gpu_fp8_slot_size (model.c's memory plan uses the same
+// function). Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K)
+// and Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
 // Q(W) (Vp, C), Q(W^T) (C, Vp) (weights) and its chunk's Q(hf^T) (C, n) (workspace).
-#define FP8_MAX_SHAPES 8
-static int fp8_slot_shapes(int slot, long BT, long C, long F, long head_chunk, long Vp, long shapes[][2]) {
-    long s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {head_chunk, Vp}};
-    long s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}, {Vp, head_chunk}};
-    long(*src)[2] = slot == 0 ? s0 : s1;
-    int n = (slot == 0 ? 4 : 3) + (head_chunk > 0);
-    for (int i = 0; i < n; i++) {
-        shapes[i][0] = src[i][0];
-        shapes[i][1] = src[i][1];
-    }
-    return n;
-}
-// Tokens per LM-head chunk when the head runs in FP8, else 0. Only fp8_block: its 1x128 slices
-// (along C for hf, along Vp for dlogits, along 128-token runs for the wgrad operands, which the
-// chunks of both backends keep aligned) do not depend on how the tokens are chunked, so the GPU's
-// 8192-token chunks give the CPU emulation's codes; fp8_tensor's one scale per operand tensor
-// would be one per chunk, and the chunks differ (model_gpu.cu refuses that configuration).
-long fp8_head_chunk(const Config *c, long BT) {
-    if (linear_precision_of(&c->precision, c->model.n_layer, -1) != LINEAR_FP8_BLOCK) return 0;
-    return BT < HEAD_CHUNK_TOKENS ? BT : HEAD_CHUNK_TOKENS;
-}
 Fp8Grouping act_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_1x128 : FP8_GROUP_TENSOR; }
 Fp8Grouping weight_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_128x128 : FP8_GROUP_TENSOR; }
 // Bytes of codes and floats of scales slot `slot` needs for config c's linears.
 void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
-    long shapes[FP8_MAX_SHAPES][2];
-    int n = fp8_slot_shapes(slot, BT, c->model.d_model, c->model.ffn_hidden, fp8_head_chunk(c, BT),
-                            c->model.padded_vocab_size, shapes);
-    Fp8Grouping g = act_groups(c->precision.linear);
-    *codes = 0;
-    *scales = 0;
-    for (int i = 0; i < n; i++) {
-        size_t nc = (size_t)shapes[i][0] * (size_t)shapes[i][1];
-        long ns = fp8_gpu_scale_count(g, (int)shapes[i][0], (int)shapes[i][1]);
-        if (nc > *codes) *codes = nc;
-        if (ns > *scales) *scales = ns;
-    }
+    size_t ns;
+    gpu_fp8_slot_size(slot, c->precision.linear, (size_t)BT, (size_t)c->model.d_model, (size_t)c->model.ffn_hidden,
+                      (size_t)fp8_head_chunk(c, BT), (size_t)c->model.padded_vocab_size, codes, &ns);
+    *scales = (long)ns;
+}
+// Tokens per LM-head chunk when the head runs in FP8 (gpu_fp8_head_chunk), else 0.
+long fp8_head_chunk(const Config *c, long BT) {
+    return (long)gpu_fp8_head_chunk(linear_precision_of(&c->precision, c->model.n_layer, -1), (size_t)BT);
 }
 
 // The FP8 linears of a block, i = 0..3: qkv (3C, C), attention projection (C, C), MLP in

@@ -880,50 +880,42 @@ static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
         if (mode == ATTN_FP8_DM) {
             snprintf(name, sizeof name, "attn fp8_dm backward row-sum invariant on the GPU <= 1e-5: %s", tag);
             CHECK(gpu_cancel <= 1e-5, name, "max %.3e (emulation %.3e)", gpu_cancel, cpu_cancel);
-            // again without the optional outputs (D kept in the workspace, no row diagnostics):
-            // dK, dV bitwise the same (deterministic), dQ up to the order of its FP32 atomics
+            // Reruns of the same backward that must give dK, dV bitwise the same (deterministic)
+            // and dQ up to the order of its FP32 reductions: run `what` (the launch under test's
+            // settings), then compare with the first run's g_d.
+            std::vector<uint16_t> g_d2(3 * n_tok * C);
+            auto rerun_same = [&](const char *what) {
+                CU(cudaMemset(d_dqkv, 0xFF, 3 * n_tok * C * 2));
+                attn_gpu_backward_fp8(&a, B, H, T, d, 0);
+                cudaError_t e2 = cudaDeviceSynchronize();
+                snprintf(name, sizeof name, "attn fp8_dm backward runs %s: %s", what, tag);
+                CHECK(e2 == cudaSuccess, name, "%s", cudaGetErrorString(e2));
+                if (e2 != cudaSuccess) exit(1);
+                CU(cudaMemcpy(g_d2.data(), d_dqkv, g_d2.size() * 2, cudaMemcpyDeviceToHost));
+                long kv_diff = 0;
+                double qn = 0, qd = 0;
+                for (size_t i = 0; i < n_tok * C; i++) {
+                    const double x1 = bf16_to_f32(g_d[i]), x2 = bf16_to_f32(g_d2[i]);
+                    qn += (x1 - x2) * (x1 - x2);
+                    qd += x1 * x1;
+                }
+                for (size_t i = n_tok * C; i < g_d.size(); i++) kv_diff += g_d[i] != g_d2[i];
+                const double qrel = qd > 0 ? sqrt(qn / qd) : sqrt(qn);
+                snprintf(name, sizeof name, "attn fp8_dm backward %s: same dK, dV, dQ (rel < 1e-2): %s", what, tag);
+                CHECK(kv_diff == 0 && qrel < 1e-2, name, "%ld dK/dV values differ, dQ rel %.3e", kv_diff, qrel);
+            };
+            // again without the optional outputs (D kept in the workspace, no row diagnostics)
             a.delta_out = NULL;
             a.row_ds_sum = a.row_cancel = NULL;
-            CU(cudaMemset(d_dqkv, 0xFF, 3 * n_tok * C * 2));
-            attn_gpu_backward_fp8(&a, B, H, T, d, 0);
-            err = cudaDeviceSynchronize();
-            CHECK(err == cudaSuccess, "attn fp8_dm backward runs without the optional outputs", "%s: %s", tag,
-                  cudaGetErrorString(err));
-            if (err != cudaSuccess) exit(1);
-            std::vector<uint16_t> g_d2(3 * n_tok * C);
-            CU(cudaMemcpy(g_d2.data(), d_dqkv, g_d2.size() * 2, cudaMemcpyDeviceToHost));
-            long kv_diff = 0;
-            double qn = 0, qd = 0;
-            for (size_t i = 0; i < n_tok * C; i++) {
-                const double x1 = bf16_to_f32(g_d[i]), x2 = bf16_to_f32(g_d2[i]);
-                qn += (x1 - x2) * (x1 - x2);
-                qd += x1 * x1;
-            }
-            for (size_t i = n_tok * C; i < g_d.size(); i++) kv_diff += g_d[i] != g_d2[i];
-            const double qrel = qd > 0 ? sqrt(qn / qd) : sqrt(qn);
-            snprintf(name, sizeof name, "attn fp8_dm backward without optional outputs: same dK, dV, dQ (rel < 1e-2): %s", tag);
-            CHECK(kv_diff == 0 && qrel < 1e-2, name, "%ld dK/dV values differ, dQ rel %.3e", kv_diff, qrel);
+            rerun_same("without optional outputs");
             // the main backward's CTAs in groups of B*H - 1 heads (a partial last group of one
-            // head, whose grid slots past the last head exit at once): the same outputs
+            // head, whose grid slots past the last head exit at once)
             const int hg = B * H > 1 ? B * H - 1 : 1;
+            char what[64];
+            snprintf(what, sizeof what, "in groups of %d heads", hg);
             attn_gpu_backward_fp8_test_group_heads(hg);
-            CU(cudaMemset(d_dqkv, 0xFF, 3 * n_tok * C * 2));
-            attn_gpu_backward_fp8(&a, B, H, T, d, 0);
-            err = cudaDeviceSynchronize();
+            rerun_same(what);
             attn_gpu_backward_fp8_test_group_heads(0);
-            CHECK(err == cudaSuccess, "attn fp8_dm backward runs in head groups", "%s: %s", tag, cudaGetErrorString(err));
-            if (err != cudaSuccess) exit(1);
-            CU(cudaMemcpy(g_d2.data(), d_dqkv, g_d2.size() * 2, cudaMemcpyDeviceToHost));
-            kv_diff = 0;
-            qn = 0;
-            for (size_t i = 0; i < n_tok * C; i++) {
-                const double x1 = bf16_to_f32(g_d[i]), x2 = bf16_to_f32(g_d2[i]);
-                qn += (x1 - x2) * (x1 - x2);
-            }
-            for (size_t i = n_tok * C; i < g_d.size(); i++) kv_diff += g_d[i] != g_d2[i];
-            const double qrel_g = qd > 0 ? sqrt(qn / qd) : sqrt(qn);
-            snprintf(name, sizeof name, "attn fp8_dm backward in groups of %d heads: same dK, dV, dQ (rel < 1e-2): %s", hg, tag);
-            CHECK(kv_diff == 0 && qrel_g < 1e-2, name, "%ld dK/dV values differ, dQ rel %.3e", kv_diff, qrel_g);
         }
     }
     snprintf(name, sizeof name, "attn fp8_naive row-sum residual far above fp8_dm's on the GPU (x10, > 1e-5): %s", tag);
@@ -1373,6 +1365,18 @@ static void check_causal_orders(void) {
         snprintf(name, sizeof name, "heads per group for %ld B per head, %d blocks, %d heads", c.kv, c.nb, c.nh);
         CHECK(hg == c.want, name, "got %d, expected %d", hg, c.want);
     }
+    // the timing knobs' override (causal_group_heads) and their reading (attn_env_group_heads)
+    CHECK(causal_group_heads(-1, 64, 9) == 9 && causal_group_heads(0, 64, 9) == 64 &&
+              causal_group_heads(4, 64, 9) == 4 && causal_group_heads(100, 64, 9) == 64,
+          "group heads: unset -> the kernel's own, 0 -> all heads, N -> N (at most all)", "override rule differs");
+    setenv("ATTN_TEST_GROUP_HEADS", "12", 1);
+    const int e12 = attn_env_group_heads("ATTN_TEST_GROUP_HEADS");
+    setenv("ATTN_TEST_GROUP_HEADS", "-3", 1);
+    const int eneg = attn_env_group_heads("ATTN_TEST_GROUP_HEADS");
+    unsetenv("ATTN_TEST_GROUP_HEADS");
+    const int eun = attn_env_group_heads("ATTN_TEST_GROUP_HEADS");
+    CHECK(e12 == 12 && eneg == 0 && eun == -1, "group heads knob: 12 -> 12, -3 -> 0 (all heads), unset -> -1",
+          "got %d %d %d", e12, eneg, eun);
 }
 
 int main(void) {

@@ -54,7 +54,7 @@
 #include "model_cpu.h"      // the reference backend
 #include "model_gpu.h"      // the backend under test
 #include "optimizer.h"      // AdamW, grad_global_norm, grad_clip_factor
-#include "gpu_sizes.h"      // gpu_attn_saved_codes_bytes (the documented cost)
+#include "gpu_sizes.h"      // gpu_attn_saved_codes_bytes (the documented cost), GPU_HEAD_CHUNK_TOKENS
 #include "model_test.h"  // TINY_JSON, make_config, make_batch, rel_l2
 #include "test.h"           // CHECK, test_summary
 
@@ -290,9 +290,9 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     printf("# %s: loss cpu %.6f gpu %.6f (rel %.2e)\n", label, lc, lg, fabs(lg - lc) / fabs(lc));
     snprintf(name, sizeof name, "%s: loss matches the CPU in the same mode (rel 1e-2)", label);
     CHECK(isfinite(lg) && fabs(lg - lc) <= 1e-2 * fabs(lc), name, "cpu %.6f gpu %.6f", lc, lg);
-    // an FP8 LM head (fp8_block, linear_keep_lm_head_bf16 false): 3 GEMMs per chunk of 8192 tokens
+    // an FP8 LM head (fp8_block, linear_keep_lm_head_bf16 false): 3 GEMMs per chunk of the head
     const int head_fp8 = linear_precision_of(&c.precision, mc->n_layer, -1) != LINEAR_BF16;
-    const long long head_gemms = head_fp8 ? 3LL * ((BT + 8191) / 8192) : 0;
+    const long long head_gemms = head_fp8 ? 3LL * ((BT + GPU_HEAD_CHUNK_TOKENS - 1) / GPU_HEAD_CHUNK_TOKENS) : 0;
     snprintf(name, sizeof name, "%s: %lld FP8 GEMMs in one forward + backward (12 per FP8 block, 3 per head chunk)",
              label, 12LL * n_fp8 + head_gemms);
     CHECK(n_gemms == 12LL * n_fp8 + head_gemms, name, "ran %lld", n_gemms);
