@@ -95,6 +95,11 @@ bench: $(BENCH_C:bench/%.c=$(BUILD)/bench/%)
 $(BUILD)/bench/%: bench/%.c $(LIB) $(HEADERS) | $(BUILD)/bench
 	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -lstdc++ -o $@
 
+# GPU benchmarks that link the library (bench_fp8_quant); built on the GPU machine by its script.
+$(BUILD)/bench/%: bench/%.cu $(LIB) $(HEADERS) | $(BUILD)/bench
+	$(NVCC) $(NVFLAGS) -c $< -o $@.o
+	$(CC) $@.o $(LIB) $(LDLIBS) -lstdc++ -o $@ && rm -f $@.o
+
 $(BUILD)/obj $(BUILD)/tests $(BUILD)/bench:
 	mkdir -p $@
 

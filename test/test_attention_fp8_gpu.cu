@@ -1271,7 +1271,8 @@ static void run_delayed_case(const Case &cs, Fp8Format gfmt, int keep_codes, int
             for (int i = 0; i < 3; i++)
                 for (int t = 0; t < T; t++)
                     for (int c = 0; c < d; c++) {
-                        const double got = bf16_to_f32(hg[(size_t)i * n_tok * C + ((size_t)b * T + t) * C + (size_t)h * d + c]);
+                        // dqkv is (n_tok, 3C): row t holds dQ, dK, dV side by side
+                        const double got = bf16_to_f32(hg[((size_t)b * T + t) * 3 * C + (size_t)i * C + (size_t)h * d + c]);
                         const double ref = cg[i][(size_t)t * d + c];
                         gn[i] += (got - ref) * (got - ref);
                         gd[i] += ref * ref;

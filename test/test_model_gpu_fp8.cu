@@ -407,11 +407,13 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
         printf("# %s: parameters after %d steps, GPU vs CPU rel L2 %.3e (information)\n", label, steps, r);
         adamw_free(&opt);
         if (c.precision.attention_scaling == SCALING_DELAYED) {
-            // the GPU's per-layer amax histories follow the CPU's: as many entries, each within the
-            // distance of BF16 (GPU) and FP32 (CPU) activations
+            // the GPU's per-layer amax histories follow the CPU's: as many entries; the first step's
+            // (same parameters on both) within the distance of BF16 (GPU) and FP32 (CPU)
+            // activations; later steps' within the drift of the two trajectories (an amax is one
+            // element's magnitude, so it moves more than the L2 distances above)
             int ng = 0;
             const AttnDelayedState *gs = gpu_model_delayed_state(&gpu, &ng);
-            double worst_h = 0;
+            double worst_first = 0, worst_t[4] = {0, 0, 0, 0};
             int filled_ok = ng == mc->n_layer && gs;
             for (int l = 0; filled_ok && l < ng; l++) {
                 filled_ok = gs[l].filled == cpu.attn_delayed[l].filled && gs[l].filled > 0;
@@ -419,11 +421,18 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
                     for (int i = 0; i < gs[l].filled; i++) {
                         const double a = gs[l].hist[t][i], b = cpu.attn_delayed[l].hist[t][i];
                         const double rel = fabs(a - b) / (fabs(b) > 0 ? fabs(b) : 1.0);
-                        if (!(rel <= worst_h)) worst_h = rel;
+                        if (!(rel <= worst_t[t])) worst_t[t] = rel;
+                        if (i == 0 && !(rel <= worst_first)) worst_first = rel;
                     }
             }
-            snprintf(name, sizeof name, "%s: the GPU's amax histories follow the CPU's (same fill, rel < 5e-2)", label);
-            CHECK(filled_ok && worst_h < 5e-2, name, "fill %s, worst rel %.3e", filled_ok ? "equal" : "differs", worst_h);
+            printf("# %s: amax history GPU vs CPU, worst rel over %d steps: Q %.3e K %.3e V %.3e dO %.3e; first step %.3e\n",
+                   label, steps, worst_t[0], worst_t[1], worst_t[2], worst_t[3], worst_first);
+            snprintf(name, sizeof name, "%s: the GPU's first-step amaxes equal the CPU's (same fill, rel < 5e-2)", label);
+            CHECK(filled_ok && worst_first < 5e-2, name, "fill %s, worst rel %.3e", filled_ok ? "equal" : "differs",
+                  worst_first);
+            const double worst_h = fmax(fmax(worst_t[0], worst_t[1]), fmax(worst_t[2], worst_t[3]));
+            snprintf(name, sizeof name, "%s: the GPU's amax histories follow the CPU's over the steps (rel < 0.25)", label);
+            CHECK(filled_ok && worst_h < 0.25, name, "worst rel %.3e", worst_h);
         }
         // The FP8 weight copies follow the optimizer: each FP8 linear's Q(W), Q(W^T) made once by
         // the first forward, then once per step (by the forward after it), never by evaluation
