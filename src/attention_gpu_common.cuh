@@ -20,6 +20,7 @@
 
 #include "common.h"  // FATAL
 #include "fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
+#include "fp8_cvt.cuh"  // cvt_e4m3x2 / cvt_e5m2x2: the hardware FP8 conversion (finite inputs here)
 
 typedef __nv_bfloat16 bf16;
 
@@ -263,23 +264,6 @@ __device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, long stride, i
         bool ok = t < T;
         cp_async16(s + r * (D + 8) + col, g + (long)(ok ? t : 0) * stride + col, ok);
     }
-}
-// FP8 codes of two floats with one hardware conversion (sm_89+): cvt.rn.satfinite.{e4m3,e5m2}x2
-// is the instruction CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, fmt) executes on the device
-// (cuda_fp8.hpp), whose host path fp8.h's integer encoders match bit for bit (test/test_fp8.cu),
-// so for finite inputs (all that reach it here) the codes are fp8_e4m3_from_f32 /
-// fp8_e5m2_from_f32's (RNE, satfinite), at a fraction of the cost of those integer encoders
-// (~30 instructions with branches per value).
-// Returns lo's code in bits 0-7 and hi's in bits 8-15 (PTX: operand a -> the upper byte).
-__device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
-    uint16_t r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ uint32_t cvt_e5m2x2(float lo, float hi) {
-    uint16_t r;
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
 }
 // --- wgmma (sm_90a) helpers ------------------------------------------------------------------
 // Shared tiles for wgmma use the 128-byte swizzle: a tile of R rows x 64 BF16 (128 bytes a row)

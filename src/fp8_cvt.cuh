@@ -1,0 +1,42 @@
+// fp8_cvt.cuh: FP8 codes from FP32 with the hardware conversion (sm_89+), for the device code of
+// the attention kernels and of the linear layers' quantization.
+//
+// cvt.rn.satfinite.{e4m3,e5m2}x2.f32 is the instruction CUDA's __nv_cvt_float_to_fp8(x,
+// __NV_SATFINITE, fmt) executes on the device (cuda_fp8.hpp), whose host path fp8.h's integer
+// encoders match bit for bit (test/test_fp8.cu): RNE, saturation to the largest finite value
+// (+-inf included). NaN is the one difference: the host path canonicalises it to 0x7FFFFFFF first
+// (code 0x7F), the device path converts it as it is; fp8x2_from_f32 canonicalises too, so its
+// codes are fp8_from_f32's for every input, at a fraction of the cost of the integer encoder
+// (~30 instructions with branches per value against one conversion per two values).
+#ifndef FP8_CVT_CUH
+#define FP8_CVT_CUH
+
+#include <stdint.h>  // uint16_t, uint32_t
+
+#include "fp8.h"  // Fp8Format
+
+// Codes of two finite-or-infinite floats (NaN: see fp8x2_from_f32): lo's in bits 0-7, hi's in
+// bits 8-15 (PTX: operand a goes to the upper byte).
+__device__ __forceinline__ uint32_t cvt_e4m3x2(float lo, float hi) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ uint32_t cvt_e5m2x2(float lo, float hi) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// NaN of either sign -> the positive quiet NaN whose code is FP8_NAN_CODE (as the host path).
+__device__ __forceinline__ float fp8_canonical_nan(float v) {
+    return v == v ? v : __uint_as_float(0x7FFFFFFFu);
+}
+// fp8_from_f32(FMT, lo) | fp8_from_f32(FMT, hi) << 8, for any inputs.
+template <Fp8Format FMT>
+__device__ __forceinline__ uint32_t fp8x2_from_f32(float lo, float hi) {
+    lo = fp8_canonical_nan(lo);
+    hi = fp8_canonical_nan(hi);
+    return FMT == FP8_E5M2 ? cvt_e5m2x2(lo, hi) : cvt_e4m3x2(lo, hi);
+}
+
+#endif  // FP8_CVT_CUH
