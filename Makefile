@@ -65,7 +65,7 @@ TEST_C   := $(wildcard test/test_*.c)
 TEST_CU  := $(wildcard test/test_*.cu)
 TESTS    := $(TEST_C:test/%.c=$(BUILD)/tests/%) $(TEST_CU:test/%.cu=$(BUILD)/tests/%)
 
-.PHONY: all train test tests bench clean
+.PHONY: all train test tests bench clean print-nvflags print-ldlibs
 all: train_gpt
 
 $(BUILD)/obj/%.o: src/%.c $(HEADERS) | $(BUILD)/obj
@@ -99,6 +99,12 @@ $(BUILD)/bench/%: bench/%.c $(LIB) $(HEADERS) | $(BUILD)/bench
 $(BUILD)/bench/%: bench/%.cu $(LIB) $(HEADERS) | $(BUILD)/bench
 	$(NVCC) $(NVFLAGS) -c $< -o $@.o
 	$(CC) $@.o $(LIB) $(LDLIBS) -lstdc++ -o $@ && rm -f $@.o
+
+# The flags, for scripts that compile variants of one file (scripts/gpu_fp8_quant_sweep.sh).
+print-nvflags:
+	@echo $(NVFLAGS)
+print-ldlibs:
+	@echo $(LDLIBS)
 
 $(BUILD)/obj $(BUILD)/tests $(BUILD)/bench:
 	mkdir -p $@

@@ -2,21 +2,24 @@
 // shared by the stand-alone quantize kernels (linear_fp8_gpu.cu) and the layers that quantize
 // their own output (layers_fp8.cu), so that both run literally the same code: same amax (max of
 // |x|'s BF16 bits, NaN ignored: exact, so any reduction order agrees), same power-of-two scale
-// (fp8.h's fp8_scale_for_amax), same integer encoder (fp8.h's fp8_from_f32) as the CPU.
+// (fp8.h's fp8_scale_for_amax) and the same codes as the CPU's integer encoder (fp8.h's
+// fp8_from_f32), here from the hardware conversion (fp8_cvt.cuh: equal bit for bit, NaN included).
 //
-// vec128_emit is the second half of a "1x128 both ways" kernel: given a 128x128 BF16 tile of x
-// in shared memory (rows r0.., columns c0.. of x (rows, cols); zeros outside x), it writes the
-// tile's slices of Q(x) (each tile row: one 1x128 slice along cols) and of Q(x^T) (each tile
-// column: one 1x128 slice along rows = tokens) with their VEC128 scales (1/s at [j * R + r]).
-// Whoever fills the tile (a load of x, an RMSNorm, a SwiGLU) gets the codes fp8_quantize gives
-// for that tile's BF16 values.
+// vec128_tile is a whole "1x128 both ways" tile: a producer gives a 128 x 128 BF16 tile of x (rows
+// r0.., columns c0.. of x (rows, cols)), eight values of a row at a time, into registers; the
+// tile's slices of Q(x) (each tile row: one 1x128 slice along cols) are quantized from those
+// registers and the slices of Q(x^T) (each tile column: one 1x128 slice along rows = tokens) from
+// a copy in shared memory, with their VEC128 scales (1/s at [j * R + r]). Whoever produces the
+// tile (a load of x, an RMSNorm, a SwiGLU) gets the codes fp8_quantize gives for its BF16 values.
 #ifndef FP8_QUANT_CUH
 #define FP8_QUANT_CUH
 
+#include <cuda_bf16.h>     // __nv_bfloat162, __hmax2, __habs2 (the packed amaxes)
 #include <cuda_runtime.h>  // __reduce_max_sync, __syncthreads
 #include <stdint.h>        // uint8_t, uint16_t, uint32_t, uintptr_t
 
-#include "fp8.h"         // fp8_scale_for_amax, fp8_from_f32, bf16_to_f32, Fp8Format
+#include "fp8.h"         // fp8_scale_for_amax, bf16_to_f32, fp8_max, Fp8Format
+#include "fp8_cvt.cuh"   // fp8x2_from_f32: fp8_from_f32's codes from the hardware conversion
 #include "linear_fp8.h"  // FP8_GROUP
 
 #define FQ_G FP8_GROUP  // 128: slice length, tile side
@@ -37,13 +40,22 @@ static __device__ __forceinline__ float scale_of_bits(Fp8Format fmt, unsigned am
     return fp8_scale_for_amax(fmt, bf16_to_f32((uint16_t)amax_bits));
 }
 
-// code = fp8(x * s), counting saturations and NaNs exactly as linear_fp8.c's quantize_run.
+// x * s for the BF16 bits bf, counting saturations and NaNs exactly as linear_fp8.c's quantize_run.
 template <Fp8Format FMT>
-static __device__ __forceinline__ uint32_t quant(unsigned bf, float s, unsigned &sat, unsigned &nan) {
+static __device__ __forceinline__ float scaled(unsigned bf, float s, unsigned &sat, unsigned &nan) {
     const float v = bf16_to_f32((uint16_t)bf) * s;  // exact: s is a power of two
     if (v != v) nan++;
     else if (fabsf(v) > fp8_max(FMT)) sat++;
-    return fp8_from_f32(FMT, v);
+    return v;
+}
+// code = fp8(x * s) (one value), and two codes (a in bits 0-7, b in bits 8-15).
+template <Fp8Format FMT>
+static __device__ __forceinline__ uint32_t quant(unsigned bf, float s, unsigned &sat, unsigned &nan) {
+    return fp8x2_from_f32<FMT>(scaled<FMT>(bf, s, sat, nan), 0.0f) & 0xFFu;
+}
+template <Fp8Format FMT>
+static __device__ __forceinline__ uint32_t quant2(unsigned a, unsigned b, float s, unsigned &sat, unsigned &nan) {
+    return fp8x2_from_f32<FMT>(scaled<FMT>(a, s, sat, nan), scaled<FMT>(b, s, sat, nan));
 }
 static __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
     return a | (b << 8) | (c << 16) | (d << 24);  // element 0 in the lowest byte
@@ -54,8 +66,8 @@ static __device__ __forceinline__ uint2 quant8(const uint32_t w[4], float s, uns
     uint32_t o[2];
 #pragma unroll
     for (int h = 0; h < 2; h++)
-        o[h] = pack4(quant<FMT>(w[2 * h] & 0xFFFFu, s, sat, nan), quant<FMT>(w[2 * h] >> 16, s, sat, nan),
-                     quant<FMT>(w[2 * h + 1] & 0xFFFFu, s, sat, nan), quant<FMT>(w[2 * h + 1] >> 16, s, sat, nan));
+        o[h] = quant2<FMT>(w[2 * h] & 0xFFFFu, w[2 * h] >> 16, s, sat, nan) |
+               quant2<FMT>(w[2 * h + 1] & 0xFFFFu, w[2 * h + 1] >> 16, s, sat, nan) << 16;
     return make_uint2(o[0], o[1]);
 }
 
@@ -81,6 +93,20 @@ static __device__ __forceinline__ void load8(uint32_t w[4], const uint16_t *src,
     w[0] = w[1] = w[2] = w[3] = 0;
     for (int e = 0; e < 8; e++)
         if (c + e < nc) w[e >> 1] |= (uint32_t)src[e] << (16 * (e & 1));
+}
+
+// load8 for a group known to be whole (FULL) or not: FULL skips the per-element bounds checks.
+template <bool FULL>
+static __device__ __forceinline__ void load8_tile(uint32_t w[4], const uint16_t *src, int c, int nc, bool vec) {
+    if (FULL && vec) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(src);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    } else if (FULL) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e >> 1] = (e & 1) ? (w[e >> 1] | (uint32_t)src[e] << 16) : (uint32_t)src[e];
+    } else {
+        load8(w, src, c, nc, vec);
+    }
 }
 
 // Writes the codes of a G x G tile in shared memory (nr x nc valid) into q, the row-major (rows,
@@ -130,58 +156,186 @@ static __device__ __forceinline__ void emit_tile_cols(uint8_t *qt, uint16_t (*ti
     }
 }
 
-// Shared memory of one 1x128-both-ways tile for NT threads. The pitch G + 2 keeps a column walk
-// (Q(x^T)) off a single bank; rows stay 4-byte aligned.
-template <int NT>
-struct Vec128Smem {
-    uint16_t tile[FQ_G][FQ_G + 2];  // the BF16 tile, zeros outside x
-    unsigned part[NT / FQ_G][FQ_G]; // column amax in NT / 128 parts of rows
-    float rs[FQ_G], cs[FQ_G];       // scale s of tile row r (Q(x)) and of tile column c (Q(x^T))
+// --- vec128_tile ---------------------------------------------------------------------------------
+// 256 threads per tile. Thread t produces columns [8 (t % 16), +8) of the tile rows t / 16 + 16 k,
+// k = 0..7, and keeps them in registers: a row's 16 producers reduce its amax with shuffles and
+// write its Q(x) codes (8 bytes each); each thread's column maxima over its 8 rows meet in
+// shared memory per warp. The tile's copy in shared memory is read back by column pairs (thread
+// t: columns 2 (t % 64) and + 1, rows [32 (t / 64), +32)), which gives 32 consecutive codes of two
+// rows of Q(x^T): two 32-byte stores each. One __syncthreads.
+//
+// A producer comes in two parts so that the loads of several rows are in flight together (the
+// kernels are memory-bound, and a load followed by its use at once would leave one row's loads
+// in flight per thread): load(r, c, raw) issues the global loads of tile row r, columns [c, c + 8)
+// into a Raw, make(r, c, raw, w) turns them into the eight BF16 of the output. BATCH rows are
+// loaded before the first is made (BATCH * sizeof(Raw) registers). Both get a FullTag first:
+// FullTag<true> when the whole tile lies inside x (no bounds checks needed).
+//
+// The amaxes are maxima of |x| over BF16 pairs (HMNMX2): max(a, NaN) = a, so NaN is ignored as
+// abs_bits ignores it, and on non-negative BF16 the order of values is the order of bits: the
+// same amax bits as abs_bits / max_abs8.
+#define FQ_NT 256
+
+struct Vec128Tile {
+    uint32_t tile[FQ_G][FQ_G / 2];       // BF16 pairs: word j of row r = columns 2j (low), 2j + 1
+    uint32_t part[FQ_NT / 32][FQ_G / 2]; // column amax pairs (BF16x2, same layout) per warp's 16 rows
 };
 
-// Writes the slices of the tile (rows [r0, r0 + nr), columns [c0, c0 + nc) of x (rows, cols)):
-// Q(x) (rows, cols) codes to q with VEC128 scales at q_scales[(c0 / 128) * rows + r], and, when qt
-// is not NULL, Q(x^T) (cols, rows) to qt with scales at qt_scales[(r0 / 128) * cols + c]. The
-// tile must be complete (a __syncthreads after it was filled); all NT threads call. counts (may be
-// NULL) get Q(x)'s saturations and NaNs (each element once).
-template <Fp8Format FMT, int NT>
-static __device__ __forceinline__ void vec128_emit(Vec128Smem<NT> &sm, int r0, int c0, int nr, int nc, int rows,
-                                                   int cols, uint8_t *q, float *q_scales, uint8_t *qt,
-                                                   float *qt_scales, unsigned long long *counts) {
+// Bits e of eight BF16 packed in w[4] (element 0 in the low half of w[0]).
+static __device__ __forceinline__ unsigned bf16_of8(const uint32_t w[4], int e) {
+    return (w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu;
+}
+// max(|a|, |b|) per BF16 half, NaN ignored (a must not be NaN: it is an amax so far).
+static __device__ __forceinline__ uint32_t amax2(uint32_t acc, uint32_t w) {
+    const __nv_bfloat162 r = __hmax2(*reinterpret_cast<const __nv_bfloat162 *>(&acc),
+                                     __habs2(*reinterpret_cast<const __nv_bfloat162 *>(&w)));
+    return *reinterpret_cast<const uint32_t *>(&r);
+}
+// The larger of the two halves of a non-negative BF16 pair, as bits.
+static __device__ __forceinline__ unsigned amax_of_pair(uint32_t p) { return max(p & 0xFFFFu, p >> 16); }
+
+// A producer's loads: N groups of eight BF16 (and one float, e.g. a row's rstd).
+template <int N>
+struct Bf16x8Loads {
+    uint32_t v[N][4];
+    float f;
+};
+
+// FullTag<true>: the tile is 128 x 128 inside x, so load / make may skip their bounds checks.
+template <bool F>
+struct FullTag {
+    static constexpr bool value = F;
+};
+
+// The tile rows [r0, r0 + nr) x columns [c0, c0 + nc) of x (rows, cols), from load / make (called
+// for r < nr, c < nc only; elements past nc are zeroed here). Writes Q(x) (rows, cols) to q (may
+// be NULL) with VEC128 scales at q_scales[(c0 / 128) * rows + r] and, when qt is not NULL,
+// Q(x^T) (cols, rows) to qt with scales at qt_scales[(r0 / 128) * cols + c]. counts (may be NULL)
+// get Q(x)'s saturations and NaNs (each element once). All FQ_NT threads call; the shared memory
+// may be reused after a __syncthreads.
+template <Fp8Format FMT, int BATCH, class Raw, bool FULL, class Load, class Make>
+static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
+                                                   uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
+                                                   unsigned long long *counts, Load load, Make make) {
+    static_assert(8 % BATCH == 0, "BATCH must divide the 8 rows of a thread");
     constexpr int G = FQ_G;
-    const int bi = r0 / G, bj = c0 / G;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int r = warp; r < G; r += NT / 32) {  // row amax: a warp per row, 4 elements a lane
-        unsigned m = 0;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int c = (t & 15) * 8, rsub = t >> 4;
+    uint32_t w[8][4];
+    uint32_t cm[4] = {0, 0, 0, 0};  // this thread's column maxima, BF16 pairs as in the tile
+    unsigned rm[8];                 // this thread's part of each row's amax
 #pragma unroll
-        for (int k = 0; k < 4; k++) m = max(m, abs_bits(sm.tile[r][lane * 4 + k]));
-        m = __reduce_max_sync(0xFFFFFFFFu, m);
-        if (lane == 0) {
-            const float sr = scale_of_bits(FMT, m);
-            sm.rs[r] = sr;
-            if (r < nr) q_scales[(size_t)bj * rows + r0 + r] = 1.0f / sr;  // VEC128: [j * R + r]
+    for (int kb = 0; kb < 8; kb += BATCH) {
+        Raw raw[BATCH];
+#pragma unroll
+        for (int j = 0; j < BATCH; j++) {
+            const int r = rsub + 16 * (kb + j);
+            if (FULL || (r < nr && c < nc)) load(FullTag<FULL>(), r, c, raw[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < BATCH; j++) {
+            const int k = kb + j, r = rsub + 16 * k;
+            w[k][0] = w[k][1] = w[k][2] = w[k][3] = 0;
+            if (FULL || (r < nr && c < nc)) {
+                make(FullTag<FULL>(), r, c, raw[j], w[k]);
+                if (!FULL && c + 8 > nc)
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        if (c + e >= nc) w[k][e >> 1] &= ~(0xFFFFu << (16 * (e & 1)));
+            }
+            *reinterpret_cast<uint4 *>(&sm.tile[r][c / 2]) = make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]);
+            uint32_t m2 = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                m2 = amax2(m2, w[k][i]);
+                cm[i] = amax2(cm[i], w[k][i]);
+            }
+            rm[k] = amax_of_pair(m2);
         }
     }
-    if (qt) {  // column amax in NT / G parts of rows (uniform branch)
-        const int c = threadIdx.x % G, p = threadIdx.x / G, per = G / (NT / G);
-        unsigned m = 0;
-        for (int k = 0; k < per; k++) m = max(m, abs_bits(sm.tile[p * per + k][c]));
-        sm.part[p][c] = m;
+    // Q(x): each row's amax over its 16 producers (lanes 0-15 or 16-31 of a warp), then the codes
+    unsigned sat = 0, nan = 0;
+    const bool vec_q = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        unsigned m = rm[k];
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        const int r = rsub + 16 * k;
+        if (q == nullptr || (!FULL && r >= nr)) continue;
+        const float s = scale_of_bits(FMT, m);
+        if (c == 0) q_scales[(size_t)(c0 / G) * rows + r0 + r] = 1.0f / s;  // VEC128: [j * R + r]
+        if (!FULL && c >= nc) continue;
+        const uint2 codes = quant8<FMT>(w[k], s, sat, nan);
+        uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
+        if (vec_q && (FULL || c + 8 <= nc)) {
+            *reinterpret_cast<uint2 *>(dst) = codes;
+        } else {
+            for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)((e < 4 ? codes.x : codes.y) >> (8 * (e & 3)));
+        }
     }
+    flush_counts(counts, sat, nan);
+    if (qt == nullptr) return;
+    // column maxima: the two half-warps, then the warps through shared memory
+#pragma unroll
+    for (int i = 0; i < 4; i++) cm[i] = amax2(cm[i], __shfl_xor_sync(0xFFFFFFFFu, cm[i], 16));
+    if (lane < 16) *reinterpret_cast<uint4 *>(&sm.part[warp][c / 2]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
     __syncthreads();
-    if (qt && threadIdx.x < G) {
-        const int c = threadIdx.x;
-        unsigned m = 0;
-        for (int p = 0; p < NT / G; p++) m = max(m, sm.part[p][c]);
-        const float sc = scale_of_bits(FMT, m);
-        sm.cs[c] = sc;
-        if (c < nc) qt_scales[(size_t)bi * cols + c0 + c] = 1.0f / sc;  // [j * R + r], R = cols
+    // Q(x^T): columns ca = 2 cp and ca + 1, rows [rb, rb + 32)
+    const int cp = t & 63, ca = 2 * cp, rb = 32 * (t >> 6);
+    uint32_t mp = 0;
+#pragma unroll
+    for (int v = 0; v < FQ_NT / 32; v++) mp = amax2(mp, sm.part[v][cp]);
+    const unsigned ma = mp & 0xFFFFu, mb = mp >> 16;
+    const float sa = scale_of_bits(FMT, ma), sb = scale_of_bits(FMT, mb);
+    if (rb == 0) {
+        if (FULL || ca < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca] = 1.0f / sa;  // [j * R + r], R = cols
+        if (FULL || ca + 1 < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca + 1] = 1.0f / sb;
     }
-    __syncthreads();
-    unsigned sat = 0, nan = 0, tsat = 0, tnan = 0;
-    emit_tile_rows<FMT, NT>(q, sm.tile, rows, cols, r0, c0, nr, nc, [&](int r) { return sm.rs[r]; }, sat, nan);
-    if (qt) emit_tile_cols<FMT, NT>(qt, sm.tile, rows, r0, c0, nr, nc, [&](int c) { return sm.cs[c]; }, tsat, tnan);
-    flush_counts(counts, sat, nan);  // Q(x)'s: each element counted once
+    uint32_t qa[8], qb[8];  // codes of column ca / ca + 1, rows rb + 4 i .. + 3
+    unsigned tsat = 0, tnan = 0;  // Q(x^T)'s: not counted (each element once, in Q(x))
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint32_t x4[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) x4[j] = sm.tile[rb + 4 * i + j][cp];
+        qa[i] = quant2<FMT>(x4[0] & 0xFFFFu, x4[1] & 0xFFFFu, sa, tsat, tnan) |
+                quant2<FMT>(x4[2] & 0xFFFFu, x4[3] & 0xFFFFu, sa, tsat, tnan) << 16;
+        qb[i] = quant2<FMT>(x4[0] >> 16, x4[1] >> 16, sb, tsat, tnan) |
+                quant2<FMT>(x4[2] >> 16, x4[3] >> 16, sb, tsat, tnan) << 16;
+    }
+    const bool vec_t = rows % 16 == 0 && ((uintptr_t)qt & 15) == 0 && (FULL || rb + 32 <= nr);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int col = ca + h;
+        if (!FULL && col >= nc) continue;
+        uint32_t cd[8];  // (selected with constant indices: the arrays stay in registers)
+#pragma unroll
+        for (int i = 0; i < 8; i++) cd[i] = h ? qb[i] : qa[i];
+        uint8_t *dst = qt + (size_t)(c0 + col) * rows + r0 + rb;
+        if (vec_t) {
+            reinterpret_cast<uint4 *>(dst)[0] = make_uint4(cd[0], cd[1], cd[2], cd[3]);
+            reinterpret_cast<uint4 *>(dst)[1] = make_uint4(cd[4], cd[5], cd[6], cd[7]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 32; e++)
+                if (rb + e < nr) dst[e] = (uint8_t)(cd[e >> 2] >> (8 * (e & 3)));
+        }
+    }
+}
+
+// The tile as above; full tiles (128 x 128, all but the edges of x) take a copy of the code
+// without the bounds checks (per element in make: they cost branches).
+template <Fp8Format FMT, int BATCH, class Raw, class Load, class Make>
+static __device__ __forceinline__ void vec128_tile(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
+                                                   uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
+                                                   unsigned long long *counts, Load load, Make make) {
+    if (nr == FQ_G && nc == FQ_G)
+        vec128_tile_body<FMT, BATCH, Raw, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, counts,
+                                                load, make);
+    else
+        vec128_tile_body<FMT, BATCH, Raw, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, counts,
+                                                 load, make);
 }
 
 #endif  // FP8_QUANT_CUH

@@ -1,20 +1,21 @@
 // layers_fp8.cu: RMSNorm, SwiGLU and the SwiGLU backward writing the 1x128 FP8 codes of their
 // output both ways (see layers_fp8.h for the contracts and why tiles of 128 tokens).
 //
-// Every kernel fills a 128 x 128 BF16 tile of its output in shared memory with layers_math.cuh's
-// arithmetic (so the values are layers.cu's, bit for bit), writes the BF16 tile to global memory
-// when asked, and hands the tile to fp8_quant.cuh's vec128_emit, the code vec128both_kernel runs
-// on a loaded tile (so the codes and scales are fp8_quantize_gpu's, bit for bit).
+// Every kernel produces a 128 x 128 BF16 tile of its output with layers_math.cuh's arithmetic
+// (so the values are layers.cu's, bit for bit), eight values of a row at a time, writes them to
+// global memory when asked, and hands them to fp8_quant.cuh's vec128_tile, the code
+// vec128both_kernel runs on a loaded tile (so the codes and scales are fp8_quantize_gpu's, bit for
+// bit). The RMSNorm needs whole rows before any output (their rstd): a row kernel adds the
+// residual and computes rstd, then the tile kernel normalises and quantizes.
 //
 // Bytes per output element (BF16 2 B, codes 1 B per layout), fused against layer + vec128both:
-//   SwiGLU forward   reads fc 4, writes out 2 + codes 2        (unfused: 4 + 2, then 2 + 2)
+//   SwiGLU forward   reads fc 4, writes codes 2 (+ out 2)     (unfused: 4 + 2, then 2 + 2)
 //   SwiGLU backward  reads fc, dout 3 (each read by the gate tile and the up tile: the second read
-//                    mostly from L2), writes dfc 2 + codes 2   (unfused: 3 + 2, then 2 + 2)
-//   RMSNorm + res.   reads x, delta 4, writes res 2, re-reads res 2 (L2 when it fits), writes
-//                    y 2 + codes 2                             (unfused: 4 + 2 + 2, then 2 + 2)
-// and the BF16 output's 2 B go too when the caller passes NULL for it (the model does, when the
-// codes are all the next GEMMs read). Row-local Q(y) alone would save nothing in training: a
-// separate Q(y^T) pass would still re-read y.
+//                    mostly from L2), writes codes 2 (+ dfc 2) (unfused: 3 + 2, then 2 + 2)
+//   RMSNorm + res.   reads x, delta 4, writes res 2; re-reads res 2, writes codes 2 (+ y 2)
+//                                                              (unfused: 4 + 2 + 2, then 2 + 2)
+// The BF16 output is written only when the caller passes a pointer for it (the model passes NULL
+// when the codes are all the next GEMMs read).
 #include "layers_fp8.h"
 
 #include <cuda_bf16.h>     // __nv_bfloat16
@@ -23,15 +24,30 @@
 
 #include "common.h"           // FATAL
 #include "cuda_check.h"       // CUDA_CHECK_LAUNCH
-#include "fp8_quant.cuh"      // Vec128Smem, vec128_emit, load8 (shared with linear_fp8_gpu.cu)
+#include "fp8_quant.cuh"      // Vec128Tile, vec128_tile, load8 (shared with linear_fp8_gpu.cu)
 #include "layers_math.cuh"    // the RMSNorm / SwiGLU arithmetic (shared with layers.cu)
 
 typedef __nv_bfloat16 bf16;
 
 #define G FQ_G          // 128
-#define TILE_THREADS 256  // SwiGLU kernels: a CTA per 128 x 128 output tile
-#define NORM_THREADS 512  // RMSNorm: a CTA per 128 rows (only N / 128 CTAs: more warps each)
-#define NORM_CHUNKS 2     // pass 1: 8-element chunks whose loads a lane issues before adding them
+#define TILE_THREADS FQ_NT  // every tile kernel: a CTA per 128 x 128 output tile
+// Rows whose loads a thread has in flight together (vec128_tile's BATCH), and the CTAs per SM the
+// tile kernels are compiled for (__launch_bounds__' second argument: it caps their registers).
+// Chosen with scripts/gpu_fp8_quant_sweep.sh (docs/perf.md); -D overrides them for the sweep.
+#ifndef NORM_TILE_BATCH
+#define NORM_TILE_BATCH 8
+#endif
+#ifndef SWIGLU_BATCH
+#define SWIGLU_BATCH 8
+#endif
+#ifndef SWIGLU_BWD_BATCH
+#define SWIGLU_BWD_BATCH 4
+#endif
+#ifndef LAYERS_FP8_MIN_CTAS
+#define LAYERS_FP8_MIN_CTAS 3
+#endif
+#define ROW_THREADS 256       // the RMSNorm row kernel: a warp per row
+#define ROW_CHUNKS 4          // 8-element chunks whose loads a lane issues before adding them
 
 // Element e of eight BF16 packed in w[4] (element 0 in the low half of w[0]).
 static __device__ __forceinline__ unsigned short half_of(const uint32_t w[4], int e) {
@@ -47,125 +63,127 @@ static __device__ __forceinline__ void store8(uint16_t *dst, const uint32_t w[4]
     }
     for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = half_of(w, e);
 }
-static __device__ __forceinline__ void tile_put8(uint16_t *dst, const uint32_t w[4]) {
-    uint32_t *d = reinterpret_cast<uint32_t *>(dst);  // 4-byte aligned (pitch and c even)
-    d[0] = w[0]; d[1] = w[1]; d[2] = w[2]; d[3] = w[3];
+// store8 for a group known to be whole (FULL: no per-element bounds checks) or not.
+template <bool FULL>
+static __device__ __forceinline__ void store8_tile(uint16_t *dst, const uint32_t w[4], int c, int nc, bool vec) {
+    if (FULL && vec) {
+        *reinterpret_cast<uint4 *>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if (FULL) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) dst[e] = half_of(w, e);
+    } else {
+        store8(dst, w, c, nc, vec);
+    }
 }
 
 // --- RMSNorm -------------------------------------------------------------------------------------
-// CTA = rows [r0, r0 + 128). Pass 1 (a warp per row): as rmsnorm_forward_kernel, lane j adds the
-// squares of its 8-element chunks j, j + 32, ... in that order, then the butterfly, so rstd is the
-// same float; the loads of NORM_CHUNKS chunks are issued before their adds (only 128 CTAs run:
-// they need the memory-level parallelism). Pass 2: per 128 columns, y of the tile from the residual (or x), the
-// gains and rstd, then vec128_emit.
-template <Fp8Format FMT>
-__global__ void __launch_bounds__(NORM_THREADS)
-    rmsnorm_fp8_kernel(bf16 *res_out, uint16_t *y, float *rstd, const bf16 *x, const bf16 *delta, const bf16 *g,
-                       int N, int C, float eps, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales) {
-    __shared__ __align__(16) Vec128Smem<NORM_THREADS> sm;
-    __shared__ float row_rstd[G];
-    const int r0 = blockIdx.x * G, nr = min(G, N - r0);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int r = warp; r < nr; r += NORM_THREADS / 32) {
-        const size_t off = (size_t)(r0 + r) * C;
-        float ss = 0.0f;
-        // element 8 * lane + 256 v + e, v = 0, 1, ..., e = 0..7: rmsnorm_forward_kernel's order
-        for (int cb = lane * 8; cb < C; cb += 256 * NORM_CHUNKS) {
-            bf16 a[NORM_CHUNKS][8], b[NORM_CHUNKS][8];
+// Rows: a warp per row. As rmsnorm_forward_kernel, lane j adds the squares of the row's elements
+// 8 j + 256 v + e (v = 0, 1, ..., e = 0..7) in that order, then the butterfly, so rstd is the same
+// float; the loads of ROW_CHUNKS chunks (16 bytes each when aligned) are issued before their adds.
+// With delta, res_out = bf16(x + delta) is stored and normalised.
+__global__ void __launch_bounds__(ROW_THREADS)
+    rmsnorm_rows_kernel(bf16 *res_out, float *rstd, const bf16 *x, const bf16 *delta, int N, int C, float eps,
+                        bool vec) {
+    const int row = blockIdx.x * (ROW_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const size_t off = (size_t)row * C;
+    const uint16_t *xb = reinterpret_cast<const uint16_t *>(x) + off;
+    const uint16_t *db = delta ? reinterpret_cast<const uint16_t *>(delta) + off : nullptr;
+    uint16_t *rb = delta ? reinterpret_cast<uint16_t *>(res_out) + off : nullptr;
+    float ss = 0.0f;
+    for (int cb = lane * 8; cb < C; cb += 256 * ROW_CHUNKS) {
+        uint32_t a[ROW_CHUNKS][4], b[ROW_CHUNKS][4];
 #pragma unroll
-            for (int k = 0; k < NORM_CHUNKS; k++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    const int c = cb + 256 * k + e;
-                    if (c < C) {
-                        a[k][e] = x[off + c];
-                        if (delta) b[k][e] = delta[off + c];
-                    }
-                }
-#pragma unroll
-            for (int k = 0; k < NORM_CHUNKS; k++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    const int c = cb + 256 * k + e;
-                    if (c < C) {
-                        float v;
-                        if (delta) {
-                            const bf16 s = lm_f2bf(lm_bf2f(a[k][e]) + lm_bf2f(b[k][e]));
-                            res_out[off + c] = s;
-                            v = lm_bf2f(s);
-                        } else {
-                            v = lm_bf2f(a[k][e]);
-                        }
-                        ss += v * v;
-                    }
-                }
-        }
-        ss = lm_warp_sum(ss);
-        const float rr = lm_rstd(ss, C, eps);
-        if (lane == 0) {
-            rstd[r0 + r] = rr;
-            row_rstd[r] = rr;
-        }
-    }
-    __syncthreads();  // row_rstd, and the residual rows this CTA wrote, are visible to all its threads
-    // The residual is read back with plain loads (not the read-only path): this kernel wrote it.
-    const uint16_t *src = reinterpret_cast<const uint16_t *>(delta ? res_out : x);
-    const uint16_t *gb = reinterpret_cast<const uint16_t *>(g);
-    const bool vec = C % 8 == 0 && aligned16(src) && aligned16(gb) && (!y || aligned16(y));
-    for (int c0 = 0; c0 < C; c0 += G) {
-        const int nc = min(G, C - c0);
-        for (int id = threadIdx.x; id < G * G / 8; id += NORM_THREADS) {
-            const int r = id / 16, c = (id % 16) * 8;
-            uint32_t w[4] = {0, 0, 0, 0};
-            if (r < nr) {
-                uint32_t xs[4], gs[4];
-                load8(xs, src + (size_t)(r0 + r) * C + c0 + c, c, nc, vec);
-                load8(gs, gb + c0 + c, c, nc, vec);
-                const float rr = row_rstd[r];
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (c + e < nc)
-                        w[e >> 1] |= (uint32_t)lm_f2bits(lm_rms_out(lm_bits2f(half_of(xs, e)), rr, lm_bits2f(half_of(gs, e))))
-                                     << (16 * (e & 1));
-                if (y) store8(y + (size_t)(r0 + r) * C + c0 + c, w, c, nc, vec);
+        for (int k = 0; k < ROW_CHUNKS; k++) {
+            const int c = cb + 256 * k, nc = C - c;  // chunk c..c+7, valid up to nc
+            a[k][0] = a[k][1] = a[k][2] = a[k][3] = 0;
+            b[k][0] = b[k][1] = b[k][2] = b[k][3] = 0;
+            if (nc > 0) {
+                load8(a[k], xb + c, 0, nc, vec);
+                if (db) load8(b[k], db + c, 0, nc, vec);
             }
-            tile_put8(&sm.tile[r][c], w);  // zeros outside y: they never win an amax
         }
-        __syncthreads();
-        vec128_emit<FMT, NORM_THREADS>(sm, r0, c0, nr, nc, N, C, q, q_scales, qt, qt_scales, nullptr);
-        __syncthreads();  // the tile is refilled for the next columns
+#pragma unroll
+        for (int k = 0; k < ROW_CHUNKS; k++) {
+            const int c = cb + 256 * k, nc = C - c;
+            if (nc <= 0) break;
+            uint32_t o[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (e < nc) {
+                    float v = lm_bits2f(half_of(a[k], e));
+                    if (db) {
+                        const unsigned short sb = lm_f2bits(v + lm_bits2f(half_of(b[k], e)));
+                        o[e >> 1] |= (uint32_t)sb << (16 * (e & 1));
+                        v = lm_bits2f(sb);
+                    }
+                    ss += v * v;
+                }
+            if (db) store8(rb + c, o, 0, nc, vec);
+        }
     }
+    ss = lm_warp_sum(ss);
+    if (lane == 0) rstd[row] = lm_rstd(ss, C, eps);
+}
+
+// Tiles: y = src * rstd * g of the tile (src the residual the row kernel stored, or x), stored
+// when y is not NULL, and quantized both ways.
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
+    rmsnorm_tile_fp8_kernel(uint16_t *y, const float *rstd, const uint16_t *src, const uint16_t *g, int N, int C,
+                            bool vec, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales) {
+    __shared__ __align__(16) Vec128Tile sm;
+    const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
+    const int nr = min(G, N - r0), nc = min(G, C - c0);
+    typedef Bf16x8Loads<2> In;  // v[0] the source, v[1] the gains, f the row's rstd
+    vec128_tile<FMT, NORM_TILE_BATCH, In>(
+        sm, r0, c0, nr, nc, N, C, q, q_scales, qt, qt_scales, nullptr,
+        [&](auto full, int r, int c, In &in) {
+            constexpr bool FULL = decltype(full)::value;
+            load8_tile<FULL>(in.v[0], src + (size_t)(r0 + r) * C + c0 + c, c, nc, vec);
+            load8_tile<FULL>(in.v[1], g + c0 + c, c, nc, vec);
+            in.f = rstd[r0 + r];
+        },
+        [&](auto full, int r, int c, const In &in, uint32_t w[4]) {
+            constexpr bool FULL = decltype(full)::value;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (FULL || c + e < nc)
+                    w[e >> 1] |= (uint32_t)lm_f2bits(lm_rms_out(lm_bits2f(half_of(in.v[0], e)), in.f,
+                                                                lm_bits2f(half_of(in.v[1], e))))
+                                 << (16 * (e & 1));
+            if (y) store8_tile<FULL>(y + (size_t)(r0 + r) * C + c0 + c, w, c, nc, vec);
+        });
 }
 
 // --- SwiGLU forward ------------------------------------------------------------------------------
 // CTA = output tile (rows blockIdx.y * 128.., columns blockIdx.x * 128.. of out (N, F)).
 template <Fp8Format FMT>
-__global__ void __launch_bounds__(TILE_THREADS)
+__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_fp8_kernel(uint16_t *out, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales, uint8_t *qt,
                       float *qt_scales) {
-    __shared__ __align__(16) Vec128Smem<TILE_THREADS> sm;
+    __shared__ __align__(16) Vec128Tile sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, F - c0);
     const bool vec = F % 8 == 0 && aligned16(fc) && (!out || aligned16(out));
-    for (int id = threadIdx.x; id < G * G / 8; id += TILE_THREADS) {
-        const int r = id / 16, c = (id % 16) * 8;
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (r < nr) {
+    typedef Bf16x8Loads<2> In;  // v[0] the gate, v[1] the up
+    vec128_tile<FMT, SWIGLU_BATCH, In>(
+        sm, r0, c0, nr, nc, N, F, q, q_scales, qt, qt_scales, nullptr,
+        [&](auto full, int r, int c, In &in) {
+            constexpr bool FULL = decltype(full)::value;
             const uint16_t *row = fc + (size_t)(r0 + r) * 2 * F + c0 + c;  // gate; up is F further
-            uint32_t gw[4], uw[4];
-            load8(gw, row, c, nc, vec);
-            load8(uw, row + F, c, nc, vec);
+            load8_tile<FULL>(in.v[0], row, c, nc, vec);
+            load8_tile<FULL>(in.v[1], row + F, c, nc, vec);
+        },
+        [&](auto full, int r, int c, const In &in, uint32_t w[4]) {
+            constexpr bool FULL = decltype(full)::value;
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                if (c + e < nc)
-                    w[e >> 1] |= (uint32_t)lm_f2bits(lm_swiglu(lm_bits2f(half_of(gw, e)), lm_bits2f(half_of(uw, e))))
+                if (FULL || c + e < nc)
+                    w[e >> 1] |= (uint32_t)lm_f2bits(lm_swiglu(lm_bits2f(half_of(in.v[0], e)), lm_bits2f(half_of(in.v[1], e))))
                                  << (16 * (e & 1));
-            if (out) store8(out + (size_t)(r0 + r) * F + c0 + c, w, c, nc, vec);
-        }
-        tile_put8(&sm.tile[r][c], w);
-    }
-    __syncthreads();
-    vec128_emit<FMT, TILE_THREADS>(sm, r0, c0, nr, nc, N, F, q, q_scales, qt, qt_scales, nullptr);
+            if (out) store8_tile<FULL>(out + (size_t)(r0 + r) * F + c0 + c, w, c, nc, vec);
+        });
 }
 
 // --- SwiGLU backward -----------------------------------------------------------------------------
@@ -174,40 +192,40 @@ __global__ void __launch_bounds__(TILE_THREADS)
 // consecutive gate, up and dout values. Grid x walks the 2F columns, so the gate tile and the up
 // tile of the same inputs run close together and the second read of fc and dout hits L2.
 template <Fp8Format FMT>
-__global__ void __launch_bounds__(TILE_THREADS)
+__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_bwd_fp8_kernel(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q,
                           float *q_scales, uint8_t *qt, float *qt_scales) {
-    __shared__ __align__(16) Vec128Smem<TILE_THREADS> sm;
+    __shared__ __align__(16) Vec128Tile sm;
     const int W2 = 2 * F;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, W2 - c0);
     const bool vec = aligned16(fc) && aligned16(dout) && (!dfc || aligned16(dfc));  // F % 8 == 0 (launcher)
-    for (int id = threadIdx.x; id < G * G / 8; id += TILE_THREADS) {
-        const int r = id / 16, c = (id % 16) * 8;
-        uint32_t w[4] = {0, 0, 0, 0};
-        if (r < nr) {
-            const int cc = c0 + c;  // column of dfc
-            const bool gate = cc < F;
-            const int j = gate ? cc : cc - F;  // column of gate, up and dout
+    typedef Bf16x8Loads<3> In;  // v[0] the gate, v[1] the up, v[2] dout (4 rows in flight: 12 words each)
+    vec128_tile<FMT, SWIGLU_BWD_BATCH, In>(
+        sm, r0, c0, nr, nc, N, W2, q, q_scales, qt, qt_scales, nullptr,
+        [&](auto full, int r, int c, In &in) {
+            constexpr bool FULL = decltype(full)::value;
+            const int cc = c0 + c, j = cc < F ? cc : cc - F;  // column of dfc; of gate, up and dout
             const size_t row = (size_t)(r0 + r);
-            uint32_t gw[4], uw[4], dw[4];
-            load8(gw, fc + row * W2 + j, c, nc, vec);
-            load8(uw, fc + row * W2 + F + j, c, nc, vec);
-            load8(dw, dout + row * F + j, c, nc, vec);
+            load8_tile<FULL>(in.v[0], fc + row * W2 + j, c, nc, vec);
+            if (cc < F) load8_tile<FULL>(in.v[1], fc + row * W2 + F + j, c, nc, vec);  // the up: dg only
+            load8_tile<FULL>(in.v[2], dout + row * F + j, c, nc, vec);
+        },
+        [&](auto full, int r, int c, const In &in, uint32_t w[4]) {
+            constexpr bool FULL = decltype(full)::value;
+            const int cc = c0 + c;
+            const bool gate = cc < F;
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                if (c + e < nc) {
-                    float dg, du;
-                    lm_swiglu_grad(lm_bits2f(half_of(gw, e)), lm_bits2f(half_of(uw, e)), lm_bits2f(half_of(dw, e)), dg,
-                                   du);
-                    w[e >> 1] |= (uint32_t)lm_f2bits(gate ? dg : du) << (16 * (e & 1));
+                if (FULL || c + e < nc) {
+                    const float g = lm_bits2f(half_of(in.v[0], e)), d = lm_bits2f(half_of(in.v[2], e));
+                    const float s = lm_sigmoid(g);  // only the gradient this column needs
+                    const float v = gate ? lm_swiglu_grad_gate(g, lm_bits2f(half_of(in.v[1], e)), d, s)
+                                         : lm_swiglu_grad_up(g, d, s);
+                    w[e >> 1] |= (uint32_t)lm_f2bits(v) << (16 * (e & 1));
                 }
-            if (dfc) store8(dfc + row * W2 + cc, w, c, nc, vec);
-        }
-        tile_put8(&sm.tile[r][c], w);
-    }
-    __syncthreads();
-    vec128_emit<FMT, TILE_THREADS>(sm, r0, c0, nr, nc, N, W2, q, q_scales, qt, qt_scales, nullptr);
+            if (dfc) store8_tile<FULL>(dfc + (size_t)(r0 + r) * W2 + cc, w, c, nc, vec);
+        });
 }
 
 // --- launchers -----------------------------------------------------------------------------------
@@ -238,10 +256,15 @@ extern "C" void rmsnorm_forward_fp8_gpu(uint16_t *res_out, uint16_t *y, float *r
                                         const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream) {
     check_operands("rmsnorm_forward_fp8_gpu", q, qt, N, C);
     if (delta && !res_out) FATAL("rmsnorm_forward_fp8_gpu: a residual add needs res_out");
-    const unsigned blocks = (unsigned)((N + G - 1) / G);
-    LAUNCH_FMT(q->fmt, rmsnorm_fp8_kernel, blocks, NORM_THREADS, (bf16 *)res_out, y, rstd, (const bf16 *)x,
-               (const bf16 *)delta, (const bf16 *)g, N, C, eps, q->codes, q->scales, qt ? qt->codes : NULL,
-               qt ? qt->scales : NULL);
+    // rows first (rstd, the residual), then the tiles; 16-byte accesses when every row allows them
+    const bool vec = C % 8 == 0 && aligned16(x) && (!delta || (aligned16(delta) && aligned16(res_out))) &&
+                     aligned16(g) && (!y || aligned16(y));
+    rmsnorm_rows_kernel<<<(unsigned)((N + ROW_THREADS / 32 - 1) / (ROW_THREADS / 32)), ROW_THREADS, 0, stream>>>(
+        (bf16 *)res_out, rstd, (const bf16 *)x, (const bf16 *)delta, N, C, eps, vec);
+    CUDA_CHECK_LAUNCH();
+    const dim3 grid((unsigned)((C + G - 1) / G), (unsigned)((N + G - 1) / G));
+    LAUNCH_FMT(q->fmt, rmsnorm_tile_fp8_kernel, grid, TILE_THREADS, y, rstd, delta ? res_out : x, g, N, C, vec,
+               q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL);
 }
 
 extern "C" void swiglu_forward_fp8_gpu(uint16_t *out, const uint16_t *fc, int N, int F, const Fp8Operand *q,

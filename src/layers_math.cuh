@@ -35,12 +35,19 @@ static __device__ __forceinline__ float lm_rstd(float ss, int dim, float eps) { 
 static __device__ __forceinline__ float lm_rms_out(float x, float rstd, float g) { return x * rstd * g; }
 
 // SwiGLU out = silu(g) * u, and its gradients: du = dout * silu(g),
-// dg = dout * u * s * (1 + g * (1 - s)), s = sigmoid(g).
+// dg = dout * u * s * (1 + g * (1 - s)), s = sigmoid(g). The two gradients have their own
+// functions (of s) so that a kernel that needs only one computes only that one, with the same
+// expression as lm_swiglu_grad.
 static __device__ __forceinline__ float lm_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+static __device__ __forceinline__ float lm_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+static __device__ __forceinline__ float lm_swiglu_grad_up(float g, float d, float s) { return d * g * s; }
+static __device__ __forceinline__ float lm_swiglu_grad_gate(float g, float u, float d, float s) {
+    return d * u * s * (1.0f + g * (1.0f - s));
+}
 static __device__ __forceinline__ void lm_swiglu_grad(float g, float u, float d, float &dg, float &du) {
-    const float s = 1.0f / (1.0f + expf(-g));
-    du = d * g * s;
-    dg = d * u * s * (1.0f + g * (1.0f - s));
+    const float s = lm_sigmoid(g);
+    du = lm_swiglu_grad_up(g, d, s);
+    dg = lm_swiglu_grad_gate(g, u, d, s);
 }
 
 #endif  // LAYERS_MATH_CUH

@@ -3,8 +3,8 @@
 //
 // Quantization. Every kernel reads BF16, takes amax over a group as the max of |x|'s bits (NaN
 // ignored, exact, so any reduction order gives the same result), computes s with fp8.h's
-// fp8_scale_for_amax and encodes x * s with fp8.h's integer encoder: the same functions the CPU
-// runs, hence the same codes bit for bit. Kernels:
+// fp8_scale_for_amax and encodes x * s with the hardware conversion, which gives fp8.h's integer
+// encoder's codes bit for bit (fp8_cvt.cuh): the same scales and codes as the CPU. Kernels:
 //   amax_kernel + cast_tensor_kernel  per tensor, no transpose: flat, 16-byte loads
 //   tile128_kernel     one 128x128 tile of x in shared memory; writes Q(x) and/or Q(x^T) from it
 //                      (128x128 blocks, or per tensor with the amax of amax_kernel)
@@ -12,7 +12,7 @@
 //   vec128t_kernel     128 rows x 32 cols of x in shared memory: 32 slices along rows, written
 //                      as rows of x^T
 //   vec128both_kernel  1x128 Q(x) and Q(x^T) together: one 128x128 tile, its rows and columns
-//                      are the slices of both (fp8_quant.cuh's vec128_emit, which layers_fp8.cu's
+//                      are the slices of both (fp8_quant.cuh's vec128_tile, which layers_fp8.cu's
 //                      RMSNorm and SwiGLU kernels run on the tiles they compute)
 // GEMMs. out (n, m) row-major is column-major (m, n): D = op(A) . B with A = rhs stored (k, m)
 // column-major, transposed ("T"), and B = lhs stored (k, n) column-major ("N"), the TN layout
@@ -28,7 +28,7 @@
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
 #include "fp8_quant.cuh"  // the device quantization shared with layers_fp8.cu (abs_bits, quant,
-                          // emit_tile_rows / emit_tile_cols, vec128_emit)
+                          // emit_tile_rows / emit_tile_cols, vec128_tile)
 #include "gemm_plan_cache.h"  // GemmPlanCache: the plans cached per shape
 #include "gpu_sizes.h"   // the scale-buffer sizes (shared with the memory plan)
 #include "matmul.h"      // the shared cuBLASLt handle and workspace
@@ -271,17 +271,30 @@ __global__ void __launch_bounds__(THREADS)
 // (row c of x^T, token slice blockIdx.y), so one read of x gives both (vec128_kernel +
 // vec128t_kernel read it twice). Same amax, scales and codes as those two; counts of Q(x) only
 // (each element once per call).
+#ifndef VEC128_BATCH  // rows of a thread whose loads are in flight together (gpu_fp8_quant_sweep.sh)
+#define VEC128_BATCH 8
+#endif
+#ifndef VEC128_MIN_CTAS  // CTAs per SM it is compiled for
+#define VEC128_MIN_CTAS 4
+#endif
 template <Fp8Format FMT>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     vec128both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
                       float *qt_scales, unsigned long long *counts) {
-    __shared__ __align__(16) Vec128Smem<THREADS> sm;
+    __shared__ __align__(16) Vec128Tile sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, rows - r0), nc = min(G, cols - c0);
-    stage_tile<G, G, G + 2>(sm.tile, x, cols, r0, c0, nr, nc);
-    __syncthreads();
-    vec128_emit<FMT, THREADS>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, counts);
+    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
+    vec128_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(
+        sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, counts,
+        [&](auto full, int r, int c, Bf16x8Loads<1> &in) {
+            load8_tile<decltype(full)::value>(in.v[0], x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
+        },
+        [&](auto, int, int, const Bf16x8Loads<1> &in, uint32_t w[4]) {
+            w[0] = in.v[0][0]; w[1] = in.v[0][1]; w[2] = in.v[0][2]; w[3] = in.v[0][3];
+        });
 }
+static_assert(THREADS == FQ_NT, "vec128both_kernel launches THREADS threads, vec128_tile needs FQ_NT");
 
 // Launches kernel<E4M3 or E5M2> on `stream`, then checks the launch.
 #define LAUNCH_FMT(fmt, kernel, grid, ...)                                                        \
