@@ -8,13 +8,15 @@
 #      its timing section: 125M and paper_569m shapes in bf16 / fp8_tensor / fp8_block, steps
 #      split into forward / backward / optimizer, and a CUDA-event breakdown of the linears
 #      (BF16 GEMMs vs FP8 GEMMs + each quantization pass);
-#   3. train_gpt on configs/paper_569m.json (micro-batch MB x 4096, no accumulation, attention
+#   3. train_gpt on $CONFIG (default configs/paper_569m.json; micro-batch MB x 4096, no accumulation, attention
 #      bf16), STEPS steps on data/austen per linear mode: bf16 (seed 42), bf16 (seed 43, data
 #      order unchanged: the seed-to-seed noise of the final losses), fp8_tensor, fp8_block (seed
 #      42); the final train and val loss (val: eval.batches batches at the last step) and tokens/s
 #      (median of metrics.jsonl over the steps after 5);
 #   4. a table last: mode, tok/s, ratio to bf16, final train / val loss, val loss - bf16's, and
 #      the seed noise.
+# TORCH=1 also times the PyTorch BF16 baseline of $CONFIG at MB x seq_len (bench/bench_e2e.py) after
+# the build and adds it to the table (its ratio to the first run in the last column).
 # Logs go to $OUT (default /tmp/gpu_fp8_e2e_out), runs to $WORK. About 5 minutes on one H200.
 #   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_linear_e2e.sh
 #   (STEPS=40 MB=4 NO_TEST=1 NO_NOISE=1 BUDGET=320 to change; UNFUSED=1 adds fp8_block with
@@ -30,6 +32,8 @@ OUT=${OUT:-/tmp/gpu_fp8_e2e_out}
 WORK=${WORK:-/tmp/gpu_fp8_e2e}
 MB=${MB:-4}
 STEPS=${STEPS:-40}
+CONFIG=${CONFIG:-configs/paper_569m.json}
+CNAME=$(basename "$CONFIG" .json)
 BUDGET=${BUDGET:-320}  # seconds for the whole script
 mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
 . scripts/gpu_lib.sh  # t_start, elapsed, left, CJ
@@ -62,7 +66,7 @@ fi
 run() {
   local name=$1 lin=$2 seed=$3 attn=${4:-bf16} dir=$WORK/run_$1 head=true
   case "$lin" in *+head) lin=${lin%+head}; head=false;; esac
-  set -- --config configs/paper_569m.json --device gpu --set train.micro_batch="$MB" --set train.batch_tokens=0 \
+  set -- --config "$CONFIG" --device gpu --set train.micro_batch="$MB" --set train.batch_tokens=0 \
     --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.recompute=false --set train.seed="$seed" \
     --set "precision.linear=\"$lin\"" --set "precision.linear_keep_lm_head_bf16=$head" \
     --set "precision.attention=\"$attn\"" \
@@ -77,7 +81,14 @@ run() {
   cp "$dir/summary.json" "$OUT/summary_$name.json" 2>/dev/null
   rm -rf "$dir/checkpoints"  # only a stop (timeout's SIGTERM) writes one: ~7 GB at paper_569m
 }
-echo "== 3. train_gpt paper_569m, $STEPS steps of $MB x 4096 per mode ($(elapsed) s)"
+if [ "${TORCH:-0}" = 1 ]; then
+  echo "== 3a. PyTorch BF16 baseline of $CNAME, micro-batch $MB ($(elapsed) s)"
+  PYTHONUNBUFFERED=1 timeout -k 5 "$(left 200)" python3 bench/bench_e2e.py --config "$CONFIG" --micro-batch "$MB" \
+    --warmup 5 --steps 20 >"$OUT/torch_$CNAME.log" 2>&1
+  echo "bench_e2e exit $? at $(elapsed) s"
+  grep -E "^torch-e2e " "$OUT/torch_$CNAME.log" | cut -c1-200
+fi
+echo "== 3. train_gpt $CNAME, $STEPS steps of $MB x seq_len per mode ($(elapsed) s)"
 if [ -z "${RUNS:-}" ]; then
   RUNS="bf16:bf16:bf16:42 fp8_tensor:fp8_tensor:bf16:42 fp8_block:fp8_block:bf16:42"
   [ "${UNFUSED:-0}" = 1 ] && RUNS="$RUNS fp8_block_unfused:fp8_block:bf16:42:TRAIN_GPT_FP8_FUSE=0"
@@ -91,10 +102,10 @@ for r in $RUNS; do
 done
 
 echo "== 4. table ($(elapsed) s)"
-python3 - "$OUT" $names <<'EOF' | tee "$OUT/table.md"
+python3 - "$OUT" "$CNAME" $names <<'EOF' | tee "$OUT/table_$CNAME.md"
 import json, os, statistics, sys
-out = sys.argv[1]
-runs = [a.split(":") for a in sys.argv[2:]]  # name, linear, attention
+out, cname = sys.argv[1], sys.argv[2]
+runs = [a.split(":") for a in sys.argv[3:]]  # name, linear, attention
 def load(name):
     r = {"name": name}
     try:
@@ -112,14 +123,25 @@ base = rows[0]
 seed = [r for r in rows if r["name"] == "bf16_seed43"]
 noise = abs(seed[0]["val"] - base["val"]) if seed and seed[0].get("val") is not None and base.get("val") is not None else None
 f = lambda v, fmt: (fmt % v) if v is not None else "n/a"
-print("| paper_569m run | linears | attention | tok/s | vs %s | final train loss | final val loss | val - %s |" % (base["name"], base["name"]))
-print("|---|---|---|---|---|---|---|---|")
+torch = None  # TORCH=1: bench_e2e.py's JSON line for this config
+try:
+    for line in open(os.path.join(out, "torch_%s.log" % cname), errors="replace"):
+        if line.startswith("torch-e2e-json "): torch = json.loads(line[len("torch-e2e-json "):])
+except OSError: pass
+print("| %s run | linears | attention | tok/s | vs %s | final train loss | final val loss | val - %s | vs PyTorch BF16 |"
+      % (cname, base["name"], base["name"]))
+print("|---|---|---|---|---|---|---|---|---|")
+t_tok = torch.get("tokens_per_s") if torch else None
 for r in rows:
     if "tok" not in r and "val" not in r: continue
     ratio = r["tok"] / base["tok"] if r.get("tok") and base.get("tok") else None
     dv = r["val"] - base["val"] if r.get("val") is not None and base.get("val") is not None else None
-    print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (r["name"], r["lin"], r["attn"], f(r.get("tok"), "%.0f"),
-          f(ratio, "**%.2fx**"), f(r.get("train"), "%.4f"), f(r.get("val"), "%.4f"), f(dv, "%+.4f")))
+    print("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (r["name"], r["lin"], r["attn"], f(r.get("tok"), "%.0f"),
+          f(ratio, "**%.2fx**"), f(r.get("train"), "%.4f"), f(r.get("val"), "%.4f"), f(dv, "%+.4f"),
+          f(r["tok"] / t_tok if r.get("tok") and t_tok else None, "%.2fx")))
+if torch:
+    print("| PyTorch BF16 (bench_e2e.py) | bf16 | %s | %.0f | %s | | | | 1.00x |" % (
+          torch.get("sdpa", "sdpa"), t_tok, f(t_tok / base["tok"] if base.get("tok") else None, "%.2fx")))
 print("seed noise of the val loss (|bf16 seed 43 - seed 42|): %s; tok/s: median of metrics.jsonl steps > 5"
       % f(noise, "%.4f"))
 EOF
