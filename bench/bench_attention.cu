@@ -15,28 +15,9 @@
 #include <algorithm>       // sort
 
 #include "attention_gpu.h"  // the kernels
+#include "bench_gpu.cuh"     // CU, fill_random_bf16
 
 // Defined in attention_fwd.cu, not part of attention_gpu.h: the forward kernel's name.
-
-#define CU(call)                                                                           \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
-
-// Fills a BF16 buffer with hash-based pseudo-random values in about [-2, 2).
-__global__ void fill_random_bf16(uint16_t *x, size_t n, uint32_t seed) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
-    float f = ((h >> 8) * (1.0f / 16777216.0f)) * 4.0f - 2.0f;
-    uint32_t bits = __float_as_uint(f);
-    x[i] = (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
 
 static double median(std::vector<float> v) {
     std::sort(v.begin(), v.end());

@@ -14,67 +14,16 @@
 //
 //   bench_fp8_gemm NAME N C F n_layer [V_pad=50304]
 //   e.g. bench_fp8_gemm paper_569m 16384 1536 3968 15 ; bench_fp8_gemm paper_1p67b 16384 2048 5504 29
-#include <cuda_runtime.h>  // events, memory
-#include <stdint.h>        // uint16_t
-#include <stdio.h>         // printf
-#include <stdlib.h>        // atoi, exit
-#include <algorithm>       // sort, max
-#include <functional>      // std::function
-#include <vector>          // timings
+#include <stdio.h>   // printf
+#include <stdlib.h>  // atoi
 
+#include "bench_gpu.cuh"      // CU, random_bf16, bench_time_ms (this folder)
 #include "gpu_sizes.h"       // GPU_HEAD_CHUNK_TOKENS: the LM head's chunk in the model
 #include "linear_fp8_gpu.h"  // Fp8Operand, fp8_quantize_gpu, fp8_gemm_gpu
 #include "matmul.h"          // the BF16 GEMMs
 
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-// BF16 pseudo-random values in about [-2, 2) (hash of the index and seed).
-__global__ void fill_random_bf16(uint16_t *x, size_t n, uint32_t seed) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
-    float f = ((h >> 8) * (1.0f / 16777216.0f)) * 4.0f - 2.0f;
-    uint32_t bits = __float_as_uint(f);
-    x[i] = (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
-
-static uint16_t *random_bf16(size_t n, uint32_t seed) {
-    uint16_t *p;
-    CU(cudaMalloc(&p, n * 2));
-    fill_random_bf16<<<(unsigned)((n + 255) / 256), 256>>>(p, n, seed);
-    CU(cudaGetLastError());
-    return p;
-}
-
-static double time_ms(const std::function<void()> &f, int warmup = 3, int iters = 15) {
-    cudaEvent_t a, b;
-    CU(cudaEventCreate(&a));
-    CU(cudaEventCreate(&b));
-    for (int i = 0; i < warmup; i++) f();
-    std::vector<float> ms;
-    for (int i = 0; i < iters; i++) {
-        CU(cudaEventRecord(a));
-        f();
-        CU(cudaEventRecord(b));
-        CU(cudaEventSynchronize(b));
-        float t;
-        CU(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(t);
-    }
-    CU(cudaGetLastError());
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-}
+// Fewer runs than the default: the largest GEMMs take milliseconds.
+static double time_ms(const std::function<void()> &f) { return bench_time_ms(f, 3, 15); }
 
 struct Linear {
     const char *name;
