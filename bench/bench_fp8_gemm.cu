@@ -116,6 +116,43 @@ int main(int argc, char **argv) {
            step_ms[0] / step_ms[1], step_ms[2], step_ms[0] / step_ms[2]);
     printf("# ms / step: each GEMM's time times its count in one step of %d tokens (GEMMs only, no quantization);\n"
            "# the x columns of that row are bf16 time / FP8 time\n", N);
+
+    // fp8_block's wgrad pairs two 1x128 operands (slices along the tokens). cuBLASLt also runs a
+    // 1x128 operand against a 128x128 one (not 128x128 against 128x128): the other layouts the
+    // wgrad could take, timed on the same shapes (a measurement for a possible contract option).
+    printf("\n| %s linear | wgrad dy^T 1x128 . x^T 1x128 | dy^T 1x128 . x^T 128x128 | dy^T 128x128 . x^T 1x128 |\n", cfg);
+    printf("|---|---|---|---|\n");
+    for (const Linear &l : lin) {
+        const int n = l.name[0] == 'l' ? chunk : N, M = l.M, K = l.K;
+        float *dw;
+        CU(cudaMalloc(&dw, (size_t)M * K * 4));
+        CU(cudaMemset(dw, 0, (size_t)M * K * 4));
+        const double flop = 2.0 * M * (double)K * n;
+        double tf[3];
+        for (int v = 0; v < 3; v++) {  // (dy^T, x^T) groupings: (1x128, 1x128), (1x128, 128x128), (128x128, 1x128)
+            const Fp8Grouping gd = v == 2 ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
+            const Fp8Grouping gx = v == 1 ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
+            Fp8Operand qdyt, qxt;
+            fp8_operand_alloc(&qdyt, M, n, gd, FP8_E4M3);
+            fp8_operand_alloc(&qxt, K, n, gx, FP8_E4M3);
+            // random dy^T (M, n) and x^T (K, n), quantized as the GEMM takes them
+            uint16_t *dyt = random_bf16((size_t)M * n, 3), *xt = random_bf16((size_t)K * n, 1);
+            fp8_quantize_gpu(&qdyt, NULL, dyt, M, n, NULL, 0);
+            fp8_quantize_gpu(&qxt, NULL, xt, K, n, NULL, 0);
+            CU(cudaDeviceSynchronize());
+            tf[v] = 0;
+            if (fp8_gemm_gpu_supported(1, &qdyt, &qxt)) {
+                int st = 0;
+                const double ms = time_ms([&] { st |= fp8_gemm_gpu(dw, 1, 1, &qdyt, &qxt, 0); });
+                if (!st) tf[v] = flop / (ms * 1e-3) / 1e12;
+            }
+            fp8_operand_free(&qdyt); fp8_operand_free(&qxt);
+            CU(cudaFree(dyt)); CU(cudaFree(xt));
+        }
+        printf("| %s | %.0f | %.0f | %.0f |\n", l.name, tf[0], tf[1], tf[2]);
+        CU(cudaFree(dw));
+    }
+    printf("# TFLOP/s; 0: no cuBLASLt algorithm\n");
     linear_fp8_gpu_shutdown();
     matmul_gpu_shutdown();
     return 0;
