@@ -49,11 +49,6 @@ typedef __nv_bfloat16 bf16;
 #define ROW_THREADS 256       // the RMSNorm row kernel: a warp per row
 #define ROW_CHUNKS 4          // 8-element chunks whose loads a lane issues before adding them
 
-// Element e of eight BF16 packed in w[4] (element 0 in the low half of w[0]).
-static __device__ __forceinline__ unsigned short half_of(const uint32_t w[4], int e) {
-    return (unsigned short)(w[e >> 1] >> (16 * (e & 1)));
-}
-
 // Eight BF16 (w) to dst at columns [c, c + 8) of a group with nc valid columns: one 16-byte store
 // when allowed, else element by element.
 static __device__ __forceinline__ void store8(uint16_t *dst, const uint32_t w[4], int c, int nc, bool vec) {
