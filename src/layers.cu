@@ -83,6 +83,7 @@ __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, cons
     ss = warp_sum(ss);
     const float r = lm_rstd(ss, dim, eps);
     if (lane == 0) rstd[row] = r;
+    if (!y) return;  // rstd (and the residual) only: layers_fp8.cu's fused norm writes the output
     const bf16 *src = delta ? res_out : x;  // each lane reads back only what it wrote (or read) above
     for (int cb = lane * 8; cb < dim; cb += 256)
         for (int e = 0; e < 8 && cb + e < dim; e++) {
@@ -129,6 +130,7 @@ __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_forward_vec_kernel(bf16 *y,
     ss = warp_sum(ss);
     const float r = lm_rstd(ss, dim, eps);
     if (lane == 0) rstd[row] = r;
+    if (!y) return;  // rstd (and the residual) only
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int c = (k * 32 + lane) * 8;
