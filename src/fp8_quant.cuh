@@ -181,7 +181,8 @@ static __device__ __forceinline__ void emit_tile_cols(uint8_t *qt, uint16_t (*ti
 // A producer comes in two parts so that the loads of several rows are in flight together (the
 // kernels are memory-bound, and a load followed by its use at once would leave one row's loads
 // in flight per thread): load(r, c, raw) issues the global loads of tile row r, columns [c, c + 8)
-// into a Raw, make(r, c, raw, w) turns them into the eight BF16 of the output. BATCH rows are
+// into a Raw, make(k, r, c, raw, w) turns them into the eight BF16 of the output (k = 0..7: which of
+// the thread's rows, r = t / 16 + 16 k, a compile-time index for per-row registers). BATCH rows are
 // loaded before the first is made (BATCH * sizeof(Raw) registers). Both get a FullTag first:
 // FullTag<true> when the whole tile lies inside x (no bounds checks needed).
 //
@@ -230,11 +231,10 @@ struct FullTag {
 // the BLK128x128 layout; the partial tiles at the edges are partial blocks). counts (may be NULL)
 // get Q(x)'s saturations and NaNs (each element once). All FQ_NT threads call; the shared memory
 // may be reused after a __syncthreads.
-template <Fp8Format FMT, int BATCH, class Raw, bool FULL, class Load, class Make>
+template <Fp8Format FMT, int BATCH, class Raw, bool FULL, bool QT_BLOCK, class Load, class Make>
 static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
                                                    uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
-                                                   bool qt_block, unsigned long long *counts, Load load,
-                                                   Make make) {
+                                                   unsigned long long *counts, Load load, Make make) {
     static_assert(8 % BATCH == 0, "BATCH must divide the 8 rows of a thread");
     constexpr int G = FQ_G;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -255,7 +255,7 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
             const int k = kb + j, r = rsub + 16 * k;
             w[k][0] = w[k][1] = w[k][2] = w[k][3] = 0;
             if (FULL || (r < nr && c < nc)) {
-                make(FullTag<FULL>(), r, c, raw[j], w[k]);
+                make(FullTag<FULL>(), k, r, c, raw[j], w[k]);
                 if (!FULL && c + 8 > nc)
 #pragma unroll
                     for (int e = 0; e < 8; e++)
@@ -279,7 +279,7 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
         unsigned m = rm[k];
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-        tile_m = max(tile_m, m);
+        if (QT_BLOCK) tile_m = max(tile_m, m);
         const int r = rsub + 16 * k;
         if (q == nullptr || (!FULL && r >= nr)) continue;
         const float s = scale_of_bits(FMT, m);
@@ -299,8 +299,10 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
 #pragma unroll
     for (int i = 0; i < 4; i++) cm[i] = amax2(cm[i], __shfl_xor_sync(0xFFFFFFFFu, cm[i], 16));
     if (lane < 16) *reinterpret_cast<uint4 *>(&sm.part[warp][c / 2]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
-    tile_m = max(tile_m, __shfl_xor_sync(0xFFFFFFFFu, tile_m, 16));
-    if (lane == 0) sm.wmax[warp] = tile_m;
+    if (QT_BLOCK) {
+        tile_m = max(tile_m, __shfl_xor_sync(0xFFFFFFFFu, tile_m, 16));
+        if (lane == 0) sm.wmax[warp] = tile_m;
+    }
     __syncthreads();
     // Q(x^T): columns ca = 2 cp and ca + 1, rows [rb, rb + 32)
     const int cp = t & 63, ca = 2 * cp, rb = 32 * (t >> 6);
@@ -308,14 +310,14 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
 #pragma unroll
     for (int v = 0; v < FQ_NT / 32; v++) mp = amax2(mp, sm.part[v][cp]);
     unsigned ma = mp & 0xFFFFu, mb = mp >> 16;
-    if (qt_block) {  // one scale for the tile: the max over its warps' rows (uniform branch)
+    if (QT_BLOCK) {  // one scale for the tile: the max over its warps' rows
         unsigned tm = 0;
 #pragma unroll
         for (int v = 0; v < FQ_NT / 32; v++) tm = max(tm, sm.wmax[v]);
         ma = mb = tm;
     }
     const float sa = scale_of_bits(FMT, ma), sb = scale_of_bits(FMT, mb);
-    if (qt_block) {  // BLK128x128 of qt (cols, rows): block (c0 / 128, r0 / 128)
+    if (QT_BLOCK) {  // BLK128x128 of qt (cols, rows): block (c0 / 128, r0 / 128)
         if (t == 0) write_block_scale(qt_scales, c0 / G, r0 / G, (cols + G - 1) / G, (rows + G - 1) / G, 1.0f / sa);
     } else if (rb == 0) {
         if (FULL || ca < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca] = 1.0f / sa;  // [j * R + r], R = cols
@@ -359,12 +361,19 @@ template <Fp8Format FMT, int BATCH, class Raw, class Load, class Make>
 static __device__ __forceinline__ void vec128_tile(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
                                                    uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
                                                    bool qt_block, unsigned long long *counts, Load load, Make make) {
-    if (nr == FQ_G && nc == FQ_G)
-        vec128_tile_body<FMT, BATCH, Raw, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, qt_block,
-                                                counts, load, make);
+    const bool full = nr == FQ_G && nc == FQ_G;  // uniform branches: four copies of the body
+    if (full && !qt_block)
+        vec128_tile_body<FMT, BATCH, Raw, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
+                                                       counts, load, make);
+    else if (!qt_block)
+        vec128_tile_body<FMT, BATCH, Raw, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
+                                                        counts, load, make);
+    else if (full)
+        vec128_tile_body<FMT, BATCH, Raw, true, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
+                                                      counts, load, make);
     else
-        vec128_tile_body<FMT, BATCH, Raw, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, qt_block,
-                                                 counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, false, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
+                                                       counts, load, make);
 }
 
 #endif  // FP8_QUANT_CUH
