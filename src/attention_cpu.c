@@ -128,6 +128,12 @@ static float delayed_scale(const AttnDelayedState *ds, int tensor, Fp8Format fmt
     return fp8_scale_for_amax(fmt, h);
 }
 
+void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]) {
+    if (s->filled < 1 || s->filled > ATTN_MAX_AMAX_HISTORY)
+        FATAL("attn_delayed_scales: a history of %d entries (hint: the first step takes per-head scales)", s->filled);
+    for (int t = 0; t < 4; t++) scale[t] = delayed_scale(s, t, t == CAST_DO ? grad_format : FP8_E4M3, 0.0f);
+}
+
 // x_hat = fp8(x*s)/s over rows [r0, r1) with one scale, counting casts and saturations.
 static void qdq_rows(Fp8Format fmt, float s, int r0, int r1, int d, const float *x, float *xhat,
                      AttnStats *st, AttnCast which) {

@@ -45,6 +45,10 @@ typedef struct {
 } AttnDelayedState;
 void attn_delayed_init(AttnDelayedState *s, int history_len);
 void attn_delayed_commit(AttnDelayedState *s);
+// The four tensor scales of a step from a history that is not empty: scale[t] =
+// fp8_scale_for_amax(format of t, max of the history of t), Q, K, V in E4M3 and dO in
+// grad_format: what attn_quantize_operand uses past the first step (the GPU model uploads them).
+void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]);
 
 // Block scaling: one scale per ATTN_SCALE_BLOCK tokens of the head's sequence for Q, K, V, dO,
 // independent of the kernel's block_q / block_k.

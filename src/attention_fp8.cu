@@ -4,7 +4,6 @@
 // attention_quant.cu.
 #include "attention_fp8.h"
 
-#include <math.h>    // fmaxf (host: attn_delayed_scales)
 #include <string.h>  // memset
 
 #include "attention_gpu.h"    // attn_gpu_forward / attn_gpu_backward (BF16)
@@ -126,16 +125,6 @@ static AttnQuantTensor operand(const bf16 *x, int stride, Fp8Format fmt, uint8_t
 }
 
 // --- delayed scaling (AttnDelayedGpu) -------------------------------------------------------------
-
-extern "C" void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]) {
-    if (s->filled < 1 || s->filled > ATTN_MAX_AMAX_HISTORY)
-        FATAL("attn_delayed_scales: a history of %d entries (hint: the first step takes per-head scales)", s->filled);
-    for (int t = 0; t < 4; t++) {
-        float h = 0.0f;
-        for (int i = 0; i < s->filled; i++) h = fmaxf(h, s->hist[t][i]);
-        scale[t] = fp8_scale_for_amax(t == CAST_DO ? grad_format : FP8_E4M3, h);
-    }
-}
 
 // cur[i] = max(cur[i], max |amax_i[0 .. n)|) for each pair i (grid.x = pairs, block 256).
 struct AmaxFold {

@@ -111,7 +111,7 @@ typedef struct {
 //   first_step: the history is empty, so each head's tensor scale comes from the head's own amax
 //     (attention_cpu.c's delayed_scale): one more quantize pass per tensor finds it;
 //   scale (4) device: else this step's scale of Q, K, V, dO, fp8_scale_for_amax of the history's
-//     max (attn_delayed_scales below);
+//     max (attention_cpu.h's attn_delayed_scales);
 //   cur_amax (4) device, or NULL: max-accumulates this step's amax of Q, K, V (forward) and dO
 //     (backward), the values attention_cpu.c collects in cur_amax with update_amax (a training
 //     step; NULL for evaluation forwards and probes, which the trainer does not let count).
@@ -120,10 +120,6 @@ typedef struct {
     const float *scale;
     float *cur_amax;
 } AttnDelayedGpu;
-// The four tensor scales of a step from a host history that is not empty (first_step == 0):
-// scale[t] = fp8_scale_for_amax(format of t, max of the history of t); Q, K, V in E4M3, dO in
-// grad_format. The same function attention_cpu.c's delayed_scale applies.
-void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]);
 
 // saved: NULL, or this layer's kept codes (filled here in FP8 modes; marked not valid in bf16).
 // delayed: NULL in block scaling, this layer's AttnDelayedGpu in delayed scaling.

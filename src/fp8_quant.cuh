@@ -57,9 +57,6 @@ template <Fp8Format FMT>
 static __device__ __forceinline__ uint32_t quant2(unsigned a, unsigned b, float s, unsigned &sat, unsigned &nan) {
     return fp8x2_from_f32<FMT>(scaled<FMT>(a, s, sat, nan), scaled<FMT>(b, s, sat, nan));
 }
-static __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-    return a | (b << 8) | (c << 16) | (d << 24);  // element 0 in the lowest byte
-}
 // Eight BF16 (element 0 in the low half of w[0]) -> eight codes.
 template <Fp8Format FMT>
 static __device__ __forceinline__ uint2 quant8(const uint32_t w[4], float s, unsigned &sat, unsigned &nan) {
@@ -109,6 +106,11 @@ static __device__ __forceinline__ void write_block_scale(float *scales, int i, i
     }
 }
 
+// Element e of eight BF16 packed in w[4] (element 0 in the low half of w[0]), as bits.
+static __device__ __forceinline__ unsigned short half_of(const uint32_t w[4], int e) {
+    return (unsigned short)(w[e >> 1] >> (16 * (e & 1)));
+}
+
 // load8 for a group known to be whole (FULL) or not: FULL skips the per-element bounds checks.
 template <bool FULL>
 static __device__ __forceinline__ void load8_tile(uint32_t w[4], const uint16_t *src, int c, int nc, bool vec) {
@@ -120,53 +122,6 @@ static __device__ __forceinline__ void load8_tile(uint32_t w[4], const uint16_t 
         for (int e = 0; e < 8; e++) w[e >> 1] = (e & 1) ? (w[e >> 1] | (uint32_t)src[e] << 16) : (uint32_t)src[e];
     } else {
         load8(w, src, c, nc, vec);
-    }
-}
-
-// Writes the codes of a G x G tile in shared memory (nr x nc valid) into q, the row-major (rows,
-// cols) codes, row r0 + r quantized with scale_of(r): each of the NT threads 8 consecutive codes of
-// one row. linear_fp8_gpu.cu's 128x128 kernel (one scale) and vec128_emit (rs[r]) use it.
-template <Fp8Format FMT, int NT, class Scale>
-static __device__ __forceinline__ void emit_tile_rows(uint8_t *q, uint16_t (*tile)[FQ_G + 2], int rows, int cols,
-                                                      int r0, int c0, int nr, int nc, Scale scale_of, unsigned &sat,
-                                                      unsigned &nan) {
-    constexpr int G = FQ_G;
-    const bool vec_out = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
-    for (int id = threadIdx.x; id < G * G / 8; id += NT) {
-        const int r = id / 16, c = (id % 16) * 8;
-        if (r >= nr) continue;
-        const float s = scale_of(r);
-        uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
-        if (vec_out && c + 8 <= nc) {
-            const uint32_t *src = reinterpret_cast<const uint32_t *>(&tile[r][c]);
-            const uint32_t w[4] = {src[0], src[1], src[2], src[3]};
-            *reinterpret_cast<uint2 *>(dst) = quant8<FMT>(w, s, sat, nan);
-        } else {
-            for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)quant<FMT>(tile[r][c + e], s, sat, nan);
-        }
-    }
-}
-
-// The same tile transposed into qt, the (cols, rows) codes: row c of x^T holds column c0 + c of
-// x, quantized with scale_of(c); each thread 4 consecutive codes.
-template <Fp8Format FMT, int NT, class Scale>
-static __device__ __forceinline__ void emit_tile_cols(uint8_t *qt, uint16_t (*tile)[FQ_G + 2], int rows, int r0,
-                                                      int c0, int nr, int nc, Scale scale_of, unsigned &sat,
-                                                      unsigned &nan) {
-    constexpr int G = FQ_G;
-    const bool vec_out = rows % 4 == 0 && ((uintptr_t)qt & 3) == 0;
-    for (int id = threadIdx.x; id < G * G / 4; id += NT) {
-        const int c = id / 32, r = (id % 32) * 4;
-        if (c >= nc) continue;
-        const float s = scale_of(c);
-        uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + r;
-        if (vec_out && r + 4 <= nr) {
-            *reinterpret_cast<uint32_t *>(dst) =
-                pack4(quant<FMT>(tile[r][c], s, sat, nan), quant<FMT>(tile[r + 1][c], s, sat, nan),
-                      quant<FMT>(tile[r + 2][c], s, sat, nan), quant<FMT>(tile[r + 3][c], s, sat, nan));
-        } else {
-            for (int e = 0; e < 4 && r + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[r + e][c], s, sat, nan);
-        }
     }
 }
 
@@ -197,10 +152,6 @@ struct Vec128Tile {
     unsigned wmax[FQ_NT / 32];           // the amax of each warp's 16 rows (qt in 128x128 blocks)
 };
 
-// Bits e of eight BF16 packed in w[4] (element 0 in the low half of w[0]).
-static __device__ __forceinline__ unsigned bf16_of8(const uint32_t w[4], int e) {
-    return (w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu;
-}
 // max(|a|, |b|) per BF16 half, NaN ignored (a must not be NaN: it is an amax so far).
 static __device__ __forceinline__ uint32_t amax2(uint32_t acc, uint32_t w) {
     const __nv_bfloat162 r = __hmax2(*reinterpret_cast<const __nv_bfloat162 *>(&acc),

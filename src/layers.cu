@@ -55,9 +55,10 @@ static __device__ __forceinline__ long long row_offset(RowMap m, long long r) {
 // RMSNorm (plain rows and per-head rows through RowMap)
 
 // One warp per row. With delta != NULL (fused residual): res_out = bf16(x + delta) is stored
-// first and the stored value is normalised. y may alias x (each lane rewrites only what it read).
-// The order of a row's sum of squares, in every RMSNorm forward (here and layers_fp8.cu's fused
-// one, whose BF16 output must be bit-identical): lane l adds the elements of its 8-element chunks
+// first and the stored value is normalised. y may alias x (each lane rewrites only what it read),
+// or be NULL: rstd (and the residual) only, for layers_fp8.cu's fused norm, which makes y itself.
+// The order of a row's sum of squares (the scalar and vectorized forms must agree, for the BF16
+// output to be the same whichever runs): lane l adds the elements of its 8-element chunks
 // l, l + 32, l + 64, ... (element 8l + 256v + e for v = 0, 1, ..., e = 0..7), then the butterfly.
 // The scalar form (any width or alignment) and the vectorized form add in that same order.
 __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
@@ -83,6 +84,7 @@ __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, cons
     ss = warp_sum(ss);
     const float r = lm_rstd(ss, dim, eps);
     if (lane == 0) rstd[row] = r;
+    if (!y) return;  // rstd (and the residual) only: layers_fp8.cu's fused norm writes the output
     const bf16 *src = delta ? res_out : x;  // each lane reads back only what it wrote (or read) above
     for (int cb = lane * 8; cb < dim; cb += 256)
         for (int e = 0; e < 8 && cb + e < dim; e++) {
@@ -129,6 +131,7 @@ __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_forward_vec_kernel(bf16 *y,
     ss = warp_sum(ss);
     const float r = lm_rstd(ss, dim, eps);
     if (lane == 0) rstd[row] = r;
+    if (!y) return;  // rstd (and the residual) only
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int c = (k * 32 + lane) * 8;

@@ -39,7 +39,9 @@ void embedding_backward_gpu(float *dwte, const uint16_t *dx, const int32_t *toke
                             int N, int C, int Vp, cudaStream_t stream);
 
 // --- RMSNorm -----------------------------------------------------------------------------------
-// y (N, C) = x / sqrt(mean(x^2) + eps) * g; g (C) BF16; rstd (N) FP32 saved. y may be x.
+// y (N, C) = x / sqrt(mean(x^2) + eps) * g; g (C) BF16; rstd (N) FP32 saved. y may be x, or NULL:
+// then only rstd (and, below, the residual) is written, for a caller that makes y itself
+// (layers_fp8.cu's fused norm: the same rstd by construction).
 void rmsnorm_forward_gpu(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *g, int N,
                          int C, float eps, cudaStream_t stream);
 // Fused residual add + RMSNorm: res_out = bf16(res_in + delta) (N, C), then y = RMSNorm(res_out)

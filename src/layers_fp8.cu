@@ -5,8 +5,8 @@
 // (so the values are layers.cu's, bit for bit), eight values of a row at a time, writes them to
 // global memory when asked, and hands them to fp8_quant.cuh's vec128_tile, the code
 // vec128both_kernel runs on a loaded tile (so the codes and scales are fp8_quantize_gpu's, bit for
-// bit). The RMSNorm needs whole rows before any output (their rstd): a row kernel adds the
-// residual and computes rstd, then the tile kernel normalises and quantizes.
+// bit). The RMSNorm needs whole rows before any output (their rstd): layers.cu's norm adds the
+// residual and computes rstd (no output), then the tile kernel normalises and quantizes.
 //
 // Bytes per output element (BF16 2 B, codes 1 B per layout), fused against layer + vec128both:
 //   SwiGLU forward   reads fc 4, writes codes 2 (+ out 2)     (unfused: 4 + 2, then 2 + 2)
@@ -26,6 +26,7 @@
 #include "common.h"           // FATAL
 #include "cuda_check.h"       // CUDA_CHECK_LAUNCH
 #include "fp8_quant.cuh"      // Vec128Tile, vec128_tile, load8 (shared with linear_fp8_gpu.cu)
+#include "layers.h"           // the RMSNorm's rows (rstd, residual): rmsnorm_forward_gpu
 #include "layers_math.cuh"    // the RMSNorm / SwiGLU arithmetic (shared with layers.cu)
 
 typedef __nv_bfloat16 bf16;
@@ -47,13 +48,6 @@ typedef __nv_bfloat16 bf16;
 #ifndef LAYERS_FP8_MIN_CTAS
 #define LAYERS_FP8_MIN_CTAS 3
 #endif
-#define ROW_THREADS 256       // the RMSNorm row kernel: a warp per row
-#define ROW_CHUNKS 4          // 8-element chunks whose loads a lane issues before adding them
-
-// Element e of eight BF16 packed in w[4] (element 0 in the low half of w[0]).
-static __device__ __forceinline__ unsigned short half_of(const uint32_t w[4], int e) {
-    return (unsigned short)(w[e >> 1] >> (16 * (e & 1)));
-}
 
 // Eight BF16 (w) to dst at columns [c, c + 8) of a group with nc valid columns: one 16-byte store
 // when allowed, else element by element.
@@ -78,55 +72,6 @@ static __device__ __forceinline__ void store8_tile(uint16_t *dst, const uint32_t
 }
 
 // --- RMSNorm -------------------------------------------------------------------------------------
-// Rows: a warp per row. As rmsnorm_forward_kernel, lane j adds the squares of the row's elements
-// 8 j + 256 v + e (v = 0, 1, ..., e = 0..7) in that order, then the butterfly, so rstd is the same
-// float; the loads of ROW_CHUNKS chunks (16 bytes each when aligned) are issued before their adds.
-// With delta, res_out = bf16(x + delta) is stored and normalised.
-__global__ void __launch_bounds__(ROW_THREADS)
-    rmsnorm_rows_kernel(bf16 *res_out, float *rstd, const bf16 *x, const bf16 *delta, int N, int C, float eps,
-                        bool vec) {
-    const int row = blockIdx.x * (ROW_THREADS / 32) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= N) return;
-    const size_t off = (size_t)row * C;
-    const uint16_t *xb = reinterpret_cast<const uint16_t *>(x) + off;
-    const uint16_t *db = delta ? reinterpret_cast<const uint16_t *>(delta) + off : nullptr;
-    uint16_t *rb = delta ? reinterpret_cast<uint16_t *>(res_out) + off : nullptr;
-    float ss = 0.0f;
-    for (int cb = lane * 8; cb < C; cb += 256 * ROW_CHUNKS) {
-        uint32_t a[ROW_CHUNKS][4], b[ROW_CHUNKS][4];
-#pragma unroll
-        for (int k = 0; k < ROW_CHUNKS; k++) {
-            const int c = cb + 256 * k, nc = C - c;  // chunk c..c+7, valid up to nc
-            a[k][0] = a[k][1] = a[k][2] = a[k][3] = 0;
-            b[k][0] = b[k][1] = b[k][2] = b[k][3] = 0;
-            if (nc > 0) {
-                load8(a[k], xb + c, 0, nc, vec);
-                if (db) load8(b[k], db + c, 0, nc, vec);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < ROW_CHUNKS; k++) {
-            const int c = cb + 256 * k, nc = C - c;
-            if (nc <= 0) break;
-            uint32_t o[4] = {0, 0, 0, 0};
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                if (e < nc) {
-                    float v = lm_bits2f(half_of(a[k], e));
-                    if (db) {
-                        const unsigned short sb = lm_f2bits(v + lm_bits2f(half_of(b[k], e)));
-                        o[e >> 1] |= (uint32_t)sb << (16 * (e & 1));
-                        v = lm_bits2f(sb);
-                    }
-                    ss += v * v;
-                }
-            if (db) store8(rb + c, o, 0, nc, vec);
-        }
-    }
-    ss = lm_warp_sum(ss);
-    if (lane == 0) rstd[row] = lm_rstd(ss, C, eps);
-}
-
 // Tiles: y = src * rstd * g of the tile (src the residual the row kernel stored, or x), stored
 // when y is not NULL, and quantized both ways.
 template <Fp8Format FMT>
@@ -320,12 +265,10 @@ extern "C" void rmsnorm_forward_fp8_gpu(uint16_t *res_out, uint16_t *y, float *r
                                         const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream) {
     check_operands("rmsnorm_forward_fp8_gpu", q, qt, N, C);
     if (delta && !res_out) FATAL("rmsnorm_forward_fp8_gpu: a residual add needs res_out");
-    // rows first (rstd, the residual), then the tiles; 16-byte accesses when every row allows them
-    const bool vec = C % 8 == 0 && aligned16(x) && (!delta || (aligned16(delta) && aligned16(res_out))) &&
-                     aligned16(g) && (!y || aligned16(y));
-    rmsnorm_rows_kernel<<<(unsigned)((N + ROW_THREADS / 32 - 1) / (ROW_THREADS / 32)), ROW_THREADS, 0, stream>>>(
-        (bf16 *)res_out, rstd, (const bf16 *)x, (const bf16 *)delta, N, C, eps, vec);
-    CUDA_CHECK_LAUNCH();
+    // rows first: rstd (and the residual) from layers.cu's own norm with no output, then the tiles
+    if (delta) residual_rmsnorm_forward_gpu(res_out, NULL, rstd, x, delta, g, N, C, eps, stream);
+    else rmsnorm_forward_gpu(NULL, rstd, x, g, N, C, eps, stream);
+    const bool vec = C % 8 == 0 && aligned16(delta ? res_out : x) && aligned16(g) && (!y || aligned16(y));
     const dim3 grid((unsigned)((C + G - 1) / G), (unsigned)((N + G - 1) / G));
     LAUNCH_FMT(q->fmt, rmsnorm_tile_fp8_kernel, grid, TILE_THREADS, y, rstd, delta ? res_out : x, g, N, C, vec,
                q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));

@@ -18,11 +18,10 @@
 //
 // Why tiles of 128 tokens: Q(out^T) groups 128 consecutive rows of a column, so a kernel that
 // writes it must see 128 rows at once. SwiGLU and its backward are element-wise: one CTA per
-// 128 x 128 output tile computes the tile into shared memory and writes it both ways, as
-// linear_fp8_gpu.cu's vec128both_kernel does from a loaded tile. RMSNorm needs the whole row
-// first (its rstd): one CTA per 128 rows computes the rows' rstd (pass 1, reading x and writing
-// the residual), then walks the columns in 128 x 128 tiles (pass 2, re-reading the residual it
-// just wrote, mostly from L2).
+// 128 x 128 output tile computes the tile and writes it both ways (fp8_quant.cuh's vec128_tile),
+// as linear_fp8_gpu.cu's vec128both_kernel does from a loaded tile. RMSNorm needs the whole row
+// first (its rstd): layers.cu's norm computes the rows' rstd and residual with no output, then
+// one CTA per 128 x 128 tile normalises and quantizes (re-reading the residual, partly from L2).
 #ifndef LAYERS_FP8_H
 #define LAYERS_FP8_H
 

@@ -28,7 +28,7 @@
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
 #include "fp8_quant.cuh"  // the device quantization shared with layers_fp8.cu (abs_bits, quant,
-                          // emit_tile_rows / emit_tile_cols, vec128_tile)
+                          // quant8, vec128_tile)
 #include "gemm_plan_cache.h"  // GemmPlanCache: the plans cached per shape
 #include "gpu_sizes.h"   // the scale-buffer sizes (shared with the memory plan)
 #include "matmul.h"      // the shared cuBLASLt handle and workspace
@@ -134,6 +134,45 @@ __global__ void __launch_bounds__(THREADS)
     flush_counts(counts, sat, nan);
 }
 
+// Writes the codes of a G x G tile in shared memory (nr x nc valid) into q, the row-major (rows,
+// cols) codes, all with scale s: each thread 8 consecutive codes of one row.
+template <Fp8Format FMT>
+static __device__ __forceinline__ void emit_tile_rows(uint8_t *q, uint16_t (*tile)[G + 2], int rows, int cols, int r0,
+                                                      int c0, int nr, int nc, float s, unsigned &sat, unsigned &nan) {
+    const bool vec_out = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
+    for (int id = threadIdx.x; id < G * G / 8; id += THREADS) {
+        const int r = id / 16, c = (id % 16) * 8;
+        if (r >= nr) continue;
+        uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
+        if (vec_out && c + 8 <= nc) {
+            const uint32_t *src = reinterpret_cast<const uint32_t *>(&tile[r][c]);
+            const uint32_t w[4] = {src[0], src[1], src[2], src[3]};
+            *reinterpret_cast<uint2 *>(dst) = quant8<FMT>(w, s, sat, nan);
+        } else {
+            for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)quant<FMT>(tile[r][c + e], s, sat, nan);
+        }
+    }
+}
+
+// The same tile transposed into qt, the (cols, rows) codes: row c of x^T holds column c0 + c of
+// x; each thread 4 consecutive codes.
+template <Fp8Format FMT>
+static __device__ __forceinline__ void emit_tile_cols(uint8_t *qt, uint16_t (*tile)[G + 2], int rows, int r0, int c0,
+                                                      int nr, int nc, float s, unsigned &sat, unsigned &nan) {
+    const bool vec_out = rows % 4 == 0 && ((uintptr_t)qt & 3) == 0;
+    for (int id = threadIdx.x; id < G * G / 4; id += THREADS) {
+        const int c = id / 32, r = (id % 32) * 4;
+        if (c >= nc) continue;
+        uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + r;
+        if (vec_out && r + 4 <= nr) {
+            *reinterpret_cast<uint32_t *>(dst) = quant2<FMT>(tile[r][c], tile[r + 1][c], s, sat, nan) |
+                                                 quant2<FMT>(tile[r + 2][c], tile[r + 3][c], s, sat, nan) << 16;
+        } else {
+            for (int e = 0; e < 4 && r + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[r + e][c], s, sat, nan);
+        }
+    }
+}
+
 // One 128x128 tile of x (rows, cols): block (blockIdx.y, blockIdx.x). Scale: the tile's own amax
 // (128x128 blocks) or, when tensor_amax is given, the tensor's (per-tensor scaling). Writes the
 // tile's codes to q (rows, cols) and/or transposed to qt (cols, rows), and the scales.
@@ -165,8 +204,8 @@ __global__ void __launch_bounds__(THREADS)
         }
     }
     unsigned sat = 0, nan = 0, tsat = 0, tnan = 0;
-    if (q) emit_tile_rows<FMT, THREADS>(q, tile, rows, cols, r0, c0, nr, nc, [&](int) { return s; }, sat, nan);
-    if (qt) emit_tile_cols<FMT, THREADS>(qt, tile, rows, r0, c0, nr, nc, [&](int) { return s; }, tsat, tnan);
+    if (q) emit_tile_rows<FMT>(q, tile, rows, cols, r0, c0, nr, nc, s, sat, nan);
+    if (qt) emit_tile_cols<FMT>(qt, tile, rows, r0, c0, nr, nc, s, tsat, tnan);
     if (!q) { sat = tsat; nan = tnan; }  // each element counted once
     flush_counts(counts, sat, nan);
 }
@@ -196,8 +235,8 @@ __global__ void __launch_bounds__(THREADS)
         const float s = scale_of_bits(FMT, m);
         if (lane == 0) scales[(size_t)j * rows + r] = 1.0f / s;  // VEC128: [j * R + r]
         if (cols % 4 == 0 && ((uintptr_t)q & 3) == 0 && cl + 4 <= nc) {
-            *reinterpret_cast<uint32_t *>(q + off) = pack4(quant<FMT>(b[0], s, sat, nan), quant<FMT>(b[1], s, sat, nan),
-                                                           quant<FMT>(b[2], s, sat, nan), quant<FMT>(b[3], s, sat, nan));
+            *reinterpret_cast<uint32_t *>(q + off) =
+                quant2<FMT>(b[0], b[1], s, sat, nan) | quant2<FMT>(b[2], b[3], s, sat, nan) << 16;
         } else {
             for (int e = 0; e < 4 && cl + e < nc; e++) q[off + e] = (uint8_t)quant<FMT>(b[e], s, sat, nan);
         }
@@ -242,9 +281,8 @@ __global__ void __launch_bounds__(THREADS)
             uint32_t o[4];
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                o[k] = pack4(quant<FMT>(tile[seg + 4 * k][c], s, sat, nan), quant<FMT>(tile[seg + 4 * k + 1][c], s, sat, nan),
-                             quant<FMT>(tile[seg + 4 * k + 2][c], s, sat, nan),
-                             quant<FMT>(tile[seg + 4 * k + 3][c], s, sat, nan));
+                o[k] = quant2<FMT>(tile[seg + 4 * k][c], tile[seg + 4 * k + 1][c], s, sat, nan) |
+                       quant2<FMT>(tile[seg + 4 * k + 2][c], tile[seg + 4 * k + 3][c], s, sat, nan) << 16;
             *reinterpret_cast<uint4 *>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
         } else {
             for (int e = 0; e < 16 && seg + e < nr; e++) dst[e] = (uint8_t)quant<FMT>(tile[seg + e][c], s, sat, nan);

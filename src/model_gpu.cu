@@ -430,15 +430,19 @@ static void delayed_upload(GpuModel *m) {
     CUDA_CHECK(cudaMemcpyAsync(d->dl_dev, d->dl_host, sizeof(float) * 8 * (size_t)L, cudaMemcpyHostToDevice,
                                d->stream));
 }
-// After a backward: the step's amaxes home and into every layer's history, as cpu_model_backward
-// commits them (one stream synchronization, with delayed scaling only).
+// At the end of a backward: the step's amaxes home (enqueued before the backward's final stream
+// synchronization), then, once it has passed, into every layer's history, as cpu_model_backward
+// commits them.
+static void delayed_download(GpuModel *m) {
+    Dev *d = dev_of(m);
+    if (!d->attn_delayed) return;
+    CUDA_CHECK(cudaMemcpyAsync(d->dl_host, d->dl_dev, sizeof(float) * 8 * (size_t)m->cfg.model.n_layer,
+                               cudaMemcpyDeviceToHost, d->stream));
+}
 static void delayed_commit(GpuModel *m) {
     Dev *d = dev_of(m);
     if (!d->attn_delayed) return;
     const int L = m->cfg.model.n_layer;
-    CUDA_CHECK(cudaMemcpyAsync(d->dl_host, d->dl_dev, sizeof(float) * 8 * (size_t)L, cudaMemcpyDeviceToHost,
-                               d->stream));
-    CUDA_CHECK(cudaStreamSynchronize(d->stream));
     for (int l = 0; l < L; l++) {
         for (int t = 0; t < 4; t++) d->attn_delayed[l].cur_amax[t] = d->dl_host[8 * (size_t)l + 4 + t];
         attn_delayed_commit(&d->attn_delayed[l]);
@@ -694,8 +698,9 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
     embedding_backward_gpu(G(m, P_WTE, 0), d->dres, d->tokens, d->emb_scratch, BT, C, Vp, s);
     prof_mark(d, PH_BWD_EMBED);
     grads_final(m, 0, param_offset(m, P_ATTN_NORM, 0));  // wte (+ the tied head's, from the forward)
+    delayed_download(m);  // attention delayed scaling: this step's amaxes to the host
     CUDA_CHECK(cudaStreamSynchronize(s));
-    delayed_commit(m);  // attention delayed scaling: this step's amaxes into the histories
+    delayed_commit(m);    // and into the histories
 }
 
 // --- optimizer, norms, host copies ------------------------------------------------------------------
