@@ -182,6 +182,9 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 // Against swiglu_bwd_fp8_kernel: half the CTAs, one read of the inputs instead of two, one sigmoid
 // per element pair instead of two. Its own register budget (PAIR_MIN_CTAS): the kept values need
 // room.
+#ifndef SWIGLU_BWD_PAIRS  // 0: always the one-tile kernel (a timing knob; the codes are the same)
+#define SWIGLU_BWD_PAIRS 1
+#endif
 #ifndef SWIGLU_PAIR_BATCH
 #define SWIGLU_PAIR_BATCH 2
 #endif
@@ -287,7 +290,7 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
                                         const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream) {
     check_operands("swiglu_backward_fp8_gpu", q, qt, N, 2 * F);
     if (F % 8) FATAL("swiglu_backward_fp8_gpu: F = %d is not a multiple of 8", F);
-    if (F % G == 0) {  // gate / up tile pairs
+    if (SWIGLU_BWD_PAIRS && F % G == 0) {  // gate / up tile pairs
         const dim3 pairs((unsigned)(F / G), (unsigned)((N + G - 1) / G));
         LAUNCH_FMT(q->fmt, swiglu_bwd_pair_fp8_kernel, pairs, TILE_THREADS, dfc, dout, fc, N, F, q->codes, q->scales,
                    qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));
