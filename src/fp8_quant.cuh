@@ -136,8 +136,7 @@ static __device__ __forceinline__ void load8_tile(uint32_t w[4], const uint16_t 
 // A producer comes in two parts so that the loads of several rows are in flight together (the
 // kernels are memory-bound, and a load followed by its use at once would leave one row's loads
 // in flight per thread): load(r, c, raw) issues the global loads of tile row r, columns [c, c + 8)
-// into a Raw, make(k, r, c, raw, w) turns them into the eight BF16 of the output (k = 0..7: which of
-// the thread's rows, r = t / 16 + 16 k, a compile-time index for per-row registers). BATCH rows are
+// into a Raw, make(r, c, raw, w) turns them into the eight BF16 of the output. BATCH rows are
 // loaded before the first is made (BATCH * sizeof(Raw) registers). Both get a FullTag first:
 // FullTag<true> when the whole tile lies inside x (no bounds checks needed).
 //
@@ -206,7 +205,7 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
             const int k = kb + j, r = rsub + 16 * k;
             w[k][0] = w[k][1] = w[k][2] = w[k][3] = 0;
             if (FULL || (r < nr && c < nc)) {
-                make(FullTag<FULL>(), k, r, c, raw[j], w[k]);
+                make(FullTag<FULL>(), r, c, raw[j], w[k]);
                 if (!FULL && c + 8 > nc)
 #pragma unroll
                     for (int e = 0; e < 8; e++)

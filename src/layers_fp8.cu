@@ -11,8 +11,7 @@
 // Bytes per output element (BF16 2 B, codes 1 B per layout), fused against layer + vec128both:
 //   SwiGLU forward   reads fc 4, writes codes 2 (+ out 2)     (unfused: 4 + 2, then 2 + 2)
 //   SwiGLU backward  reads fc, dout 3 (each read by the gate tile and the up tile: the second read
-//                    mostly from L2), writes codes 2 (+ dfc 2) (unfused: 3 + 2, then 2 + 2);
-//                    with F % 128 == 0 a CTA makes both tiles from one read (1.5 B per element)
+//                    mostly from L2), writes codes 2 (+ dfc 2) (unfused: 3 + 2, then 2 + 2)
 //   RMSNorm + res.   reads x, delta 4, writes res 2; re-reads res 2, writes codes 2 (+ y 2)
 //                                                              (unfused: 4 + 2 + 2, then 2 + 2)
 // The BF16 output is written only when the caller passes a pointer for it (the model passes NULL
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
             load8_tile<FULL>(in.v[1], g + c0 + c, c, nc, vec);
             in.f = rstd[r0 + r];
         },
-        [&](auto full, int, int r, int c, const In &in, uint32_t w[4]) {
+        [&](auto full, int r, int c, const In &in, uint32_t w[4]) {
             constexpr bool FULL = decltype(full)::value;
 #pragma unroll
             for (int e = 0; e < 8; e++)
@@ -121,7 +120,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
             load8_tile<FULL>(in.v[0], row, c, nc, vec);
             load8_tile<FULL>(in.v[1], row + F, c, nc, vec);
         },
-        [&](auto full, int, int r, int c, const In &in, uint32_t w[4]) {
+        [&](auto full, int r, int c, const In &in, uint32_t w[4]) {
             constexpr bool FULL = decltype(full)::value;
 #pragma unroll
             for (int e = 0; e < 8; e++)
@@ -157,7 +156,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
             if (cc < F) load8_tile<FULL>(in.v[1], fc + row * W2 + F + j, c, nc, vec);  // the up: dg only
             load8_tile<FULL>(in.v[2], dout + row * F + j, c, nc, vec);
         },
-        [&](auto full, int, int r, int c, const In &in, uint32_t w[4]) {
+        [&](auto full, int r, int c, const In &in, uint32_t w[4]) {
             constexpr bool FULL = decltype(full)::value;
             const int cc = c0 + c;
             const bool gate = cc < F;
@@ -171,69 +170,6 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
                     w[e >> 1] |= (uint32_t)lm_f2bits(v) << (16 * (e & 1));
                 }
             if (dfc) store8_tile<FULL>(dfc + (size_t)(r0 + r) * W2 + cc, w, c, nc, vec);
-        });
-}
-
-// --- SwiGLU backward in gate / up pairs ------------------------------------------------------------
-// When F is a multiple of 128, the gate tile (dfc columns [128 j, +128)) and the up tile (F + 128 j
-// ..) of the same rows need the same gate, up and dout values: CTA (j, i) reads them once, computes
-// the sigmoid once per element (lm_swiglu_grad's shared s: the same floats as the BF16 kernel),
-// emits the gate tile and keeps the up gradients in registers (32 per thread) for the up tile.
-// Against swiglu_bwd_fp8_kernel: half the CTAs, one read of the inputs instead of two, one sigmoid
-// per element pair instead of two. Its own register budget (PAIR_MIN_CTAS): the kept values need
-// room.
-#ifndef SWIGLU_BWD_PAIRS  // 0: always the one-tile kernel (a timing knob; the codes are the same)
-#define SWIGLU_BWD_PAIRS 1
-#endif
-#ifndef SWIGLU_PAIR_BATCH
-#define SWIGLU_PAIR_BATCH 2
-#endif
-#ifndef SWIGLU_PAIR_MIN_CTAS
-#define SWIGLU_PAIR_MIN_CTAS 2
-#endif
-template <Fp8Format FMT>
-__global__ void __launch_bounds__(TILE_THREADS, SWIGLU_PAIR_MIN_CTAS)
-    swiglu_bwd_pair_fp8_kernel(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q,
-                               float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block) {
-    __shared__ __align__(16) Vec128Tile sm;
-    const int W2 = 2 * F;
-    const int r0 = blockIdx.y * G, j0 = blockIdx.x * G;  // gate columns j0.., up columns F + j0.. of dfc
-    const int nr = min(G, N - r0);
-    const bool vec = aligned16(fc) && aligned16(dout) && (!dfc || aligned16(dfc));  // F % 128 == 0 (launcher)
-    uint32_t up[8][4];  // the up gradients of this thread's rows (k), 8 columns, BF16 pairs
-#pragma unroll
-    for (int k = 0; k < 8; k++) up[k][0] = up[k][1] = up[k][2] = up[k][3] = 0;
-    typedef Bf16x8Loads<3> In;  // v[0] the gate, v[1] the up, v[2] dout
-    vec128_tile<FMT, SWIGLU_PAIR_BATCH, In>(
-        sm, r0, j0, nr, G, N, W2, q, q_scales, qt, qt_scales, qt_block, nullptr,
-        [&](auto full, int r, int c, In &in) {
-            constexpr bool FULL = decltype(full)::value;
-            const size_t row = (size_t)(r0 + r);
-            load8_tile<FULL>(in.v[0], fc + row * W2 + j0 + c, c, G, vec);
-            load8_tile<FULL>(in.v[1], fc + row * W2 + F + j0 + c, c, G, vec);
-            load8_tile<FULL>(in.v[2], dout + row * F + j0 + c, c, G, vec);
-        },
-        [&](auto full, int k, int r, int c, const In &in, uint32_t w[4]) {
-            constexpr bool FULL = decltype(full)::value;
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                float dg, du;
-                lm_swiglu_grad(lm_bits2f(half_of(in.v[0], e)), lm_bits2f(half_of(in.v[1], e)),
-                               lm_bits2f(half_of(in.v[2], e)), dg, du);
-                w[e >> 1] |= (uint32_t)lm_f2bits(dg) << (16 * (e & 1));
-                up[k][e >> 1] |= (uint32_t)lm_f2bits(du) << (16 * (e & 1));
-            }
-            if (dfc) {
-                store8_tile<FULL>(dfc + (size_t)(r0 + r) * W2 + j0 + c, w, c, G, vec);
-                store8_tile<FULL>(dfc + (size_t)(r0 + r) * W2 + F + j0 + c, up[k], c, G, vec);
-            }
-        });
-    __syncthreads();  // the shared tile is refilled by the up tile
-    vec128_tile<FMT, 8, Bf16x8Loads<1>>(
-        sm, r0, F + j0, nr, G, N, W2, q, q_scales, qt, qt_scales, qt_block, nullptr,
-        [&](auto, int, int, Bf16x8Loads<1> &) {},
-        [&](auto, int k, int, int, const Bf16x8Loads<1> &, uint32_t w[4]) {
-            w[0] = up[k][0]; w[1] = up[k][1]; w[2] = up[k][2]; w[3] = up[k][3];
         });
 }
 
@@ -290,12 +226,6 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
                                         const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream) {
     check_operands("swiglu_backward_fp8_gpu", q, qt, N, 2 * F);
     if (F % 8) FATAL("swiglu_backward_fp8_gpu: F = %d is not a multiple of 8", F);
-    if (SWIGLU_BWD_PAIRS && F % G == 0) {  // gate / up tile pairs
-        const dim3 pairs((unsigned)(F / G), (unsigned)((N + G - 1) / G));
-        LAUNCH_FMT(q->fmt, swiglu_bwd_pair_fp8_kernel, pairs, TILE_THREADS, dfc, dout, fc, N, F, q->codes, q->scales,
-                   qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));
-        return;
-    }
     const dim3 grid((unsigned)((2 * F + G - 1) / G), (unsigned)((N + G - 1) / G));
     LAUNCH_FMT(q->fmt, swiglu_bwd_fp8_kernel, grid, TILE_THREADS, dfc, dout, fc, N, F, q->codes, q->scales,
                qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));

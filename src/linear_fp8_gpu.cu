@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
         [&](auto full, int r, int c, Bf16x8Loads<1> &in) {
             load8_tile<decltype(full)::value>(in.v[0], x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
         },
-        [&](auto, int, int, int, const Bf16x8Loads<1> &in, uint32_t w[4]) {
+        [&](auto, int, int, const Bf16x8Loads<1> &in, uint32_t w[4]) {
             w[0] = in.v[0][0]; w[1] = in.v[0][1]; w[2] = in.v[0][2]; w[3] = in.v[0][3];
         });
 }
