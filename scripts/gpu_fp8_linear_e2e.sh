@@ -23,7 +23,8 @@
 #   TRAIN_GPT_FP8_FUSE=0: the quantizations in separate passes, as before the fused producers;
 #   RUNS="name:linear:attention:seed[:VAR=value] ..." replaces the list of runs (linear "fp8_block+head":
 #   the LM head in FP8 too; the optional
-#   fifth field is an environment variable for that run), e.g. FP8 attention too:
+#   fifth field is an environment variable for that run, or a config setting when its name has a
+#   dot, e.g. precision.linear_wgrad_blocks=activation; strings are quoted for --set), e.g. FP8 attention too:
 #   RUNS="bf16:bf16:bf16:42 attn_dm:bf16:fp8_dm:42 all_fp8:fp8_tensor:fp8_dm:42 bf16_seed43:bf16:bf16:43";
 #   the first run is the baseline of the ratios, a run named bf16_seed43 gives the seed noise)
 set -u
@@ -61,18 +62,24 @@ if [ "${NO_TEST:-0}" != 1 ]; then
   grep -E "^# test_model_gpu_fp8" "$OUT/test_model_gpu_fp8.log"
 fi
 
-# run NAME LINEAR SEED [ATTENTION]: STEPS steps of paper_569m on data/austen, log to $OUT/run_NAME.log
+# run NAME LINEAR SEED [ATTENTION [KEY=VALUE]]: STEPS steps of paper_569m on data/austen, log to $OUT/run_NAME.log
 # (LINEAR "fp8_block+head": fp8_block with the LM head in FP8 too, linear_keep_lm_head_bf16 = false)
 run() {
-  local name=$1 lin=$2 seed=$3 attn=${4:-bf16} dir=$WORK/run_$1 head=true
+  local name=$1 lin=$2 seed=$3 attn=${4:-bf16} dir=$WORK/run_$1 head=true extra=()
   case "$lin" in *+head) lin=${lin%+head}; head=false;; esac
+  if [ -n "${5:-}" ]; then  # a config setting: numbers and booleans as they are, anything else a JSON string
+    local key=${5%%=*} val=${5#*=}
+    [[ "$val" =~ ^(true|false|-?[0-9.]+)$ ]] || val="\"$val\""
+    extra=(--set "$key=$val")
+  fi
   set -- --config "$CONFIG" --device gpu --set train.micro_batch="$MB" --set train.batch_tokens=0 \
     --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.recompute=false --set train.seed="$seed" \
     --set "precision.linear=\"$lin\"" --set "precision.linear_keep_lm_head_bf16=$head" \
     --set "precision.attention=\"$attn\"" \
     --set "data.train=data/austen/train_*.bin" --set "data.val=data/austen/val_*.bin" \
     --set eval.interval=0 --set eval.batches=3 --set eval.sample_interval=0 \
-    --set checkpoint.interval=0 --set checkpoint.at_end=false --set log.interval=5 --set "log.dir=$dir"
+    --set checkpoint.interval=0 --set checkpoint.at_end=false --set log.interval=5 --set "log.dir=$dir" \
+    "${extra[@]}"
   [ "$name" = bf16 ] && ./train_gpt "$@" --dry-run 2>&1 | grep -E "^(memory plan|  total|training FLOPs)"
   timeout -k 5 "$(left 75)" ./train_gpt "$@" >"$OUT/run_$name.log" 2>&1
   echo "train_gpt $name exit $? at $(elapsed) s"
@@ -97,7 +104,8 @@ fi
 names=""
 for r in $RUNS; do
   IFS=: read -r name lin attn seed var <<<"$r"
-  ( [ -n "$var" ] && export "$var"; run "$name" "$lin" "$seed" "$attn" )
+  if [[ "${var%%=*}" == *.* ]]; then run "$name" "$lin" "$seed" "$attn" "$var"
+  else ( [ -n "$var" ] && export "$var"; run "$name" "$lin" "$seed" "$attn" ); fi
   names="$names $name:$lin:$attn"
 done
 

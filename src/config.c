@@ -23,6 +23,7 @@ _Static_assert(sizeof(AttnPrecision) == sizeof(int), "enum size");
 _Static_assert(sizeof(GradFormat) == sizeof(int), "enum size");
 _Static_assert(sizeof(ScalingKind) == sizeof(int), "enum size");
 _Static_assert(sizeof(LinearPrecision) == sizeof(int), "enum size");
+_Static_assert(sizeof(WgradBlocks) == sizeof(int), "enum size");
 
 // ---------------------------------------------------------------------------------------------
 // Enum names, indexed by the enum value, NULL-terminated.
@@ -34,6 +35,7 @@ const char *const ATTN_NAMES[] = {"fp32",   "bf16",          "fp8_naive", "fp8_h
 const char *const GRADFMT_NAMES[] = {"e4m3", "e5m2", NULL};
 const char *const SCALING_NAMES[] = {"block", "delayed", NULL};
 const char *const LINEAR_NAMES[] = {"bf16", "fp8_tensor", "fp8_block", NULL};
+const char *const WGRAD_BLOCKS_NAMES[] = {"none", "activation", "gradient", NULL};
 
 int count_names(const char *const *names) {
     int n = 0;
@@ -121,6 +123,7 @@ static const KeyDef PRECISION_KEYS[] = {
     KEY(precision, linear_keep_lm_head_bf16, KIND_BOOL),
     KEY(precision, linear_bf16_first_layers, KIND_INT),
     KEY(precision, linear_bf16_last_layers, KIND_INT),
+    KEY_ENUM(precision, linear_wgrad_blocks, WGRAD_BLOCKS_NAMES),
 };
 static const KeyDef EVAL_KEYS[] = {
     KEY(eval, interval, KIND_INT), KEY(eval, batches, KIND_INT),
@@ -220,6 +223,7 @@ void config_defaults(Config *c) {
     p->linear_keep_lm_head_bf16 = 1;
     p->linear_bf16_first_layers = 0;
     p->linear_bf16_last_layers = 0;
+    p->linear_wgrad_blocks = WGRAD_BLOCKS_NONE;
     c->eval.interval = 100;
     c->eval.batches = 10;
     c->eval.sample_interval = 0;

@@ -19,7 +19,8 @@
 //                 attention_keep_codes (true),
 //                 linear ("bf16" | "fp8_tensor" | "fp8_block"), linear_grad_format,
 //                 linear_keep_lm_head_bf16 (true), linear_bf16_first_layers (0),
-//                 linear_bf16_last_layers (0)
+//                 linear_bf16_last_layers (0), linear_wgrad_blocks ("none" | "activation" |
+//                 "gradient": fp8_block's wgrad operand in 128x128 blocks)
 //   eval          interval (steps; 0 = only at the end), batches, sample_interval (0 = off),
 //                 sample_tokens
 //   checkpoint    dir ("" = <log.dir>/checkpoints), interval (steps; 0 = only at the end),
@@ -62,6 +63,10 @@ static inline int attn_precision_fp8_backward(AttnPrecision p) { return attn_pre
 typedef enum { GRADFMT_E4M3 = 0, GRADFMT_E5M2 } GradFormat;
 typedef enum { SCALING_BLOCK = 0, SCALING_DELAYED } ScalingKind;
 typedef enum { LINEAR_BF16 = 0, LINEAR_FP8_TENSOR, LINEAR_FP8_BLOCK } LinearPrecision;
+// fp8_block's weight-gradient operands: both in 1x128 slices along the tokens (none, DeepSeek-V3's
+// choice), or x^T (activation) or dy^T (gradient) in 128x128 blocks, which cuBLASLt multiplies
+// 1.25-1.5x faster against the other's 1x128 slices (docs/perf.md).
+typedef enum { WGRAD_BLOCKS_NONE = 0, WGRAD_BLOCKS_ACTIVATION, WGRAD_BLOCKS_GRADIENT } WgradBlocks;
 
 typedef struct {
     int vocab_size;         // real vocabulary (GPT-2: 50257)
@@ -111,6 +116,7 @@ typedef struct {
     int linear_keep_lm_head_bf16;      // the LM head GEMMs stay in BF16 when linear is FP8
     int linear_bf16_first_layers;      // this many first blocks keep BF16 linears
     int linear_bf16_last_layers;       // this many last blocks keep BF16 linears
+    WgradBlocks linear_wgrad_blocks;   // fp8_block: which wgrad operand is quantized in 128x128 blocks
 } PrecisionConfig;
 
 typedef struct {

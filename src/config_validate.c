@@ -114,8 +114,13 @@ static int validate_precision(const Config *c, ErrBuf *e) {
         check_enum(c, "precision.attention_grad_format", (int)p->attention_grad_format, GRADFMT_NAMES, e) ||
         check_enum(c, "precision.attention_scaling", (int)p->attention_scaling, SCALING_NAMES, e) ||
         check_enum(c, "precision.linear", (int)p->linear, LINEAR_NAMES, e) ||
-        check_enum(c, "precision.linear_grad_format", (int)p->linear_grad_format, GRADFMT_NAMES, e))
+        check_enum(c, "precision.linear_grad_format", (int)p->linear_grad_format, GRADFMT_NAMES, e) ||
+        check_enum(c, "precision.linear_wgrad_blocks", (int)p->linear_wgrad_blocks, WGRAD_BLOCKS_NAMES, e))
         return -1;
+    if (p->linear_wgrad_blocks != WGRAD_BLOCKS_NONE && p->linear != LINEAR_FP8_BLOCK)
+        return errf(e, "%s: precision.linear_wgrad_blocks: \"%s\" needs precision.linear = \"fp8_block\" (it picks "
+                    "fp8_block's 128x128 wgrad operand), got linear = \"%s\"; use \"none\"", label(c),
+                    WGRAD_BLOCKS_NAMES[p->linear_wgrad_blocks], LINEAR_NAMES[p->linear]);
     int exponent;
     double v = p->attention_p_scale;
     if (!(isfinite(v) && v >= 1 && v <= 32768 && frexp(v, &exponent) == 0.5))

@@ -92,6 +92,20 @@ static __device__ __forceinline__ void load8(uint32_t w[4], const uint16_t *src,
         if (c + e < nc) w[e >> 1] |= (uint32_t)src[e] << (16 * (e & 1));
 }
 
+// Block (i, j) of a 128x128 grid of n_gr x n_gc blocks gets 1/s at [i * L + j], L = n_gc rounded
+// up to 4 (cuBLASLt's BLK128x128_32F layout); the block at the end of a row also fills that row's
+// padding, the last block the padding rows (1.0: harmless).
+static __device__ __forceinline__ void write_block_scale(float *scales, int i, int j, int n_gr, int n_gc, float inv) {
+    const int L = (n_gc + 3) & ~3;
+    scales[(long)i * L + j] = inv;
+    if (j == n_gc - 1) {
+        for (int jj = n_gc; jj < L; jj++) scales[(long)i * L + jj] = 1.0f;
+        if (i == n_gr - 1)
+            for (int ii = n_gr; ii < ((n_gr + 3) & ~3); ii++)
+                for (int jj = 0; jj < L; jj++) scales[(long)ii * L + jj] = 1.0f;
+    }
+}
+
 // Element e of eight BF16 packed in w[4] (element 0 in the low half of w[0]), as bits.
 static __device__ __forceinline__ unsigned short half_of(const uint32_t w[4], int e) {
     return (unsigned short)(w[e >> 1] >> (16 * (e & 1)));
@@ -134,6 +148,7 @@ static __device__ __forceinline__ void load8_tile(uint32_t w[4], const uint16_t 
 struct Vec128Tile {
     uint32_t tile[FQ_G][FQ_G / 2];       // BF16 pairs: word j of row r = columns 2j (low), 2j + 1
     uint32_t part[FQ_NT / 32][FQ_G / 2]; // column amax pairs (BF16x2, same layout) per warp's 16 rows
+    unsigned wmax[FQ_NT / 32];           // the amax of each warp's 16 rows (qt in 128x128 blocks)
 };
 
 // max(|a|, |b|) per BF16 half, NaN ignored (a must not be NaN: it is an amax so far).
@@ -161,10 +176,12 @@ struct FullTag {
 // The tile rows [r0, r0 + nr) x columns [c0, c0 + nc) of x (rows, cols), from load / make (called
 // for r < nr, c < nc only; elements past nc are zeroed here). Writes Q(x) (rows, cols) to q (may
 // be NULL) with VEC128 scales at q_scales[(c0 / 128) * rows + r] and, when qt is not NULL,
-// Q(x^T) (cols, rows) to qt with scales at qt_scales[(r0 / 128) * cols + c]. counts (may be NULL)
+// Q(x^T) (cols, rows) to qt: 1x128 slices along rows with scales at qt_scales[(r0 / 128) * cols +
+// c], or, with qt_block, the tile as one 128x128 block of x^T (one scale from the tile's amax, in
+// the BLK128x128 layout; the partial tiles at the edges are partial blocks). counts (may be NULL)
 // get Q(x)'s saturations and NaNs (each element once). All FQ_NT threads call; the shared memory
 // may be reused after a __syncthreads.
-template <Fp8Format FMT, int BATCH, class Raw, bool FULL, class Load, class Make>
+template <Fp8Format FMT, int BATCH, class Raw, bool FULL, bool QT_BLOCK, class Load, class Make>
 static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
                                                    uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
                                                    unsigned long long *counts, Load load, Make make) {
@@ -205,13 +222,14 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
         }
     }
     // Q(x): each row's amax over its 16 producers (lanes 0-15 or 16-31 of a warp), then the codes
-    unsigned sat = 0, nan = 0;
+    unsigned sat = 0, nan = 0, tile_m = 0;  // tile_m: the amax of this thread's rows
     const bool vec_q = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         unsigned m = rm[k];
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        if (QT_BLOCK) tile_m = max(tile_m, m);
         const int r = rsub + 16 * k;
         if (q == nullptr || (!FULL && r >= nr)) continue;
         const float s = scale_of_bits(FMT, m);
@@ -231,15 +249,27 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
 #pragma unroll
     for (int i = 0; i < 4; i++) cm[i] = amax2(cm[i], __shfl_xor_sync(0xFFFFFFFFu, cm[i], 16));
     if (lane < 16) *reinterpret_cast<uint4 *>(&sm.part[warp][c / 2]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+    if (QT_BLOCK) {
+        tile_m = max(tile_m, __shfl_xor_sync(0xFFFFFFFFu, tile_m, 16));
+        if (lane == 0) sm.wmax[warp] = tile_m;
+    }
     __syncthreads();
     // Q(x^T): columns ca = 2 cp and ca + 1, rows [rb, rb + 32)
     const int cp = t & 63, ca = 2 * cp, rb = 32 * (t >> 6);
     uint32_t mp = 0;
 #pragma unroll
     for (int v = 0; v < FQ_NT / 32; v++) mp = amax2(mp, sm.part[v][cp]);
-    const unsigned ma = mp & 0xFFFFu, mb = mp >> 16;
+    unsigned ma = mp & 0xFFFFu, mb = mp >> 16;
+    if (QT_BLOCK) {  // one scale for the tile: the max over its warps' rows
+        unsigned tm = 0;
+#pragma unroll
+        for (int v = 0; v < FQ_NT / 32; v++) tm = max(tm, sm.wmax[v]);
+        ma = mb = tm;
+    }
     const float sa = scale_of_bits(FMT, ma), sb = scale_of_bits(FMT, mb);
-    if (rb == 0) {
+    if (QT_BLOCK) {  // BLK128x128 of qt (cols, rows): block (c0 / 128, r0 / 128)
+        if (t == 0) write_block_scale(qt_scales, c0 / G, r0 / G, (cols + G - 1) / G, (rows + G - 1) / G, 1.0f / sa);
+    } else if (rb == 0) {
         if (FULL || ca < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca] = 1.0f / sa;  // [j * R + r], R = cols
         if (FULL || ca + 1 < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca + 1] = 1.0f / sb;
     }
@@ -280,13 +310,20 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
 template <Fp8Format FMT, int BATCH, class Raw, class Load, class Make>
 static __device__ __forceinline__ void vec128_tile(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
                                                    uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
-                                                   unsigned long long *counts, Load load, Make make) {
-    if (nr == FQ_G && nc == FQ_G)
-        vec128_tile_body<FMT, BATCH, Raw, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, counts,
-                                                load, make);
+                                                   bool qt_block, unsigned long long *counts, Load load, Make make) {
+    const bool full = nr == FQ_G && nc == FQ_G;  // uniform branches: four copies of the body
+    if (full && !qt_block)
+        vec128_tile_body<FMT, BATCH, Raw, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
+                                                       counts, load, make);
+    else if (!qt_block)
+        vec128_tile_body<FMT, BATCH, Raw, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
+                                                        counts, load, make);
+    else if (full)
+        vec128_tile_body<FMT, BATCH, Raw, true, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
+                                                      counts, load, make);
     else
-        vec128_tile_body<FMT, BATCH, Raw, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, counts,
-                                                 load, make);
+        vec128_tile_body<FMT, BATCH, Raw, false, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
+                                                       counts, load, make);
 }
 
 #endif  // FP8_QUANT_CUH

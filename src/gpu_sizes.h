@@ -121,6 +121,14 @@ static inline size_t gpu_fp8_scales_128x128(size_t rows, size_t cols) {
     return gpu_round4(gpu_cdiv128(rows)) * gpu_round4(gpu_cdiv128(cols));
 }
 
+// Scale floats of a linear's saved Q(x^T) (rows = K, cols = tokens) for the wgrad: one per tensor
+// (fp8_tensor), 1x128 slices along the tokens (fp8_block), or 128x128 blocks (fp8_block with
+// precision.linear_wgrad_blocks = "activation": linear_fp8.h's linear_wgrad_groupings).
+static inline size_t gpu_fp8_scales_xt(LinearPrecision p, WgradBlocks b, size_t rows, size_t cols) {
+    if (p == LINEAR_FP8_TENSOR) return gpu_fp8_scales_tensor();
+    return b == WGRAD_BLOCKS_ACTIVATION ? gpu_fp8_scales_128x128(rows, cols) : gpu_fp8_scales_1x128(rows, cols);
+}
+
 // The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).
 #define GPU_HEAD_CHUNK_TOKENS 8192
 static inline size_t gpu_head_chunk(size_t BT) { return BT < GPU_HEAD_CHUNK_TOKENS ? BT : GPU_HEAD_CHUNK_TOKENS; }

@@ -76,13 +76,13 @@ static __device__ __forceinline__ void store8_tile(uint16_t *dst, const uint32_t
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     rmsnorm_tile_fp8_kernel(uint16_t *y, const float *rstd, const uint16_t *src, const uint16_t *g, int N, int C,
-                            bool vec, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales) {
+                            bool vec, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block) {
     __shared__ __align__(16) Vec128Tile sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, C - c0);
     typedef Bf16x8Loads<2> In;  // v[0] the source, v[1] the gains, f the row's rstd
     vec128_tile<FMT, NORM_TILE_BATCH, In>(
-        sm, r0, c0, nr, nc, N, C, q, q_scales, qt, qt_scales, nullptr,
+        sm, r0, c0, nr, nc, N, C, q, q_scales, qt, qt_scales, qt_block, nullptr,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
             load8_tile<FULL>(in.v[0], src + (size_t)(r0 + r) * C + c0 + c, c, nc, vec);
@@ -106,14 +106,14 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_fp8_kernel(uint16_t *out, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales, uint8_t *qt,
-                      float *qt_scales) {
+                      float *qt_scales, bool qt_block) {
     __shared__ __align__(16) Vec128Tile sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, F - c0);
     const bool vec = F % 8 == 0 && aligned16(fc) && (!out || aligned16(out));
     typedef Bf16x8Loads<2> In;  // v[0] the gate, v[1] the up
     vec128_tile<FMT, SWIGLU_BATCH, In>(
-        sm, r0, c0, nr, nc, N, F, q, q_scales, qt, qt_scales, nullptr,
+        sm, r0, c0, nr, nc, N, F, q, q_scales, qt, qt_scales, qt_block, nullptr,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
             const uint16_t *row = fc + (size_t)(r0 + r) * 2 * F + c0 + c;  // gate; up is F further
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_bwd_fp8_kernel(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q,
-                          float *q_scales, uint8_t *qt, float *qt_scales) {
+                          float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block) {
     __shared__ __align__(16) Vec128Tile sm;
     const int W2 = 2 * F;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     const bool vec = aligned16(fc) && aligned16(dout) && (!dfc || aligned16(dfc));  // F % 8 == 0 (launcher)
     typedef Bf16x8Loads<3> In;  // v[0] the gate, v[1] the up, v[2] dout (4 rows in flight: 12 words each)
     vec128_tile<FMT, SWIGLU_BWD_BATCH, In>(
-        sm, r0, c0, nr, nc, N, W2, q, q_scales, qt, qt_scales, nullptr,
+        sm, r0, c0, nr, nc, N, W2, q, q_scales, qt, qt_scales, qt_block, nullptr,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
             const int cc = c0 + c, j = cc < F ? cc : cc - F;  // column of dfc; of gate, up and dout
@@ -181,12 +181,15 @@ static void check_operands(const char *who, const Fp8Operand *q, const Fp8Operan
     if (q->grouping != FP8_GROUP_1x128 || q->rows != rows || q->cols != cols)
         FATAL("%s: q is (%d, %d) grouping %d, expected (%d, %d) 1x128", who, q->rows, q->cols, (int)q->grouping, rows,
               cols);
-    if (qt && (!qt->codes || !qt->scales || qt->grouping != FP8_GROUP_1x128 || qt->rows != cols || qt->cols != rows ||
-               qt->fmt != q->fmt))
-        FATAL("%s: qt is (%d, %d) grouping %d format %d, expected (%d, %d) 1x128 format %d", who, qt->rows, qt->cols,
+    if (qt && (!qt->codes || !qt->scales || (qt->grouping != FP8_GROUP_1x128 && qt->grouping != FP8_GROUP_128x128) ||
+               qt->rows != cols || qt->cols != rows || qt->fmt != q->fmt))
+        FATAL("%s: qt is (%d, %d) grouping %d format %d, expected (%d, %d) 1x128 or 128x128 format %d", who, qt->rows, qt->cols,
               (int)qt->grouping, (int)qt->fmt, cols, rows, (int)q->fmt);
     if (rows <= 0 || cols <= 0) FATAL("%s: empty shape (%d, %d)", who, rows, cols);
 }
+
+// Whether qt is one 128x128 block per tile (a wgrad operand in blocks) rather than 1x128 slices.
+static bool qt_block(const Fp8Operand *qt) { return qt && qt->grouping == FP8_GROUP_128x128; }
 
 // Launches kernel<E4M3 or E5M2> on `stream` with `threads`, then checks the launch.
 #define LAUNCH_FMT(fmt, kernel, grid, threads, ...)                                                 \
@@ -207,7 +210,7 @@ extern "C" void rmsnorm_forward_fp8_gpu(uint16_t *res_out, uint16_t *y, float *r
     const bool vec = C % 8 == 0 && aligned16(delta ? res_out : x) && aligned16(g) && (!y || aligned16(y));
     const dim3 grid((unsigned)((C + G - 1) / G), (unsigned)((N + G - 1) / G));
     LAUNCH_FMT(q->fmt, rmsnorm_tile_fp8_kernel, grid, TILE_THREADS, y, rstd, delta ? res_out : x, g, N, C, vec,
-               q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL);
+               q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));
 }
 
 extern "C" void swiglu_forward_fp8_gpu(uint16_t *out, const uint16_t *fc, int N, int F, const Fp8Operand *q,
@@ -216,7 +219,7 @@ extern "C" void swiglu_forward_fp8_gpu(uint16_t *out, const uint16_t *fc, int N,
     if (F % 8) FATAL("swiglu_forward_fp8_gpu: F = %d is not a multiple of 8", F);
     const dim3 grid((unsigned)((F + G - 1) / G), (unsigned)((N + G - 1) / G));
     LAUNCH_FMT(q->fmt, swiglu_fp8_kernel, grid, TILE_THREADS, out, fc, N, F, q->codes, q->scales,
-               qt ? qt->codes : NULL, qt ? qt->scales : NULL);
+               qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));
 }
 
 extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
@@ -225,5 +228,5 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
     if (F % 8) FATAL("swiglu_backward_fp8_gpu: F = %d is not a multiple of 8", F);
     const dim3 grid((unsigned)((2 * F + G - 1) / G), (unsigned)((N + G - 1) / G));
     LAUNCH_FMT(q->fmt, swiglu_bwd_fp8_kernel, grid, TILE_THREADS, dfc, dout, fc, N, F, q->codes, q->scales,
-               qt ? qt->codes : NULL, qt ? qt->scales : NULL);
+               qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));
 }

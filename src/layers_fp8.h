@@ -7,8 +7,11 @@
 // linear_fp8.c's contract says for fp8_block activations and output gradients, giving exactly the
 // codes and scales fp8_quantize_gpu (linear_fp8_gpu.h) would give on the BF16 output:
 //   q  = Q(out)   (rows, cols) 1x128 slices along cols (the forward's x, dgrad's dy)
-//   qt = Q(out^T) (cols, rows) 1x128 slices along rows = tokens (wgrad's x^T, dy^T); may be NULL
-// Both must be FP8_GROUP_1x128 operands of the right shape and one format; scales are stored as
+//   qt = Q(out^T) (cols, rows) 1x128 slices along rows = tokens (wgrad's x^T, dy^T), or 128x128
+//        blocks (below); may be NULL
+// q must be an FP8_GROUP_1x128 operand; qt FP8_GROUP_1x128 or, for a wgrad operand in blocks
+// (precision.linear_wgrad_blocks), FP8_GROUP_128x128 (each 128 x 128 output tile one block of
+// out^T); both of the right shape and one format; scales are stored as
 // fp8_quantize_gpu stores them (1/s, cuBLASLt's VEC128 layout). The BF16 output pointer may be
 // NULL when nothing else reads it (the FP8 GEMMs read only the codes): then it is not written.
 // No saturation / NaN counters (the model passes none).

@@ -54,6 +54,8 @@ LinearPrecision linear_precision_of(const PrecisionConfig *p, int n_layer, int l
 // State of the FP8 linears: formats, quantization counters and scratch (reused across calls).
 typedef struct {
     Fp8Format grad_format;  // of output gradients (fp8_tensor: linear_grad_format; block: E4M3)
+    Fp8Grouping wgrad_dyt, wgrad_xt;  // fp8_block's wgrad operands dy^T, x^T: 1x128, or one 128x128
+                                      // (precision.linear_wgrad_blocks; linear_wgrad_groupings)
     Fp8QuantStats stats[3]; // per operand role: activations x, weights W, output gradients dy
     long long gemms;        // GEMMs run on quantized operands
     float *scratch[2];      // quantized (and transposed) operand copies
@@ -63,6 +65,10 @@ typedef struct {
 enum { LINEAR_X = 0, LINEAR_W = 1, LINEAR_DY = 2 };  // indices of LinearFp8.stats
 
 void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p);
+// fp8_block's groupings of the wgrad operands dy^T (M, N) and x^T (K, N) for
+// precision.linear_wgrad_blocks: both FP8_GROUP_1x128 (none), or x^T (activation) or dy^T
+// (gradient) FP8_GROUP_128x128. Both backends take them from here.
+void linear_wgrad_groupings(WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt);
 void linear_fp8_free(LinearFp8 *L);
 
 // The three GEMMs of y = x W^T, x (N, K), W (M, K), y (N, M), in precision prec. LINEAR_BF16

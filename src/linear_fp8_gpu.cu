@@ -134,19 +134,6 @@ __global__ void __launch_bounds__(THREADS)
     flush_counts(counts, sat, nan);
 }
 
-// Block (i, j) of a 128x128 grid of n_gr x n_gc blocks gets 1/s at [i * L + j]; the block at the
-// end of a row also fills that row's padding, the last block the padding rows (1.0: harmless).
-__device__ void write_block_scale(float *scales, int i, int j, int n_gr, int n_gc, float inv) {
-    const int L = round4(n_gc);
-    scales[(long)i * L + j] = inv;
-    if (j == n_gc - 1) {
-        for (int jj = n_gc; jj < L; jj++) scales[(long)i * L + jj] = 1.0f;
-        if (i == n_gr - 1)
-            for (int ii = n_gr; ii < round4(n_gr); ii++)
-                for (int jj = 0; jj < L; jj++) scales[(long)ii * L + jj] = 1.0f;
-    }
-}
-
 // Writes the codes of a G x G tile in shared memory (nr x nc valid) into q, the row-major (rows,
 // cols) codes, all with scale s: each thread 8 consecutive codes of one row.
 template <Fp8Format FMT>
@@ -318,13 +305,13 @@ __global__ void __launch_bounds__(THREADS)
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     vec128both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
-                      float *qt_scales, unsigned long long *counts) {
+                      float *qt_scales, bool qt_block, unsigned long long *counts) {
     __shared__ __align__(16) Vec128Tile sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, rows - r0), nc = min(G, cols - c0);
     const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
     vec128_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(
-        sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, counts,
+        sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, qt_block, counts,
         [&](auto full, int r, int c, Bf16x8Loads<1> &in) {
             load8_tile<decltype(full)::value>(in.v[0], x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
         },
@@ -354,9 +341,12 @@ void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t 
     if (rows <= 0 || cols <= 0) FATAL("fp8_quantize_gpu: empty shape (%d, %d)", rows, cols);
     if (q) check_operand(q, rows, cols, "q");
     if (qt) check_operand(qt, cols, rows, "qt");
-    if (q && qt && (q->grouping != qt->grouping || q->fmt != qt->fmt))
-        FATAL("fp8_quantize_gpu: q and qt differ in grouping (%d, %d) or format (%d, %d)", (int)q->grouping,
-              (int)qt->grouping, (int)q->fmt, (int)qt->fmt);
+    // q and qt share grouping and format; the one mix: 1x128 q with a 128x128 qt (a wgrad operand
+    // in blocks, precision.linear_wgrad_blocks), from one tile pass too
+    const bool mixed = q && qt && q->grouping == FP8_GROUP_1x128 && qt->grouping == FP8_GROUP_128x128;
+    if (q && qt && ((q->grouping != qt->grouping && !mixed) || q->fmt != qt->fmt))
+        FATAL("fp8_quantize_gpu: q and qt differ in grouping (%d, %d) or format (%d, %d) (hint: only a 1x128 q "
+              "with a 128x128 qt may mix)", (int)q->grouping, (int)qt->grouping, (int)q->fmt, (int)qt->fmt);
     const Fp8Operand *any = q ? q : qt;
     const Fp8Format fmt = any->fmt;
     uint8_t *qc = q ? q->codes : NULL, *qtc = qt ? qt->codes : NULL;
@@ -381,8 +371,8 @@ void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t 
         LAUNCH_FMT(fmt, tile128_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, (const float *)NULL, counts);
         break;
     case FP8_GROUP_1x128:
-        if (q && qt) {  // one read of x for both
-            LAUNCH_FMT(fmt, vec128both_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, counts);
+        if (q && qt) {  // one read of x for both (qt 1x128, or 128x128 blocks when mixed)
+            LAUNCH_FMT(fmt, vec128both_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, mixed, counts);
             break;
         }
         if (q) {

@@ -281,7 +281,7 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
                 plan_take(&out->weights, K * M);                                        // Q(W^T) codes
                 plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, K, M));
                 plan_take(A, K * BT);                                                   // Q(x^T) codes
-                plan_take(A, 4 * plan_fp8_scales(c->precision.linear, 0, K, BT));
+                plan_take(A, 4 * gpu_fp8_scales_xt(c->precision.linear, c->precision.linear_wgrad_blocks, K, BT));
             }
         }
         if (fp8_head) {  // the LM head's Q(W) (Vp, C), Q(W^T) (C, Vp) and its chunk's Q(hf^T) (C, chunk)
@@ -290,7 +290,7 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
             plan_take(&out->weights, C * Vp);
             plan_take(&out->weights, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 1, C, Vp));
             plan_take(W, C * fp8_head);
-            plan_take(W, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 0, C, fp8_head));
+            plan_take(W, 4 * gpu_fp8_scales_xt(LINEAR_FP8_BLOCK, c->precision.linear_wgrad_blocks, C, fp8_head));
         }
     }
     out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +

@@ -199,7 +199,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
                 fp8_lin_shape(i, (int)C, (int)F, &M, &K);
                 Fp8Operand w = take_operand(&cv, M, K, weight_groups(lp), FP8_E4M3, &plan->weights);
                 Fp8Operand wt = take_operand(&cv, K, M, weight_groups(lp), FP8_E4M3, &plan->weights);
-                Fp8Operand xt = take_operand(&cv, K, (int)BT, act_groups(lp), FP8_E4M3, A);
+                Fp8Operand xt = take_operand(&cv, K, (int)BT, xt_groups(&c->precision, lp), FP8_E4M3, A);
                 if (base) {
                     d->w8[4 * l + i] = w;
                     d->wt8[4 * l + i] = wt;
@@ -212,7 +212,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         if (hc > 0) {
             Fp8Operand w = take_operand(&cv, (int)Vp, (int)C, FP8_GROUP_128x128, FP8_E4M3, &plan->weights);
             Fp8Operand wt = take_operand(&cv, (int)C, (int)Vp, FP8_GROUP_128x128, FP8_E4M3, &plan->weights);
-            Fp8Operand xt = take_operand(&cv, (int)C, (int)hc, FP8_GROUP_1x128, FP8_E4M3, W);
+            Fp8Operand xt = take_operand(&cv, (int)C, (int)hc, xt_groups(&c->precision, LINEAR_FP8_BLOCK), FP8_E4M3, W);
             if (base) {
                 d->head_w8 = w;
                 d->head_wt8 = wt;

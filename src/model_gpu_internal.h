@@ -119,6 +119,10 @@ static inline float *G(GpuModel *m, ParamKind kind, int layer) { return dev_of(m
 // --- linear layers (model_gpu_linear.cu) ------------------------------------------------------
 Fp8Grouping act_groups(LinearPrecision p);     // 1x128 for fp8_block, else per tensor
 Fp8Grouping weight_groups(LinearPrecision p);  // 128x128 for fp8_block, else per tensor
+// The wgrad operands Q(x^T) and Q(dy^T): per tensor for fp8_tensor; for fp8_block 1x128 along the
+// tokens, or one of them in 128x128 blocks (precision.linear_wgrad_blocks, linear_wgrad_groupings).
+Fp8Grouping xt_groups(const PrecisionConfig *pc, LinearPrecision p);
+Fp8Grouping dyt_groups(const PrecisionConfig *pc, LinearPrecision p);
 // The FP8 linears of a block, i = 0..3: qkv, attention projection, MLP in, MLP out as W (M, K).
 void fp8_lin_shape(int i, int C, int F, int *M, int *K);
 // Bytes of codes and floats of scales FP8 scratch slot `slot` needs for config c's linears.

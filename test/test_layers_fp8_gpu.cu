@@ -7,7 +7,9 @@
 //   - Q(out) and Q(out^T): every code and every scale (device layout, 1/s) identical to what
 //     fp8_quantize_gpu writes from that BF16 output, and to linear_fp8.c's fp8_quantize on the
 //     host (the contract);
-//   - with the BF16 output NULL, its buffer is left untouched.
+//   - with the BF16 output NULL, its buffer is left untouched;
+//   - Q(out^T) may be in 128x128 blocks instead (precision.linear_wgrad_blocks), against
+//     fp8_quantize_gpu's mixed pass and fp8_quantize the same way.
 // Inputs: seeded random BF16 with a zero row, a row of large values and a few NaN / inf (which
 // must give the same codes both ways). Without a GPU: one "skipped" line, exit 0.
 #include <cuda_runtime.h>  // device memory
@@ -42,17 +44,19 @@ static Bf random_bf(size_t n, int row_len, int special) {
 }
 
 // Appends to msg what differs between operand a (fused) and b (unfused) of shape (rows, cols),
-// and between a and fp8_quantize on the host values ref (rows, cols).
+// and between a and fp8_quantize on the host values ref (rows, cols), in a's grouping (1x128, or
+// 128x128 for a wgrad operand in blocks).
 static void compare(char *msg, size_t cap, const char *tag, const Fp8Operand &a, const Fp8Operand &b,
                     const std::vector<float> &ref, int rows, int cols) {
     const size_t n = (size_t)rows * cols;
-    const long ns = fp8_group_count(FP8_GROUP_1x128, rows, cols);
+    const Fp8Grouping g = a.grouping;
+    const long ns = fp8_group_count(g, rows, cols);
     std::vector<uint8_t> ca = back(a.codes, n), cb = back(b.codes, n), cc(n);
-    std::vector<float> sa_dev = back(a.scales, (size_t)fp8_gpu_scale_count(FP8_GROUP_1x128, rows, cols));
+    std::vector<float> sa_dev = back(a.scales, (size_t)fp8_gpu_scale_count(g, rows, cols));
     std::vector<float> sb_dev = back(b.scales, sa_dev.size()), sa(ns), sb(ns), sc(ns);
-    fp8_scales_to_rowmajor(sa.data(), sa_dev.data(), FP8_GROUP_1x128, rows, cols);
-    fp8_scales_to_rowmajor(sb.data(), sb_dev.data(), FP8_GROUP_1x128, rows, cols);
-    fp8_quantize(NULL, cc.data(), sc.data(), ref.data(), rows, cols, FP8_GROUP_1x128, a.fmt, NULL);
+    fp8_scales_to_rowmajor(sa.data(), sa_dev.data(), g, rows, cols);
+    fp8_scales_to_rowmajor(sb.data(), sb_dev.data(), g, rows, cols);
+    fp8_quantize(NULL, cc.data(), sc.data(), ref.data(), rows, cols, g, a.fmt, NULL);
     long d_ab = 0, d_ac = 0, s_ab = 0, s_ac = 0, first = -1;
     for (size_t i = 0; i < n; i++) {
         if (ca[i] != cb[i] && d_ab++ == 0) first = (long)i;
@@ -88,7 +92,9 @@ enum Layer { NORM = 0, NORM_RES, SWIGLU, SWIGLU_BWD };
 static const char *layer_name[] = {"rmsnorm", "residual rmsnorm", "swiglu", "swiglu backward"};
 
 // One case: layer L on N rows of width W (C for the norms, F for SwiGLU).
-static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with_out) {
+// qt_blocks: Q(out^T) in 128x128 blocks (a wgrad operand in blocks) instead of 1x128 slices.
+static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with_out, int qt_blocks = 0) {
+    const Fp8Grouping gt = qt_blocks ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
     const int C = L == SWIGLU_BWD ? 2 * W : W;  // width of the output (and of its codes)
     const size_t n = (size_t)N * C;
     // inputs
@@ -101,11 +107,11 @@ static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with
     float *rstd_ref = dnew<float>(N), *rstd = dnew<float>(N);
     Fp8Operand q, qt, q_ref, qt_ref;
     fp8_operand_alloc(&q, N, C, FP8_GROUP_1x128, fmt);
-    fp8_operand_alloc(&qt, C, N, FP8_GROUP_1x128, fmt);
+    fp8_operand_alloc(&qt, C, N, gt, fmt);
     fp8_operand_alloc(&q_ref, N, C, FP8_GROUP_1x128, fmt);
-    fp8_operand_alloc(&qt_ref, C, N, FP8_GROUP_1x128, fmt);
-    const long nsc = fp8_gpu_scale_count(FP8_GROUP_1x128, N, C);    // scales of Q(out) (N, C)
-    const long nsc_t = fp8_gpu_scale_count(FP8_GROUP_1x128, C, N);  // scales of Q(out^T) (C, N)
+    fp8_operand_alloc(&qt_ref, C, N, gt, fmt);
+    const long nsc = fp8_gpu_scale_count(FP8_GROUP_1x128, N, C);  // scales of Q(out) (N, C)
+    const long nsc_t = fp8_gpu_scale_count(gt, C, N);             // scales of Q(out^T) (C, N)
     CU(cudaMemset(q.codes, 0xAA, n));  // poison; unwritten scale slack stays equal on both sides
     CU(cudaMemset(qt.codes, 0xAA, n));
     CU(cudaMemset(q.scales, 0xFF, sizeof(float) * nsc));
@@ -152,7 +158,8 @@ static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with
     if (with_qt) compare(msg, sizeof msg, "Q(out^T)", qt, qt_ref, transpose(ref, N, C), C, N);
     char name[200];
     snprintf(name, sizeof name, "%s %d x %d %s%s%s: codes and scales of the unfused path and of fp8_quantize",
-             layer_name[L], N, W, fmt == FP8_E4M3 ? "e4m3" : "e5m2", with_qt ? ", with Q(out^T)" : "",
+             layer_name[L], N, W, fmt == FP8_E4M3 ? "e4m3" : "e5m2",
+             with_qt ? (qt_blocks ? ", with Q(out^T) in 128x128 blocks" : ", with Q(out^T)") : "",
              with_out ? ", BF16 output bit-identical" : ", no BF16 output");
     CHECK(msg[0] == 0, name, "%s", msg);
     fp8_operand_free(&q); fp8_operand_free(&qt); fp8_operand_free(&q_ref); fp8_operand_free(&qt_ref);
@@ -179,5 +186,16 @@ int main(void) {
                 run_case(SWIGLU_BWD, s[0], s[1], (Fp8Format)fmt, with_qt, with_out);
             }
         }
+    // Q(out^T) in 128x128 blocks (precision.linear_wgrad_blocks): every layer, whole and partial tiles
+    for (int fmt = 0; fmt < 2; fmt++) {
+        for (auto &s : norm_shapes) {
+            run_case(NORM, s[0], s[1], (Fp8Format)fmt, 1, 0, 1);
+            run_case(NORM_RES, s[0], s[1], (Fp8Format)fmt, 1, 0, 1);
+        }
+        for (auto &s : swiglu_shapes) {
+            run_case(SWIGLU, s[0], s[1], (Fp8Format)fmt, 1, 0, 1);
+            run_case(SWIGLU_BWD, s[0], s[1], (Fp8Format)fmt, 1, 0, 1);
+        }
+    }
     return test_summary("test_layers_fp8_gpu");
 }

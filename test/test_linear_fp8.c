@@ -345,6 +345,45 @@ static void test_gemms(LinearPrecision prec, Fp8Format grad_fmt) {
     linear_fp8_free(&L);
 }
 
+// fp8_block with precision.linear_wgrad_blocks: the named wgrad operand in 128x128 blocks (of dy^T
+// (M, N) or x^T (K, N)), the other in 1x128 slices along the tokens; forward and dgrad unchanged.
+static void test_wgrad_blocks(WgradBlocks b) {
+    int N = 300, M = 200, K = 150;  // none a multiple of 128: partial blocks at every edge
+    float *x = random_matrix(N, K, 6), *dy = random_matrix(N, M, 6);
+    PrecisionConfig pc = {0};
+    pc.linear = LINEAR_FP8_BLOCK;
+    pc.linear_wgrad_blocks = b;
+    LinearFp8 L;
+    linear_fp8_init(&L, &pc);
+    Fp8Grouping gd, gx;
+    linear_wgrad_groupings(b, &gd, &gx);
+    const int dy_blk = b == WGRAD_BLOCKS_GRADIENT, x_blk = b == WGRAD_BLOCKS_ACTIVATION;
+    char name[160];
+    snprintf(name, sizeof name, "wgrad_blocks %d: groupings dy^T %d, x^T %d", (int)b, (int)gd, (int)gx);
+    CHECK(L.wgrad_dyt == gd && L.wgrad_xt == gx && gd == (dy_blk ? FP8_GROUP_128x128 : FP8_GROUP_1x128) &&
+              gx == (x_blk ? FP8_GROUP_128x128 : FP8_GROUP_1x128),
+          name, "L %d %d", (int)L.wgrad_dyt, (int)L.wgrad_xt);
+    float *dyt = transpose_f(dy, N, M), *xt = transpose_f(x, N, K);
+    double *dytq = malloc(sizeof(double) * N * M), *xtq = malloc(sizeof(double) * N * K);
+    double *dyt1 = malloc(sizeof(double) * N * M), *xt1 = malloc(sizeof(double) * N * K);
+    ref_quantize(dytq, NULL, dyt, M, N, dy_blk ? 128 : 1, 128, FP8_E4M3);  // (M, N)
+    ref_quantize(xtq, NULL, xt, K, N, x_blk ? 128 : 1, 128, FP8_E4M3);     // (K, N)
+    ref_quantize(dyt1, NULL, dyt, M, N, 1, 128, FP8_E4M3);                 // the default's slices
+    ref_quantize(xt1, NULL, xt, K, N, 1, 128, FP8_E4M3);
+    float *dw = calloc((size_t)M * K, sizeof(float));
+    linear_wgrad(&L, LINEAR_FP8_BLOCK, dw, dy, x, N, M, K, 1);
+    const double e = gemm_err(dw, dytq, xtq, M, K, N), e_default = gemm_err(dw, dyt1, xt1, M, K, N);
+    snprintf(name, sizeof name, "wgrad_blocks %d: wgrad = (dy^T)_q (x^T)_q^T with those groups (rel err %.1e)", (int)b,
+             e);
+    CHECK(e < 1e-6, name, "%.3g", e);
+    if (b != WGRAD_BLOCKS_NONE) {
+        snprintf(name, sizeof name, "wgrad_blocks %d: differs from the 1x128 . 1x128 wgrad (%.1e)", (int)b, e_default);
+        CHECK(e_default > 1e-4, name, "%.3g", e_default);
+    }
+    free(x), free(dy), free(dyt), free(xt), free(dytq), free(xtq), free(dyt1), free(xt1), free(dw);
+    linear_fp8_free(&L);
+}
+
 // LINEAR_BF16 is the plain FP32 product, bit for bit.
 static void test_bf16_path(void) {
     int N = 70, M = 90, K = 50;
@@ -400,6 +439,7 @@ int main(void) {
     test_gemms(LINEAR_FP8_TENSOR, FP8_E4M3);
     test_gemms(LINEAR_FP8_TENSOR, FP8_E5M2);
     test_gemms(LINEAR_FP8_BLOCK, FP8_E4M3);
+    for (int b = 0; b < 3; b++) test_wgrad_blocks((WgradBlocks)b);
     test_bf16_path();
     test_precision_of();
     return test_summary("test_linear_fp8");

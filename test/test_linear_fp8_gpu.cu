@@ -114,7 +114,10 @@ static void compare_operand(char *msg, size_t cap, const Fp8Operand *op, const F
     if (bad_pad && len < cap) snprintf(msg + len, cap - len, " %s: %ld padding scales not 1.0", tag, bad_pad);
 }
 
-static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int special, int misalign) {
+// qt's grouping gt is g's, or 128x128 with a 1x128 q: a wgrad operand in blocks
+// (precision.linear_wgrad_blocks), which fp8_quantize_gpu makes in the same pass as Q(x).
+static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int special, int misalign,
+                          Fp8Grouping gt) {
     Bf x = random_bf(rows, cols, 6, special);
     Fv xf = to_f(x), xtf = transpose(xf, rows, cols);
     uint16_t *base = NULL;  // misalign: the input starts one element (2 bytes) into the buffer
@@ -123,7 +126,7 @@ static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int 
     CU(cudaMemcpy(d_x, x.data(), x.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
     Fp8Operand q, qt;
     fp8_operand_alloc(&q, rows, cols, g, fmt);
-    fp8_operand_alloc(&qt, cols, rows, g, fmt);
+    fp8_operand_alloc(&qt, cols, rows, gt, fmt);
     unsigned long long *d_counts;
     CU(cudaMalloc(&d_counts, 2 * sizeof(unsigned long long)));
     static const char *variant_name[4] = {"", "Q(x)", "Q(x^T)", "Q(x)+Q(x^T)"};
@@ -131,7 +134,7 @@ static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int 
         CU(cudaMemset(q.codes, 0xAA, (size_t)rows * cols));  // poison
         CU(cudaMemset(qt.codes, 0xAA, (size_t)rows * cols));
         CU(cudaMemset(q.scales, 0xFF, sizeof(float) * fp8_gpu_scale_count(g, rows, cols)));
-        CU(cudaMemset(qt.scales, 0xFF, sizeof(float) * fp8_gpu_scale_count(g, cols, rows)));
+        CU(cudaMemset(qt.scales, 0xFF, sizeof(float) * fp8_gpu_scale_count(gt, cols, rows)));
         CU(cudaMemset(d_counts, 0, 2 * sizeof(unsigned long long)));
         fp8_quantize_gpu(v & 1 ? &q : NULL, v & 2 ? &qt : NULL, d_x, rows, cols, d_counts, 0);
         CU(cudaGetLastError());
@@ -147,8 +150,9 @@ static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int 
                      ref.saturated, ref.nans);
         }
         char nm[160];
-        snprintf(nm, sizeof nm, "quantize %s %s (%d, %d) %s%s%s", grouping_name(g), fmt_name(fmt), rows, cols,
-                 variant_name[v], special ? " +inf/nan/zero/subnormal" : "", misalign ? " misaligned" : "");
+        snprintf(nm, sizeof nm, "quantize %s%s%s %s (%d, %d) %s%s%s", grouping_name(g), gt != g ? ", x^T " : "",
+                 gt != g ? grouping_name(gt) : "", fmt_name(fmt), rows, cols, variant_name[v],
+                 special ? " +inf/nan/zero/subnormal" : "", misalign ? " misaligned" : "");
         CHECK(msg[0] == 0, nm, "%s", msg);
     }
     fp8_operand_free(&q);
@@ -352,7 +356,9 @@ int main(void) {
     const Fp8Grouping groupings[3] = {FP8_GROUP_TENSOR, FP8_GROUP_1x128, FP8_GROUP_128x128};
     for (const auto &s : qshapes)
         for (Fp8Grouping g : groupings)
-            for (int f = 0; f < 2; f++) test_quantize(s[0], s[1], g, (Fp8Format)f, s[2], s[3]);
+            for (int f = 0; f < 2; f++) test_quantize(s[0], s[1], g, (Fp8Format)f, s[2], s[3], g);
+    for (const auto &s : qshapes)  // 1x128 Q(x) with 128x128 Q(x^T)
+        for (int f = 0; f < 2; f++) test_quantize(s[0], s[1], FP8_GROUP_1x128, (Fp8Format)f, s[2], s[3], FP8_GROUP_128x128);
 
     // FP8_TEST_QUANT_ONLY=1: only the quantization (for compute-sanitizer runs)
     const char *qo = getenv("FP8_TEST_QUANT_ONLY");

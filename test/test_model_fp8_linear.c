@@ -125,18 +125,31 @@ static void test_close_to_bf16(void) {
     LossGrad ref = loss_and_grad(&c_ref, NULL);
     ParamTable table;
     param_table_build(&table, &c_ref.model);
-    struct { LinearPrecision lin; GradFormat gf; int fp8_head; } runs[] = {
-        {LINEAR_FP8_TENSOR, GRADFMT_E4M3, 0}, {LINEAR_FP8_TENSOR, GRADFMT_E5M2, 0},
-        {LINEAR_FP8_BLOCK, GRADFMT_E4M3, 0},  {LINEAR_FP8_TENSOR, GRADFMT_E4M3, 1},
-        {LINEAR_FP8_BLOCK, GRADFMT_E4M3, 1},
+    struct { LinearPrecision lin; GradFormat gf; int fp8_head; WgradBlocks wb; } runs[] = {
+        {LINEAR_FP8_TENSOR, GRADFMT_E4M3, 0, WGRAD_BLOCKS_NONE}, {LINEAR_FP8_TENSOR, GRADFMT_E5M2, 0, WGRAD_BLOCKS_NONE},
+        {LINEAR_FP8_BLOCK, GRADFMT_E4M3, 0, WGRAD_BLOCKS_NONE},  {LINEAR_FP8_TENSOR, GRADFMT_E4M3, 1, WGRAD_BLOCKS_NONE},
+        {LINEAR_FP8_BLOCK, GRADFMT_E4M3, 1, WGRAD_BLOCKS_NONE},
+        {LINEAR_FP8_BLOCK, GRADFMT_E4M3, 1, WGRAD_BLOCKS_ACTIVATION},
+        {LINEAR_FP8_BLOCK, GRADFMT_E4M3, 1, WGRAD_BLOCKS_GRADIENT},
     };
+    LossGrad block_head = {0, NULL};  // fp8_block with an FP8 head, wgrad operands 1x128
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         Config c = tiny_config(runs[k].lin, runs[k].gf);
         c.precision.linear_keep_lm_head_bf16 = !runs[k].fp8_head;
+        c.precision.linear_wgrad_blocks = runs[k].wb;
         LossGrad r = loss_and_grad(&c, NULL);
         char label[96], name[320];
-        snprintf(label, sizeof label, "%s grad %s head %s", linear_precision_name(runs[k].lin),
-                 grad_format_name(runs[k].gf), runs[k].fp8_head ? "fp8" : "bf16");
+        snprintf(label, sizeof label, "%s grad %s head %s wgrad blocks %s", linear_precision_name(runs[k].lin),
+                 grad_format_name(runs[k].gf), runs[k].fp8_head ? "fp8" : "bf16",
+                 runs[k].wb == WGRAD_BLOCKS_NONE ? "none" : runs[k].wb == WGRAD_BLOCKS_ACTIVATION ? "x^T" : "dy^T");
+        if (runs[k].wb != WGRAD_BLOCKS_NONE && block_head.grads) {
+            // only the weight gradients of the quantized linears change: same loss, other weights' grads
+            size_t differ = 0;
+            for (size_t i = 0; i < table.total; i++) differ += r.grads[i] != block_head.grads[i];
+            snprintf(name, sizeof name, "fp8 model %s: loss bit for bit the 1x128 wgrad's, weight gradients differ (%zu)",
+                     label, differ);
+            CHECK(r.loss == block_head.loss && differ > 0, name, "loss %.9g vs %.9g", r.loss, block_head.loss);
+        }
         double dl = fabs(r.loss - ref.loss) / ref.loss;
         snprintf(name, sizeof name, "fp8 model %s: loss %.5f vs bf16 %.5f (rel %.1e)", label, r.loss, ref.loss, dl);
         CHECK(dl < 0.02 && r.loss != ref.loss, name, "relative difference %.3g (expected nonzero, < 2%%)", dl);
@@ -153,8 +166,10 @@ static void test_close_to_bf16(void) {
         snprintf(name, sizeof name, "fp8 model %s: every gradient tensor within 10%% (worst %.3f, %s)", label, worst,
                  worst_name);
         CHECK(worst < 0.10 && worst > 0, name, "worst %.3g at %s", worst, worst_name);
-        free(r.grads);
+        if (runs[k].lin == LINEAR_FP8_BLOCK && runs[k].fp8_head && runs[k].wb == WGRAD_BLOCKS_NONE) block_head = r;
+        else free(r.grads);
     }
+    free(block_head.grads);
     param_table_free(&table);
     free(ref.grads);
 }

@@ -153,6 +153,21 @@ static void plan_tests(void) {
               "rc %d/%d weights %zu vs %zu, workspace %zu vs %zu", rc, rc0, mp_h.weights, mp_0.weights, mp_h.workspace,
               mp_0.workspace);
     }
+    {
+        // wgrad operands in 128x128 blocks: fewer scales for the saved Q(x^T) (activations) and the
+        // head's Q(hf^T) (workspace); the dry run agrees
+        const char *ov_wb[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false",
+                               "precision.linear_wgrad_blocks=\"activation\""};
+        Config cw = make_config(TINY_JSON, ov_wb, 3);
+        MemoryPlan mp_w, dry_w;
+        rc = gpu_model_plan(&cw, hB, hT, &mp_w, &e);
+        memory_plan(&cw, 1, 0, hB, &dry_w);
+        CHECK(rc == 0 && !memcmp(&dry_w, &mp_w, sizeof dry_w) && mp_w.activations <= mp_h.activations &&
+                  mp_w.weights == mp_h.weights,
+              "plan: with x^T in 128x128 blocks (linear_wgrad_blocks) --dry-run's plan equals the GPU allocation",
+              "rc %d: act %zu/%zu (1x128: %zu) ws %zu/%zu", rc, dry_w.activations, mp_w.activations, mp_h.activations,
+              dry_w.workspace, mp_w.workspace);
+    }
     const char *ov_blk[] = {"precision.linear=\"fp8_block\""};
     c = make_config(TINY_JSON, ov_blk, 1);
     rc = gpu_model_plan(&c, 1, 63, &mp, &e);
@@ -929,6 +944,13 @@ int main(void) {
     run_mode("fp8_block", make_config(TINY_JSON, ov_b, 1), bt, STEPS, 3e-2, &ref);
     const char *ov_bh[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false"};
     run_mode("fp8_block + FP8 LM head", make_config(TINY_JSON, ov_bh, 2), bt, STEPS, 3e-2, &ref);
+    // a wgrad operand in 128x128 blocks (precision.linear_wgrad_blocks), the LM head's too
+    const char *ov_wx[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false",
+                           "precision.linear_wgrad_blocks=\"activation\""};
+    const char *ov_wd[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false",
+                           "precision.linear_wgrad_blocks=\"gradient\""};
+    run_mode("fp8_block wgrad x^T blocks", make_config(TINY_JSON, ov_wx, 3), bt, STEPS, 3e-2, &ref);
+    run_mode("fp8_block wgrad dy^T blocks", make_config(TINY_JSON, ov_wd, 3), bt, 0, 3e-2, &ref);
     const char *ov_first[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_bf16_first_layers=1"};
     const char *ov_last[] = {"precision.linear=\"fp8_block\"", "precision.linear_bf16_last_layers=1"};
     const char *ov_both[] = {"precision.linear=\"fp8_block\"", "precision.linear_bf16_first_layers=1",
