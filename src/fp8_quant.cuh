@@ -36,6 +36,18 @@ static __device__ __forceinline__ unsigned max_abs8(const uint32_t w[4]) {
     for (int k = 0; k < 4; k++) m = max(m, max(abs_bits(w[k] & 0xFFFFu), abs_bits(w[k] >> 16)));
     return m;
 }
+// Folds m (abs_bits / max_abs8 of this thread's values) into *amax_f32, a tensor's amax as FP32
+// bits (non-negative floats order like their bits, so atomicMax is a float max; start it at 0).
+// Any subset of a warp's threads may call: the maximum over those is taken first, and the one
+// atomic is skipped when the stored value is already as large, which after the first few warps
+// is nearly always (a read from L2 instead of thousands of atomics on one address).
+static __device__ __forceinline__ void publish_amax(unsigned m, unsigned *amax_f32) {
+    const unsigned active = __activemask();
+    m = __reduce_max_sync(active, m);
+    if ((threadIdx.x & 31) == (unsigned)(__ffs(active) - 1) && m &&
+        (m << 16) > *(volatile const unsigned *)amax_f32)
+        atomicMax(amax_f32, m << 16);
+}
 static __device__ __forceinline__ float scale_of_bits(Fp8Format fmt, unsigned amax_bits) {
     return fp8_scale_for_amax(fmt, bf16_to_f32((uint16_t)amax_bits));
 }

@@ -21,6 +21,7 @@
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
 #include "gpu_sizes.h"   // gpu_norm_chunks and the scratch sizes the memory plan uses too
 #include "layers_math.cuh"  // the RMSNorm / SwiGLU arithmetic, shared with layers_fp8.cu
+#include "fp8_quant.cuh"    // max_abs8, abs_bits, publish_amax: the outputs' amax for per-tensor FP8
 
 typedef __nv_bfloat16 bf16;
 
@@ -51,6 +52,13 @@ static __device__ __forceinline__ long long row_offset(RowMap m, long long r) {
     return (r / m.group) * m.stride + (r % m.group) * (long long)m.dim;
 }
 
+// max |v| of eight BF16 as bits (NaN ignored): an output's share of its tensor's amax.
+static __device__ __forceinline__ unsigned amax8(const Bf16x8 &v) {
+    const uint32_t w[4] = {v.u.x, v.u.y, v.u.z, v.u.w};
+    return max_abs8(w);
+}
+static __device__ __forceinline__ unsigned amax1(bf16 v) { return abs_bits(__bfloat16_as_ushort(v)); }
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm (plain rows and per-head rows through RowMap)
 
@@ -61,8 +69,10 @@ static __device__ __forceinline__ long long row_offset(RowMap m, long long r) {
 // output to be the same whichever runs): lane l adds the elements of its 8-element chunks
 // l, l + 32, l + 64, ... (element 8l + 256v + e for v = 0, 1, ..., e = 0..7), then the butterfly.
 // The scalar form (any width or alignment) and the vectorized form add in that same order.
+// amax (may be NULL): max |y| folded in (publish_amax), for per-tensor FP8 scaling of y.
 __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
-                                       long long n_rows, float eps, const bf16 *delta, bf16 *res_out) {
+                                       long long n_rows, float eps, const bf16 *delta, bf16 *res_out,
+                                       unsigned *amax) {
     const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (row >= n_rows) return;
     const int lane = threadIdx.x & 31, dim = map.dim;
@@ -86,11 +96,15 @@ __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, cons
     if (lane == 0) rstd[row] = r;
     if (!y) return;  // rstd (and the residual) only: layers_fp8.cu's fused norm writes the output
     const bf16 *src = delta ? res_out : x;  // each lane reads back only what it wrote (or read) above
+    unsigned m = 0;
     for (int cb = lane * 8; cb < dim; cb += 256)
         for (int e = 0; e < 8 && cb + e < dim; e++) {
             const int c = cb + e;
-            y[off + c] = f2bf(lm_rms_out(bf2f(src[off + c]), r, bf2f(g[c])));
+            const bf16 o = f2bf(lm_rms_out(bf2f(src[off + c]), r, bf2f(g[c])));
+            y[off + c] = o;
+            m = max(m, amax1(o));
         }
+    if (amax) publish_amax(m, amax);
 }
 
 // The vectorized form: a warp per row, lane l holding its NV 16-byte chunks in registers (one
@@ -98,7 +112,8 @@ __global__ void rmsnorm_forward_kernel(bf16 *y, float *rstd, const bf16 *x, cons
 template <int NV>
 __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_forward_vec_kernel(bf16 *y, float *rstd, const bf16 *x,
                                                                          const bf16 *g, RowMap map, long long n_rows,
-                                                                         float eps, const bf16 *delta, bf16 *res_out) {
+                                                                         float eps, const bf16 *delta, bf16 *res_out,
+                                                                         unsigned *amax) {
     const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (row >= n_rows) return;
     const int lane = threadIdx.x & 31, dim = map.dim;
@@ -132,6 +147,7 @@ __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_forward_vec_kernel(bf16 *y,
     const float r = lm_rstd(ss, dim, eps);
     if (lane == 0) rstd[row] = r;
     if (!y) return;  // rstd (and the residual) only
+    unsigned m = 0;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int c = (k * 32 + lane) * 8;
@@ -141,14 +157,18 @@ __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_forward_vec_kernel(bf16 *y,
 #pragma unroll
             for (int e = 0; e < 8; e++) o.h[e] = f2bf(lm_rms_out(bf2f(v[k].h[e]), r, bf2f(gg.h[e])));
             *(uint4 *)(y + off + c) = o.u;
+            if (amax) m = max(m, amax8(o));
         }
     }
+    if (amax) publish_amax(m, amax);
 }
 
 // dx = r * (dy*g - xhat * mean(dy*g*xhat)), one warp per row; dx may alias dy.
 // The generic form (2-byte accesses): rows whose width or alignment rules out 16-byte vectors.
+// amax (may be NULL): max |dx| as stored (after the accumulation) folded in.
 __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, const bf16 *g,
-                                           const float *rstd, RowMap map, long long n_rows, int accumulate) {
+                                           const float *rstd, RowMap map, long long n_rows, int accumulate,
+                                           unsigned *amax) {
     const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (row >= n_rows) return;
     const int lane = threadIdx.x & 31, dim = map.dim;
@@ -157,11 +177,15 @@ __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 
     float dot = 0.0f;
     for (int c = lane; c < dim; c += 32) dot += bf2f(dy[off + c]) * bf2f(g[c]) * (bf2f(x[off + c]) * r);
     const float mean = warp_sum(dot) / (float)dim;
+    unsigned m = 0;
     for (int c = lane; c < dim; c += 32) {
         float d = r * (bf2f(dy[off + c]) * bf2f(g[c]) - bf2f(x[off + c]) * r * mean);
         if (accumulate) d += bf2f(dx[off + c]);
-        dx[off + c] = f2bf(d);
+        const bf16 o = f2bf(d);
+        dx[off + c] = o;
+        m = max(m, amax1(o));
     }
+    if (amax) publish_amax(m, amax);
 }
 
 // The vectorized form: lane j holds 16-byte chunks j, j + 32, ... of the row (NV of them,
@@ -171,7 +195,8 @@ __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 
 template <int NV>
 __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_backward_dx_vec_kernel(bf16 *dx, const bf16 *dy, const bf16 *x,
                                                                              const bf16 *g, const float *rstd, RowMap map,
-                                                                             long long n_rows, int accumulate) {
+                                                                             long long n_rows, int accumulate,
+                                                                             unsigned *amax) {
     const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     if (row >= n_rows) return;
     const int lane = threadIdx.x & 31, dim = map.dim;
@@ -198,6 +223,7 @@ __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_backward_dx_vec_kernel(bf16
         }
     }
     const float mean = warp_sum(dot) / (float)dim;
+    unsigned m = 0;
 #pragma unroll
     for (int v = 0; v < NV; v++) {
         const int c = (v * 32 + lane) * 8;
@@ -212,8 +238,10 @@ __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_backward_dx_vec_kernel(bf16
                 out.h[e] = f2bf(d);
             }
             *(uint4 *)(dx + off + c) = out.u;
+            if (amax) m = max(m, amax8(out));
         }
     }
+    if (amax) publish_amax(m, amax);
 }
 
 // Gain gradient, pass 1: the rows are cut into n_chunks fixed chunks; thread (chunk, column)
@@ -321,21 +349,22 @@ static bool with_row_chunks(int dim, Launch launch) {
 // (The gain gradient partitions the rows with gpu_norm_chunks: at most 1024 chunks of >= 32 rows.)
 static void rmsnorm_forward_launch(bf16 *y, float *rstd, const bf16 *x, const bf16 *g, RowMap map,
                                    long long n_rows, float eps, const bf16 *delta, bf16 *res_out,
-                                   cudaStream_t stream) {
+                                   unsigned *amax, cudaStream_t stream) {
     const unsigned blocks = blocks_for((size_t)n_rows, ROWS_PER_BLOCK);
     const bool vec = vec8_ok(map, y, x, g, delta, res_out) &&
                      with_row_chunks(map.dim, [&](auto nv) {
                          rmsnorm_forward_vec_kernel<decltype(nv)::value><<<blocks, ROW_BLOCK, 0, stream>>>(
-                             y, rstd, x, g, map, n_rows, eps, delta, res_out);
+                             y, rstd, x, g, map, n_rows, eps, delta, res_out, amax);
                      });
-    if (!vec) rmsnorm_forward_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out);
+    if (!vec)
+        rmsnorm_forward_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(y, rstd, x, g, map, n_rows, eps, delta, res_out, amax);
     CUDA_CHECK_LAUNCH();
 }
 
 // Gain gradient first (dx may alias dy), then dx.
 static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const bf16 *dy, const bf16 *x,
                                     const bf16 *g, const float *rstd, RowMap map, long long n_rows,
-                                    int accumulate, cudaStream_t stream) {
+                                    int accumulate, unsigned *amax, cudaStream_t stream) {
     int n_chunks;
     long long chunk_rows;
     gpu_norm_chunks(n_rows, &n_chunks, &chunk_rows);
@@ -355,10 +384,10 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
     const unsigned blocks = blocks_for((size_t)n_rows, ROWS_PER_BLOCK);
     const bool dx_vec = vec && with_row_chunks(map.dim, [&](auto nv) {
         rmsnorm_backward_dx_vec_kernel<decltype(nv)::value><<<blocks, ROW_BLOCK, 0, stream>>>(
-            dx, dy, x, g, rstd, map, n_rows, accumulate);
+            dx, dy, x, g, rstd, map, n_rows, accumulate, amax);
     });
     if (!dx_vec)
-        rmsnorm_backward_dx_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(dx, dy, x, g, rstd, map, n_rows, accumulate);
+        rmsnorm_backward_dx_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(dx, dy, x, g, rstd, map, n_rows, accumulate, amax);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -366,15 +395,24 @@ static RowMap plain_rows(int C) { RowMap m = {1, C, C}; return m; }
 
 extern "C" void rmsnorm_forward_gpu(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *g, int N,
                                     int C, float eps, cudaStream_t stream) {
+    rmsnorm_forward_amax_gpu(y, rstd, x, g, N, C, eps, NULL, stream);
+}
+extern "C" void rmsnorm_forward_amax_gpu(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *g, int N,
+                                         int C, float eps, unsigned *amax_f32, cudaStream_t stream) {
     rmsnorm_forward_launch((bf16 *)y, rstd, (const bf16 *)x, (const bf16 *)g, plain_rows(C), N, eps, NULL,
-                           NULL, stream);
+                           NULL, amax_f32, stream);
 }
 
 extern "C" void residual_rmsnorm_forward_gpu(uint16_t *res_out, uint16_t *y, float *rstd,
                                              const uint16_t *res_in, const uint16_t *delta, const uint16_t *g,
                                              int N, int C, float eps, cudaStream_t stream) {
+    residual_rmsnorm_forward_amax_gpu(res_out, y, rstd, res_in, delta, g, N, C, eps, NULL, stream);
+}
+extern "C" void residual_rmsnorm_forward_amax_gpu(uint16_t *res_out, uint16_t *y, float *rstd,
+                                                  const uint16_t *res_in, const uint16_t *delta, const uint16_t *g,
+                                                  int N, int C, float eps, unsigned *amax_f32, cudaStream_t stream) {
     rmsnorm_forward_launch((bf16 *)y, rstd, (const bf16 *)res_in, (const bf16 *)g, plain_rows(C), N, eps,
-                           (const bf16 *)delta, (bf16 *)res_out, stream);
+                           (const bf16 *)delta, (bf16 *)res_out, amax_f32, stream);
 }
 
 extern "C" size_t rmsnorm_backward_scratch_bytes(int N, int dim) { return gpu_norm_scratch_bytes(N, (size_t)dim); }
@@ -382,8 +420,13 @@ extern "C" size_t rmsnorm_backward_scratch_bytes(int N, int dim) { return gpu_no
 extern "C" void rmsnorm_backward_gpu(uint16_t *dx, float *dg, void *scratch, const uint16_t *dy,
                                      const uint16_t *x, const uint16_t *g, const float *rstd, int N, int C,
                                      int accumulate, cudaStream_t stream) {
+    rmsnorm_backward_amax_gpu(dx, dg, scratch, dy, x, g, rstd, N, C, accumulate, NULL, stream);
+}
+extern "C" void rmsnorm_backward_amax_gpu(uint16_t *dx, float *dg, void *scratch, const uint16_t *dy,
+                                          const uint16_t *x, const uint16_t *g, const float *rstd, int N, int C,
+                                          int accumulate, unsigned *amax_f32, cudaStream_t stream) {
     rmsnorm_backward_launch((bf16 *)dx, dg, (float *)scratch, (const bf16 *)dy, (const bf16 *)x,
-                            (const bf16 *)g, rstd, plain_rows(C), N, accumulate, stream);
+                            (const bf16 *)g, rstd, plain_rows(C), N, accumulate, amax_f32, stream);
 }
 
 __global__ void residual_add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
@@ -424,9 +467,9 @@ extern "C" void qk_rmsnorm_forward_gpu(uint16_t *qkv_out, float *rstd, const uin
     const long long rows = (long long)N * H, k_off = (long long)H * hd;
     bf16 *out = (bf16 *)qkv_out;
     const bf16 *in = (const bf16 *)qkv_in;
-    rmsnorm_forward_launch(out, rstd, in, (const bf16 *)q_gain, m, rows, eps, NULL, NULL, stream);
+    rmsnorm_forward_launch(out, rstd, in, (const bf16 *)q_gain, m, rows, eps, NULL, NULL, NULL, stream);
     rmsnorm_forward_launch(out + k_off, rstd + rows, in + k_off, (const bf16 *)k_gain, m, rows, eps, NULL,
-                           NULL, stream);
+                           NULL, NULL, stream);
     copy_v(out, in, N, H, hd, stream);
 }
 
@@ -444,9 +487,9 @@ extern "C" void qk_rmsnorm_backward_gpu(uint16_t *dqkv_in, float *dq_gain, float
     const bf16 *dy = (const bf16 *)dqkv_out, *x = (const bf16 *)qkv_in;
     // The k pass reuses the scratch after the q pass on the same stream: ordered.
     rmsnorm_backward_launch(dx, dq_gain, (float *)scratch, dy, x, (const bf16 *)q_gain, rstd, m, rows, 0,
-                            stream);
+                            NULL, stream);
     rmsnorm_backward_launch(dx + k_off, dk_gain, (float *)scratch, dy + k_off, x + k_off,
-                            (const bf16 *)k_gain, rstd + rows, m, rows, 0, stream);
+                            (const bf16 *)k_gain, rstd + rows, m, rows, 0, NULL, stream);
     copy_v(dx, dy, N, H, hd, stream);
 }
 
@@ -545,17 +588,21 @@ extern "C" void rope_backward_gpu(uint16_t *dqkv, const float *cos_sin, int B, i
 // ---------------------------------------------------------------------------------------------
 // SwiGLU
 
-__global__ void swiglu_forward_kernel(bf16 *out, const bf16 *fc, long long N, int F) {
+// amax (may be NULL, here and in the kernels below): max |output| folded in (publish_amax).
+__global__ void swiglu_forward_kernel(bf16 *out, const bf16 *fc, long long N, int F, unsigned *amax) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * F) return;
     const long long row = idx / F;
     const int j = (int)(idx % F);
     const float g = bf2f(fc[row * 2 * F + j]), u = bf2f(fc[row * 2 * F + F + j]);
-    out[idx] = f2bf(lm_swiglu(g, u));
+    const bf16 o = f2bf(lm_swiglu(g, u));
+    out[idx] = o;
+    if (amax) publish_amax(amax1(o), amax);
 }
 
 // out = silu(g) * u: the gradients of layers_math.cuh's lm_swiglu_grad.
-__global__ void swiglu_backward_kernel(bf16 *dfc, const bf16 *dout, const bf16 *fc, long long N, int F) {
+__global__ void swiglu_backward_kernel(bf16 *dfc, const bf16 *dout, const bf16 *fc, long long N, int F,
+                                       unsigned *amax) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * F) return;
     const long long row = idx / F;
@@ -563,14 +610,16 @@ __global__ void swiglu_backward_kernel(bf16 *dfc, const bf16 *dout, const bf16 *
     const float g = bf2f(fc[row * 2 * F + j]), u = bf2f(fc[row * 2 * F + F + j]), d = bf2f(dout[idx]);
     float dg, du;
     lm_swiglu_grad(g, u, d, dg, du);
-    dfc[row * 2 * F + F + j] = f2bf(du);
-    dfc[row * 2 * F + j] = f2bf(dg);
+    const bf16 bg = f2bf(dg), bu = f2bf(du);
+    dfc[row * 2 * F + F + j] = bu;
+    dfc[row * 2 * F + j] = bg;
+    if (amax) publish_amax(max(amax1(bg), amax1(bu)), amax);
 }
 
 // The same element math, 8 consecutive columns per thread with 16-byte accesses (F % 8 == 0,
 // aligned rows): one 32-bit division per 8 elements instead of a 64-bit one per element, which
 // held the scalar kernels to ~1.5-2.3 TB/s (perf.md).
-__global__ void swiglu_forward_vec_kernel(bf16 *out, const bf16 *fc, unsigned n_vec, unsigned f8) {
+__global__ void swiglu_forward_vec_kernel(bf16 *out, const bf16 *fc, unsigned n_vec, unsigned f8, unsigned *amax) {
     const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_vec) return;
     const unsigned row = idx / f8, j = (idx - row * f8) * 8, F = f8 * 8;
@@ -581,9 +630,11 @@ __global__ void swiglu_forward_vec_kernel(bf16 *out, const bf16 *fc, unsigned n_
 #pragma unroll
     for (int e = 0; e < 8; e++) o.h[e] = f2bf(lm_swiglu(bf2f(g.h[e]), bf2f(u.h[e])));
     *(uint4 *)(out + (size_t)row * F + j) = o.u;
+    if (amax) publish_amax(amax8(o), amax);
 }
 
-__global__ void swiglu_backward_vec_kernel(bf16 *dfc, const bf16 *dout, const bf16 *fc, unsigned n_vec, unsigned f8) {
+__global__ void swiglu_backward_vec_kernel(bf16 *dfc, const bf16 *dout, const bf16 *fc, unsigned n_vec, unsigned f8,
+                                           unsigned *amax) {
     const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_vec) return;
     const unsigned row = idx / f8, j = (idx - row * f8) * 8, F = f8 * 8;
@@ -602,6 +653,7 @@ __global__ void swiglu_backward_vec_kernel(bf16 *dfc, const bf16 *dout, const bf
     bf16 *dr = dfc + (size_t)row * 2 * F;
     *(uint4 *)(dr + j) = dg.u;
     *(uint4 *)(dr + F + j) = du.u;
+    if (amax) publish_amax(max(amax8(dg), amax8(du)), amax);
 }
 
 // The vectorized SwiGLU kernels apply: 8 | F, aligned bases, and N * F / 8 within 32 bits.
@@ -610,25 +662,33 @@ static bool swiglu_vec_ok(int N, int F, const void *a, const void *b, const void
 }
 
 extern "C" void swiglu_forward_gpu(uint16_t *out, const uint16_t *fc, int N, int F, cudaStream_t stream) {
+    swiglu_forward_amax_gpu(out, fc, N, F, NULL, stream);
+}
+extern "C" void swiglu_forward_amax_gpu(uint16_t *out, const uint16_t *fc, int N, int F, unsigned *amax_f32,
+                                        cudaStream_t stream) {
     if (swiglu_vec_ok(N, F, out, fc, fc)) {
         const unsigned n_vec = (unsigned)((size_t)N * F / 8);
-        swiglu_forward_vec_kernel<<<blocks_for(n_vec, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)out, (const bf16 *)fc,
-                                                                                      n_vec, (unsigned)F / 8);
+        swiglu_forward_vec_kernel<<<blocks_for(n_vec, EW_BLOCK), EW_BLOCK, 0, stream>>>(
+            (bf16 *)out, (const bf16 *)fc, n_vec, (unsigned)F / 8, amax_f32);
     } else {
-        swiglu_forward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>((bf16 *)out,
-                                                                                         (const bf16 *)fc, N, F);
+        swiglu_forward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>(
+            (bf16 *)out, (const bf16 *)fc, N, F, amax_f32);
     }
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void swiglu_backward_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
                                     cudaStream_t stream) {
+    swiglu_backward_amax_gpu(dfc, dout, fc, N, F, NULL, stream);
+}
+extern "C" void swiglu_backward_amax_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
+                                         unsigned *amax_f32, cudaStream_t stream) {
     if (swiglu_vec_ok(N, F, dfc, dout, fc)) {
         const unsigned n_vec = (unsigned)((size_t)N * F / 8);
         swiglu_backward_vec_kernel<<<blocks_for(n_vec, EW_BLOCK), EW_BLOCK, 0, stream>>>(
-            (bf16 *)dfc, (const bf16 *)dout, (const bf16 *)fc, n_vec, (unsigned)F / 8);
+            (bf16 *)dfc, (const bf16 *)dout, (const bf16 *)fc, n_vec, (unsigned)F / 8, amax_f32);
     } else {
         swiglu_backward_kernel<<<blocks_for((size_t)N * F, EW_BLOCK), EW_BLOCK, 0, stream>>>(
-            (bf16 *)dfc, (const bf16 *)dout, (const bf16 *)fc, N, F);
+            (bf16 *)dfc, (const bf16 *)dout, (const bf16 *)fc, N, F, amax_f32);
     }
     CUDA_CHECK_LAUNCH();
 }

@@ -99,6 +99,26 @@ void swiglu_forward_gpu(uint16_t *out, const uint16_t *fc, int N, int F, cudaStr
 void swiglu_backward_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
                          cudaStream_t stream);
 
+// --- The same layers with their output's amax, for per-tensor FP8 scaling ----------------------
+// Each is the layer above (same outputs, bit for bit) and also folds max |output| into
+// *amax_f32 (device): the FP32 bits of the largest BF16 |value| it stored, NaN ignored, folded in
+// with atomicMax, so *amax_f32 must hold 0 (or a smaller amax) before. That is the amax
+// fp8_quantize_gpu's per-tensor pass would take (linear_fp8_gpu.h: fp8_quantize_gpu_amax_ready),
+// so a fp8_tensor operand's quantization needs no pass of its own to find it. amax_f32 may be NULL.
+void rmsnorm_forward_amax_gpu(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *g, int N, int C,
+                              float eps, unsigned *amax_f32, cudaStream_t stream);
+void residual_rmsnorm_forward_amax_gpu(uint16_t *res_out, uint16_t *y, float *rstd, const uint16_t *res_in,
+                                       const uint16_t *delta, const uint16_t *g, int N, int C, float eps,
+                                       unsigned *amax_f32, cudaStream_t stream);
+// amax of dx as stored (after the accumulation).
+void rmsnorm_backward_amax_gpu(uint16_t *dx, float *dg, void *scratch, const uint16_t *dy, const uint16_t *x,
+                               const uint16_t *g, const float *rstd, int N, int C, int accumulate,
+                               unsigned *amax_f32, cudaStream_t stream);
+void swiglu_forward_amax_gpu(uint16_t *out, const uint16_t *fc, int N, int F, unsigned *amax_f32,
+                             cudaStream_t stream);
+void swiglu_backward_amax_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
+                              unsigned *amax_f32, cudaStream_t stream);
+
 // --- fused cross-entropy (the LM head GEMM's output chunk) ---------------------------------------
 // logits (N, Vp) BF16, targets (N) int32. For a row with a target in [0, V):
 // loss[i] = logsumexp(row[:V]) - row[target] (FP32); a target < 0 is ignored (loss 0); a target

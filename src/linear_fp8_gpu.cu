@@ -116,12 +116,16 @@ __global__ void __launch_bounds__(THREADS) amax_kernel(const uint16_t *x, long n
     if (threadIdx.x == 0 && m) atomicMax(amax_f32, m << 16);
 }
 
-// Per tensor, pass 2: codes (n) = fp8(x * s); scales[0] = 1/s from the amax in scales[1].
+// Per tensor, pass 2: codes (n) = fp8(x * s); scales[0] = 1/s from the amax *amax, which
+// scales[1] holds afterwards (it may be scales + 1).
 template <Fp8Format FMT>
-__global__ void __launch_bounds__(THREADS)
-    cast_tensor_kernel(uint8_t *codes, const uint16_t *x, long n, float *scales, unsigned long long *counts) {
-    const float s = fp8_scale_for_amax(FMT, scales[1]);
-    if (blockIdx.x == 0 && threadIdx.x == 0) scales[0] = 1.0f / s;  // exact: s is a power of two
+__global__ void __launch_bounds__(THREADS) cast_tensor_kernel(uint8_t *codes, const uint16_t *x, long n, float *scales,
+                                                              const float *amax, unsigned long long *counts) {
+    const float s = fp8_scale_for_amax(FMT, *amax);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        scales[0] = 1.0f / s;  // exact: s is a power of two
+        if (scales + 1 != amax) scales[1] = *amax;
+    }
     const long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     const long n8 = (((uintptr_t)x & 15) == 0 && ((uintptr_t)codes & 7) == 0) ? n / 8 : 0;
     unsigned sat = 0, nan = 0;
@@ -193,10 +197,11 @@ __global__ void __launch_bounds__(THREADS)
     if (threadIdx.x == 0) {
         const float inv = 1.0f / s;
         if (tensor_amax) {
-            if (bi == 0 && bj == 0) {
+            if (bi == 0 && bj == 0) {  // [1]: the amax (where it is not read from already)
                 if (q_scales) q_scales[0] = inv;
                 if (qt_scales) qt_scales[0] = inv;
-                if (q_scales && qt_scales) qt_scales[1] = *tensor_amax;  // the amax sits in q's
+                if (q_scales && q_scales + 1 != tensor_amax) q_scales[1] = *tensor_amax;
+                if (qt_scales && qt_scales + 1 != tensor_amax) qt_scales[1] = *tensor_amax;
             }
         } else {
             if (q_scales) write_block_scale(q_scales, bi, bj, cdiv(rows, G), cdiv(cols, G), inv);
@@ -335,8 +340,9 @@ static void check_operand(const Fp8Operand *op, int rows, int cols, const char *
         FATAL("fp8_quantize_gpu: %s is (%d, %d), expected (%d, %d)", what, op->rows, op->cols, rows, cols);
 }
 
-void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
-                      unsigned long long *counts, cudaStream_t stream) {
+// amax_ready: per tensor, the amax x's producer took (else NULL: the amax pass runs here).
+static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                     const unsigned *amax_ready, unsigned long long *counts, cudaStream_t stream) {
     if (!q && !qt) return;
     if (rows <= 0 || cols <= 0) FATAL("fp8_quantize_gpu: empty shape (%d, %d)", rows, cols);
     if (q) check_operand(q, rows, cols, "q");
@@ -355,13 +361,17 @@ void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t 
     switch (any->grouping) {
     case FP8_GROUP_TENSOR: {
         const long n = (long)rows * cols;
-        float *amax = any->scales + 1;
-        CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
         const long blocks = n / (THREADS * 8) + 1;
-        amax_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), THREADS, 0, stream>>>(x, n, (unsigned *)amax);
-        CUDA_CHECK_LAUNCH();
+        const float *amax = (const float *)amax_ready;
+        if (!amax_ready) {
+            amax = any->scales + 1;
+            CUDA_CHECK(cudaMemsetAsync(any->scales + 1, 0, sizeof(float), stream));
+            amax_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), THREADS, 0, stream>>>(
+                x, n, (unsigned *)(any->scales + 1));
+            CUDA_CHECK_LAUNCH();
+        }
         if (!qt) {
-            LAUNCH_FMT(fmt, cast_tensor_kernel, (unsigned)(blocks < 4096 ? blocks : 4096), qc, x, n, qs, counts);
+            LAUNCH_FMT(fmt, cast_tensor_kernel, (unsigned)(blocks < 4096 ? blocks : 4096), qc, x, n, qs, amax, counts);
         } else {
             LAUNCH_FMT(fmt, tile128_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, counts);
         }
@@ -387,6 +397,20 @@ void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t 
         break;
     default: FATAL("fp8_quantize_gpu: unknown grouping %d", (int)any->grouping);
     }
+}
+
+void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                      unsigned long long *counts, cudaStream_t stream) {
+    quantize(q, qt, x, rows, cols, NULL, counts, stream);
+}
+
+void fp8_quantize_gpu_amax_ready(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                                 const unsigned *amax_f32, unsigned long long *counts, cudaStream_t stream) {
+    const Fp8Operand *any = q ? q : qt;
+    if (!amax_f32 || (any && any->grouping != FP8_GROUP_TENSOR))
+        FATAL("fp8_quantize_gpu_amax_ready: needs per-tensor operands and the producer's amax (got grouping %d, "
+              "amax %p)", any ? (int)any->grouping : -1, (const void *)amax_f32);
+    quantize(q, qt, x, rows, cols, amax_f32, counts, stream);
 }
 
 void fp8_scales_to_rowmajor(float *s, const float *dev, Fp8Grouping g, int rows, int cols) {

@@ -67,6 +67,12 @@ void fp8_operand_free(Fp8Operand *op);
 void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
                       unsigned long long *counts, cudaStream_t stream);
 
+// fp8_quantize_gpu for per-tensor operands (FP8_GROUP_TENSOR) whose amax x's producer already
+// took (layers.h's *_amax_gpu layers): *amax_f32 (device, FP32 bits) is max |x| as the amax pass
+// would find it, so that pass is skipped; codes, scales and counts are fp8_quantize_gpu's.
+void fp8_quantize_gpu_amax_ready(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                                 const unsigned *amax_f32, unsigned long long *counts, cudaStream_t stream);
+
 // Host: converts an operand's scales as stored on the device (1/s, cuBLASLt layout, copied to
 // the host in `dev_layout`) to fp8_quantize's (s, row-major over the group grid, fp8_group_count
 // entries).

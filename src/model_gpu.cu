@@ -181,6 +181,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         d->dl_dev = (float *)take(&cv, sizeof(float) * 8 * (size_t)mc->n_layer, W);
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
     if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots (the GEMMs share matmul's workspace)
+        d->prod_amax = (unsigned *)take(&cv, 2 * sizeof(unsigned), W);  // fp8_tensor producers' amaxes
         for (int slot = 0; slot < 2; slot++) {
             size_t nc;
             long ns;
@@ -632,8 +633,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
 
     // Final RMSNorm: dres = d(loss * loss_scale)/d(x_final) (dhf already carries the scale).
     prof_mark(d, PH_HOST);
-    rmsnorm_backward_gpu(d->dres, G(m, P_FINAL_NORM, 0), d->norm_scratch, d->dhf, d->x_final,
-                         W(m, P_FINAL_NORM, 0), d->rstd_f, BT, C, 0, s);
+    norm_backward_for_linear(m, P_MLP_PROJ, mc->n_layer - 1, d->dres, G(m, P_FINAL_NORM, 0), d->dhf, d->x_final,
+                             W(m, P_FINAL_NORM, 0), d->rstd_f, BT, C, 0);
     prof_mark(d, PH_BWD_NORM);
     // Flat layout (model.c): wte, layers 0..L-1 (each from attn_norm), final_norm, [lm_head].
     grads_final(m, param_offset(m, P_FINAL_NORM, 0), m->table.total);  // + the forward's LM head
@@ -660,8 +661,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         lin_wgrad(m, P_MLP_FC, l, d->buf1, h2, BT, 2 * F, C);                       // (2F, C)
         lin_dgrad(m, P_MLP_FC, l, d->buf2, d->buf1, BT, 2 * F, C);                  // dh (BT, C)
         prof_mark(d, PH_BWD_LINEAR);
-        rmsnorm_backward_gpu(d->dres, G(m, P_MLP_NORM, l), d->norm_scratch, d->buf2, lb->x_mid,
-                             W(m, P_MLP_NORM, l), lb->rstd2, BT, C, 1, s);
+        norm_backward_for_linear(m, P_ATTN_PROJ, l, d->dres, G(m, P_MLP_NORM, l), d->buf2, lb->x_mid,
+                                 W(m, P_MLP_NORM, l), lb->rstd2, BT, C, 1);
         prof_mark(d, PH_BWD_NORM);
         // Attention: x_mid = x_in + o @ Wo^T
         lin_wgrad(m, P_ATTN_PROJ, l, d->dres, lb->o, BT, C, C);                      // (C, C)
@@ -689,8 +690,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         lin_wgrad(m, P_QKV, l, dqkv, h1, BT, 3 * C, C);                              // (3C, C)
         lin_dgrad(m, P_QKV, l, d->dhf, dqkv, BT, 3 * C, C);                          // dh (BT, C)
         prof_mark(d, PH_BWD_LINEAR);
-        rmsnorm_backward_gpu(d->dres, G(m, P_ATTN_NORM, l), d->norm_scratch, d->dhf, lb->x_in,
-                             W(m, P_ATTN_NORM, l), lb->rstd1, BT, C, 1, s);
+        norm_backward_for_linear(m, P_MLP_PROJ, l - 1, d->dres, G(m, P_ATTN_NORM, l), d->dhf, lb->x_in,
+                                 W(m, P_ATTN_NORM, l), lb->rstd1, BT, C, 1);
         prof_mark(d, PH_BWD_NORM);
         grads_final(m, param_offset(m, P_ATTN_NORM, l),  // this block's tensors, all written above
                     param_offset(m, l + 1 < mc->n_layer ? P_ATTN_NORM : P_FINAL_NORM, l + 1 < mc->n_layer ? l + 1 : 0));
@@ -808,6 +809,7 @@ void gpu_model_set_fp8_fusion(GpuModel *m, int on) {
     Dev *d = dev_of(m);
     d->fp8_fuse = on ? 1 : 0;
     d->x_in_slot0 = d->dy_in_slot0 = d->dyt_in_slot1 = NULL;  // codes in the slots are not to be reused
+    d->amax_of[0] = d->amax_of[1] = NULL;                     // nor amaxes taken before
 }
 long long gpu_model_fp8_fused_count(GpuModel *m) { return dev_of(m)->fp8_fused; }
 void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v) {

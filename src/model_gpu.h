@@ -25,7 +25,9 @@
 // codes). FP8 linears need linear_keep_lm_head_bf16 = true (an FP8 LM head is refused),
 // d_model and ffn_hidden multiples of 16, and B*T a multiple of 16. With fp8_block, the kernels
 // that produce a linear's input (RMSNorm, SwiGLU) or output gradient (the SwiGLU backward) write
-// its FP8 codes themselves (layers_fp8.h; same codes); gpu_model_set_fp8_fusion turns that off.
+// its FP8 codes themselves (layers_fp8.h; same codes); with fp8_tensor those kernels and the
+// RMSNorm backwards (the residual gradient) take their output's amax, so its quantization has no
+// amax pass of its own (same codes); gpu_model_set_fp8_fusion turns both off.
 // train.recompute: the attention/MLP RMSNorm outputs and the SwiGLU output are not kept per
 // layer but recomputed in the backward from the saved residuals (one norm or SwiGLU kernel
 // each), which saves 2*(2C + F) bytes per token and layer.
@@ -201,10 +203,14 @@ long long gpu_model_fp8_weight_refreshes(GpuModel *m);
 // fp8_block: on = 1 (the default, unless the environment has TRAIN_GPT_FP8_FUSE=0) lets the
 // RMSNorm and SwiGLU forward kernels write the codes of the next linear's input x, and the SwiGLU
 // backward those of the MLP-in linear's dy, instead of a separate quantization pass; on = 0 runs
-// the separate passes. The codes are the same either way (for A/B timing and tests).
+// the separate passes. fp8_tensor: on = 1 lets those kernels and the RMSNorm backwards take their
+// output's amax for its quantization, on = 0 runs the amax passes. The codes are the same either
+// way (for A/B timing and tests).
 void gpu_model_set_fp8_fusion(GpuModel *m, int on);
-// Producer kernels that wrote FP8 codes so far (layers_fp8.h): per FP8 block 3 per forward (the
-// two RMSNorms feeding qkv and MLP-in, SwiGLU feeding MLP-out) and 1 per backward. For tests.
+// Producer kernels that wrote FP8 codes so far (layers_fp8.h): per fp8_block block 3 per forward
+// (the two RMSNorms feeding qkv and MLP-in, SwiGLU feeding MLP-out) and 1 per backward; per
+// fp8_tensor block, those that took an amax: the same 3 per forward and 3 per backward (the
+// SwiGLU backward and the two RMSNorm backwards feeding the output projections). For tests.
 long long gpu_model_fp8_fused_count(GpuModel *m);
 
 #ifdef __cplusplus

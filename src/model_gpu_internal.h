@@ -76,7 +76,13 @@ typedef struct {
     int dyt_in_slot1_n, dyt_in_slot1_m;
     const bf16 *x_in_slot0;          // slot 0 holds Q(x) of this x for linear x_in_slot0_li (its
     int x_in_slot0_li, x_in_slot0_n; //   producer made it, and Q(x^T) when save_xt), or NULL
-    int fp8_fuse;                    // fp8_block: producers write the codes (gpu_model_set_fp8_fusion)
+    // fp8_tensor: the amax of a linear's x ([0]) or dy ([1]) taken by its producer (device, FP32
+    // bits), and which tensor it belongs to (amax_of NULL: none; model_gpu_linear.cu)
+    unsigned *prod_amax;             // (2)
+    const bf16 *amax_of[2];
+    int amax_rows[2], amax_cols[2];
+    int fp8_fuse;                    // fp8_block: producers write the codes; fp8_tensor: they take
+                                     //   the amax (gpu_model_set_fp8_fusion)
     long long fp8_fused;             // producer kernels that wrote codes (for tests)
     long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
     long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)
@@ -145,7 +151,8 @@ void head_fp8_forward(GpuModel *m, bf16 *logits, const bf16 *hf, int n, int want
 void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n);
 // Producers of a linear's operands (model_gpu_linear.cu): the layers.h kernel, or, when the
 // linear (kind, layer) is fp8_block and fusion is on, its layers_fp8.h twin writing the codes
-// the linear's GEMMs read (and then no BF16 output: nothing else reads it).
+// the linear's GEMMs read (and then no BF16 output: nothing else reads it); when it is
+// fp8_tensor and fusion is on, the layers.h kernel that also takes the output's amax.
 // h (N, C) = RMSNorm(x) (delta NULL) or RMSNorm(res_out = x + delta): the input of (kind, layer).
 void norm_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *res_out, bf16 *h, float *rstd, const bf16 *x,
                      const bf16 *delta, const bf16 *g, int N, int C, float eps);
@@ -154,6 +161,10 @@ void swiglu_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *sw, const b
 // dfc (N, 2F) = SwiGLU backward: the output gradient of (kind, layer).
 void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dfc, const bf16 *dsw, const bf16 *fc,
                                 int N, int F);
+// dx (N, C) (= or +=, accumulate) = RMSNorm backward: the residual gradient, the output gradient
+// of (kind, layer) (layer -1: of no linear). Only fp8_tensor takes anything more (the amax).
+void norm_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dx, float *dg, const bf16 *dy,
+                              const bf16 *x, const bf16 *g, const float *rstd, int N, int C, int accumulate);
 
 // --- phase profile (model_gpu_profile.cu) ---------------------------------------------------------
 // prof_mark(d, ph) records an event on the model stream and charges the time since the previous

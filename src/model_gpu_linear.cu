@@ -12,15 +12,21 @@
 // dyt_in_slot1, dy_in_slot0) and skip their quantization. Same codes, same GEMMs. The BF16 output
 // is then not written: with FP8 linears the only readers of h1, h2, sw and dfc are these GEMMs
 // (wgrad uses the saved Q(x^T), not x), and the BF16 fallbacks (a BF16 block, or a forward whose
-// token count is not a multiple of 4) take the unfused path, which writes it. fp8_tensor stays
-// unfused: its one scale per tensor needs the whole tensor's amax before any code can be written
-// (a second pass, or the previous step's amax: another contract, which linear_fp8.c would have to
-// emulate).
+// token count is not a multiple of 4) take the unfused path, which writes it.
+//
+// fp8_tensor cannot write codes from a tile: its one scale per tensor needs the whole tensor's
+// amax before any code (the previous step's amax would be another contract, which linear_fp8.c
+// would have to emulate). Its producers (the same four, and the RMSNorm backwards that make the
+// residual gradient, dy of the two output projections) are the layers.h kernels that also take
+// their output's amax (*_amax_gpu) into Dev.prod_amax; lin_forward / lin_wgrad then quantize
+// with it (fp8_quantize_gpu_amax_ready): the amax pass over x or dy is gone, the codes are the
+// same (a max does not depend on the order it is taken in).
 #include "model_gpu_internal.h"
 
 #include <string.h>  // memset
 
 #include "layers.h"      // the unfused producers
+#include "cuda_check.h"  // CUDA_CHECK
 #include "layers_fp8.h"  // the producers that also write the codes
 #include "matmul.h"      // matmul_forward/dgrad/wgrad_gpu
 
@@ -106,6 +112,31 @@ static Fp8Operand fp8_slot(Dev *d, int slot, int rows, int cols, Fp8Grouping g, 
     return op;
 }
 
+// --- fp8_tensor: amaxes taken by the producers -------------------------------------------------
+// which: 0 for a linear's x, 1 for its dy. The producer of t (rows, cols), the operand of linear
+// layer `layer`, gets where to put the amax (zeroed first), or NULL when that linear is not
+// fp8_tensor (or fusion is off, or layer < 0: no linear); the consumer takes it back once.
+static unsigned *amax_for_producer(GpuModel *m, int which, int layer, const bf16 *t, int rows, int cols) {
+    Dev *d = dev_of(m);
+    d->amax_of[which] = NULL;
+    if (!d->fp8_fuse || layer < 0 || lin_prec(m, layer) != LINEAR_FP8_TENSOR) return NULL;
+    CUDA_CHECK(cudaMemsetAsync(d->prod_amax + which, 0, sizeof(unsigned), d->stream));
+    d->amax_of[which] = t;
+    d->amax_rows[which] = rows;
+    d->amax_cols[which] = cols;
+    d->fp8_fused++;
+    return d->prod_amax + which;
+}
+
+// fp8_quantize_gpu, without its amax pass when t's producer took the amax.
+static void quantize_operand(Dev *d, int which, const Fp8Operand *q, const Fp8Operand *qt, const bf16 *t, int rows,
+                             int cols) {
+    const int ready = d->amax_of[which] == t && d->amax_rows[which] == rows && d->amax_cols[which] == cols;
+    d->amax_of[which] = NULL;
+    if (ready) fp8_quantize_gpu_amax_ready(q, qt, t, rows, cols, d->prod_amax + which, NULL, d->stream);
+    else fp8_quantize_gpu(q, qt, t, rows, cols, NULL, d->stream);
+}
+
 // y (N, M) BF16 = x (N, K) . W^T. A 1x128-scaled x needs N % 4 == 0 (cuBLASLt's VEC128 layout):
 // only gpu_model_next_logits can break that (training checks B*T % 16), and such a forward
 // runs in BF16 (the CPU would still quantize: sampling logits may then differ slightly).
@@ -126,10 +157,10 @@ void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x,
         Fp8Operand xt = d->xt8[li];                                 // (K, N <= BT)
         if (N > xt.cols) FATAL("model_gpu: %d tokens, the saved Q(x^T) has room for %d", N, xt.cols);
         xt.cols = N;
-        fp8_quantize_gpu(&xq, &xt, x, N, K, NULL, d->stream);
+        quantize_operand(d, 0, &xq, &xt, x, N, K);
         d->xt8_n[li] = N;
     } else {
-        fp8_quantize_gpu(&xq, NULL, x, N, K, NULL, d->stream);
+        quantize_operand(d, 0, &xq, NULL, x, N, K);
         d->xt8_n[li] = 0;
     }
     d->x_in_slot0 = NULL;
@@ -175,7 +206,7 @@ void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf1
     Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));                      // dy (N, M)
     if (d->dyt_in_slot1 != dy || d->dyt_in_slot1_n != N || d->dyt_in_slot1_m != M ||
         d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M) {  // not made by dy's producer
-        fp8_quantize_gpu(&dyq, &dyt, dy, N, M, NULL, d->stream);
+        quantize_operand(d, 1, &dyq, &dyt, dy, N, M);
         d->dy_in_slot0 = dy;
         d->dy_in_slot0_n = N;
         d->dy_in_slot0_m = M;
@@ -271,12 +302,16 @@ void norm_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *res_out, bf16
     Dev *d = dev_of(m);
     Fp8Operand q, qt;
     int has_qt = 0;
-    if (fused_x_operands(m, kind, layer, h, N, C, &q, &qt, &has_qt))
+    if (fused_x_operands(m, kind, layer, h, N, C, &q, &qt, &has_qt)) {
         rmsnorm_forward_fp8_gpu(res_out, NULL, rstd, x, delta, g, N, C, eps, &q, has_qt ? &qt : NULL, d->stream);
-    else if (delta)
-        residual_rmsnorm_forward_gpu(res_out, h, rstd, x, delta, g, N, C, eps, d->stream);
+        return;
+    }
+    (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
+    unsigned *amax = amax_for_producer(m, 0, layer, h, N, C);
+    if (delta)
+        residual_rmsnorm_forward_amax_gpu(res_out, h, rstd, x, delta, g, N, C, eps, amax, d->stream);
     else
-        rmsnorm_forward_gpu(h, rstd, x, g, N, C, eps, d->stream);
+        rmsnorm_forward_amax_gpu(h, rstd, x, g, N, C, eps, amax, d->stream);
 }
 
 void swiglu_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *sw, const bf16 *fc, int N, int F) {
@@ -286,7 +321,7 @@ void swiglu_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *sw, const b
     if (fused_x_operands(m, kind, layer, sw, N, F, &q, &qt, &has_qt))
         swiglu_forward_fp8_gpu(NULL, fc, N, F, &q, has_qt ? &qt : NULL, d->stream);
     else
-        swiglu_forward_gpu(sw, fc, N, F, d->stream);
+        swiglu_forward_amax_gpu(sw, fc, N, F, amax_for_producer(m, 0, layer, sw, N, F), d->stream);
 }
 
 // dy (N, M = 2F) of linear (kind, layer): Q(dy) into slot 0 for lin_dgrad and Q(dy^T) into slot 1
@@ -295,7 +330,7 @@ void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *df
                                 int N, int F) {
     Dev *d = dev_of(m);
     if (!d->fp8_fuse || lin_prec(m, layer) != LINEAR_FP8_BLOCK) {
-        swiglu_backward_gpu(dfc, dsw, fc, N, F, d->stream);
+        swiglu_backward_amax_gpu(dfc, dsw, fc, N, F, amax_for_producer(m, 1, layer, dfc, N, 2 * F), d->stream);
         return;
     }
     (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
@@ -308,4 +343,12 @@ void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *df
     d->dy_in_slot0_n = d->dyt_in_slot1_n = N;
     d->dy_in_slot0_m = d->dyt_in_slot1_m = M;
     d->fp8_fused++;
+}
+
+void norm_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dx, float *dg, const bf16 *dy,
+                              const bf16 *x, const bf16 *g, const float *rstd, int N, int C, int accumulate) {
+    Dev *d = dev_of(m);
+    if (layer >= 0) (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
+    rmsnorm_backward_amax_gpu(dx, dg, d->norm_scratch, dy, x, g, rstd, N, C, accumulate,
+                              amax_for_producer(m, 1, layer, dx, N, C), d->stream);
 }

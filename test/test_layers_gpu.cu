@@ -327,6 +327,88 @@ static void test_swiglu(int N, int F) {
     cudaFree(d_fc); cudaFree(d_out); cudaFree(d_dout); cudaFree(d_dfc);
 }
 
+// --- the *_amax_gpu layers: the same outputs, and max |output| as the FP8 amax pass takes it ---------
+// The amax as FP32 bits of the largest BF16 |value| (NaN ignored), as linear_fp8_gpu.cu's amax pass
+// and linear_fp8.c's fp8_quantize find it.
+static unsigned host_amax_bits(const Bf &v) {
+    unsigned m = 0;
+    for (uint16_t b : v) {
+        const unsigned a = b & 0x7FFFu;
+        if (a <= 0x7F80u && a > m) m = a;
+    }
+    return m << 16;
+}
+// Runs layer(amax) twice into poisoned outputs: with amax NULL and with *amax = start. The
+// outputs must be bit-identical, and *amax max(start, the host's amax of outs[0]: the layer's
+// output; others, like a fused residual, are only compared).
+template <class Layer>
+static void check_amax_layer(const char *what, const std::vector<std::pair<uint16_t *, size_t>> &outs, Layer layer,
+                             unsigned start = 0) {
+    std::vector<Bf> plain;
+    layer((unsigned *)NULL);
+    for (auto &o : outs) plain.push_back(back(o.first, o.second));
+    unsigned *d_amax = dnew<unsigned>(1);
+    CU(cudaMemcpy(d_amax, &start, 4, cudaMemcpyHostToDevice));
+    for (auto &o : outs) poison(o.first, o.second);
+    layer(d_amax);
+    unsigned want = start, got = back(d_amax, 1)[0];
+    bool same = true;
+    for (size_t i = 0; i < outs.size(); i++) {
+        Bf v = back(outs[i].first, outs[i].second);
+        same = same && v == plain[i];
+        if (i == 0) want = std::max(want, host_amax_bits(v));
+    }
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s: outputs bit-identical to the layer without the amax", what);
+    CHECK(same, nm, "outputs differ");
+    snprintf(nm, sizeof nm, "%s: amax = max |output| (start 0x%08x)", what, start);
+    CHECK(got == want && want != 0, nm, "got 0x%08x, want 0x%08x", got, want);
+    cudaFree(d_amax);
+}
+// nan_at: an input element (x of the norm, the gate of SwiGLU) set to NaN, which the amax ignores.
+static void test_output_amax(int N, int C, int F, long nan_at = -1) {
+    const float eps = 1e-5f;
+    const size_t n = (size_t)N * C, nf = (size_t)N * F;
+    Bf x = rand_bf(n, 1.5, 0.3), g = rand_bf(C, 0.2, 1.0), delta = rand_bf(n, 0.7), dy = rand_bf(n, 1.0);
+    Bf fc = rand_bf(2 * nf, 2.0), dout = rand_bf(nf, 1.0), dx0 = rand_bf(n, 1.0);
+    if (nan_at >= 0) {
+        x[(size_t)nan_at % n] = 0x7FC0u;
+        fc[(size_t)nan_at % nf] = 0x7FC0u;
+    }
+    uint16_t *d_x = dup(x), *d_g = dup(g), *d_delta = dup(delta), *d_dy = dup(dy), *d_fc = dup(fc), *d_dout = dup(dout);
+    uint16_t *d_y = dnew<uint16_t>(n), *d_res = dnew<uint16_t>(n), *d_dx = dnew<uint16_t>(n);
+    uint16_t *d_out = dnew<uint16_t>(nf), *d_dfc = dnew<uint16_t>(2 * nf);
+    float *d_r = dnew<float>(N), *d_dg = dnew<float>(C);
+    void *scratch = dnew<char>(rmsnorm_backward_scratch_bytes(N, C));
+    char nm[120];
+    snprintf(nm, sizeof nm, "rmsnorm forward amax N=%d C=%d%s", N, C, nan_at >= 0 ? " (a NaN input)" : "");
+    check_amax_layer(nm, {{d_y, n}}, [&](unsigned *a) { rmsnorm_forward_amax_gpu(d_y, d_r, d_x, d_g, N, C, eps, a, 0); });
+    snprintf(nm, sizeof nm, "residual+rmsnorm forward amax N=%d C=%d", N, C);
+    check_amax_layer(nm, {{d_y, n}, {d_res, n}}, [&](unsigned *a) {
+        residual_rmsnorm_forward_amax_gpu(d_res, d_y, d_r, d_x, d_delta, d_g, N, C, eps, a, 0);
+    });
+    // the amax is of y only: a start above it stays
+    snprintf(nm, sizeof nm, "rmsnorm forward amax N=%d C=%d, a larger amax before", N, C);
+    check_amax_layer(nm, {{d_y, n}}, [&](unsigned *a) { rmsnorm_forward_amax_gpu(d_y, d_r, d_x, d_g, N, C, eps, a, 0); },
+                     0x47000000u);
+    rmsnorm_forward_gpu(d_y, d_r, d_x, d_g, N, C, eps, 0);  // rstd of x
+    for (int acc = 0; acc < 2; acc++) {
+        snprintf(nm, sizeof nm, "rmsnorm backward amax N=%d C=%d accumulate=%d", N, C, acc);
+        check_amax_layer(nm, {{d_dx, n}}, [&](unsigned *a) {
+            CU(cudaMemcpy(d_dx, dx0.data(), 2 * n, cudaMemcpyHostToDevice));  // the same dx to add to
+            CU(cudaMemset(d_dg, 0, 4 * C));
+            rmsnorm_backward_amax_gpu(d_dx, d_dg, scratch, d_dy, d_x, d_g, d_r, N, C, acc, a, 0);
+        });
+    }
+    snprintf(nm, sizeof nm, "swiglu forward amax N=%d F=%d%s", N, F, nan_at >= 0 ? " (a NaN input)" : "");
+    check_amax_layer(nm, {{d_out, nf}}, [&](unsigned *a) { swiglu_forward_amax_gpu(d_out, d_fc, N, F, a, 0); });
+    snprintf(nm, sizeof nm, "swiglu backward amax N=%d F=%d%s", N, F, nan_at >= 0 ? " (a NaN input)" : "");
+    check_amax_layer(nm, {{d_dfc, 2 * nf}}, [&](unsigned *a) { swiglu_backward_amax_gpu(d_dfc, d_dout, d_fc, N, F, a, 0); });
+    cudaFree(d_x); cudaFree(d_g); cudaFree(d_delta); cudaFree(d_dy); cudaFree(d_fc); cudaFree(d_dout);
+    cudaFree(d_y); cudaFree(d_res); cudaFree(d_dx); cudaFree(d_out); cudaFree(d_dfc); cudaFree(d_r); cudaFree(d_dg);
+    cudaFree(scratch);
+}
+
 static void test_cross_entropy(int N, int V, int Vp) {
     Bf logits = rand_bf((size_t)N * Vp, 3.0);
     std::vector<int32_t> tgt(N);
@@ -565,6 +647,9 @@ int main(void) {
     test_rope(2, 9, 3, 40);  // 40 % 16 != 0: the scalar kernel
     test_swiglu(3, 100);
     test_swiglu(65, 256);
+    test_output_amax(257, 1024, 352);    // the vectorized kernels
+    test_output_amax(40, 36, 100);       // widths not multiples of 8: the scalar kernels
+    test_output_amax(3000, 768, 2048, 12345);
     test_cross_entropy(4, 1000, 1024);
     test_cross_entropy(33, 5000, 5120);
     test_cross_entropy(7, 50257, 50304);

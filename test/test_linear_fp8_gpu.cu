@@ -130,13 +130,24 @@ static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int 
     unsigned long long *d_counts;
     CU(cudaMalloc(&d_counts, 2 * sizeof(unsigned long long)));
     static const char *variant_name[4] = {"", "Q(x)", "Q(x^T)", "Q(x)+Q(x^T)"};
-    for (int v = 1; v <= 3; v++) {
+    // per tensor also with the amax given (fp8_quantize_gpu_amax_ready, as x's producer takes it):
+    // the host's max |x| (NaN ignored), poisoned slots otherwise the same
+    unsigned *d_amax = NULL;
+    if (g == FP8_GROUP_TENSOR) {
+        float amax = 0.0f;
+        for (float f : xf) amax = fmaxf(amax, fabsf(f));
+        CU(cudaMalloc(&d_amax, sizeof(unsigned)));
+        CU(cudaMemcpy(d_amax, &amax, sizeof amax, cudaMemcpyHostToDevice));
+    }
+    for (int vr = 1; vr <= (d_amax ? 6 : 3); vr++) {
+        const int v = (vr - 1) % 3 + 1, ready = vr > 3;
         CU(cudaMemset(q.codes, 0xAA, (size_t)rows * cols));  // poison
         CU(cudaMemset(qt.codes, 0xAA, (size_t)rows * cols));
         CU(cudaMemset(q.scales, 0xFF, sizeof(float) * fp8_gpu_scale_count(g, rows, cols)));
         CU(cudaMemset(qt.scales, 0xFF, sizeof(float) * fp8_gpu_scale_count(gt, cols, rows)));
         CU(cudaMemset(d_counts, 0, 2 * sizeof(unsigned long long)));
-        fp8_quantize_gpu(v & 1 ? &q : NULL, v & 2 ? &qt : NULL, d_x, rows, cols, d_counts, 0);
+        if (ready) fp8_quantize_gpu_amax_ready(v & 1 ? &q : NULL, v & 2 ? &qt : NULL, d_x, rows, cols, d_amax, d_counts, 0);
+        else fp8_quantize_gpu(v & 1 ? &q : NULL, v & 2 ? &qt : NULL, d_x, rows, cols, d_counts, 0);
         CU(cudaGetLastError());
         char msg[768] = "";
         Fp8QuantStats st = {0, 0, 0}, st_t = {0, 0, 0};
@@ -150,13 +161,15 @@ static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int 
                      ref.saturated, ref.nans);
         }
         char nm[160];
-        snprintf(nm, sizeof nm, "quantize %s%s%s %s (%d, %d) %s%s%s", grouping_name(g), gt != g ? ", x^T " : "",
+        snprintf(nm, sizeof nm, "quantize %s%s%s %s (%d, %d) %s%s%s%s", grouping_name(g), gt != g ? ", x^T " : "",
                  gt != g ? grouping_name(gt) : "", fmt_name(fmt), rows, cols, variant_name[v],
-                 special ? " +inf/nan/zero/subnormal" : "", misalign ? " misaligned" : "");
+                 special ? " +inf/nan/zero/subnormal" : "", misalign ? " misaligned" : "",
+                 ready ? ", amax given" : "");
         CHECK(msg[0] == 0, nm, "%s", msg);
     }
     fp8_operand_free(&q);
     fp8_operand_free(&qt);
+    if (d_amax) CU(cudaFree(d_amax));
     CU(cudaFree(d_counts));
     CU(cudaFree(base));
 }

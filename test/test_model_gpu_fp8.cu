@@ -21,8 +21,9 @@
 //   linear per step and are not stale (the loss equals a fresh model's given the parameters). keep-first/last options: layer 0 or layer 1 kept BF16 (6 -> 12 FP8 GEMMs),
 //   and both kept (all BF16: the same gradients as the BF16 run).
 //   The row-sum invariant inside the model: fp8_dm's rows of dS sum to zero in every layer.
-//   Fused quantization (fp8_block; layers_fp8.h): 4 fused producers per FP8 block per forward +
-//   backward, 3 per evaluation forward; the fused model against the same model with separate
+//   Fused quantization (fp8_block, layers_fp8.h: 4 producers writing codes per FP8 block per
+//   forward + backward, 3 per evaluation forward; fp8_tensor, layers.h's *_amax_gpu: 6 producers
+//   taking the amax, 3 per evaluation forward); the fused model against the same model with separate
 //   quantization passes (gpu_model_set_fp8_fusion 0), with and without train.recompute: losses
 //   and the last block's MLP / attention-projection gradients bit-identical, the rest within the
 //   model's run-to-run distance (attention dQ atomics).
@@ -312,12 +313,14 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
              label, 12LL * n_fp8 + head_gemms);
     CHECK(n_gemms == 12LL * n_fp8 + head_gemms, name, "ran %lld", n_gemms);
     // fp8_block: the two RMSNorms and SwiGLU write the codes of their linears' x, the SwiGLU
-    // backward those of MLP-in's dy (layers_fp8.h); fp8_tensor quantizes in separate passes.
-    const int blk = c.precision.linear == LINEAR_FP8_BLOCK;
+    // backward those of MLP-in's dy (layers_fp8.h); fp8_tensor: the same four and the two RMSNorm
+    // backwards whose residual gradient is an output projection's dy take their output's amax.
+    const int blk = c.precision.linear == LINEAR_FP8_BLOCK, ten = c.precision.linear == LINEAR_FP8_TENSOR;
+    const long long per_block = blk ? 4 : ten ? 6 : 0;
     const long long fused = gpu_model_fp8_fused_count(&gpu);
-    snprintf(name, sizeof name, "%s: %d fused quantizations in one forward + backward (4 per fp8_block block)", label,
-             blk ? 4 * n_fp8 : 0);
-    CHECK(fused == (blk ? 4LL * n_fp8 : 0), name, "ran %lld", fused);
+    snprintf(name, sizeof name, "%s: %lld fused quantizations in one forward + backward (4 per fp8_block block, 6 per "
+             "fp8_tensor block)", label, per_block * n_fp8);
+    CHECK(fused == per_block * n_fp8, name, "ran %lld", fused);
     if (is_bf16) {
         ref->gpu_bf16 = gg;
         ref->cpu_bf16 = cg;
@@ -392,8 +395,8 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     snprintf(name, sizeof name, "%s: an evaluation forward runs %lld FP8 GEMMs", label, eval_gemms);
     CHECK(gpu_model_fp8_gemm_count(&gpu) - n_gemms == eval_gemms, name, "ran %lld",
           gpu_model_fp8_gemm_count(&gpu) - n_gemms);
-    snprintf(name, sizeof name, "%s: ... and %d fused quantizations", label, blk ? 3 * n_fp8 : 0);
-    CHECK(gpu_model_fp8_fused_count(&gpu) - fused == (blk ? 3LL * n_fp8 : 0), name, "ran %lld",
+    snprintf(name, sizeof name, "%s: ... and %d fused quantizations", label, blk || ten ? 3 * n_fp8 : 0);
+    CHECK(gpu_model_fp8_fused_count(&gpu) - fused == (blk || ten ? 3LL * n_fp8 : 0), name, "ran %lld",
           gpu_model_fp8_fused_count(&gpu) - fused);
     {
         int t = T / 2;
@@ -636,11 +639,11 @@ static void keep_codes_check(void) {
 }
 
 // --- fused quantization against separate passes ---------------------------------------------------
-// fp8_block with the producers writing the codes (gpu_model_set_fp8_fusion 1) against the same
-// model quantizing in separate passes (0), same seed and batch: the codes are the same, so the
-// loss (forward: RMSNorm and SwiGLU fused) is bit-identical, and so are the last block's MLP and
-// attention-projection gradients (the SwiGLU backward fused; nothing nondeterministic before
-// them in the backward). Deeper gradients pass through the attention backward's dQ atomics:
+// fp8_block with the producers writing the codes (gpu_model_set_fp8_fusion 1), or fp8_tensor with
+// them taking the amaxes, against the same model quantizing in separate passes (0), same seed
+// and batch: the codes are the same, so the loss (forward: RMSNorm and SwiGLU fused) is
+// bit-identical, and so are the last block's MLP and attention-projection gradients (the SwiGLU
+// and RMSNorm backwards fused; nothing nondeterministic before them in the backward). Deeper gradients pass through the attention backward's dQ atomics:
 // compared with the run-to-run distance of the unfused model with itself.
 static void fusion_check(const Batches &bt, const char *label, const char *const *ov, int n_ov) {
     Config c = make_config(TINY_JSON, ov, n_ov);
@@ -980,6 +983,9 @@ int main(void) {
     const char *ov_fb[] = {"precision.linear=\"fp8_block\"", "train.recompute=true"};
     fusion_check(bt, "fp8_block", ov_fb, 1);
     fusion_check(bt, "fp8_block recompute", ov_fb, 2);
+    const char *ov_ft[] = {"precision.linear=\"fp8_tensor\"", "train.recompute=true"};
+    fusion_check(bt, "fp8_tensor", ov_ft, 1);
+    fusion_check(bt, "fp8_tensor recompute", ov_ft, 2);
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
     if (!getenv("FP8_SKIP_TIMING")) timing_section();
