@@ -9,6 +9,9 @@
 //   rmsnorm+res: bf16 / fused / unfused    residual_rmsnorm_forward_gpu / rmsnorm_forward_fp8_gpu
 //                               (y not written) / the BF16 kernel then fp8_quantize_gpu
 //   swiglu fwd, swiglu bwd: the same three
+//   tensor: ... (fp8_tensor) per-tensor Q(x) and Q(x^T): with the amax pass, with the amax given
+//                               (fp8_quantize_gpu_amax_ready), and after the layer that took it
+//                               (layers.h's *_amax_gpu), against the layer then the full quantize
 // Each row gives ms, the GB/s of the bytes the kernel must move (reads + writes of its contract)
 // and, for fused and unfused, the ratio of its time to the BF16 layer alone (what FP8 adds).
 //
@@ -98,6 +101,41 @@ int main(int argc, char **argv) {
             fp8_quantize_gpu(&q[2], &qt[2], dfc, N, 2 * F, NULL, s);
         }),
         10.0 * NF, t_swb);
+    // fp8_tensor: per-tensor codes both ways, (N, 2F) (MLP-in's dy) and (N, C) (a norm's output)
+    Fp8Operand tq[2], tqt[2];
+    const int twidth[2] = {2 * F, C};
+    for (int i = 0; i < 2; i++) {
+        fp8_operand_alloc(&tq[i], N, twidth[i], FP8_GROUP_TENSOR, FP8_E4M3);
+        fp8_operand_alloc(&tqt[i], twidth[i], N, FP8_GROUP_TENSOR, FP8_E4M3);
+    }
+    unsigned *amax;
+    CU(cudaMalloc(&amax, sizeof(unsigned)));
+    swiglu_backward_amax_gpu(dfc, dout, fc, N, F, NULL, s);
+    CU(cudaMemsetAsync(amax, 0, 4, s));
+    swiglu_backward_amax_gpu(dfc, dout, fc, N, F, amax, s);  // dfc's amax, for "amax given"
+    row("tensor: quantize both (N, 2F)",
+        bench_time_ms([&] { fp8_quantize_gpu(&tq[0], &tqt[0], dfc, N, 2 * F, NULL, s); }), 8.0 * NF, 0);
+    row("tensor: ... amax given", bench_time_ms([&] {
+            fp8_quantize_gpu_amax_ready(&tq[0], &tqt[0], dfc, N, 2 * F, amax, NULL, s);
+        }), 8.0 * NF, 0);
+    row("tensor: swiglu bwd, quantize", bench_time_ms([&] {
+            swiglu_backward_gpu(dfc, dout, fc, N, F, s);
+            fp8_quantize_gpu(&tq[0], &tqt[0], dfc, N, 2 * F, NULL, s);
+        }), 10.0 * NF, t_swb);
+    row("tensor: swiglu bwd + amax, quantize", bench_time_ms([&] {
+            CU(cudaMemsetAsync(amax, 0, 4, s));
+            swiglu_backward_amax_gpu(dfc, dout, fc, N, F, amax, s);
+            fp8_quantize_gpu_amax_ready(&tq[0], &tqt[0], dfc, N, 2 * F, amax, NULL, s);
+        }), 10.0 * NF, t_swb);
+    row("tensor: rmsnorm+res, quantize", bench_time_ms([&] {
+            residual_rmsnorm_forward_gpu(res, y, rstd, x, delta, g, N, C, eps, s);
+            fp8_quantize_gpu(&tq[1], &tqt[1], y, N, C, NULL, s);
+        }), 8.0 * NC, t_norm);
+    row("tensor: rmsnorm+res + amax, quantize", bench_time_ms([&] {
+            CU(cudaMemsetAsync(amax, 0, 4, s));
+            residual_rmsnorm_forward_amax_gpu(res, y, rstd, x, delta, g, N, C, eps, amax, s);
+            fp8_quantize_gpu_amax_ready(&tq[1], &tqt[1], y, N, C, amax, NULL, s);
+        }), 8.0 * NC, t_norm);
     CU(cudaDeviceSynchronize());
     printf("# GB/s: the bytes of each kernel's contract (BF16 in, BF16 or both FP8 codes out) over its time;\n"
            "# vs BF16 layer: time / the BF16 layer's time (what the FP8 codes add)\n");

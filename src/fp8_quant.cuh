@@ -193,12 +193,17 @@ struct FullTag {
 // the BLK128x128 layout; the partial tiles at the edges are partial blocks). counts (may be NULL)
 // get Q(x)'s saturations and NaNs (each element once). All FQ_NT threads call; the shared memory
 // may be reused after a __syncthreads.
-template <Fp8Format FMT, int BATCH, class Raw, bool FULL, bool QT_BLOCK, class Load, class Make>
+// TENSOR: per-tensor scaling instead, every code with the scale of the tensor's amax
+// *tensor_amax (no amaxes taken, no scales written: the caller writes the tensor's two floats).
+template <Fp8Format FMT, int BATCH, class Raw, bool FULL, bool QT_BLOCK, bool TENSOR, class Load, class Make>
 static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
                                                    uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
-                                                   unsigned long long *counts, Load load, Make make) {
+                                                   const float *tensor_amax, unsigned long long *counts, Load load,
+                                                   Make make) {
     static_assert(8 % BATCH == 0, "BATCH must divide the 8 rows of a thread");
+    static_assert(!(TENSOR && QT_BLOCK), "per tensor or 128x128 blocks, not both");
     constexpr int G = FQ_G;
+    const float s_tensor = TENSOR ? fp8_scale_for_amax(FMT, *tensor_amax) : 1.0f;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int c = (t & 15) * 8, rsub = t >> 4;
     uint32_t w[8][4];
@@ -224,6 +229,7 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
                         if (c + e >= nc) w[k][e >> 1] &= ~(0xFFFFu << (16 * (e & 1)));
             }
             *reinterpret_cast<uint4 *>(&sm.tile[r][c / 2]) = make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]);
+            if (TENSOR) continue;  // no amaxes to take
             uint32_t m2 = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -238,14 +244,17 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
     const bool vec_q = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        unsigned m = rm[k];
+        unsigned m = 0;
+        if (!TENSOR) {
+            m = rm[k];
 #pragma unroll
-        for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+            for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        }
         if (QT_BLOCK) tile_m = max(tile_m, m);
         const int r = rsub + 16 * k;
         if (q == nullptr || (!FULL && r >= nr)) continue;
-        const float s = scale_of_bits(FMT, m);
-        if (c == 0) q_scales[(size_t)(c0 / G) * rows + r0 + r] = 1.0f / s;  // VEC128: [j * R + r]
+        const float s = TENSOR ? s_tensor : scale_of_bits(FMT, m);
+        if (!TENSOR && c == 0) q_scales[(size_t)(c0 / G) * rows + r0 + r] = 1.0f / s;  // VEC128: [j * R + r]
         if (!FULL && c >= nc) continue;
         const uint2 codes = quant8<FMT>(w[k], s, sat, nan);
         uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
@@ -258,9 +267,11 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
     flush_counts(counts, sat, nan);
     if (qt == nullptr) return;
     // column maxima: the two half-warps, then the warps through shared memory
+    if (!TENSOR) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) cm[i] = amax2(cm[i], __shfl_xor_sync(0xFFFFFFFFu, cm[i], 16));
-    if (lane < 16) *reinterpret_cast<uint4 *>(&sm.part[warp][c / 2]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+        for (int i = 0; i < 4; i++) cm[i] = amax2(cm[i], __shfl_xor_sync(0xFFFFFFFFu, cm[i], 16));
+        if (lane < 16) *reinterpret_cast<uint4 *>(&sm.part[warp][c / 2]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+    }
     if (QT_BLOCK) {
         tile_m = max(tile_m, __shfl_xor_sync(0xFFFFFFFFu, tile_m, 16));
         if (lane == 0) sm.wmax[warp] = tile_m;
@@ -269,8 +280,9 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
     // Q(x^T): columns ca = 2 cp and ca + 1, rows [rb, rb + 32)
     const int cp = t & 63, ca = 2 * cp, rb = 32 * (t >> 6);
     uint32_t mp = 0;
+    if (!TENSOR)
 #pragma unroll
-    for (int v = 0; v < FQ_NT / 32; v++) mp = amax2(mp, sm.part[v][cp]);
+        for (int v = 0; v < FQ_NT / 32; v++) mp = amax2(mp, sm.part[v][cp]);
     unsigned ma = mp & 0xFFFFu, mb = mp >> 16;
     if (QT_BLOCK) {  // one scale for the tile: the max over its warps' rows
         unsigned tm = 0;
@@ -278,8 +290,10 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
         for (int v = 0; v < FQ_NT / 32; v++) tm = max(tm, sm.wmax[v]);
         ma = mb = tm;
     }
-    const float sa = scale_of_bits(FMT, ma), sb = scale_of_bits(FMT, mb);
-    if (QT_BLOCK) {  // BLK128x128 of qt (cols, rows): block (c0 / 128, r0 / 128)
+    const float sa = TENSOR ? s_tensor : scale_of_bits(FMT, ma), sb = TENSOR ? s_tensor : scale_of_bits(FMT, mb);
+    if (TENSOR) {
+        // (the caller writes the tensor's scale)
+    } else if (QT_BLOCK) {  // BLK128x128 of qt (cols, rows): block (c0 / 128, r0 / 128)
         if (t == 0) write_block_scale(qt_scales, c0 / G, r0 / G, (cols + G - 1) / G, (rows + G - 1) / G, 1.0f / sa);
     } else if (rb == 0) {
         if (FULL || ca < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca] = 1.0f / sa;  // [j * R + r], R = cols
@@ -325,17 +339,31 @@ static __device__ __forceinline__ void vec128_tile(Vec128Tile &sm, int r0, int c
                                                    bool qt_block, unsigned long long *counts, Load load, Make make) {
     const bool full = nr == FQ_G && nc == FQ_G;  // uniform branches: four copies of the body
     if (full && !qt_block)
-        vec128_tile_body<FMT, BATCH, Raw, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
-                                                       counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, true, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
+                                                              qt_scales, nullptr, counts, load, make);
     else if (!qt_block)
-        vec128_tile_body<FMT, BATCH, Raw, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
-                                                        counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, false, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
+                                                               qt_scales, nullptr, counts, load, make);
     else if (full)
-        vec128_tile_body<FMT, BATCH, Raw, true, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
-                                                      counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, true, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
+                                                             qt_scales, nullptr, counts, load, make);
     else
-        vec128_tile_body<FMT, BATCH, Raw, false, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales,
-                                                       counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, false, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
+                                                              qt_scales, nullptr, counts, load, make);
+}
+
+// The same tile with per-tensor scaling: Q(x) (to q, may be NULL) and Q(x^T) (to qt, may be
+// NULL) with the one scale of the tensor's amax *tensor_amax (FP32). No scales are written here.
+template <Fp8Format FMT, int BATCH, class Raw, class Load, class Make>
+static __device__ __forceinline__ void vec128_tile_tensor(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows,
+                                                          int cols, uint8_t *q, uint8_t *qt, const float *tensor_amax,
+                                                          unsigned long long *counts, Load load, Make make) {
+    if (nr == FQ_G && nc == FQ_G)
+        vec128_tile_body<FMT, BATCH, Raw, true, false, true>(sm, r0, c0, nr, nc, rows, cols, q, nullptr, qt, nullptr,
+                                                             tensor_amax, counts, load, make);
+    else
+        vec128_tile_body<FMT, BATCH, Raw, false, false, true>(sm, r0, c0, nr, nc, rows, cols, q, nullptr, qt, nullptr,
+                                                              tensor_amax, counts, load, make);
 }
 
 #endif  // FP8_QUANT_CUH

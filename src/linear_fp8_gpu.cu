@@ -307,22 +307,61 @@ __global__ void __launch_bounds__(THREADS)
 #ifndef VEC128_MIN_CTAS  // CTAs per SM it is compiled for
 #define VEC128_MIN_CTAS 4
 #endif
+// vec128_tile's producer when the tile is read from a BF16 x (rows, cols) as it is: the loads of
+// tile row r, columns c .. c + 7 of the tile at (r0, c0), and the values unchanged.
+struct XTileLoad {
+    const uint16_t *x;
+    int cols, r0, c0, nc;
+    bool vec;
+    template <class Full>
+    __device__ void operator()(Full, int r, int c, Bf16x8Loads<1> &in) const {
+        load8_tile<Full::value>(in.v[0], x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec);
+    }
+};
+struct XTileCopy {
+    template <class Full>
+    __device__ void operator()(Full, int, int, const Bf16x8Loads<1> &in, uint32_t w[4]) const {
+        w[0] = in.v[0][0]; w[1] = in.v[0][1]; w[2] = in.v[0][2]; w[3] = in.v[0][3];
+    }
+};
+static __device__ XTileLoad x_tile_load(const uint16_t *x, int rows, int cols) {
+    const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
+    (void)rows;
+    return XTileLoad{x, cols, r0, c0, min(G, cols - c0), cols % 8 == 0 && ((uintptr_t)x & 15) == 0};
+}
+
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     vec128both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
                       float *qt_scales, bool qt_block, unsigned long long *counts) {
     __shared__ __align__(16) Vec128Tile sm;
-    const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
-    const int nr = min(G, rows - r0), nc = min(G, cols - c0);
-    const bool vec_in = cols % 8 == 0 && ((uintptr_t)x & 15) == 0;
-    vec128_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(
-        sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, qt_block, counts,
-        [&](auto full, int r, int c, Bf16x8Loads<1> &in) {
-            load8_tile<decltype(full)::value>(in.v[0], x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec_in);
-        },
-        [&](auto, int, int, const Bf16x8Loads<1> &in, uint32_t w[4]) {
-            w[0] = in.v[0][0]; w[1] = in.v[0][1]; w[2] = in.v[0][2]; w[3] = in.v[0][3];
-        });
+    const XTileLoad ld = x_tile_load(x, rows, cols);
+    vec128_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(sm, ld.r0, ld.c0, min(G, rows - ld.r0), ld.nc, rows, cols, q,
+                                                   q_scales, qt, qt_scales, qt_block, counts, ld, XTileCopy());
+}
+
+// Per tensor, Q(x) and Q(x^T) both from one 128x128 tile of x, with the scale of the tensor's
+// amax *amax (from the amax pass or x's producer); block (0, 0) writes both operands' scales
+// ([0] = 1/s, [1] = the amax). The same codes as tile128_kernel with tensor_amax, from
+// vec128_tile's registers instead of its shared-memory staging. TENSOR_TILE_VEC 0 selects
+// tile128_kernel again (a timing knob).
+#ifndef TENSOR_TILE_VEC
+#define TENSOR_TILE_VEC 1
+#endif
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
+    tensor_both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
+                       float *qt_scales, const float *amax, unsigned long long *counts) {
+    __shared__ __align__(16) Vec128Tile sm;
+    const XTileLoad ld = x_tile_load(x, rows, cols);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        const float inv = 1.0f / fp8_scale_for_amax(FMT, *amax);  // exact: a power of two
+        q_scales[0] = qt_scales[0] = inv;
+        if (q_scales + 1 != amax) q_scales[1] = *amax;  // other CTAs read *amax, never these
+        if (qt_scales + 1 != amax) qt_scales[1] = *amax;
+    }
+    vec128_tile_tensor<FMT, VEC128_BATCH, Bf16x8Loads<1>>(sm, ld.r0, ld.c0, min(G, rows - ld.r0), ld.nc, rows, cols, q,
+                                                          qt, amax, counts, ld, XTileCopy());
 }
 static_assert(THREADS == FQ_NT, "vec128both_kernel launches THREADS threads, vec128_tile needs FQ_NT");
 
@@ -372,6 +411,8 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
         }
         if (!qt) {
             LAUNCH_FMT(fmt, cast_tensor_kernel, (unsigned)(blocks < 4096 ? blocks : 4096), qc, x, n, qs, amax, counts);
+        } else if (q && TENSOR_TILE_VEC) {
+            LAUNCH_FMT(fmt, tensor_both_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, counts);
         } else {
             LAUNCH_FMT(fmt, tile128_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, counts);
         }
