@@ -25,8 +25,8 @@
 
 #include <string.h>  // memset
 
-#include "layers.h"      // the unfused producers
 #include "cuda_check.h"  // CUDA_CHECK
+#include "layers.h"      // the unfused producers (and those that take an fp8_tensor operand's amax)
 #include "layers_fp8.h"  // the producers that also write the codes
 #include "matmul.h"      // matmul_forward/dgrad/wgrad_gpu
 
