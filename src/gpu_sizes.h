@@ -8,7 +8,8 @@
 #include <stddef.h>  // size_t
 #include <stdint.h>  // int32_t
 
-#include "config.h"  // AttnPrecision, attn_precision_is_fp8
+#include "config.h"      // AttnPrecision, attn_precision_is_fp8
+#include "linear_fp8.h"  // Fp8Grouping and the FP8 linears' groupings (linear_act_grouping, ...)
 
 // RMSNorm and QK-norm backward: the gain gradient is summed in FP32 partials over row chunks:
 // at most 1024 chunks of at least 32 rows, each giving one partial row of `dim` floats.
@@ -120,13 +121,19 @@ static inline size_t gpu_fp8_scales_1x128(size_t rows, size_t cols) {
 static inline size_t gpu_fp8_scales_128x128(size_t rows, size_t cols) {
     return gpu_round4(gpu_cdiv128(rows)) * gpu_round4(gpu_cdiv128(cols));
 }
+// The same by grouping (linear_fp8_gpu.cu's fp8_gpu_scale_count).
+static inline size_t gpu_fp8_scales(Fp8Grouping g, size_t rows, size_t cols) {
+    return g == FP8_GROUP_TENSOR  ? gpu_fp8_scales_tensor()
+           : g == FP8_GROUP_1x128 ? gpu_fp8_scales_1x128(rows, cols)
+                                  : gpu_fp8_scales_128x128(rows, cols);
+}
 
-// Scale floats of a linear's saved Q(x^T) (rows = K, cols = tokens) for the wgrad: one per tensor
-// (fp8_tensor), 1x128 slices along the tokens (fp8_block), or 128x128 blocks (fp8_block with
-// precision.linear_wgrad_blocks = "activation": linear_fp8.h's linear_wgrad_groupings).
+// Scale floats of a linear's saved Q(x^T) (rows = K, cols = tokens) for the wgrad, in FP8
+// precision p with precision.linear_wgrad_blocks b (linear_wgrad_groupings' x^T grouping).
 static inline size_t gpu_fp8_scales_xt(LinearPrecision p, WgradBlocks b, size_t rows, size_t cols) {
-    if (p == LINEAR_FP8_TENSOR) return gpu_fp8_scales_tensor();
-    return b == WGRAD_BLOCKS_ACTIVATION ? gpu_fp8_scales_128x128(rows, cols) : gpu_fp8_scales_1x128(rows, cols);
+    Fp8Grouping dyt, xt;
+    linear_wgrad_groupings(p, b, &dyt, &xt);
+    return gpu_fp8_scales(xt, rows, cols);
 }
 
 // The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).
@@ -146,7 +153,8 @@ static inline size_t gpu_fp8_head_chunk(LinearPrecision head, size_t BT) {
 //   slot 1: wgrad dy^T (3C, BT) (C, BT) (2F, BT)
 // and an FP8 LM head's chunk (head_chunk > 0, gpu_fp8_head_chunk) its dlogits: Q(dy) (chunk, Vp)
 // in slot 0, Q(dy^T) (Vp, chunk) in slot 1 (its x, hf (chunk, C), fits slot 0's (BT, C)). Bytes
-// of codes and floats of scales (per tensor, or 1x128 slices with fp8_block).
+// of codes and floats of scales (per tensor, or 1x128 slices with fp8_block: also enough for a
+// dy^T in 128x128 blocks, precision.linear_wgrad_blocks = "gradient", which has fewer).
 static inline void gpu_fp8_slot_size(int slot, LinearPrecision p, size_t BT, size_t C, size_t F, size_t head_chunk,
                                      size_t Vp, size_t *codes, size_t *scales) {
     const size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {head_chunk, Vp}};
@@ -156,7 +164,7 @@ static inline void gpu_fp8_slot_size(int slot, LinearPrecision p, size_t BT, siz
     *codes = *scales = 0;
     for (int i = 0; i < n; i++) {
         const size_t r = shapes[i][0], c = shapes[i][1];
-        const size_t ns = p == LINEAR_FP8_TENSOR ? gpu_fp8_scales_tensor() : gpu_fp8_scales_1x128(r, c);
+        const size_t ns = gpu_fp8_scales(linear_act_grouping(p), r, c);
         if (r * c > *codes) *codes = r * c;
         if (ns > *scales) *scales = ns;
     }

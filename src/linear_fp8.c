@@ -182,14 +182,24 @@ LinearPrecision linear_precision_of(const PrecisionConfig *p, int n_layer, int l
 
 // --- the three GEMMs ---------------------------------------------------------------------------
 
-void linear_wgrad_groupings(WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt) {
+Fp8Grouping linear_act_grouping(LinearPrecision p) {
+    return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_1x128;
+}
+Fp8Grouping linear_weight_grouping(LinearPrecision p) {
+    return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_128x128;
+}
+void linear_wgrad_groupings(LinearPrecision p, WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt) {
+    if (p == LINEAR_FP8_TENSOR) {
+        *dyt = *xt = FP8_GROUP_TENSOR;
+        return;
+    }
     *dyt = b == WGRAD_BLOCKS_GRADIENT ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
     *xt = b == WGRAD_BLOCKS_ACTIVATION ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
 }
 
 void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p) {
     memset(L, 0, sizeof *L);
-    linear_wgrad_groupings(p->linear_wgrad_blocks, &L->wgrad_dyt, &L->wgrad_xt);
+    linear_wgrad_groupings(LINEAR_FP8_BLOCK, p->linear_wgrad_blocks, &L->wgrad_dyt, &L->wgrad_xt);
     // fp8_block: E4M3 for gradients too (1x128 slices leave no need for E5M2's range).
     L->grad_format = (p->linear == LINEAR_FP8_TENSOR && p->linear_grad_format == GRADFMT_E5M2) ? FP8_E5M2
                                                                                                  : FP8_E4M3;
@@ -207,14 +217,6 @@ static float *scratch(LinearFp8 *L, int i, size_t n) {
         L->scratch_cap[i] = n;
     }
     return L->scratch[i];
-}
-
-// Groups of activations and gradients (1x128 along the reduction) and of weights (128x128).
-static Fp8Grouping act_grouping(LinearPrecision p) {
-    return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_1x128;
-}
-static Fp8Grouping weight_grouping(LinearPrecision p) {
-    return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_128x128;
 }
 
 static void check_precision(LinearPrecision p) {
@@ -236,8 +238,8 @@ void linear_forward(LinearFp8 *L, LinearPrecision prec, float *y, const float *x
     }
     check_precision(prec);
     float *xq = scratch(L, 0, (size_t)N * K), *wq = scratch(L, 1, (size_t)M * K);
-    fp8_quantize(xq, NULL, NULL, x, N, K, act_grouping(prec), FP8_E4M3, &L->stats[LINEAR_X]);     // (N, K)
-    fp8_quantize(wq, NULL, NULL, w, M, K, weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);  // (M, K)
+    fp8_quantize(xq, NULL, NULL, x, N, K, linear_act_grouping(prec), FP8_E4M3, &L->stats[LINEAR_X]);     // (N, K)
+    fp8_quantize(wq, NULL, NULL, w, M, K, linear_weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);  // (M, K)
     matmul_nt(y, xq, wq, N, M, K, accumulate);
     L->gemms++;
 }
@@ -250,9 +252,9 @@ void linear_dgrad(LinearFp8 *L, LinearPrecision prec, float *dx, const float *dy
     }
     check_precision(prec);
     float *dyq = scratch(L, 0, (size_t)N * M), *wq = scratch(L, 1, (size_t)M * K);
-    fp8_quantize(dyq, NULL, NULL, dy, N, M, act_grouping(prec), L->grad_format, &L->stats[LINEAR_DY]);  // along M
+    fp8_quantize(dyq, NULL, NULL, dy, N, M, linear_act_grouping(prec), L->grad_format, &L->stats[LINEAR_DY]);  // along M
     // W^T's blocks are W's blocks transposed: quantizing W in place gives the same values.
-    fp8_quantize(wq, NULL, NULL, w, M, K, weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);
+    fp8_quantize(wq, NULL, NULL, w, M, K, linear_weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);
     matmul_nn(dx, dyq, wq, N, K, M, accumulate);
     L->gemms++;
 }

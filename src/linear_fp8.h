@@ -65,10 +65,14 @@ typedef struct {
 enum { LINEAR_X = 0, LINEAR_W = 1, LINEAR_DY = 2 };  // indices of LinearFp8.stats
 
 void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p);
-// fp8_block's groupings of the wgrad operands dy^T (M, N) and x^T (K, N) for
-// precision.linear_wgrad_blocks: both FP8_GROUP_1x128 (none), or x^T (activation) or dy^T
-// (gradient) FP8_GROUP_128x128. Both backends take them from here.
-void linear_wgrad_groupings(WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt);
+// The contract's groupings in FP8 precision p (fp8_tensor or fp8_block); both backends and the
+// GPU memory plan take them from here. Activations and output gradients: per tensor, or 1x128
+// slices along the reduction; weights: per tensor, or 128x128 blocks; the wgrad operands dy^T
+// (M, N) and x^T (K, N): per tensor, or (fp8_block) 1x128 slices along the tokens N, one of them
+// in 128x128 blocks with precision.linear_wgrad_blocks (x^T for "activation", dy^T for "gradient").
+Fp8Grouping linear_act_grouping(LinearPrecision p);
+Fp8Grouping linear_weight_grouping(LinearPrecision p);
+void linear_wgrad_groupings(LinearPrecision p, WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt);
 void linear_fp8_free(LinearFp8 *L);
 
 // The three GEMMs of y = x W^T, x (N, K), W (M, K), y (N, M), in precision prec. LINEAR_BF16

@@ -40,13 +40,9 @@ __host__ __device__ static inline int cdiv(int a, int b) { return (a + b - 1) / 
 __host__ __device__ static inline int round4(int a) { return (a + 3) & ~3; }
 
 long fp8_gpu_scale_count(Fp8Grouping g, int rows, int cols) {
-    switch (g) {
-    case FP8_GROUP_TENSOR: return (long)gpu_fp8_scales_tensor();  // 1/s and the amax
-    case FP8_GROUP_1x128:  // (ceil(cols/128), rows); room for both padded to 4 (never written)
-        return (long)gpu_fp8_scales_1x128((size_t)rows, (size_t)cols);
-    case FP8_GROUP_128x128: return (long)gpu_fp8_scales_128x128((size_t)rows, (size_t)cols);
-    }
-    FATAL("fp8_gpu_scale_count: unknown grouping %d", (int)g);
+    if (g != FP8_GROUP_TENSOR && g != FP8_GROUP_1x128 && g != FP8_GROUP_128x128)
+        FATAL("fp8_gpu_scale_count: unknown grouping %d", (int)g);
+    return (long)gpu_fp8_scales(g, (size_t)rows, (size_t)cols);  // with cuBLASLt's padding (gpu_sizes.h)
 }
 
 void fp8_operand_alloc(Fp8Operand *op, int rows, int cols, Fp8Grouping g, Fp8Format fmt) {

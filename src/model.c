@@ -178,11 +178,10 @@ double model_flops_per_token(const ModelConfig *m) {
 
 #define PLAN_ALIGN 256               // model_gpu.cu's ARENA_ALIGN
 
-// FP8 scale floats of an operand of the GPU model's linears: activations and gradients per
-// tensor or in 1x128 slices, weights per tensor or in 128x128 blocks (linear_fp8_gpu.cu).
+// FP8 scale floats of an operand of the GPU model's linears in the contract's grouping of an
+// activation or gradient (weight 0) or a weight (linear_fp8.h).
 static size_t plan_fp8_scales(LinearPrecision p, int weight, size_t rows, size_t cols) {
-    if (p == LINEAR_FP8_TENSOR) return gpu_fp8_scales_tensor();
-    return weight ? gpu_fp8_scales_128x128(rows, cols) : gpu_fp8_scales_1x128(rows, cols);
+    return gpu_fp8_scales(weight ? linear_weight_grouping(p) : linear_act_grouping(p), rows, cols);
 }
 
 static void plan_take(size_t *category, size_t bytes) {

@@ -198,8 +198,8 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
             for (int i = 0; i < 4; i++) {
                 int M, K;
                 fp8_lin_shape(i, (int)C, (int)F, &M, &K);
-                Fp8Operand w = take_operand(&cv, M, K, weight_groups(lp), FP8_E4M3, &plan->weights);
-                Fp8Operand wt = take_operand(&cv, K, M, weight_groups(lp), FP8_E4M3, &plan->weights);
+                Fp8Operand w = take_operand(&cv, M, K, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
+                Fp8Operand wt = take_operand(&cv, K, M, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
                 Fp8Operand xt = take_operand(&cv, K, (int)BT, xt_groups(&c->precision, lp), FP8_E4M3, A);
                 if (base) {
                     d->w8[4 * l + i] = w;

@@ -123,10 +123,8 @@ static inline const bf16 *W(GpuModel *m, ParamKind kind, int layer) { return dev
 static inline float *G(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->g + param_offset(m, kind, layer); }
 
 // --- linear layers (model_gpu_linear.cu) ------------------------------------------------------
-Fp8Grouping act_groups(LinearPrecision p);     // 1x128 for fp8_block, else per tensor
-Fp8Grouping weight_groups(LinearPrecision p);  // 128x128 for fp8_block, else per tensor
-// The wgrad operands Q(x^T) and Q(dy^T): per tensor for fp8_tensor; for fp8_block 1x128 along the
-// tokens, or one of them in 128x128 blocks (precision.linear_wgrad_blocks, linear_wgrad_groupings).
+// (Groupings: linear_fp8.h's linear_act_grouping, linear_weight_grouping.) The wgrad operands
+// Q(x^T) and Q(dy^T)'s, linear_wgrad_groupings' for precision p and precision.linear_wgrad_blocks.
 Fp8Grouping xt_groups(const PrecisionConfig *pc, LinearPrecision p);
 Fp8Grouping dyt_groups(const PrecisionConfig *pc, LinearPrecision p);
 // The FP8 linears of a block, i = 0..3: qkv, attention projection, MLP in, MLP out as W (M, K).

@@ -35,17 +35,16 @@
 // function). Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K)
 // and Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
 // Q(W) (Vp, C), Q(W^T) (C, Vp) (weights) and its chunk's Q(hf^T) (C, n) (workspace).
-Fp8Grouping act_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_1x128 : FP8_GROUP_TENSOR; }
-Fp8Grouping weight_groups(LinearPrecision p) { return p == LINEAR_FP8_BLOCK ? FP8_GROUP_128x128 : FP8_GROUP_TENSOR; }
+// The groupings of the wgrad operands x^T and dy^T, as linear_wgrad_groupings gives them.
 Fp8Grouping xt_groups(const PrecisionConfig *pc, LinearPrecision p) {
     Fp8Grouping dyt, xt;
-    linear_wgrad_groupings(pc->linear_wgrad_blocks, &dyt, &xt);
-    return p == LINEAR_FP8_BLOCK ? xt : act_groups(p);
+    linear_wgrad_groupings(p, pc->linear_wgrad_blocks, &dyt, &xt);
+    return xt;
 }
 Fp8Grouping dyt_groups(const PrecisionConfig *pc, LinearPrecision p) {
     Fp8Grouping dyt, xt;
-    linear_wgrad_groupings(pc->linear_wgrad_blocks, &dyt, &xt);
-    return p == LINEAR_FP8_BLOCK ? dyt : act_groups(p);
+    linear_wgrad_groupings(p, pc->linear_wgrad_blocks, &dyt, &xt);
+    return dyt;
 }
 // Bytes of codes and floats of scales slot `slot` needs for config c's linears.
 void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
@@ -144,12 +143,12 @@ void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x,
     Dev *d = dev_of(m);
     LinearPrecision p = lin_prec(m, layer);
     const bf16 *w = W(m, kind, layer);
-    if (p == LINEAR_BF16 || (act_groups(p) == FP8_GROUP_1x128 && N % 4)) {
+    if (p == LINEAR_BF16 || (linear_act_grouping(p) == FP8_GROUP_1x128 && N % 4)) {
         matmul_forward_gpu(y, x, w, N, M, K, 0, d->stream);
         return;
     }
     const int li = 4 * layer + fp8_lin_index(kind);
-    Fp8Operand xq = fp8_slot(d, 0, N, K, act_groups(p), FP8_E4M3);  // (N, K)
+    Fp8Operand xq = fp8_slot(d, 0, N, K, linear_act_grouping(p), FP8_E4M3);  // (N, K)
     d->dy_in_slot0 = NULL;
     if (d->x_in_slot0 == x && d->x_in_slot0_li == li && d->x_in_slot0_n == N) {
         // x's producer wrote Q(x) here, and Q(x^T) with xt8_n[li] (norm_for_linear, swiglu_for_linear)
@@ -177,7 +176,7 @@ void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy,
         matmul_dgrad_gpu(dx, dy, w, N, M, K, 0, d->stream);
         return;
     }
-    Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));  // (N, M), groups along M
+    Fp8Operand dyq = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));  // (N, M), groups along M
     if (d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M)  // not made by lin_wgrad
         fp8_quantize_gpu(&dyq, NULL, dy, N, M, NULL, d->stream);
     d->dy_in_slot0 = NULL;
@@ -203,7 +202,7 @@ void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf1
     xt.cols = N;                                                            // x^T (K, N)
     // Q(dy^T) for this GEMM and Q(dy) (slot 0) for the lin_dgrad that follows, in one call.
     Fp8Operand dyt = fp8_slot(d, 1, M, N, dyt_groups(&m->cfg.precision, p), grad_format(m));  // dy^T (M, N)
-    Fp8Operand dyq = fp8_slot(d, 0, N, M, act_groups(p), grad_format(m));                      // dy (N, M)
+    Fp8Operand dyq = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));                      // dy (N, M)
     if (d->dyt_in_slot1 != dy || d->dyt_in_slot1_n != N || d->dyt_in_slot1_m != M ||
         d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M) {  // not made by dy's producer
         quantize_operand(d, 1, &dyq, &dyt, dy, N, M);

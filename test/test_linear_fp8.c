@@ -356,7 +356,7 @@ static void test_wgrad_blocks(WgradBlocks b) {
     LinearFp8 L;
     linear_fp8_init(&L, &pc);
     Fp8Grouping gd, gx;
-    linear_wgrad_groupings(b, &gd, &gx);
+    linear_wgrad_groupings(LINEAR_FP8_BLOCK, b, &gd, &gx);
     const int dy_blk = b == WGRAD_BLOCKS_GRADIENT, x_blk = b == WGRAD_BLOCKS_ACTIVATION;
     char name[160];
     snprintf(name, sizeof name, "wgrad_blocks %d: groupings dy^T %d, x^T %d", (int)b, (int)gd, (int)gx);
