@@ -112,16 +112,22 @@ __global__ void __launch_bounds__(THREADS) amax_kernel(const uint16_t *x, long n
     if (threadIdx.x == 0 && m) atomicMax(amax_f32, m << 16);
 }
 
-// Per tensor, pass 2: codes (n) = fp8(x * s); scales[0] = 1/s from the amax *amax, which
-// scales[1] holds afterwards (it may be scales + 1).
+// A per-tensor operand's two scale floats (may be NULL: no operand): [0] = 1/s, [1] = the amax
+// *amax it came from, unless [1] is where the amax is read from (the amax pass writes it there).
+// One thread of one CTA calls; the other CTAs read *amax, never these.
+static __device__ __forceinline__ void write_tensor_scales(float *scales, float inv, const float *amax) {
+    if (!scales) return;
+    scales[0] = inv;
+    if (scales + 1 != amax) scales[1] = *amax;
+}
+
+// Per tensor, pass 2: codes (n) = fp8(x * s), s from the amax *amax; the scales as
+// write_tensor_scales.
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(THREADS) cast_tensor_kernel(uint8_t *codes, const uint16_t *x, long n, float *scales,
                                                               const float *amax, unsigned long long *counts) {
     const float s = fp8_scale_for_amax(FMT, *amax);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        scales[0] = 1.0f / s;  // exact: s is a power of two
-        if (scales + 1 != amax) scales[1] = *amax;
-    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) write_tensor_scales(scales, 1.0f / s, amax);  // exact: s a power of two
     const long tid = (long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
     const long n8 = (((uintptr_t)x & 15) == 0 && ((uintptr_t)codes & 7) == 0) ? n / 8 : 0;
     unsigned sat = 0, nan = 0;
@@ -193,11 +199,9 @@ __global__ void __launch_bounds__(THREADS)
     if (threadIdx.x == 0) {
         const float inv = 1.0f / s;
         if (tensor_amax) {
-            if (bi == 0 && bj == 0) {  // [1]: the amax (where it is not read from already)
-                if (q_scales) q_scales[0] = inv;
-                if (qt_scales) qt_scales[0] = inv;
-                if (q_scales && q_scales + 1 != tensor_amax) q_scales[1] = *tensor_amax;
-                if (qt_scales && qt_scales + 1 != tensor_amax) qt_scales[1] = *tensor_amax;
+            if (bi == 0 && bj == 0) {
+                write_tensor_scales(q_scales, inv, tensor_amax);
+                write_tensor_scales(qt_scales, inv, tensor_amax);
             }
         } else {
             if (q_scales) write_block_scale(q_scales, bi, bj, cdiv(rows, G), cdiv(cols, G), inv);
@@ -303,12 +307,16 @@ __global__ void __launch_bounds__(THREADS)
 #ifndef VEC128_MIN_CTAS  // CTAs per SM it is compiled for
 #define VEC128_MIN_CTAS 4
 #endif
-// vec128_tile's producer when the tile is read from a BF16 x (rows, cols) as it is: the loads of
-// tile row r, columns c .. c + 7 of the tile at (r0, c0), and the values unchanged.
+// vec128_tile's producer when the tile is read from a BF16 x (rows, cols) as it is: the tile of
+// this CTA (block (blockIdx.y, blockIdx.x), nr x nc valid), the loads of its row r, columns
+// c .. c + 7, and the values unchanged (XTileCopy).
 struct XTileLoad {
     const uint16_t *x;
-    int cols, r0, c0, nc;
+    int cols, r0, c0, nr, nc;
     bool vec;
+    __device__ XTileLoad(const uint16_t *x_, int rows, int cols_)
+        : x(x_), cols(cols_), r0(blockIdx.y * G), c0(blockIdx.x * G), nr(min(G, rows - r0)), nc(min(G, cols - c0)),
+          vec(cols_ % 8 == 0 && ((uintptr_t)x_ & 15) == 0) {}
     template <class Full>
     __device__ void operator()(Full, int r, int c, Bf16x8Loads<1> &in) const {
         load8_tile<Full::value>(in.v[0], x + (size_t)(r0 + r) * cols + c0 + c, c, nc, vec);
@@ -320,25 +328,20 @@ struct XTileCopy {
         w[0] = in.v[0][0]; w[1] = in.v[0][1]; w[2] = in.v[0][2]; w[3] = in.v[0][3];
     }
 };
-static __device__ XTileLoad x_tile_load(const uint16_t *x, int rows, int cols) {
-    const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
-    (void)rows;
-    return XTileLoad{x, cols, r0, c0, min(G, cols - c0), cols % 8 == 0 && ((uintptr_t)x & 15) == 0};
-}
 
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     vec128both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
                       float *qt_scales, bool qt_block, unsigned long long *counts) {
     __shared__ __align__(16) Vec128Tile sm;
-    const XTileLoad ld = x_tile_load(x, rows, cols);
-    vec128_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(sm, ld.r0, ld.c0, min(G, rows - ld.r0), ld.nc, rows, cols, q,
-                                                   q_scales, qt, qt_scales, qt_block, counts, ld, XTileCopy());
+    const XTileLoad ld(x, rows, cols);
+    vec128_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(sm, ld.r0, ld.c0, ld.nr, ld.nc, rows, cols, q, q_scales, qt,
+                                                   qt_scales, qt_block, counts, ld, XTileCopy());
 }
 
 // Per tensor, Q(x) and Q(x^T) both from one 128x128 tile of x, with the scale of the tensor's
 // amax *amax (from the amax pass or x's producer); block (0, 0) writes both operands' scales
-// ([0] = 1/s, [1] = the amax). The same codes as tile128_kernel with tensor_amax, from
+// (write_tensor_scales). The same codes as tile128_kernel with tensor_amax, from
 // vec128_tile's registers instead of its shared-memory staging. TENSOR_TILE_VEC 0 selects
 // tile128_kernel again (a timing knob).
 #ifndef TENSOR_TILE_VEC
@@ -349,15 +352,14 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     tensor_both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
                        float *qt_scales, const float *amax, unsigned long long *counts) {
     __shared__ __align__(16) Vec128Tile sm;
-    const XTileLoad ld = x_tile_load(x, rows, cols);
+    const XTileLoad ld(x, rows, cols);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
         const float inv = 1.0f / fp8_scale_for_amax(FMT, *amax);  // exact: a power of two
-        q_scales[0] = qt_scales[0] = inv;
-        if (q_scales + 1 != amax) q_scales[1] = *amax;  // other CTAs read *amax, never these
-        if (qt_scales + 1 != amax) qt_scales[1] = *amax;
+        write_tensor_scales(q_scales, inv, amax);
+        write_tensor_scales(qt_scales, inv, amax);
     }
-    vec128_tile_tensor<FMT, VEC128_BATCH, Bf16x8Loads<1>>(sm, ld.r0, ld.c0, min(G, rows - ld.r0), ld.nc, rows, cols, q,
-                                                          qt, amax, counts, ld, XTileCopy());
+    vec128_tile_tensor<FMT, VEC128_BATCH, Bf16x8Loads<1>>(sm, ld.r0, ld.c0, ld.nr, ld.nc, rows, cols, q, qt, amax,
+                                                          counts, ld, XTileCopy());
 }
 static_assert(THREADS == FQ_NT, "vec128both_kernel launches THREADS threads, vec128_tile needs FQ_NT");
 
