@@ -54,6 +54,16 @@ void attn_delayed_commit(AttnDelayedState *s) {
     if (s->filled < s->len) s->filled++;
 }
 
+AttnDelayedState *attn_delayed_save(const AttnDelayedState *s, int n) {
+    AttnDelayedState *c = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *c);
+    if (n > 0) memcpy(c, s, (size_t)n * sizeof *c);
+    return c;
+}
+void attn_delayed_restore(AttnDelayedState *s, AttnDelayedState *saved, int n) {
+    if (n > 0) memcpy(s, saved, (size_t)n * sizeof *s);
+    free(saved);
+}
+
 // ---------------------------------------------------------------------------------------------
 // What each precision does with each operand.
 

@@ -45,6 +45,10 @@ typedef struct {
 } AttnDelayedState;
 void attn_delayed_init(AttnDelayedState *s, int history_len);
 void attn_delayed_commit(AttnDelayedState *s);
+// A copy of n layers' states (n may be 0), for a step that must leave no trace in them (a
+// diagnostics probe); attn_delayed_restore copies it back over s and frees it.
+AttnDelayedState *attn_delayed_save(const AttnDelayedState *s, int n);
+void attn_delayed_restore(AttnDelayedState *s, AttnDelayedState *saved, int n);
 // The four tensor scales of a step from a history that is not empty: scale[t] =
 // fp8_scale_for_amax(format of t, max of the history of t), Q, K, V in E4M3 and dO in
 // grad_format: what attn_quantize_operand uses past the first step (the GPU model uploads them).

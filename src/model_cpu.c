@@ -507,8 +507,7 @@ void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_r
     float *grads_saved = m->grads;
     AttnOptions attn_saved = m->attn;
     AttnStats stats_saved = m->attn_stats;
-    AttnDelayedState *delayed_saved = xmalloc((size_t)(L ? L : 1) * sizeof(AttnDelayedState));
-    memcpy(delayed_saved, m->attn_delayed, (size_t)L * sizeof(AttnDelayedState));
+    AttnDelayedState *delayed_saved = attn_delayed_save(m->attn_delayed, L);
     Fp8QuantStats lin_stats_saved[3];
     memcpy(lin_stats_saved, a->lin.stats, sizeof lin_stats_saved);
     long long lin_gemms_saved = a->lin.gemms;
@@ -527,8 +526,7 @@ void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_r
     m->grads = grads_saved;
     m->attn = attn_saved;
     m->attn_stats = stats_saved;
-    memcpy(m->attn_delayed, delayed_saved, (size_t)L * sizeof(AttnDelayedState));
-    free(delayed_saved);
+    attn_delayed_restore(m->attn_delayed, delayed_saved, L);
     memcpy(a->lin.stats, lin_stats_saved, sizeof lin_stats_saved);
     a->lin.gemms = lin_gemms_saved;
     a->grad_ready = 0;  // the activations are the probe's now: a backward needs a new forward

@@ -146,12 +146,10 @@ void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_r
     // comes back afterwards (as cpu_model_probe does)
     int n_delayed = 0;
     AttnDelayedState *delayed = gpu_model_delayed_state(m, &n_delayed);
-    AttnDelayedState *delayed_saved = xmalloc((size_t)(n_delayed ? n_delayed : 1) * sizeof *delayed_saved);
-    if (n_delayed) memcpy(delayed_saved, delayed, (size_t)n_delayed * sizeof *delayed_saved);
+    AttnDelayedState *delayed_saved = attn_delayed_save(delayed, n_delayed);
     out->loss = gpu_model_forward(m, tokens, targets);
     gpu_model_backward(m, 1.0f);
-    if (n_delayed) memcpy(delayed, delayed_saved, (size_t)n_delayed * sizeof *delayed_saved);
-    free(delayed_saved);
+    attn_delayed_restore(delayed, delayed_saved, n_delayed);
     gpu_model_set_attn_diag(m, NULL);
     gpu_model_get_grads(m, out->grads);
     out->local_ref = local_ref;
