@@ -19,9 +19,9 @@
 
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
+#include "fp8_quant.cuh"    // max_abs8, abs_bits, publish_amax: the outputs' amax for per-tensor FP8
 #include "gpu_sizes.h"   // gpu_norm_chunks and the scratch sizes the memory plan uses too
 #include "layers_math.cuh"  // the RMSNorm / SwiGLU arithmetic, shared with layers_fp8.cu
-#include "fp8_quant.cuh"    // max_abs8, abs_bits, publish_amax: the outputs' amax for per-tensor FP8
 
 typedef __nv_bfloat16 bf16;
 

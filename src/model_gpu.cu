@@ -44,9 +44,13 @@
 //     swiglu_backward_for_linear, kernels in layers_fp8.h): the RMSNorms that make h1 and h2 and
 //     SwiGLU (sw) write Q(x) and Q(x^T) from 128x128 tiles of their own output, and the SwiGLU
 //     backward writes Q(dfc) and Q(dfc^T), so those four operands are never re-read; the BF16
-//     h1, h2, sw, dfc are then not written (nothing else reads them with FP8 linears). The QKV
-//     input of dqkv, the attention output o and the residual gradient dres are still quantized
-//     in separate passes, and fp8_tensor entirely (its per-tensor amax needs a pass first).
+//     h1, h2, sw, dfc are then not written (nothing else reads them with FP8 linears). The qkv
+//     gradient dqkv, the attention output o and the residual gradient dres are still quantized
+//     in separate passes;
+//   fp8_tensor (its one scale needs the whole tensor's amax before any code): the same producers
+//     and the RMSNorm backwards (dres) take their output's amax as they write it (layers.h's
+//     *_amax_gpu, norm_backward_for_linear), and the quantization pass skips its amax pass; o and
+//     dqkv still take theirs.
 // The LM head stays BF16 unless linear_keep_lm_head_bf16 is false with fp8_block: then its three
 // GEMMs per chunk run in FP8 (head_fp8_forward / head_fp8_backward, the operands quantized in
 // separate passes), whose 1x128 scales do not depend on the chunking; fp8_tensor's per-chunk
