@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>  // kernel launches
 #include <math.h>          // INFINITY, NAN
 #include <stdint.h>        // int32_t, uintptr_t
+#include <stdlib.h>        // getenv, atoi (CE_SCALAR)
 #include <type_traits>     // std::integral_constant (the chunk count of the vectorized row kernels)
 
 #include "common.h"      // FATAL
@@ -758,11 +759,138 @@ __global__ void __launch_bounds__(CE_BLOCK) cross_entropy_kernel(bf16 *logits, f
     for (int j = V + threadIdx.x; j < Vp; j += blockDim.x) x[j] = f2bf(0.0f);
 }
 
+// The row in registers (Vp % 8 == 0, 16-byte aligned rows, Vp <= 8 * CE_VEC_BLOCK * NV): one block
+// per row, thread t keeps the row's 8-element chunks t, t + CE_VEC_BLOCK, ... (at most NV) in
+// registers from its one 16-byte load each, so the row is read from memory once and written once
+// (the kernel above reads it twice, 2 bytes at a time: ~1.3 TB/s). The max, then the sum of
+// 2^(x log2(e) - max log2(e)) (ex2.approx: ~2 ulp, against expf's 1), each over the block with a
+// fixed butterfly and a fixed order across warps, so the result does not depend on timing.
+#define CE_VEC_BLOCK 512
+#define CE_VEC_WARPS (CE_VEC_BLOCK / 32)
+
+#define CE_NEG_INF2 0xff80ff80u  // two BF16 -inf
+
+static __device__ __forceinline__ __nv_bfloat162 ce_bf2(uint32_t w) { return *reinterpret_cast<__nv_bfloat162 *>(&w); }
+static __device__ __forceinline__ float ce_lo(uint32_t w) { return __uint_as_float(w << 16); }  // element 2k
+static __device__ __forceinline__ float ce_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }  // 2k + 1
+// The row's words are "changed" here as far as the compiler knows: it recomputes from them
+// instead of keeping an earlier pass's per-element values alive.
+template <int NV>
+static __device__ __forceinline__ void ce_fence(uint32_t (&w)[NV][4]) {
+#pragma unroll
+    for (int i = 0; i < NV; i++) asm volatile("" : "+r"(w[i][0]), "+r"(w[i][1]), "+r"(w[i][2]), "+r"(w[i][3]));
+}
+static __device__ __forceinline__ float ce_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+// The block's max (IS_MAX) or sum of v; part: CE_VEC_WARPS floats of shared memory used by this
+// reduction only (so no barrier is needed before the next one).
+template <bool IS_MAX>
+static __device__ __forceinline__ float ce_block_reduce(float v, float *part) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = IS_MAX ? fmaxf(v, w) : v + w;
+    }
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    float r = part[0];
+#pragma unroll
+    for (int w = 1; w < CE_VEC_WARPS; w++) r = IS_MAX ? fmaxf(r, part[w]) : r + part[w];
+    return r;
+}
+
+template <int NV>
+__global__ void __launch_bounds__(CE_VEC_BLOCK, NV <= 13 ? 2 : 1)
+    cross_entropy_vec_kernel(bf16 *logits, float *loss, const int32_t *targets, int V, int Vp, float grad_scale) {
+    __shared__ float part_max[CE_VEC_WARPS], part_sum[CE_VEC_WARPS];
+    constexpr float LOG2E = 1.4426950408889634f;
+    const long long row = blockIdx.x;
+    bf16 *x = logits + row * Vp;
+    uint4 *xv = reinterpret_cast<uint4 *>(x);
+    const int tgt = targets[row], nvec = Vp / 8, t = threadIdx.x;
+    if (tgt < 0) {  // ignored row (uniform over the block)
+        if (t == 0) loss[row] = 0.0f;
+        if (grad_scale != 0.0f)
+            for (int c = t; c < nvec; c += CE_VEC_BLOCK) xv[c] = make_uint4(0u, 0u, 0u, 0u);
+        return;
+    }
+    // read before the first barrier; every write of the row comes after the second
+    const float target_logit = t == 0 && tgt < V ? bf2f(x[tgt]) : NAN;
+    // The columns past V (padding, and chunks past the row) become -inf in registers: they add
+    // nothing to the max or the sum, and their gradient, 2^-inf * scale, is +0. The row stays
+    // packed (4 words of two BF16 per chunk): the max is taken on BF16 pairs (exact), and each
+    // pass unpacks what it needs, behind ce_fence so that the compiler does not keep 8 NV floats
+    // alive across a barrier.
+    uint32_t w[NV][4];
+    const int tc = tgt / 8, te = tgt % 8;  // the target's chunk and element
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = t + i * CE_VEC_BLOCK;
+        const uint4 u = c < nvec ? xv[c] : make_uint4(CE_NEG_INF2, CE_NEG_INF2, CE_NEG_INF2, CE_NEG_INF2);
+        w[i][0] = u.x, w[i][1] = u.y, w[i][2] = u.z, w[i][3] = u.w;
+        if (8 * c + 8 > V)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (8 * c + e >= V) w[i][e / 2] = (e & 1) ? (w[i][e / 2] & 0xffffu) | 0xff800000u : (w[i][e / 2] & 0xffff0000u) | 0xff80u;
+    }
+    __nv_bfloat162 m2 = ce_bf2(CE_NEG_INF2);
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) m2 = __hmax2(m2, ce_bf2(w[i][k]));
+    float mx = fmaxf(__low2float(m2), __high2float(m2));
+    mx = ce_block_reduce<true>(mx, part_max);
+    const float mb = mx * LOG2E;
+    float s = 0.0f;
+    ce_fence(w);
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            s += ce_ex2(fmaf(ce_lo(w[i][k]), LOG2E, -mb)) + ce_ex2(fmaf(ce_hi(w[i][k]), LOG2E, -mb));
+    s = ce_block_reduce<false>(s, part_sum);
+    if (t == 0) loss[row] = logf(s) + mx - target_logit;  // NaN when the target is >= V
+    if (grad_scale == 0.0f) return;
+    const float scale = grad_scale / s;
+    ce_fence(w);
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int c = t + i * CE_VEC_BLOCK;
+        if (c < nvec) {
+            uint32_t g[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float lo = ce_ex2(fmaf(ce_lo(w[i][k]), LOG2E, -mb)) * scale;
+                float hi = ce_ex2(fmaf(ce_hi(w[i][k]), LOG2E, -mb)) * scale;
+                if (c == tc && te == 2 * k) lo -= grad_scale;
+                if (c == tc && te == 2 * k + 1) hi -= grad_scale;
+                const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+                g[k] = *reinterpret_cast<const uint32_t *>(&h);
+            }
+            xv[c] = make_uint4(g[0], g[1], g[2], g[3]);
+        }
+    }
+}
+
 extern "C" void cross_entropy_gpu(uint16_t *logits, float *loss, const int32_t *targets, int N, int V, int Vp,
                                   float grad_scale, cudaStream_t stream) {
     if (V <= 0 || V > Vp) FATAL("cross-entropy over %d real of %d columns (hint: need 0 < V <= Vp)", V, Vp);
     if (N == 0) return;
-    cross_entropy_kernel<<<N, CE_BLOCK, 0, stream>>>((bf16 *)logits, loss, targets, V, Vp, grad_scale);
+    // chunks per thread of the vectorized kernel; 13 covers the GPT-2 vocabulary (Vp 50304: 12.3)
+    // within 64 registers, two blocks per SM. CE_SCALAR=1 (read once) keeps the scalar kernel, for
+    // timing comparisons.
+    static int scalar = -1;
+    if (scalar < 0) scalar = getenv("CE_SCALAR") && atoi(getenv("CE_SCALAR")) == 1;
+    const int per = (Vp / 8 + CE_VEC_BLOCK - 1) / CE_VEC_BLOCK;
+    bf16 *lg = (bf16 *)logits;
+    if (Vp % 8 != 0 || !aligned16(logits) || per > 16 || scalar)
+        cross_entropy_kernel<<<N, CE_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
+    else if (per <= 4) cross_entropy_vec_kernel<4><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
+    else if (per <= 8) cross_entropy_vec_kernel<8><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
+    else if (per <= 13) cross_entropy_vec_kernel<13><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
+    else cross_entropy_vec_kernel<16><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
     CUDA_CHECK_LAUNCH();
 }
 

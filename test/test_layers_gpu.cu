@@ -650,9 +650,14 @@ int main(void) {
     test_output_amax(257, 1024, 352);    // the vectorized kernels
     test_output_amax(40, 36, 100);       // widths not multiples of 8: the scalar kernels
     test_output_amax(3000, 768, 2048, 12345);
+    // the row-in-registers kernel with 4, 8, 13 and 16 chunks per thread, and the scalar kernel
+    // (Vp % 8 != 0)
     test_cross_entropy(4, 1000, 1024);
     test_cross_entropy(33, 5000, 5120);
+    test_cross_entropy(9, 30000, 30080);
     test_cross_entropy(7, 50257, 50304);
+    test_cross_entropy(3, 60000, 60032);
+    test_cross_entropy(5, 1001, 1003);
     test_grad_norm(1);
     test_grad_norm(1000);
     test_grad_norm(3000001);
