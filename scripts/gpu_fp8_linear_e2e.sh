@@ -8,11 +8,13 @@
 #      its timing section: 125M and paper_569m shapes in bf16 / fp8_tensor / fp8_block, steps
 #      split into forward / backward / optimizer, and a CUDA-event breakdown of the linears
 #      (BF16 GEMMs vs FP8 GEMMs + each quantization pass);
-#   3. train_gpt on $CONFIG (default configs/paper_569m.json; micro-batch MB x 4096, no accumulation, attention
+#   3. train_gpt on $CONFIG (default configs/paper_569m.json; micro-batch MB x seq_len, no accumulation
+#      unless ACCUM=n: n micro-batches per optimizer step, as the config's own batch_tokens does (paper_569m:
+#      32), so that AdamW and the FP8 weight refresh are paid once per n micro-batches; attention
 #      bf16), STEPS steps on data/austen per linear mode: bf16 (seed 42), bf16 (seed 43, data
 #      order unchanged: the seed-to-seed noise of the final losses), fp8_tensor, fp8_block (seed
 #      42); the final train and val loss (val: eval.batches batches at the last step) and tokens/s
-#      (median of metrics.jsonl over the steps after 5);
+#      (median of metrics.jsonl over the steps after SKIP, default 5);
 #   4. a table last: mode, tok/s, ratio to bf16, final train / val loss, val loss - bf16's, and
 #      the seed noise.
 # TORCH=1 also times the PyTorch BF16 baseline of $CONFIG at MB x seq_len (bench/bench_e2e.py) after
@@ -36,6 +38,11 @@ STEPS=${STEPS:-40}
 CONFIG=${CONFIG:-configs/paper_569m.json}
 CNAME=$(basename "$CONFIG" .json)
 BUDGET=${BUDGET:-320}  # seconds for the whole script
+ACCUM=${ACCUM:-1}      # micro-batches per optimizer step
+SKIP=${SKIP:-5}        # steps left out of the tokens/s median (warm-up)
+SEQ=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["model"]["seq_len"])' "$CONFIG") || exit 1
+BATCH_TOKENS=0         # 0: one micro-batch per step
+[ "$ACCUM" -gt 1 ] && BATCH_TOKENS=$((ACCUM * MB * SEQ))
 mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
 . scripts/gpu_lib.sh  # t_start, elapsed, left, CJ
 date -u +"%Y-%m-%d %H:%M UTC"
@@ -72,7 +79,7 @@ run() {
     [[ "$val" =~ ^(true|false|-?[0-9.]+)$ ]] || val="\"$val\""
     extra=(--set "$key=$val")
   fi
-  set -- --config "$CONFIG" --device gpu --set train.micro_batch="$MB" --set train.batch_tokens=0 \
+  set -- --config "$CONFIG" --device gpu --set train.micro_batch="$MB" --set train.batch_tokens="$BATCH_TOKENS" \
     --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.recompute=false --set train.seed="$seed" \
     --set "precision.linear=\"$lin\"" --set "precision.linear_keep_lm_head_bf16=$head" \
     --set "precision.attention=\"$attn\"" \
@@ -95,7 +102,7 @@ if [ "${TORCH:-0}" = 1 ]; then
   echo "bench_e2e exit $? at $(elapsed) s"
   grep -E "^torch-e2e " "$OUT/torch_$CNAME.log" | cut -c1-200
 fi
-echo "== 3. train_gpt $CNAME, $STEPS steps of $MB x seq_len per mode ($(elapsed) s)"
+echo "== 3. train_gpt $CNAME, $STEPS steps of $ACCUM x $MB x $SEQ tokens per mode ($(elapsed) s)"
 if [ -z "${RUNS:-}" ]; then
   RUNS="bf16:bf16:bf16:42 fp8_tensor:fp8_tensor:bf16:42 fp8_block:fp8_block:bf16:42"
   [ "${UNFUSED:-0}" = 1 ] && RUNS="$RUNS fp8_block_unfused:fp8_block:bf16:42:TRAIN_GPT_FP8_FUSE=0"
@@ -110,15 +117,15 @@ for r in $RUNS; do
 done
 
 echo "== 4. table ($(elapsed) s)"
-python3 - "$OUT" "$CNAME" $names <<'EOF' | tee "$OUT/table_$CNAME.md"
+python3 - "$OUT" "$CNAME" "$SKIP" $names <<'EOF' | tee "$OUT/table_$CNAME.md"
 import json, os, statistics, sys
-out, cname = sys.argv[1], sys.argv[2]
-runs = [a.split(":") for a in sys.argv[3:]]  # name, linear, attention
+out, cname, skip = sys.argv[1], sys.argv[2], int(sys.argv[3])
+runs = [a.split(":") for a in sys.argv[4:]]  # name, linear, attention
 def load(name):
     r = {"name": name}
     try:
         rows = [json.loads(l) for l in open(os.path.join(out, "metrics_%s.jsonl" % name))]
-        steps = [x for x in rows if "tokens_per_s" in x and x["step"] > 5]
+        steps = [x for x in rows if "tokens_per_s" in x and x["step"] > skip]
         if steps: r["tok"] = statistics.median(x["tokens_per_s"] for x in steps)
     except Exception: pass
     try:
@@ -150,7 +157,7 @@ for r in rows:
 if torch:
     print("| PyTorch BF16 (bench_e2e.py) | bf16 | %s | %.0f | %s | | | | 1.00x |" % (
           torch.get("sdpa", "sdpa"), t_tok, f(t_tok / base["tok"] if base.get("tok") else None, "%.2fx")))
-print("seed noise of the val loss (|bf16 seed 43 - seed 42|): %s; tok/s: median of metrics.jsonl steps > 5"
-      % f(noise, "%.4f"))
+print("seed noise of the val loss (|bf16 seed 43 - seed 42|): %s; tok/s: median of metrics.jsonl steps > %d"
+      % (f(noise, "%.4f"), skip))
 EOF
 echo "(total $(elapsed) s)"
