@@ -23,6 +23,8 @@ struct ProfState {
     int used;                        // events recorded since the last resolve (ev[0] = the base)
     double ms[PH_N];
     long long marks[PH_N];
+    double host_ms[PH_N];  // host time between marks: enqueueing the phase's work (and any wait in it)
+    double host_last;      // now_seconds() at the previous mark (after its bookkeeping)
 };
 
 static const char *const phase_names[PH_N] = {
@@ -50,10 +52,13 @@ static void resolve(ProfState *p) {
 void prof_mark(Dev *d, ProfPhase ph) {
     ProfState *p = d->prof;
     if (!p) return;
+    const double t = now_seconds();
+    if (p->host_last > 0) p->host_ms[ph] += 1e3 * (t - p->host_last);
     if (p->used == PROF_POOL) resolve(p);
     CUDA_CHECK(cudaEventRecord(p->ev[p->used], d->stream));
     p->phase[p->used] = (unsigned char)ph;
     p->used++;
+    p->host_last = now_seconds();  // the resolve above is the profiler's, not the phase's
 }
 
 void prof_free(Dev *d) {
@@ -86,11 +91,19 @@ void gpu_model_profile_report(GpuModel *m, FILE *f, long long steps) {
     for (int i = 0; i < PH_N; i++) total += p->ms[i];
     fprintf(f, "profile of the GPU stream over %lld steps (%.1f ms in all, %.2f ms per step)\n", steps, total,
             steps > 0 ? total / steps : 0.0);
-    fprintf(f, "  %-46s %12s %8s %7s\n", "phase", "ms per step", "share", "marks");
+    // host ms: the host's time between the marks that close the phase's intervals, i.e. what
+    // enqueueing its work cost (launches, cuBLASLt calls, any wait). A phase whose host time comes
+    // near its GPU time leaves the GPU waiting for launches, and its GPU time then includes those gaps.
+    // The first phase's host time also holds the waits at the passes' ends (the stream syncs).
+    fprintf(f, "  %-46s %12s %8s %12s %7s\n", "phase", "ms per step", "share", "host ms/step", "marks");
+    double host_total = 0.0;
     for (int i = 0; i < PH_N; i++) {
         if (p->marks[i] == 0) continue;
-        fprintf(f, "  %-46s %12.3f %7.1f%% %7lld\n", phase_names[i], steps > 0 ? p->ms[i] / steps : p->ms[i],
-                total > 0 ? 100.0 * p->ms[i] / total : 0.0, p->marks[i]);
+        const double div = steps > 0 ? (double)steps : 1.0;
+        fprintf(f, "  %-46s %12.3f %7.1f%% %12.3f %7lld\n", phase_names[i], p->ms[i] / div,
+                total > 0 ? 100.0 * p->ms[i] / total : 0.0, p->host_ms[i] / div, p->marks[i]);
+        host_total += p->host_ms[i] / div;
     }
+    fprintf(f, "  %-46s %12s %8s %12.3f\n", "host time in the marked phases", "", "", host_total);
     fflush(f);
 }
