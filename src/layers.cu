@@ -15,7 +15,7 @@
 #include <cuda_runtime.h>  // kernel launches
 #include <math.h>          // INFINITY, NAN
 #include <stdint.h>        // int32_t, uintptr_t
-#include <stdlib.h>        // getenv, atoi (CE_SCALAR)
+#include <stdlib.h>        // getenv, atoi (CE_SCALAR, NORM_BWD_FUSED)
 #include <type_traits>     // std::integral_constant (the chunk count of the vectorized row kernels)
 
 #include "common.h"      // FATAL
@@ -245,6 +245,91 @@ __global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_backward_dx_vec_kernel(bf16
     if (amax) publish_amax(m, amax);
 }
 
+// dx and the gain gradient's partials in one pass (vectorized rows only): block k takes chunk k
+// of the rows (gpu_norm_chunks), warp w its rows r0 + w, r0 + w + 8, ...; each lane holds its
+// columns' chunks of dy and x in registers as rmsnorm_backward_dx_vec_kernel does, writes dx from
+// them and adds dy * x * rstd into per-lane column sums, which the block's 8 warps then add up in
+// warp order into partial row k. dy and x are read once instead of twice (8 bytes per element
+// with accumulate, against 12 for the two kernels). The sums' order is fixed (rows of a warp in
+// order, warps in order), so the result does not depend on timing; it is not the two-kernel
+// form's order, which stays for the scalar shapes. dx may alias dy: a warp reads a whole row
+// before it writes it. red: dim floats of shared memory (dynamic).
+template <int NV>
+__global__ void __launch_bounds__(ROW_BLOCK, NV <= 6 ? 2 : 1)  // NV 8, 12: 2 blocks per SM would spill
+    rmsnorm_backward_fused_kernel(bf16 *dx, float *partial, const bf16 *dy, const bf16 *x, const bf16 *g,
+                                  const float *rstd, RowMap map, long long n_rows, long long chunk_rows,
+                                  int accumulate, unsigned *amax) {
+    extern __shared__ float red[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, dim = map.dim;
+    const long long r0 = (long long)blockIdx.x * chunk_rows, r1 = min(r0 + chunk_rows, n_rows);
+    float ga[NV][8];
+#pragma unroll
+    for (int v = 0; v < NV; v++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) ga[v][e] = 0.0f;
+    unsigned m = 0;
+    for (long long row = r0 + warp; row < r1; row += ROWS_PER_BLOCK) {
+        const long long off = row_offset(map, row);
+        const float r = rstd[row];
+        Bf16x8 vdy[NV], vx[NV];
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            const int c = (v * 32 + lane) * 8;
+            if (c < dim) {
+                vdy[v].u = *(const uint4 *)(dy + off + c);
+                vx[v].u = *(const uint4 *)(x + off + c);
+            }
+        }
+        float dot = 0.0f;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            const int c = (v * 32 + lane) * 8;
+            if (c < dim) {
+                Bf16x8 vg;
+                vg.u = *(const uint4 *)(g + c);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float xh = bf2f(vx[v].h[e]) * r;
+                    dot += bf2f(vdy[v].h[e]) * bf2f(vg.h[e]) * xh;
+                    ga[v][e] += bf2f(vdy[v].h[e]) * xh;
+                }
+            }
+        }
+        const float mean = warp_sum(dot) / (float)dim;
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+            const int c = (v * 32 + lane) * 8;
+            if (c < dim) {
+                Bf16x8 vg, out, old;
+                vg.u = *(const uint4 *)(g + c);
+                if (accumulate) old.u = *(const uint4 *)(dx + off + c);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float d = r * (bf2f(vdy[v].h[e]) * bf2f(vg.h[e]) - bf2f(vx[v].h[e]) * r * mean);
+                    if (accumulate) d += bf2f(old.h[e]);
+                    out.h[e] = f2bf(d);
+                }
+                *(uint4 *)(dx + off + c) = out.u;
+                if (amax) m = max(m, amax8(out));
+            }
+        }
+    }
+    if (amax) publish_amax(m, amax);
+    // the block's column sums, warp 0 first, then each warp adds its own in turn
+    for (int w = 0; w < ROWS_PER_BLOCK; w++) {
+        if (warp == w)
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                const int c = (v * 32 + lane) * 8;
+                if (c < dim)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) red[c + e] = w == 0 ? ga[v][e] : red[c + e] + ga[v][e];
+            }
+        __syncthreads();
+    }
+    for (int c = threadIdx.x; c < dim; c += ROW_BLOCK) partial[(long long)blockIdx.x * dim + c] = red[c];
+}
+
 // Gain gradient, pass 1: the rows are cut into n_chunks fixed chunks; thread (chunk, column)
 // sums dy * xhat over its chunk in row order. Pass 2 adds the chunks in order (FP64).
 __global__ void norm_gain_partial_kernel(float *partial, const bf16 *dy, const bf16 *x, const float *rstd,
@@ -370,6 +455,20 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
     long long chunk_rows;
     gpu_norm_chunks(n_rows, &n_chunks, &chunk_rows);
     const bool vec = vec8_ok(map, dx, dy, x, g, scratch);
+    // one pass for dx and the gain partials (NORM_BWD_FUSED=0, read once: the two kernels below)
+    static int fused_env = -1;
+    if (fused_env < 0) fused_env = !(getenv("NORM_BWD_FUSED") && atoi(getenv("NORM_BWD_FUSED")) == 0);
+    const size_t red_bytes = sizeof(float) * (size_t)map.dim;
+    if (vec && fused_env && red_bytes <= 48 * 1024 &&
+        with_row_chunks(map.dim, [&](auto nv) {
+            rmsnorm_backward_fused_kernel<decltype(nv)::value><<<n_chunks, ROW_BLOCK, red_bytes, stream>>>(
+                dx, scratch, dy, x, g, rstd, map, n_rows, chunk_rows, accumulate, amax);
+        })) {
+        CUDA_CHECK_LAUNCH();
+        norm_gain_reduce_kernel<<<blocks_for(map.dim, 32), 32, 0, stream>>>(dg, scratch, n_chunks, map.dim);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (vec) {  // 8 columns per thread, 128 threads per block
         dim3 grid((unsigned)n_chunks, (unsigned)((map.dim + 1023) / 1024));
         norm_gain_partial_vec_kernel<<<grid, 128, 0, stream>>>(scratch, dy, x, rstd, map, n_rows, chunk_rows);

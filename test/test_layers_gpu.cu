@@ -637,6 +637,8 @@ int main(void) {
     test_rmsnorm(1, 64);
     test_rmsnorm(33, 200);
     test_rmsnorm(257, 1024);
+    test_rmsnorm(300, 1536);  // the backward's one-pass kernel with 6 chunks per lane, 2 blocks per SM
+    test_rmsnorm(65, 3072);   // ... with 12, 1 block per SM
     test_rmsnorm(40, 36);  // 36 % 8 != 0: the scalar kernels
     test_residual_add(1);
     test_residual_add(100003);
