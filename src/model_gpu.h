@@ -193,6 +193,9 @@ void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_r
 // with CUDA events; on = 0 stops and frees it. The report prints ms per step over `steps`.
 void gpu_model_profile(GpuModel *m, int on);
 void gpu_model_profile_report(GpuModel *m, FILE *f, long long steps);
+// paused = 1: the marks are ignored until paused = 0, and the stream's work in between is charged
+// to no phase (the trainer pauses between steps: evaluation, diagnostics and checkpoints).
+void gpu_model_profile_pause(GpuModel *m, int paused);
 
 // FP8 GEMMs (forward, dgrad and wgrad each count one) run since gpu_model_init: 12 per FP8 block
 // per forward + backward, 4 per forward only. For tests.

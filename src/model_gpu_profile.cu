@@ -25,6 +25,7 @@ struct ProfState {
     long long marks[PH_N];
     double host_ms[PH_N];  // host time between marks: enqueueing the phase's work (and any wait in it)
     double host_last;      // now_seconds() at the previous mark (after its bookkeeping)
+    int paused;            // gpu_model_profile_pause: marks are ignored
 };
 
 static const char *const phase_names[PH_N] = {
@@ -51,7 +52,7 @@ static void resolve(ProfState *p) {
 
 void prof_mark(Dev *d, ProfPhase ph) {
     ProfState *p = d->prof;
-    if (!p) return;
+    if (!p || p->paused) return;
     const double t = now_seconds();
     if (p->host_last > 0) p->host_ms[ph] += 1e3 * (t - p->host_last);
     if (p->used == PROF_POOL) resolve(p);
@@ -77,6 +78,21 @@ void gpu_model_profile(GpuModel *m, int on) {
     for (int i = 0; i < PROF_POOL; i++) CUDA_CHECK(cudaEventCreate(&p->ev[i]));
     d->prof = p;
     prof_mark(d, PH_HOST);  // the base of the first interval
+}
+
+void gpu_model_profile_pause(GpuModel *m, int paused) {
+    ProfState *p = dev_of(m)->prof;
+    if (!p || p->paused == !!paused) return;
+    if (paused) {  // the last event stays the base of the next interval until the resume moves it
+        p->paused = 1;
+        return;
+    }
+    // resume: charge what was marked before the pause, then start the next interval here, so the
+    // stream's work while paused (an evaluation, say) is charged to no phase
+    resolve(p);
+    CUDA_CHECK(cudaEventRecord(p->ev[0], dev_of(m)->stream));
+    p->host_last = now_seconds();
+    p->paused = 0;
 }
 
 void gpu_model_profile_report(GpuModel *m, FILE *f, long long steps) {

@@ -524,13 +524,19 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
     // The validation loss before the first step, so a run's log shows the whole fall from the
     // initial ln(V). Evaluation leaves no trace in the training state, so resumes stay exact.
     if (start_step == 0 && r->have_val && c->eval.interval > 0) last_val = evaluate_and_log(r, 0, steps);
-    // TRAIN_GPT_PROFILE=N (GPU): the phase profile of the model stream from step N + 1 of this
-    // session on, printed at the end (evaluation, checkpoints and diagnostics land in "host").
+    // TRAIN_GPT_PROFILE=N (GPU): the phase profile of the model stream over the steps from step
+    // N + 1 of this session on, printed at the end. It pauses between steps, so evaluation,
+    // diagnostics, samples and checkpoints are not in it (until 2026-11-30 the evaluation's
+    // forwards were, in the forward's phases).
     const char *prof_env = getenv("TRAIN_GPT_PROFILE");
     long long prof_skip = prof_env && *prof_env && r->be.kind == DEVICE_GPU ? atoll(prof_env) : -1, prof_steps = 0;
     for (step = start_step + 1; step <= steps; step++) {
-        if (prof_skip >= 0 && step == start_step + 1 + prof_skip) gpu_model_profile(&r->be.gpu, 1);
-        if (prof_skip >= 0 && step > start_step + prof_skip) prof_steps++;
+        const int profiling = prof_skip >= 0 && step > start_step + prof_skip;
+        if (profiling) {
+            if (step == start_step + 1 + prof_skip) gpu_model_profile(&r->be.gpu, 1);
+            else gpu_model_profile_pause(&r->be.gpu, 0);
+            prof_steps++;
+        }
         double t0 = now_seconds();
         backend_zero_grad(&r->be);
         double loss_sum = 0.0;
@@ -580,6 +586,7 @@ int train_run(const Config *cfg, const TrainOptions *opt) {
             printf("\n");
             fflush(stdout);
         }
+        if (profiling) gpu_model_profile_pause(&r->be.gpu, 1);  // the step's own work ends here
         // Diagnostics probe the model between steps and leave no trace in the training state;
         // under data parallelism rank 0 runs them while the others wait at the next collective.
         if (r->rank == 0)
