@@ -5,8 +5,7 @@
 #   2. test_layers_gpu (every layer kernel against its host reference, the cross-entropy on its
 #      row-in-registers paths and the scalar one) unless NO_TEST=1;
 #   3. bench_layers at paper_569m's shapes with the default kernels, then with CE_SCALAR=1 (the
-#      scalar cross-entropy) and NORM_BWD_FUSED=0 (the RMSNorm backward as two kernels, dx and the
-#      gain partials), the RMSNorm backward at C 2048 and 3072 both ways, and PyTorch's F.cross_entropy forward + backward on the same logits
+#      scalar cross-entropy), the RMSNorm backward at C 2048 and 3072 too, and PyTorch's F.cross_entropy forward + backward on the same logits
 #      (bench/bench_layers_torch.py) as the peer; the tables last.
 # Logs in $OUT (default /tmp/gpu_layers_bench_out). About a minute on one H200 after the build.
 #   usage: bash scripts/gpu_layers_bench.sh
@@ -27,10 +26,8 @@ if [ "${NO_TEST:-0}" != 1 ]; then
 fi
 build/bench/bench_layers >"$OUT/bench.md" 2>&1
 CE_SCALAR=1 build/bench/bench_layers 2>&1 | grep -E "^# bench|cross-entropy" >>"$OUT/bench.md"
-NORM_BWD_FUSED=0 build/bench/bench_layers 2>&1 | grep -E "^# bench|rmsnorm" >>"$OUT/bench.md"
-for c in 2048 3072; do  # paper_1p67b's and paper_5p29b's width: the one-pass backward at 1 block per SM from 2048 on
+for c in 2048 3072; do  # paper_1p67b's and paper_5p29b's width (the RMSNorm backward at 1 block per SM)
   build/bench/bench_layers 16384 $c 2>&1 | grep -E "^# bench|rmsnorm" >>"$OUT/bench.md"
-  NORM_BWD_FUSED=0 build/bench/bench_layers 16384 $c 2>&1 | grep -E "rmsnorm" | sed 's/rmsnorm backward/rmsnorm bwd, 2 kernels/' >>"$OUT/bench.md"
 done
 python3 bench/bench_layers_torch.py >>"$OUT/bench.md" 2>&1
 echo "== summary ($(elapsed) s)"

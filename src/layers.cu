@@ -15,7 +15,7 @@
 #include <cuda_runtime.h>  // kernel launches
 #include <math.h>          // INFINITY, NAN
 #include <stdint.h>        // int32_t, uintptr_t
-#include <stdlib.h>        // getenv, atoi (CE_SCALAR, NORM_BWD_FUSED)
+#include <stdlib.h>        // getenv, atoi (CE_SCALAR)
 #include <type_traits>     // std::integral_constant (the chunk count of the vectorized row kernels)
 
 #include "common.h"      // FATAL
@@ -189,71 +189,17 @@ __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 
     if (amax) publish_amax(m, amax);
 }
 
-// The vectorized form: lane j holds 16-byte chunks j, j + 32, ... of the row (NV of them,
-// 256 * NV >= dim) in registers between the two passes, so dy and x are read once and the
-// loads of a row are all in flight together (the scalar form waited for each load: with dx
-// aliasing dy the compiler cannot hoist a load above the previous iteration's store).
-template <int NV>
-__global__ void __launch_bounds__(ROW_BLOCK) rmsnorm_backward_dx_vec_kernel(bf16 *dx, const bf16 *dy, const bf16 *x,
-                                                                             const bf16 *g, const float *rstd, RowMap map,
-                                                                             long long n_rows, int accumulate,
-                                                                             unsigned *amax) {
-    const long long row = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-    if (row >= n_rows) return;
-    const int lane = threadIdx.x & 31, dim = map.dim;
-    const long long off = row_offset(map, row);
-    const float r = rstd[row];
-    Bf16x8 vdy[NV], vx[NV];
-    float dot = 0.0f;
-#pragma unroll
-    for (int v = 0; v < NV; v++) {
-        const int c = (v * 32 + lane) * 8;
-        if (c < dim) {
-            vdy[v].u = *(const uint4 *)(dy + off + c);
-            vx[v].u = *(const uint4 *)(x + off + c);
-        }
-    }
-#pragma unroll
-    for (int v = 0; v < NV; v++) {
-        const int c = (v * 32 + lane) * 8;
-        if (c < dim) {
-            Bf16x8 vg;
-            vg.u = *(const uint4 *)(g + c);
-#pragma unroll
-            for (int e = 0; e < 8; e++) dot += bf2f(vdy[v].h[e]) * bf2f(vg.h[e]) * (bf2f(vx[v].h[e]) * r);
-        }
-    }
-    const float mean = warp_sum(dot) / (float)dim;
-    unsigned m = 0;
-#pragma unroll
-    for (int v = 0; v < NV; v++) {
-        const int c = (v * 32 + lane) * 8;
-        if (c < dim) {
-            Bf16x8 vg, out, old;
-            vg.u = *(const uint4 *)(g + c);
-            if (accumulate) old.u = *(const uint4 *)(dx + off + c);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                float d = r * (bf2f(vdy[v].h[e]) * bf2f(vg.h[e]) - bf2f(vx[v].h[e]) * r * mean);
-                if (accumulate) d += bf2f(old.h[e]);
-                out.h[e] = f2bf(d);
-            }
-            *(uint4 *)(dx + off + c) = out.u;
-            if (amax) m = max(m, amax8(out));
-        }
-    }
-    if (amax) publish_amax(m, amax);
-}
-
-// dx and the gain gradient's partials in one pass (vectorized rows only): block k takes chunk k
-// of the rows (gpu_norm_chunks), warp w its rows r0 + w, r0 + w + 8, ...; each lane holds its
-// columns' chunks of dy and x in registers as rmsnorm_backward_dx_vec_kernel does, writes dx from
-// them and adds dy * x * rstd into per-lane column sums, which the block's 8 warps then add up in
-// warp order into partial row k. dy and x are read once instead of twice (8 bytes per element
-// with accumulate, against 12 for the two kernels). The sums' order is fixed (rows of a warp in
-// order, warps in order), so the result does not depend on timing; it is not the two-kernel
-// form's order, which stays for the scalar shapes. dx may alias dy: a warp reads a whole row
-// before it writes it. red: dim floats of shared memory (dynamic).
+// The vectorized form, dx and the gain gradient's partials in one pass: block k takes chunk k of
+// the rows (gpu_norm_chunks), warp w its rows r0 + w, r0 + w + 8, ...; lane j holds the row's
+// 16-byte chunks j, j + 32, ... (NV of them, 256 * NV >= dim) of dy and x in registers, so both
+// are read once and a row's loads are all in flight together (the scalar form waits for each
+// load: with dx aliasing dy the compiler cannot hoist a load above the previous store). It writes
+// dx from them and adds dy * x * rstd into per-lane column sums, which the block's 8 warps then
+// add up in warp order into partial row k: 8 bytes per element with accumulate, against 12 when
+// the gain had its own pass (measured 7% faster, perf.md). The sums' order is fixed (rows of a
+// warp in order, warps in order), so the result does not depend on timing; it is not the
+// two-kernel order of the scalar shapes. dx may alias dy: a warp reads a whole row before it
+// writes it. red: dim floats of shared memory (dynamic).
 template <int NV>
 __global__ void __launch_bounds__(ROW_BLOCK, NV <= 6 ? 2 : 1)  // NV 8, 12: 2 blocks per SM would spill
     rmsnorm_backward_fused_kernel(bf16 *dx, float *partial, const bf16 *dy, const bf16 *x, const bf16 *g,
@@ -455,11 +401,8 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
     long long chunk_rows;
     gpu_norm_chunks(n_rows, &n_chunks, &chunk_rows);
     const bool vec = vec8_ok(map, dx, dy, x, g, scratch);
-    // one pass for dx and the gain partials (NORM_BWD_FUSED=0, read once: the two kernels below)
-    static int fused_env = -1;
-    if (fused_env < 0) fused_env = !(getenv("NORM_BWD_FUSED") && atoi(getenv("NORM_BWD_FUSED")) == 0);
     const size_t red_bytes = sizeof(float) * (size_t)map.dim;
-    if (vec && fused_env && red_bytes <= 48 * 1024 &&
+    if (vec && red_bytes <= 48 * 1024 &&
         with_row_chunks(map.dim, [&](auto nv) {
             rmsnorm_backward_fused_kernel<decltype(nv)::value><<<n_chunks, ROW_BLOCK, red_bytes, stream>>>(
                 dx, scratch, dy, x, g, rstd, map, n_rows, chunk_rows, accumulate, amax);
@@ -469,6 +412,7 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
         CUDA_CHECK_LAUNCH();
         return;
     }
+    // past 3072 columns: the gain partials (8 columns per thread where the rows allow), then dx
     if (vec) {  // 8 columns per thread, 128 threads per block
         dim3 grid((unsigned)n_chunks, (unsigned)((map.dim + 1023) / 1024));
         norm_gain_partial_vec_kernel<<<grid, 128, 0, stream>>>(scratch, dy, x, rstd, map, n_rows, chunk_rows);
@@ -482,12 +426,7 @@ static void rmsnorm_backward_launch(bf16 *dx, float *dg, float *scratch, const b
     norm_gain_reduce_kernel<<<blocks_for(map.dim, 32), 32, 0, stream>>>(dg, scratch, n_chunks, map.dim);
     CUDA_CHECK_LAUNCH();
     const unsigned blocks = blocks_for((size_t)n_rows, ROWS_PER_BLOCK);
-    const bool dx_vec = vec && with_row_chunks(map.dim, [&](auto nv) {
-        rmsnorm_backward_dx_vec_kernel<decltype(nv)::value><<<blocks, ROW_BLOCK, 0, stream>>>(
-            dx, dy, x, g, rstd, map, n_rows, accumulate, amax);
-    });
-    if (!dx_vec)
-        rmsnorm_backward_dx_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(dx, dy, x, g, rstd, map, n_rows, accumulate, amax);
+    rmsnorm_backward_dx_kernel<<<blocks, ROW_BLOCK, 0, stream>>>(dx, dy, x, g, rstd, map, n_rows, accumulate, amax);
     CUDA_CHECK_LAUNCH();
 }
 
