@@ -30,14 +30,13 @@
 // Structure (FlashAttention-3's, on FP8):
 // - Persistent CTAs (one per SM) of 3 warpgroups; each CTA computes 128-row query blocks (tiles)
 //   one after the other, taking them from a counter heaviest first. Warpgroup 0 is the producer:
-//   it copies each tile's Q̂ block (two buffers: the next tile's loads while the current one
-//   computes) and each key block's K̂ and V̂^T tiles and scales into a ring of F8_STAGES stages
-//   that runs on across tiles, and hands most of its registers to the consumers (setmaxnreg). At
-//   d = 128 one thread issues the copies as TMA boxes (K̂'s permutation below is a 5-D view of
-//   its rows); at d = 64, or with ATTN_FP8_FWD_TMA=0, its 128 threads copy with cp.async.
-//   Warpgroups 1 and 2 (64 query rows each) compute. Stages are paced by mbarriers (full: the
-//   stage's bytes have landed; empty: the 256 consumer threads are done with the stage), so
-//   there is no CTA-wide barrier in the loop and the two consumers drift freely.
+//   its 128 threads copy each tile's Q̂ block (two buffers: the next tile's loads while the
+//   current one computes) and each key block's K̂ and V̂^T tiles and scales with cp.async into a
+//   ring of F8_STAGES stages that runs on across tiles, and hand most of their registers to the
+//   consumers (setmaxnreg). Warpgroups 1 and 2 (64 query rows each) compute. Stages are paced
+//   by mbarriers (full: the producer's 128 threads landed their copies; empty: the 256 consumer
+//   threads are done with the stage), so there is no CTA-wide barrier in the loop and the two
+//   consumers drift freely.
 // - P̂ goes from registers straight into the PV wgmma (A operand from registers), never through
 //   shared memory. The FP8 A fragment holds 4 consecutive keys per register (keys 4t..4t+3 and
 //   16+4t..16+4t+3 of each 32-key step), while the S accumulator gives a thread keys 2t, 2t+1
@@ -68,12 +67,11 @@
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
 #include <stdio.h>         // fprintf (a wrong ATTN_FP8_FWD_SCHED)
 #include <stdlib.h>        // getenv, atoi
-#include <string.h>        // strcmp, memset
+#include <string.h>        // strcmp
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
-#include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, TMA, wgmma, mbarriers, setmaxnreg
+#include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
 #include "common.h"                  // FATAL
-#include "tensor_map.h"              // tensor_map_tiled: the TMA producer's maps
 
 #define F8_BQ 128     // query rows per CTA (2 consumer warpgroups x 64)
 #define F8_BK 128     // keys per block = ATTN_SCALE_BLOCK
@@ -331,10 +329,9 @@ enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVE
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
 // the number of SMs: the producer loads the next tile's Q̂ and first key blocks while the
 // consumers finish the current one, and no CTA launches in between).
-template <int D, int LOOP, bool TMA>
+template <int D, int LOOP>
 __global__ void __launch_bounds__(F8_THREADS, 1)
-    attn_fwd_fp8_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-                        const __grid_constant__ CUtensorMap tm_v, const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
+    attn_fwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
                         const uint8_t *__restrict__ vtc, const float *__restrict__ q_scales,
                         const float *__restrict__ k_scales, const float *__restrict__ v_scales,
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
@@ -356,9 +353,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < F8_STAGES; i++) {
-            // cp.async: the producer's threads, each after its copies landed; TMA: the issuing
-            // thread's arrival with the stage's bytes, complete when they have landed
-            mbar_init(full + i, TMA ? 1 : 128);
+            mbar_init(full + i, 128);   // the producer's threads, each after its copies landed
             mbar_init(empty + i, 256);  // every consumer thread, after its last wgmma on the stage
         }
         for (int i = 0; i < 2; i++) {
@@ -387,44 +382,6 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // barrier covers them.
         setmaxnreg_dec<24>();
         const int ptid = threadIdx.x;
-        if constexpr (TMA) {
-            // One thread issues every copy as a TMA box (the other 127 have nothing to do): Q̂ and
-            // V̂^T as plain 2-D boxes, K̂ through tm_k's 5-D view, whose box lands row e + 2t + 8j +
-            // 16i of the stage on key 16i + 4t + 2j + e, i.e. key_of_row's permutation, with the
-            // same 128-byte swizzle. The scales are read before the stage's empty wait (their
-            // latency hides behind it) and stored before the arrival that announces the stage's
-            // bytes, so the consumers' full wait orders them too.
-            if (ptid == 0) {
-                unsigned it = 0;
-                for (int ti = 0;; ti++) {
-                    const int qs = ti & 1;
-                    if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
-                    const int tile = fwd_fp8_next_tile(tile_counter, ti, n_tiles);
-                    tile_slot[qs] = tile;
-                    mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
-                    if (tile >= n_tiles) break;
-                    const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
-                    const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1;
-                    const float *ksp = k_scales + (long)bh * nblk, *vsp = v_scales + (long)bh * nblk;
-                    const int krow = bh * (Tp / 16), vrow = bh * D;  // the head's first K̂ group, V̂^T row
-                    const float q_scale = q_scales[(long)bh * nblk + qb];
-#pragma unroll 1
-                    for (int kb = 0; kb < n_kb; kb++, it++) {
-                        const unsigned st = it % F8_STAGES;
-                        const float k_scale = ksp[kb], v_scale = vsp[kb];
-                        if (it >= F8_STAGES) mbar_wait(empty + st, (it / F8_STAGES - 1) & 1);
-                        sKs[st] = k_scale;
-                        sVs[st] = v_scale;
-                        if (kb == 0) sQs[qs] = q_scale;
-                        mbar_arrive_expect_tx(full + st, (uint32_t)(L::K + L::V + (kb == 0 ? L::Q : 0)));
-                        if (kb == 0) tma_load_2d(sQ + qs * L::Q, &tm_q, full + st, 0, bh * Tp + qb * F8_BQ);
-                        tma_load_5d(sK + st * L::K, &tm_k, full + st, 0, 0, 0, 0, krow + kb * (F8_BK / 16));
-                        tma_load_2d(sV + st * L::V, &tm_v, full + st, kb * F8_BK, vrow);
-                    }
-                }
-            }
-            return;
-        }
         unsigned it = 0;
         for (int ti = 0;; ti++) {
             const int qs = ti & 1;
@@ -691,23 +648,19 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
 // ATTN_FP8_FWD_SCHED=static makes persistent CTAs walk a fixed (snake) order instead of taking
 // tiles from the counter (fwd_fp8_next_tile); ATTN_FP8_FWD_GROUP_HEADS=N sets the heads per group
-// of the tile order (causal_heads_per_group; 0: all heads), ATTN_FP8_FWD_TMA=0 makes the d = 128
-// producer copy with cp.async instead of TMA boxes. attn_gpu_forward_fp8_test_schedule overrides
-// the order and caps the grid, attn_gpu_forward_fp8_test_loop the loop and
-// attn_gpu_forward_fp8_test_tma the producer's copies, for tests.
+// of the tile order (causal_heads_per_group; 0: all heads). attn_gpu_forward_fp8_test_schedule
+// overrides the order and caps the grid, attn_gpu_forward_fp8_test_loop the loop, for tests.
 struct FwdFp8Knobs {
     int loop;         // F8_LOOP_*, or -1: the default
     int group_heads;  // heads per group of the tile order (causal_group_heads' forced)
     bool persistent, dynamic;
-    bool tma;         // d = 128: the producer's copies as TMA boxes (ATTN_FP8_FWD_TMA=0: cp.async)
 };
 static const FwdFp8Knobs &fwd_fp8_env(void) {
     static FwdFp8Knobs k;
     static bool read = false;
     if (!read) {
         const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *pers = getenv("ATTN_FP8_FWD_PERSISTENT"),
-                   *sched = getenv("ATTN_FP8_FWD_SCHED"), *loop = getenv("ATTN_FP8_FWD_LOOP"),
-                   *tma = getenv("ATTN_FP8_FWD_TMA");
+                   *sched = getenv("ATTN_FP8_FWD_SCHED"), *loop = getenv("ATTN_FP8_FWD_LOOP");
         k.loop = pp && *pp ? (atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG) : -1;  // -1: the default
         if (loop && *loop) {
             if (strcmp(loop, "pingpong") == 0) k.loop = F8_LOOP_PINGPONG;
@@ -719,7 +672,6 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
         }
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = !(pers && *pers && atoi(pers) == 0);
-        k.tma = !(tma && *tma && atoi(tma) == 0);
         k.dynamic = !(sched && strcmp(sched, "static") == 0);
         if (sched && *sched && k.dynamic && strcmp(sched, "dynamic") != 0)
             fprintf(stderr, "attention: ATTN_FP8_FWD_SCHED=%s is neither static nor dynamic; using dynamic\n", sched);
@@ -729,7 +681,6 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
 }
 static int fwd_fp8_test_max_ctas = 0, fwd_fp8_test_order = -1;  // attn_gpu_forward_fp8_test_schedule
 static int fwd_fp8_test_loop_kind = -1;                          // attn_gpu_forward_fp8_test_loop
-static int fwd_fp8_test_tma_kind = -1;                           // attn_gpu_forward_fp8_test_tma
 extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_max_ctas = max_ctas > 0 ? max_ctas : 0;
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
@@ -737,7 +688,6 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
     fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_OVERLAP_PP ? loop : -1;
 }
-extern "C" void attn_gpu_forward_fp8_test_tma(int tma) { fwd_fp8_test_tma_kind = tma < 0 ? -1 : tma != 0; }
 // The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
 // One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
 // a stream up with one forward before capturing on it.
@@ -760,46 +710,18 @@ static unsigned *fwd_fp8_counter_for(cudaStream_t stream) {
     return c;
 }
 
-// The TMA producer's maps (d = 128; attn_quant's padded layouts, whole 128-token blocks): Q̂
-// (B H Tp rows of D bytes) and V̂^T (B H D rows of Tp bytes) as 2-D maps with 128-row boxes; K̂
-// as 5-D (byte, e, t, j, i) with strides (1, D, 4D, 2D, 16D): box (D, 2, 4, 2, 8) holds keys
-// 16i + 4t + 2j + e in the order of rows e + 2t + 8j + 16i, key_of_row's permutation. 128-byte
-// swizzle, as the consumers' descriptors (and sw128) expect.
-struct Fp8FwdMaps {
-    CUtensorMap q, k, v;
-};
-template <int D>
-static Fp8FwdMaps fwd_fp8_maps(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, int BH, int Tp) {
-    static_assert(D == 128, "the TMA producer needs 128-byte rows");
-    const char *who = "the FP8 forward's TMA producer (ATTN_FP8_FWD_TMA=0 avoids it)";
-    Fp8FwdMaps m;
-    const cuuint32_t box2[2] = {128, 128};
-    const cuuint64_t qd[2] = {(cuuint64_t)D, (cuuint64_t)BH * Tp}, qs[1] = {(cuuint64_t)D};
-    m.q = tensor_map_tiled(who, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, qc, qd, qs, box2, CU_TENSOR_MAP_SWIZZLE_128B);
-    const cuuint64_t vd[2] = {(cuuint64_t)Tp, (cuuint64_t)BH * D}, vs[1] = {(cuuint64_t)Tp};
-    m.v = tensor_map_tiled(who, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, vtc, vd, vs, box2, CU_TENSOR_MAP_SWIZZLE_128B);
-    const cuuint64_t kd[5] = {(cuuint64_t)D, 2, 4, 2, (cuuint64_t)BH * Tp / 16};
-    const cuuint64_t ks[4] = {(cuuint64_t)D, 4 * (cuuint64_t)D, 2 * (cuuint64_t)D, 16 * (cuuint64_t)D};
-    const cuuint32_t kbox[5] = {(cuuint32_t)D, 2, 4, 2, 8};
-    m.k = tensor_map_tiled(who, CU_TENSOR_MAP_DATA_TYPE_UINT8, 5, kc, kd, ks, kbox, CU_TENSOR_MAP_SWIZZLE_128B);
-    return m;
-}
-
-template <int D, int LOOP, bool TMA>
+template <int D, int LOOP>
 static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                                const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                                float *lse, int B, int H, int T, cudaStream_t stream) {
     const size_t smem = F8Smem<D>::BYTES;
     static bool attr_set = false;  // one device per process (one GPU per rank)
     if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, LOOP, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)smem));
         attr_set = true;
     }
     const int nblk = attn_quant_n_blocks(T);
-    Fp8FwdMaps maps;
-    if constexpr (TMA) maps = fwd_fp8_maps<D>(qc, kc, vtc, B * H, nblk * F8_BK);
-    else memset(&maps, 0, sizeof maps);  // unused by the cp.async producer
     const long n_tiles = (long)nblk * B * H;
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
     const FwdFp8Knobs &k = fwd_fp8_env();
@@ -809,24 +731,10 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     // heads per group: K̂ and V̂^T of a head are 2 Tp D bytes; two waves of CTAs per group
     const int hg = causal_group_heads(k.group_heads, B * H,
                                       causal_heads_per_group(2L * nblk * F8_BK * D, nblk, B * H, 2 * attn_sm_count()));
-    attn_fwd_fp8_kernel<D, LOOP, TMA><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
-        maps.q, maps.k, maps.v, qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
+    attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
+        qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
         1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL, hg);
     CUDA_OK(cudaGetLastError());
-}
-
-template <int D, bool TMA>
-static void forward_fp8_loop(int loop, const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
-                             const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride, float *lse,
-                             int B, int H, int T, cudaStream_t stream) {
-    if (loop == F8_LOOP_OVERLAP_PP)
-        forward_fp8_launch<D, F8_LOOP_OVERLAP_PP, TMA>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_OVERLAP)
-        forward_fp8_launch<D, F8_LOOP_OVERLAP, TMA>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_PLAIN)
-        forward_fp8_launch<D, F8_LOOP_PLAIN, TMA>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else
-        forward_fp8_launch<D, F8_LOOP_PINGPONG, TMA>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
 }
 
 template <int D>
@@ -839,9 +747,14 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
     // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
-    const bool tma = D == 128 && (fwd_fp8_test_tma_kind >= 0 ? fwd_fp8_test_tma_kind != 0 : fwd_fp8_env().tma);
-    if (tma) forward_fp8_loop<D, D == 128>(loop, qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else forward_fp8_loop<D, false>(loop, qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    if (loop == F8_LOOP_OVERLAP_PP)
+        forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else if (loop == F8_LOOP_OVERLAP)
+        forward_fp8_launch<D, F8_LOOP_OVERLAP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else if (loop == F8_LOOP_PLAIN)
+        forward_fp8_launch<D, F8_LOOP_PLAIN>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else
+        forward_fp8_launch<D, F8_LOOP_PINGPONG>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
 }
 
 extern "C" void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const uint8_t *vt_codes,

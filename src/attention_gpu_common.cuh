@@ -430,22 +430,6 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const void *tmap, uint64_
         "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
         : "memory");
 }
-// The same for 2-D and 5-D maps.
-__device__ __forceinline__ void tma_load_2d(void *dst, const void *tmap, uint64_t *bar, int c0, int c1) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-            smem_addr(dst)),
-        "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(smem_addr(bar))
-        : "memory");
-}
-__device__ __forceinline__ void tma_load_5d(void *dst, const void *tmap, uint64_t *bar, int c0, int c1, int c2,
-                                            int c3, int c4) {
-    asm volatile(
-        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n" ::"r"(
-            smem_addr(dst)),
-        "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(smem_addr(bar))
-        : "memory");
-}
 // TMA reduction: the box at coordinates (c0 innermost, c1, c2) of the 3-D tensor map += the
 // shared-memory tile at ssrc (FP32 add, each element atomically in L2; out-of-bound elements are
 // dropped), in this thread's current bulk group.

@@ -101,9 +101,6 @@ void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
 // the softmax of S_j, 3 overlap with ping-pong; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
 // outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_loop(int loop);
-// For tests: the d = 128 producer's copies (1 TMA boxes, the default; 0 cp.async; < 0: the
-// environment's, ATTN_FP8_FWD_TMA); the outputs must not change by a bit.
-void attn_gpu_forward_fp8_test_tma(int tma);
 
 // FP8 backward (attention_bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
 // (docs/fp8-attention.md §3) on the quantized operands above and the FP8 forward's O and LSE.
