@@ -461,6 +461,38 @@ static void test_cross_entropy(int N, int V, int Vp) {
     cudaFree(d_l); cudaFree(d_t); cudaFree(d_loss);
 }
 
+// A target past the real columns (a data bug): the row's loss is NaN (visible), its gradient is
+// the plain softmax on the real columns (no one-hot subtracted anywhere) and 0 on the padding.
+static void test_cross_entropy_bad_target(int V, int Vp) {
+    const int N = 2;
+    Bf logits = rand_bf((size_t)N * Vp, 3.0);
+    std::vector<int32_t> tgt = {V / 2, Vp - 1 > V ? V + 1 : V};  // row 1: a padded column
+    uint16_t *d_l = dup(logits);
+    int32_t *d_t = dup(tgt);
+    float *d_loss = dnew<float>(N);
+    cross_entropy_gpu(d_l, d_loss, d_t, N, V, Vp, 0.5f, 0);
+    std::vector<float> loss = back(d_loss, N);
+    Bf grad = back(d_l, (size_t)N * Vp);
+    const uint16_t *row = &logits[(size_t)Vp];
+    double mx = -INFINITY, sum = 0;
+    for (int j = 0; j < V; j++) mx = fmax(mx, bv(row[j]));
+    for (int j = 0; j < V; j++) sum += exp(bv(row[j]) - mx);
+    double worst = 0;
+    bool pad_zero = true;
+    for (int j = 0; j < Vp; j++) {
+        const double g = bv(grad[(size_t)Vp + j]);
+        if (j >= V) pad_zero = pad_zero && g == 0.0;
+        else worst = fmax(worst, fabs(g - 0.5 * exp(bv(row[j]) - mx) / sum) / (0.5 * exp(bv(row[j]) - mx) / sum));
+    }
+    char nm[128];
+    snprintf(nm, sizeof nm, "cross-entropy V=%d Vp=%d target %d past V: loss NaN, softmax gradient, padding 0", V, Vp,
+             tgt[1]);
+    CHECK(std::isfinite(loss[0]) && std::isnan(loss[1]) && pad_zero && worst < 1e-2, nm,
+          "loss %g / %g, padded columns zero %d, worst relative gradient error %.3g", loss[0], loss[1], pad_zero,
+          worst);
+    cudaFree(d_l); cudaFree(d_t); cudaFree(d_loss);
+}
+
 static void test_grad_norm(size_t n) {
     std::vector<float> g = rand_f(n, 1e-2);
     double ref = 0;
@@ -660,6 +692,8 @@ int main(void) {
     test_cross_entropy(7, 50257, 50304);
     test_cross_entropy(3, 60000, 60032);
     test_cross_entropy(5, 1001, 1003);
+    test_cross_entropy_bad_target(50257, 50304);  // the row-in-registers kernel
+    test_cross_entropy_bad_target(1001, 1003);    // the scalar kernel
     test_grad_norm(1);
     test_grad_norm(1000);
     test_grad_norm(3000001);
