@@ -129,11 +129,9 @@ static inline size_t gpu_fp8_scales(Fp8Grouping g, size_t rows, size_t cols) {
 }
 
 // Scale floats of a linear's saved Q(x^T) (rows = K, cols = tokens) for the wgrad, in FP8
-// precision p with precision.linear_wgrad_blocks b (linear_wgrad_groupings' x^T grouping).
+// precision p with precision.linear_wgrad_blocks b (linear_xt_grouping).
 static inline size_t gpu_fp8_scales_xt(LinearPrecision p, WgradBlocks b, size_t rows, size_t cols) {
-    Fp8Grouping dyt, xt;
-    linear_wgrad_groupings(p, b, &dyt, &xt);
-    return gpu_fp8_scales(xt, rows, cols);
+    return gpu_fp8_scales(linear_xt_grouping(p, b), rows, cols);
 }
 
 // The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).

@@ -188,13 +188,17 @@ Fp8Grouping linear_act_grouping(LinearPrecision p) {
 Fp8Grouping linear_weight_grouping(LinearPrecision p) {
     return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_128x128;
 }
+Fp8Grouping linear_dyt_grouping(LinearPrecision p, WgradBlocks b) {
+    if (p == LINEAR_FP8_TENSOR) return FP8_GROUP_TENSOR;
+    return b == WGRAD_BLOCKS_GRADIENT ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
+}
+Fp8Grouping linear_xt_grouping(LinearPrecision p, WgradBlocks b) {
+    if (p == LINEAR_FP8_TENSOR) return FP8_GROUP_TENSOR;
+    return b == WGRAD_BLOCKS_ACTIVATION ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
+}
 void linear_wgrad_groupings(LinearPrecision p, WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt) {
-    if (p == LINEAR_FP8_TENSOR) {
-        *dyt = *xt = FP8_GROUP_TENSOR;
-        return;
-    }
-    *dyt = b == WGRAD_BLOCKS_GRADIENT ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
-    *xt = b == WGRAD_BLOCKS_ACTIVATION ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
+    *dyt = linear_dyt_grouping(p, b);
+    *xt = linear_xt_grouping(p, b);
 }
 
 void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p) {

@@ -72,7 +72,9 @@ void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p);
 // in 128x128 blocks with precision.linear_wgrad_blocks (x^T for "activation", dy^T for "gradient").
 Fp8Grouping linear_act_grouping(LinearPrecision p);
 Fp8Grouping linear_weight_grouping(LinearPrecision p);
-void linear_wgrad_groupings(LinearPrecision p, WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt);
+Fp8Grouping linear_dyt_grouping(LinearPrecision p, WgradBlocks b);
+Fp8Grouping linear_xt_grouping(LinearPrecision p, WgradBlocks b);
+void linear_wgrad_groupings(LinearPrecision p, WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt);  // both
 void linear_fp8_free(LinearFp8 *L);
 
 // The three GEMMs of y = x W^T, x (N, K), W (M, K), y (N, M), in precision prec. LINEAR_BF16

@@ -204,7 +204,8 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
                 fp8_lin_shape(i, (int)C, (int)F, &M, &K);
                 Fp8Operand w = take_operand(&cv, M, K, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
                 Fp8Operand wt = take_operand(&cv, K, M, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
-                Fp8Operand xt = take_operand(&cv, K, (int)BT, xt_groups(&c->precision, lp), FP8_E4M3, A);
+                Fp8Operand xt = take_operand(&cv, K, (int)BT, linear_xt_grouping(lp, c->precision.linear_wgrad_blocks),
+                                             FP8_E4M3, A);
                 if (base) {
                     d->w8[4 * l + i] = w;
                     d->wt8[4 * l + i] = wt;
@@ -217,7 +218,8 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         if (hc > 0) {
             Fp8Operand w = take_operand(&cv, (int)Vp, (int)C, FP8_GROUP_128x128, FP8_E4M3, &plan->weights);
             Fp8Operand wt = take_operand(&cv, (int)C, (int)Vp, FP8_GROUP_128x128, FP8_E4M3, &plan->weights);
-            Fp8Operand xt = take_operand(&cv, (int)C, (int)hc, xt_groups(&c->precision, LINEAR_FP8_BLOCK), FP8_E4M3, W);
+            const Fp8Grouping xg = linear_xt_grouping(LINEAR_FP8_BLOCK, c->precision.linear_wgrad_blocks);
+            Fp8Operand xt = take_operand(&cv, (int)C, (int)hc, xg, FP8_E4M3, W);
             if (base) {
                 d->head_w8 = w;
                 d->head_wt8 = wt;

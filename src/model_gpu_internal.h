@@ -123,10 +123,8 @@ static inline const bf16 *W(GpuModel *m, ParamKind kind, int layer) { return dev
 static inline float *G(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->g + param_offset(m, kind, layer); }
 
 // --- linear layers (model_gpu_linear.cu) ------------------------------------------------------
-// (Groupings: linear_fp8.h's linear_act_grouping, linear_weight_grouping.) The wgrad operands
-// Q(x^T) and Q(dy^T)'s, linear_wgrad_groupings' for precision p and precision.linear_wgrad_blocks.
-Fp8Grouping xt_groups(const PrecisionConfig *pc, LinearPrecision p);
-Fp8Grouping dyt_groups(const PrecisionConfig *pc, LinearPrecision p);
+// (Groupings: linear_fp8.h's linear_act_grouping, linear_weight_grouping, and for the wgrad
+// operands linear_xt_grouping, linear_dyt_grouping.)
 // The FP8 linears of a block, i = 0..3: qkv, attention projection, MLP in, MLP out as W (M, K).
 void fp8_lin_shape(int i, int C, int F, int *M, int *K);
 // Bytes of codes and floats of scales FP8 scratch slot `slot` needs for config c's linears.

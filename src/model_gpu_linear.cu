@@ -35,17 +35,6 @@
 // function). Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K)
 // and Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
 // Q(W) (Vp, C), Q(W^T) (C, Vp) (weights) and its chunk's Q(hf^T) (C, n) (workspace).
-// The groupings of the wgrad operands x^T and dy^T, as linear_wgrad_groupings gives them.
-Fp8Grouping xt_groups(const PrecisionConfig *pc, LinearPrecision p) {
-    Fp8Grouping dyt, xt;
-    linear_wgrad_groupings(p, pc->linear_wgrad_blocks, &dyt, &xt);
-    return xt;
-}
-Fp8Grouping dyt_groups(const PrecisionConfig *pc, LinearPrecision p) {
-    Fp8Grouping dyt, xt;
-    linear_wgrad_groupings(p, pc->linear_wgrad_blocks, &dyt, &xt);
-    return dyt;
-}
 // Bytes of codes and floats of scales slot `slot` needs for config c's linears.
 void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
     size_t ns;
@@ -201,8 +190,9 @@ void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf1
     Fp8Operand xt = d->xt8[li];
     xt.cols = N;                                                            // x^T (K, N)
     // Q(dy^T) for this GEMM and Q(dy) (slot 0) for the lin_dgrad that follows, in one call.
-    Fp8Operand dyt = fp8_slot(d, 1, M, N, dyt_groups(&m->cfg.precision, p), grad_format(m));  // dy^T (M, N)
-    Fp8Operand dyq = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));                      // dy (N, M)
+    const Fp8Grouping dyt_g = linear_dyt_grouping(p, m->cfg.precision.linear_wgrad_blocks);
+    Fp8Operand dyt = fp8_slot(d, 1, M, N, dyt_g, grad_format(m));                   // dy^T (M, N)
+    Fp8Operand dyq = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));  // dy (N, M)
     if (d->dyt_in_slot1 != dy || d->dyt_in_slot1_n != N || d->dyt_in_slot1_m != M ||
         d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M) {  // not made by dy's producer
         quantize_operand(d, 1, &dyq, &dyt, dy, N, M);
@@ -260,7 +250,8 @@ void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, i
     Dev *d = dev_of(m);
     const int Vp = m->cfg.model.padded_vocab_size;
     Fp8Operand dyq = fp8_slot(d, 0, n, Vp, FP8_GROUP_1x128, grad_format(m));  // (n, Vp)
-    Fp8Operand dyt = fp8_slot(d, 1, Vp, n, dyt_groups(&m->cfg.precision, LINEAR_FP8_BLOCK), grad_format(m));  // (Vp, n)
+    const Fp8Grouping dyt_g = linear_dyt_grouping(LINEAR_FP8_BLOCK, m->cfg.precision.linear_wgrad_blocks);
+    Fp8Operand dyt = fp8_slot(d, 1, Vp, n, dyt_g, grad_format(m));  // (Vp, n)
     Fp8Operand xt = d->head_xt;
     xt.cols = n;
     fp8_quantize_gpu(&dyq, &dyt, dlogits, n, Vp, NULL, d->stream);
@@ -335,7 +326,8 @@ void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *df
     (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
     const int M = 2 * F;
     Fp8Operand q = fp8_slot(d, 0, N, M, FP8_GROUP_1x128, grad_format(m));   // dy (N, M)
-    Fp8Operand qt = fp8_slot(d, 1, M, N, dyt_groups(&m->cfg.precision, LINEAR_FP8_BLOCK), grad_format(m));  // dy^T (M, N)
+    const Fp8Grouping dyt_g = linear_dyt_grouping(LINEAR_FP8_BLOCK, m->cfg.precision.linear_wgrad_blocks);
+    Fp8Operand qt = fp8_slot(d, 1, M, N, dyt_g, grad_format(m));  // dy^T (M, N)
     swiglu_backward_fp8_gpu(NULL, dsw, fc, N, F, &q, &qt, d->stream);
     d->x_in_slot0 = NULL;
     d->dy_in_slot0 = d->dyt_in_slot1 = dfc;
