@@ -20,6 +20,7 @@
 
 #include "common.h"  // FATAL
 #include "fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
+#include "fast_exp2.cuh"  // fast_exp2: the softmax exponentials (inputs <= 0 or -inf)
 #include "fp8_cvt.cuh"  // cvt_e4m3x2 / cvt_e5m2x2: the hardware FP8 conversion (finite inputs here)
 
 typedef __nv_bfloat16 bf16;
@@ -285,12 +286,6 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 static_assert(FP8_SCALE_MAX_EXP <= 126, "pow2_recip: 2^-k must be a normal float");
 __device__ __forceinline__ float pow2_recip(float s) { return __int_as_float(0x7f000000 - __float_as_int(s)); }
 
-// 2^x on the special-function unit (the softmax exponentials; inputs <= 0 or -inf)
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 // Keeps the compiler from moving reads/writes of accumulator registers across wgmma waits.
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&r)[N]) {
