@@ -19,11 +19,13 @@
 // gradients: use gpu_model_loss for evaluation (it computes no gradient).
 //
 // Precision: precision.attention runs through attention_fp8.h in any mode it supports (bf16 and
-// the FP8 modes with block scaling; fp32 and delayed scaling are refused with a message). precision.linear may be "bf16", "fp8_tensor" or "fp8_block": the blocks'
-// linears that linear_precision_of (linear_fp8.h) puts in FP8 quantize their GEMM operands with
-// linear_fp8_gpu.h exactly as linear_fp8.c's contract says (the CPU backend emulates the same
-// codes). FP8 linears need linear_keep_lm_head_bf16 = true (an FP8 LM head is refused),
-// d_model and ffn_hidden multiples of 16, and B*T a multiple of 16. With fp8_block, the kernels
+// the FP8 modes, with block or delayed scaling; fp32 is refused with a message). precision.linear
+// may be "bf16", "fp8_tensor" or "fp8_block": the blocks' linears that linear_precision_of
+// (linear_fp8.h) puts in FP8 quantize their GEMM operands with linear_fp8_gpu.h exactly as
+// linear_fp8.c's contract says (the CPU backend emulates the same codes). An FP8 LM head
+// (linear_keep_lm_head_bf16 = false) runs with fp8_block only (fp8_tensor's per-chunk scales
+// would not be the CPU's); FP8 linears need d_model and ffn_hidden multiples of 16, and B*T a
+// multiple of 16. With fp8_block, the kernels
 // that produce a linear's input (RMSNorm, SwiGLU) or output gradient (the SwiGLU backward) write
 // its FP8 codes themselves (layers_fp8.h; same codes); with fp8_tensor those kernels and the
 // RMSNorm backwards (the residual gradient) take their output's amax, so its quantization has no
