@@ -134,6 +134,9 @@ static inline size_t gpu_fp8_scales_xt(LinearPrecision p, WgradBlocks b, size_t 
     return gpu_fp8_scales(linear_xt_grouping(p, b), rows, cols);
 }
 
+// fp8_tensor's producer amaxes (model_gpu_linear.cu): an x and a dy word per FP8 linear.
+static inline size_t gpu_fp8_prod_amax_bytes(size_t n_layer) { return sizeof(unsigned) * 8 * n_layer; }
+
 // The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).
 #define GPU_HEAD_CHUNK_TOKENS 8192
 static inline size_t gpu_head_chunk(size_t BT) { return BT < GPU_HEAD_CHUNK_TOKENS ? BT : GPU_HEAD_CHUNK_TOKENS; }

@@ -185,7 +185,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         d->dl_dev = (float *)take(&cv, sizeof(float) * 8 * (size_t)mc->n_layer, W);
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
     if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots (the GEMMs share matmul's workspace)
-        d->prod_amax = (unsigned *)take(&cv, 2 * sizeof(unsigned), W);  // fp8_tensor producers' amaxes
+        d->prod_amax = (unsigned *)take(&cv, gpu_fp8_prod_amax_bytes((size_t)mc->n_layer), W);  // fp8_tensor's
         for (int slot = 0; slot < 2; slot++) {
             size_t nc;
             long ns;
@@ -487,6 +487,8 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     d->fwd_T = T;
     prof_mark(d, PH_HOST);
     fp8_refresh_weights(m);  // Q(W), Q(W^T) if the weights changed (FP8 linears only)
+    if (d->prod_amax)        // fp8_tensor's producer amaxes, for this forward and its backward
+        CUDA_CHECK(cudaMemsetAsync(d->prod_amax, 0, gpu_fp8_prod_amax_bytes((size_t)mc->n_layer), s));
     delayed_upload(m);       // attention delayed scaling: this step's scales and amaxes
     prof_mark(d, PH_FWD_LINEAR);
     // With recompute the per-layer h1, h2, sw live in scratch (see the file comment).

@@ -76,10 +76,14 @@ typedef struct {
     int dyt_in_slot1_n, dyt_in_slot1_m;
     const bf16 *x_in_slot0;          // slot 0 holds Q(x) of this x for linear x_in_slot0_li (its
     int x_in_slot0_li, x_in_slot0_n; //   producer made it, and Q(x^T) when save_xt), or NULL
-    // fp8_tensor: the amax of a linear's x ([0]) or dy ([1]) taken by its producer (device, FP32
-    // bits), and which tensor it belongs to (amax_of NULL: none; model_gpu_linear.cu)
-    unsigned *prod_amax;             // (2)
+    // fp8_tensor: per FP8 linear (4 * layer + fp8_lin_index), the amax of its x ([2i]) and of its
+    // dy ([2i + 1]) taken by their producers (device, FP32 bits; all zeroed once at the start of
+    // each forward, each word written by one producer per pass); and per kind (x 0, dy 1) the
+    // tensor whose amax is waiting for its quantization, in which word (amax_of NULL: none;
+    // model_gpu_linear.cu)
+    unsigned *prod_amax;             // (n_layer * 8)
     const bf16 *amax_of[2];
+    unsigned *amax_word[2];
     int amax_rows[2], amax_cols[2];
     int fp8_fuse;                    // fp8_block: producers write the codes; fp8_tensor: they take
                                      //   the amax (gpu_model_set_fp8_fusion)

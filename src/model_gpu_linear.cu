@@ -25,7 +25,6 @@
 
 #include <string.h>  // memset
 
-#include "cuda_check.h"  // CUDA_CHECK
 #include "layers.h"      // the unfused producers (and those that take an fp8_tensor operand's amax)
 #include "layers_fp8.h"  // the producers that also write the codes
 #include "matmul.h"      // matmul_forward/dgrad/wgrad_gpu
@@ -102,18 +101,21 @@ static Fp8Operand fp8_slot(Dev *d, int slot, int rows, int cols, Fp8Grouping g, 
 
 // --- fp8_tensor: amaxes taken by the producers -------------------------------------------------
 // which: 0 for a linear's x, 1 for its dy. The producer of t (rows, cols), the operand of linear
-// layer `layer`, gets where to put the amax (zeroed first), or NULL when that linear is not
-// fp8_tensor (or fusion is off, or layer < 0: no linear); the consumer takes it back once.
-static unsigned *amax_for_producer(GpuModel *m, int which, int layer, const bf16 *t, int rows, int cols) {
+// (kind, layer), gets the word to put the amax in (Dev.prod_amax: the forward zeroed it, and no
+// other producer of the pass uses it), or NULL when that linear is not fp8_tensor (or fusion is
+// off, or layer < 0: no linear); the consumer takes it back once.
+static unsigned *amax_for_producer(GpuModel *m, int which, ParamKind kind, int layer, const bf16 *t, int rows,
+                                   int cols) {
     Dev *d = dev_of(m);
     d->amax_of[which] = NULL;
     if (!d->fp8_fuse || layer < 0 || lin_prec(m, layer) != LINEAR_FP8_TENSOR) return NULL;
-    CUDA_CHECK(cudaMemsetAsync(d->prod_amax + which, 0, sizeof(unsigned), d->stream));
+    unsigned *word = d->prod_amax + 2 * (4 * layer + fp8_lin_index(kind)) + which;
     d->amax_of[which] = t;
+    d->amax_word[which] = word;
     d->amax_rows[which] = rows;
     d->amax_cols[which] = cols;
     d->fp8_fused++;
-    return d->prod_amax + which;
+    return word;
 }
 
 // fp8_quantize_gpu, without its amax pass when t's producer took the amax.
@@ -121,7 +123,7 @@ static void quantize_operand(Dev *d, int which, const Fp8Operand *q, const Fp8Op
                              int cols) {
     const int ready = d->amax_of[which] == t && d->amax_rows[which] == rows && d->amax_cols[which] == cols;
     d->amax_of[which] = NULL;
-    if (ready) fp8_quantize_gpu_amax_ready(q, qt, t, rows, cols, d->prod_amax + which, NULL, d->stream);
+    if (ready) fp8_quantize_gpu_amax_ready(q, qt, t, rows, cols, d->amax_word[which], NULL, d->stream);
     else fp8_quantize_gpu(q, qt, t, rows, cols, NULL, d->stream);
 }
 
@@ -296,8 +298,7 @@ void norm_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *res_out, bf16
         rmsnorm_forward_fp8_gpu(res_out, NULL, rstd, x, delta, g, N, C, eps, &q, has_qt ? &qt : NULL, d->stream);
         return;
     }
-    (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
-    unsigned *amax = amax_for_producer(m, 0, layer, h, N, C);
+    unsigned *amax = amax_for_producer(m, 0, kind, layer, h, N, C);
     if (delta)
         residual_rmsnorm_forward_amax_gpu(res_out, h, rstd, x, delta, g, N, C, eps, amax, d->stream);
     else
@@ -311,7 +312,7 @@ void swiglu_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *sw, const b
     if (fused_x_operands(m, kind, layer, sw, N, F, &q, &qt, &has_qt))
         swiglu_forward_fp8_gpu(NULL, fc, N, F, &q, has_qt ? &qt : NULL, d->stream);
     else
-        swiglu_forward_amax_gpu(sw, fc, N, F, amax_for_producer(m, 0, layer, sw, N, F), d->stream);
+        swiglu_forward_amax_gpu(sw, fc, N, F, amax_for_producer(m, 0, kind, layer, sw, N, F), d->stream);
 }
 
 // dy (N, M = 2F) of linear (kind, layer): Q(dy) into slot 0 for lin_dgrad and Q(dy^T) into slot 1
@@ -320,7 +321,8 @@ void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *df
                                 int N, int F) {
     Dev *d = dev_of(m);
     if (!d->fp8_fuse || lin_prec(m, layer) != LINEAR_FP8_BLOCK) {
-        swiglu_backward_amax_gpu(dfc, dsw, fc, N, F, amax_for_producer(m, 1, layer, dfc, N, 2 * F), d->stream);
+        swiglu_backward_amax_gpu(dfc, dsw, fc, N, F, amax_for_producer(m, 1, kind, layer, dfc, N, 2 * F),
+                                 d->stream);
         return;
     }
     (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
@@ -339,7 +341,6 @@ void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *df
 void norm_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dx, float *dg, const bf16 *dy,
                               const bf16 *x, const bf16 *g, const float *rstd, int N, int C, int accumulate) {
     Dev *d = dev_of(m);
-    if (layer >= 0) (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
     rmsnorm_backward_amax_gpu(dx, dg, d->norm_scratch, dy, x, g, rstd, N, C, accumulate,
-                              amax_for_producer(m, 1, layer, dx, N, C), d->stream);
+                              amax_for_producer(m, 1, kind, layer, dx, N, C), d->stream);
 }
