@@ -12,6 +12,9 @@
 //   tensor: ... (fp8_tensor) per-tensor Q(x) and Q(x^T): with the amax pass, with the amax given
 //                               (fp8_quantize_gpu_amax_ready), and after the layer that took it
 //                               (layers.h's *_amax_gpu), against the layer then the full quantize
+//   delayed: ... (fp8_tensor, precision.linear_scaling = "delayed") the scale from a given amax:
+//                               the quantize pass observing x's amax, and the fused layers
+//                               writing per-tensor codes both ways (layers_fp8.h, Fp8TensorScale)
 // Each row gives ms, the GB/s of the bytes the kernel must move (reads + writes of its contract)
 // and, for fused and unfused, the ratio of its time to the BF16 layer alone (what FP8 adds).
 //
@@ -75,7 +78,7 @@ int main(int argc, char **argv) {
     const double t_norm = bench_time_ms([&] { residual_rmsnorm_forward_gpu(res, y, rstd, x, delta, g, N, C, eps, s); });
     row("rmsnorm+res bf16", t_norm, 8.0 * NC, 0);
     row("rmsnorm+res fused fp8",
-        bench_time_ms([&] { rmsnorm_forward_fp8_gpu(res, NULL, rstd, x, delta, g, N, C, eps, &q[0], &qt[0], s); }), 8.0 * NC,
+        bench_time_ms([&] { rmsnorm_forward_fp8_gpu(res, NULL, rstd, x, delta, g, N, C, eps, &q[0], &qt[0], NULL, s); }), 8.0 * NC,
         t_norm);
     row("rmsnorm+res unfused fp8", bench_time_ms([&] {
             residual_rmsnorm_forward_gpu(res, y, rstd, x, delta, g, N, C, eps, s);
@@ -85,7 +88,7 @@ int main(int argc, char **argv) {
     // SwiGLU: reads fc (N, 2F); writes out (N, F) BF16 or both codes
     const double t_sw = bench_time_ms([&] { swiglu_forward_gpu(sw, fc, N, F, s); });
     row("swiglu fwd bf16", t_sw, 6.0 * NF, 0);
-    row("swiglu fwd fused fp8", bench_time_ms([&] { swiglu_forward_fp8_gpu(NULL, fc, N, F, &qf, &qft, s); }), 6.0 * NF, t_sw);
+    row("swiglu fwd fused fp8", bench_time_ms([&] { swiglu_forward_fp8_gpu(NULL, fc, N, F, &qf, &qft, NULL, s); }), 6.0 * NF, t_sw);
     row("swiglu fwd unfused fp8", bench_time_ms([&] {
             swiglu_forward_gpu(sw, fc, N, F, s);
             fp8_quantize_gpu(&qf, &qft, sw, N, F, NULL, s);
@@ -95,7 +98,7 @@ int main(int argc, char **argv) {
     const double t_swb = bench_time_ms([&] { swiglu_backward_gpu(dfc, dout, fc, N, F, s); });
     row("swiglu bwd bf16", t_swb, 10.0 * NF, 0);
     row("swiglu bwd fused fp8",
-        bench_time_ms([&] { swiglu_backward_fp8_gpu(NULL, dout, fc, N, F, &q[2], &qt[2], s); }), 10.0 * NF, t_swb);
+        bench_time_ms([&] { swiglu_backward_fp8_gpu(NULL, dout, fc, N, F, &q[2], &qt[2], NULL, s); }), 10.0 * NF, t_swb);
     row("swiglu bwd unfused fp8", bench_time_ms([&] {
             swiglu_backward_gpu(dfc, dout, fc, N, F, s);
             fp8_quantize_gpu(&q[2], &qt[2], dfc, N, 2 * F, NULL, s);
@@ -136,6 +139,40 @@ int main(int argc, char **argv) {
             residual_rmsnorm_forward_amax_gpu(res, y, rstd, x, delta, g, N, C, eps, amax, s);
             fp8_quantize_gpu_amax_ready(&tq[1], &tqt[1], y, N, C, amax, NULL, s);
         }), 8.0 * NC, t_norm);
+    // fp8_tensor with delayed scaling: the scale comes from a history amax (here dfc's / y's own,
+    // so no code saturates), the producers write the codes and observe their amax
+    Fp8Operand tqf, tqft;  // (N, F) per tensor, the SwiGLU output
+    fp8_operand_alloc(&tqf, N, F, FP8_GROUP_TENSOR, FP8_E4M3);
+    fp8_operand_alloc(&tqft, F, N, FP8_GROUP_TENSOR, FP8_E4M3);
+    float *hist;  // [0] dfc's amax, [1] y's, [2] sw's
+    unsigned *obs;
+    CU(cudaMalloc(&hist, 3 * sizeof(float)));
+    CU(cudaMalloc(&obs, sizeof(unsigned)));
+    CU(cudaMemcpyAsync(hist, amax, 4, cudaMemcpyDeviceToDevice, s));
+    CU(cudaMemsetAsync(amax, 0, 4, s));
+    residual_rmsnorm_forward_amax_gpu(res, y, rstd, x, delta, g, N, C, eps, amax, s);
+    CU(cudaMemcpyAsync(hist + 1, amax, 4, cudaMemcpyDeviceToDevice, s));
+    CU(cudaMemsetAsync(amax, 0, 4, s));
+    swiglu_forward_amax_gpu(sw, fc, N, F, amax, s);
+    CU(cudaMemcpyAsync(hist + 2, amax, 4, cudaMemcpyDeviceToDevice, s));
+    const Fp8TensorScale ts_dfc = {hist, obs}, ts_y = {hist + 1, obs}, ts_sw = {hist + 2, obs};
+    row("tensor: swiglu fwd + amax, quantize", bench_time_ms([&] {
+            CU(cudaMemsetAsync(amax, 0, 4, s));
+            swiglu_forward_amax_gpu(sw, fc, N, F, amax, s);
+            fp8_quantize_gpu_amax_ready(&tqf, &tqft, sw, N, F, amax, NULL, s);
+        }), 6.0 * NF, t_sw);
+    row("delayed: quantize both (N, 2F)", bench_time_ms([&] {
+            fp8_quantize_gpu_delayed(&tq[0], &tqt[0], dfc, N, 2 * F, hist, obs, NULL, s);
+        }), 8.0 * NF, 0);
+    row("delayed: rmsnorm+res fused", bench_time_ms([&] {
+            rmsnorm_forward_fp8_gpu(res, NULL, rstd, x, delta, g, N, C, eps, &tq[1], &tqt[1], &ts_y, s);
+        }), 8.0 * NC, t_norm);
+    row("delayed: swiglu fwd fused", bench_time_ms([&] {
+            swiglu_forward_fp8_gpu(NULL, fc, N, F, &tqf, &tqft, &ts_sw, s);
+        }), 6.0 * NF, t_sw);
+    row("delayed: swiglu bwd fused", bench_time_ms([&] {
+            swiglu_backward_fp8_gpu(NULL, dout, fc, N, F, &tq[0], &tqt[0], &ts_dfc, s);
+        }), 10.0 * NF, t_swb);
     CU(cudaDeviceSynchronize());
     printf("# GB/s: the bytes of each kernel's contract (BF16 in, BF16 or both FP8 codes out) over its time;\n"
            "# vs BF16 layer: time / the BF16 layer's time (what the FP8 codes add)\n");

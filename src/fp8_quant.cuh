@@ -193,13 +193,15 @@ struct FullTag {
 // the BLK128x128 layout; the partial tiles at the edges are partial blocks). counts (may be NULL)
 // get Q(x)'s saturations and NaNs (each element once). All FQ_NT threads call; the shared memory
 // may be reused after a __syncthreads.
-// TENSOR: per-tensor scaling instead, every code with the scale of the tensor's amax
-// *tensor_amax (no amaxes taken, no scales written: the caller writes the tensor's two floats).
+// TENSOR: per-tensor scaling instead, every code with the scale of the amax *tensor_amax (the
+// tensor's own, or delayed scaling's history maximum; no scales written: the caller writes the
+// tensor's two floats); observe (may be NULL) then gets the tile's amax folded in (publish_amax):
+// delayed scaling's record of the tensor it quantized.
 template <Fp8Format FMT, int BATCH, class Raw, bool FULL, bool QT_BLOCK, bool TENSOR, class Load, class Make>
 static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
                                                    uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
-                                                   const float *tensor_amax, unsigned long long *counts, Load load,
-                                                   Make make) {
+                                                   const float *tensor_amax, unsigned *observe,
+                                                   unsigned long long *counts, Load load, Make make) {
     static_assert(8 % BATCH == 0, "BATCH must divide the 8 rows of a thread");
     static_assert(!(TENSOR && QT_BLOCK), "per tensor or 128x128 blocks, not both");
     constexpr int G = FQ_G;
@@ -209,6 +211,7 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
     uint32_t w[8][4];
     uint32_t cm[4] = {0, 0, 0, 0};  // this thread's column maxima, BF16 pairs as in the tile
     unsigned rm[8];                 // this thread's part of each row's amax
+    uint32_t om = 0;                // TENSOR with observe: the amax of this thread's values (a pair)
 #pragma unroll
     for (int kb = 0; kb < 8; kb += BATCH) {
         Raw raw[BATCH];
@@ -229,7 +232,12 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
                         if (c + e >= nc) w[k][e >> 1] &= ~(0xFFFFu << (16 * (e & 1)));
             }
             *reinterpret_cast<uint4 *>(&sm.tile[r][c / 2]) = make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]);
-            if (TENSOR) continue;  // no amaxes to take
+            if (TENSOR) {  // no amaxes to take, but maybe the one to observe
+                if (observe)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) om = amax2(om, w[k][i]);
+                continue;
+            }
             uint32_t m2 = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -265,6 +273,7 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
         }
     }
     flush_counts(counts, sat, nan);
+    if (TENSOR && observe) publish_amax(amax_of_pair(om), observe);
     if (qt == nullptr) return;
     // column maxima: the two half-warps, then the warps through shared memory
     if (!TENSOR) {
@@ -340,30 +349,32 @@ static __device__ __forceinline__ void vec128_tile(Vec128Tile &sm, int r0, int c
     const bool full = nr == FQ_G && nc == FQ_G;  // uniform branches: four copies of the body
     if (full && !qt_block)
         vec128_tile_body<FMT, BATCH, Raw, true, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                              qt_scales, nullptr, counts, load, make);
+                                                              qt_scales, nullptr, nullptr, counts, load, make);
     else if (!qt_block)
         vec128_tile_body<FMT, BATCH, Raw, false, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                               qt_scales, nullptr, counts, load, make);
+                                                               qt_scales, nullptr, nullptr, counts, load, make);
     else if (full)
         vec128_tile_body<FMT, BATCH, Raw, true, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                             qt_scales, nullptr, counts, load, make);
+                                                             qt_scales, nullptr, nullptr, counts, load, make);
     else
         vec128_tile_body<FMT, BATCH, Raw, false, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                              qt_scales, nullptr, counts, load, make);
+                                                              qt_scales, nullptr, nullptr, counts, load, make);
 }
 
 // The same tile with per-tensor scaling: Q(x) (to q, may be NULL) and Q(x^T) (to qt, may be
-// NULL) with the one scale of the tensor's amax *tensor_amax (FP32). No scales are written here.
+// NULL) with the one scale of the amax *tensor_amax (FP32); observe (may be NULL) gets the tile's
+// own amax (publish_amax). No scales are written here.
 template <Fp8Format FMT, int BATCH, class Raw, class Load, class Make>
 static __device__ __forceinline__ void vec128_tile_tensor(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows,
                                                           int cols, uint8_t *q, uint8_t *qt, const float *tensor_amax,
-                                                          unsigned long long *counts, Load load, Make make) {
+                                                          unsigned *observe, unsigned long long *counts, Load load,
+                                                          Make make) {
     if (nr == FQ_G && nc == FQ_G)
         vec128_tile_body<FMT, BATCH, Raw, true, false, true>(sm, r0, c0, nr, nc, rows, cols, q, nullptr, qt, nullptr,
-                                                             tensor_amax, counts, load, make);
+                                                             tensor_amax, observe, counts, load, make);
     else
         vec128_tile_body<FMT, BATCH, Raw, false, false, true>(sm, r0, c0, nr, nc, rows, cols, q, nullptr, qt, nullptr,
-                                                              tensor_amax, counts, load, make);
+                                                              tensor_amax, observe, counts, load, make);
 }
 
 #endif  // FP8_QUANT_CUH

@@ -70,19 +70,45 @@ static __device__ __forceinline__ void store8_tile(uint16_t *dst, const uint32_t
     }
 }
 
+// The tile in 1x128 groups (vec128_tile), or per tensor (TENSOR: vec128_tile_tensor with the scale
+// of *ts.amax, observing into ts.observe), where CTA (0, 0) also writes both operands' two scale
+// floats (1/s and the amax s came from, as fp8_quantize_gpu's per-tensor operands hold them).
+template <Fp8Format FMT, int BATCH, class Raw, bool TENSOR, class Load, class Make>
+static __device__ __forceinline__ void tile_dispatch(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
+                                                     uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
+                                                     bool qt_block, Fp8TensorScale ts, Load load, Make make) {
+    if (!TENSOR) {
+        vec128_tile<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, qt_block, nullptr,
+                                     load, make);
+        return;
+    }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        const float amax = *ts.amax, inv = 1.0f / fp8_scale_for_amax(FMT, amax);  // exact: a power of two
+        q_scales[0] = inv;
+        q_scales[1] = amax;
+        if (qt_scales) {
+            qt_scales[0] = inv;
+            qt_scales[1] = amax;
+        }
+    }
+    vec128_tile_tensor<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, qt, ts.amax, ts.observe, nullptr, load,
+                                        make);
+}
+
 // --- RMSNorm -------------------------------------------------------------------------------------
 // Tiles: y = src * rstd * g of the tile (src the residual the row kernel stored, or x), stored
 // when y is not NULL, and quantized both ways.
-template <Fp8Format FMT>
+template <Fp8Format FMT, bool TENSOR>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     rmsnorm_tile_fp8_kernel(uint16_t *y, const float *rstd, const uint16_t *src, const uint16_t *g, int N, int C,
-                            bool vec, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block) {
+                            bool vec, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block,
+                            Fp8TensorScale ts) {
     __shared__ __align__(16) Vec128Tile sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, C - c0);
     typedef Bf16x8Loads<2> In;  // v[0] the source, v[1] the gains, f the row's rstd
-    vec128_tile<FMT, NORM_TILE_BATCH, In>(
-        sm, r0, c0, nr, nc, N, C, q, q_scales, qt, qt_scales, qt_block, nullptr,
+    tile_dispatch<FMT, NORM_TILE_BATCH, In, TENSOR>(
+        sm, r0, c0, nr, nc, N, C, q, q_scales, qt, qt_scales, qt_block, ts,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
             load8_tile<FULL>(in.v[0], src + (size_t)(r0 + r) * C + c0 + c, c, nc, vec);
@@ -103,17 +129,17 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 
 // --- SwiGLU forward ------------------------------------------------------------------------------
 // CTA = output tile (rows blockIdx.y * 128.., columns blockIdx.x * 128.. of out (N, F)).
-template <Fp8Format FMT>
+template <Fp8Format FMT, bool TENSOR>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_fp8_kernel(uint16_t *out, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales, uint8_t *qt,
-                      float *qt_scales, bool qt_block) {
+                      float *qt_scales, bool qt_block, Fp8TensorScale ts) {
     __shared__ __align__(16) Vec128Tile sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, F - c0);
     const bool vec = F % 8 == 0 && aligned16(fc) && (!out || aligned16(out));
     typedef Bf16x8Loads<2> In;  // v[0] the gate, v[1] the up
-    vec128_tile<FMT, SWIGLU_BATCH, In>(
-        sm, r0, c0, nr, nc, N, F, q, q_scales, qt, qt_scales, qt_block, nullptr,
+    tile_dispatch<FMT, SWIGLU_BATCH, In, TENSOR>(
+        sm, r0, c0, nr, nc, N, F, q, q_scales, qt, qt_scales, qt_block, ts,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
             const uint16_t *row = fc + (size_t)(r0 + r) * 2 * F + c0 + c;  // gate; up is F further
@@ -136,18 +162,18 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 // consecutive columns never straddle F (F % 8 == 0), so each group of eight reads eight
 // consecutive gate, up and dout values. Grid x walks the 2F columns, so the gate tile and the up
 // tile of the same inputs run close together and the second read of fc and dout hits L2.
-template <Fp8Format FMT>
+template <Fp8Format FMT, bool TENSOR>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_bwd_fp8_kernel(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q,
-                          float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block) {
+                          float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block, Fp8TensorScale ts) {
     __shared__ __align__(16) Vec128Tile sm;
     const int W2 = 2 * F;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, W2 - c0);
     const bool vec = aligned16(fc) && aligned16(dout) && (!dfc || aligned16(dfc));  // F % 8 == 0 (launcher)
     typedef Bf16x8Loads<3> In;  // v[0] the gate, v[1] the up, v[2] dout (4 rows in flight: 12 words each)
-    vec128_tile<FMT, SWIGLU_BWD_BATCH, In>(
-        sm, r0, c0, nr, nc, N, W2, q, q_scales, qt, qt_scales, qt_block, nullptr,
+    tile_dispatch<FMT, SWIGLU_BWD_BATCH, In, TENSOR>(
+        sm, r0, c0, nr, nc, N, W2, q, q_scales, qt, qt_scales, qt_block, ts,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
             const int cc = c0 + c, j = cc < F ? cc : cc - F;  // column of dfc; of gate, up and dout
@@ -175,58 +201,76 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 
 // --- launchers -----------------------------------------------------------------------------------
 
-// q must be a 1x128 operand (rows, cols); qt NULL or its transpose in the same format.
-static void check_operands(const char *who, const Fp8Operand *q, const Fp8Operand *qt, int rows, int cols) {
+// q must be a 1x128 operand (rows, cols), or per tensor with ts (its scale's amax); qt NULL or
+// its transpose in the same format (1x128 or 128x128 with a 1x128 q, per tensor with a per-tensor
+// one). Returns whether the operands are per tensor.
+static bool check_operands(const char *who, const Fp8Operand *q, const Fp8Operand *qt, int rows, int cols,
+                           const Fp8TensorScale *ts) {
     if (!q || !q->codes || !q->scales) FATAL("%s: q has no buffers (it is required)", who);
-    if (q->grouping != FP8_GROUP_1x128 || q->rows != rows || q->cols != cols)
-        FATAL("%s: q is (%d, %d) grouping %d, expected (%d, %d) 1x128", who, q->rows, q->cols, (int)q->grouping, rows,
-              cols);
-    if (qt && (!qt->codes || !qt->scales || (qt->grouping != FP8_GROUP_1x128 && qt->grouping != FP8_GROUP_128x128) ||
-               qt->rows != cols || qt->cols != rows || qt->fmt != q->fmt))
-        FATAL("%s: qt is (%d, %d) grouping %d format %d, expected (%d, %d) 1x128 or 128x128 format %d", who, qt->rows, qt->cols,
-              (int)qt->grouping, (int)qt->fmt, cols, rows, (int)q->fmt);
+    const bool tensor = q->grouping == FP8_GROUP_TENSOR;
+    if ((q->grouping != FP8_GROUP_1x128 && !tensor) || q->rows != rows || q->cols != cols)
+        FATAL("%s: q is (%d, %d) grouping %d, expected (%d, %d) 1x128 or per tensor", who, q->rows, q->cols,
+              (int)q->grouping, rows, cols);
+    if (tensor != (ts != NULL) || (ts && !ts->amax))
+        FATAL("%s: %s operands %s the amax to scale by (hint: Fp8TensorScale goes with FP8_GROUP_TENSOR only)", who,
+              tensor ? "per-tensor" : "1x128", tensor ? "need" : "take no");
+    const bool qt_ok = qt && (tensor ? qt->grouping == FP8_GROUP_TENSOR
+                                     : (qt->grouping == FP8_GROUP_1x128 || qt->grouping == FP8_GROUP_128x128));
+    if (qt && (!qt->codes || !qt->scales || !qt_ok || qt->rows != cols || qt->cols != rows || qt->fmt != q->fmt))
+        FATAL("%s: qt is (%d, %d) grouping %d format %d, expected (%d, %d) %s format %d", who, qt->rows, qt->cols,
+              (int)qt->grouping, (int)qt->fmt, cols, rows, tensor ? "per tensor" : "1x128 or 128x128", (int)q->fmt);
     if (rows <= 0 || cols <= 0) FATAL("%s: empty shape (%d, %d)", who, rows, cols);
+    return tensor;
 }
 
 // Whether qt is one 128x128 block per tile (a wgrad operand in blocks) rather than 1x128 slices.
 static bool qt_block(const Fp8Operand *qt) { return qt && qt->grouping == FP8_GROUP_128x128; }
 
-// Launches kernel<E4M3 or E5M2> on `stream` with `threads`, then checks the launch.
-#define LAUNCH_FMT(fmt, kernel, grid, threads, ...)                                                 \
-    do {                                                                                            \
-        if ((fmt) == FP8_E4M3) kernel<FP8_E4M3><<<(grid), (threads), 0, stream>>>(__VA_ARGS__);     \
-        else kernel<FP8_E5M2><<<(grid), (threads), 0, stream>>>(__VA_ARGS__);                       \
-        CUDA_CHECK_LAUNCH();                                                                        \
+// Launches kernel<E4M3 or E5M2, per tensor or not> on `stream` with `threads`, then checks the launch.
+#define LAUNCH_FMT(fmt, tensor, kernel, grid, threads, ...)                                                   \
+    do {                                                                                                      \
+        if ((fmt) == FP8_E4M3 && (tensor)) kernel<FP8_E4M3, true><<<(grid), (threads), 0, stream>>>(__VA_ARGS__); \
+        else if ((fmt) == FP8_E4M3) kernel<FP8_E4M3, false><<<(grid), (threads), 0, stream>>>(__VA_ARGS__);      \
+        else if (tensor) kernel<FP8_E5M2, true><<<(grid), (threads), 0, stream>>>(__VA_ARGS__);                   \
+        else kernel<FP8_E5M2, false><<<(grid), (threads), 0, stream>>>(__VA_ARGS__);                              \
+        CUDA_CHECK_LAUNCH();                                                                                  \
     } while (0)
+
+static Fp8TensorScale ts_or_none(const Fp8TensorScale *ts) {
+    Fp8TensorScale none = {NULL, NULL};
+    return ts ? *ts : none;
+}
 
 extern "C" void rmsnorm_forward_fp8_gpu(uint16_t *res_out, uint16_t *y, float *rstd, const uint16_t *x,
                                         const uint16_t *delta, const uint16_t *g, int N, int C, float eps,
-                                        const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream) {
-    check_operands("rmsnorm_forward_fp8_gpu", q, qt, N, C);
+                                        const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
+                                        cudaStream_t stream) {
+    const bool tensor = check_operands("rmsnorm_forward_fp8_gpu", q, qt, N, C, ts);
     if (delta && !res_out) FATAL("rmsnorm_forward_fp8_gpu: a residual add needs res_out");
     // rows first: rstd (and the residual) from layers.cu's own norm with no output, then the tiles
     if (delta) residual_rmsnorm_forward_gpu(res_out, NULL, rstd, x, delta, g, N, C, eps, stream);
     else rmsnorm_forward_gpu(NULL, rstd, x, g, N, C, eps, stream);
     const bool vec = C % 8 == 0 && aligned16(delta ? res_out : x) && aligned16(g) && (!y || aligned16(y));
     const dim3 grid((unsigned)((C + G - 1) / G), (unsigned)((N + G - 1) / G));
-    LAUNCH_FMT(q->fmt, rmsnorm_tile_fp8_kernel, grid, TILE_THREADS, y, rstd, delta ? res_out : x, g, N, C, vec,
-               q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));
+    LAUNCH_FMT(q->fmt, tensor, rmsnorm_tile_fp8_kernel, grid, TILE_THREADS, y, rstd, delta ? res_out : x, g, N, C,
+               vec, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt), ts_or_none(ts));
 }
 
 extern "C" void swiglu_forward_fp8_gpu(uint16_t *out, const uint16_t *fc, int N, int F, const Fp8Operand *q,
-                                       const Fp8Operand *qt, cudaStream_t stream) {
-    check_operands("swiglu_forward_fp8_gpu", q, qt, N, F);
+                                       const Fp8Operand *qt, const Fp8TensorScale *ts, cudaStream_t stream) {
+    const bool tensor = check_operands("swiglu_forward_fp8_gpu", q, qt, N, F, ts);
     if (F % 8) FATAL("swiglu_forward_fp8_gpu: F = %d is not a multiple of 8", F);
     const dim3 grid((unsigned)((F + G - 1) / G), (unsigned)((N + G - 1) / G));
-    LAUNCH_FMT(q->fmt, swiglu_fp8_kernel, grid, TILE_THREADS, out, fc, N, F, q->codes, q->scales,
-               qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));
+    LAUNCH_FMT(q->fmt, tensor, swiglu_fp8_kernel, grid, TILE_THREADS, out, fc, N, F, q->codes, q->scales,
+               qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt), ts_or_none(ts));
 }
 
 extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
-                                        const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream) {
-    check_operands("swiglu_backward_fp8_gpu", q, qt, N, 2 * F);
+                                        const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
+                                        cudaStream_t stream) {
+    const bool tensor = check_operands("swiglu_backward_fp8_gpu", q, qt, N, 2 * F, ts);
     if (F % 8) FATAL("swiglu_backward_fp8_gpu: F = %d is not a multiple of 8", F);
     const dim3 grid((unsigned)((2 * F + G - 1) / G), (unsigned)((N + G - 1) / G));
-    LAUNCH_FMT(q->fmt, swiglu_bwd_fp8_kernel, grid, TILE_THREADS, dfc, dout, fc, N, F, q->codes, q->scales,
-               qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt));
+    LAUNCH_FMT(q->fmt, tensor, swiglu_bwd_fp8_kernel, grid, TILE_THREADS, dfc, dout, fc, N, F, q->codes, q->scales,
+               qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt), ts_or_none(ts));
 }

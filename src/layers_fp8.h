@@ -34,20 +34,31 @@
 extern "C" {
 #endif
 
+// Per-tensor codes (fp8_tensor with precision.linear_scaling = "delayed"): q and qt are
+// FP8_GROUP_TENSOR operands and every code takes the scale of *amax (device FP32: the amax
+// history's maximum), saturating beyond it, as fp8_quantize_gpu_delayed; observe (device FP32
+// bits, may be NULL) gets the output's own amax folded in. 1x128 operands take none (NULL).
+typedef struct {
+    const float *amax;
+    unsigned *observe;
+} Fp8TensorScale;
+
 // RMSNorm as rmsnorm_forward_gpu (delta == NULL: normalises x) or residual_rmsnorm_forward_gpu
 // (delta != NULL: res_out = bf16(x + delta) is stored and normalised), y (N, C), rstd (N); plus
 // q = Q(y) (N, C) and qt = Q(y^T) (C, N). y may be NULL (not written); res_out may be x.
 void rmsnorm_forward_fp8_gpu(uint16_t *res_out, uint16_t *y, float *rstd, const uint16_t *x,
                              const uint16_t *delta, const uint16_t *g, int N, int C, float eps,
-                             const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream);
+                             const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
+                             cudaStream_t stream);
 // out (N, F) = silu(gate) * up from fc (N, 2F), as swiglu_forward_gpu; q = Q(out) (N, F),
 // qt = Q(out^T) (F, N). out may be NULL. F must be a multiple of 8.
 void swiglu_forward_fp8_gpu(uint16_t *out, const uint16_t *fc, int N, int F, const Fp8Operand *q,
-                            const Fp8Operand *qt, cudaStream_t stream);
+                            const Fp8Operand *qt, const Fp8TensorScale *ts, cudaStream_t stream);
 // dfc (N, 2F) from dout (N, F), as swiglu_backward_gpu; q = Q(dfc) (N, 2F), qt = Q(dfc^T)
 // (2F, N). dfc may be NULL; it must not overlap dout. F must be a multiple of 8.
 void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
-                             const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream);
+                             const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
+                             cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@
 #include <cublasLt.h>      // the cuBLASLt API
 #include <cuda_runtime.h>  // cudaMalloc, launches
 #include <stdint.h>        // uintptr_t
+#include <stdlib.h>        // getenv, atoi (the fast-accumulation experiment)
 #include <string.h>        // memset
 
 #include "common.h"      // FATAL
@@ -350,7 +351,7 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     tensor_both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
-                       float *qt_scales, const float *amax, unsigned long long *counts) {
+                       float *qt_scales, const float *amax, unsigned *observe, unsigned long long *counts) {
     __shared__ __align__(16) Vec128Tile sm;
     const XTileLoad ld(x, rows, cols);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
@@ -359,7 +360,7 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
         write_tensor_scales(qt_scales, inv, amax);
     }
     vec128_tile_tensor<FMT, VEC128_BATCH, Bf16x8Loads<1>>(sm, ld.r0, ld.c0, ld.nr, ld.nc, rows, cols, q, qt, amax,
-                                                          counts, ld, XTileCopy());
+                                                          observe, counts, ld, XTileCopy());
 }
 static_assert(THREADS == FQ_NT, "vec128both_kernel launches THREADS threads, vec128_tile needs FQ_NT");
 
@@ -377,9 +378,11 @@ static void check_operand(const Fp8Operand *op, int rows, int cols, const char *
         FATAL("fp8_quantize_gpu: %s is (%d, %d), expected (%d, %d)", what, op->rows, op->cols, rows, cols);
 }
 
-// amax_ready: per tensor, the amax x's producer took (else NULL: the amax pass runs here).
+// amax_ready: per tensor, the amax the scale comes from: x's own, taken by its producer, or delayed
+// scaling's history maximum (else NULL: the amax pass runs here, into the operand's scales[1]).
+// observe (per tensor, may be NULL): x's own amax is folded into it (publish_amax).
 static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
-                     const unsigned *amax_ready, unsigned long long *counts, cudaStream_t stream) {
+                     const unsigned *amax_ready, unsigned *observe, unsigned long long *counts, cudaStream_t stream) {
     if (!q && !qt) return;
     if (rows <= 0 || cols <= 0) FATAL("fp8_quantize_gpu: empty shape (%d, %d)", rows, cols);
     if (q) check_operand(q, rows, cols, "q");
@@ -407,10 +410,15 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
                 x, n, (unsigned *)(any->scales + 1));
             CUDA_CHECK_LAUNCH();
         }
+        if (observe && (!q || !qt || !TENSOR_TILE_VEC)) {  // only tensor_both_kernel observes as it goes
+            amax_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), THREADS, 0, stream>>>(x, n, observe);
+            CUDA_CHECK_LAUNCH();
+            observe = NULL;
+        }
         if (!qt) {
             LAUNCH_FMT(fmt, cast_tensor_kernel, (unsigned)(blocks < 4096 ? blocks : 4096), qc, x, n, qs, amax, counts);
         } else if (q && TENSOR_TILE_VEC) {
-            LAUNCH_FMT(fmt, tensor_both_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, counts);
+            LAUNCH_FMT(fmt, tensor_both_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, observe, counts);
         } else {
             LAUNCH_FMT(fmt, tile128_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, counts);
         }
@@ -440,7 +448,7 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
 
 void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
                       unsigned long long *counts, cudaStream_t stream) {
-    quantize(q, qt, x, rows, cols, NULL, counts, stream);
+    quantize(q, qt, x, rows, cols, NULL, NULL, counts, stream);
 }
 
 void fp8_quantize_gpu_amax_ready(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
@@ -449,7 +457,17 @@ void fp8_quantize_gpu_amax_ready(const Fp8Operand *q, const Fp8Operand *qt, cons
     if (!amax_f32 || (any && any->grouping != FP8_GROUP_TENSOR))
         FATAL("fp8_quantize_gpu_amax_ready: needs per-tensor operands and the producer's amax (got grouping %d, "
               "amax %p)", any ? (int)any->grouping : -1, (const void *)amax_f32);
-    quantize(q, qt, x, rows, cols, amax_f32, counts, stream);
+    quantize(q, qt, x, rows, cols, amax_f32, NULL, counts, stream);
+}
+
+void fp8_quantize_gpu_delayed(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                              const float *scale_amax, unsigned *observe, unsigned long long *counts,
+                              cudaStream_t stream) {
+    const Fp8Operand *any = q ? q : qt;
+    if (!scale_amax || (any && any->grouping != FP8_GROUP_TENSOR))
+        FATAL("fp8_quantize_gpu_delayed: needs per-tensor operands and the amax to scale by (got grouping %d, "
+              "amax %p)", any ? (int)any->grouping : -1, (const void *)scale_amax);
+    quantize(q, qt, x, rows, cols, (const unsigned *)scale_amax, observe, counts, stream);
 }
 
 void fp8_scales_to_rowmajor(float *s, const float *dev, Fp8Grouping g, int rows, int cols) {
@@ -533,7 +551,10 @@ static cublasStatus_t plan_build(Fp8GemmPlan *p, const Fp8GemmKey *k, const floa
     p->key = *k;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;  // TN: the only FP8 layout
     const int32_t mode_a = scale_mode(k->a_grp), mode_b = scale_mode(k->b_grp);
-    const int8_t fast_accum = 0;  // promoted accumulation (block scaling forces it anyway)
+    // promoted accumulation (block scaling forces it anyway); LINEAR_FP8_FAST_ACCUM=1 is a timing
+    // experiment for per-tensor GEMMs (bench_fp8_gemm), not a training option
+    static const int fast_env = getenv("LINEAR_FP8_FAST_ACCUM") && atoi(getenv("LINEAR_FP8_FAST_ACCUM")) == 1;
+    const int8_t fast_accum = fast_env && k->a_grp == FP8_GROUP_TENSOR && k->b_grp == FP8_GROUP_TENSOR;
     CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));

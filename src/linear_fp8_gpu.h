@@ -15,7 +15,8 @@
 //
 // Scales on the device are DEQUANTIZATION scales 1/s (what cuBLASLt's scale pointers multiply
 // by), in cuBLASLt's layouts for an operand (R, C), C the reduction dimension:
-//   FP8_GROUP_TENSOR   [0] = 1/s; [1] = the tensor's amax (FP32), a by-product
+//   FP8_GROUP_TENSOR   [0] = 1/s; [1] = the amax s came from (FP32): the tensor's, a by-product,
+//                      or (delayed scaling) the history's maximum
 //   FP8_GROUP_1x128    slice j of row r at [j * R + r] (the buffer has room for R and
 //                      ceil(C/128) rounded up to multiples of 4; that slack is unused)  (VEC128_32F)
 //   FP8_GROUP_128x128  block (i, j) at [i * L + j], L = ceil(C/128) rounded up to a multiple
@@ -72,6 +73,15 @@ void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t 
 // would find it, so that pass is skipped; codes, scales and counts are fp8_quantize_gpu's.
 void fp8_quantize_gpu_amax_ready(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
                                  const unsigned *amax_f32, unsigned long long *counts, cudaStream_t stream);
+
+// Delayed scaling (precision.linear_scaling = "delayed"): per-tensor codes of x with the scale of
+// *scale_amax (device FP32: the history's maximum, not x's amax), saturating what lies beyond
+// it (counted in counts[0]); observe (device FP32 bits, may be NULL) gets max |x| folded in
+// (atomicMax), x's record for the history. scales[0] = 1/s, scales[1] = *scale_amax. One pass
+// over x when both q and qt are given.
+void fp8_quantize_gpu_delayed(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                              const float *scale_amax, unsigned *observe, unsigned long long *counts,
+                              cudaStream_t stream);
 
 // Host: converts an operand's scales as stored on the device (1/s, cuBLASLt layout, copied to
 // the host in `dev_layout`) to fp8_quantize's (s, row-major over the group grid, fp8_group_count

@@ -9,7 +9,8 @@
 //     host (the contract);
 //   - with the BF16 output NULL, its buffer is left untouched;
 //   - Q(out^T) may be in 128x128 blocks instead (precision.linear_wgrad_blocks), against
-//     fp8_quantize_gpu's mixed pass and fp8_quantize the same way.
+//     fp8_quantize_gpu's mixed pass and fp8_quantize the same way;
+//   - per-tensor codes with a given amax (delayed scaling, run_tensor_case).
 // Inputs: seeded random BF16 with a zero row, a row of large values and a few NaN / inf (which
 // must give the same codes both ways). Without a GPU: one "skipped" line, exit 0.
 #include <cuda_runtime.h>  // device memory
@@ -124,19 +125,19 @@ static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with
     switch (L) {
     case NORM:
         rmsnorm_forward_gpu(out_ref, rstd_ref, x, g, N, C, eps, 0);
-        rmsnorm_forward_fp8_gpu(NULL, o, rstd, x, NULL, g, N, C, eps, &q, pqt, 0);
+        rmsnorm_forward_fp8_gpu(NULL, o, rstd, x, NULL, g, N, C, eps, &q, pqt, NULL, 0);
         break;
     case NORM_RES:
         residual_rmsnorm_forward_gpu(res_ref, out_ref, rstd_ref, x, delta, g, N, C, eps, 0);
-        rmsnorm_forward_fp8_gpu(res, o, rstd, x, delta, g, N, C, eps, &q, pqt, 0);
+        rmsnorm_forward_fp8_gpu(res, o, rstd, x, delta, g, N, C, eps, &q, pqt, NULL, 0);
         break;
     case SWIGLU:
         swiglu_forward_gpu(out_ref, x, N, W, 0);
-        swiglu_forward_fp8_gpu(o, x, N, W, &q, pqt, 0);
+        swiglu_forward_fp8_gpu(o, x, N, W, &q, pqt, NULL, 0);
         break;
     case SWIGLU_BWD:
         swiglu_backward_gpu(out_ref, delta, x, N, W, 0);
-        swiglu_backward_fp8_gpu(o, delta, x, N, W, &q, pqt, 0);
+        swiglu_backward_fp8_gpu(o, delta, x, N, W, &q, pqt, NULL, 0);
         break;
     }
     fp8_quantize_gpu(&q_ref, with_qt ? &qt_ref : NULL, out_ref, N, C, NULL, 0);
@@ -165,6 +166,89 @@ static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with
     fp8_operand_free(&q); fp8_operand_free(&qt); fp8_operand_free(&q_ref); fp8_operand_free(&qt_ref);
     CU(cudaFree(x)); CU(cudaFree(delta)); CU(cudaFree(g)); CU(cudaFree(out_ref)); CU(cudaFree(out));
     CU(cudaFree(res_ref)); CU(cudaFree(res)); CU(cudaFree(rstd_ref)); CU(cudaFree(rstd));
+}
+
+// Per-tensor codes with a given amax (fp8_tensor, delayed scaling, Fp8TensorScale): layer L's
+// fused kernel against the BF16 layer then fp8_quantize_gpu_delayed, and both against the
+// contract on the host (code = fp8(x * s), s = fp8_scale_for_amax(fmt, the given amax),
+// saturating), for a given amax below the output's own (codes saturate) and far above it; the
+// scales hold 1/s and the given amax; the observed amax (both paths) is the output's own max |x|.
+static void run_tensor_case(Layer L, int N, int W, Fp8Format fmt, int with_qt) {
+    const int C = L == SWIGLU_BWD ? 2 * W : W;
+    const size_t n = (size_t)N * C;
+    Bf hx = random_bf(L >= SWIGLU ? (size_t)N * 2 * W : n, L >= SWIGLU ? 2 * W : W, 1);
+    Bf hd = random_bf(L == SWIGLU_BWD ? (size_t)N * W : n, W, 0);
+    Bf hg = random_bf((size_t)W, W, 0);
+    uint16_t *x = dup(hx), *delta = dup(hd), *g = dup(hg);
+    uint16_t *out_ref = dnew<uint16_t>(n), *res = dnew<uint16_t>(n);
+    float *rstd = dnew<float>(N);
+    const float eps = 1e-5f;
+    switch (L) {  // the BF16 output the codes must come from
+    case NORM: rmsnorm_forward_gpu(out_ref, rstd, x, g, N, C, eps, 0); break;
+    case NORM_RES: residual_rmsnorm_forward_gpu(res, out_ref, rstd, x, delta, g, N, C, eps, 0); break;
+    case SWIGLU: swiglu_forward_gpu(out_ref, x, N, W, 0); break;
+    case SWIGLU_BWD: swiglu_backward_gpu(out_ref, delta, x, N, W, 0); break;
+    }
+    CU(cudaDeviceSynchronize());
+    const std::vector<float> ref = to_f(back(out_ref, n));
+    float own = 0.0f, finite = 0.0f;  // max |out| (NaN ignored, inf counts) and over finite values
+    for (float v : ref) {
+        own = fmaxf(own, fabsf(v));
+        if (isfinite(v)) finite = fmaxf(finite, fabsf(v));
+    }
+    const float given[2] = {finite * 0.5f, finite * 1024.0f};
+    for (int k = 0; k < 2; k++) {
+        Fp8Operand q, qt, q_ref, qt_ref;
+        fp8_operand_alloc(&q, N, C, FP8_GROUP_TENSOR, fmt);
+        fp8_operand_alloc(&qt, C, N, FP8_GROUP_TENSOR, fmt);
+        fp8_operand_alloc(&q_ref, N, C, FP8_GROUP_TENSOR, fmt);
+        fp8_operand_alloc(&qt_ref, C, N, FP8_GROUP_TENSOR, fmt);
+        CU(cudaMemset(q.codes, 0xAA, n));
+        CU(cudaMemset(qt.codes, 0xAA, n));
+        float *amax = dup(std::vector<float>{given[k]});
+        unsigned *obs = dnew<unsigned>(2);
+        CU(cudaMemset(obs, 0, 2 * sizeof(unsigned)));
+        const Fp8TensorScale ts = {amax, obs};
+        const Fp8Operand *pqt = with_qt ? &qt : NULL;
+        switch (L) {
+        case NORM: rmsnorm_forward_fp8_gpu(NULL, NULL, rstd, x, NULL, g, N, C, eps, &q, pqt, &ts, 0); break;
+        case NORM_RES: rmsnorm_forward_fp8_gpu(res, NULL, rstd, x, delta, g, N, C, eps, &q, pqt, &ts, 0); break;
+        case SWIGLU: swiglu_forward_fp8_gpu(NULL, x, N, W, &q, pqt, &ts, 0); break;
+        case SWIGLU_BWD: swiglu_backward_fp8_gpu(NULL, delta, x, N, W, &q, pqt, &ts, 0); break;
+        }
+        fp8_quantize_gpu_delayed(&q_ref, with_qt ? &qt_ref : NULL, out_ref, N, C, amax, obs + 1, NULL, 0);
+        CU(cudaGetLastError());
+        CU(cudaDeviceSynchronize());
+        const float s = fp8_scale_for_amax(fmt, given[k]);
+        std::vector<uint8_t> c = back(q.codes, n), ct = back(qt.codes, n), cr = back(q_ref.codes, n),
+                             crt = back(qt_ref.codes, n);
+        long d_host = 0, d_ref = 0, d_t = 0, n_sat = 0;
+        for (int r = 0; r < N; r++)
+            for (int j = 0; j < C; j++) {
+                const size_t i = (size_t)r * C + j, it = (size_t)j * N + r;
+                const float v = ref[i] * s;
+                const uint8_t want = fp8_from_f32(fmt, v);
+                n_sat += isfinite(ref[i]) && fabsf(v) > fp8_max(fmt);
+                d_host += c[i] != want;
+                d_ref += c[i] != cr[i];
+                if (with_qt) d_t += ct[it] != want || crt[it] != want;
+            }
+        const std::vector<float> sc = back(q.scales, 2), sct = back(qt.scales, 2), scr = back(q_ref.scales, 2);
+        const std::vector<unsigned> ob = back(obs, 2);
+        float ob_f[2];
+        memcpy(ob_f, ob.data(), sizeof ob_f);
+        const bool scales_ok = sc[0] == 1.0f / s && sc[1] == given[k] && scr[0] == sc[0] && scr[1] == sc[1] &&
+                               (!with_qt || (sct[0] == sc[0] && sct[1] == sc[1]));
+        CHECK(d_host == 0 && d_ref == 0 && d_t == 0 && scales_ok && ob_f[0] == own && ob_f[1] == own && (k || n_sat),
+              "per tensor, given amax", "%s %d x %d %s%s, amax %s the output's: codes vs host %ld, vs the unfused "
+              "%ld, Q(out^T) %ld; %ld saturated; scales %s; observed %g / %g, own %g",
+              layer_name[L], N, W, fmt == FP8_E4M3 ? "e4m3" : "e5m2", with_qt ? ", with Q(out^T)" : "",
+              k ? "above" : "below", d_host, d_ref, d_t, n_sat, scales_ok ? "ok" : "WRONG", ob_f[0], ob_f[1], own);
+        fp8_operand_free(&q); fp8_operand_free(&qt); fp8_operand_free(&q_ref); fp8_operand_free(&qt_ref);
+        CU(cudaFree(amax)); CU(cudaFree(obs));
+    }
+    CU(cudaFree(x)); CU(cudaFree(delta)); CU(cudaFree(g)); CU(cudaFree(out_ref)); CU(cudaFree(res));
+    CU(cudaFree(rstd));
 }
 
 int main(void) {
@@ -197,5 +281,17 @@ int main(void) {
             run_case(SWIGLU_BWD, s[0], s[1], (Fp8Format)fmt, 1, 0, 1);
         }
     }
+    // per tensor with a given amax (delayed scaling): every layer, whole and partial tiles
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (int with_qt = 0; with_qt < 2; with_qt++) {
+            for (auto &s : norm_shapes) {
+                run_tensor_case(NORM, s[0], s[1], (Fp8Format)fmt, with_qt);
+                run_tensor_case(NORM_RES, s[0], s[1], (Fp8Format)fmt, with_qt);
+            }
+            for (auto &s : swiglu_shapes) {
+                run_tensor_case(SWIGLU, s[0], s[1], (Fp8Format)fmt, with_qt);
+                run_tensor_case(SWIGLU_BWD, s[0], s[1], (Fp8Format)fmt, with_qt);
+            }
+        }
     return test_summary("test_layers_fp8_gpu");
 }
