@@ -215,7 +215,7 @@ void backend_set_state(Backend *b, const float *params, const float *adam_m, con
 AttnDelayedState *backend_delayed_state(Backend *b, int *n) {
     if (b->kind == DEVICE_GPU) return gpu_model_delayed_state(&b->gpu, n);
     if (b->cpu.attn_delayed) {
-        *n = b->cpu.cfg.model.n_layer;
+        *n = b->cpu.n_delayed;
         return b->cpu.attn_delayed;
     }
     *n = 0;

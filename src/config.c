@@ -24,6 +24,7 @@ _Static_assert(sizeof(GradFormat) == sizeof(int), "enum size");
 _Static_assert(sizeof(ScalingKind) == sizeof(int), "enum size");
 _Static_assert(sizeof(LinearPrecision) == sizeof(int), "enum size");
 _Static_assert(sizeof(WgradBlocks) == sizeof(int), "enum size");
+_Static_assert(sizeof(LinearScaling) == sizeof(int), "enum size");
 
 // ---------------------------------------------------------------------------------------------
 // Enum names, indexed by the enum value, NULL-terminated.
@@ -36,6 +37,7 @@ const char *const GRADFMT_NAMES[] = {"e4m3", "e5m2", NULL};
 const char *const SCALING_NAMES[] = {"block", "delayed", NULL};
 const char *const LINEAR_NAMES[] = {"bf16", "fp8_tensor", "fp8_block", NULL};
 const char *const WGRAD_BLOCKS_NAMES[] = {"none", "activation", "gradient", NULL};
+const char *const LINEAR_SCALING_NAMES[] = {"current", "delayed", NULL};
 
 int count_names(const char *const *names) {
     int n = 0;
@@ -124,6 +126,8 @@ static const KeyDef PRECISION_KEYS[] = {
     KEY(precision, linear_bf16_first_layers, KIND_INT),
     KEY(precision, linear_bf16_last_layers, KIND_INT),
     KEY_ENUM(precision, linear_wgrad_blocks, WGRAD_BLOCKS_NAMES),
+    KEY_ENUM(precision, linear_scaling, LINEAR_SCALING_NAMES),
+    KEY(precision, linear_amax_history, KIND_INT),
 };
 static const KeyDef EVAL_KEYS[] = {
     KEY(eval, interval, KIND_INT), KEY(eval, batches, KIND_INT),
@@ -224,6 +228,8 @@ void config_defaults(Config *c) {
     p->linear_bf16_first_layers = 0;
     p->linear_bf16_last_layers = 0;
     p->linear_wgrad_blocks = WGRAD_BLOCKS_NONE;
+    p->linear_scaling = LINEAR_SCALING_CURRENT;
+    p->linear_amax_history = 16;
     c->eval.interval = 100;
     c->eval.batches = 10;
     c->eval.sample_interval = 0;

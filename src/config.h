@@ -20,7 +20,9 @@
 //                 linear ("bf16" | "fp8_tensor" | "fp8_block"), linear_grad_format,
 //                 linear_keep_lm_head_bf16 (true), linear_bf16_first_layers (0),
 //                 linear_bf16_last_layers (0), linear_wgrad_blocks ("none" | "activation" |
-//                 "gradient": fp8_block's wgrad operand in 128x128 blocks)
+//                 "gradient": fp8_block's wgrad operand in 128x128 blocks), linear_scaling
+//                 ("current" | "delayed": fp8_tensor's scales from an amax history),
+//                 linear_amax_history (16)
 //   eval          interval (steps; 0 = only at the end), batches, sample_interval (0 = off),
 //                 sample_tokens
 //   checkpoint    dir ("" = <log.dir>/checkpoints), interval (steps; 0 = only at the end),
@@ -67,6 +69,9 @@ typedef enum { LINEAR_BF16 = 0, LINEAR_FP8_TENSOR, LINEAR_FP8_BLOCK } LinearPrec
 // choice), or x^T (activation) or dy^T (gradient) in 128x128 blocks, which cuBLASLt multiplies
 // 1.25-1.5x faster against the other's 1x128 slices (docs/perf.md).
 typedef enum { WGRAD_BLOCKS_NONE = 0, WGRAD_BLOCKS_ACTIVATION, WGRAD_BLOCKS_GRADIENT } WgradBlocks;
+// fp8_tensor's activation and gradient scales: from the tensor itself (current), or from the
+// amax history of the previous micro-batches (delayed, Transformer Engine's DelayedScaling).
+typedef enum { LINEAR_SCALING_CURRENT = 0, LINEAR_SCALING_DELAYED } LinearScaling;
 
 typedef struct {
     int vocab_size;         // real vocabulary (GPT-2: 50257)
@@ -117,6 +122,8 @@ typedef struct {
     int linear_bf16_first_layers;      // this many first blocks keep BF16 linears
     int linear_bf16_last_layers;       // this many last blocks keep BF16 linears
     WgradBlocks linear_wgrad_blocks;   // fp8_block: which wgrad operand is quantized in 128x128 blocks
+    LinearScaling linear_scaling;      // fp8_tensor: current or delayed scales for x and dy
+    int linear_amax_history;           // delayed: micro-batches of amax history per tensor
 } PrecisionConfig;
 
 typedef struct {

@@ -136,6 +136,8 @@ static inline size_t gpu_fp8_scales_xt(LinearPrecision p, WgradBlocks b, size_t 
 
 // fp8_tensor's producer amaxes (model_gpu_linear.cu): an x and a dy word per FP8 linear.
 static inline size_t gpu_fp8_prod_amax_bytes(size_t n_layer) { return sizeof(unsigned) * 8 * n_layer; }
+// Delayed linear scaling's per-operand amaxes the scales come from (FP32, one per prod_amax word).
+static inline size_t gpu_fp8_delayed_amax_bytes(size_t n_layer) { return sizeof(float) * 8 * n_layer; }
 
 // The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).
 #define GPU_HEAD_CHUNK_TOKENS 8192

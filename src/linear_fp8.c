@@ -21,7 +21,8 @@
 // FP32; we use power-of-two scales, as the attention spec does, so that dequantization is exact,
 // scales compose without rounding and the CPU and GPU agree bit for bit. The GPU passes 1/s
 // (also exact) to cuBLASLt's A/B scale pointers, which multiply. Scales are current: computed
-// from the tensor being quantized, every call (no amax history). The GPU model makes each
+// from the tensor being quantized, every call (no amax history; but see fp8_tensor's delayed
+// option below). The GPU model makes each
 // quantization once per value of its tensor (a weight's Q(W), Q(W^T) once per optimizer step,
 // an activation's Q(x^T) in the forward, dy's two layouts in one call) and reuses it in every GEMM
 // below that consumes it: the same codes and scales as quantizing before each GEMM, which is what
@@ -32,6 +33,23 @@
 // tensor has one set of codes whatever its layout: the dgrad and wgrad operands are transposed
 // copies of the same codes (W^T for dgrad; dy^T and x^T for wgrad). cuBLASLt scale mode
 // SCALAR_32F.
+//
+// fp8_tensor with precision.linear_scaling = "delayed" (Transformer Engine's DelayedScaling, with
+// power-of-two scales). Each FP8 linear of the blocks (site 4 l + i, linear_fp8.h) keeps an amax
+// history of linear_amax_history entries for its input x (role 0) and for its output gradient dy
+// (role 1). In a micro-batch whose history is not empty, every quantization of x (dy) uses
+//   s = fp8_scale_for_amax(fmt, max of the history's entries)
+// instead of the tensor's own amax, and codes beyond FMAX / s saturate (satfinite; counted in
+// the stats). While the history is empty (the first micro-batch) the scale is current, as above.
+// Either way the tensor's own amax (NaN ignored) is recorded: each forward starts this micro-
+// batch's amaxes at zero (linear_fp8_forward_begin), every quantization of x or dy folds its
+// amax in (max: quantizing the same tensor again changes nothing), and at the end of the
+// backward the model commits them (attn_delayed_commit: pushed into the histories, the oldest
+// dropped). A forward without a backward (evaluation, sampling) uses the scales but commits
+// nothing. So the producers of x and dy can write their codes as they compute them (no amax
+// pass before the codes), which is the point. Weights (quantized once per optimizer step, their
+// amax included) and the LM head keep current scaling. The histories are model state: saved in
+// checkpoints and restored around evaluations and diagnostics probes, as attention's.
 //
 // fp8_block (DeepSeek-V3 fine-grained scaling, E4M3 everywhere):
 //   forward  x   (N, K)  1x128 slices along K              cuBLASLt VEC128_32F
@@ -87,6 +105,33 @@
 #define PARALLEL_MIN_ELEMS (1L << 18)
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+void linear_delayed_slot(int site, int role, int *state, int *tensor) {
+    if (site < 0 || (role != LINEAR_ROLE_X && role != LINEAR_ROLE_DY))
+        FATAL("linear_delayed_slot: site %d role %d (hint: a block's linear has site 4 * layer + i, role 0 or 1)",
+              site, role);
+    *state = site / 2;
+    *tensor = 2 * (site % 2) + role;
+}
+
+float linear_delayed_amax(const AttnDelayedState *s, int tensor) {
+    if (s->filled < 1 || s->filled > ATTN_MAX_AMAX_HISTORY || tensor < 0 || tensor > 3)
+        FATAL("linear_delayed_amax: a history of %d entries, tensor %d (hint: the first micro-batch is current)",
+              s->filled, tensor);
+    float h = 0.0f;
+    for (int i = 0; i < s->filled; i++) h = fmaxf(h, s->hist[tensor][i]);
+    return h;
+}
+
+void linear_fp8_site(LinearFp8 *L, int layer, int i) {
+    if (layer >= 0 && (i < 0 || i > 3)) FATAL("linear_fp8_site: linear %d of layer %d (expected 0..3)", i, layer);
+    L->site = layer < 0 ? -1 : 4 * layer + i;
+}
+
+void linear_fp8_forward_begin(LinearFp8 *L, int n_layer) {
+    if (!L->delayed) return;
+    for (int j = 0; j < 2 * n_layer; j++) memset(L->delayed[j].cur_amax, 0, sizeof L->delayed[j].cur_amax);
+}
 
 long fp8_group_count(Fp8Grouping g, int rows, int cols) {
     switch (g) {
@@ -172,6 +217,38 @@ void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int
     }
 }
 
+// fp8_tensor's quantization of x (role LINEAR_ROLE_X) or dy of the current site: current scaling,
+// or delayed as the contract says (the amax recorded either way).
+static void quantize_tensor(LinearFp8 *L, float *out, const float *x, int rows, int cols, int role, Fp8Format fmt,
+                            Fp8QuantStats *stats) {
+    if (!L->delayed || L->site < 0) {
+        fp8_quantize(out, NULL, NULL, x, rows, cols, FP8_GROUP_TENSOR, fmt, stats);
+        return;
+    }
+    int si, t;
+    linear_delayed_slot(L->site, role, &si, &t);
+    AttnDelayedState *s = &L->delayed[si];
+    const int par = (long)rows * cols >= PARALLEL_MIN_ELEMS;
+    float own = 0.0f;
+#pragma omp parallel for reduction(max : own) schedule(static) if (par)
+    for (int r = 0; r < rows; r++) own = fmaxf(own, block_amax(x, cols, r, 1, 0, cols));
+    s->cur_amax[t] = fmaxf(s->cur_amax[t], own);
+    if (s->filled == 0) {  // the first micro-batch: current
+        fp8_quantize(out, NULL, NULL, x, rows, cols, FP8_GROUP_TENSOR, fmt, stats);
+        return;
+    }
+    const float sc = fp8_scale_for_amax(fmt, linear_delayed_amax(s, t));
+    long long sat = 0, n_nan = 0;
+#pragma omp parallel for reduction(+ : sat, n_nan) schedule(static) if (par)
+    for (int r = 0; r < rows; r++)
+        quantize_run(out + (long)r * cols, NULL, x + (long)r * cols, cols, sc, fmt, &sat, &n_nan);
+    if (stats) {
+        stats->casts += (long long)rows * cols;
+        stats->saturated += sat;
+        stats->nans += n_nan;
+    }
+}
+
 LinearPrecision linear_precision_of(const PrecisionConfig *p, int n_layer, int layer) {
     if (p->linear == LINEAR_BF16) return LINEAR_BF16;
     if (layer < 0) return p->linear_keep_lm_head_bf16 ? LINEAR_BF16 : p->linear;
@@ -203,6 +280,7 @@ void linear_wgrad_groupings(LinearPrecision p, WgradBlocks b, Fp8Grouping *dyt, 
 
 void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p) {
     memset(L, 0, sizeof *L);
+    L->site = -1;
     linear_wgrad_groupings(LINEAR_FP8_BLOCK, p->linear_wgrad_blocks, &L->wgrad_dyt, &L->wgrad_xt);
     // fp8_block: E4M3 for gradients too (1x128 slices leave no need for E5M2's range).
     L->grad_format = (p->linear == LINEAR_FP8_TENSOR && p->linear_grad_format == GRADFMT_E5M2) ? FP8_E5M2
@@ -242,7 +320,8 @@ void linear_forward(LinearFp8 *L, LinearPrecision prec, float *y, const float *x
     }
     check_precision(prec);
     float *xq = scratch(L, 0, (size_t)N * K), *wq = scratch(L, 1, (size_t)M * K);
-    fp8_quantize(xq, NULL, NULL, x, N, K, linear_act_grouping(prec), FP8_E4M3, &L->stats[LINEAR_X]);     // (N, K)
+    if (prec == LINEAR_FP8_TENSOR) quantize_tensor(L, xq, x, N, K, LINEAR_ROLE_X, FP8_E4M3, &L->stats[LINEAR_X]);
+    else fp8_quantize(xq, NULL, NULL, x, N, K, FP8_GROUP_1x128, FP8_E4M3, &L->stats[LINEAR_X]);  // (N, K)
     fp8_quantize(wq, NULL, NULL, w, M, K, linear_weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);  // (M, K)
     matmul_nt(y, xq, wq, N, M, K, accumulate);
     L->gemms++;
@@ -256,7 +335,8 @@ void linear_dgrad(LinearFp8 *L, LinearPrecision prec, float *dx, const float *dy
     }
     check_precision(prec);
     float *dyq = scratch(L, 0, (size_t)N * M), *wq = scratch(L, 1, (size_t)M * K);
-    fp8_quantize(dyq, NULL, NULL, dy, N, M, linear_act_grouping(prec), L->grad_format, &L->stats[LINEAR_DY]);  // along M
+    if (prec == LINEAR_FP8_TENSOR) quantize_tensor(L, dyq, dy, N, M, LINEAR_ROLE_DY, L->grad_format, &L->stats[LINEAR_DY]);
+    else fp8_quantize(dyq, NULL, NULL, dy, N, M, FP8_GROUP_1x128, L->grad_format, &L->stats[LINEAR_DY]);  // along M
     // W^T's blocks are W's blocks transposed: quantizing W in place gives the same values.
     fp8_quantize(wq, NULL, NULL, w, M, K, linear_weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);
     matmul_nn(dx, dyq, wq, N, K, M, accumulate);
@@ -272,8 +352,8 @@ void linear_wgrad(LinearFp8 *L, LinearPrecision prec, float *dw, const float *dy
     check_precision(prec);
     if (prec == LINEAR_FP8_TENSOR) {  // per-tensor codes do not depend on the layout
         float *dyq = scratch(L, 0, (size_t)N * M), *xq = scratch(L, 1, (size_t)N * K);
-        fp8_quantize(dyq, NULL, NULL, dy, N, M, FP8_GROUP_TENSOR, L->grad_format, &L->stats[LINEAR_DY]);
-        fp8_quantize(xq, NULL, NULL, x, N, K, FP8_GROUP_TENSOR, FP8_E4M3, &L->stats[LINEAR_X]);
+        quantize_tensor(L, dyq, dy, N, M, LINEAR_ROLE_DY, L->grad_format, &L->stats[LINEAR_DY]);
+        quantize_tensor(L, xq, x, N, K, LINEAR_ROLE_X, FP8_E4M3, &L->stats[LINEAR_X]);
         matmul_tn(dw, dyq, xq, M, K, N, accumulate);
     } else {  // 1x128 slices along the tokens of the transposed operands (or one in 128x128 blocks)
         float *dyt = scratch(L, 0, (size_t)M * N), *xt = scratch(L, 1, (size_t)K * N);

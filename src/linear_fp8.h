@@ -8,8 +8,9 @@
 #include <stddef.h>  // size_t
 #include <stdint.h>  // uint8_t codes
 
-#include "config.h"  // LinearPrecision, PrecisionConfig
-#include "fp8.h"     // Fp8Format
+#include "attention_cpu.h"  // AttnDelayedState: also the FP8 linears' amax histories
+#include "config.h"         // LinearPrecision, PrecisionConfig
+#include "fp8.h"            // Fp8Format
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,11 +59,33 @@ typedef struct {
                                       // (precision.linear_wgrad_blocks; linear_wgrad_groupings)
     Fp8QuantStats stats[3]; // per operand role: activations x, weights W, output gradients dy
     long long gemms;        // GEMMs run on quantized operands
+    // Delayed scaling (fp8_tensor, precision.linear_scaling = "delayed"): the blocks' amax
+    // histories, two states per block (linear_delayed_slot), owned by the model; NULL: current.
+    AttnDelayedState *delayed;
+    int site;               // the FP8 linear the next calls quantize for (linear_fp8_site), or -1
     float *scratch[2];      // quantized (and transposed) operand copies
     size_t scratch_cap[2];  // in floats
 } LinearFp8;
 
 enum { LINEAR_X = 0, LINEAR_W = 1, LINEAR_DY = 2 };  // indices of LinearFp8.stats
+
+// Delayed scaling's bookkeeping (the contract in linear_fp8.c). A block's FP8 linear i (0 qkv,
+// 1 attention projection, 2 MLP in, 3 MLP out) of layer l is site 4 l + i; its input x is role
+// 0, its output gradient dy role 1. Their histories are tensor `tensor` of state `state` of the
+// model's linear states (AttnDelayedState keeps 4 tensors: two sites per state), which is also
+// the GPU's amax word 2 * site + role = 4 * state + tensor.
+#define LINEAR_ROLE_X 0
+#define LINEAR_ROLE_DY 1
+void linear_delayed_slot(int site, int role, int *state, int *tensor);
+// The amax a history gives its scale: the maximum over its filled entries (filled > 0).
+float linear_delayed_amax(const AttnDelayedState *s, int tensor);
+// The site of the next linear_forward / dgrad / wgrad calls: layer's linear i, or none (layer <
+// 0: the LM head, current scaling).
+void linear_fp8_site(LinearFp8 *L, int layer, int i);
+// At the start of every forward: this micro-batch's amaxes start from zero (a forward without a
+// backward, e.g. an evaluation, records nothing: the next forward zeroes them again), for the
+// n_layer blocks' states.
+void linear_fp8_forward_begin(LinearFp8 *L, int n_layer);
 
 void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p);
 // The contract's groupings in FP8 precision p (fp8_tensor or fp8_block); both backends and the

@@ -100,8 +100,14 @@ void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long lo
     m->B = B;
     m->T = T;
     attn_options_from_config(&m->attn, &c->precision);
-    m->attn_delayed = xcalloc((size_t)mc->n_layer, sizeof(AttnDelayedState));
-    for (int l = 0; l < mc->n_layer; l++) attn_delayed_init(&m->attn_delayed[l], c->precision.attention_amax_history);
+    // attention's states (one per layer), then with delayed linear scaling the linears' (two per
+    // layer, linear_delayed_slot): one array, so that checkpoints, probes and evaluations keep both
+    const int lin_delayed = c->precision.linear == LINEAR_FP8_TENSOR && c->precision.linear_scaling == LINEAR_SCALING_DELAYED;
+    m->n_delayed = mc->n_layer * (lin_delayed ? 3 : 1);
+    m->attn_delayed = xcalloc((size_t)(m->n_delayed ? m->n_delayed : 1), sizeof(AttnDelayedState));
+    for (int j = 0; j < m->n_delayed; j++)
+        attn_delayed_init(&m->attn_delayed[j], j < mc->n_layer ? c->precision.attention_amax_history
+                                                               : c->precision.linear_amax_history);
 
     size_t BT = (size_t)B * T, C = mc->d_model, F = mc->ffn_hidden, H = mc->n_head;
     size_t hd = mc->head_dim, Vp = mc->padded_vocab_size;
@@ -152,6 +158,7 @@ void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long lo
     a->dv = falloc(BT * C);
     a->head_stats = xcalloc((size_t)B * H, sizeof(AttnStats));
     linear_fp8_init(&a->lin, &c->precision);
+    if (lin_delayed) a->lin.delayed = m->attn_delayed + mc->n_layer;
     m->acts = a;
 }
 
@@ -307,6 +314,7 @@ static void forward_blocks(CpuModel *m, const int32_t *tokens, int B, int T) {
     a->B = B;
     a->T = T;
     memset(&m->attn_stats, 0, sizeof m->attn_stats);
+    linear_fp8_forward_begin(&a->lin, mc->n_layer);  // delayed scaling: this micro-batch's amaxes from zero
 
     const float *wte = P(m, P_WTE, 0);
     for (int i = 0; i < BT; i++) {
@@ -325,6 +333,7 @@ static void forward_blocks(CpuModel *m, const int32_t *tokens, int B, int T) {
         LinearPrecision lp = lin_prec(m, l);
         // attention
         rmsnorm_forward(b->h1, b->rstd1, b->x_in, P(m, P_ATTN_NORM, l), BT, C, eps);
+        linear_fp8_site(&a->lin, l, 0);
         linear_forward(&a->lin, lp, a->qkv, b->h1, P(m, P_QKV, l), BT, 3 * C, C, 0);     // (BT, 3C)
         if (mc->qk_norm) {
             to_heads(b->q_raw, a->qkv, B, T, H, hd, 3 * C, 0);
@@ -343,12 +352,15 @@ static void forward_blocks(CpuModel *m, const int32_t *tokens, int B, int T) {
         attention_forward(m, l, b, &m->attn_delayed[l], B, T);
         from_heads(b->att, b->o, B, T, H, hd, C, 0);
         memcpy(b->x_mid, b->x_in, sizeof(float) * (size_t)BT * C);
+        linear_fp8_site(&a->lin, l, 1);
         linear_forward(&a->lin, lp, b->x_mid, b->att, P(m, P_ATTN_PROJ, l), BT, C, C, 1);  // x += att @ W^T
         // MLP
         rmsnorm_forward(b->h2, b->rstd2, b->x_mid, P(m, P_MLP_NORM, l), BT, C, eps);
+        linear_fp8_site(&a->lin, l, 2);
         linear_forward(&a->lin, lp, b->fc, b->h2, P(m, P_MLP_FC, l), BT, 2 * F, C, 0);   // (BT, 2F)
         swiglu_forward(b->sw, b->fc, BT, F);
         memcpy(x_out, b->x_mid, sizeof(float) * (size_t)BT * C);
+        linear_fp8_site(&a->lin, l, 3);
         linear_forward(&a->lin, lp, x_out, b->sw, P(m, P_MLP_PROJ, l), BT, C, F, 1);    // x += sw @ W^T
     }
     rmsnorm_forward(a->hf, a->rstd_f, a->x_final, P(m, P_FINAL_NORM, 0), BT, C, eps);
@@ -370,6 +382,7 @@ static float head_and_loss(CpuModel *m, const int32_t *targets, int want_grad) {
         counted += targets[i] >= 0;
     }
     float grad_scale = want_grad && counted ? 1.0f / counted : 0.0f;
+    linear_fp8_site(&a->lin, -1, 0);  // the head: current scaling
     for (int c0 = 0; c0 < BT; c0 += HEAD_CHUNK) {
         int n = BT - c0 < HEAD_CHUNK ? BT - c0 : HEAD_CHUNK;
         const float *hf = a->hf + (long)c0 * C;
@@ -433,14 +446,17 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
         LinearPrecision lp = lin_prec(m, l);
         LinearFp8 *L = &a->lin;
         // MLP: x_out = x_mid + sw @ Wp^T, sw = swiglu(h2 @ Wfc^T), h2 = RMSNorm(x_mid)
+        linear_fp8_site(L, l, 3);
         linear_wgrad(L, lp, G(m, P_MLP_PROJ, l), a->dx, b->sw, BT, C, F, 1);     // (C, F)
         linear_dgrad(L, lp, a->dsw, a->dx, P(m, P_MLP_PROJ, l), BT, C, F, 0);    // (BT, F)
         swiglu_backward(a->dfc, a->dsw, b->fc, BT, F);                         // (BT, 2F)
+        linear_fp8_site(L, l, 2);
         linear_wgrad(L, lp, G(m, P_MLP_FC, l), a->dfc, b->h2, BT, 2 * F, C, 1);  // (2F, C)
         linear_dgrad(L, lp, a->dh, a->dfc, P(m, P_MLP_FC, l), BT, 2 * F, C, 0);  // (BT, C)
         rmsnorm_backward(a->dx, G(m, P_MLP_NORM, l), a->dh, b->x_mid, P(m, P_MLP_NORM, l),
                          b->rstd2, BT, C, 1);
         // Attention: x_mid = x_in + att @ Wo^T
+        linear_fp8_site(L, l, 1);
         linear_wgrad(L, lp, G(m, P_ATTN_PROJ, l), a->dx, b->att, BT, C, C, 1);   // (C, C)
         linear_dgrad(L, lp, a->datt, a->dx, P(m, P_ATTN_PROJ, l), BT, C, C, 0);  // (BT, C)
         to_heads(a->dout, a->datt, B, T, H, hd, C, 0);
@@ -458,6 +474,7 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
         from_heads(a->qkv, a->dq, B, T, H, hd, 3 * C, 0);                      // dQKV (BT, 3C)
         from_heads(a->qkv, a->dk, B, T, H, hd, 3 * C, C);
         from_heads(a->qkv, a->dv, B, T, H, hd, 3 * C, 2 * C);
+        linear_fp8_site(L, l, 0);
         linear_wgrad(L, lp, G(m, P_QKV, l), a->qkv, b->h1, BT, 3 * C, C, 1);     // (3C, C)
         linear_dgrad(L, lp, a->dh, a->qkv, P(m, P_QKV, l), BT, 3 * C, C, 0);     // (BT, C)
         rmsnorm_backward(a->dx, G(m, P_ATTN_NORM, l), a->dh, b->x_in, P(m, P_ATTN_NORM, l),
@@ -470,7 +487,7 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
         const float *d = a->dx + (long)i * C;
         for (int j = 0; j < C; j++) row[j] += d[j];
     }
-    for (int l = 0; l < mc->n_layer; l++) attn_delayed_commit(&m->attn_delayed[l]);
+    for (int j = 0; j < m->n_delayed; j++) attn_delayed_commit(&m->attn_delayed[j]);  // attention's, the linears'
 }
 
 // --- probes (diagnostics) ------------------------------------------------------------------------
@@ -507,7 +524,7 @@ void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_r
     float *grads_saved = m->grads;
     AttnOptions attn_saved = m->attn;
     AttnStats stats_saved = m->attn_stats;
-    AttnDelayedState *delayed_saved = attn_delayed_save(m->attn_delayed, L);
+    AttnDelayedState *delayed_saved = attn_delayed_save(m->attn_delayed, m->n_delayed);
     Fp8QuantStats lin_stats_saved[3];
     memcpy(lin_stats_saved, a->lin.stats, sizeof lin_stats_saved);
     long long lin_gemms_saved = a->lin.gemms;
@@ -526,7 +543,7 @@ void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_r
     m->grads = grads_saved;
     m->attn = attn_saved;
     m->attn_stats = stats_saved;
-    attn_delayed_restore(m->attn_delayed, delayed_saved, L);
+    attn_delayed_restore(m->attn_delayed, delayed_saved, m->n_delayed);
     memcpy(a->lin.stats, lin_stats_saved, sizeof lin_stats_saved);
     a->lin.gemms = lin_gemms_saved;
     a->grad_ready = 0;  // the activations are the probe's now: a backward needs a new forward

@@ -23,7 +23,9 @@ typedef struct {
     float *grads;          // (table.total) FP32 gradients, accumulated by backward
     int B, T;              // micro-batch shape the activations were sized for
     AttnOptions attn;
-    AttnDelayedState *attn_delayed;  // (n_layer) delayed-scaling state
+    AttnDelayedState *attn_delayed;  // (n_delayed) delayed-scaling states: attention's (one per layer), then
+                                     // with delayed linear scaling the FP8 linears' (two per layer)
+    int n_delayed;
     AttnStats attn_stats;            // summed over the last forward and its backward
     void *acts;            // activation storage, private to model_cpu.c
 } CpuModel;

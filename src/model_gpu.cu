@@ -186,6 +186,8 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
     if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots (the GEMMs share matmul's workspace)
         d->prod_amax = (unsigned *)take(&cv, gpu_fp8_prod_amax_bytes((size_t)mc->n_layer), W);  // fp8_tensor's
+        if (c->precision.linear_scaling == LINEAR_SCALING_DELAYED)
+            d->lin_amax_dev = (float *)take(&cv, gpu_fp8_delayed_amax_bytes((size_t)mc->n_layer), W);
         for (int slot = 0; slot < 2; slot++) {
             size_t nc;
             long ns;
@@ -277,8 +279,10 @@ static void dev_free_host(Dev *d) {
     free(d->xt8_n);
     free(d->host_losses);
     free(d->host_logits);
-    free(d->attn_delayed);
+    free(d->delayed);
     free(d->dl_host);
+    free(d->lin_amax_host);
+    free(d->lin_words_host);
     free(d);
 }
 
@@ -306,11 +310,23 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     m->shard_hi = m->shard_lo + m->shard_len < P ? m->shard_lo + m->shard_len : P;
     Dev *d = (Dev *)xcalloc(1, sizeof(Dev));
     d->L = (LayerBufs *)xcalloc((size_t)c->model.n_layer, sizeof(LayerBufs));
-    if (c->precision.attention_scaling == SCALING_DELAYED) {  // whatever the precision: probes may switch it
-        d->attn_delayed = (AttnDelayedState *)xcalloc((size_t)c->model.n_layer, sizeof(AttnDelayedState));
-        for (int l = 0; l < c->model.n_layer; l++)
-            attn_delayed_init(&d->attn_delayed[l], c->precision.attention_amax_history);
-        d->dl_host = (float *)xcalloc(8 * (size_t)c->model.n_layer, sizeof(float));
+    {  // delayed scaling's histories: attention's (whatever the precision: probes may switch it), the linears'
+        const int L = c->model.n_layer, attn = c->precision.attention_scaling == SCALING_DELAYED;
+        const int lin = c->precision.linear == LINEAR_FP8_TENSOR && c->precision.linear_scaling == LINEAR_SCALING_DELAYED;
+        d->n_delayed = (attn ? L : 0) + (lin ? 2 * L : 0);
+        if (d->n_delayed) d->delayed = (AttnDelayedState *)xcalloc((size_t)d->n_delayed, sizeof(AttnDelayedState));
+        for (int j = 0; j < d->n_delayed; j++)
+            attn_delayed_init(&d->delayed[j], attn && j < L ? c->precision.attention_amax_history
+                                                            : c->precision.linear_amax_history);
+        if (attn) {
+            d->attn_delayed = d->delayed;
+            d->dl_host = (float *)xcalloc(8 * (size_t)L, sizeof(float));
+        }
+        if (lin) {
+            d->lin_delayed = d->delayed + (attn ? L : 0);
+            d->lin_amax_host = (float *)xcalloc(8 * (size_t)L, sizeof(float));
+            d->lin_words_host = (unsigned *)xcalloc(8 * (size_t)L, sizeof(unsigned));
+        }
     }
     if (c->precision.linear != LINEAR_BF16) {  // FP8 linears: per-layer quantized weights and Q(x^T)
         d->w8 = (Fp8Operand *)xcalloc(4 * (size_t)c->model.n_layer, sizeof(Fp8Operand));
@@ -458,8 +474,41 @@ static void delayed_commit(GpuModel *m) {
 
 AttnDelayedState *gpu_model_delayed_state(GpuModel *m, int *n) {
     Dev *d = dev_of(m);
-    *n = d->attn_delayed ? m->cfg.model.n_layer : 0;
-    return d->attn_delayed;
+    *n = d->n_delayed;
+    return d->delayed;
+}
+
+// Delayed linear scaling, before a forward: whether this micro-batch scales from the histories
+// (they fill together: empty only before the first backward), and if so, every operand's
+// history maximum to the device.
+static void lin_delayed_upload(GpuModel *m) {
+    Dev *d = dev_of(m);
+    if (!d->lin_delayed) return;
+    const int n = 8 * m->cfg.model.n_layer;
+    d->lin_ready = d->lin_delayed[0].filled > 0;
+    if (!d->lin_ready) return;
+    for (int w = 0; w < n; w++) d->lin_amax_host[w] = linear_delayed_amax(&d->lin_delayed[w / 4], w % 4);
+    CUDA_CHECK(cudaMemcpyAsync(d->lin_amax_dev, d->lin_amax_host, sizeof(float) * n, cudaMemcpyHostToDevice,
+                               d->stream));
+}
+// At the end of a backward: the micro-batch's amaxes (prod_amax) home, enqueued before the
+// backward's final synchronization; then, once it has passed, into the histories (word w is
+// tensor w % 4 of linear state w / 4: linear_delayed_slot), as the CPU's backward commits them.
+static void lin_delayed_download(GpuModel *m) {
+    Dev *d = dev_of(m);
+    if (!d->lin_delayed) return;
+    CUDA_CHECK(cudaMemcpyAsync(d->lin_words_host, d->prod_amax, gpu_fp8_prod_amax_bytes((size_t)m->cfg.model.n_layer),
+                               cudaMemcpyDeviceToHost, d->stream));
+}
+static void lin_delayed_commit(GpuModel *m) {
+    Dev *d = dev_of(m);
+    if (!d->lin_delayed) return;
+    for (int w = 0; w < 8 * m->cfg.model.n_layer; w++) {
+        float a;
+        memcpy(&a, &d->lin_words_host[w], sizeof a);
+        d->lin_delayed[w / 4].cur_amax[w % 4] = a;
+    }
+    for (int j = 0; j < 2 * m->cfg.model.n_layer; j++) attn_delayed_commit(&d->lin_delayed[j]);
 }
 
 // The normalised, rotated q, k, v of layer l for attention: the saved qkv itself, or (qk_norm)
@@ -490,6 +539,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     if (d->prod_amax)        // fp8_tensor's producer amaxes, for this forward and its backward
         CUDA_CHECK(cudaMemsetAsync(d->prod_amax, 0, gpu_fp8_prod_amax_bytes((size_t)mc->n_layer), s));
     delayed_upload(m);       // attention delayed scaling: this step's scales and amaxes
+    lin_delayed_upload(m);   // linear delayed scaling: the amaxes this micro-batch's scales come from
     prof_mark(d, PH_FWD_LINEAR);
     // With recompute the per-layer h1, h2, sw live in scratch (see the file comment).
     embedding_forward_gpu(d->L[0].x_in, d->tokens, W(m, P_WTE, 0), BT, C, Vp, s);
@@ -707,9 +757,11 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
     embedding_backward_gpu(G(m, P_WTE, 0), d->dres, d->tokens, d->emb_scratch, BT, C, Vp, s);
     prof_mark(d, PH_BWD_EMBED);
     grads_final(m, 0, param_offset(m, P_ATTN_NORM, 0));  // wte (+ the tied head's, from the forward)
-    delayed_download(m);  // attention delayed scaling: this step's amaxes to the host
+    delayed_download(m);      // attention delayed scaling: this step's amaxes to the host
+    lin_delayed_download(m);  // linear delayed scaling: this micro-batch's amaxes to the host
     CUDA_CHECK(cudaStreamSynchronize(s));
-    delayed_commit(m);    // and into the histories
+    delayed_commit(m);        // and into the histories
+    lin_delayed_commit(m);
 }
 
 // --- optimizer, norms, host copies ------------------------------------------------------------------

@@ -44,8 +44,20 @@ typedef struct {
     // on the host (the CPU backend's struct: same commits, checkpoints and restores), and per
     // layer 8 device floats, [this step's scales of Q, K, V, dO | their amax so far], uploaded
     // from the host state at every forward and read back at the end of every backward
-    AttnDelayedState *attn_delayed;  // (n_layer)
+    AttnDelayedState *attn_delayed;  // (n_layer) within delayed, or NULL
     float *dl_dev, *dl_host;         // (n_layer * 8) device, host staging
+    // All the delayed-scaling states, one array for checkpoints, probes and evaluations:
+    // attention's (attn_delayed, when its scaling is delayed), then the FP8 linears' (lin_delayed:
+    // two per layer, linear_fp8.h's linear_delayed_slot, when precision.linear_scaling is delayed)
+    AttnDelayedState *delayed;
+    int n_delayed;
+    AttnDelayedState *lin_delayed;   // (2 * n_layer) or NULL
+    // Delayed linear scaling: per FP8 linear and role (the index of prod_amax) the amax its scale
+    // comes from this micro-batch (the history's maximum; device, uploaded at every forward), a
+    // host copy, and the host's copy of prod_amax read back at the end of every backward
+    float *lin_amax_dev, *lin_amax_host;  // (n_layer * 8)
+    unsigned *lin_words_host;             // (n_layer * 8)
+    int lin_ready;                   // the histories are not empty: this forward / backward scales from them
     void *attn_ws;                   // attention workspace (quantized operands, backward scratch)
     size_t attn_ws_bytes;
     const AttnModeDiag *attn_diag;   // (n_layer) diagnostics outputs, or NULL (gpu_model_set_attn_diag)
@@ -78,7 +90,8 @@ typedef struct {
     int x_in_slot0_li, x_in_slot0_n; //   producer made it, and Q(x^T) when save_xt), or NULL
     // fp8_tensor: per FP8 linear (4 * layer + fp8_lin_index), the amax of its x ([2i]) and of its
     // dy ([2i + 1]) taken by their producers (device, FP32 bits; all zeroed once at the start of
-    // each forward, each word written by one producer per pass); and per kind (x 0, dy 1) the
+    // each forward, each word written by one producer per pass; with delayed scaling also the
+    // micro-batch's record for the histories, folded in by whoever quantizes); and per kind (x 0, dy 1) the
     // tensor whose amax is waiting for its quantization, in which word (amax_of NULL: none;
     // model_gpu_linear.cu)
     unsigned *prod_amax;             // (n_layer * 8)

@@ -14,17 +14,26 @@
 // (wgrad uses the saved Q(x^T), not x), and the BF16 fallbacks (a BF16 block, or a forward whose
 // token count is not a multiple of 4) take the unfused path, which writes it.
 //
-// fp8_tensor cannot write codes from a tile: its one scale per tensor needs the whole tensor's
-// amax before any code (the previous step's amax would be another contract, which linear_fp8.c
-// would have to emulate). Its producers (the same four, and the RMSNorm backwards that make the
+// fp8_tensor with current scaling cannot write codes from a tile: its one scale per tensor needs
+// the whole tensor's amax before any code. Its producers (the same four, and the RMSNorm backwards that make the
 // residual gradient, dy of the two output projections) are the layers.h kernels that also take
 // their output's amax (*_amax_gpu) into Dev.prod_amax; lin_forward / lin_wgrad then quantize
 // with it (fp8_quantize_gpu_amax_ready): the amax pass over x or dy is gone, the codes are the
 // same (a max does not depend on the order it is taken in).
+//
+// fp8_tensor with delayed scaling (precision.linear_scaling, linear_fp8.c's contract): once the
+// histories hold a micro-batch (Dev.lin_ready), every scale is known before the tensor exists
+// (lin_amax_dev), so the four producers above write per-tensor codes both ways like fp8_block's
+// (layers_fp8.h with an Fp8TensorScale), o, dqkv and the residual gradients are quantized in one
+// pass with fp8_quantize_gpu_delayed, and every one of them folds its tensor's amax into the
+// operand's prod_amax word, the micro-batch's record that model_gpu.cu commits to the histories
+// after the backward. The first micro-batch (empty histories) runs the current-scaling path
+// above; its amaxes reach the same words (the producers' own, or the quantization's by-product).
 #include "model_gpu_internal.h"
 
 #include <string.h>  // memset
 
+#include "cuda_check.h"  // CUDA_CHECK (the first delayed micro-batch's amax copies)
 #include "layers.h"      // the unfused producers (and those that take an fp8_tensor operand's amax)
 #include "layers_fp8.h"  // the producers that also write the codes
 #include "matmul.h"      // matmul_forward/dgrad/wgrad_gpu
@@ -99,6 +108,19 @@ static Fp8Operand fp8_slot(Dev *d, int slot, int rows, int cols, Fp8Grouping g, 
     return op;
 }
 
+// Delayed scaling is on and the histories are not empty: linear (kind, layer)'s operands take
+// their scales from them (only fp8_tensor linears have histories).
+static int delayed_ready(GpuModel *m, int layer) {
+    const Dev *d = dev_of(m);
+    return d->lin_delayed && d->lin_ready && layer >= 0 && lin_prec(m, layer) == LINEAR_FP8_TENSOR;
+}
+// Operand `which` (0 x, 1 dy) of FP8 linear li: the amax its delayed scale comes from, and the
+// word its own amax is folded into.
+static Fp8TensorScale delayed_scale_of(Dev *d, int li, int which) {
+    Fp8TensorScale ts = {d->lin_amax_dev + 2 * li + which, d->prod_amax + 2 * li + which};
+    return ts;
+}
+
 // --- fp8_tensor: amaxes taken by the producers -------------------------------------------------
 // which: 0 for a linear's x, 1 for its dy. The producer of t (rows, cols), the operand of linear
 // (kind, layer), gets the word to put the amax in (Dev.prod_amax: the forward zeroed it, and no
@@ -108,7 +130,7 @@ static unsigned *amax_for_producer(GpuModel *m, int which, ParamKind kind, int l
                                    int cols) {
     Dev *d = dev_of(m);
     d->amax_of[which] = NULL;
-    if (!d->fp8_fuse || layer < 0 || lin_prec(m, layer) != LINEAR_FP8_TENSOR) return NULL;
+    if (!d->fp8_fuse || layer < 0 || lin_prec(m, layer) != LINEAR_FP8_TENSOR || delayed_ready(m, layer)) return NULL;
     unsigned *word = d->prod_amax + 2 * (4 * layer + fp8_lin_index(kind)) + which;
     d->amax_of[which] = t;
     d->amax_word[which] = word;
@@ -118,13 +140,25 @@ static unsigned *amax_for_producer(GpuModel *m, int which, ParamKind kind, int l
     return word;
 }
 
-// fp8_quantize_gpu, without its amax pass when t's producer took the amax.
-static void quantize_operand(Dev *d, int which, const Fp8Operand *q, const Fp8Operand *qt, const bf16 *t, int rows,
-                             int cols) {
+// fp8_quantize_gpu of operand `which` (0 x, 1 dy) of linear (layer, li), without its amax pass
+// when t's producer took the amax; with delayed scaling, from the histories' amax once they have
+// one (observing t's own), else current with t's amax copied to its word for the histories.
+static void quantize_operand(GpuModel *m, int layer, int li, int which, const Fp8Operand *q, const Fp8Operand *qt,
+                             const bf16 *t, int rows, int cols) {
+    Dev *d = dev_of(m);
     const int ready = d->amax_of[which] == t && d->amax_rows[which] == rows && d->amax_cols[which] == cols;
     d->amax_of[which] = NULL;
-    if (ready) fp8_quantize_gpu_amax_ready(q, qt, t, rows, cols, d->amax_word[which], NULL, d->stream);
-    else fp8_quantize_gpu(q, qt, t, rows, cols, NULL, d->stream);
+    if (delayed_ready(m, layer)) {
+        const Fp8TensorScale ts = delayed_scale_of(d, li, which);
+        fp8_quantize_gpu_delayed(q, qt, t, rows, cols, ts.amax, ts.observe, NULL, d->stream);
+    } else if (ready) {  // (its word already holds the amax)
+        fp8_quantize_gpu_amax_ready(q, qt, t, rows, cols, d->amax_word[which], NULL, d->stream);
+    } else {
+        fp8_quantize_gpu(q, qt, t, rows, cols, NULL, d->stream);
+        if (d->lin_delayed && lin_prec(m, layer) == LINEAR_FP8_TENSOR)  // scales[1]: the amax the pass took
+            CUDA_CHECK(cudaMemcpyAsync(d->prod_amax + 2 * li + which, (q ? q : qt)->scales + 1, sizeof(float),
+                                       cudaMemcpyDeviceToDevice, d->stream));
+    }
 }
 
 // y (N, M) BF16 = x (N, K) . W^T. A 1x128-scaled x needs N % 4 == 0 (cuBLASLt's VEC128 layout):
@@ -147,10 +181,10 @@ void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x,
         Fp8Operand xt = d->xt8[li];                                 // (K, N <= BT)
         if (N > xt.cols) FATAL("model_gpu: %d tokens, the saved Q(x^T) has room for %d", N, xt.cols);
         xt.cols = N;
-        quantize_operand(d, 0, &xq, &xt, x, N, K);
+        quantize_operand(m, layer, li, 0, &xq, &xt, x, N, K);
         d->xt8_n[li] = N;
     } else {
-        quantize_operand(d, 0, &xq, NULL, x, N, K);
+        quantize_operand(m, layer, li, 0, &xq, NULL, x, N, K);
         d->xt8_n[li] = 0;
     }
     d->x_in_slot0 = NULL;
@@ -167,11 +201,12 @@ void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy,
         matmul_dgrad_gpu(dx, dy, w, N, M, K, 0, d->stream);
         return;
     }
+    const int li = 4 * layer + fp8_lin_index(kind);
     Fp8Operand dyq = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));  // (N, M), groups along M
     if (d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M)  // not made by lin_wgrad
-        fp8_quantize_gpu(&dyq, NULL, dy, N, M, NULL, d->stream);
+        quantize_operand(m, layer, li, 1, &dyq, NULL, dy, N, M);
     d->dy_in_slot0 = NULL;
-    linear_fp8_dgrad_gpu(dx, &dyq, &d->wt8[4 * layer + fp8_lin_index(kind)], d->stream);  // W^T (K, M)
+    linear_fp8_dgrad_gpu(dx, &dyq, &d->wt8[li], d->stream);  // W^T (K, M)
     d->fp8_gemms++;
 }
 
@@ -197,7 +232,7 @@ void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf1
     Fp8Operand dyq = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));  // dy (N, M)
     if (d->dyt_in_slot1 != dy || d->dyt_in_slot1_n != N || d->dyt_in_slot1_m != M ||
         d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M) {  // not made by dy's producer
-        quantize_operand(d, 1, &dyq, &dyt, dy, N, M);
+        quantize_operand(m, layer, li, 1, &dyq, &dyt, dy, N, M);
         d->dy_in_slot0 = dy;
         d->dy_in_slot0_n = N;
         d->dy_in_slot0_m = M;
@@ -266,14 +301,21 @@ void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, i
 
 // Slot 0 (and the saved Q(x^T) when this forward keeps it) as the operands of linear (kind,
 // layer)'s input x (N, K) that its producer writes, marked for lin_forward; 0 (nothing set) when
-// the producer must write BF16 x instead: a linear that is not fp8_block, fusion off, or a forward
-// lin_forward runs in BF16 (N % 4). *has_qt: whether qt is to be written.
+// the producer must write BF16 x instead: a linear that is neither fp8_block nor fp8_tensor with
+// delayed scales ready, fusion off, or a forward lin_forward runs in BF16 (fp8_block, N % 4).
+// *has_qt: whether qt is to be written; *ts: per tensor, the scale's amax and x's word (else NULL).
 static int fused_x_operands(GpuModel *m, ParamKind kind, int layer, const bf16 *x, int N, int K, Fp8Operand *q,
-                            Fp8Operand *qt, int *has_qt) {
+                            Fp8Operand *qt, int *has_qt, Fp8TensorScale *ts, const Fp8TensorScale **pts) {
     Dev *d = dev_of(m);
-    if (!d->fp8_fuse || lin_prec(m, layer) != LINEAR_FP8_BLOCK || N % 4) return 0;
+    const int tensor = delayed_ready(m, layer);
+    *pts = NULL;
+    if (!d->fp8_fuse || (lin_prec(m, layer) != LINEAR_FP8_BLOCK && !tensor) || (!tensor && N % 4)) return 0;
     const int li = 4 * layer + fp8_lin_index(kind);
-    *q = fp8_slot(d, 0, N, K, FP8_GROUP_1x128, FP8_E4M3);
+    *q = fp8_slot(d, 0, N, K, tensor ? FP8_GROUP_TENSOR : FP8_GROUP_1x128, FP8_E4M3);
+    if (tensor) {
+        *ts = delayed_scale_of(d, li, 0);
+        *pts = ts;
+    }
     *has_qt = d->save_xt;
     if (d->save_xt) {
         *qt = d->xt8[li];  // (K, N <= BT)
@@ -293,9 +335,11 @@ void norm_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *res_out, bf16
                      const bf16 *delta, const bf16 *g, int N, int C, float eps) {
     Dev *d = dev_of(m);
     Fp8Operand q, qt;
+    Fp8TensorScale ts;
+    const Fp8TensorScale *pts;
     int has_qt = 0;
-    if (fused_x_operands(m, kind, layer, h, N, C, &q, &qt, &has_qt)) {
-        rmsnorm_forward_fp8_gpu(res_out, NULL, rstd, x, delta, g, N, C, eps, &q, has_qt ? &qt : NULL, d->stream);
+    if (fused_x_operands(m, kind, layer, h, N, C, &q, &qt, &has_qt, &ts, &pts)) {
+        rmsnorm_forward_fp8_gpu(res_out, NULL, rstd, x, delta, g, N, C, eps, &q, has_qt ? &qt : NULL, pts, d->stream);
         return;
     }
     unsigned *amax = amax_for_producer(m, 0, kind, layer, h, N, C);
@@ -308,29 +352,35 @@ void norm_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *res_out, bf16
 void swiglu_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *sw, const bf16 *fc, int N, int F) {
     Dev *d = dev_of(m);
     Fp8Operand q, qt;
+    Fp8TensorScale ts;
+    const Fp8TensorScale *pts;
     int has_qt = 0;
-    if (fused_x_operands(m, kind, layer, sw, N, F, &q, &qt, &has_qt))
-        swiglu_forward_fp8_gpu(NULL, fc, N, F, &q, has_qt ? &qt : NULL, d->stream);
+    if (fused_x_operands(m, kind, layer, sw, N, F, &q, &qt, &has_qt, &ts, &pts))
+        swiglu_forward_fp8_gpu(NULL, fc, N, F, &q, has_qt ? &qt : NULL, pts, d->stream);
     else
         swiglu_forward_amax_gpu(sw, fc, N, F, amax_for_producer(m, 0, kind, layer, sw, N, F), d->stream);
 }
 
 // dy (N, M = 2F) of linear (kind, layer): Q(dy) into slot 0 for lin_dgrad and Q(dy^T) into slot 1
-// for lin_wgrad, both marked, when the linear is fp8_block and fusion is on.
+// for lin_wgrad, both marked, when fusion is on and the linear is fp8_block or fp8_tensor with
+// delayed scales ready (then per tensor, observing dy's amax into its word).
 void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dfc, const bf16 *dsw, const bf16 *fc,
                                 int N, int F) {
     Dev *d = dev_of(m);
-    if (!d->fp8_fuse || lin_prec(m, layer) != LINEAR_FP8_BLOCK) {
+    const int tensor = delayed_ready(m, layer);
+    if (!d->fp8_fuse || (lin_prec(m, layer) != LINEAR_FP8_BLOCK && !tensor)) {
         swiglu_backward_amax_gpu(dfc, dsw, fc, N, F, amax_for_producer(m, 1, kind, layer, dfc, N, 2 * F),
                                  d->stream);
         return;
     }
-    (void)fp8_lin_index(kind);  // (an FP8 linear's kind)
+    const int li = 4 * layer + fp8_lin_index(kind);
     const int M = 2 * F;
-    Fp8Operand q = fp8_slot(d, 0, N, M, FP8_GROUP_1x128, grad_format(m));   // dy (N, M)
-    const Fp8Grouping dyt_g = linear_dyt_grouping(LINEAR_FP8_BLOCK, m->cfg.precision.linear_wgrad_blocks);
+    const LinearPrecision p = lin_prec(m, layer);
+    Fp8Operand q = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));  // dy (N, M)
+    const Fp8Grouping dyt_g = linear_dyt_grouping(p, m->cfg.precision.linear_wgrad_blocks);
     Fp8Operand qt = fp8_slot(d, 1, M, N, dyt_g, grad_format(m));  // dy^T (M, N)
-    swiglu_backward_fp8_gpu(NULL, dsw, fc, N, F, &q, &qt, d->stream);
+    const Fp8TensorScale ts = tensor ? delayed_scale_of(d, li, 1) : Fp8TensorScale{NULL, NULL};
+    swiglu_backward_fp8_gpu(NULL, dsw, fc, N, F, &q, &qt, tensor ? &ts : NULL, d->stream);
     d->x_in_slot0 = NULL;
     d->dy_in_slot0 = d->dyt_in_slot1 = dfc;
     d->dy_in_slot0_n = d->dyt_in_slot1_n = N;

@@ -427,8 +427,12 @@ static void print_plan(const Run *r, long long start_step) {
     long long shard_tokens = 0;
     for (int i = 0; i < r->train.n_files; i++) shard_tokens += r->train.n_tokens[i];
     printf("train_gpt: %s | run dir %s\n", c->source_path[0] ? c->source_path : "(config)", c->log.dir);
-    printf("model: %.3fM parameters, %d layers, d_model %d, %d heads | attention %s | ", n_params / 1e6,
-           c->model.n_layer, c->model.d_model, c->model.n_head, attn_precision_name(c->precision.attention));
+    printf("model: %.3fM parameters, %d layers, d_model %d, %d heads | attention %s | linears %s", n_params / 1e6,
+           c->model.n_layer, c->model.d_model, c->model.n_head, attn_precision_name(c->precision.attention),
+           linear_precision_name(c->precision.linear));
+    if (c->precision.linear_scaling == LINEAR_SCALING_DELAYED)
+        printf(" (delayed scaling, %d micro-batches of amax history)", c->precision.linear_amax_history);
+    printf(" | ");
     if (r->be.kind == DEVICE_CPU) printf("memory: params, grads, AdamW m and v 4 x %.1f MB fp32\n", n_params * 4 / 1e6);
     else printf("memory: the GPU memory plan above\n");
     printf("batch: %d x %d tokens x %d accumulation", r->B, r->T, r->grad_accum);

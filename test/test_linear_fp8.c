@@ -427,6 +427,102 @@ static void test_precision_of(void) {
           got[3], got[4], got[5], got[6]);
 }
 
+// Delayed scaling (fp8_tensor, linear_scaling "delayed"): the contract's history, step by step,
+// on one block's linear 1 (site 1: state 0, tensors 2 (x) and 3 (dy)) with a history of 2:
+//   1. empty history: the forward equals current scaling and records x's amax (cur, not yet hist);
+//   2. after the commit, x2 = 8 x: the scale of x's amax, so the large values saturate (counted)
+//      and y = Q(x2; s of amax(x)) W_q^T; dy likewise through dgrad and wgrad;
+//   3. a forward without a commit records nothing; forward_begin zeroes the amaxes;
+//   4. after three commits the oldest entry is gone (history of 2);
+//   5. the LM head (site -1) and the other sites' histories are untouched.
+static void test_delayed(void) {
+    const int N = 64, M = 48, K = 80;
+    float *x = random_matrix(N, K, 4), *w = random_matrix(M, K, 2), *dy = random_matrix(N, M, 4);
+    float *x2 = malloc(sizeof(float) * N * K), *y = malloc(sizeof(float) * N * M), *y_ref = malloc(sizeof(float) * N * M);
+    float *dx = malloc(sizeof(float) * N * K), *dw = malloc(sizeof(float) * M * K);
+    for (long i = 0; i < (long)N * K; i++) x2[i] = 8.0f * x[i];
+    PrecisionConfig pc = {0};
+    pc.linear = LINEAR_FP8_TENSOR;
+    pc.linear_scaling = LINEAR_SCALING_DELAYED;
+    LinearFp8 L, Lc;  // delayed, and current for comparison
+    linear_fp8_init(&L, &pc);
+    linear_fp8_init(&Lc, &pc);
+    AttnDelayedState st[2];
+    for (int j = 0; j < 2; j++) attn_delayed_init(&st[j], 2);
+    L.delayed = st;
+    float amax_x = 0.0f, amax_dy = 0.0f;
+    for (long i = 0; i < (long)N * K; i++) amax_x = fmaxf(amax_x, fabsf(x[i]));
+    for (long i = 0; i < (long)N * M; i++) amax_dy = fmaxf(amax_dy, fabsf(dy[i]));
+    int state, tx, tdy;
+    linear_delayed_slot(1, LINEAR_ROLE_X, &state, &tx);
+    linear_delayed_slot(1, LINEAR_ROLE_DY, &state, &tdy);
+    CHECK(state == 0 && tx == 2 && tdy == 3, "delayed: site 1 is state 0, tensors 2 and 3", "%d %d %d", state, tx, tdy);
+    // 1. empty history
+    linear_fp8_forward_begin(&L, 1);
+    linear_fp8_site(&L, 0, 1);
+    linear_forward(&L, LINEAR_FP8_TENSOR, y, x, w, N, M, K, 0);
+    linear_forward(&Lc, LINEAR_FP8_TENSOR, y_ref, x, w, N, M, K, 0);
+    CHECK(memcmp(y, y_ref, sizeof(float) * N * M) == 0 && st[0].cur_amax[tx] == amax_x && st[0].filled == 0,
+          "delayed: an empty history quantizes with the current scale and records x's amax", "cur %g want %g",
+          st[0].cur_amax[tx], amax_x);
+    linear_dgrad(&L, LINEAR_FP8_TENSOR, dx, dy, w, N, M, K, 0);
+    CHECK(st[0].cur_amax[tdy] == amax_dy && st[0].cur_amax[0] == 0 && st[1].cur_amax[tx] == 0,
+          "delayed: dgrad records dy's amax at its own slot only", "dy %g want %g", st[0].cur_amax[tdy], amax_dy);
+    attn_delayed_commit(&st[0]);
+    attn_delayed_commit(&st[1]);
+    // 2. x2 = 8 x against the history of x
+    linear_fp8_forward_begin(&L, 1);
+    const long long sat0 = L.stats[LINEAR_X].saturated;
+    linear_forward(&L, LINEAR_FP8_TENSOR, y, x2, w, N, M, K, 0);
+    const float s = fp8_scale_for_amax(FP8_E4M3, amax_x);
+    double *x2q = malloc(sizeof(double) * N * K), *wq = malloc(sizeof(double) * M * K);
+    long long sat_want = 0;
+    for (long i = 0; i < (long)N * K; i++) {
+        x2q[i] = fp8_to_f32(FP8_E4M3, fp8_from_f32(FP8_E4M3, x2[i] * s)) / s;
+        sat_want += fabsf(x2[i] * s) > fp8_max(FP8_E4M3);
+    }
+    ref_quantize(wq, NULL, w, M, K, M, K, FP8_E4M3);
+    const double e = gemm_err(y, x2q, wq, N, M, K);
+    const long long sat = L.stats[LINEAR_X].saturated - sat0;
+    CHECK(e < 1e-6 && sat == sat_want && sat > 0 && st[0].cur_amax[tx] == 8.0f * amax_x,
+          "delayed: x quantized with the history's scale, saturating (and its own amax recorded)",
+          "err %.2g, saturated %lld want %lld, cur %g", e, sat, sat_want, st[0].cur_amax[tx]);
+    const long long dsat0 = L.stats[LINEAR_DY].saturated;
+    for (long i = 0; i < (long)N * M; i++) dy[i] *= 8.0f;
+    for (long i = 0; i < (long)M * K; i++) dw[i] = 0.0f;
+    linear_wgrad(&L, LINEAR_FP8_TENSOR, dw, dy, x2, N, M, K, 1);
+    CHECK(L.stats[LINEAR_DY].saturated > dsat0 && st[0].cur_amax[tdy] == 8.0f * amax_dy,
+          "delayed: wgrad's dy too (saturations counted, amax recorded)", "%lld", L.stats[LINEAR_DY].saturated - dsat0);
+    // 3. forward_begin zeroes, a forward without commit leaves the history
+    linear_fp8_forward_begin(&L, 1);
+    CHECK(st[0].cur_amax[tx] == 0 && st[0].cur_amax[tdy] == 0 && st[0].filled == 1 && st[0].hist[tx][0] == amax_x,
+          "delayed: forward_begin zeroes this micro-batch's amaxes, the history stays", "%g %d", st[0].cur_amax[tx],
+          st[0].filled);
+    // 4. a history of 2 forgets its oldest entry: micro-batches with amax 8a, 2a, a keep 2a, a
+    for (int k = 1; k <= 3; k++) {
+        linear_fp8_forward_begin(&L, 1);
+        linear_forward(&L, LINEAR_FP8_TENSOR, y, k == 1 ? x2 : x, w, N, M, K, 0);
+        if (k == 2) st[0].cur_amax[tx] = 2.0f * amax_x;  // (as if x were 2 x)
+        attn_delayed_commit(&st[0]);
+        attn_delayed_commit(&st[1]);
+    }
+    CHECK(st[0].filled == 2 && linear_delayed_amax(&st[0], tx) == 2.0f * amax_x,
+          "delayed: the history keeps the last 2 micro-batches (8a dropped)", "filled %d max %g (a = %g)",
+          st[0].filled, linear_delayed_amax(&st[0], tx), amax_x);
+    // 5. the head and state 1 untouched
+    linear_fp8_forward_begin(&L, 1);
+    linear_fp8_site(&L, -1, 0);
+    linear_forward(&L, LINEAR_FP8_TENSOR, y, x2, w, N, M, K, 0);
+    linear_forward(&Lc, LINEAR_FP8_TENSOR, y_ref, x2, w, N, M, K, 0);
+    float other = 0.0f;
+    for (int t = 0; t < 4; t++) other = fmaxf(other, st[1].cur_amax[t] + st[1].hist[t][0] + st[1].hist[t][1]);
+    CHECK(memcmp(y, y_ref, sizeof(float) * N * M) == 0 && st[0].cur_amax[tx] == 0 && other == 0,
+          "delayed: the LM head keeps current scaling and records nothing; other sites untouched", "%g", other);
+    linear_fp8_free(&L);
+    linear_fp8_free(&Lc);
+    free(x); free(w); free(dy); free(x2); free(y); free(y_ref); free(dx); free(dw); free(x2q); free(wq);
+}
+
 int main(void) {
     const Fp8Grouping gs[3] = {FP8_GROUP_TENSOR, FP8_GROUP_1x128, FP8_GROUP_128x128};
     for (int g = 0; g < 3; g++)
@@ -442,5 +538,6 @@ int main(void) {
     for (int b = 0; b < 3; b++) test_wgrad_blocks((WgradBlocks)b);
     test_bf16_path();
     test_precision_of();
+    test_delayed();
     return test_summary("test_linear_fp8");
 }

@@ -78,10 +78,13 @@ static void plan_tests(void) {
     struct { const char *label; const char *const *ov; int n; } shapes[] = {
         {"tiny", NULL, 0}, {"d768 B16 T1024", big, 7}, {"d192 F528 B3 (partial 128-groups)", odd, 4},
         {"tiny recompute qk_norm", rc_qk, 2}, {"4 layers, first and last bf16", keep, 3}};
-    for (int mi = 0; mi < 2; mi++)
+    // (the third: fp8_tensor with delayed scaling, whose scales' amaxes the plan counts too)
+    const char *mode_names[] = {modes[0], modes[1], "precision.linear=\"fp8_tensor\" delayed"};
+    for (int mi = 0; mi < 3; mi++)
         for (auto &s : shapes) {
             std::vector<const char *> ov(s.ov, s.ov + s.n);
-            ov.push_back(modes[mi]);
+            ov.push_back(modes[mi % 2]);
+            if (mi == 2) ov.push_back("precision.linear_scaling=\"delayed\"");
             Config c = make_config(TINY_JSON, ov.data(), (int)ov.size());
             Config cb = make_config(TINY_JSON, s.ov, s.n);  // the same shape in BF16
             int B = c.train.micro_batch, T = c.model.seq_len;
@@ -90,10 +93,10 @@ static void plan_tests(void) {
             char name[220];
             memory_plan(&c, 1, 0, B, &dry);
             int rc = gpu_model_plan(&c, B, T, &gpu, &e);
-            snprintf(name, sizeof name, "plan %s %s: gpu_model_plan accepts it", s.label, modes[mi]);
+            snprintf(name, sizeof name, "plan %s %s: gpu_model_plan accepts it", s.label, mode_names[mi]);
             CHECK(rc == 0, name, "%s", rc ? e.msg : "");
             snprintf(name, sizeof name, "plan %s %s: --dry-run's plan equals the GPU allocation in every category",
-                     s.label, modes[mi]);
+                     s.label, mode_names[mi]);
             CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry), name,
                   "dry/gpu: weights %zu/%zu master %zu/%zu opt %zu/%zu grads %zu/%zu act %zu/%zu ws %zu/%zu total "
                   "%zu/%zu",
@@ -111,10 +114,10 @@ static void plan_tests(void) {
             size_t ex_ws = gpu.workspace - gpu_b.workspace, ex_w = gpu.weights - gpu_b.weights;
             size_t ex_a = gpu.activations - gpu_b.activations;
             printf("# plan %s %s: FP8 slots %.3f MiB, FP8 weights %.3f MiB, saved Q(x^T) %.3f MiB (codes alone %.3f, "
-                   "%.3f, %.3f MiB)\n", s.label, modes[mi], ex_ws / 1048576.0, ex_w / 1048576.0, ex_a / 1048576.0,
+                   "%.3f, %.3f MiB)\n", s.label, mode_names[mi], ex_ws / 1048576.0, ex_w / 1048576.0, ex_a / 1048576.0,
                    min_ws / 1048576.0, min_w / 1048576.0, min_a / 1048576.0);
             snprintf(name, sizeof name, "plan %s %s: FP8 adds slots (workspace), Q(W) + Q(W^T) (weights), Q(x^T) "
-                     "(activations), nothing else", s.label, modes[mi]);
+                     "(activations), nothing else", s.label, mode_names[mi]);
             auto near = [](size_t ex, size_t lo, size_t n_bufs) {  // codes + scales (<= 1/4) + padding
                 return ex >= lo && ex <= lo + lo / 4 + 512 * n_bufs;
             };
@@ -294,6 +297,20 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
            attn_precision_name(c.precision.attention), grad_format_name(c.precision.attention_grad_format),
            c.precision.attention_block_q, c.precision.attention_block_k);
 
+    // Delayed linear scaling: a first forward + backward on both fills the amax histories (its
+    // scales are current), so that the step compared below takes its scales from them and the
+    // producers write the codes (4 per fp8_tensor block then, not 6 taking amaxes).
+    const int lin_delayed = c.precision.linear == LINEAR_FP8_TENSOR && c.precision.linear_scaling == LINEAR_SCALING_DELAYED;
+    if (lin_delayed) {
+        cpu_model_forward(&cpu, bt.tokens.data(), bt.targets.data());
+        cpu_model_backward(&cpu, 1.0f);
+        cpu_model_zero_grad(&cpu);
+        gpu_model_forward(&gpu, bt.tokens.data(), bt.targets.data());
+        gpu_model_backward(&gpu, 1.0f);
+        printf("# %s: one forward + backward first (the amax histories now hold it)\n", label);
+    }
+    const long long gemms0 = gpu_model_fp8_gemm_count(&gpu), fused0 = gpu_model_fp8_fused_count(&gpu);
+
     // loss and gradients of batch 0
     float lc = cpu_model_forward(&cpu, bt.tokens.data(), bt.targets.data());
     cpu_model_backward(&cpu, 1.0f);
@@ -302,7 +319,7 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     gpu_model_backward(&gpu, 1.0f);
     gpu_model_get_grads(&gpu, gg.data());
     memcpy(cg.data(), cpu.grads, P * sizeof(float));
-    long long n_gemms = gpu_model_fp8_gemm_count(&gpu);
+    long long n_gemms = gpu_model_fp8_gemm_count(&gpu) - gemms0;
     printf("# %s: loss cpu %.6f gpu %.6f (rel %.2e)\n", label, lc, lg, fabs(lg - lc) / fabs(lc));
     snprintf(name, sizeof name, "%s: loss matches the CPU in the same mode (rel 1e-2)", label);
     CHECK(isfinite(lg) && fabs(lg - lc) <= 1e-2 * fabs(lc), name, "cpu %.6f gpu %.6f", lc, lg);
@@ -316,11 +333,12 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     // backward those of MLP-in's dy (layers_fp8.h); fp8_tensor: the same four and the two RMSNorm
     // backwards whose residual gradient is an output projection's dy take their output's amax.
     const int blk = c.precision.linear == LINEAR_FP8_BLOCK, ten = c.precision.linear == LINEAR_FP8_TENSOR;
-    const long long per_block = blk ? 4 : ten ? 6 : 0;
+    // With delayed scales (the histories filled above) fp8_tensor's four producers write the codes.
+    const long long per_block = blk || (ten && lin_delayed) ? 4 : ten ? 6 : 0;
     const long long fused = gpu_model_fp8_fused_count(&gpu);
-    snprintf(name, sizeof name, "%s: %lld fused quantizations in one forward + backward (4 per fp8_block block, 6 per "
-             "fp8_tensor block)", label, per_block * n_fp8);
-    CHECK(fused == per_block * n_fp8, name, "ran %lld", fused);
+    snprintf(name, sizeof name, "%s: %lld fused quantizations in one forward + backward (4 per fp8_block or delayed "
+             "fp8_tensor block, 6 per fp8_tensor block)", label, per_block * n_fp8);
+    CHECK(fused - fused0 == per_block * n_fp8, name, "ran %lld", fused - fused0);
     if (is_bf16) {
         ref->gpu_bf16 = gg;
         ref->cpu_bf16 = cg;
@@ -393,8 +411,8 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     CHECK(fabs(le - lg) <= 1e-6 * fabs(lg), name, "forward %.7f loss %.7f", lg, le);
     const long long eval_gemms = 4LL * n_fp8 + head_gemms / 3;  // 4 per FP8 block, 1 per head chunk
     snprintf(name, sizeof name, "%s: an evaluation forward runs %lld FP8 GEMMs", label, eval_gemms);
-    CHECK(gpu_model_fp8_gemm_count(&gpu) - n_gemms == eval_gemms, name, "ran %lld",
-          gpu_model_fp8_gemm_count(&gpu) - n_gemms);
+    CHECK(gpu_model_fp8_gemm_count(&gpu) - gemms0 - n_gemms == eval_gemms, name, "ran %lld",
+          gpu_model_fp8_gemm_count(&gpu) - gemms0 - n_gemms);
     snprintf(name, sizeof name, "%s: ... and %d fused quantizations", label, blk || ten ? 3 * n_fp8 : 0);
     CHECK(gpu_model_fp8_fused_count(&gpu) - fused == (blk || ten ? 3LL * n_fp8 : 0), name, "ran %lld",
           gpu_model_fp8_fused_count(&gpu) - fused);
@@ -424,6 +442,35 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
         double r = rel_l2(gp.data(), cpu.params, P, NULL);
         printf("# %s: parameters after %d steps, GPU vs CPU rel L2 %.3e (information)\n", label, steps, r);
         adamw_free(&opt);
+        if (lin_delayed) {
+            // the GPU's FP8-linear amax histories (after attention's states, if any) follow the
+            // CPU's (after its n_layer attention states): as many entries, the first micro-batch's
+            // within the BF16 / FP32 distance, later ones within the trajectories' drift
+            int ng = 0;
+            const AttnDelayedState *gs = gpu_model_delayed_state(&gpu, &ng);
+            const int L = mc->n_layer, off = c.precision.attention_scaling == SCALING_DELAYED ? L : 0;
+            const AttnDelayedState *gl_ = gs ? gs + off : NULL, *cl_ = cpu.attn_delayed + L;
+            int filled_ok = gs && ng == off + 2 * L && cpu.n_delayed == 3 * L;
+            double worst_first = 0, worst = 0;
+            for (int j = 0; filled_ok && j < 2 * L; j++) {
+                filled_ok = gl_[j].filled == cl_[j].filled && gl_[j].filled == std::min(steps + 2, gl_[j].len);
+                for (int t = 0; t < 4; t++)
+                    for (int i = 0; i < gl_[j].filled; i++) {
+                        const double a = gl_[j].hist[t][i], b = cl_[j].hist[t][i];
+                        const double rel = fabs(a - b) / (fabs(b) > 0 ? fabs(b) : 1.0);
+                        if (!(rel <= worst)) worst = rel;
+                        if (i == 0 && !(rel <= worst_first)) worst_first = rel;
+                    }
+            }
+            printf("# %s: linear amax histories GPU vs CPU over %d micro-batches: worst rel %.3e, first %.3e\n", label,
+                   steps + 2, worst, worst_first);
+            snprintf(name, sizeof name, "%s: the GPU's first linear amaxes equal the CPU's (same fill, rel < 5e-2)",
+                     label);
+            CHECK(filled_ok && worst_first < 5e-2, name, "fill %s, worst rel %.3e", filled_ok ? "equal" : "differs",
+                  worst_first);
+            snprintf(name, sizeof name, "%s: the GPU's linear amax histories follow the CPU's (rel < 0.25)", label);
+            CHECK(filled_ok && worst < 0.25, name, "worst rel %.3e", worst);
+        }
         if (c.precision.attention_scaling == SCALING_DELAYED) {
             // the GPU's per-layer amax histories follow the CPU's: as many entries; the first step's
             // (same parameters on both) within the distance of BF16 (GPU) and FP32 (CPU)
@@ -432,7 +479,7 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
             int ng = 0;
             const AttnDelayedState *gs = gpu_model_delayed_state(&gpu, &ng);
             double worst_first = 0, worst_t[4] = {0, 0, 0, 0};
-            int filled_ok = ng == mc->n_layer && gs;
+            int filled_ok = ng >= mc->n_layer && gs;  // (attention's states come first)
             for (int l = 0; filled_ok && l < ng; l++) {
                 filled_ok = gs[l].filled == cpu.attn_delayed[l].filled && gs[l].filled > 0;
                 for (int t = 0; t < 4; t++)
@@ -645,7 +692,7 @@ static void keep_codes_check(void) {
 // bit-identical, and so are the last block's MLP and attention-projection gradients (the SwiGLU
 // and RMSNorm backwards fused; nothing nondeterministic before them in the backward). Deeper gradients pass through the attention backward's dQ atomics:
 // compared with the run-to-run distance of the unfused model with itself.
-static void fusion_check(const Batches &bt, const char *label, const char *const *ov, int n_ov) {
+static void fusion_check(const Batches &bt, const char *label, const char *const *ov, int n_ov, int warm = 0) {
     Config c = make_config(TINY_JSON, ov, n_ov);
     const int B = bt.B, T = bt.T, L = c.model.n_layer;
     GpuModel g[3];  // fused, unfused, unfused again
@@ -659,6 +706,10 @@ static void fusion_check(const Batches &bt, const char *label, const char *const
             return;
         }
         gpu_model_set_fp8_fusion(&g[k], k == 0);
+        if (warm) {  // delayed scaling: fill the histories first (the same amaxes fused or not)
+            gpu_model_forward(&g[k], bt.tokens.data(), bt.targets.data());
+            gpu_model_backward(&g[k], 1.0f);
+        }
         gpu_model_zero_grad(&g[k]);
         loss[k] = gpu_model_forward(&g[k], bt.tokens.data(), bt.targets.data());
         gpu_model_backward(&g[k], 1.0f);
@@ -878,13 +929,13 @@ static void fused_breakdown(const char *shape, const char *json) {
     double t[3][3];  // [norm, swiglu, swiglu bwd][layer alone, its quantization, fused]
     t[0][0] = time_ms([&] { residual_rmsnorm_forward_gpu(res, o, rstd, a, b, g, N, C, eps, st); });
     t[0][1] = time_ms([&] { fp8_quantize_gpu(&qc, &qtc, o, N, C, NULL, st); });
-    t[0][2] = time_ms([&] { rmsnorm_forward_fp8_gpu(res, NULL, rstd, a, b, g, N, C, eps, &qc, &qtc, st); });
+    t[0][2] = time_ms([&] { rmsnorm_forward_fp8_gpu(res, NULL, rstd, a, b, g, N, C, eps, &qc, &qtc, NULL, st); });
     t[1][0] = time_ms([&] { swiglu_forward_gpu(o, a, N, F, st); });
     t[1][1] = time_ms([&] { fp8_quantize_gpu(&qf, &qtf, o, N, F, NULL, st); });
-    t[1][2] = time_ms([&] { swiglu_forward_fp8_gpu(NULL, a, N, F, &qf, &qtf, st); });
+    t[1][2] = time_ms([&] { swiglu_forward_fp8_gpu(NULL, a, N, F, &qf, &qtf, NULL, st); });
     t[2][0] = time_ms([&] { swiglu_backward_gpu(o, b, a, N, F, st); });
     t[2][1] = time_ms([&] { fp8_quantize_gpu(&q, &qt, o, N, 2 * F, NULL, st); });
-    t[2][2] = time_ms([&] { swiglu_backward_fp8_gpu(NULL, b, a, N, F, &q, &qt, st); });
+    t[2][2] = time_ms([&] { swiglu_backward_fp8_gpu(NULL, b, a, N, F, &q, &qt, NULL, st); });
     const char *names[3] = {"residual rmsnorm (x2 per block)", "swiglu", "swiglu backward"};
     const int per_block[3] = {2, 1, 1};
     double saved = 0;
@@ -944,6 +995,12 @@ int main(void) {
     const char *ov_b[] = {"precision.linear=\"fp8_block\""};
     run_mode("fp8_tensor e4m3", make_config(TINY_JSON, ov_t4, 2), bt, STEPS, 3e-2, &ref);
     run_mode("fp8_tensor e5m2", make_config(TINY_JSON, ov_t5, 2), bt, STEPS, 5e-2, &ref);
+    // delayed linear scaling: scales from the amax histories (the first micro-batch current)
+    // (the default history of 16 holds every micro-batch of the run: entry 0 is the first one's)
+    const char *ov_td[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_scaling=\"delayed\"",
+                           "precision.linear_grad_format=\"e5m2\""};
+    run_mode("fp8_tensor delayed", make_config(TINY_JSON, ov_td, 2), bt, STEPS, 3e-2, &ref);
+    run_mode("fp8_tensor delayed e5m2", make_config(TINY_JSON, ov_td, 3), bt, 0, 5e-2, &ref);
     run_mode("fp8_block", make_config(TINY_JSON, ov_b, 1), bt, STEPS, 3e-2, &ref);
     const char *ov_bh[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false"};
     run_mode("fp8_block + FP8 LM head", make_config(TINY_JSON, ov_bh, 2), bt, STEPS, 3e-2, &ref);
@@ -986,6 +1043,10 @@ int main(void) {
     const char *ov_ft[] = {"precision.linear=\"fp8_tensor\"", "train.recompute=true"};
     fusion_check(bt, "fp8_tensor", ov_ft, 1);
     fusion_check(bt, "fp8_tensor recompute", ov_ft, 2);
+    const char *ov_fd[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_scaling=\"delayed\"",
+                           "train.recompute=true"};
+    fusion_check(bt, "fp8_tensor delayed", ov_fd, 2, 1);
+    fusion_check(bt, "fp8_tensor delayed recompute", ov_fd, 3, 1);
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
     if (!getenv("FP8_SKIP_TIMING")) timing_section();
