@@ -14,7 +14,9 @@
 //   i64 adam step, i64 train step, f64 elapsed seconds, u64 sample RNG state
 //   DataLoaderState: u64 seed, i64 epoch, i64 shard_pos, i64 window_pos
 //   u64 n_delayed, then n_delayed x AttnDelayedState: i32 len, pos, filled,
-//       f32 hist[4][ATTN_MAX_AMAX_HISTORY], f32 cur_amax[4]
+//       f32 hist[4][ATTN_MAX_AMAX_HISTORY], f32 cur_amax[4]  (the backend's delayed-scaling states:
+//       attention's, one per layer, then with precision.linear_scaling "delayed" the FP8 linears',
+//       two per layer; restored only into a model with as many)
 //   u64 FNV-1a 64 checksum of every byte before it
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
