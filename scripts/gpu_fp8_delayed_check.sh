@@ -15,17 +15,12 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_delayed_out}
 mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, CJ
+. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 300 make -j16 SETUP=0 $CJ train_gpt build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu \
-  build/tests/test_model_gpu_fp8 >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
-echo "build done at $(elapsed) s"
-summary=()
-for t in test_layers_fp8_gpu test_linear_fp8_gpu test_model_gpu_fp8; do
-  FP8_TEST_QUANT_ONLY=1 FP8_SKIP_TIMING=1 timeout -k 5 300 "build/tests/$t" >"$OUT/$t.log" 2>&1; r=$?
-  grep -E "^FAIL" "$OUT/$t.log" | head -10 | cut -c1-300
-  summary+=("$t: exit $r, $(tail -1 "$OUT/$t.log")")
-done
+build_or_die train_gpt build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8
+export FP8_TEST_QUANT_ONLY=1 FP8_SKIP_TIMING=1
+for t in test_layers_fp8_gpu test_linear_fp8_gpu test_model_gpu_fp8; do run_test "$t"; done
+unset FP8_TEST_QUANT_ONLY FP8_SKIP_TIMING
 grep -E "delayed.*(amax histories|loss cpu|FP8 effect|fusion)|fusion fp8_tensor delayed" "$OUT/test_model_gpu_fp8.log" | head -12
 echo "tests done at $(elapsed) s"
 RUNS="bf16:bf16:bf16:42 fp8_tensor:fp8_tensor:bf16:42 delayed:fp8_tensor:bf16:42:precision.linear_scaling=delayed"
@@ -35,6 +30,6 @@ echo "e2e (one micro-batch per step) done at $(elapsed) s"
 OUT="$OUT/accum" WORK=/tmp/delayed_accum NO_TEST=1 ACCUM=${ACCUM:-32} STEPS=5 SKIP=2 BUDGET=200 RUNS="$RUNS" \
   bash scripts/gpu_fp8_linear_e2e.sh >"$OUT/e2e_accum.log" 2>&1
 echo "== summary ($(elapsed) s)"
-for l in "${summary[@]}"; do echo "  $l"; done
+print_summary
 echo "== paper_569m, one micro-batch per step"; cat "$OUT"/steps/table_*.md 2>/dev/null || tail -15 "$OUT/e2e_steps.log"
 echo "== paper_569m, ${ACCUM:-32} micro-batches per step"; cat "$OUT"/accum/table_*.md 2>/dev/null || tail -15 "$OUT/e2e_accum.log"

@@ -7,28 +7,22 @@
 #      against today's fp8_tensor path ("tensor: ... + amax, quantize") and the BF16 layers;
 #   3. bench_fp8_gemm paper_569m with promoted and with fast accumulation (LINEAR_FP8_FAST_ACCUM,
 #      per-tensor GEMMs only);
-#   4. the tables last. Logs in $OUT (default /tmp/gpu_fp8_delayed_out). About 2 minutes.
+#   4. the tables last. Logs in $OUT (default /tmp/gpu_fp8_delayed_probe_out). About 2 minutes.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_delayed_out}
+OUT=${OUT:-/tmp/gpu_fp8_delayed_probe_out}
 mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, CJ
+. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 300 make -j16 SETUP=0 $CJ build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu \
-  build/bench/bench_fp8_quant build/bench/bench_fp8_gemm >"$OUT/build.log" 2>&1 ||
-  { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
-echo "build done at $(elapsed) s"
-summary=()
-for t in test_layers_fp8_gpu test_linear_fp8_gpu; do
-  FP8_TEST_QUANT_ONLY=1 timeout -k 5 240 "build/tests/$t" >"$OUT/$t.log" 2>&1; r=$?
-  grep -E "^FAIL" "$OUT/$t.log" | head -10 | cut -c1-300
-  summary+=("$t: exit $r, $(tail -1 "$OUT/$t.log")")
-done
+build_or_die build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/bench/bench_fp8_quant \
+  build/bench/bench_fp8_gemm
+export FP8_TEST_QUANT_ONLY=1
+for t in test_layers_fp8_gpu test_linear_fp8_gpu; do run_test "$t"; done
 build/bench/bench_fp8_quant >"$OUT/quant.md" 2>&1
 build/bench/bench_fp8_gemm paper_569m 16384 1536 3968 15 >"$OUT/gemm_promoted.md" 2>&1
 LINEAR_FP8_FAST_ACCUM=1 build/bench/bench_fp8_gemm paper_569m 16384 1536 3968 15 >"$OUT/gemm_fast.md" 2>&1
 echo "== summary ($(elapsed) s)"
-for l in "${summary[@]}"; do echo "  $l"; done
+print_summary
 cat "$OUT/quant.md"
 echo "== GEMMs, promoted accumulation"; cat "$OUT/gemm_promoted.md"
 echo "== GEMMs, fast accumulation (per tensor)"; cat "$OUT/gemm_fast.md"

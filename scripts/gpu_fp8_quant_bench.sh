@@ -14,21 +14,14 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_quant_out}
 mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, CJ
+. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 300 make -j16 SETUP=0 $CJ build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu \
-  build/bench/bench_fp8_quant >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
-echo "build done at $(elapsed) s"
-summary=()
+build_or_die build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/bench/bench_fp8_quant
 if [ "${NO_TEST:-0}" != 1 ]; then
-  for t in test_layers_fp8_gpu test_linear_fp8_gpu; do
-    FP8_TEST_QUANT_ONLY=1 timeout -k 5 240 "build/tests/$t" >"$OUT/$t.log" 2>&1; r=$?
-    grep -E "^FAIL" "$OUT/$t.log" | head -10 | cut -c1-240
-    summary+=("$t: exit $r, $(tail -1 "$OUT/$t.log")")
-  done
+  for t in test_layers_fp8_gpu test_linear_fp8_gpu; do FP8_TEST_QUANT_ONLY=1 TEST_TIMEOUT=240 run_test "$t"; done
 fi
 build/bench/bench_fp8_quant >"$OUT/bench.md" 2>&1
 [ "${SMALL:-0}" = 1 ] && build/bench/bench_fp8_quant 16384 768 2048 >>"$OUT/bench.md" 2>&1
 echo "== summary ($(elapsed) s)"
-for l in "${summary[@]}"; do echo "  $l"; done
+print_summary
 cat "$OUT/bench.md"

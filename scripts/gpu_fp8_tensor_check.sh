@@ -15,17 +15,12 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_tensor_out}
 mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, CJ
+. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 300 make -j16 SETUP=0 $CJ train_gpt build/tests/test_layers_gpu build/tests/test_linear_fp8_gpu \
-  build/tests/test_model_gpu_fp8 >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
-echo "build done at $(elapsed) s"
-summary=()
+build_or_die train_gpt build/tests/test_layers_gpu build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8
 if [ "${NO_TEST:-0}" != 1 ]; then
   for t in test_layers_gpu test_linear_fp8_gpu test_model_gpu_fp8; do
-    FP8_TEST_QUANT_ONLY=1 FP8_SKIP_TIMING=1 timeout -k 5 240 "build/tests/$t" >"$OUT/$t.log" 2>&1; r=$?
-    grep -E "^FAIL" "$OUT/$t.log" | head -10 | cut -c1-240
-    summary+=("$t: exit $r, $(tail -1 "$OUT/$t.log")")
+    FP8_TEST_QUANT_ONLY=1 FP8_SKIP_TIMING=1 TEST_TIMEOUT=240 run_test "$t"
   done
   grep -E "^# fusion fp8_tensor" "$OUT/test_model_gpu_fp8.log" | cut -c1-200
 fi
@@ -36,5 +31,5 @@ fp8_block_wg_act:fp8_block:bf16:42:precision.linear_wgrad_blocks=activation bf16
 echo "e2e exit $? at $(elapsed) s"
 grep -E "exit [1-9]|rror" "$OUT/e2e.log" | head -5
 echo "== summary ($(elapsed) s)"
-for l in "${summary[@]}"; do echo "  $l"; done
+print_summary
 sed -n '/^| paper_569m run/,$p' "$OUT/e2e.log"

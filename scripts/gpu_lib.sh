@@ -11,3 +11,20 @@ left() {
 CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
 NVCC=${NVCC:-nvcc}
 command -v "$NVCC" >/dev/null || NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+#   build_or_die T...  make targets T into $OUT/build.log (cJSON from .deps); on failure its tail, exit 1
+#   run_test T         build/tests/T (with the caller's environment) into $OUT/T.log; prints its FAIL
+#                      lines and appends "T: exit rc, its last line" to the summary array
+#   print_summary      the summary array, one line each
+build_or_die() {
+  timeout 300 make -j16 SETUP=0 $CJ "$@" >"$OUT/build.log" 2>&1 ||
+    { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
+  echo "build done at $(elapsed) s"
+}
+summary=()
+run_test() {
+  timeout -k 5 "${TEST_TIMEOUT:-300}" "build/tests/$1" >"$OUT/$1.log" 2>&1
+  local r=$?
+  grep -E "^FAIL" "$OUT/$1.log" | head -10 | cut -c1-300
+  summary+=("$1: exit $r, $(tail -1 "$OUT/$1.log")")
+}
+print_summary() { local l; for l in "${summary[@]}"; do echo "  $l"; done; }
