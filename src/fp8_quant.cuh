@@ -185,6 +185,45 @@ struct FullTag {
     static constexpr bool value = F;
 };
 
+// Q(x^T)'s codes of the tile's columns ca = 2 cp and ca + 1 with the scales sa, sb: the tile's rows
+// [rb, rb + 32) of those columns (from sm's copy), 32 consecutive codes of rows c0 + ca and
+// c0 + ca + 1 of qt (cols, rows) at its columns r0 + rb..; nr x nc of the tile valid (FULL: all).
+template <Fp8Format FMT, bool FULL>
+static __device__ __forceinline__ void emit_qt_columns(const Vec128Tile &sm, uint8_t *qt, int rows, int r0, int c0,
+                                                       int nr, int nc, int cp, int rb, float sa, float sb) {
+    const int ca = 2 * cp;
+    uint32_t qa[8], qb[8];  // codes of column ca / ca + 1, rows rb + 4 i .. + 3
+    unsigned tsat = 0, tnan = 0;  // Q(x^T)'s: not counted (each element once, in Q(x))
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint32_t x4[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) x4[j] = sm.tile[rb + 4 * i + j][cp];
+        qa[i] = quant2<FMT>(x4[0] & 0xFFFFu, x4[1] & 0xFFFFu, sa, tsat, tnan) |
+                quant2<FMT>(x4[2] & 0xFFFFu, x4[3] & 0xFFFFu, sa, tsat, tnan) << 16;
+        qb[i] = quant2<FMT>(x4[0] >> 16, x4[1] >> 16, sb, tsat, tnan) |
+                quant2<FMT>(x4[2] >> 16, x4[3] >> 16, sb, tsat, tnan) << 16;
+    }
+    const bool vec_t = rows % 16 == 0 && ((uintptr_t)qt & 15) == 0 && (FULL || rb + 32 <= nr);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int col = ca + h;
+        if (!FULL && col >= nc) continue;
+        uint32_t cd[8];  // (selected with constant indices: the arrays stay in registers)
+#pragma unroll
+        for (int i = 0; i < 8; i++) cd[i] = h ? qb[i] : qa[i];
+        uint8_t *dst = qt + (size_t)(c0 + col) * rows + r0 + rb;
+        if (vec_t) {
+            reinterpret_cast<uint4 *>(dst)[0] = make_uint4(cd[0], cd[1], cd[2], cd[3]);
+            reinterpret_cast<uint4 *>(dst)[1] = make_uint4(cd[4], cd[5], cd[6], cd[7]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 32; e++)
+                if (rb + e < nr) dst[e] = (uint8_t)(cd[e >> 2] >> (8 * (e & 3)));
+        }
+    }
+}
+
 // The tile rows [r0, r0 + nr) x columns [c0, c0 + nc) of x (rows, cols), from load / make (called
 // for r < nr, c < nc only; elements past nc are zeroed here). Writes Q(x) (rows, cols) to q (may
 // be NULL) with VEC128 scales at q_scales[(c0 / 128) * rows + r] and, when qt is not NULL,
@@ -308,36 +347,7 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
         if (FULL || ca < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca] = 1.0f / sa;  // [j * R + r], R = cols
         if (FULL || ca + 1 < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca + 1] = 1.0f / sb;
     }
-    uint32_t qa[8], qb[8];  // codes of column ca / ca + 1, rows rb + 4 i .. + 3
-    unsigned tsat = 0, tnan = 0;  // Q(x^T)'s: not counted (each element once, in Q(x))
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        uint32_t x4[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) x4[j] = sm.tile[rb + 4 * i + j][cp];
-        qa[i] = quant2<FMT>(x4[0] & 0xFFFFu, x4[1] & 0xFFFFu, sa, tsat, tnan) |
-                quant2<FMT>(x4[2] & 0xFFFFu, x4[3] & 0xFFFFu, sa, tsat, tnan) << 16;
-        qb[i] = quant2<FMT>(x4[0] >> 16, x4[1] >> 16, sb, tsat, tnan) |
-                quant2<FMT>(x4[2] >> 16, x4[3] >> 16, sb, tsat, tnan) << 16;
-    }
-    const bool vec_t = rows % 16 == 0 && ((uintptr_t)qt & 15) == 0 && (FULL || rb + 32 <= nr);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int col = ca + h;
-        if (!FULL && col >= nc) continue;
-        uint32_t cd[8];  // (selected with constant indices: the arrays stay in registers)
-#pragma unroll
-        for (int i = 0; i < 8; i++) cd[i] = h ? qb[i] : qa[i];
-        uint8_t *dst = qt + (size_t)(c0 + col) * rows + r0 + rb;
-        if (vec_t) {
-            reinterpret_cast<uint4 *>(dst)[0] = make_uint4(cd[0], cd[1], cd[2], cd[3]);
-            reinterpret_cast<uint4 *>(dst)[1] = make_uint4(cd[4], cd[5], cd[6], cd[7]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 32; e++)
-                if (rb + e < nr) dst[e] = (uint8_t)(cd[e >> 2] >> (8 * (e & 3)));
-        }
-    }
+    emit_qt_columns<FMT, FULL>(sm, qt, rows, r0, c0, nr, nc, cp, rb, sa, sb);
 }
 
 // The tile as above; full tiles (128 x 128, all but the edges of x) take a copy of the code

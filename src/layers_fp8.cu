@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>     // __nv_bfloat16
 #include <cuda_runtime.h>  // launches
 #include <stdint.h>        // uintptr_t
+#include <stdlib.h>        // getenv (the pair kernel's timing knob)
 
 #include "common.h"           // FATAL
 #include "cuda_check.h"       // CUDA_CHECK_LAUNCH
@@ -43,6 +44,9 @@ typedef __nv_bfloat16 bf16;
 #endif
 #ifndef SWIGLU_BWD_BATCH
 #define SWIGLU_BWD_BATCH 4
+#endif
+#ifndef SWIGLU_BWD_PAIR_BATCH
+#define SWIGLU_BWD_PAIR_BATCH 4
 #endif
 #ifndef LAYERS_FP8_MIN_CTAS
 #define LAYERS_FP8_MIN_CTAS 3
@@ -199,6 +203,95 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
         });
 }
 
+// Per tensor (delayed scaling) with F % 128 == 0: one CTA makes the gate tile and the up tile of
+// the same rows and columns j0.. of the SwiGLU's inputs, which it reads once (the kernel above reads
+// fc and dout for each of the two tiles). Both tiles' gradients go to shared memory (the gate's
+// kept in registers spilled at the 3-CTA register cap; SWIGLU_BWD_PAIR_BATCH 4 rows of loads in
+// flight is the batch that compiles without spills), and each is emitted as vec128_tile_body's
+// per-tensor path emits one tile: the same values, scale and codes (Q(dfc) rows from each
+// thread's own values, Q(dfc^T) by emit_qt_columns). Grid (F / 128, ceil(N / 128)), 2 x
+// sizeof(Vec128Tile) of dynamic shared memory. (A 1x128 version, which must also carry both
+// tiles' amaxes, was slower: tag record/swiglu-bwd-pair.)
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
+    swiglu_bwd_pair_tensor_kernel(const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales,
+                                  uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
+    extern __shared__ __align__(16) unsigned char pair_smem[];
+    Vec128Tile &sg = *reinterpret_cast<Vec128Tile *>(pair_smem);                       // the gate's gradients
+    Vec128Tile &su = *reinterpret_cast<Vec128Tile *>(pair_smem + sizeof(Vec128Tile));  // the up's
+    const int W2 = 2 * F, j0 = blockIdx.x * G, r0 = blockIdx.y * G, nr = min(G, N - r0);
+    const int t = threadIdx.x, c = (t & 15) * 8, rsub = t >> 4;
+    const float s = fp8_scale_for_amax(FMT, *ts.amax);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && t == 0) {
+        q_scales[0] = 1.0f / s;  // exact: a power of two
+        q_scales[1] = *ts.amax;
+        if (qt_scales) {
+            qt_scales[0] = 1.0f / s;
+            qt_scales[1] = *ts.amax;
+        }
+    }
+    const bool vec = aligned16(fc) && aligned16(dout);  // (F % 8 == 0: every row's groups of 8 aligned too)
+    uint32_t om = 0;  // the amax of this thread's gradients, gate and up (one tensor: dfc)
+#pragma unroll
+    for (int kb = 0; kb < 8; kb += SWIGLU_BWD_PAIR_BATCH) {
+        Bf16x8Loads<3> in[SWIGLU_BWD_PAIR_BATCH];  // v[0] the gate, v[1] the up, v[2] dout
+#pragma unroll
+        for (int j = 0; j < SWIGLU_BWD_PAIR_BATCH; j++) {
+            const int r = rsub + 16 * (kb + j);
+            if (r >= nr) continue;
+            const size_t row = (size_t)(r0 + r);
+            load8_tile<true>(in[j].v[0], fc + row * W2 + j0 + c, c, G, vec);
+            load8_tile<true>(in[j].v[1], fc + row * W2 + F + j0 + c, c, G, vec);
+            load8_tile<true>(in[j].v[2], dout + row * F + j0 + c, c, G, vec);
+        }
+#pragma unroll
+        for (int j = 0; j < SWIGLU_BWD_PAIR_BATCH; j++) {
+            const int r = rsub + 16 * (kb + j);
+            uint32_t wg[4] = {0, 0, 0, 0}, wu[4] = {0, 0, 0, 0};
+            if (r < nr) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const float g = lm_bits2f(half_of(in[j].v[0], e)), d = lm_bits2f(half_of(in[j].v[2], e));
+                    const float sg_ = lm_sigmoid(g);
+                    const float dg = lm_swiglu_grad_gate(g, lm_bits2f(half_of(in[j].v[1], e)), d, sg_);
+                    wg[e >> 1] |= (uint32_t)lm_f2bits(dg) << (16 * (e & 1));
+                    wu[e >> 1] |= (uint32_t)lm_f2bits(lm_swiglu_grad_up(g, d, sg_)) << (16 * (e & 1));
+                }
+            }
+            *reinterpret_cast<uint4 *>(&sg.tile[r][c / 2]) = make_uint4(wg[0], wg[1], wg[2], wg[3]);
+            *reinterpret_cast<uint4 *>(&su.tile[r][c / 2]) = make_uint4(wu[0], wu[1], wu[2], wu[3]);
+            if (ts.observe)
+#pragma unroll
+                for (int i = 0; i < 4; i++) om = amax2(amax2(om, wg[i]), wu[i]);
+        }
+    }
+    // Q(dfc): this thread's rows of both tiles (its own values in shared memory: no barrier needed)
+    unsigned sat = 0, nan = 0;  // (not counted: the model passes no counters)
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int r = rsub + 16 * k;
+        if (r >= nr) continue;
+        uint8_t *row = q + (size_t)(r0 + r) * W2 + j0 + c;
+        const uint4 a = *reinterpret_cast<const uint4 *>(&sg.tile[r][c / 2]);
+        const uint4 b = *reinterpret_cast<const uint4 *>(&su.tile[r][c / 2]);
+        const uint32_t wg[4] = {a.x, a.y, a.z, a.w}, wu[4] = {b.x, b.y, b.z, b.w};
+        *reinterpret_cast<uint2 *>(row) = quant8<FMT>(wg, s, sat, nan);
+        *reinterpret_cast<uint2 *>(row + F) = quant8<FMT>(wu, s, sat, nan);
+    }
+    if (ts.observe) publish_amax(amax_of_pair(om), ts.observe);
+    if (qt == nullptr) return;
+    __syncthreads();
+    // Q(dfc^T): rows j0.. (gate) and F + j0.. (up) of qt (2F, N)
+    const int cp = t & 63, rb = 32 * (t >> 6);
+    if (nr == G) {
+        emit_qt_columns<FMT, true>(sg, qt, N, r0, j0, G, G, cp, rb, s, s);
+        emit_qt_columns<FMT, true>(su, qt, N, r0, F + j0, G, G, cp, rb, s, s);
+    } else {
+        emit_qt_columns<FMT, false>(sg, qt, N, r0, j0, nr, G, cp, rb, s, s);
+        emit_qt_columns<FMT, false>(su, qt, N, r0, F + j0, nr, G, cp, rb, s, s);
+    }
+}
+
 // --- launchers -----------------------------------------------------------------------------------
 
 // q must be a 1x128 operand (rows, cols), or per tensor with ts (its scale's amax); qt NULL or
@@ -269,6 +362,31 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
                                         const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
                                         cudaStream_t stream) {
     const bool tensor = check_operands("swiglu_backward_fp8_gpu", q, qt, N, 2 * F, ts);
+    // per tensor, whole 128-column tiles, the BF16 output not asked for: one CTA per gate + up
+    // pair of tiles (SWIGLU_BWD_PAIR=0 in the environment: the one-tile kernel, a timing knob)
+    static const char *pair_env = getenv("SWIGLU_BWD_PAIR");
+    if (tensor && F % G == 0 && !dfc && ((uintptr_t)q->codes & 7) == 0 && !(pair_env && pair_env[0] == '0')) {
+        const size_t smem = 2 * sizeof(Vec128Tile);
+        const dim3 grid((unsigned)(F / G), (unsigned)((N + G - 1) / G));
+        static bool attr_set[2] = {false, false};
+        if (q->fmt == FP8_E4M3) {
+            if (!attr_set[0])
+                CUDA_CHECK(cudaFuncSetAttribute(swiglu_bwd_pair_tensor_kernel<FP8_E4M3>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            attr_set[0] = true;
+            swiglu_bwd_pair_tensor_kernel<FP8_E4M3><<<grid, TILE_THREADS, smem, stream>>>(
+                dout, fc, N, F, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
+        } else {
+            if (!attr_set[1])
+                CUDA_CHECK(cudaFuncSetAttribute(swiglu_bwd_pair_tensor_kernel<FP8_E5M2>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            attr_set[1] = true;
+            swiglu_bwd_pair_tensor_kernel<FP8_E5M2><<<grid, TILE_THREADS, smem, stream>>>(
+                dout, fc, N, F, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
+        }
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (F % 8) FATAL("swiglu_backward_fp8_gpu: F = %d is not a multiple of 8", F);
     const dim3 grid((unsigned)((2 * F + G - 1) / G), (unsigned)((N + G - 1) / G));
     LAUNCH_FMT(q->fmt, tensor, swiglu_bwd_fp8_kernel, grid, TILE_THREADS, dfc, dout, fc, N, F, q->codes, q->scales,

@@ -257,7 +257,8 @@ int main(void) {
     // (N, width): whole tiles; partial tiles both ways; a width not a multiple of 8 (norms only:
     // SwiGLU needs F % 8 == 0); the paper_569m widths on a few tiles of tokens.
     const int norm_shapes[][2] = {{256, 256}, {200, 200}, {130, 100}, {384, 1536}};
-    const int swiglu_shapes[][2] = {{256, 384}, {200, 352}, {130, 136}, {256, 3968}};
+    // (F % 128 == 0 with the per-tensor codes: the pair kernel, whole and partial rows)
+    const int swiglu_shapes[][2] = {{256, 384}, {200, 352}, {130, 136}, {256, 3968}, {200, 256}};
     for (int fmt = 0; fmt < 2; fmt++)
         for (int v = 0; v < 3; v++) {  // with Q(out^T) and the BF16 output, without Q(out^T), without output
             const int with_qt = v != 1, with_out = v != 2;

@@ -1063,6 +1063,10 @@ int main(void) {
                            "train.recompute=true"};
     fusion_check(bt, "fp8_tensor delayed", ov_fd, 2, 1);
     fusion_check(bt, "fp8_tensor delayed recompute", ov_fd, 3, 1);
+    // F % 128 == 0: the SwiGLU backward's gate and up tiles from one CTA (layers_fp8.cu's pair kernel)
+    const char *ov_fp[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_scaling=\"delayed\"",
+                           "model.ffn_hidden=256"};
+    fusion_check(bt, "fp8_tensor delayed F256 (pair kernel)", ov_fp, 3, 1);
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
     if (!getenv("FP8_SKIP_TIMING")) timing_section();
