@@ -335,8 +335,9 @@ void linear_dgrad(LinearFp8 *L, LinearPrecision prec, float *dx, const float *dy
     }
     check_precision(prec);
     float *dyq = scratch(L, 0, (size_t)N * M), *wq = scratch(L, 1, (size_t)M * K);
-    if (prec == LINEAR_FP8_TENSOR) quantize_tensor(L, dyq, dy, N, M, LINEAR_ROLE_DY, L->grad_format, &L->stats[LINEAR_DY]);
-    else fp8_quantize(dyq, NULL, NULL, dy, N, M, FP8_GROUP_1x128, L->grad_format, &L->stats[LINEAR_DY]);  // along M
+    Fp8QuantStats *st = &L->stats[LINEAR_DY];
+    if (prec == LINEAR_FP8_TENSOR) quantize_tensor(L, dyq, dy, N, M, LINEAR_ROLE_DY, L->grad_format, st);
+    else fp8_quantize(dyq, NULL, NULL, dy, N, M, FP8_GROUP_1x128, L->grad_format, st);  // along M
     // W^T's blocks are W's blocks transposed: quantizing W in place gives the same values.
     fp8_quantize(wq, NULL, NULL, w, M, K, linear_weight_grouping(prec), FP8_E4M3, &L->stats[LINEAR_W]);
     matmul_nn(dx, dyq, wq, N, K, M, accumulate);

@@ -102,7 +102,8 @@ void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long lo
     attn_options_from_config(&m->attn, &c->precision);
     // attention's states (one per layer), then with delayed linear scaling the linears' (two per
     // layer, linear_delayed_slot): one array, so that checkpoints, probes and evaluations keep both
-    const int lin_delayed = c->precision.linear == LINEAR_FP8_TENSOR && c->precision.linear_scaling == LINEAR_SCALING_DELAYED;
+    const int lin_delayed =
+        c->precision.linear == LINEAR_FP8_TENSOR && c->precision.linear_scaling == LINEAR_SCALING_DELAYED;
     m->n_delayed = mc->n_layer * (lin_delayed ? 3 : 1);
     m->attn_delayed = xcalloc((size_t)(m->n_delayed ? m->n_delayed : 1), sizeof(AttnDelayedState));
     for (int j = 0; j < m->n_delayed; j++)

@@ -312,7 +312,8 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     d->L = (LayerBufs *)xcalloc((size_t)c->model.n_layer, sizeof(LayerBufs));
     {  // delayed scaling's histories: attention's (whatever the precision: probes may switch it), the linears'
         const int L = c->model.n_layer, attn = c->precision.attention_scaling == SCALING_DELAYED;
-        const int lin = c->precision.linear == LINEAR_FP8_TENSOR && c->precision.linear_scaling == LINEAR_SCALING_DELAYED;
+        const int lin =
+            c->precision.linear == LINEAR_FP8_TENSOR && c->precision.linear_scaling == LINEAR_SCALING_DELAYED;
         d->n_delayed = (attn ? L : 0) + (lin ? 2 * L : 0);
         if (d->n_delayed) d->delayed = (AttnDelayedState *)xcalloc((size_t)d->n_delayed, sizeof(AttnDelayedState));
         for (int j = 0; j < d->n_delayed; j++)

@@ -15,11 +15,11 @@
 // token count is not a multiple of 4) take the unfused path, which writes it.
 //
 // fp8_tensor with current scaling cannot write codes from a tile: its one scale per tensor needs
-// the whole tensor's amax before any code. Its producers (the same four, and the RMSNorm backwards that make the
-// residual gradient, dy of the two output projections) are the layers.h kernels that also take
-// their output's amax (*_amax_gpu) into Dev.prod_amax; lin_forward / lin_wgrad then quantize
-// with it (fp8_quantize_gpu_amax_ready): the amax pass over x or dy is gone, the codes are the
-// same (a max does not depend on the order it is taken in).
+// the whole tensor's amax before any code. Its producers (the same four, and the RMSNorm
+// backwards that make the residual gradient, dy of the two output projections) are the layers.h
+// kernels that also take their output's amax (*_amax_gpu) into Dev.prod_amax; lin_forward /
+// lin_wgrad then quantize with it (fp8_quantize_gpu_amax_ready): the amax pass over x or dy is
+// gone, the codes are the same (a max does not depend on the order it is taken in).
 //
 // fp8_tensor with delayed scaling (precision.linear_scaling, linear_fp8.c's contract): once the
 // histories hold a micro-batch (Dev.lin_ready), every scale is known before the tensor exists
@@ -130,7 +130,8 @@ static unsigned *amax_for_producer(GpuModel *m, int which, ParamKind kind, int l
                                    int cols) {
     Dev *d = dev_of(m);
     d->amax_of[which] = NULL;
-    if (!d->fp8_fuse || layer < 0 || lin_prec(m, layer) != LINEAR_FP8_TENSOR || delayed_ready(m, layer)) return NULL;
+    if (!d->fp8_fuse || layer < 0 || lin_prec(m, layer) != LINEAR_FP8_TENSOR || delayed_ready(m, layer))
+        return NULL;  // (delayed scales: the producers write codes, or the quantization observes the amax)
     unsigned *word = d->prod_amax + 2 * (4 * layer + fp8_lin_index(kind)) + which;
     d->amax_of[which] = t;
     d->amax_word[which] = word;
