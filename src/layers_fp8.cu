@@ -358,6 +358,20 @@ extern "C" void swiglu_forward_fp8_gpu(uint16_t *out, const uint16_t *fc, int N,
                qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt), ts_or_none(ts));
 }
 
+// swiglu_bwd_pair_tensor_kernel<FMT> with smem bytes of dynamic shared memory (over the 48 KiB a
+// kernel gets unless it asks, which each instance does once).
+template <Fp8Format FMT>
+static void launch_swiglu_bwd_pair(dim3 grid, size_t smem, const uint16_t *dout, const uint16_t *fc, int N, int F,
+                                   const Fp8Operand *q, const Fp8Operand *qt, Fp8TensorScale ts, cudaStream_t stream) {
+    static bool attr_set = false;
+    if (!attr_set)
+        CUDA_CHECK(cudaFuncSetAttribute(swiglu_bwd_pair_tensor_kernel<FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+    attr_set = true;
+    swiglu_bwd_pair_tensor_kernel<FMT><<<grid, TILE_THREADS, smem, stream>>>(
+        dout, fc, N, F, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, ts);
+}
+
 extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
                                         const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
                                         cudaStream_t stream) {
@@ -368,22 +382,8 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
     if (tensor && F % G == 0 && !dfc && ((uintptr_t)q->codes & 7) == 0 && !(pair_env && pair_env[0] == '0')) {
         const size_t smem = 2 * sizeof(Vec128Tile);
         const dim3 grid((unsigned)(F / G), (unsigned)((N + G - 1) / G));
-        static bool attr_set[2] = {false, false};
-        if (q->fmt == FP8_E4M3) {
-            if (!attr_set[0])
-                CUDA_CHECK(cudaFuncSetAttribute(swiglu_bwd_pair_tensor_kernel<FP8_E4M3>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            attr_set[0] = true;
-            swiglu_bwd_pair_tensor_kernel<FP8_E4M3><<<grid, TILE_THREADS, smem, stream>>>(
-                dout, fc, N, F, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
-        } else {
-            if (!attr_set[1])
-                CUDA_CHECK(cudaFuncSetAttribute(swiglu_bwd_pair_tensor_kernel<FP8_E5M2>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            attr_set[1] = true;
-            swiglu_bwd_pair_tensor_kernel<FP8_E5M2><<<grid, TILE_THREADS, smem, stream>>>(
-                dout, fc, N, F, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
-        }
+        if (q->fmt == FP8_E4M3) launch_swiglu_bwd_pair<FP8_E4M3>(grid, smem, dout, fc, N, F, q, qt, *ts, stream);
+        else launch_swiglu_bwd_pair<FP8_E5M2>(grid, smem, dout, fc, N, F, q, qt, *ts, stream);
         CUDA_CHECK_LAUNCH();
         return;
     }
