@@ -131,11 +131,17 @@ static float amax_of(const float *x, size_t n) {
 
 // Scale of one tensor under delayed scaling: from the max of the amax history of previous
 // steps; while the history is empty (the first step), from this head's own amax.
-static float delayed_scale(const AttnDelayedState *ds, int tensor, Fp8Format fmt, float own_amax) {
-    if (ds->filled == 0) return fp8_scale_for_amax(fmt, own_amax);
+float attn_delayed_amax(const AttnDelayedState *s, int tensor) {
+    if (s->filled < 1 || s->filled > ATTN_MAX_AMAX_HISTORY || tensor < 0 || tensor > 3)
+        FATAL("attn_delayed_amax: a history of %d entries, tensor %d (hint: an empty history has no maximum: the "
+              "first step scales from the tensor itself)", s->filled, tensor);
     float h = 0.0f;
-    for (int i = 0; i < ds->filled; i++) h = fmaxf(h, ds->hist[tensor][i]);
-    return fp8_scale_for_amax(fmt, h);
+    for (int i = 0; i < s->filled; i++) h = fmaxf(h, s->hist[tensor][i]);
+    return h;
+}
+
+static float delayed_scale(const AttnDelayedState *ds, int tensor, Fp8Format fmt, float own_amax) {
+    return fp8_scale_for_amax(fmt, ds->filled == 0 ? own_amax : attn_delayed_amax(ds, tensor));
 }
 
 void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]) {

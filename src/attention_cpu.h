@@ -44,6 +44,9 @@ typedef struct {
     float cur_amax[4];
 } AttnDelayedState;
 void attn_delayed_init(AttnDelayedState *s, int history_len);
+// The maximum of tensor `tensor`'s history (0..3; the history must not be empty): the amax a
+// delayed scale comes from (attention's and the FP8 linears' alike).
+float attn_delayed_amax(const AttnDelayedState *s, int tensor);
 void attn_delayed_commit(AttnDelayedState *s);
 // A copy of n layers' states (n may be 0), for a step that must leave no trace in them (a
 // diagnostics probe); attn_delayed_restore copies it back over s and frees it.

@@ -114,15 +114,6 @@ void linear_delayed_slot(int site, int role, int *state, int *tensor) {
     *tensor = 2 * (site % 2) + role;
 }
 
-float linear_delayed_amax(const AttnDelayedState *s, int tensor) {
-    if (s->filled < 1 || s->filled > ATTN_MAX_AMAX_HISTORY || tensor < 0 || tensor > 3)
-        FATAL("linear_delayed_amax: a history of %d entries, tensor %d (hint: the first micro-batch is current)",
-              s->filled, tensor);
-    float h = 0.0f;
-    for (int i = 0; i < s->filled; i++) h = fmaxf(h, s->hist[tensor][i]);
-    return h;
-}
-
 void linear_fp8_site(LinearFp8 *L, int layer, int i) {
     if (layer >= 0 && (i < 0 || i > 3)) FATAL("linear_fp8_site: linear %d of layer %d (expected 0..3)", i, layer);
     L->site = layer < 0 ? -1 : 4 * layer + i;
@@ -237,7 +228,7 @@ static void quantize_tensor(LinearFp8 *L, float *out, const float *x, int rows, 
         fp8_quantize(out, NULL, NULL, x, rows, cols, FP8_GROUP_TENSOR, fmt, stats);
         return;
     }
-    const float sc = fp8_scale_for_amax(fmt, linear_delayed_amax(s, t));
+    const float sc = fp8_scale_for_amax(fmt, attn_delayed_amax(s, t));
     long long sat = 0, n_nan = 0;
 #pragma omp parallel for reduction(+ : sat, n_nan) schedule(static) if (par)
     for (int r = 0; r < rows; r++)

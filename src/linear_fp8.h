@@ -77,8 +77,7 @@ enum { LINEAR_X = 0, LINEAR_W = 1, LINEAR_DY = 2 };  // indices of LinearFp8.sta
 #define LINEAR_ROLE_X 0
 #define LINEAR_ROLE_DY 1
 void linear_delayed_slot(int site, int role, int *state, int *tensor);
-// The amax a history gives its scale: the maximum over its filled entries (filled > 0).
-float linear_delayed_amax(const AttnDelayedState *s, int tensor);
+// (The amax a history gives its scale: attention_cpu.h's attn_delayed_amax.)
 // The site of the next linear_forward / dgrad / wgrad calls: layer's linear i, or none (layer <
 // 0: the LM head, current scaling).
 void linear_fp8_site(LinearFp8 *L, int layer, int i);

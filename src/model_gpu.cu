@@ -488,7 +488,7 @@ static void lin_delayed_upload(GpuModel *m) {
     const int n = 8 * m->cfg.model.n_layer;
     d->lin_ready = d->lin_delayed[0].filled > 0;
     if (!d->lin_ready) return;
-    for (int w = 0; w < n; w++) d->lin_amax_host[w] = linear_delayed_amax(&d->lin_delayed[w / 4], w % 4);
+    for (int w = 0; w < n; w++) d->lin_amax_host[w] = attn_delayed_amax(&d->lin_delayed[w / 4], w % 4);
     CUDA_CHECK(cudaMemcpyAsync(d->lin_amax_dev, d->lin_amax_host, sizeof(float) * n, cudaMemcpyHostToDevice,
                                d->stream));
 }

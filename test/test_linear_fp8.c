@@ -506,9 +506,9 @@ static void test_delayed(void) {
         attn_delayed_commit(&st[0]);
         attn_delayed_commit(&st[1]);
     }
-    CHECK(st[0].filled == 2 && linear_delayed_amax(&st[0], tx) == 2.0f * amax_x,
+    CHECK(st[0].filled == 2 && attn_delayed_amax(&st[0], tx) == 2.0f * amax_x,
           "delayed: the history keeps the last 2 micro-batches (8a dropped)", "filled %d max %g (a = %g)",
-          st[0].filled, linear_delayed_amax(&st[0], tx), amax_x);
+          st[0].filled, attn_delayed_amax(&st[0], tx), amax_x);
     // 5. the head and state 1 untouched
     linear_fp8_forward_begin(&L, 1);
     linear_fp8_site(&L, -1, 0);

@@ -464,8 +464,8 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
                     }
                     const Fp8Format f = t % 2 ? (c.precision.linear_grad_format == GRADFMT_E5M2 ? FP8_E5M2 : FP8_E4M3)
                                               : FP8_E4M3;
-                    const float sg = fp8_scale_for_amax(f, linear_delayed_amax(&gl_[j], t)),
-                                sc = fp8_scale_for_amax(f, linear_delayed_amax(&cl_[j], t));
+                    const float sg = fp8_scale_for_amax(f, attn_delayed_amax(&gl_[j], t)),
+                                sc = fp8_scale_for_amax(f, attn_delayed_amax(&cl_[j], t));
                     scales_equal += sg == sc;
                     scales_near += sg == sc || sg == 2 * sc || sc == 2 * sg;
                 }
