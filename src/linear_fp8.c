@@ -156,6 +156,35 @@ static void quantize_run(float *out, uint8_t *codes, const float *x, long n, flo
     }
 }
 
+// max |x| over the whole (rows, cols) x (NaN ignored); max is exact, so the order does not matter.
+static float tensor_amax(const float *x, int rows, int cols) {
+    float amax = 0.0f;
+#pragma omp parallel for reduction(max : amax) schedule(static) if ((long)rows * cols >= PARALLEL_MIN_ELEMS)
+    for (int r = 0; r < rows; r++) amax = fmaxf(amax, block_amax(x, cols, r, 1, 0, cols));
+    return amax;
+}
+
+// The whole (rows, cols) x quantized with the one scale s (per tensor: current or delayed);
+// saturations and NaNs added to *sat, *n_nan.
+static void quantize_tensor_with(float *out, uint8_t *codes, const float *x, int rows, int cols, float s,
+                                 Fp8Format fmt, long long *sat, long long *n_nan) {
+    long long sa = 0, na = 0;
+#pragma omp parallel for reduction(+ : sa, na) schedule(static) if ((long)rows * cols >= PARALLEL_MIN_ELEMS)
+    for (int r = 0; r < rows; r++) {
+        long off = (long)r * cols;
+        quantize_run(out ? out + off : NULL, codes ? codes + off : NULL, x + off, cols, s, fmt, &sa, &na);
+    }
+    *sat += sa;
+    *n_nan += na;
+}
+
+static void add_stats(Fp8QuantStats *stats, long long casts, long long sat, long long n_nan) {
+    if (!stats) return;
+    stats->casts += casts;
+    stats->saturated += sat;
+    stats->nans += n_nan;
+}
+
 void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int rows, int cols,
                   Fp8Grouping g, Fp8Format fmt, Fp8QuantStats *stats) {
     if (rows < 0 || cols < 0) FATAL("fp8_quantize: negative shape (%d, %d)", rows, cols);
@@ -163,16 +192,9 @@ void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int
     int par = (long)rows * cols >= PARALLEL_MIN_ELEMS;
     int n_gc = ceil_div(cols, FP8_GROUP);  // slices or block columns per row
     if (g == FP8_GROUP_TENSOR) {
-        float amax = 0.0f;  // max is exact, so the reduction order does not matter
-#pragma omp parallel for reduction(max : amax) schedule(static) if (par)
-        for (int r = 0; r < rows; r++) amax = fmaxf(amax, block_amax(x, cols, r, 1, 0, cols));
-        float s = fp8_scale_for_amax(fmt, amax);
+        float s = fp8_scale_for_amax(fmt, tensor_amax(x, rows, cols));
         if (scales) scales[0] = s;
-#pragma omp parallel for reduction(+ : sat, n_nan) schedule(static) if (par)
-        for (int r = 0; r < rows; r++) {
-            long off = (long)r * cols;
-            quantize_run(out ? out + off : NULL, codes ? codes + off : NULL, x + off, cols, s, fmt, &sat, &n_nan);
-        }
+        quantize_tensor_with(out, codes, x, rows, cols, s, fmt, &sat, &n_nan);
     } else if (g == FP8_GROUP_1x128) {
 #pragma omp parallel for reduction(+ : sat, n_nan) schedule(static) if (par)
         for (int r = 0; r < rows; r++)
@@ -201,11 +223,7 @@ void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int
     } else {
         FATAL("fp8_quantize: unknown grouping %d", (int)g);
     }
-    if (stats) {
-        stats->casts += (long long)rows * cols;
-        stats->saturated += sat;
-        stats->nans += n_nan;
-    }
+    add_stats(stats, (long long)rows * cols, sat, n_nan);
 }
 
 // fp8_tensor's quantization of x (role LINEAR_ROLE_X) or dy of the current site: current scaling,
@@ -219,25 +237,13 @@ static void quantize_tensor(LinearFp8 *L, float *out, const float *x, int rows, 
     int si, t;
     linear_delayed_slot(L->site, role, &si, &t);
     AttnDelayedState *s = &L->delayed[si];
-    const int par = (long)rows * cols >= PARALLEL_MIN_ELEMS;
-    float own = 0.0f;
-#pragma omp parallel for reduction(max : own) schedule(static) if (par)
-    for (int r = 0; r < rows; r++) own = fmaxf(own, block_amax(x, cols, r, 1, 0, cols));
+    const float own = tensor_amax(x, rows, cols);
     s->cur_amax[t] = fmaxf(s->cur_amax[t], own);
-    if (s->filled == 0) {  // the first micro-batch: current
-        fp8_quantize(out, NULL, NULL, x, rows, cols, FP8_GROUP_TENSOR, fmt, stats);
-        return;
-    }
-    const float sc = fp8_scale_for_amax(fmt, attn_delayed_amax(s, t));
+    // the first micro-batch (an empty history): current, from the amax just taken
+    const float sc = fp8_scale_for_amax(fmt, s->filled == 0 ? own : attn_delayed_amax(s, t));
     long long sat = 0, n_nan = 0;
-#pragma omp parallel for reduction(+ : sat, n_nan) schedule(static) if (par)
-    for (int r = 0; r < rows; r++)
-        quantize_run(out + (long)r * cols, NULL, x + (long)r * cols, cols, sc, fmt, &sat, &n_nan);
-    if (stats) {
-        stats->casts += (long long)rows * cols;
-        stats->saturated += sat;
-        stats->nans += n_nan;
-    }
+    quantize_tensor_with(out, NULL, x, rows, cols, sc, fmt, &sat, &n_nan);
+    add_stats(stats, (long long)rows * cols, sat, n_nan);
 }
 
 LinearPrecision linear_precision_of(const PrecisionConfig *p, int n_layer, int layer) {
