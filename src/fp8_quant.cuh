@@ -118,6 +118,15 @@ static __device__ __forceinline__ void write_block_scale(float *scales, int i, i
     }
 }
 
+// A per-tensor operand's two scale floats (may be NULL: no operand): [0] = 1/s, [1] = the amax
+// *amax it came from, unless [1] is where the amax is read from (the amax pass writes it there).
+// One thread of one CTA calls; the other CTAs read *amax, never these.
+static __device__ __forceinline__ void write_tensor_scales(float *scales, float inv, const float *amax) {
+    if (!scales) return;
+    scales[0] = inv;
+    if (scales + 1 != amax) scales[1] = *amax;
+}
+
 // Element e of eight BF16 packed in w[4] (element 0 in the low half of w[0]), as bits.
 static __device__ __forceinline__ unsigned short half_of(const uint32_t w[4], int e) {
     return (unsigned short)(w[e >> 1] >> (16 * (e & 1)));

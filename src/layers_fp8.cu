@@ -87,13 +87,9 @@ static __device__ __forceinline__ void tile_dispatch(Vec128Tile &sm, int r0, int
         return;
     }
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-        const float amax = *ts.amax, inv = 1.0f / fp8_scale_for_amax(FMT, amax);  // exact: a power of two
-        q_scales[0] = inv;
-        q_scales[1] = amax;
-        if (qt_scales) {
-            qt_scales[0] = inv;
-            qt_scales[1] = amax;
-        }
+        const float inv = 1.0f / fp8_scale_for_amax(FMT, *ts.amax);  // exact: a power of two
+        write_tensor_scales(q_scales, inv, ts.amax);
+        write_tensor_scales(qt_scales, inv, ts.amax);
     }
     vec128_tile_tensor<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, qt, ts.amax, ts.observe, nullptr, load,
                                         make);
@@ -223,12 +219,8 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     const int t = threadIdx.x, c = (t & 15) * 8, rsub = t >> 4;
     const float s = fp8_scale_for_amax(FMT, *ts.amax);
     if (blockIdx.x == 0 && blockIdx.y == 0 && t == 0) {
-        q_scales[0] = 1.0f / s;  // exact: a power of two
-        q_scales[1] = *ts.amax;
-        if (qt_scales) {
-            qt_scales[0] = 1.0f / s;
-            qt_scales[1] = *ts.amax;
-        }
+        write_tensor_scales(q_scales, 1.0f / s, ts.amax);  // exact: a power of two
+        write_tensor_scales(qt_scales, 1.0f / s, ts.amax);
     }
     const bool vec = aligned16(fc) && aligned16(dout);  // (F % 8 == 0: every row's groups of 8 aligned too)
     uint32_t om = 0;  // the amax of this thread's gradients, gate and up (one tensor: dfc)

@@ -113,15 +113,6 @@ __global__ void __launch_bounds__(THREADS) amax_kernel(const uint16_t *x, long n
     if (threadIdx.x == 0 && m) atomicMax(amax_f32, m << 16);
 }
 
-// A per-tensor operand's two scale floats (may be NULL: no operand): [0] = 1/s, [1] = the amax
-// *amax it came from, unless [1] is where the amax is read from (the amax pass writes it there).
-// One thread of one CTA calls; the other CTAs read *amax, never these.
-static __device__ __forceinline__ void write_tensor_scales(float *scales, float inv, const float *amax) {
-    if (!scales) return;
-    scales[0] = inv;
-    if (scales + 1 != amax) scales[1] = *amax;
-}
-
 // Per tensor, pass 2: codes (n) = fp8(x * s), s from the amax *amax; the scales as
 // write_tensor_scales.
 template <Fp8Format FMT>
