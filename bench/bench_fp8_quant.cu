@@ -10,7 +10,7 @@
 //                               (y not written) / the BF16 kernel then fp8_quantize_gpu
 //   swiglu fwd, swiglu bwd: the same three
 //   tensor: ... (fp8_tensor) per-tensor Q(x) and Q(x^T): with the amax pass, with the amax given
-//                               (fp8_quantize_gpu_amax_ready), and after the layer that took it
+//                               (fp8_quantize_gpu_with_amax), and after the layer that took it
 //                               (layers.h's *_amax_gpu), against the layer then the full quantize
 //   delayed: ... (fp8_tensor, precision.linear_scaling = "delayed") the scale from a given amax:
 //                               the quantize pass observing x's amax, and the fused layers
@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
     row("tensor: quantize both (N, 2F)",
         bench_time_ms([&] { fp8_quantize_gpu(&tq[0], &tqt[0], dfc, N, 2 * F, NULL, s); }), 8.0 * NF, 0);
     row("tensor: ... amax given", bench_time_ms([&] {
-            fp8_quantize_gpu_amax_ready(&tq[0], &tqt[0], dfc, N, 2 * F, amax, NULL, s);
+            fp8_quantize_gpu_with_amax(&tq[0], &tqt[0], dfc, N, 2 * F, (const float *)amax, NULL, NULL, s);
         }), 8.0 * NF, 0);
     row("tensor: swiglu bwd, quantize", bench_time_ms([&] {
             swiglu_backward_gpu(dfc, dout, fc, N, F, s);
@@ -128,7 +128,7 @@ int main(int argc, char **argv) {
     row("tensor: swiglu bwd + amax, quantize", bench_time_ms([&] {
             CU(cudaMemsetAsync(amax, 0, 4, s));
             swiglu_backward_amax_gpu(dfc, dout, fc, N, F, amax, s);
-            fp8_quantize_gpu_amax_ready(&tq[0], &tqt[0], dfc, N, 2 * F, amax, NULL, s);
+            fp8_quantize_gpu_with_amax(&tq[0], &tqt[0], dfc, N, 2 * F, (const float *)amax, NULL, NULL, s);
         }), 10.0 * NF, t_swb);
     row("tensor: rmsnorm+res, quantize", bench_time_ms([&] {
             residual_rmsnorm_forward_gpu(res, y, rstd, x, delta, g, N, C, eps, s);
@@ -137,7 +137,7 @@ int main(int argc, char **argv) {
     row("tensor: rmsnorm+res + amax, quantize", bench_time_ms([&] {
             CU(cudaMemsetAsync(amax, 0, 4, s));
             residual_rmsnorm_forward_amax_gpu(res, y, rstd, x, delta, g, N, C, eps, amax, s);
-            fp8_quantize_gpu_amax_ready(&tq[1], &tqt[1], y, N, C, amax, NULL, s);
+            fp8_quantize_gpu_with_amax(&tq[1], &tqt[1], y, N, C, (const float *)amax, NULL, NULL, s);
         }), 8.0 * NC, t_norm);
     // fp8_tensor with delayed scaling: the scale comes from a history amax (here dfc's / y's own,
     // so no code saturates), the producers write the codes and observe their amax
@@ -159,10 +159,10 @@ int main(int argc, char **argv) {
     row("tensor: swiglu fwd + amax, quantize", bench_time_ms([&] {
             CU(cudaMemsetAsync(amax, 0, 4, s));
             swiglu_forward_amax_gpu(sw, fc, N, F, amax, s);
-            fp8_quantize_gpu_amax_ready(&tqf, &tqft, sw, N, F, amax, NULL, s);
+            fp8_quantize_gpu_with_amax(&tqf, &tqft, sw, N, F, (const float *)amax, NULL, NULL, s);
         }), 6.0 * NF, t_sw);
     row("delayed: quantize both (N, 2F)", bench_time_ms([&] {
-            fp8_quantize_gpu_delayed(&tq[0], &tqt[0], dfc, N, 2 * F, hist, obs, NULL, s);
+            fp8_quantize_gpu_with_amax(&tq[0], &tqt[0], dfc, N, 2 * F, hist, obs, NULL, s);
         }), 8.0 * NF, 0);
     row("delayed: rmsnorm+res fused", bench_time_ms([&] {
             rmsnorm_forward_fp8_gpu(res, NULL, rstd, x, delta, g, N, C, eps, &tq[1], &tqt[1], &ts_y, s);

@@ -103,7 +103,7 @@ void swiglu_backward_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc
 // Each is the layer above (same outputs, bit for bit) and also folds max |output| into
 // *amax_f32 (device): the FP32 bits of the largest BF16 |value| it stored, NaN ignored, folded in
 // with atomicMax, so *amax_f32 must hold 0 (or a smaller amax) before. That is the amax
-// fp8_quantize_gpu's per-tensor pass would take (linear_fp8_gpu.h: fp8_quantize_gpu_amax_ready),
+// fp8_quantize_gpu's per-tensor pass would take (linear_fp8_gpu.h: fp8_quantize_gpu_with_amax),
 // so a fp8_tensor operand's quantization needs no pass of its own to find it. amax_f32 may be NULL.
 void rmsnorm_forward_amax_gpu(uint16_t *y, float *rstd, const uint16_t *x, const uint16_t *g, int N, int C,
                               float eps, unsigned *amax_f32, cudaStream_t stream);

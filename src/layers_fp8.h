@@ -36,7 +36,7 @@ extern "C" {
 
 // Per-tensor codes (fp8_tensor with precision.linear_scaling = "delayed"): q and qt are
 // FP8_GROUP_TENSOR operands and every code takes the scale of *amax (device FP32: the amax
-// history's maximum), saturating beyond it, as fp8_quantize_gpu_delayed; observe (device FP32
+// history's maximum), saturating beyond it, as fp8_quantize_gpu_with_amax; observe (device FP32
 // bits, may be NULL) gets the output's own amax folded in. 1x128 operands take none (NULL).
 typedef struct {
     const float *amax;

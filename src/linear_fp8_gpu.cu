@@ -369,11 +369,11 @@ static void check_operand(const Fp8Operand *op, int rows, int cols, const char *
         FATAL("fp8_quantize_gpu: %s is (%d, %d), expected (%d, %d)", what, op->rows, op->cols, rows, cols);
 }
 
-// amax_ready: per tensor, the amax the scale comes from: x's own, taken by its producer, or delayed
+// amax_given: per tensor, the amax the scale comes from: x's own, taken by its producer, or delayed
 // scaling's history maximum (else NULL: the amax pass runs here, into the operand's scales[1]).
 // observe (per tensor, may be NULL): x's own amax is folded into it (publish_amax).
 static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
-                     const unsigned *amax_ready, unsigned *observe, unsigned long long *counts, cudaStream_t stream) {
+                     const float *amax_given, unsigned *observe, unsigned long long *counts, cudaStream_t stream) {
     if (!q && !qt) return;
     if (rows <= 0 || cols <= 0) FATAL("fp8_quantize_gpu: empty shape (%d, %d)", rows, cols);
     if (q) check_operand(q, rows, cols, "q");
@@ -393,8 +393,8 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
     case FP8_GROUP_TENSOR: {
         const long n = (long)rows * cols;
         const long blocks = n / (THREADS * 8) + 1;
-        const float *amax = (const float *)amax_ready;
-        if (!amax_ready) {
+        const float *amax = amax_given;
+        if (!amax_given) {
             amax = any->scales + 1;
             CUDA_CHECK(cudaMemsetAsync(any->scales + 1, 0, sizeof(float), stream));
             amax_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), THREADS, 0, stream>>>(
@@ -442,23 +442,13 @@ void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t 
     quantize(q, qt, x, rows, cols, NULL, NULL, counts, stream);
 }
 
-void fp8_quantize_gpu_amax_ready(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
-                                 const unsigned *amax_f32, unsigned long long *counts, cudaStream_t stream) {
+void fp8_quantize_gpu_with_amax(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                                const float *amax, unsigned *observe, unsigned long long *counts, cudaStream_t stream) {
     const Fp8Operand *any = q ? q : qt;
-    if (!amax_f32 || (any && any->grouping != FP8_GROUP_TENSOR))
-        FATAL("fp8_quantize_gpu_amax_ready: needs per-tensor operands and the producer's amax (got grouping %d, "
-              "amax %p)", any ? (int)any->grouping : -1, (const void *)amax_f32);
-    quantize(q, qt, x, rows, cols, amax_f32, NULL, counts, stream);
-}
-
-void fp8_quantize_gpu_delayed(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
-                              const float *scale_amax, unsigned *observe, unsigned long long *counts,
-                              cudaStream_t stream) {
-    const Fp8Operand *any = q ? q : qt;
-    if (!scale_amax || (any && any->grouping != FP8_GROUP_TENSOR))
-        FATAL("fp8_quantize_gpu_delayed: needs per-tensor operands and the amax to scale by (got grouping %d, "
-              "amax %p)", any ? (int)any->grouping : -1, (const void *)scale_amax);
-    quantize(q, qt, x, rows, cols, (const unsigned *)scale_amax, observe, counts, stream);
+    if (!amax || (any && any->grouping != FP8_GROUP_TENSOR))
+        FATAL("fp8_quantize_gpu_with_amax: needs per-tensor operands and the amax to scale by (got grouping %d, "
+              "amax %p)", any ? (int)any->grouping : -1, (const void *)amax);
+    quantize(q, qt, x, rows, cols, amax, observe, counts, stream);
 }
 
 void fp8_scales_to_rowmajor(float *s, const float *dev, Fp8Grouping g, int rows, int cols) {

@@ -68,20 +68,16 @@ void fp8_operand_free(Fp8Operand *op);
 void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
                       unsigned long long *counts, cudaStream_t stream);
 
-// fp8_quantize_gpu for per-tensor operands (FP8_GROUP_TENSOR) whose amax x's producer already
-// took (layers.h's *_amax_gpu layers): *amax_f32 (device, FP32 bits) is max |x| as the amax pass
-// would find it, so that pass is skipped; codes, scales and counts are fp8_quantize_gpu's.
-void fp8_quantize_gpu_amax_ready(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
-                                 const unsigned *amax_f32, unsigned long long *counts, cudaStream_t stream);
-
-// Delayed scaling (precision.linear_scaling = "delayed"): per-tensor codes of x with the scale of
-// *scale_amax (device FP32: the history's maximum, not x's amax), saturating what lies beyond
-// it (counted in counts[0]); observe (device FP32 bits, may be NULL) gets max |x| folded in
-// (atomicMax), x's record for the history. scales[0] = 1/s, scales[1] = *scale_amax. One pass
-// over x when both q and qt are given.
-void fp8_quantize_gpu_delayed(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
-                              const float *scale_amax, unsigned *observe, unsigned long long *counts,
-                              cudaStream_t stream);
+// fp8_quantize_gpu for per-tensor operands (FP8_GROUP_TENSOR) with the scale of the amax *amax
+// (device FP32) instead of an amax pass of its own over x:
+//   - x's own amax, taken by x's producer (layers.h's *_amax_gpu: the FP32 bits they fold in are
+//     that float): the same codes, scales and counts as fp8_quantize_gpu;
+//   - delayed scaling's history maximum (precision.linear_scaling = "delayed"): values beyond the
+//     scale saturate (counted in counts[0]).
+// observe (device FP32 bits, may be NULL) gets max |x| folded in (atomicMax), x's record for the
+// history. scales[0] = 1/s, scales[1] = *amax. One pass over x when both q and qt are given.
+void fp8_quantize_gpu_with_amax(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                                const float *amax, unsigned *observe, unsigned long long *counts, cudaStream_t stream);
 
 // Host: converts an operand's scales as stored on the device (1/s, cuBLASLt layout, copied to
 // the host in `dev_layout`) to fp8_quantize's (s, row-major over the group grid, fp8_group_count

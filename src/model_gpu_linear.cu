@@ -18,14 +18,14 @@
 // the whole tensor's amax before any code. Its producers (the same four, and the RMSNorm
 // backwards that make the residual gradient, dy of the two output projections) are the layers.h
 // kernels that also take their output's amax (*_amax_gpu) into Dev.prod_amax; lin_forward /
-// lin_wgrad then quantize with it (fp8_quantize_gpu_amax_ready): the amax pass over x or dy is
+// lin_wgrad then quantize with it (fp8_quantize_gpu_with_amax): the amax pass over x or dy is
 // gone, the codes are the same (a max does not depend on the order it is taken in).
 //
 // fp8_tensor with delayed scaling (precision.linear_scaling, linear_fp8.c's contract): once the
 // histories hold a micro-batch (Dev.lin_ready), every scale is known before the tensor exists
 // (lin_amax_dev), so the four producers above write per-tensor codes both ways like fp8_block's
 // (layers_fp8.h with an Fp8TensorScale), o, dqkv and the residual gradients are quantized in one
-// pass with fp8_quantize_gpu_delayed, and every one of them folds its tensor's amax into the
+// pass with fp8_quantize_gpu_with_amax, and every one of them folds its tensor's amax into the
 // operand's prod_amax word, the micro-batch's record that model_gpu.cu commits to the histories
 // after the backward. The first micro-batch (empty histories) runs the current-scaling path
 // above; its amaxes reach the same words (the producers' own, or the quantization's by-product).
@@ -151,9 +151,10 @@ static void quantize_operand(GpuModel *m, int layer, int li, int which, const Fp
     d->amax_of[which] = NULL;
     if (delayed_ready(m, layer)) {
         const Fp8TensorScale ts = delayed_scale_of(d, li, which);
-        fp8_quantize_gpu_delayed(q, qt, t, rows, cols, ts.amax, ts.observe, NULL, d->stream);
+        fp8_quantize_gpu_with_amax(q, qt, t, rows, cols, ts.amax, ts.observe, NULL, d->stream);
     } else if (ready) {  // (its word already holds the amax)
-        fp8_quantize_gpu_amax_ready(q, qt, t, rows, cols, d->amax_word[which], NULL, d->stream);
+        fp8_quantize_gpu_with_amax(q, qt, t, rows, cols, (const float *)d->amax_word[which], NULL, NULL,
+                                   d->stream);
     } else {
         fp8_quantize_gpu(q, qt, t, rows, cols, NULL, d->stream);
         if (d->lin_delayed && lin_prec(m, layer) == LINEAR_FP8_TENSOR)  // scales[1]: the amax the pass took

@@ -169,7 +169,7 @@ static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with
 }
 
 // Per-tensor codes with a given amax (fp8_tensor, delayed scaling, Fp8TensorScale): layer L's
-// fused kernel against the BF16 layer then fp8_quantize_gpu_delayed, and both against the
+// fused kernel against the BF16 layer then fp8_quantize_gpu_with_amax, and both against the
 // contract on the host (code = fp8(x * s), s = fp8_scale_for_amax(fmt, the given amax),
 // saturating), for a given amax below the output's own (codes saturate) and far above it; the
 // scales hold 1/s and the given amax; the observed amax (both paths) is the output's own max |x|.
@@ -216,7 +216,7 @@ static void run_tensor_case(Layer L, int N, int W, Fp8Format fmt, int with_qt) {
         case SWIGLU: swiglu_forward_fp8_gpu(NULL, x, N, W, &q, pqt, &ts, 0); break;
         case SWIGLU_BWD: swiglu_backward_fp8_gpu(NULL, delta, x, N, W, &q, pqt, &ts, 0); break;
         }
-        fp8_quantize_gpu_delayed(&q_ref, with_qt ? &qt_ref : NULL, out_ref, N, C, amax, obs + 1, NULL, 0);
+        fp8_quantize_gpu_with_amax(&q_ref, with_qt ? &qt_ref : NULL, out_ref, N, C, amax, obs + 1, NULL, 0);
         CU(cudaGetLastError());
         CU(cudaDeviceSynchronize());
         const float s = fp8_scale_for_amax(fmt, given[k]);

@@ -130,7 +130,7 @@ static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int 
     unsigned long long *d_counts;
     CU(cudaMalloc(&d_counts, 2 * sizeof(unsigned long long)));
     static const char *variant_name[4] = {"", "Q(x)", "Q(x^T)", "Q(x)+Q(x^T)"};
-    // per tensor also with the amax given (fp8_quantize_gpu_amax_ready, as x's producer takes it):
+    // per tensor also with the amax given (fp8_quantize_gpu_with_amax, as x's producer takes it):
     // the host's max |x| (NaN ignored), poisoned slots otherwise the same
     unsigned *d_amax = NULL;
     if (g == FP8_GROUP_TENSOR) {
@@ -146,7 +146,9 @@ static void test_quantize(int rows, int cols, Fp8Grouping g, Fp8Format fmt, int 
         CU(cudaMemset(q.scales, 0xFF, sizeof(float) * fp8_gpu_scale_count(g, rows, cols)));
         CU(cudaMemset(qt.scales, 0xFF, sizeof(float) * fp8_gpu_scale_count(gt, cols, rows)));
         CU(cudaMemset(d_counts, 0, 2 * sizeof(unsigned long long)));
-        if (ready) fp8_quantize_gpu_amax_ready(v & 1 ? &q : NULL, v & 2 ? &qt : NULL, d_x, rows, cols, d_amax, d_counts, 0);
+        if (ready)
+            fp8_quantize_gpu_with_amax(v & 1 ? &q : NULL, v & 2 ? &qt : NULL, d_x, rows, cols, (const float *)d_amax, NULL,
+                                       d_counts, 0);
         else fp8_quantize_gpu(v & 1 ? &q : NULL, v & 2 ? &qt : NULL, d_x, rows, cols, d_counts, 0);
         CU(cudaGetLastError());
         char msg[768] = "";
