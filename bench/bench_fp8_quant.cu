@@ -14,7 +14,8 @@
 //                               (layers.h's *_amax_gpu), against the layer then the full quantize
 //   delayed: ... (fp8_tensor, precision.linear_scaling = "delayed") the scale from a given amax:
 //                               the quantize pass observing x's amax, and the fused layers
-//                               writing per-tensor codes both ways (layers_fp8.h, Fp8TensorScale)
+//                               writing per-tensor codes both ways (layers_fp8.h, Fp8TensorScale),
+//                               the RoPE backward of dqkv among them
 // Each row gives ms, the GB/s of the bytes the kernel must move (reads + writes of its contract)
 // and, for fused and unfused, the ratio of its time to the BF16 layer alone (what FP8 adds).
 //
@@ -173,6 +174,27 @@ int main(int argc, char **argv) {
     row("delayed: swiglu bwd fused", bench_time_ms([&] {
             swiglu_backward_fp8_gpu(NULL, dout, fc, N, F, &tq[0], &tqt[0], &ts_dfc, s);
         }), 10.0 * NF, t_swb);
+    // dqkv (N, 3C): the RoPE backward in place then the delayed quantization, against the RoPE
+    // backward writing the codes (heads of 128, sequences of 4096: paper_569m's)
+    const int hd = 128, T = 4096, H = C / hd;
+    if (C % hd == 0 && N % T == 0 && rope_backward_fp8_supported(H, hd)) {
+        Fp8Operand rq, rqt;
+        fp8_operand_alloc(&rq, N, 3 * C, FP8_GROUP_TENSOR, FP8_E4M3);
+        fp8_operand_alloc(&rqt, 3 * C, N, FP8_GROUP_TENSOR, FP8_E4M3);
+        float *cs;
+        CU(cudaMalloc(&cs, sizeof(float) * (size_t)T * hd));
+        rope_table_gpu(cs, T, hd, 10000.0, s);
+        const Fp8TensorScale ts_qkv = {hist, obs};  // (any amax: the time does not depend on it)
+        const double t_rope = bench_time_ms([&] { rope_backward_gpu(x, cs, N / T, T, H, hd, s); });
+        row("rope bwd bf16 (in place)", t_rope, 8.0 * NC, 0);
+        row("delayed: rope bwd, quantize (N, 3C)", bench_time_ms([&] {
+                rope_backward_gpu(x, cs, N / T, T, H, hd, s);
+                fp8_quantize_gpu_with_amax(&rq, &rqt, x, N, 3 * C, hist, obs, NULL, s);
+            }), 12.0 * NC, t_rope);
+        row("delayed: rope bwd fused", bench_time_ms([&] {
+                rope_backward_fp8_gpu(x, cs, N / T, T, H, hd, &rq, &rqt, &ts_qkv, s);
+            }), 12.0 * NC, t_rope);
+    }
     CU(cudaDeviceSynchronize());
     printf("# GB/s: the bytes of each kernel's contract (BF16 in, BF16 or both FP8 codes out) over its time;\n"
            "# vs BF16 layer: time / the BF16 layer's time (what the FP8 codes add)\n");

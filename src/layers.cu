@@ -566,8 +566,8 @@ __global__ void rope_kernel(bf16 *qkv, const float *cos_sin, long long n_pairs, 
     bf16 *p = qkv + token * 3 * H * hd + (long long)part * H * hd + (long long)h * hd;
     const float c = cos_sin[((long long)t * half + i) * 2], s = sign * cos_sin[((long long)t * half + i) * 2 + 1];
     const float a = bf2f(p[i]), b = bf2f(p[i + half]);
-    p[i] = f2bf(a * c - b * s);
-    p[i + half] = f2bf(b * c + a * s);
+    p[i] = f2bf(lm_rope_lo(a, b, c, s));
+    p[i + half] = f2bf(lm_rope_hi(a, b, c, s));
 }
 
 // Eight pairs per thread with 16-byte accesses (hd % 16 == 0, aligned): a block per token, the
@@ -592,8 +592,8 @@ __global__ void rope_vec_kernel(bf16 *qkv, const float *cos_sin, int T, int H, i
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const float c = cs[2 * e], sn = sign * cs[2 * e + 1], x = bf2f(a.h[e]), y = bf2f(b.h[e]);
-            a.h[e] = f2bf(x * c - y * sn);
-            b.h[e] = f2bf(y * c + x * sn);
+            a.h[e] = f2bf(lm_rope_lo(x, y, c, sn));
+            b.h[e] = f2bf(lm_rope_hi(x, y, c, sn));
         }
         *(uint4 *)(p + i0) = a.u;
         *(uint4 *)(p + i0 + half) = b.u;

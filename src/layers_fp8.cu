@@ -284,6 +284,64 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     }
 }
 
+// --- RoPE backward writing dqkv's per-tensor codes ------------------------------------------------
+// dqkv (N, 3C) as the attention backward wrote it (the gradients of the rotated q, k and of v):
+// each 128 x 128 tile is rotated back (q and k columns; v as it is) with lm_rope_lo / lm_rope_hi,
+// as rope_backward_gpu rotates it in place, and quantized both ways per tensor (delayed scaling).
+// A column's RoPE partner (i +- hd/2 within its head) lies in the same tile (128 % hd == 0): the
+// thread loads its own 8 values and its partner's 8 (the latter another thread's own, mostly
+// from L1). The BF16 result is not written: the qkv linear's GEMMs read only the codes.
+#ifndef ROPE_BWD_BATCH
+#define ROPE_BWD_BATCH 2
+#endif
+template <Fp8Format FMT, bool TENSOR>
+__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
+    rope_bwd_fp8_kernel(const uint16_t *dqkv, const float *cos_sin, int N, int T, int C, int hd, uint8_t *q,
+                        float *q_scales, uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
+    static_assert(TENSOR, "per tensor only (delayed scaling)");
+    __shared__ __align__(16) Vec128Tile sm;
+    const int W3 = 3 * C, half = hd / 2;
+    const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
+    const int nr = min(G, N - r0), nc = G;  // (3C % 128 == 0: whole columns)
+    const bool rotate = c0 < 2 * C;        // q or k columns (a tile never straddles v: C % 128 == 0)
+    typedef Bf16x8Loads<2> In;             // v[0] the column's own 8, v[1] its partners'
+    tile_dispatch<FMT, ROPE_BWD_BATCH, In, true>(
+        sm, r0, c0, nr, nc, N, W3, q, q_scales, qt, qt_scales, false, ts,
+        [&](auto full, int r, int c, In &in) {
+            constexpr bool FULL = decltype(full)::value;
+            const uint16_t *row = dqkv + (size_t)(r0 + r) * W3;
+            const int col = c0 + c;
+            load8_tile<FULL>(in.v[0], row + col, c, nc, true);
+            if (rotate) {
+                const int i = col % hd;
+                load8_tile<FULL>(in.v[1], row + (i < half ? col + half : col - half), c, nc, true);
+            }
+        },
+        [&](auto full, int r, int c, const In &in, uint32_t w[4]) {
+            const int col = c0 + c;
+            if (!rotate) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) w[k] = in.v[0][k];
+                return;
+            }
+            const int i = col % hd, j0 = i % half, t = (r0 + r) % T;  // pairs j0 .. j0 + 7 of position t
+            const float4 *cs = reinterpret_cast<const float4 *>(cos_sin + ((size_t)t * half + j0) * 2);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float4 v = cs[k];  // (cos, sin) of pairs j0 + 2k and j0 + 2k + 1
+                const float cv[2] = {v.x, v.z}, sv[2] = {-v.y, -v.w};  // the backward rotates by -angle
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int e = 2 * k + h;
+                    const float own = lm_bits2f(half_of(in.v[0], e)), partner = lm_bits2f(half_of(in.v[1], e));
+                    const float o = i < half ? lm_rope_lo(own, partner, cv[h], sv[h])
+                                             : lm_rope_hi(partner, own, cv[h], sv[h]);
+                    w[k] |= (uint32_t)lm_f2bits(o) << (16 * h);
+                }
+            }
+        });
+}
+
 // --- launchers -----------------------------------------------------------------------------------
 
 // q must be a 1x128 operand (rows, cols), or per tensor with ts (its scale's amax); qt NULL or
@@ -339,6 +397,30 @@ extern "C" void rmsnorm_forward_fp8_gpu(uint16_t *res_out, uint16_t *y, float *r
     const dim3 grid((unsigned)((C + G - 1) / G), (unsigned)((N + G - 1) / G));
     LAUNCH_FMT(q->fmt, tensor, rmsnorm_tile_fp8_kernel, grid, TILE_THREADS, y, rstd, delta ? res_out : x, g, N, C,
                vec, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt), ts_or_none(ts));
+}
+
+extern "C" void rope_backward_fp8_gpu(const uint16_t *dqkv, const float *cos_sin, int B, int T, int H, int hd,
+                                      const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
+                                      cudaStream_t stream) {
+    const int C = H * hd, N = B * T;
+    const bool tensor = check_operands("rope_backward_fp8_gpu", q, qt, N, 3 * C, ts);
+    if (!tensor) FATAL("rope_backward_fp8_gpu: per-tensor operands only (delayed scaling), got grouping %d",
+                       (int)q->grouping);
+    if (!rope_backward_fp8_supported(H, hd) || !aligned16(dqkv) || !aligned16(cos_sin))
+        FATAL("rope_backward_fp8_gpu: needs C %% 128 == 0, 128 %% hd == 0, hd %% 16 == 0 and 16-byte aligned "
+              "buffers (got H %d, hd %d; hint: rope_backward_fp8_supported)", H, hd);
+    const dim3 grid((unsigned)(3 * C / G), (unsigned)((N + G - 1) / G));
+    if (q->fmt == FP8_E4M3)
+        rope_bwd_fp8_kernel<FP8_E4M3, true><<<grid, TILE_THREADS, 0, stream>>>(
+            dqkv, cos_sin, N, T, C, hd, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
+    else
+        rope_bwd_fp8_kernel<FP8_E5M2, true><<<grid, TILE_THREADS, 0, stream>>>(
+            dqkv, cos_sin, N, T, C, hd, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" int rope_backward_fp8_supported(int H, int hd) {
+    return hd > 0 && hd % 16 == 0 && 128 % hd == 0 && (H * hd) % 128 == 0;
 }
 
 extern "C" void swiglu_forward_fp8_gpu(uint16_t *out, const uint16_t *fc, int N, int F, const Fp8Operand *q,

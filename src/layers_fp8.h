@@ -60,6 +60,15 @@ void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t
                              const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
                              cudaStream_t stream);
 
+// The RoPE backward (rope_backward_gpu's rotation, with sin negated) of dqkv (N = B*T, 3C), C =
+// H * hd, quantized per tensor both ways as the qkv linear's dy: q = Q(dqkv') (N, 3C), qt =
+// Q(dqkv'^T) (3C, N) (may be NULL), with ts (required: delayed scaling). dqkv itself is not
+// changed and the rotated BF16 values are not written. Needs rope_backward_fp8_supported(H, hd).
+void rope_backward_fp8_gpu(const uint16_t *dqkv, const float *cos_sin, int B, int T, int H, int hd,
+                           const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts, cudaStream_t stream);
+// 1 when the fused RoPE backward handles these heads: C % 128 == 0, 128 % hd == 0, hd % 16 == 0.
+int rope_backward_fp8_supported(int H, int hd);
+
 #ifdef __cplusplus
 }
 #endif

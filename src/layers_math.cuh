@@ -34,6 +34,16 @@ static __device__ __forceinline__ float lm_warp_sum(float v) {
 static __device__ __forceinline__ float lm_rstd(float ss, int dim, float eps) { return 1.0f / sqrtf(ss / (float)dim + eps); }
 static __device__ __forceinline__ float lm_rms_out(float x, float rstd, float g) { return x * rstd * g; }
 
+// RoPE of one pair (x at i, y at i + hd/2) with cos c and sin sn (sn = -sin for the backward):
+// x' = x c - y sn, y' = y c + x sn, each product and the sum rounded once (no FMA contraction),
+// so every kernel that rotates (layers.cu's, layers_fp8.cu's fused backward) gets the same bits.
+static __device__ __forceinline__ float lm_rope_lo(float x, float y, float c, float sn) {
+    return __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, sn));
+}
+static __device__ __forceinline__ float lm_rope_hi(float x, float y, float c, float sn) {
+    return __fadd_rn(__fmul_rn(y, c), __fmul_rn(x, sn));
+}
+
 // SwiGLU out = silu(g) * u, and its gradients: du = dout * silu(g),
 // dg = dout * u * s * (1 + g * (1 - s)), s = sigmoid(g). The two gradients have their own
 // functions (of s) so that a kernel that needs only one computes only that one, with the same

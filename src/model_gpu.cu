@@ -735,7 +735,9 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
                            dqkv + 2 * C, 3 * C, B, H, T, hd, lb->attn_codes.buf ? &lb->attn_codes : NULL,
                            d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
         prof_mark(d, PH_BWD_ATTN);
-        if (mc->position == POS_ROPE) rope_backward_gpu(dqkv, d->rope, B, T, H, hd, s);
+        // (with delayed FP8 scales the RoPE backward writes the qkv linear's codes instead)
+        if (mc->position == POS_ROPE && !rope_backward_for_linear(m, l, dqkv, B, T))
+            rope_backward_gpu(dqkv, d->rope, B, T, H, hd, s);
         if (mc->qk_norm)  // in place: d(raw qkv) from d(normalised qkv); v copied through
             qk_rmsnorm_backward_gpu(dqkv, G(m, P_Q_NORM, l), G(m, P_K_NORM, l), d->norm_scratch, dqkv,
                                     lb->qkv, W(m, P_Q_NORM, l), W(m, P_K_NORM, l), lb->rstd_qk, BT, H, hd, s);

@@ -174,6 +174,9 @@ void swiglu_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *sw, const b
 // dfc (N, 2F) = SwiGLU backward: the output gradient of (kind, layer).
 void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dfc, const bf16 *dsw, const bf16 *fc,
                                 int N, int F);
+// The RoPE backward of dqkv (B*T, 3C) writing the qkv linear's codes (fp8_tensor with delayed
+// scales ready, no QK-norm): 1, dqkv left as it was; else 0 and nothing done (rope_backward_gpu's turn).
+int rope_backward_for_linear(GpuModel *m, int layer, const bf16 *dqkv, int B, int T);
 // dx (N, C) (= or +=, accumulate) = RMSNorm backward: the residual gradient, the output gradient
 // of (kind, layer) (layer -1: of no linear). Only fp8_tensor takes anything more (the amax).
 void norm_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dx, float *dg, const bf16 *dy,

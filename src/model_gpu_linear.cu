@@ -24,10 +24,11 @@
 // fp8_tensor with delayed scaling (precision.linear_scaling, linear_fp8.c's contract): once the
 // histories hold a micro-batch (Dev.lin_ready), every scale is known before the tensor exists
 // (lin_amax_dev), so the four producers above write per-tensor codes both ways like fp8_block's
-// (layers_fp8.h with an Fp8TensorScale), o, dqkv and the residual gradients are quantized in one
-// pass with fp8_quantize_gpu_with_amax, and every one of them folds its tensor's amax into the
-// operand's prod_amax word, the micro-batch's record that model_gpu.cu commits to the histories
-// after the backward. The first micro-batch (empty histories) runs the current-scaling path
+// (layers_fp8.h with an Fp8TensorScale), and so does the RoPE backward for dqkv when no QK-norm
+// follows it (rope_backward_for_linear); o, the residual gradients (and dqkv otherwise) are
+// quantized in one pass with fp8_quantize_gpu_with_amax, and every one of them folds its tensor's
+// amax into the operand's prod_amax word, the micro-batch's record that model_gpu.cu commits to
+// the histories after the backward. The first micro-batch (empty histories) runs the current-scaling path
 // above; its amaxes reach the same words (the producers' own, or the quantization's by-product).
 #include "model_gpu_internal.h"
 
@@ -388,6 +389,29 @@ void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *df
     d->dy_in_slot0_n = d->dyt_in_slot1_n = N;
     d->dy_in_slot0_m = d->dyt_in_slot1_m = M;
     d->fp8_fused++;
+}
+
+// The RoPE backward of dqkv (B*T, 3C), the qkv linear's dy: with delayed scales ready, fusion on,
+// no QK-norm after it and heads rope_backward_fp8_supported takes, its per-tensor codes both ways
+// straight into slots 0 and 1 (marked for lin_wgrad / lin_dgrad; dqkv itself is left unrotated:
+// nothing else reads it) and 1; else 0, and the caller rotates dqkv in place (rope_backward_gpu).
+int rope_backward_for_linear(GpuModel *m, int layer, const bf16 *dqkv, int B, int T) {
+    Dev *d = dev_of(m);
+    const ModelConfig *mc = &m->cfg.model;
+    if (!d->fp8_fuse || mc->qk_norm || !delayed_ready(m, layer) ||
+        !rope_backward_fp8_supported(mc->n_head, mc->head_dim))
+        return 0;
+    const int N = B * T, M = 3 * mc->d_model, li = 4 * layer + fp8_lin_index(P_QKV);
+    Fp8Operand q = fp8_slot(d, 0, N, M, FP8_GROUP_TENSOR, grad_format(m));   // dy (N, M)
+    Fp8Operand qt = fp8_slot(d, 1, M, N, FP8_GROUP_TENSOR, grad_format(m));  // dy^T (M, N)
+    const Fp8TensorScale ts = delayed_scale_of(d, li, 1);
+    rope_backward_fp8_gpu(dqkv, d->rope, B, T, mc->n_head, mc->head_dim, &q, &qt, &ts, d->stream);
+    d->x_in_slot0 = NULL;
+    d->dy_in_slot0 = d->dyt_in_slot1 = dqkv;
+    d->dy_in_slot0_n = d->dyt_in_slot1_n = N;
+    d->dy_in_slot0_m = d->dyt_in_slot1_m = M;
+    d->fp8_fused++;
+    return 1;
 }
 
 void norm_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *dx, float *dg, const bf16 *dy,

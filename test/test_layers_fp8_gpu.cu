@@ -10,7 +10,8 @@
 //   - with the BF16 output NULL, its buffer is left untouched;
 //   - Q(out^T) may be in 128x128 blocks instead (precision.linear_wgrad_blocks), against
 //     fp8_quantize_gpu's mixed pass and fp8_quantize the same way;
-//   - per-tensor codes with a given amax (delayed scaling, run_tensor_case).
+//   - per-tensor codes with a given amax (delayed scaling, run_tensor_case), and the RoPE
+//     backward writing dqkv's (run_rope_case).
 // Inputs: seeded random BF16 with a zero row, a row of large values and a few NaN / inf (which
 // must give the same codes both ways). Without a GPU: one "skipped" line, exit 0.
 #include <cuda_runtime.h>  // device memory
@@ -251,6 +252,61 @@ static void run_tensor_case(Layer L, int N, int W, Fp8Format fmt, int with_qt) {
     CU(cudaFree(rstd));
 }
 
+// The RoPE backward writing dqkv's per-tensor codes (rope_backward_fp8_gpu) against the unfused
+// path: rope_backward_gpu on a copy, then fp8_quantize_gpu_with_amax with the same given amax (half
+// the rotated tensor's finite amax, so that codes saturate): the same codes both ways, the same
+// scales and observed amax, and dqkv itself untouched.
+static void run_rope_case(int B, int T, int H, int hd, Fp8Format fmt, int with_qt) {
+    const int C = H * hd, N = B * T, W = 3 * C;
+    const size_t n = (size_t)N * W;
+    Bf h = random_bf(n, W, 1);
+    uint16_t *dqkv = dup(h), *rot = dup(h);
+    float *cs = dnew<float>((size_t)T * hd);
+    rope_table_gpu(cs, T, hd, 10000.0, 0);
+    rope_backward_gpu(rot, cs, B, T, H, hd, 0);
+    CU(cudaDeviceSynchronize());
+    const std::vector<float> ref = to_f(back(rot, n));
+    float own = 0.0f, finite = 0.0f;
+    for (float v : ref) {
+        own = fmaxf(own, fabsf(v));
+        if (isfinite(v)) finite = fmaxf(finite, fabsf(v));
+    }
+    Fp8Operand q, qt, q_ref, qt_ref;
+    fp8_operand_alloc(&q, N, W, FP8_GROUP_TENSOR, fmt);
+    fp8_operand_alloc(&qt, W, N, FP8_GROUP_TENSOR, fmt);
+    fp8_operand_alloc(&q_ref, N, W, FP8_GROUP_TENSOR, fmt);
+    fp8_operand_alloc(&qt_ref, W, N, FP8_GROUP_TENSOR, fmt);
+    CU(cudaMemset(q.codes, 0xAA, n));
+    CU(cudaMemset(qt.codes, 0xAA, n));
+    float *amax = dup(std::vector<float>{finite * 0.5f});
+    unsigned *obs = dnew<unsigned>(2);
+    CU(cudaMemset(obs, 0, 2 * sizeof(unsigned)));
+    const Fp8TensorScale ts = {amax, obs};
+    rope_backward_fp8_gpu(dqkv, cs, B, T, H, hd, &q, with_qt ? &qt : NULL, &ts, 0);
+    fp8_quantize_gpu_with_amax(&q_ref, with_qt ? &qt_ref : NULL, rot, N, W, amax, obs + 1, NULL, 0);
+    CU(cudaGetLastError());
+    CU(cudaDeviceSynchronize());
+    const std::vector<uint8_t> c = back(q.codes, n), cr = back(q_ref.codes, n), ct = back(qt.codes, n),
+                               ctr = back(qt_ref.codes, n);
+    long d_q = 0, d_t = 0;
+    for (size_t i = 0; i < n; i++) {
+        d_q += c[i] != cr[i];
+        if (with_qt) d_t += ct[i] != ctr[i];
+    }
+    const std::vector<float> sc = back(q.scales, 2), scr = back(q_ref.scales, 2);
+    const std::vector<unsigned> ob = back(obs, 2);
+    float ob_f[2];
+    memcpy(ob_f, ob.data(), sizeof ob_f);
+    const bool untouched = back(dqkv, n) == h;
+    CHECK(d_q == 0 && d_t == 0 && sc[0] == scr[0] && sc[1] == scr[1] && ob_f[0] == own && ob_f[1] == own && untouched,
+          "rope backward fused", "B %d T %d H %d hd %d %s%s: codes differ %ld, Q(x^T) %ld; scales %g/%g vs %g/%g; "
+          "observed %g / %g, own %g; dqkv %s", B, T, H, hd, fmt == FP8_E4M3 ? "e4m3" : "e5m2",
+          with_qt ? ", with Q(x^T)" : "", d_q, d_t, sc[0], sc[1], scr[0], scr[1], ob_f[0], ob_f[1], own,
+          untouched ? "untouched" : "CHANGED");
+    fp8_operand_free(&q); fp8_operand_free(&qt); fp8_operand_free(&q_ref); fp8_operand_free(&qt_ref);
+    CU(cudaFree(dqkv)); CU(cudaFree(rot)); CU(cudaFree(cs)); CU(cudaFree(amax)); CU(cudaFree(obs));
+}
+
 int main(void) {
     if (!gpu_test_have_gpu("test_layers_fp8_gpu")) return test_summary("test_layers_fp8_gpu");
     rng_state = 0x5EED0F8ull;
@@ -293,6 +349,12 @@ int main(void) {
                 run_tensor_case(SWIGLU, s[0], s[1], (Fp8Format)fmt, with_qt);
                 run_tensor_case(SWIGLU_BWD, s[0], s[1], (Fp8Format)fmt, with_qt);
             }
+        }
+    // the RoPE backward writing dqkv's codes: heads of 64 and 128, whole and partial row tiles
+    for (int fmt = 0; fmt < 2; fmt++)
+        for (int with_qt = 0; with_qt < 2; with_qt++) {
+            run_rope_case(2, 96, 2, 64, (Fp8Format)fmt, with_qt);   // N 192: a partial row tile
+            run_rope_case(1, 256, 3, 128, (Fp8Format)fmt, with_qt);
         }
     return test_summary("test_layers_fp8_gpu");
 }

@@ -333,11 +333,14 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
     // backward those of MLP-in's dy (layers_fp8.h); fp8_tensor: the same four and the two RMSNorm
     // backwards whose residual gradient is an output projection's dy take their output's amax.
     const int blk = c.precision.linear == LINEAR_FP8_BLOCK, ten = c.precision.linear == LINEAR_FP8_TENSOR;
-    // With delayed scales (the histories filled above) fp8_tensor's four producers write the codes.
-    const long long per_block = blk || (ten && lin_delayed) ? 4 : ten ? 6 : 0;
+    // With delayed scales (the histories filled above) fp8_tensor's four producers write the codes,
+    // and so does the RoPE backward (dqkv's) when no QK-norm follows it.
+    const int rope_codes = ten && lin_delayed && mc->position == POS_ROPE && !mc->qk_norm &&
+                           rope_backward_fp8_supported(mc->n_head, mc->head_dim);
+    const long long per_block = blk || (ten && lin_delayed) ? 4 + rope_codes : ten ? 6 : 0;
     const long long fused = gpu_model_fp8_fused_count(&gpu);
-    snprintf(name, sizeof name, "%s: %lld fused quantizations in one forward + backward (4 per fp8_block or delayed "
-             "fp8_tensor block, 6 per fp8_tensor block)", label, per_block * n_fp8);
+    snprintf(name, sizeof name, "%s: %lld fused quantizations in one forward + backward (4 per fp8_block block, 4 or "
+             "5 per delayed fp8_tensor block, 6 per fp8_tensor block)", label, per_block * n_fp8);
     CHECK(fused - fused0 == per_block * n_fp8, name, "ran %lld", fused - fused0);
     if (is_bf16) {
         ref->gpu_bf16 = gg;
