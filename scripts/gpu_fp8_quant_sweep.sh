@@ -6,7 +6,9 @@
 # the two files with its -D flags (in parallel), links bench_fp8_quant with those objects ahead of
 # the library, and runs it; a table of each kernel's ms per setting is printed last.
 #   usage (carry .deps): bash scripts/gpu_fp8_quant_sweep.sh "" "SWIGLU_BATCH=4" "LAYERS_FP8_MIN_CTAS=2 ..."
-#   ("" = the defaults; ROUNDS=2 runs each setting's benchmark twice, interleaved)
+#   ("" = the defaults; ROUNDS=2 runs each setting's benchmark twice, interleaved). A setting may
+#   name SRC=<snapshot dir> (scripts/snapshot_refs.sh; carry it too): the two files come from
+#   that tree, with its headers, so an older version is timed beside this one in the same call.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_quant_sweep}
@@ -20,10 +22,12 @@ NVFLAGS=$(make -s -f Makefile print-nvflags SETUP=0 $CJ 2>/dev/null)
 LDLIBS=$(make -s -f Makefile print-ldlibs SETUP=0 $CJ 2>/dev/null)
 i=0
 for setting in "$@"; do
-  d="$OUT/v$i"; mkdir -p "$d"; defs=""
-  for kv in $setting; do defs="$defs -D$kv"; done
-  ( $NVCC $NVFLAGS $defs -c src/layers_fp8.cu -o "$d/layers_fp8.o" &&
-    $NVCC $NVFLAGS $defs -c src/linear_fp8_gpu.cu -o "$d/linear_fp8_gpu.o" &&
+  d="$OUT/v$i"; mkdir -p "$d"; defs=""; src=src
+  for kv in $setting; do
+    case "$kv" in SRC=*) src="${kv#SRC=}/src" ;; *) defs="$defs -D$kv" ;; esac
+  done
+  ( $NVCC $NVFLAGS $defs -c "$src/layers_fp8.cu" -o "$d/layers_fp8.o" &&
+    $NVCC $NVFLAGS $defs -c "$src/linear_fp8_gpu.cu" -o "$d/linear_fp8_gpu.o" &&
     $NVCC $NVFLAGS -c bench/bench_fp8_quant.cu -o "$d/bench.o" &&
     ${CC:-cc} "$d/bench.o" "$d/layers_fp8.o" "$d/linear_fp8_gpu.o" build/libtraingpt.a $LDLIBS -lstdc++ -o "$d/bench" ) \
     >"$d/build.log" 2>&1 &

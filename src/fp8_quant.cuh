@@ -11,6 +11,8 @@
 // registers and the slices of Q(x^T) (each tile column: one 1x128 slice along rows = tokens) from
 // a copy in shared memory, with their VEC128 scales (1/s at [j * R + r]). Whoever produces the
 // tile (a load of x, an RMSNorm, a SwiGLU) gets the codes fp8_quantize gives for its BF16 values.
+// tensor_tile is the same with per-tensor scaling (one scale known before the tile: the producer's
+// amax or delayed scaling's): Q(x^T) is then the transpose of Q(x)'s codes, through shared memory.
 #ifndef FP8_QUANT_CUH
 #define FP8_QUANT_CUH
 
@@ -233,6 +235,36 @@ static __device__ __forceinline__ void emit_qt_columns(const Vec128Tile &sm, uin
     }
 }
 
+// Eight codes of row r (tile rows), columns [c, c + 8), to q (rows, cols) at (r0 + r, c0 + c):
+// one 8-byte store when vec (and whole), else byte by byte up to nc.
+template <bool FULL>
+static __device__ __forceinline__ void store_codes8(uint8_t *q, uint2 codes, int r0, int c0, int r, int c, int cols,
+                                                    int nc, bool vec) {
+    uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
+    if (vec && (FULL || c + 8 <= nc)) {
+        *reinterpret_cast<uint2 *>(dst) = codes;
+    } else {
+        for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)((e < 4 ? codes.x : codes.y) >> (8 * (e & 3)));
+    }
+}
+
+// Tile row r's eight values at columns [c, c + 8) from make (raw: load's), into w: zeros outside
+// the tile (r >= nr or c >= nc), and columns past nc cleared. Returns whether (r, c) is inside.
+template <bool FULL, class Raw, class Make>
+static __device__ __forceinline__ bool make_row8(uint32_t w[4], Make &make, int r, int c, int nr, int nc,
+                                                 const Raw &raw) {
+    w[0] = w[1] = w[2] = w[3] = 0;
+    const bool inside = FULL || (r < nr && c < nc);
+    if (inside) {
+        make(FullTag<FULL>(), r, c, raw, w);
+        if (!FULL && c + 8 > nc)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (c + e >= nc) w[e >> 1] &= ~(0xFFFFu << (16 * (e & 1)));
+    }
+    return inside;
+}
+
 // The tile rows [r0, r0 + nr) x columns [c0, c0 + nc) of x (rows, cols), from load / make (called
 // for r < nr, c < nc only; elements past nc are zeroed here). Writes Q(x) (rows, cols) to q (may
 // be NULL) with VEC128 scales at q_scales[(c0 / 128) * rows + r] and, when qt is not NULL,
@@ -241,25 +273,17 @@ static __device__ __forceinline__ void emit_qt_columns(const Vec128Tile &sm, uin
 // the BLK128x128 layout; the partial tiles at the edges are partial blocks). counts (may be NULL)
 // get Q(x)'s saturations and NaNs (each element once). All FQ_NT threads call; the shared memory
 // may be reused after a __syncthreads.
-// TENSOR: per-tensor scaling instead, every code with the scale of the amax *tensor_amax (the
-// tensor's own, or delayed scaling's history maximum; no scales written: the caller writes the
-// tensor's two floats); observe (may be NULL) then gets the tile's amax folded in (publish_amax):
-// delayed scaling's record of the tensor it quantized.
-template <Fp8Format FMT, int BATCH, class Raw, bool FULL, bool QT_BLOCK, bool TENSOR, class Load, class Make>
+template <Fp8Format FMT, int BATCH, class Raw, bool FULL, bool QT_BLOCK, class Load, class Make>
 static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
                                                    uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
-                                                   const float *tensor_amax, unsigned *observe,
                                                    unsigned long long *counts, Load load, Make make) {
     static_assert(8 % BATCH == 0, "BATCH must divide the 8 rows of a thread");
-    static_assert(!(TENSOR && QT_BLOCK), "per tensor or 128x128 blocks, not both");
     constexpr int G = FQ_G;
-    const float s_tensor = TENSOR ? fp8_scale_for_amax(FMT, *tensor_amax) : 1.0f;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int c = (t & 15) * 8, rsub = t >> 4;
     uint32_t w[8][4];
     uint32_t cm[4] = {0, 0, 0, 0};  // this thread's column maxima, BF16 pairs as in the tile
     unsigned rm[8];                 // this thread's part of each row's amax
-    uint32_t om = 0;                // TENSOR with observe: the amax of this thread's values (a pair)
 #pragma unroll
     for (int kb = 0; kb < 8; kb += BATCH) {
         Raw raw[BATCH];
@@ -271,21 +295,8 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
 #pragma unroll
         for (int j = 0; j < BATCH; j++) {
             const int k = kb + j, r = rsub + 16 * k;
-            w[k][0] = w[k][1] = w[k][2] = w[k][3] = 0;
-            if (FULL || (r < nr && c < nc)) {
-                make(FullTag<FULL>(), r, c, raw[j], w[k]);
-                if (!FULL && c + 8 > nc)
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        if (c + e >= nc) w[k][e >> 1] &= ~(0xFFFFu << (16 * (e & 1)));
-            }
+            make_row8<FULL>(w[k], make, r, c, nr, nc, raw[j]);
             *reinterpret_cast<uint4 *>(&sm.tile[r][c / 2]) = make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]);
-            if (TENSOR) {  // no amaxes to take, but maybe the one to observe
-                if (observe)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) om = amax2(om, w[k][i]);
-                continue;
-            }
             uint32_t m2 = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
@@ -300,35 +311,23 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
     const bool vec_q = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        unsigned m = 0;
-        if (!TENSOR) {
-            m = rm[k];
+        unsigned m = rm[k];
 #pragma unroll
-            for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-        }
+        for (int o = 8; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
         if (QT_BLOCK) tile_m = max(tile_m, m);
         const int r = rsub + 16 * k;
         if (q == nullptr || (!FULL && r >= nr)) continue;
-        const float s = TENSOR ? s_tensor : scale_of_bits(FMT, m);
-        if (!TENSOR && c == 0) q_scales[(size_t)(c0 / G) * rows + r0 + r] = 1.0f / s;  // VEC128: [j * R + r]
+        const float s = scale_of_bits(FMT, m);
+        if (c == 0) q_scales[(size_t)(c0 / G) * rows + r0 + r] = 1.0f / s;  // VEC128: [j * R + r]
         if (!FULL && c >= nc) continue;
-        const uint2 codes = quant8<FMT>(w[k], s, sat, nan);
-        uint8_t *dst = q + (size_t)(r0 + r) * cols + c0 + c;
-        if (vec_q && (FULL || c + 8 <= nc)) {
-            *reinterpret_cast<uint2 *>(dst) = codes;
-        } else {
-            for (int e = 0; e < 8 && c + e < nc; e++) dst[e] = (uint8_t)((e < 4 ? codes.x : codes.y) >> (8 * (e & 3)));
-        }
+        store_codes8<FULL>(q, quant8<FMT>(w[k], s, sat, nan), r0, c0, r, c, cols, nc, vec_q);
     }
     flush_counts(counts, sat, nan);
-    if (TENSOR && observe) publish_amax(amax_of_pair(om), observe);
     if (qt == nullptr) return;
     // column maxima: the two half-warps, then the warps through shared memory
-    if (!TENSOR) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) cm[i] = amax2(cm[i], __shfl_xor_sync(0xFFFFFFFFu, cm[i], 16));
-        if (lane < 16) *reinterpret_cast<uint4 *>(&sm.part[warp][c / 2]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
-    }
+    for (int i = 0; i < 4; i++) cm[i] = amax2(cm[i], __shfl_xor_sync(0xFFFFFFFFu, cm[i], 16));
+    if (lane < 16) *reinterpret_cast<uint4 *>(&sm.part[warp][c / 2]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
     if (QT_BLOCK) {
         tile_m = max(tile_m, __shfl_xor_sync(0xFFFFFFFFu, tile_m, 16));
         if (lane == 0) sm.wmax[warp] = tile_m;
@@ -337,9 +336,8 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
     // Q(x^T): columns ca = 2 cp and ca + 1, rows [rb, rb + 32)
     const int cp = t & 63, ca = 2 * cp, rb = 32 * (t >> 6);
     uint32_t mp = 0;
-    if (!TENSOR)
 #pragma unroll
-        for (int v = 0; v < FQ_NT / 32; v++) mp = amax2(mp, sm.part[v][cp]);
+    for (int v = 0; v < FQ_NT / 32; v++) mp = amax2(mp, sm.part[v][cp]);
     unsigned ma = mp & 0xFFFFu, mb = mp >> 16;
     if (QT_BLOCK) {  // one scale for the tile: the max over its warps' rows
         unsigned tm = 0;
@@ -347,10 +345,8 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
         for (int v = 0; v < FQ_NT / 32; v++) tm = max(tm, sm.wmax[v]);
         ma = mb = tm;
     }
-    const float sa = TENSOR ? s_tensor : scale_of_bits(FMT, ma), sb = TENSOR ? s_tensor : scale_of_bits(FMT, mb);
-    if (TENSOR) {
-        // (the caller writes the tensor's scale)
-    } else if (QT_BLOCK) {  // BLK128x128 of qt (cols, rows): block (c0 / 128, r0 / 128)
+    const float sa = scale_of_bits(FMT, ma), sb = scale_of_bits(FMT, mb);
+    if (QT_BLOCK) {  // BLK128x128 of qt (cols, rows): block (c0 / 128, r0 / 128)
         if (t == 0) write_block_scale(qt_scales, c0 / G, r0 / G, (cols + G - 1) / G, (rows + G - 1) / G, 1.0f / sa);
     } else if (rb == 0) {
         if (FULL || ca < nc) qt_scales[(size_t)(r0 / G) * cols + c0 + ca] = 1.0f / sa;  // [j * R + r], R = cols
@@ -367,33 +363,137 @@ static __device__ __forceinline__ void vec128_tile(Vec128Tile &sm, int r0, int c
                                                    bool qt_block, unsigned long long *counts, Load load, Make make) {
     const bool full = nr == FQ_G && nc == FQ_G;  // uniform branches: four copies of the body
     if (full && !qt_block)
-        vec128_tile_body<FMT, BATCH, Raw, true, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                              qt_scales, nullptr, nullptr, counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
+                                                              qt_scales, counts, load, make);
     else if (!qt_block)
-        vec128_tile_body<FMT, BATCH, Raw, false, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                               qt_scales, nullptr, nullptr, counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
+                                                               qt_scales, counts, load, make);
     else if (full)
-        vec128_tile_body<FMT, BATCH, Raw, true, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                             qt_scales, nullptr, nullptr, counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, true, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
+                                                             qt_scales, counts, load, make);
     else
-        vec128_tile_body<FMT, BATCH, Raw, false, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                              qt_scales, nullptr, nullptr, counts, load, make);
+        vec128_tile_body<FMT, BATCH, Raw, false, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
+                                                              qt_scales, counts, load, make);
 }
 
-// The same tile with per-tensor scaling: Q(x) (to q, may be NULL) and Q(x^T) (to qt, may be
-// NULL) with the one scale of the amax *tensor_amax (FP32); observe (may be NULL) gets the tile's
-// own amax (publish_amax). No scales are written here.
+// --- per-tensor tiles: Q(x^T) as the transpose of Q(x)'s codes ---------------------------------
+// With one scale for the whole tensor an element has the same code in both layouts, so Q(x^T) is
+// a transpose of the codes (one byte each) rather than a second quantization of the BF16 tile:
+// half the shared memory (16 KiB), no BF16 round trip through it, and one conversion per element.
+//
+// CodeTile: a 128 x 128 tile of codes, row r as 32 words (word i = columns 4i .. 4i + 3, column 4i
+// in the low byte), stored at word i ^ (r & 16): the two 16-row halves that one warp of
+// emit_qt_codes reads then fall in different banks.
+struct CodeTile {
+    uint32_t w[FQ_G][FQ_G / 4];
+};
+static __device__ __forceinline__ int code_word(int r, int i) { return i ^ (r & 16); }
+// The eight codes of row r, columns [c, c + 8) (c % 8 == 0: one aligned 8-byte store).
+static __device__ __forceinline__ void code_tile_put(CodeTile &ct, int r, int c, uint2 codes) {
+    *reinterpret_cast<uint2 *>(&ct.w[r][code_word(r, c / 4)]) = codes;
+}
+
+// Q(x^T) (cols, rows) of the tile at rows r0.., columns c0.. of x (nr x nc valid; FULL: all) from
+// its codes. Thread t transposes columns 4 cq .. 4 cq + 3 of tile rows rb .. rb + 15, cq = 16 (warp
+// & 1) + lane / 2, rb = 32 (warp / 2) + 16 (lane & 1): 16 word reads (a warp's 32 lanes in 32
+// banks), four 4x4 byte transposes, and per column one 16-byte store (a lane pair writes 32
+// consecutive bytes of a row of qt). All FQ_NT threads call, after the barrier that follows the
+// last code_tile_put.
+template <bool FULL>
+static __device__ __forceinline__ void emit_qt_codes(const CodeTile &ct, uint8_t *qt, int rows, int r0, int c0, int nr,
+                                                     int nc) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int cq = 16 * (warp & 1) + (lane >> 1), rb = 32 * (warp >> 1) + 16 * (lane & 1);
+    uint32_t col[4][4];  // col[h][b]: the codes of column 4 cq + h, rows rb + 4 b .. + 3 (low byte first)
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        uint32_t x[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = rb + 4 * b + i;
+            x[i] = ct.w[r][code_word(r, cq)];
+        }
+        const uint32_t lo01 = __byte_perm(x[0], x[1], 0x5140), hi01 = __byte_perm(x[0], x[1], 0x7362);
+        const uint32_t lo23 = __byte_perm(x[2], x[3], 0x5140), hi23 = __byte_perm(x[2], x[3], 0x7362);
+        col[0][b] = __byte_perm(lo01, lo23, 0x5410);
+        col[1][b] = __byte_perm(lo01, lo23, 0x7632);
+        col[2][b] = __byte_perm(hi01, hi23, 0x5410);
+        col[3][b] = __byte_perm(hi01, hi23, 0x7632);
+    }
+    const bool vec = rows % 16 == 0 && ((uintptr_t)qt & 15) == 0 && (FULL || rb + 16 <= nr);
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        const int c = 4 * cq + h;
+        if (!FULL && c >= nc) continue;
+        uint8_t *dst = qt + (size_t)(c0 + c) * rows + r0 + rb;
+        if (vec) {
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(col[h][0], col[h][1], col[h][2], col[h][3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 16; e++)
+                if (FULL || rb + e < nr) dst[e] = (uint8_t)(col[h][e >> 2] >> (8 * (e & 3)));
+        }
+    }
+}
+
+// The tile of vec128_tile_body's producer (same load / make and thread layout: thread t makes
+// columns [8 (t % 16), +8) of rows t / 16 + 16 k) with per-tensor scaling: every code takes the
+// scale of the amax *tensor_amax (FP32: the tensor's own, or delayed scaling's history maximum;
+// codes past it saturate). Each row's codes are made as soon as its values are, stored to q (may
+// be NULL) and to the CodeTile, and Q(x^T) (to qt, may be NULL) is their transpose. observe (may
+// be NULL) gets the tile's own amax folded in (publish_amax); counts (may be NULL) Q(x)'s
+// saturations and NaNs, each element once. No scales are written (the caller writes the
+// tensor's two floats).
+template <Fp8Format FMT, int BATCH, class Raw, bool FULL, class Load, class Make>
+static __device__ __forceinline__ void tensor_tile_body(CodeTile &ct, int r0, int c0, int nr, int nc, int rows, int cols,
+                                                        uint8_t *q, uint8_t *qt, const float *tensor_amax,
+                                                        unsigned *observe, unsigned long long *counts, Load load,
+                                                        Make make) {
+    static_assert(8 % BATCH == 0, "BATCH must divide the 8 rows of a thread");
+    const float s = fp8_scale_for_amax(FMT, *tensor_amax);
+    const int t = threadIdx.x, c = (t & 15) * 8, rsub = t >> 4;
+    const bool vec_q = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
+    unsigned sat = 0, nan = 0;
+    uint32_t om = 0;  // the amax of this thread's values (a BF16 pair), when observed
+#pragma unroll
+    for (int kb = 0; kb < 8; kb += BATCH) {
+        Raw raw[BATCH];
+#pragma unroll
+        for (int j = 0; j < BATCH; j++) {
+            const int r = rsub + 16 * (kb + j);
+            if (FULL || (r < nr && c < nc)) load(FullTag<FULL>(), r, c, raw[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < BATCH; j++) {
+            const int r = rsub + 16 * (kb + j);
+            uint32_t w[4];
+            const bool inside = make_row8<FULL>(w, make, r, c, nr, nc, raw[j]);
+            if (observe)
+#pragma unroll
+                for (int i = 0; i < 4; i++) om = amax2(om, w[i]);
+            const uint2 codes = quant8<FMT>(w, s, sat, nan);  // (zeros outside the tile: no counts)
+            if (q && inside) store_codes8<FULL>(q, codes, r0, c0, r, c, cols, nc, vec_q);
+            if (qt) code_tile_put(ct, r, c, codes);
+        }
+    }
+    flush_counts(counts, sat, nan);
+    if (observe) publish_amax(amax_of_pair(om), observe);
+    if (qt == nullptr) return;
+    __syncthreads();
+    emit_qt_codes<FULL>(ct, qt, rows, r0, c0, nr, nc);
+}
+
+// The per-tensor tile, full tiles without the bounds checks (as vec128_tile).
 template <Fp8Format FMT, int BATCH, class Raw, class Load, class Make>
-static __device__ __forceinline__ void vec128_tile_tensor(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows,
-                                                          int cols, uint8_t *q, uint8_t *qt, const float *tensor_amax,
-                                                          unsigned *observe, unsigned long long *counts, Load load,
-                                                          Make make) {
+static __device__ __forceinline__ void tensor_tile(CodeTile &ct, int r0, int c0, int nr, int nc, int rows, int cols,
+                                                   uint8_t *q, uint8_t *qt, const float *tensor_amax, unsigned *observe,
+                                                   unsigned long long *counts, Load load, Make make) {
     if (nr == FQ_G && nc == FQ_G)
-        vec128_tile_body<FMT, BATCH, Raw, true, false, true>(sm, r0, c0, nr, nc, rows, cols, q, nullptr, qt, nullptr,
-                                                             tensor_amax, observe, counts, load, make);
+        tensor_tile_body<FMT, BATCH, Raw, true>(ct, r0, c0, nr, nc, rows, cols, q, qt, tensor_amax, observe, counts,
+                                                load, make);
     else
-        vec128_tile_body<FMT, BATCH, Raw, false, false, true>(sm, r0, c0, nr, nc, rows, cols, q, nullptr, qt, nullptr,
-                                                              tensor_amax, observe, counts, load, make);
+        tensor_tile_body<FMT, BATCH, Raw, false>(ct, r0, c0, nr, nc, rows, cols, q, qt, tensor_amax, observe, counts,
+                                                 load, make);
 }
 
 #endif  // FP8_QUANT_CUH

@@ -74,25 +74,35 @@ static __device__ __forceinline__ void store8_tile(uint16_t *dst, const uint32_t
     }
 }
 
-// The tile in 1x128 groups (vec128_tile), or per tensor (TENSOR: vec128_tile_tensor with the scale
-// of *ts.amax, observing into ts.observe), where CTA (0, 0) also writes both operands' two scale
+// The shared memory of a tile kernel: vec128_tile's BF16 tile, or per tensor tensor_tile's codes.
+template <bool TENSOR>
+struct TileSmem {
+    typedef Vec128Tile type;
+};
+template <>
+struct TileSmem<true> {
+    typedef CodeTile type;
+};
+
+// The tile in 1x128 groups (vec128_tile), or per tensor (TENSOR: tensor_tile with the scale of
+// *ts.amax, observing into ts.observe), where CTA (0, 0) also writes both operands' two scale
 // floats (1/s and the amax s came from, as fp8_quantize_gpu's per-tensor operands hold them).
 template <Fp8Format FMT, int BATCH, class Raw, bool TENSOR, class Load, class Make>
-static __device__ __forceinline__ void tile_dispatch(Vec128Tile &sm, int r0, int c0, int nr, int nc, int rows, int cols,
-                                                     uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
-                                                     bool qt_block, Fp8TensorScale ts, Load load, Make make) {
-    if (!TENSOR) {
+static __device__ __forceinline__ void tile_dispatch(typename TileSmem<TENSOR>::type &sm, int r0, int c0, int nr,
+                                                     int nc, int rows, int cols, uint8_t *q, float *q_scales,
+                                                     uint8_t *qt, float *qt_scales, bool qt_block, Fp8TensorScale ts,
+                                                     Load load, Make make) {
+    if constexpr (!TENSOR) {
         vec128_tile<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, qt_block, nullptr,
                                      load, make);
-        return;
+    } else {
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+            const float inv = 1.0f / fp8_scale_for_amax(FMT, *ts.amax);  // exact: a power of two
+            write_tensor_scales(q_scales, inv, ts.amax);
+            write_tensor_scales(qt_scales, inv, ts.amax);
+        }
+        tensor_tile<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, qt, ts.amax, ts.observe, nullptr, load, make);
     }
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-        const float inv = 1.0f / fp8_scale_for_amax(FMT, *ts.amax);  // exact: a power of two
-        write_tensor_scales(q_scales, inv, ts.amax);
-        write_tensor_scales(qt_scales, inv, ts.amax);
-    }
-    vec128_tile_tensor<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, qt, ts.amax, ts.observe, nullptr, load,
-                                        make);
 }
 
 // --- RMSNorm -------------------------------------------------------------------------------------
@@ -103,7 +113,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     rmsnorm_tile_fp8_kernel(uint16_t *y, const float *rstd, const uint16_t *src, const uint16_t *g, int N, int C,
                             bool vec, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block,
                             Fp8TensorScale ts) {
-    __shared__ __align__(16) Vec128Tile sm;
+    __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, C - c0);
     typedef Bf16x8Loads<2> In;  // v[0] the source, v[1] the gains, f the row's rstd
@@ -133,7 +143,7 @@ template <Fp8Format FMT, bool TENSOR>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_fp8_kernel(uint16_t *out, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales, uint8_t *qt,
                       float *qt_scales, bool qt_block, Fp8TensorScale ts) {
-    __shared__ __align__(16) Vec128Tile sm;
+    __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, F - c0);
     const bool vec = F % 8 == 0 && aligned16(fc) && (!out || aligned16(out));
@@ -166,7 +176,7 @@ template <Fp8Format FMT, bool TENSOR>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_bwd_fp8_kernel(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q,
                           float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block, Fp8TensorScale ts) {
-    __shared__ __align__(16) Vec128Tile sm;
+    __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
     const int W2 = 2 * F;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, W2 - c0);
@@ -201,20 +211,16 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 
 // Per tensor (delayed scaling) with F % 128 == 0: one CTA makes the gate tile and the up tile of
 // the same rows and columns j0.. of the SwiGLU's inputs, which it reads once (the kernel above reads
-// fc and dout for each of the two tiles). Both tiles' gradients go to shared memory (the gate's
-// kept in registers spilled at the 3-CTA register cap; SWIGLU_BWD_PAIR_BATCH 4 rows of loads in
-// flight is the batch that compiles without spills), and each is emitted as vec128_tile_body's
-// per-tensor path emits one tile: the same values, scale and codes (Q(dfc) rows from each
-// thread's own values, Q(dfc^T) by emit_qt_columns). Grid (F / 128, ceil(N / 128)), 2 x
-// sizeof(Vec128Tile) of dynamic shared memory. (A 1x128 version, which must also carry both
-// tiles' amaxes, was slower: tag record/swiglu-bwd-pair.)
+// fc and dout for each of the two tiles). Each gradient's codes are made at once from the
+// thread's registers, as tensor_tile makes them (the same values, scale and codes): stored to
+// Q(dfc) and to one CodeTile per tile, whose transposes are Q(dfc^T) (emit_qt_codes).
+// SWIGLU_BWD_PAIR_BATCH rows of loads in flight. Grid (F / 128, ceil(N / 128)). (A 1x128 version,
+// which must also carry both tiles' amaxes, was slower: tag record/swiglu-bwd-pair.)
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     swiglu_bwd_pair_tensor_kernel(const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales,
                                   uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
-    extern __shared__ __align__(16) unsigned char pair_smem[];
-    Vec128Tile &sg = *reinterpret_cast<Vec128Tile *>(pair_smem);                       // the gate's gradients
-    Vec128Tile &su = *reinterpret_cast<Vec128Tile *>(pair_smem + sizeof(Vec128Tile));  // the up's
+    __shared__ __align__(16) CodeTile cg, cu;  // the gate's codes, the up's
     const int W2 = 2 * F, j0 = blockIdx.x * G, r0 = blockIdx.y * G, nr = min(G, N - r0);
     const int t = threadIdx.x, c = (t & 15) * 8, rsub = t >> 4;
     const float s = fp8_scale_for_amax(FMT, *ts.amax);
@@ -223,7 +229,8 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
         write_tensor_scales(qt_scales, 1.0f / s, ts.amax);
     }
     const bool vec = aligned16(fc) && aligned16(dout);  // (F % 8 == 0: every row's groups of 8 aligned too)
-    uint32_t om = 0;  // the amax of this thread's gradients, gate and up (one tensor: dfc)
+    unsigned sat = 0, nan = 0;  // (not counted: the model passes no counters)
+    uint32_t om = 0;            // the amax of this thread's gradients, gate and up (one tensor: dfc)
 #pragma unroll
     for (int kb = 0; kb < 8; kb += SWIGLU_BWD_PAIR_BATCH) {
         Bf16x8Loads<3> in[SWIGLU_BWD_PAIR_BATCH];  // v[0] the gate, v[1] the up, v[2] dout
@@ -244,43 +251,35 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 #pragma unroll
                 for (int e = 0; e < 8; e++) {
                     const float g = lm_bits2f(half_of(in[j].v[0], e)), d = lm_bits2f(half_of(in[j].v[2], e));
-                    const float sg_ = lm_sigmoid(g);
-                    const float dg = lm_swiglu_grad_gate(g, lm_bits2f(half_of(in[j].v[1], e)), d, sg_);
+                    const float sg = lm_sigmoid(g);
+                    const float dg = lm_swiglu_grad_gate(g, lm_bits2f(half_of(in[j].v[1], e)), d, sg);
                     wg[e >> 1] |= (uint32_t)lm_f2bits(dg) << (16 * (e & 1));
-                    wu[e >> 1] |= (uint32_t)lm_f2bits(lm_swiglu_grad_up(g, d, sg_)) << (16 * (e & 1));
+                    wu[e >> 1] |= (uint32_t)lm_f2bits(lm_swiglu_grad_up(g, d, sg)) << (16 * (e & 1));
                 }
             }
-            *reinterpret_cast<uint4 *>(&sg.tile[r][c / 2]) = make_uint4(wg[0], wg[1], wg[2], wg[3]);
-            *reinterpret_cast<uint4 *>(&su.tile[r][c / 2]) = make_uint4(wu[0], wu[1], wu[2], wu[3]);
             if (ts.observe)
 #pragma unroll
                 for (int i = 0; i < 4; i++) om = amax2(amax2(om, wg[i]), wu[i]);
+            const uint2 qg = quant8<FMT>(wg, s, sat, nan), qu = quant8<FMT>(wu, s, sat, nan);
+            if (r < nr) {
+                uint8_t *row = q + (size_t)(r0 + r) * W2 + j0 + c;
+                *reinterpret_cast<uint2 *>(row) = qg;
+                *reinterpret_cast<uint2 *>(row + F) = qu;
+            }
+            code_tile_put(cg, r, c, qg);
+            code_tile_put(cu, r, c, qu);
         }
-    }
-    // Q(dfc): this thread's rows of both tiles (its own values in shared memory: no barrier needed)
-    unsigned sat = 0, nan = 0;  // (not counted: the model passes no counters)
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const int r = rsub + 16 * k;
-        if (r >= nr) continue;
-        uint8_t *row = q + (size_t)(r0 + r) * W2 + j0 + c;
-        const uint4 a = *reinterpret_cast<const uint4 *>(&sg.tile[r][c / 2]);
-        const uint4 b = *reinterpret_cast<const uint4 *>(&su.tile[r][c / 2]);
-        const uint32_t wg[4] = {a.x, a.y, a.z, a.w}, wu[4] = {b.x, b.y, b.z, b.w};
-        *reinterpret_cast<uint2 *>(row) = quant8<FMT>(wg, s, sat, nan);
-        *reinterpret_cast<uint2 *>(row + F) = quant8<FMT>(wu, s, sat, nan);
     }
     if (ts.observe) publish_amax(amax_of_pair(om), ts.observe);
     if (qt == nullptr) return;
     __syncthreads();
     // Q(dfc^T): rows j0.. (gate) and F + j0.. (up) of qt (2F, N)
-    const int cp = t & 63, rb = 32 * (t >> 6);
     if (nr == G) {
-        emit_qt_columns<FMT, true>(sg, qt, N, r0, j0, G, G, cp, rb, s, s);
-        emit_qt_columns<FMT, true>(su, qt, N, r0, F + j0, G, G, cp, rb, s, s);
+        emit_qt_codes<true>(cg, qt, N, r0, j0, G, G);
+        emit_qt_codes<true>(cu, qt, N, r0, F + j0, G, G);
     } else {
-        emit_qt_columns<FMT, false>(sg, qt, N, r0, j0, nr, G, cp, rb, s, s);
-        emit_qt_columns<FMT, false>(su, qt, N, r0, F + j0, nr, G, cp, rb, s, s);
+        emit_qt_codes<false>(cg, qt, N, r0, j0, nr, G);
+        emit_qt_codes<false>(cu, qt, N, r0, F + j0, nr, G);
     }
 }
 
@@ -299,7 +298,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     rope_bwd_fp8_kernel(const uint16_t *dqkv, const float *cos_sin, int N, int T, int C, int hd, uint8_t *q,
                         float *q_scales, uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
     static_assert(TENSOR, "per tensor only (delayed scaling)");
-    __shared__ __align__(16) Vec128Tile sm;
+    __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
     const int W3 = 3 * C, half = hd / 2;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = G;  // (3C % 128 == 0: whole columns)
@@ -432,20 +431,6 @@ extern "C" void swiglu_forward_fp8_gpu(uint16_t *out, const uint16_t *fc, int N,
                qt ? qt->codes : NULL, qt ? qt->scales : NULL, qt_block(qt), ts_or_none(ts));
 }
 
-// swiglu_bwd_pair_tensor_kernel<FMT> with smem bytes of dynamic shared memory (over the 48 KiB a
-// kernel gets unless it asks, which each instance does once).
-template <Fp8Format FMT>
-static void launch_swiglu_bwd_pair(dim3 grid, size_t smem, const uint16_t *dout, const uint16_t *fc, int N, int F,
-                                   const Fp8Operand *q, const Fp8Operand *qt, Fp8TensorScale ts, cudaStream_t stream) {
-    static bool attr_set = false;
-    if (!attr_set)
-        CUDA_CHECK(cudaFuncSetAttribute(swiglu_bwd_pair_tensor_kernel<FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-    attr_set = true;
-    swiglu_bwd_pair_tensor_kernel<FMT><<<grid, TILE_THREADS, smem, stream>>>(
-        dout, fc, N, F, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, ts);
-}
-
 extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F,
                                         const Fp8Operand *q, const Fp8Operand *qt, const Fp8TensorScale *ts,
                                         cudaStream_t stream) {
@@ -454,10 +439,15 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
     // pair of tiles (SWIGLU_BWD_PAIR=0 in the environment: the one-tile kernel, a timing knob)
     static const char *pair_env = getenv("SWIGLU_BWD_PAIR");
     if (tensor && F % G == 0 && !dfc && ((uintptr_t)q->codes & 7) == 0 && !(pair_env && pair_env[0] == '0')) {
-        const size_t smem = 2 * sizeof(Vec128Tile);
         const dim3 grid((unsigned)(F / G), (unsigned)((N + G - 1) / G));
-        if (q->fmt == FP8_E4M3) launch_swiglu_bwd_pair<FP8_E4M3>(grid, smem, dout, fc, N, F, q, qt, *ts, stream);
-        else launch_swiglu_bwd_pair<FP8_E5M2>(grid, smem, dout, fc, N, F, q, qt, *ts, stream);
+        uint8_t *qtc = qt ? qt->codes : NULL;
+        float *qts = qt ? qt->scales : NULL;
+        if (q->fmt == FP8_E4M3)
+            swiglu_bwd_pair_tensor_kernel<FP8_E4M3><<<grid, TILE_THREADS, 0, stream>>>(dout, fc, N, F, q->codes,
+                                                                                    q->scales, qtc, qts, *ts);
+        else
+            swiglu_bwd_pair_tensor_kernel<FP8_E5M2><<<grid, TILE_THREADS, 0, stream>>>(dout, fc, N, F, q->codes,
+                                                                                    q->scales, qtc, qts, *ts);
         CUDA_CHECK_LAUNCH();
         return;
     }

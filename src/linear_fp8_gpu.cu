@@ -333,8 +333,9 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
 
 // Per tensor, Q(x) and Q(x^T) both from one 128x128 tile of x, with the scale of the tensor's
 // amax *amax (from the amax pass or x's producer); block (0, 0) writes both operands' scales
-// (write_tensor_scales). The same codes as tile128_kernel with tensor_amax, from
-// vec128_tile's registers instead of its shared-memory staging. TENSOR_TILE_VEC 0 selects
+// (write_tensor_scales). The same codes as tile128_kernel with tensor_amax, made in registers
+// (fp8_quant.cuh's tensor_tile: Q(x^T) is the transpose of Q(x)'s codes) instead of from
+// tile128_kernel's shared-memory staging of the BF16 tile. TENSOR_TILE_VEC 0 selects
 // tile128_kernel again (a timing knob).
 #ifndef TENSOR_TILE_VEC
 #define TENSOR_TILE_VEC 1
@@ -343,15 +344,15 @@ template <Fp8Format FMT>
 __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     tensor_both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
                        float *qt_scales, const float *amax, unsigned *observe, unsigned long long *counts) {
-    __shared__ __align__(16) Vec128Tile sm;
+    __shared__ __align__(16) CodeTile ct;
     const XTileLoad ld(x, rows, cols);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
         const float inv = 1.0f / fp8_scale_for_amax(FMT, *amax);  // exact: a power of two
         write_tensor_scales(q_scales, inv, amax);
         write_tensor_scales(qt_scales, inv, amax);
     }
-    vec128_tile_tensor<FMT, VEC128_BATCH, Bf16x8Loads<1>>(sm, ld.r0, ld.c0, ld.nr, ld.nc, rows, cols, q, qt, amax,
-                                                          observe, counts, ld, XTileCopy());
+    tensor_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(ct, ld.r0, ld.c0, ld.nr, ld.nc, rows, cols, q, qt, amax, observe,
+                                                   counts, ld, XTileCopy());
 }
 static_assert(THREADS == FQ_NT, "vec128both_kernel launches THREADS threads, vec128_tile needs FQ_NT");
 
