@@ -12,6 +12,7 @@
 #include <stdint.h>        // uint8_t, uint32_t, uintptr_t
 
 #include "attention_gpu_common.cuh"  // cvt_e4m3x2 / cvt_e5m2x2 (hardware FP8 conversion)
+#include "fp8_cvt.cuh"    // transpose4x4: the transposed tile from the codes
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK_LAUNCH
 #include "fp8.h"         // fp8_from_f32, fp8_scale_for_amax, bf16_to_f32, fp8_max
@@ -22,16 +23,6 @@
 struct AttnQuantBatch {
     AttnQuantTensor t[ATTN_QUANT_MAX_TENSORS];
 };
-
-// The 4 x 4 byte transpose of four rows' words: byte k of out[j] = byte j of row k (prmt only).
-__device__ __forceinline__ void transpose4x4(uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3, uint32_t out[4]) {
-    const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), hi01 = __byte_perm(r0, r1, 0x7362);  // r0.b0 r1.b0 r0.b1 r1.b1
-    const uint32_t lo23 = __byte_perm(r2, r3, 0x5140), hi23 = __byte_perm(r2, r3, 0x7362);  // | .b2 .b3 likewise
-    out[0] = __byte_perm(lo01, lo23, 0x5410);
-    out[1] = __byte_perm(lo01, lo23, 0x7632);
-    out[2] = __byte_perm(hi01, hi23, 0x5410);
-    out[3] = __byte_perm(hi01, hi23, 0x7632);
-}
 
 // grid (B*H*nblk, n_tensors), block QTHREADS. Thread i of the CTA holds one 16-byte BF16 column
 // chunk (columns 8*ch .. +7, ch = i % CH) of RT consecutive rows (rq*RT .. +RT-1, rq = i / CH) of

@@ -1,5 +1,5 @@
 // fp8_cvt.cuh: FP8 codes from FP32 with the hardware conversion (sm_89+), for the device code of
-// the attention kernels and of the linear layers' quantization.
+// the attention kernels and of the linear layers' quantization, and the byte transpose of codes.
 //
 // cvt.rn.satfinite.{e4m3,e5m2}x2.f32 is the instruction CUDA's __nv_cvt_float_to_fp8(x,
 // __NV_SATFINITE, fmt) executes on the device (cuda_fp8.hpp), whose host path fp8.h's integer
@@ -37,6 +37,18 @@ __device__ __forceinline__ uint32_t fp8x2_from_f32(float lo, float hi) {
     lo = fp8_canonical_nan(lo);
     hi = fp8_canonical_nan(hi);
     return FMT == FP8_E5M2 ? cvt_e5m2x2(lo, hi) : cvt_e4m3x2(lo, hi);
+}
+
+// The 4 x 4 byte transpose of four rows' words of codes: byte k of out[j] = byte j of row k
+// (PRMT only). Transposed FP8 operands are made this way from their codes (attention_quant.cu,
+// fp8_quant.cuh's emit_qt_codes) wherever one scale covers the whole tile.
+__device__ __forceinline__ void transpose4x4(uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3, uint32_t out[4]) {
+    const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), hi01 = __byte_perm(r0, r1, 0x7362);  // r0.b0 r1.b0 r0.b1 r1.b1
+    const uint32_t lo23 = __byte_perm(r2, r3, 0x5140), hi23 = __byte_perm(r2, r3, 0x7362);  // | .b2 .b3 likewise
+    out[0] = __byte_perm(lo01, lo23, 0x5410);
+    out[1] = __byte_perm(lo01, lo23, 0x7632);
+    out[2] = __byte_perm(hi01, hi23, 0x5410);
+    out[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
 #endif  // FP8_CVT_CUH

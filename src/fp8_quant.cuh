@@ -21,7 +21,7 @@
 #include <stdint.h>        // uint8_t, uint16_t, uint32_t, uintptr_t
 
 #include "fp8.h"         // fp8_scale_for_amax, bf16_to_f32, fp8_max, Fp8Format
-#include "fp8_cvt.cuh"   // fp8x2_from_f32: fp8_from_f32's codes from the hardware conversion
+#include "fp8_cvt.cuh"   // fp8x2_from_f32 (fp8_from_f32's codes from the hardware conversion), transpose4x4
 #include "linear_fp8.h"  // FP8_GROUP
 
 #define FQ_G FP8_GROUP  // 128: slice length, tile side
@@ -407,18 +407,15 @@ static __device__ __forceinline__ void emit_qt_codes(const CodeTile &ct, uint8_t
     uint32_t col[4][4];  // col[h][b]: the codes of column 4 cq + h, rows rb + 4 b .. + 3 (low byte first)
 #pragma unroll
     for (int b = 0; b < 4; b++) {
-        uint32_t x[4];
+        uint32_t x[4], out[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = rb + 4 * b + i;
             x[i] = ct.w[r][code_word(r, cq)];
         }
-        const uint32_t lo01 = __byte_perm(x[0], x[1], 0x5140), hi01 = __byte_perm(x[0], x[1], 0x7362);
-        const uint32_t lo23 = __byte_perm(x[2], x[3], 0x5140), hi23 = __byte_perm(x[2], x[3], 0x7362);
-        col[0][b] = __byte_perm(lo01, lo23, 0x5410);
-        col[1][b] = __byte_perm(lo01, lo23, 0x7632);
-        col[2][b] = __byte_perm(hi01, hi23, 0x5410);
-        col[3][b] = __byte_perm(hi01, hi23, 0x7632);
+        transpose4x4(x[0], x[1], x[2], x[3], out);
+#pragma unroll
+        for (int h = 0; h < 4; h++) col[h][b] = out[h];
     }
     const bool vec = rows % 16 == 0 && ((uintptr_t)qt & 15) == 0 && (FULL || rb + 16 <= nr);
 #pragma unroll
