@@ -1,6 +1,7 @@
 // bench_fp8_gemm.cu: every GEMM of a model's linear layers at its training shape, in BF16
 // (matmul.h, cuBLASLt) and in both FP8 modes (linear_fp8_gpu.h: fp8_tensor per-tensor scales,
-// fp8_block 1x128 activations / gradients with 128x128 weights), TFLOP/s, on random inputs.
+// with promoted and with fast accumulation (precision.linear_fast_accum), fp8_block 1x128
+// activations / gradients with 128x128 weights), TFLOP/s, on random inputs.
 //
 // Shapes: N tokens per micro-batch (B x T) and, per block, qkv (3C x C), attention projection
 // (C x C), MLP in (2F x C), MLP out (C x F), plus the LM head (V_pad x C, on a chunk of the
@@ -55,9 +56,10 @@ int main(int argc, char **argv) {
     linear_fp8_gpu_init();
     printf("# bench_fp8_gemm %s on %s: N %d (head chunk %d), C %d, F %d, %d layers, V %d; TFLOP/s (x: vs bf16)\n", cfg,
            prop.name, N, chunk, C, F, L, V);
-    printf("| %s linear | GEMM | rows x cols x k | bf16 | fp8_tensor | x | fp8_block | x |\n", cfg);
-    printf("|---|---|---|---|---|---|---|---|\n");
-    double step_ms[3] = {0, 0, 0};
+    printf("| %s linear | GEMM | rows x cols x k | bf16 | fp8_tensor | x | fp8_tensor fast accum | x | fp8_block | x |\n",
+           cfg);
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    double step_ms[4] = {0, 0, 0, 0};  // bf16, fp8_tensor, fp8_tensor fast, fp8_block
     for (const Linear &l : lin) {
         const int n = l.name[0] == 'l' ? chunk : N, M = l.M, K = l.K;
         uint16_t *x = random_bf16((size_t)n * K, 1), *w = random_bf16((size_t)M * K, 2);
@@ -69,13 +71,15 @@ int main(int argc, char **argv) {
         CU(cudaMemset(dw, 0, (size_t)M * K * 4));
         const char *kinds[3] = {"forward", "dgrad", "wgrad"};
         const int shape[3][3] = {{n, M, K}, {n, K, M}, {M, K, n}};  // rows x cols of the output, k
-        double ms[3][3];  // [gemm][mode]
+        double ms[3][4];  // [gemm][mode]
         ms[0][0] = time_ms([&] { matmul_forward_gpu(y, x, w, n, M, K, 0, 0); });
         ms[1][0] = time_ms([&] { matmul_dgrad_gpu(dx, dy, w, n, M, K, 0, 0); });
         ms[2][0] = time_ms([&] { matmul_wgrad_gpu(dw, dy, x, n, M, K, 0); });
-        for (int mode = 1; mode <= 2; mode++) {  // fp8_tensor, fp8_block
-            const Fp8Grouping ag = mode == 1 ? FP8_GROUP_TENSOR : FP8_GROUP_1x128;
-            const Fp8Grouping wg = mode == 1 ? FP8_GROUP_TENSOR : FP8_GROUP_128x128;
+        for (int mode = 1; mode <= 3; mode++) {  // fp8_tensor, the same with fast accumulation, fp8_block
+            const bool tensor = mode <= 2;
+            const int fast = mode == 2;
+            const Fp8Grouping ag = tensor ? FP8_GROUP_TENSOR : FP8_GROUP_1x128;
+            const Fp8Grouping wg = tensor ? FP8_GROUP_TENSOR : FP8_GROUP_128x128;
             Fp8Operand qx, qxt, qw, qwt, qdy, qdyt;
             fp8_operand_alloc(&qx, n, K, ag, FP8_E4M3);
             fp8_operand_alloc(&qxt, K, n, ag, FP8_E4M3);
@@ -91,9 +95,9 @@ int main(int argc, char **argv) {
             for (int k = 0; k < 3; k++) {
                 void *out = k == 2 ? (void *)dw : (k == 1 ? (void *)dx : (void *)y);
                 ms[k][mode] = -1;
-                if (!fp8_gemm_gpu_supported(k == 2, lhs[k], rhs[k])) continue;
+                if (!fp8_gemm_gpu_supported(k == 2, fast, lhs[k], rhs[k])) continue;
                 int st = 0;
-                ms[k][mode] = time_ms([&] { st |= fp8_gemm_gpu(out, k == 2, k == 2, lhs[k], rhs[k], 0); });
+                ms[k][mode] = time_ms([&] { st |= fp8_gemm_gpu(out, k == 2, k == 2, fast, lhs[k], rhs[k], 0); });
                 if (st) ms[k][mode] = -1;
             }
             fp8_operand_free(&qx); fp8_operand_free(&qxt); fp8_operand_free(&qw);
@@ -101,19 +105,20 @@ int main(int argc, char **argv) {
         }
         for (int k = 0; k < 3; k++) {
             const double flop = 2.0 * shape[k][0] * (double)shape[k][1] * shape[k][2];
-            double tf[3];
-            for (int m = 0; m < 3; m++) {
+            double tf[4];
+            for (int m = 0; m < 4; m++) {
                 tf[m] = ms[k][m] > 0 ? flop / (ms[k][m] * 1e-3) / 1e12 : 0;
                 step_ms[m] += ms[k][m] > 0 ? ms[k][m] * l.count : 0;
             }
-            printf("| %s | %s | %d x %d x %d | %.0f | %.0f | %.2f | %.0f | %.2f |\n", l.name, kinds[k], shape[k][0],
-                   shape[k][1], shape[k][2], tf[0], tf[1], tf[0] > 0 ? tf[1] / tf[0] : 0, tf[2],
-                   tf[0] > 0 ? tf[2] / tf[0] : 0);
+            printf("| %s | %s | %d x %d x %d | %.0f |", l.name, kinds[k], shape[k][0], shape[k][1], shape[k][2], tf[0]);
+            for (int m = 1; m < 4; m++) printf(" %.0f | %.2f |", tf[m], tf[0] > 0 ? tf[m] / tf[0] : 0);
+            printf("\n");
         }
         CU(cudaFree(x)); CU(cudaFree(w)); CU(cudaFree(dy)); CU(cudaFree(y)); CU(cudaFree(dx)); CU(cudaFree(dw));
     }
-    printf("| **all linears, ms / step** | | | %.2f ms | %.2f ms | %.2f | %.2f ms | %.2f |\n", step_ms[0], step_ms[1],
-           step_ms[0] / step_ms[1], step_ms[2], step_ms[0] / step_ms[2]);
+    printf("| **all linears, ms / step** | | | %.2f ms |", step_ms[0]);
+    for (int m = 1; m < 4; m++) printf(" %.2f ms | %.2f |", step_ms[m], step_ms[0] / step_ms[m]);
+    printf("\n");
     printf("# ms / step: each GEMM's time times its count in one step of %d tokens (GEMMs only, no quantization);\n"
            "# the x columns of that row are bf16 time / FP8 time\n", N);
 
@@ -141,9 +146,9 @@ int main(int argc, char **argv) {
             fp8_quantize_gpu(&qxt, NULL, xt, K, n, NULL, 0);
             CU(cudaDeviceSynchronize());
             tf[v] = 0;
-            if (fp8_gemm_gpu_supported(1, &qdyt, &qxt)) {
+            if (fp8_gemm_gpu_supported(1, 0, &qdyt, &qxt)) {
                 int st = 0;
-                const double ms = time_ms([&] { st |= fp8_gemm_gpu(dw, 1, 1, &qdyt, &qxt, 0); });
+                const double ms = time_ms([&] { st |= fp8_gemm_gpu(dw, 1, 1, 0, &qdyt, &qxt, 0); });
                 if (!st) tf[v] = flop / (ms * 1e-3) / 1e12;
             }
             fp8_operand_free(&qdyt); fp8_operand_free(&qxt);

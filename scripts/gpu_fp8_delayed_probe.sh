@@ -5,8 +5,7 @@
 #      test_linear_fp8_gpu's quantization part;
 #   2. bench_fp8_quant at paper_569m's shapes: the per-tensor fused layers ("delayed: ...")
 #      against today's fp8_tensor path ("tensor: ... + amax, quantize") and the BF16 layers;
-#   3. bench_fp8_gemm paper_569m with promoted and with fast accumulation (LINEAR_FP8_FAST_ACCUM,
-#      per-tensor GEMMs only);
+#   3. bench_fp8_gemm paper_569m (its fp8_tensor columns: promoted and fast accumulation);
 #   4. the tables last. Logs in $OUT (default /tmp/gpu_fp8_delayed_probe_out). About 2 minutes.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -19,10 +18,8 @@ build_or_die build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu bui
 export FP8_TEST_QUANT_ONLY=1
 for t in test_layers_fp8_gpu test_linear_fp8_gpu; do run_test "$t"; done
 build/bench/bench_fp8_quant >"$OUT/quant.md" 2>&1
-build/bench/bench_fp8_gemm paper_569m 16384 1536 3968 15 >"$OUT/gemm_promoted.md" 2>&1
-LINEAR_FP8_FAST_ACCUM=1 build/bench/bench_fp8_gemm paper_569m 16384 1536 3968 15 >"$OUT/gemm_fast.md" 2>&1
+build/bench/bench_fp8_gemm paper_569m 16384 1536 3968 15 >"$OUT/gemm.md" 2>&1
 echo "== summary ($(elapsed) s)"
 print_summary
 cat "$OUT/quant.md"
-echo "== GEMMs, promoted accumulation"; cat "$OUT/gemm_promoted.md"
-echo "== GEMMs, fast accumulation (per tensor)"; cat "$OUT/gemm_fast.md"
+echo "== GEMMs"; cat "$OUT/gemm.md"

@@ -26,7 +26,8 @@
 #   RUNS="name:linear:attention:seed[:VAR=value] ..." replaces the list of runs (linear "fp8_block+head":
 #   the LM head in FP8 too; the optional
 #   fifth field is an environment variable for that run, or a config setting when its name has a
-#   dot, e.g. precision.linear_wgrad_blocks=activation; strings are quoted for --set), e.g. FP8 attention too:
+#   dot, e.g. precision.linear_wgrad_blocks=activation, or several joined by commas; strings are quoted
+#   for --set), e.g. FP8 attention too:
 #   RUNS="bf16:bf16:bf16:42 attn_dm:bf16:fp8_dm:42 all_fp8:fp8_tensor:fp8_dm:42 bf16_seed43:bf16:bf16:43";
 #   the first run is the baseline of the ratios, a run named bf16_seed43 gives the seed noise)
 set -u
@@ -74,11 +75,12 @@ fi
 run() {
   local name=$1 lin=$2 seed=$3 attn=${4:-bf16} dir=$WORK/run_$1 head=true extra=()
   case "$lin" in *+head) lin=${lin%+head}; head=false;; esac
-  if [ -n "${5:-}" ]; then  # a config setting: numbers and booleans as they are, anything else a JSON string
-    local key=${5%%=*} val=${5#*=}
+  local kv key val
+  for kv in ${5:+${5//,/ }}; do  # config settings: numbers and booleans as they are, anything else a JSON string
+    key=${kv%%=*} val=${kv#*=}
     [[ "$val" =~ ^(true|false|-?[0-9.]+)$ ]] || val="\"$val\""
-    extra=(--set "$key=$val")
-  fi
+    extra+=(--set "$key=$val")
+  done
   set -- --config "$CONFIG" --device gpu --set train.micro_batch="$MB" --set train.batch_tokens="$BATCH_TOKENS" \
     --set train.steps="$STEPS" --set train.warmup_steps=5 --set train.recompute=false --set train.seed="$seed" \
     --set "precision.linear=\"$lin\"" --set "precision.linear_keep_lm_head_bf16=$head" \

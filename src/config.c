@@ -38,6 +38,7 @@ const char *const SCALING_NAMES[] = {"block", "delayed", NULL};
 const char *const LINEAR_NAMES[] = {"bf16", "fp8_tensor", "fp8_block", NULL};
 const char *const WGRAD_BLOCKS_NAMES[] = {"none", "activation", "gradient", NULL};
 const char *const LINEAR_SCALING_NAMES[] = {"current", "delayed", NULL};
+const char *const FAST_ACCUM_NAMES[] = {"none", "forward", "all", NULL};
 
 int count_names(const char *const *names) {
     int n = 0;
@@ -128,6 +129,7 @@ static const KeyDef PRECISION_KEYS[] = {
     KEY_ENUM(precision, linear_wgrad_blocks, WGRAD_BLOCKS_NAMES),
     KEY_ENUM(precision, linear_scaling, LINEAR_SCALING_NAMES),
     KEY(precision, linear_amax_history, KIND_INT),
+    KEY_ENUM(precision, linear_fast_accum, FAST_ACCUM_NAMES),
 };
 static const KeyDef EVAL_KEYS[] = {
     KEY(eval, interval, KIND_INT), KEY(eval, batches, KIND_INT),
@@ -230,6 +232,7 @@ void config_defaults(Config *c) {
     p->linear_wgrad_blocks = WGRAD_BLOCKS_NONE;
     p->linear_scaling = LINEAR_SCALING_CURRENT;
     p->linear_amax_history = 16;
+    p->linear_fast_accum = FAST_ACCUM_NONE;
     c->eval.interval = 100;
     c->eval.batches = 10;
     c->eval.sample_interval = 0;

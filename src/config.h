@@ -22,7 +22,8 @@
 //                 linear_bf16_last_layers (0), linear_wgrad_blocks ("none" | "activation" |
 //                 "gradient": fp8_block's wgrad operand in 128x128 blocks), linear_scaling
 //                 ("current" | "delayed": fp8_tensor's scales from an amax history),
-//                 linear_amax_history (16)
+//                 linear_amax_history (16), linear_fast_accum ("none" | "forward" | "all":
+//                 fp8_tensor GEMMs without FP32 promotion, GPU only)
 //   eval          interval (steps; 0 = only at the end), batches, sample_interval (0 = off),
 //                 sample_tokens
 //   checkpoint    dir ("" = <log.dir>/checkpoints), interval (steps; 0 = only at the end),
@@ -72,6 +73,9 @@ typedef enum { WGRAD_BLOCKS_NONE = 0, WGRAD_BLOCKS_ACTIVATION, WGRAD_BLOCKS_GRAD
 // fp8_tensor's activation and gradient scales: from the tensor itself (current), or from the
 // amax history of the previous micro-batches (delayed, Transformer Engine's DelayedScaling).
 typedef enum { LINEAR_SCALING_CURRENT = 0, LINEAR_SCALING_DELAYED } LinearScaling;
+// Which fp8_tensor GEMMs accumulate without cuBLASLt's periodic promotion to FP32 (FAST_ACCUM):
+// none, the forward only (Transformer Engine's default), or all three.
+typedef enum { FAST_ACCUM_NONE = 0, FAST_ACCUM_FORWARD, FAST_ACCUM_ALL } FastAccum;
 
 typedef struct {
     int vocab_size;         // real vocabulary (GPT-2: 50257)
@@ -124,6 +128,7 @@ typedef struct {
     WgradBlocks linear_wgrad_blocks;   // fp8_block: which wgrad operand is quantized in 128x128 blocks
     LinearScaling linear_scaling;      // fp8_tensor: current or delayed scales for x and dy
     int linear_amax_history;           // delayed: micro-batches of amax history per tensor
+    FastAccum linear_fast_accum;       // fp8_tensor, GPU: GEMMs with fast (unpromoted) accumulation
 } PrecisionConfig;
 
 typedef struct {

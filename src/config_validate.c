@@ -117,8 +117,13 @@ static int validate_precision(const Config *c, ErrBuf *e) {
         check_enum(c, "precision.linear_grad_format", (int)p->linear_grad_format, GRADFMT_NAMES, e) ||
         check_enum(c, "precision.linear_wgrad_blocks", (int)p->linear_wgrad_blocks, WGRAD_BLOCKS_NAMES, e) ||
         check_enum(c, "precision.linear_scaling", (int)p->linear_scaling, LINEAR_SCALING_NAMES, e) ||
-        range_int(c, "precision.linear_amax_history", p->linear_amax_history, 1, 64, e))
+        range_int(c, "precision.linear_amax_history", p->linear_amax_history, 1, 64, e) ||
+        check_enum(c, "precision.linear_fast_accum", (int)p->linear_fast_accum, FAST_ACCUM_NAMES, e))
         return -1;
+    if (p->linear_fast_accum != FAST_ACCUM_NONE && p->linear != LINEAR_FP8_TENSOR)
+        return errf(e, "%s: precision.linear_fast_accum: \"%s\" needs precision.linear = \"fp8_tensor\" (cuBLASLt always "
+                    "promotes block-scaled FP8 sums to FP32), got linear = \"%s\"; use \"none\"", label(c),
+                    FAST_ACCUM_NAMES[p->linear_fast_accum], LINEAR_NAMES[p->linear]);
     if (p->linear_scaling == LINEAR_SCALING_DELAYED && p->linear != LINEAR_FP8_TENSOR)
         return errf(e, "%s: precision.linear_scaling: \"delayed\" needs precision.linear = \"fp8_tensor\" (fp8_block's "
                     "scales come from each 1x128 slice or 128x128 block itself), got linear = \"%s\"; use \"current\"",

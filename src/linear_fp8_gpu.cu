@@ -23,7 +23,6 @@
 #include <cublasLt.h>      // the cuBLASLt API
 #include <cuda_runtime.h>  // cudaMalloc, launches
 #include <stdint.h>        // uintptr_t
-#include <stdlib.h>        // getenv, atoi (the fast-accumulation experiment)
 #include <string.h>        // memset
 
 #include "common.h"      // FATAL
@@ -476,7 +475,8 @@ typedef struct {
     int a_fmt, b_fmt;  // Fp8Format of A (rhs) and B (lhs)
     int a_grp, b_grp;  // Fp8Grouping
     int out_fp32;
-    int align_c;  // bytes, power of two <= 256
+    int fast_accum;  // CUBLASLT_MATMUL_DESC_FAST_ACCUM (per-tensor operands only)
+    int align_c;     // bytes, power of two <= 256
 } Fp8GemmKey;
 
 typedef struct {
@@ -533,10 +533,7 @@ static cublasStatus_t plan_build(Fp8GemmPlan *p, const Fp8GemmKey *k, const floa
     p->key = *k;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;  // TN: the only FP8 layout
     const int32_t mode_a = scale_mode(k->a_grp), mode_b = scale_mode(k->b_grp);
-    // promoted accumulation (block scaling forces it anyway); LINEAR_FP8_FAST_ACCUM=1 is a timing
-    // experiment for per-tensor GEMMs (bench_fp8_gemm), not a training option
-    static const int fast_env = getenv("LINEAR_FP8_FAST_ACCUM") && atoi(getenv("LINEAR_FP8_FAST_ACCUM")) == 1;
-    const int8_t fast_accum = fast_env && k->a_grp == FP8_GROUP_TENSOR && k->b_grp == FP8_GROUP_TENSOR;
+    const int8_t fast_accum = (int8_t)k->fast_accum;  // (gemm_key: per-tensor operands only)
     CUBLASLT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
@@ -571,7 +568,8 @@ static Fp8GemmPlan *plan_get(const Fp8GemmKey *k, const float *a_scales, const f
 }
 
 // The key of out (n, m) = lhs (n, k) . rhs (m, k)^T; misuse is FATAL.
-static Fp8GemmKey gemm_key(const void *out, int out_fp32, const Fp8Operand *lhs, const Fp8Operand *rhs) {
+static Fp8GemmKey gemm_key(const void *out, int out_fp32, int fast_accum, const Fp8Operand *lhs,
+                           const Fp8Operand *rhs) {
     if (!handle) FATAL("linear_fp8 GEMM used before linear_fp8_gpu_init() (hint: call it once at start)");
     if (lhs->cols != rhs->cols)
         FATAL("fp8_gemm_gpu: reductions differ: lhs (%d, %d), rhs (%d, %d)", lhs->rows, lhs->cols, rhs->rows, rhs->cols);
@@ -587,6 +585,9 @@ static Fp8GemmKey gemm_key(const void *out, int out_fp32, const Fp8Operand *lhs,
     if ((lhs->grouping == FP8_GROUP_1x128 && lhs->rows % 4) || (rhs->grouping == FP8_GROUP_1x128 && rhs->rows % 4))
         FATAL("fp8_gemm_gpu: a 1x128-scaled operand has %d rows, not a multiple of 4 (the VEC128 scale layout is "
               "only known for those)", lhs->grouping == FP8_GROUP_1x128 && lhs->rows % 4 ? lhs->rows : rhs->rows);
+    if (fast_accum && (lhs->grouping != FP8_GROUP_TENSOR || rhs->grouping != FP8_GROUP_TENSOR))
+        FATAL("fp8_gemm_gpu: fast accumulation with groupings %d x %d (hint: per-tensor operands only; cuBLASLt "
+              "promotes block-scaled sums to FP32 always)", (int)lhs->grouping, (int)rhs->grouping);
     if (pointer_alignment(lhs->codes) < 16 || pointer_alignment(rhs->codes) < 16)
         FATAL("fp8_gemm_gpu: FP8 codes must be 16-byte aligned (hint: fp8_operand_alloc)");
     Fp8GemmKey k;
@@ -599,19 +600,20 @@ static Fp8GemmKey gemm_key(const void *out, int out_fp32, const Fp8Operand *lhs,
     k.a_grp = rhs->grouping;
     k.b_grp = lhs->grouping;
     k.out_fp32 = out_fp32 ? 1 : 0;
+    k.fast_accum = fast_accum ? 1 : 0;
     k.align_c = pointer_alignment(out);
     return k;
 }
 
-int fp8_gemm_gpu_supported(int out_fp32, const Fp8Operand *lhs, const Fp8Operand *rhs) {
-    const Fp8GemmKey k = gemm_key((const void *)(uintptr_t)256, out_fp32, lhs, rhs);  // any aligned output
+int fp8_gemm_gpu_supported(int out_fp32, int fast_accum, const Fp8Operand *lhs, const Fp8Operand *rhs) {
+    const Fp8GemmKey k = gemm_key((const void *)(uintptr_t)256, out_fp32, fast_accum, lhs, rhs);  // any aligned output
     cublasStatus_t st;
     return plan_get(&k, rhs->scales, lhs->scales, &st) != NULL;
 }
 
-int fp8_gemm_gpu(void *out, int out_fp32, int accumulate, const Fp8Operand *lhs, const Fp8Operand *rhs,
-                 cudaStream_t stream) {
-    const Fp8GemmKey k = gemm_key(out, out_fp32, lhs, rhs);
+int fp8_gemm_gpu(void *out, int out_fp32, int accumulate, int fast_accum, const Fp8Operand *lhs,
+                 const Fp8Operand *rhs, cudaStream_t stream) {
+    const Fp8GemmKey k = gemm_key(out, out_fp32, fast_accum, lhs, rhs);
     cublasStatus_t st;
     Fp8GemmPlan *p = plan_get(&k, rhs->scales, lhs->scales, &st);
     if (!p) return (int)st;
@@ -621,21 +623,24 @@ int fp8_gemm_gpu(void *out, int out_fp32, int accumulate, const Fp8Operand *lhs,
                                &p->algo, workspace, MATMUL_WORKSPACE_BYTES, stream);
 }
 
-static void gemm_or_die(const char *what, void *out, int out_fp32, int accumulate, const Fp8Operand *lhs,
-                        const Fp8Operand *rhs, cudaStream_t stream) {
-    const int st = fp8_gemm_gpu(out, out_fp32, accumulate, lhs, rhs, stream);
+static void gemm_or_die(const char *what, void *out, int out_fp32, int accumulate, int fast_accum,
+                        const Fp8Operand *lhs, const Fp8Operand *rhs, cudaStream_t stream) {
+    const int st = fp8_gemm_gpu(out, out_fp32, accumulate, fast_accum, lhs, rhs, stream);
     if (st != CUBLAS_STATUS_SUCCESS)
         FATAL("linear_fp8 %s GEMM (%d, %d) . (%d, %d)^T, groupings %d x %d, formats %d x %d failed: %s (%s)", what,
               lhs->rows, lhs->cols, rhs->rows, rhs->cols, (int)lhs->grouping, (int)rhs->grouping, (int)lhs->fmt,
               (int)rhs->fmt, cublasLtGetStatusName((cublasStatus_t)st), cublaslt_error_hint((cublasStatus_t)st));
 }
 
-void linear_fp8_forward_gpu(uint16_t *y, const Fp8Operand *x, const Fp8Operand *w, cudaStream_t stream) {
-    gemm_or_die("forward", y, 0, 0, x, w, stream);
+void linear_fp8_forward_gpu(uint16_t *y, const Fp8Operand *x, const Fp8Operand *w, int fast_accum,
+                            cudaStream_t stream) {
+    gemm_or_die("forward", y, 0, 0, fast_accum, x, w, stream);
 }
-void linear_fp8_dgrad_gpu(uint16_t *dx, const Fp8Operand *dy, const Fp8Operand *wt, cudaStream_t stream) {
-    gemm_or_die("dgrad", dx, 0, 0, dy, wt, stream);
+void linear_fp8_dgrad_gpu(uint16_t *dx, const Fp8Operand *dy, const Fp8Operand *wt, int fast_accum,
+                          cudaStream_t stream) {
+    gemm_or_die("dgrad", dx, 0, 0, fast_accum, dy, wt, stream);
 }
-void linear_fp8_wgrad_gpu(float *dw, const Fp8Operand *dyt, const Fp8Operand *xt, int accumulate, cudaStream_t stream) {
-    gemm_or_die("wgrad", dw, 1, accumulate, dyt, xt, stream);
+void linear_fp8_wgrad_gpu(float *dw, const Fp8Operand *dyt, const Fp8Operand *xt, int accumulate, int fast_accum,
+                          cudaStream_t stream) {
+    gemm_or_die("wgrad", dw, 1, accumulate, fast_accum, dyt, xt, stream);
 }

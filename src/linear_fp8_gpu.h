@@ -88,25 +88,30 @@ void fp8_scales_to_rowmajor(float *s_rowmajor, const float *dev_layout, Fp8Group
 void linear_fp8_gpu_init(void);
 void linear_fp8_gpu_shutdown(void);
 
-// out (n, m) = lhs (n, k) . rhs (m, k)^T (+ out when accumulate), FP32 accumulation with
-// promoted (not fast) accumulation. out is BF16 (out_fp32 = 0) or FP32. Returns the cuBLASLt
+// out (n, m) = lhs (n, k) . rhs (m, k)^T (+ out when accumulate), FP32 accumulation, promoted
+// to FP32 every few k steps by cuBLASLt unless fast_accum (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the
+// tensor cores' own accumulator throughout; per-tensor operands only, block scaling always
+// promotes: FATAL otherwise). out is BF16 (out_fp32 = 0) or FP32. Returns the cuBLASLt
 // status (0 = CUBLAS_STATUS_SUCCESS); misuse (shapes that do not chain, E5M2 x E5M2, 128x128 x
 // 128x128, k not a multiple of 16, codes not 16-byte aligned, a 1x128 operand whose rows are
 // not a multiple of 4) is FATAL. k = lhs->cols must be a multiple of 16 (cuBLASLt's FP8
 // leading-dimension rule); in a linear layer N, M and K each reduce one of the three GEMMs, so
 // all three must be multiples of 16.
-int fp8_gemm_gpu(void *out, int out_fp32, int accumulate, const Fp8Operand *lhs, const Fp8Operand *rhs,
-                 cudaStream_t stream);
+int fp8_gemm_gpu(void *out, int out_fp32, int accumulate, int fast_accum, const Fp8Operand *lhs,
+                 const Fp8Operand *rhs, cudaStream_t stream);
 // 1 when cuBLASLt has an algorithm for this product (plans it; for tests and start-up checks).
-int fp8_gemm_gpu_supported(int out_fp32, const Fp8Operand *lhs, const Fp8Operand *rhs);
+int fp8_gemm_gpu_supported(int out_fp32, int fast_accum, const Fp8Operand *lhs, const Fp8Operand *rhs);
 
-// The three GEMMs of a linear layer; a cuBLASLt failure is FATAL.
+// The three GEMMs of a linear layer (fast_accum as fp8_gemm_gpu's: precision.linear_fast_accum);
+// a cuBLASLt failure is FATAL.
 // y (N, M) BF16 = x (N, K) . w (M, K)^T
-void linear_fp8_forward_gpu(uint16_t *y, const Fp8Operand *x, const Fp8Operand *w, cudaStream_t stream);
+void linear_fp8_forward_gpu(uint16_t *y, const Fp8Operand *x, const Fp8Operand *w, int fast_accum,
+                            cudaStream_t stream);
 // dx (N, K) BF16 = dy (N, M) . wt (K, M)^T        (wt = Q(W^T))
-void linear_fp8_dgrad_gpu(uint16_t *dx, const Fp8Operand *dy, const Fp8Operand *wt, cudaStream_t stream);
+void linear_fp8_dgrad_gpu(uint16_t *dx, const Fp8Operand *dy, const Fp8Operand *wt, int fast_accum,
+                          cudaStream_t stream);
 // dw (M, K) FP32 (+)= dyt (M, N) . xt (K, N)^T    (dyt = Q(dy^T), xt = Q(x^T))
-void linear_fp8_wgrad_gpu(float *dw, const Fp8Operand *dyt, const Fp8Operand *xt, int accumulate,
+void linear_fp8_wgrad_gpu(float *dw, const Fp8Operand *dyt, const Fp8Operand *xt, int accumulate, int fast_accum,
                           cudaStream_t stream);
 
 // Plans created so far (a repeated shape must not add one).

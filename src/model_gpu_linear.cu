@@ -88,6 +88,13 @@ static LinearPrecision lin_prec(const GpuModel *m, int layer) {
     return linear_precision_of(&m->cfg.precision, m->cfg.model.n_layer, layer);
 }
 // Output gradients: linear_grad_format with fp8_tensor, E4M3 with fp8_block (as linear_fp8_init).
+// Whether a GEMM of an FP8 linear in precision p accumulates without FP32 promotion
+// (precision.linear_fast_accum; fp8_tensor only): the forward's (backward 0) or the dgrad's and
+// wgrad's (backward 1).
+static int fast_accum(const GpuModel *m, LinearPrecision p, int backward) {
+    const FastAccum f = m->cfg.precision.linear_fast_accum;
+    return p == LINEAR_FP8_TENSOR && (f == FAST_ACCUM_ALL || (f == FAST_ACCUM_FORWARD && !backward));
+}
 static Fp8Format grad_format(const GpuModel *m) {
     const PrecisionConfig *p = &m->cfg.precision;
     return p->linear == LINEAR_FP8_TENSOR && p->linear_grad_format == GRADFMT_E5M2 ? FP8_E5M2 : FP8_E4M3;
@@ -191,7 +198,7 @@ void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x,
         d->xt8_n[li] = 0;
     }
     d->x_in_slot0 = NULL;
-    linear_fp8_forward_gpu(y, &xq, &d->w8[li], d->stream);
+    linear_fp8_forward_gpu(y, &xq, &d->w8[li], fast_accum(m, p, 0), d->stream);
     d->fp8_gemms++;
 }
 
@@ -209,7 +216,7 @@ void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy,
     if (d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M)  // not made by lin_wgrad
         quantize_operand(m, layer, li, 1, &dyq, NULL, dy, N, M);
     d->dy_in_slot0 = NULL;
-    linear_fp8_dgrad_gpu(dx, &dyq, &d->wt8[li], d->stream);  // W^T (K, M)
+    linear_fp8_dgrad_gpu(dx, &dyq, &d->wt8[li], fast_accum(m, p, 1), d->stream);  // W^T (K, M)
     d->fp8_gemms++;
 }
 
@@ -241,7 +248,7 @@ void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf1
         d->dy_in_slot0_m = M;
     }
     d->dyt_in_slot1 = NULL;
-    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, d->stream);
+    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, fast_accum(m, p, 1), d->stream);
     d->fp8_gemms++;
 }
 
@@ -283,7 +290,7 @@ void head_fp8_forward(GpuModel *m, bf16 *logits, const bf16 *hf, int n, int want
     fp8_quantize_gpu(&xq, want_grad ? &xt : NULL, hf, n, C, NULL, d->stream);
     d->x_in_slot0 = NULL;  // slots 0 and 1 now hold the head's operands
     d->dy_in_slot0 = d->dyt_in_slot1 = NULL;
-    linear_fp8_forward_gpu(logits, &xq, &d->head_w8, d->stream);
+    linear_fp8_forward_gpu(logits, &xq, &d->head_w8, 0, d->stream);  // (1x128: always promoted)
     d->fp8_gemms++;
 }
 void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n) {
@@ -295,8 +302,8 @@ void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, i
     Fp8Operand xt = d->head_xt;
     xt.cols = n;
     fp8_quantize_gpu(&dyq, &dyt, dlogits, n, Vp, NULL, d->stream);
-    linear_fp8_dgrad_gpu(dhf, &dyq, &d->head_wt8, d->stream);  // W^T (C, Vp)
-    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, d->stream);
+    linear_fp8_dgrad_gpu(dhf, &dyq, &d->head_wt8, 0, d->stream);  // W^T (C, Vp)
+    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, 0, d->stream);
     d->fp8_gemms += 2;
 }
 

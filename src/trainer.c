@@ -432,6 +432,10 @@ static void print_plan(const Run *r, long long start_step) {
            linear_precision_name(c->precision.linear));
     if (c->precision.linear_scaling == LINEAR_SCALING_DELAYED)
         printf(" (delayed scaling, %d micro-batches of amax history)", c->precision.linear_amax_history);
+    if (c->precision.linear_fast_accum != FAST_ACCUM_NONE)
+        printf(" (fast accumulation: %s GEMMs%s)",
+               c->precision.linear_fast_accum == FAST_ACCUM_FORWARD ? "forward" : "all",
+               r->be.kind == DEVICE_CPU ? "; GPU only, the CPU backend sums in FP32" : "");
     printf(" | ");
     if (r->be.kind == DEVICE_CPU) printf("memory: params, grads, AdamW m and v 4 x %.1f MB fp32\n", n_params * 4 / 1e6);
     else printf("memory: the GPU memory plan above\n");

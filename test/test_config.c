@@ -67,7 +67,8 @@ static void test_defaults(void) {
           p->attention_block_q == 128 && p->attention_block_k == 128 && p->attention_keep_codes == 1 &&
           p->linear == LINEAR_BF16 &&
           p->linear_grad_format == GRADFMT_E4M3 && p->linear_wgrad_blocks == WGRAD_BLOCKS_NONE &&
-          p->linear_scaling == LINEAR_SCALING_CURRENT && p->linear_amax_history == 16,
+          p->linear_scaling == LINEAR_SCALING_CURRENT && p->linear_amax_history == 16 &&
+          p->linear_fast_accum == FAST_ACCUM_NONE,
           "defaults precision", "attention %d", (int)p->attention);
     CHECK(c.eval.interval == 100 && c.eval.batches == 10 && c.eval.sample_interval == 0 && c.eval.sample_tokens == 64 &&
           c.checkpoint.dir[0] == 0 && c.checkpoint.interval == 0 && c.checkpoint.keep == 3 && c.checkpoint.at_end == 1 && c.log.dir[0] == 0 &&
@@ -214,6 +215,11 @@ static void test_ranges(void) {
     REJECTS("linear_amax_history range", "{" MODEL_OK ", \"precision\": {\"linear\": \"fp8_tensor\", "
             "\"linear_scaling\": \"delayed\", \"linear_amax_history\": 65}}", "precision.linear_amax_history", "64",
             "65");
+    REJECTS("linear_fast_accum names", "{" MODEL_OK ", \"precision\": {\"linear\": \"fp8_tensor\", "
+            "\"linear_fast_accum\": \"dgrad\"}}", "precision.linear_fast_accum", "\"forward\"", "dgrad");
+    REJECTS("linear_fast_accum only with fp8_tensor", "{" MODEL_OK ", \"precision\": {\"linear\": \"fp8_block\", "
+            "\"linear_fast_accum\": \"forward\"}}", "precision.linear_fast_accum",
+            "needs precision.linear = \"fp8_tensor\"", "fp8_block");
     REJECTS("linear_wgrad_blocks only with fp8_block", "{" MODEL_OK ", \"precision\": {\"linear\": \"fp8_tensor\", "
             "\"linear_wgrad_blocks\": \"gradient\"}}", "precision.linear_wgrad_blocks", "needs precision.linear = \"fp8_block\"",
             "got linear = \"fp8_tensor\"");
@@ -347,6 +353,7 @@ static void random_config(Config *c, int i) {
     p->linear_wgrad_blocks = p->linear == LINEAR_FP8_BLOCK ? (WgradBlocks)rng_int(0, 2) : WGRAD_BLOCKS_NONE;
     p->linear_scaling = p->linear == LINEAR_FP8_TENSOR ? (LinearScaling)rng_int(0, 1) : LINEAR_SCALING_CURRENT;
     p->linear_amax_history = rng_int(1, 64);
+    p->linear_fast_accum = p->linear == LINEAR_FP8_TENSOR ? (FastAccum)rng_int(0, 2) : FAST_ACCUM_NONE;
     c->train.zero1 = rng_int(0, 1);
     c->train.comm_timeout_s = 0.5 + rng_int(0, 1000);
     c->train.overlap_comm = rng_int(0, 1);
@@ -401,7 +408,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 20, 16, 4, 4, 3, 3};
+    const int expected[] = {12, 4, 20, 17, 4, 4, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];

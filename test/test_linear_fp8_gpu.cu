@@ -190,12 +190,13 @@ static void report(const Err &e, const Err *rounded, double tol, const char *wha
 }
 
 // Runs out = lhs . rhs^T through fp8_gemm_gpu, turning "no algorithm" or a failed call into a
-// FAIL line instead of ending the program; returns 1 when it ran.
-static int run_gemm(const char *nm, void *out, int out_fp32, int acc, const Fp8Operand *lhs, const Fp8Operand *rhs) {
-    const int sup = fp8_gemm_gpu_supported(out_fp32, lhs, rhs);
+// FAIL line instead of ending the program; returns 1 when it ran. fast: fast accumulation.
+static int run_gemm(const char *nm, void *out, int out_fp32, int acc, const Fp8Operand *lhs, const Fp8Operand *rhs,
+                    int fast = 0) {
+    const int sup = fp8_gemm_gpu_supported(out_fp32, fast, lhs, rhs);
     int st = -1;
     if (sup) {
-        st = fp8_gemm_gpu(out, out_fp32, acc, lhs, rhs, 0);
+        st = fp8_gemm_gpu(out, out_fp32, acc, fast, lhs, rhs, 0);
         CU(cudaDeviceSynchronize());
     }
     if (!sup || st != 0)
@@ -260,6 +261,20 @@ static void test_gemms(int N, int M, int K, LinearPrecision prec, GradFormat gf)
     linear_forward(&L, prec, ref.data(), xf.data(), wf.data(), N, M, K, 0);
     snprintf(nm, sizeof nm, "fp8 gemm %s forward runs N=%d M=%d K=%d", mode, N, M, K);
     if (run_gemm(nm, d_y, 0, 0, &qx, &qw)) check_bf16_out(d_y, "forward (bf16 out)");
+    if (prec == LINEAR_FP8_TENSOR) {  // precision.linear_fast_accum: the tensor cores' accumulator throughout
+        Bf promoted = back(d_y, ref.size());
+        snprintf(nm, sizeof nm, "fp8 gemm %s forward fast accumulation runs N=%d M=%d K=%d", mode, N, M, K);
+        if (run_gemm(nm, d_y, 0, 0, &qx, &qw, 1)) {
+            Bf got = back(d_y, ref.size());
+            Err e;
+            for (size_t i = 0; i < got.size(); i++) e.add(bf16_to_f32(got[i]), ref[i]);
+            report(e, NULL, 1e-2, "forward, fast accumulation", mode, N, M, K);
+            long differ = 0;
+            for (size_t i = 0; i < got.size(); i++) differ += got[i] != promoted[i];
+            printf("#   fast accumulation: %ld of %zu outputs differ from the promoted GEMM's (K %d)\n", differ,
+                   got.size(), K);
+        }
+    }
     ref.assign((size_t)N * K, 0.0f);
     linear_dgrad(&L, prec, ref.data(), dyf32.data(), wf.data(), N, M, K, 0);
     snprintf(nm, sizeof nm, "fp8 gemm %s dgrad runs N=%d M=%d K=%d", mode, N, M, K);
@@ -344,12 +359,12 @@ static void timing(int n) {
         const Fp8Operand *lhs[3] = {&qx, &qdy, &qdyt}, *rhs[3] = {&qw, &qwt, &qxt};
         for (int k = 0; k < 3; k++) {
             void *out = k == 2 ? (void *)dw : (void *)y;
-            if (!fp8_gemm_gpu_supported(k == 2, lhs[k], rhs[k])) {
+            if (!fp8_gemm_gpu_supported(k == 2, 0, lhs[k], rhs[k])) {
                 printf("# timing %-15s %s %d^3  no cuBLASLt algorithm\n", name, kinds[k], n);
                 continue;
             }
             int st = 0;
-            ms = time_ms([&] { st |= fp8_gemm_gpu(out, k == 2, k == 2, lhs[k], rhs[k], 0); });
+            ms = time_ms([&] { st |= fp8_gemm_gpu(out, k == 2, k == 2, 0, lhs[k], rhs[k], 0); });
             printf("# timing %-15s %s %d^3  %8.3f ms  %6.0f TFLOP/s%s\n", name, kinds[k], n, ms,
                    flop / (ms * 1e-3) / 1e12, st ? "  (cublasLtMatmul FAILED)" : "");
         }

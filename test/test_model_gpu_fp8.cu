@@ -893,9 +893,9 @@ static void linear_breakdown(const char *shape, const char *json) {
             double qx = time_ms([&] { fp8_quantize_gpu(&xq, &xt, x, N, K, NULL, st); });
             double qdy = time_ms([&] { fp8_quantize_gpu(&dyq, &dyt, dy, N, M, NULL, st); });
             double qw = time_ms([&] { fp8_quantize_gpu(&wq, &wt, w, M, K, NULL, st); });
-            double gf = time_ms([&] { linear_fp8_forward_gpu(y, &xq, &wq, st); });
-            double gd = time_ms([&] { linear_fp8_dgrad_gpu(dx, &dyq, &wt, st); });
-            double gw = time_ms([&] { linear_fp8_wgrad_gpu(dw, &dyt, &xt, 1, st); });
+            double gf = time_ms([&] { linear_fp8_forward_gpu(y, &xq, &wq, 0, st); });
+            double gd = time_ms([&] { linear_fp8_dgrad_gpu(dx, &dyq, &wt, 0, st); });
+            double gw = time_ms([&] { linear_fp8_wgrad_gpu(dw, &dyt, &xt, 1, 0, st); });
             printf("#   %-10s %-8s (M %5d, K %5d): bf16 GEMMs %.3f | fp8 GEMMs fwd %.3f dgrad %.3f wgrad %.3f = %.3f "
                    "(%.2fx) | quantize x %.3f dy %.3f W %.3f | fp8 total %.3f (%.2fx bf16)\n",
                    linear_precision_name(p), names[i], M, K, b, gf, gd, gw, gf + gd + gw, b / (gf + gd + gw), qx, qdy,
@@ -1020,6 +1020,10 @@ int main(void) {
                            "precision.linear_grad_format=\"e5m2\""};
     run_mode("fp8_tensor delayed", make_config(TINY_JSON, ov_td, 2), bt, STEPS, 3e-2, &ref);
     run_mode("fp8_tensor delayed e5m2", make_config(TINY_JSON, ov_td, 3), bt, 0, 5e-2, &ref);
+    // fast accumulation in every fp8_tensor GEMM (precision.linear_fast_accum; the CPU sums in FP32)
+    const char *ov_fa[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_scaling=\"delayed\"",
+                           "precision.linear_fast_accum=\"all\""};
+    run_mode("fp8_tensor delayed, fast accumulation", make_config(TINY_JSON, ov_fa, 3), bt, STEPS, 3e-2, &ref);
     run_mode("fp8_block", make_config(TINY_JSON, ov_b, 1), bt, STEPS, 3e-2, &ref);
     const char *ov_bh[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false"};
     run_mode("fp8_block + FP8 LM head", make_config(TINY_JSON, ov_bh, 2), bt, STEPS, 3e-2, &ref);
