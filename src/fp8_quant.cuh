@@ -248,6 +248,18 @@ static __device__ __forceinline__ void store_codes8(uint8_t *q, uint2 codes, int
     }
 }
 
+// The loads of the thread's tile rows rsub + 16 (kb + j), j < BATCH, columns [c, c + 8), issued
+// before any is used (the rows inside the tile only), into raw.
+template <bool FULL, int BATCH, class Raw, class Load>
+static __device__ __forceinline__ void load_rows(Raw (&raw)[BATCH], Load &load, int kb, int rsub, int c, int nr,
+                                                 int nc) {
+#pragma unroll
+    for (int j = 0; j < BATCH; j++) {
+        const int r = rsub + 16 * (kb + j);
+        if (FULL || (r < nr && c < nc)) load(FullTag<FULL>(), r, c, raw[j]);
+    }
+}
+
 // Tile row r's eight values at columns [c, c + 8) from make (raw: load's), into w: zeros outside
 // the tile (r >= nr or c >= nc), and columns past nc cleared. Returns whether (r, c) is inside.
 template <bool FULL, class Raw, class Make>
@@ -287,11 +299,7 @@ static __device__ __forceinline__ void vec128_tile_body(Vec128Tile &sm, int r0, 
 #pragma unroll
     for (int kb = 0; kb < 8; kb += BATCH) {
         Raw raw[BATCH];
-#pragma unroll
-        for (int j = 0; j < BATCH; j++) {
-            const int r = rsub + 16 * (kb + j);
-            if (FULL || (r < nr && c < nc)) load(FullTag<FULL>(), r, c, raw[j]);
-        }
+        load_rows<FULL, BATCH>(raw, load, kb, rsub, c, nr, nc);
 #pragma unroll
         for (int j = 0; j < BATCH; j++) {
             const int k = kb + j, r = rsub + 16 * k;
@@ -455,11 +463,7 @@ static __device__ __forceinline__ void tensor_tile_body(CodeTile &ct, int r0, in
 #pragma unroll
     for (int kb = 0; kb < 8; kb += BATCH) {
         Raw raw[BATCH];
-#pragma unroll
-        for (int j = 0; j < BATCH; j++) {
-            const int r = rsub + 16 * (kb + j);
-            if (FULL || (r < nr && c < nc)) load(FullTag<FULL>(), r, c, raw[j]);
-        }
+        load_rows<FULL, BATCH>(raw, load, kb, rsub, c, nr, nc);
 #pragma unroll
         for (int j = 0; j < BATCH; j++) {
             const int r = rsub + 16 * (kb + j);

@@ -169,6 +169,48 @@ static void run_case(Layer L, int N, int W, Fp8Format fmt, int with_qt, int with
     CU(cudaFree(res_ref)); CU(cudaFree(res)); CU(cudaFree(rstd_ref)); CU(cudaFree(rstd));
 }
 
+// The per-tensor operands of one fused-against-unfused comparison (rows, cols): the fused kernel's
+// q, qt and the reference pass's q_ref, qt_ref (codes poisoned), the given amax on the device and
+// the two observe words (ts: the fused kernel's scale and observe[0]; observe + 1 the reference's).
+struct TensorCase {
+    Fp8Operand q, qt, q_ref, qt_ref;
+    float *amax;
+    unsigned *obs;
+    Fp8TensorScale ts;
+    TensorCase(int rows, int cols, Fp8Format fmt, float given) {
+        fp8_operand_alloc(&q, rows, cols, FP8_GROUP_TENSOR, fmt);
+        fp8_operand_alloc(&qt, cols, rows, FP8_GROUP_TENSOR, fmt);
+        fp8_operand_alloc(&q_ref, rows, cols, FP8_GROUP_TENSOR, fmt);
+        fp8_operand_alloc(&qt_ref, cols, rows, FP8_GROUP_TENSOR, fmt);
+        CU(cudaMemset(q.codes, 0xAA, (size_t)rows * cols));
+        CU(cudaMemset(qt.codes, 0xAA, (size_t)rows * cols));
+        amax = dup(std::vector<float>{given});
+        obs = dnew<unsigned>(2);
+        CU(cudaMemset(obs, 0, 2 * sizeof(unsigned)));
+        ts = {amax, obs};
+    }
+    ~TensorCase() {
+        fp8_operand_free(&q); fp8_operand_free(&qt); fp8_operand_free(&q_ref); fp8_operand_free(&qt_ref);
+        CU(cudaFree(amax)); CU(cudaFree(obs));
+    }
+    // The two observed amaxes (fused, reference) as floats.
+    void observed(float out[2]) const {
+        const std::vector<unsigned> ob = back(obs, 2);
+        memcpy(out, ob.data(), 2 * sizeof(float));
+    }
+};
+
+// max |v| over ref (NaN ignored, inf counts) into *own, and over its finite values (returned).
+static float finite_amax(const std::vector<float> &ref, float *own) {
+    float finite = 0.0f;
+    *own = 0.0f;
+    for (float v : ref) {
+        *own = fmaxf(*own, fabsf(v));
+        if (isfinite(v)) finite = fmaxf(finite, fabsf(v));
+    }
+    return finite;
+}
+
 // Per-tensor codes with a given amax (fp8_tensor, delayed scaling, Fp8TensorScale): layer L's
 // fused kernel against the BF16 layer then fp8_quantize_gpu_with_amax, and both against the
 // contract on the host (code = fp8(x * s), s = fp8_scale_for_amax(fmt, the given amax),
@@ -192,24 +234,13 @@ static void run_tensor_case(Layer L, int N, int W, Fp8Format fmt, int with_qt) {
     }
     CU(cudaDeviceSynchronize());
     const std::vector<float> ref = to_f(back(out_ref, n));
-    float own = 0.0f, finite = 0.0f;  // max |out| (NaN ignored, inf counts) and over finite values
-    for (float v : ref) {
-        own = fmaxf(own, fabsf(v));
-        if (isfinite(v)) finite = fmaxf(finite, fabsf(v));
-    }
+    float own;
+    const float finite = finite_amax(ref, &own);
     const float given[2] = {finite * 0.5f, finite * 1024.0f};
     for (int k = 0; k < 2; k++) {
-        Fp8Operand q, qt, q_ref, qt_ref;
-        fp8_operand_alloc(&q, N, C, FP8_GROUP_TENSOR, fmt);
-        fp8_operand_alloc(&qt, C, N, FP8_GROUP_TENSOR, fmt);
-        fp8_operand_alloc(&q_ref, N, C, FP8_GROUP_TENSOR, fmt);
-        fp8_operand_alloc(&qt_ref, C, N, FP8_GROUP_TENSOR, fmt);
-        CU(cudaMemset(q.codes, 0xAA, n));
-        CU(cudaMemset(qt.codes, 0xAA, n));
-        float *amax = dup(std::vector<float>{given[k]});
-        unsigned *obs = dnew<unsigned>(2);
-        CU(cudaMemset(obs, 0, 2 * sizeof(unsigned)));
-        const Fp8TensorScale ts = {amax, obs};
+        TensorCase tc(N, C, fmt, given[k]);
+        Fp8Operand &q = tc.q, &qt = tc.qt, &q_ref = tc.q_ref, &qt_ref = tc.qt_ref;
+        const Fp8TensorScale &ts = tc.ts;
         const Fp8Operand *pqt = with_qt ? &qt : NULL;
         switch (L) {
         case NORM: rmsnorm_forward_fp8_gpu(NULL, NULL, rstd, x, NULL, g, N, C, eps, &q, pqt, &ts, 0); break;
@@ -217,7 +248,7 @@ static void run_tensor_case(Layer L, int N, int W, Fp8Format fmt, int with_qt) {
         case SWIGLU: swiglu_forward_fp8_gpu(NULL, x, N, W, &q, pqt, &ts, 0); break;
         case SWIGLU_BWD: swiglu_backward_fp8_gpu(NULL, delta, x, N, W, &q, pqt, &ts, 0); break;
         }
-        fp8_quantize_gpu_with_amax(&q_ref, with_qt ? &qt_ref : NULL, out_ref, N, C, amax, obs + 1, NULL, 0);
+        fp8_quantize_gpu_with_amax(&q_ref, with_qt ? &qt_ref : NULL, out_ref, N, C, tc.amax, tc.obs + 1, NULL, 0);
         CU(cudaGetLastError());
         CU(cudaDeviceSynchronize());
         const float s = fp8_scale_for_amax(fmt, given[k]);
@@ -235,9 +266,8 @@ static void run_tensor_case(Layer L, int N, int W, Fp8Format fmt, int with_qt) {
                 if (with_qt) d_t += ct[it] != want || crt[it] != want;
             }
         const std::vector<float> sc = back(q.scales, 2), sct = back(qt.scales, 2), scr = back(q_ref.scales, 2);
-        const std::vector<unsigned> ob = back(obs, 2);
         float ob_f[2];
-        memcpy(ob_f, ob.data(), sizeof ob_f);
+        tc.observed(ob_f);
         const bool scales_ok = sc[0] == 1.0f / s && sc[1] == given[k] && scr[0] == sc[0] && scr[1] == sc[1] &&
                                (!with_qt || (sct[0] == sc[0] && sct[1] == sc[1]));
         CHECK(d_host == 0 && d_ref == 0 && d_t == 0 && scales_ok && ob_f[0] == own && ob_f[1] == own && (k || n_sat),
@@ -245,8 +275,6 @@ static void run_tensor_case(Layer L, int N, int W, Fp8Format fmt, int with_qt) {
               "%ld, Q(out^T) %ld; %ld saturated; scales %s; observed %g / %g, own %g",
               layer_name[L], N, W, fmt == FP8_E4M3 ? "e4m3" : "e5m2", with_qt ? ", with Q(out^T)" : "",
               k ? "above" : "below", d_host, d_ref, d_t, n_sat, scales_ok ? "ok" : "WRONG", ob_f[0], ob_f[1], own);
-        fp8_operand_free(&q); fp8_operand_free(&qt); fp8_operand_free(&q_ref); fp8_operand_free(&qt_ref);
-        CU(cudaFree(amax)); CU(cudaFree(obs));
     }
     CU(cudaFree(x)); CU(cudaFree(delta)); CU(cudaFree(g)); CU(cudaFree(out_ref)); CU(cudaFree(res));
     CU(cudaFree(rstd));
@@ -266,24 +294,11 @@ static void run_rope_case(int B, int T, int H, int hd, Fp8Format fmt, int with_q
     rope_backward_gpu(rot, cs, B, T, H, hd, 0);
     CU(cudaDeviceSynchronize());
     const std::vector<float> ref = to_f(back(rot, n));
-    float own = 0.0f, finite = 0.0f;
-    for (float v : ref) {
-        own = fmaxf(own, fabsf(v));
-        if (isfinite(v)) finite = fmaxf(finite, fabsf(v));
-    }
-    Fp8Operand q, qt, q_ref, qt_ref;
-    fp8_operand_alloc(&q, N, W, FP8_GROUP_TENSOR, fmt);
-    fp8_operand_alloc(&qt, W, N, FP8_GROUP_TENSOR, fmt);
-    fp8_operand_alloc(&q_ref, N, W, FP8_GROUP_TENSOR, fmt);
-    fp8_operand_alloc(&qt_ref, W, N, FP8_GROUP_TENSOR, fmt);
-    CU(cudaMemset(q.codes, 0xAA, n));
-    CU(cudaMemset(qt.codes, 0xAA, n));
-    float *amax = dup(std::vector<float>{finite * 0.5f});
-    unsigned *obs = dnew<unsigned>(2);
-    CU(cudaMemset(obs, 0, 2 * sizeof(unsigned)));
-    const Fp8TensorScale ts = {amax, obs};
-    rope_backward_fp8_gpu(dqkv, cs, B, T, H, hd, &q, with_qt ? &qt : NULL, &ts, 0);
-    fp8_quantize_gpu_with_amax(&q_ref, with_qt ? &qt_ref : NULL, rot, N, W, amax, obs + 1, NULL, 0);
+    float own;
+    TensorCase tc(N, W, fmt, finite_amax(ref, &own) * 0.5f);
+    const Fp8Operand &q = tc.q, &qt = tc.qt, &q_ref = tc.q_ref, &qt_ref = tc.qt_ref;
+    rope_backward_fp8_gpu(dqkv, cs, B, T, H, hd, &q, with_qt ? &qt : NULL, &tc.ts, 0);
+    fp8_quantize_gpu_with_amax(&q_ref, with_qt ? &qt_ref : NULL, rot, N, W, tc.amax, tc.obs + 1, NULL, 0);
     CU(cudaGetLastError());
     CU(cudaDeviceSynchronize());
     const std::vector<uint8_t> c = back(q.codes, n), cr = back(q_ref.codes, n), ct = back(qt.codes, n),
@@ -294,17 +309,15 @@ static void run_rope_case(int B, int T, int H, int hd, Fp8Format fmt, int with_q
         if (with_qt) d_t += ct[i] != ctr[i];
     }
     const std::vector<float> sc = back(q.scales, 2), scr = back(q_ref.scales, 2);
-    const std::vector<unsigned> ob = back(obs, 2);
     float ob_f[2];
-    memcpy(ob_f, ob.data(), sizeof ob_f);
+    tc.observed(ob_f);
     const bool untouched = back(dqkv, n) == h;
     CHECK(d_q == 0 && d_t == 0 && sc[0] == scr[0] && sc[1] == scr[1] && ob_f[0] == own && ob_f[1] == own && untouched,
           "rope backward fused", "B %d T %d H %d hd %d %s%s: codes differ %ld, Q(x^T) %ld; scales %g/%g vs %g/%g; "
           "observed %g / %g, own %g; dqkv %s", B, T, H, hd, fmt == FP8_E4M3 ? "e4m3" : "e5m2",
           with_qt ? ", with Q(x^T)" : "", d_q, d_t, sc[0], sc[1], scr[0], scr[1], ob_f[0], ob_f[1], own,
           untouched ? "untouched" : "CHANGED");
-    fp8_operand_free(&q); fp8_operand_free(&qt); fp8_operand_free(&q_ref); fp8_operand_free(&qt_ref);
-    CU(cudaFree(dqkv)); CU(cudaFree(rot)); CU(cudaFree(cs)); CU(cudaFree(amax)); CU(cudaFree(obs));
+    CU(cudaFree(dqkv)); CU(cudaFree(rot)); CU(cudaFree(cs));
 }
 
 int main(void) {
