@@ -87,7 +87,6 @@ Fp8Operand take_operand(Carver *cv, int rows, int cols, Fp8Grouping g, Fp8Format
 static LinearPrecision lin_prec(const GpuModel *m, int layer) {
     return linear_precision_of(&m->cfg.precision, m->cfg.model.n_layer, layer);
 }
-// Output gradients: linear_grad_format with fp8_tensor, E4M3 with fp8_block (as linear_fp8_init).
 // Whether a GEMM of an FP8 linear in precision p accumulates without FP32 promotion
 // (precision.linear_fast_accum; fp8_tensor only): the forward's (backward 0) or the dgrad's and
 // wgrad's (backward 1).
@@ -95,6 +94,7 @@ static int fast_accum(const GpuModel *m, LinearPrecision p, int backward) {
     const FastAccum f = m->cfg.precision.linear_fast_accum;
     return p == LINEAR_FP8_TENSOR && (f == FAST_ACCUM_ALL || (f == FAST_ACCUM_FORWARD && !backward));
 }
+// Output gradients: linear_grad_format with fp8_tensor, E4M3 with fp8_block (as linear_fp8_init).
 static Fp8Format grad_format(const GpuModel *m) {
     const PrecisionConfig *p = &m->cfg.precision;
     return p->linear == LINEAR_FP8_TENSOR && p->linear_grad_format == GRADFMT_E5M2 ? FP8_E5M2 : FP8_E4M3;
