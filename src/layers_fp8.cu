@@ -1,12 +1,14 @@
-// layers_fp8.cu: RMSNorm, SwiGLU and the SwiGLU backward writing the 1x128 FP8 codes of their
-// output both ways (see layers_fp8.h for the contracts and why tiles of 128 tokens).
+// layers_fp8.cu: RMSNorm, SwiGLU and the SwiGLU backward writing the FP8 codes of their output
+// both ways, in 1x128 slices or (delayed fp8_tensor scaling) per tensor, and the RoPE backward
+// writing dqkv's per-tensor codes (see layers_fp8.h for the contracts and why tiles of 128 tokens).
 //
 // Every kernel produces a 128 x 128 BF16 tile of its output with layers_math.cuh's arithmetic
 // (so the values are layers.cu's, bit for bit), eight values of a row at a time, writes them to
-// global memory when asked, and hands them to fp8_quant.cuh's vec128_tile, the code
-// vec128both_kernel runs on a loaded tile (so the codes and scales are fp8_quantize_gpu's, bit for
-// bit). The RMSNorm needs whole rows before any output (their rstd): layers.cu's norm adds the
-// residual and computes rstd (no output), then the tile kernel normalises and quantizes.
+// global memory when asked, and hands them to fp8_quant.cuh's vec128_tile or tensor_tile, the code
+// vec128both_kernel / tensor_both_kernel run on a loaded tile (so the codes and scales are
+// fp8_quantize_gpu's, bit for bit). The RMSNorm needs whole rows before any output (their rstd):
+// layers.cu's norm adds the residual and computes rstd (no output), then the tile kernel
+// normalises and quantizes.
 //
 // Bytes per output element (BF16 2 B, codes 1 B per layout), fused against layer + vec128both:
 //   SwiGLU forward   reads fc 4, writes codes 2 (+ out 2)     (unfused: 4 + 2, then 2 + 2)

@@ -1,6 +1,6 @@
 // layers_fp8.h: layers that also write the FP8 codes of their output for the next linear layer
-// (precision.linear = fp8_block), so that no separate quantization pass re-reads that output
-// (kernels in layers_fp8.cu).
+// (precision.linear = fp8_block, or fp8_tensor with delayed scaling: Fp8TensorScale below), so
+// that no separate quantization pass re-reads that output (kernels in layers_fp8.cu).
 //
 // Each function computes exactly what its BF16 counterpart in layers.h computes (the same
 // arithmetic, from layers_math.cuh: bit-identical BF16 values) and quantizes those BF16 values as
