@@ -1,8 +1,10 @@
 #!/bin/bash
 # gpu_fp8_quant_sweep.sh: on a GPU machine, bench_fp8_quant under several compile-time settings of
-# the fp8_block quantization kernels (the -D knobs at the top of src/layers_fp8.cu and
+# the FP8 quantization kernels (the -D knobs at the top of src/layers_fp8.cu and
 # vec128both_kernel's in src/linear_fp8_gpu.cu: NORM_TILE_BATCH, SWIGLU_BATCH, SWIGLU_BWD_BATCH,
-# LAYERS_FP8_MIN_CTAS, VEC128_BATCH, VEC128_MIN_CTAS), one library build. Each setting compiles
+# LAYERS_FP8_MIN_CTAS, VEC128_BATCH, VEC128_MIN_CTAS, and the per-tensor instances' own
+# NORM_TILE_TENSOR_BATCH, SWIGLU_TENSOR_BATCH, SWIGLU_BWD_PAIR_BATCH, ROPE_BWD_BATCH,
+# LAYERS_FP8_TENSOR_MIN_CTAS), one library build. Each setting compiles
 # the two files with its -D flags (in parallel), links bench_fp8_quant with those objects ahead of
 # the library, and runs it; a table of each kernel's ms per setting is printed last.
 #   usage (carry .deps): bash scripts/gpu_fp8_quant_sweep.sh "" "SWIGLU_BATCH=4" "LAYERS_FP8_MIN_CTAS=2 ..."

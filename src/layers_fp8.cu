@@ -53,6 +53,19 @@ typedef __nv_bfloat16 bf16;
 #ifndef LAYERS_FP8_MIN_CTAS
 #define LAYERS_FP8_MIN_CTAS 3
 #endif
+// The per-tensor instances (tensor_tile: no BF16 tile kept in registers or shared memory) may
+// want other values: their own knobs, the 1x128 ones unless set (the pair and RoPE kernels are
+// per tensor only).
+#ifndef NORM_TILE_TENSOR_BATCH
+#define NORM_TILE_TENSOR_BATCH NORM_TILE_BATCH
+#endif
+#ifndef SWIGLU_TENSOR_BATCH
+#define SWIGLU_TENSOR_BATCH SWIGLU_BATCH
+#endif
+#ifndef LAYERS_FP8_TENSOR_MIN_CTAS
+#define LAYERS_FP8_TENSOR_MIN_CTAS LAYERS_FP8_MIN_CTAS
+#endif
+#define TILE_MIN_CTAS(tensor) ((tensor) ? LAYERS_FP8_TENSOR_MIN_CTAS : LAYERS_FP8_MIN_CTAS)
 
 // Eight BF16 (w) to dst at columns [c, c + 8) of a group with nc valid columns: one 16-byte store
 // when allowed, else element by element.
@@ -111,7 +124,7 @@ static __device__ __forceinline__ void tile_dispatch(typename TileSmem<TENSOR>::
 // Tiles: y = src * rstd * g of the tile (src the residual the row kernel stored, or x), stored
 // when y is not NULL, and quantized both ways.
 template <Fp8Format FMT, bool TENSOR>
-__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
     rmsnorm_tile_fp8_kernel(uint16_t *y, const float *rstd, const uint16_t *src, const uint16_t *g, int N, int C,
                             bool vec, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block,
                             Fp8TensorScale ts) {
@@ -119,7 +132,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, C - c0);
     typedef Bf16x8Loads<2> In;  // v[0] the source, v[1] the gains, f the row's rstd
-    tile_dispatch<FMT, NORM_TILE_BATCH, In, TENSOR>(
+    tile_dispatch<FMT, TENSOR ? NORM_TILE_TENSOR_BATCH : NORM_TILE_BATCH, In, TENSOR>(
         sm, r0, c0, nr, nc, N, C, q, q_scales, qt, qt_scales, qt_block, ts,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
@@ -142,7 +155,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 // --- SwiGLU forward ------------------------------------------------------------------------------
 // CTA = output tile (rows blockIdx.y * 128.., columns blockIdx.x * 128.. of out (N, F)).
 template <Fp8Format FMT, bool TENSOR>
-__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
     swiglu_fp8_kernel(uint16_t *out, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales, uint8_t *qt,
                       float *qt_scales, bool qt_block, Fp8TensorScale ts) {
     __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
@@ -150,7 +163,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
     const int nr = min(G, N - r0), nc = min(G, F - c0);
     const bool vec = F % 8 == 0 && aligned16(fc) && (!out || aligned16(out));
     typedef Bf16x8Loads<2> In;  // v[0] the gate, v[1] the up
-    tile_dispatch<FMT, SWIGLU_BATCH, In, TENSOR>(
+    tile_dispatch<FMT, TENSOR ? SWIGLU_TENSOR_BATCH : SWIGLU_BATCH, In, TENSOR>(
         sm, r0, c0, nr, nc, N, F, q, q_scales, qt, qt_scales, qt_block, ts,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
@@ -175,7 +188,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 // consecutive gate, up and dout values. Grid x walks the 2F columns, so the gate tile and the up
 // tile of the same inputs run close together and the second read of fc and dout hits L2.
 template <Fp8Format FMT, bool TENSOR>
-__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
     swiglu_bwd_fp8_kernel(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q,
                           float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block, Fp8TensorScale ts) {
     __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
@@ -219,7 +232,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 // SWIGLU_BWD_PAIR_BATCH rows of loads in flight. Grid (F / 128, ceil(N / 128)). (A 1x128 version,
 // which must also carry both tiles' amaxes, was slower: tag record/swiglu-bwd-pair.)
 template <Fp8Format FMT>
-__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
+__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
     swiglu_bwd_pair_tensor_kernel(const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales,
                                   uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
     __shared__ __align__(16) CodeTile cg, cu;  // the gate's codes, the up's
@@ -296,7 +309,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
 #define ROPE_BWD_BATCH 2
 #endif
 template <Fp8Format FMT, bool TENSOR>
-__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_MIN_CTAS)
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
     rope_bwd_fp8_kernel(const uint16_t *dqkv, const float *cos_sin, int N, int T, int C, int hd, uint8_t *q,
                         float *q_scales, uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
     static_assert(TENSOR, "per tensor only (delayed scaling)");
