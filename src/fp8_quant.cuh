@@ -128,6 +128,14 @@ static __device__ __forceinline__ void write_tensor_scales(float *scales, float 
     scales[0] = inv;
     if (scales + 1 != amax) scales[1] = *amax;
 }
+// A per-tensor kernel's two operands, Q(x) and Q(x^T) (either may be NULL), with the scale 1/inv
+// of the amax *amax: their scale floats, written by thread 0 of CTA (0, 0) only.
+static __device__ __forceinline__ void tensor_scales_once(float *q_scales, float *qt_scales, float inv,
+                                                          const float *amax) {
+    if (blockIdx.x != 0 || blockIdx.y != 0 || threadIdx.x != 0) return;
+    write_tensor_scales(q_scales, inv, amax);
+    write_tensor_scales(qt_scales, inv, amax);
+}
 
 // Element e of eight BF16 packed in w[4] (element 0 in the low half of w[0]), as bits.
 static __device__ __forceinline__ unsigned short half_of(const uint32_t w[4], int e) {
@@ -447,8 +455,7 @@ static __device__ __forceinline__ void emit_qt_codes(const CodeTile &ct, uint8_t
 // codes past it saturate). Each row's codes are made as soon as its values are, stored to q (may
 // be NULL) and to the CodeTile, and Q(x^T) (to qt, may be NULL) is their transpose. observe (may
 // be NULL) gets the tile's own amax folded in (publish_amax); counts (may be NULL) Q(x)'s
-// saturations and NaNs, each element once. No scales are written (the caller writes the
-// tensor's two floats).
+// saturations and NaNs, each element once. The operands' scale floats are tensor_tile's.
 template <Fp8Format FMT, int BATCH, class Raw, bool FULL, class Load, class Make>
 static __device__ __forceinline__ void tensor_tile_body(CodeTile &ct, int r0, int c0, int nr, int nc, int rows, int cols,
                                                         uint8_t *q, uint8_t *qt, const float *tensor_amax,
@@ -484,11 +491,15 @@ static __device__ __forceinline__ void tensor_tile_body(CodeTile &ct, int r0, in
     emit_qt_codes<FULL>(ct, qt, rows, r0, c0, nr, nc);
 }
 
-// The per-tensor tile, full tiles without the bounds checks (as vec128_tile).
+// The per-tensor tile, full tiles without the bounds checks (as vec128_tile); CTA (0, 0) also
+// writes both operands' scale floats (1/s and the amax s came from, as fp8_quantize_gpu's
+// per-tensor operands hold them; q_scales, qt_scales may be NULL).
 template <Fp8Format FMT, int BATCH, class Raw, class Load, class Make>
 static __device__ __forceinline__ void tensor_tile(CodeTile &ct, int r0, int c0, int nr, int nc, int rows, int cols,
-                                                   uint8_t *q, uint8_t *qt, const float *tensor_amax, unsigned *observe,
+                                                   uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
+                                                   const float *tensor_amax, unsigned *observe,
                                                    unsigned long long *counts, Load load, Make make) {
+    tensor_scales_once(q_scales, qt_scales, 1.0f / fp8_scale_for_amax(FMT, *tensor_amax), tensor_amax);  // (exact)
     if (nr == FQ_G && nc == FQ_G)
         tensor_tile_body<FMT, BATCH, Raw, true>(ct, r0, c0, nr, nc, rows, cols, q, qt, tensor_amax, observe, counts,
                                                 load, make);

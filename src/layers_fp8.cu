@@ -100,8 +100,7 @@ struct TileSmem<true> {
 };
 
 // The tile in 1x128 groups (vec128_tile), or per tensor (TENSOR: tensor_tile with the scale of
-// *ts.amax, observing into ts.observe), where CTA (0, 0) also writes both operands' two scale
-// floats (1/s and the amax s came from, as fp8_quantize_gpu's per-tensor operands hold them).
+// *ts.amax, observing into ts.observe, and writing both operands' scale floats).
 template <Fp8Format FMT, int BATCH, class Raw, bool TENSOR, class Load, class Make>
 static __device__ __forceinline__ void tile_dispatch(typename TileSmem<TENSOR>::type &sm, int r0, int c0, int nr,
                                                      int nc, int rows, int cols, uint8_t *q, float *q_scales,
@@ -111,12 +110,8 @@ static __device__ __forceinline__ void tile_dispatch(typename TileSmem<TENSOR>::
         vec128_tile<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, qt_block, nullptr,
                                      load, make);
     } else {
-        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-            const float inv = 1.0f / fp8_scale_for_amax(FMT, *ts.amax);  // exact: a power of two
-            write_tensor_scales(q_scales, inv, ts.amax);
-            write_tensor_scales(qt_scales, inv, ts.amax);
-        }
-        tensor_tile<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, qt, ts.amax, ts.observe, nullptr, load, make);
+        tensor_tile<FMT, BATCH, Raw>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt, qt_scales, ts.amax, ts.observe,
+                                     nullptr, load, make);
     }
 }
 
@@ -239,10 +234,7 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
     const int W2 = 2 * F, j0 = blockIdx.x * G, r0 = blockIdx.y * G, nr = min(G, N - r0);
     const int t = threadIdx.x, c = (t & 15) * 8, rsub = t >> 4;
     const float s = fp8_scale_for_amax(FMT, *ts.amax);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && t == 0) {
-        write_tensor_scales(q_scales, 1.0f / s, ts.amax);  // exact: a power of two
-        write_tensor_scales(qt_scales, 1.0f / s, ts.amax);
-    }
+    tensor_scales_once(q_scales, qt_scales, 1.0f / s, ts.amax);  // (exact: a power of two)
     const bool vec = aligned16(fc) && aligned16(dout);  // (F % 8 == 0: every row's groups of 8 aligned too)
     unsigned sat = 0, nan = 0;  // (not counted: the model passes no counters)
     uint32_t om = 0;            // the amax of this thread's gradients, gate and up (one tensor: dfc)

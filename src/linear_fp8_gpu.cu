@@ -190,10 +190,7 @@ __global__ void __launch_bounds__(THREADS)
     if (threadIdx.x == 0) {
         const float inv = 1.0f / s;
         if (tensor_amax) {
-            if (bi == 0 && bj == 0) {
-                write_tensor_scales(q_scales, inv, tensor_amax);
-                write_tensor_scales(qt_scales, inv, tensor_amax);
-            }
+            tensor_scales_once(q_scales, qt_scales, inv, tensor_amax);
         } else {
             if (q_scales) write_block_scale(q_scales, bi, bj, cdiv(rows, G), cdiv(cols, G), inv);
             if (qt_scales) write_block_scale(qt_scales, bj, bi, cdiv(cols, G), cdiv(rows, G), inv);
@@ -332,7 +329,7 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
 
 // Per tensor, Q(x) and Q(x^T) both from one 128x128 tile of x, with the scale of the tensor's
 // amax *amax (from the amax pass or x's producer); block (0, 0) writes both operands' scales
-// (write_tensor_scales). The same codes as tile128_kernel with tensor_amax, made in registers
+// (tensor_tile). The same codes as tile128_kernel with tensor_amax, made in registers
 // (fp8_quant.cuh's tensor_tile: Q(x^T) is the transpose of Q(x)'s codes) instead of from
 // tile128_kernel's shared-memory staging of the BF16 tile. TENSOR_TILE_VEC 0 selects
 // tile128_kernel again (a timing knob).
@@ -345,13 +342,8 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
                        float *qt_scales, const float *amax, unsigned *observe, unsigned long long *counts) {
     __shared__ __align__(16) CodeTile ct;
     const XTileLoad ld(x, rows, cols);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-        const float inv = 1.0f / fp8_scale_for_amax(FMT, *amax);  // exact: a power of two
-        write_tensor_scales(q_scales, inv, amax);
-        write_tensor_scales(qt_scales, inv, amax);
-    }
-    tensor_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(ct, ld.r0, ld.c0, ld.nr, ld.nc, rows, cols, q, qt, amax, observe,
-                                                   counts, ld, XTileCopy());
+    tensor_tile<FMT, VEC128_BATCH, Bf16x8Loads<1>>(ct, ld.r0, ld.c0, ld.nr, ld.nc, rows, cols, q, q_scales, qt,
+                                                   qt_scales, amax, observe, counts, ld, XTileCopy());
 }
 static_assert(THREADS == FQ_NT, "vec128both_kernel launches THREADS threads, vec128_tile needs FQ_NT");
 
