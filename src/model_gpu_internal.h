@@ -91,12 +91,11 @@ typedef struct {
     // fp8_tensor: per FP8 linear (4 * layer + fp8_lin_index), the amax of its x ([2i]) and of its
     // dy ([2i + 1]) taken by their producers (device, FP32 bits; all zeroed once at the start of
     // each forward, each word written by one producer per pass; with delayed scaling also the
-    // micro-batch's record for the histories, folded in by whoever quantizes); and per kind (x 0, dy 1) the
-    // tensor whose amax is waiting for its quantization, in which word (amax_of NULL: none;
-    // model_gpu_linear.cu)
+    // micro-batch's record for the histories, folded in by whoever quantizes); and per kind (x 0,
+    // dy 1) the tensor whose amax is waiting in its linear's word for its quantization (amax_of
+    // NULL: none; model_gpu_linear.cu)
     unsigned *prod_amax;             // (n_layer * 8)
     const bf16 *amax_of[2];
-    unsigned *amax_word[2];
     int amax_rows[2], amax_cols[2];
     int fp8_fuse;                    // fp8_block: producers write the codes; fp8_tensor: they take
                                      //   the amax (gpu_model_set_fp8_fusion)

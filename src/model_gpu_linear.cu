@@ -122,11 +122,28 @@ static int delayed_ready(GpuModel *m, int layer) {
     const Dev *d = dev_of(m);
     return d->lin_delayed && d->lin_ready && layer >= 0 && lin_prec(m, layer) == LINEAR_FP8_TENSOR;
 }
-// Operand `which` (0 x, 1 dy) of FP8 linear li: the amax its delayed scale comes from, and the
-// word its own amax is folded into.
+// The prod_amax word of operand `which` (0 x, 1 dy) of FP8 linear li.
+static unsigned *prod_word(Dev *d, int li, int which) { return d->prod_amax + 2 * li + which; }
+// Operand `which` of FP8 linear li: the amax its delayed scale comes from, and the word its own
+// amax is folded into.
 static Fp8TensorScale delayed_scale_of(Dev *d, int li, int which) {
-    Fp8TensorScale ts = {d->lin_amax_dev + 2 * li + which, d->prod_amax + 2 * li + which};
+    Fp8TensorScale ts = {d->lin_amax_dev + 2 * li + which, prod_word(d, li, which)};
     return ts;
+}
+// Slots 0 and 1 as the dy (N, M) and dy^T (M, N) operands of a linear in FP8 precision p.
+static void dy_operands(GpuModel *m, LinearPrecision p, int N, int M, Fp8Operand *dyq, Fp8Operand *dyt) {
+    Dev *d = dev_of(m);
+    *dyq = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));
+    *dyt = fp8_slot(d, 1, M, N, linear_dyt_grouping(p, m->cfg.precision.linear_wgrad_blocks), grad_format(m));
+}
+// dy's producer wrote both dy operands (dy_operands): lin_wgrad and lin_dgrad skip their
+// quantization.
+static void mark_dy_operands(Dev *d, const bf16 *dy, int N, int M) {
+    d->x_in_slot0 = NULL;
+    d->dy_in_slot0 = d->dyt_in_slot1 = dy;
+    d->dy_in_slot0_n = d->dyt_in_slot1_n = N;
+    d->dy_in_slot0_m = d->dyt_in_slot1_m = M;
+    d->fp8_fused++;
 }
 
 // --- fp8_tensor: amaxes taken by the producers -------------------------------------------------
@@ -140,13 +157,11 @@ static unsigned *amax_for_producer(GpuModel *m, int which, ParamKind kind, int l
     d->amax_of[which] = NULL;
     if (!d->fp8_fuse || layer < 0 || lin_prec(m, layer) != LINEAR_FP8_TENSOR || delayed_ready(m, layer))
         return NULL;  // (delayed scales: the producers write codes, or the quantization observes the amax)
-    unsigned *word = d->prod_amax + 2 * (4 * layer + fp8_lin_index(kind)) + which;
     d->amax_of[which] = t;
-    d->amax_word[which] = word;
     d->amax_rows[which] = rows;
     d->amax_cols[which] = cols;
     d->fp8_fused++;
-    return word;
+    return prod_word(d, 4 * layer + fp8_lin_index(kind), which);
 }
 
 // fp8_quantize_gpu of operand `which` (0 x, 1 dy) of linear (layer, li), without its amax pass
@@ -161,12 +176,12 @@ static void quantize_operand(GpuModel *m, int layer, int li, int which, const Fp
         const Fp8TensorScale ts = delayed_scale_of(d, li, which);
         fp8_quantize_gpu_with_amax(q, qt, t, rows, cols, ts.amax, ts.observe, NULL, d->stream);
     } else if (ready) {  // (its word already holds the amax)
-        fp8_quantize_gpu_with_amax(q, qt, t, rows, cols, (const float *)d->amax_word[which], NULL, NULL,
+        fp8_quantize_gpu_with_amax(q, qt, t, rows, cols, (const float *)prod_word(d, li, which), NULL, NULL,
                                    d->stream);
     } else {
         fp8_quantize_gpu(q, qt, t, rows, cols, NULL, d->stream);
         if (d->lin_delayed && lin_prec(m, layer) == LINEAR_FP8_TENSOR)  // scales[1]: the amax the pass took
-            CUDA_CHECK(cudaMemcpyAsync(d->prod_amax + 2 * li + which, (q ? q : qt)->scales + 1, sizeof(float),
+            CUDA_CHECK(cudaMemcpyAsync(prod_word(d, li, which), (q ? q : qt)->scales + 1, sizeof(float),
                                        cudaMemcpyDeviceToDevice, d->stream));
     }
 }
@@ -237,9 +252,8 @@ void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf1
     Fp8Operand xt = d->xt8[li];
     xt.cols = N;                                                            // x^T (K, N)
     // Q(dy^T) for this GEMM and Q(dy) (slot 0) for the lin_dgrad that follows, in one call.
-    const Fp8Grouping dyt_g = linear_dyt_grouping(p, m->cfg.precision.linear_wgrad_blocks);
-    Fp8Operand dyt = fp8_slot(d, 1, M, N, dyt_g, grad_format(m));                   // dy^T (M, N)
-    Fp8Operand dyq = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));  // dy (N, M)
+    Fp8Operand dyq, dyt;  // dy (N, M), dy^T (M, N)
+    dy_operands(m, p, N, M, &dyq, &dyt);
     if (d->dyt_in_slot1 != dy || d->dyt_in_slot1_n != N || d->dyt_in_slot1_m != M ||
         d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M) {  // not made by dy's producer
         quantize_operand(m, layer, li, 1, &dyq, &dyt, dy, N, M);
@@ -385,17 +399,11 @@ void swiglu_backward_for_linear(GpuModel *m, ParamKind kind, int layer, bf16 *df
     }
     const int li = 4 * layer + fp8_lin_index(kind);
     const int M = 2 * F;
-    const LinearPrecision p = lin_prec(m, layer);
-    Fp8Operand q = fp8_slot(d, 0, N, M, linear_act_grouping(p), grad_format(m));  // dy (N, M)
-    const Fp8Grouping dyt_g = linear_dyt_grouping(p, m->cfg.precision.linear_wgrad_blocks);
-    Fp8Operand qt = fp8_slot(d, 1, M, N, dyt_g, grad_format(m));  // dy^T (M, N)
+    Fp8Operand q, qt;  // dy (N, M), dy^T (M, N)
+    dy_operands(m, lin_prec(m, layer), N, M, &q, &qt);
     const Fp8TensorScale ts = tensor ? delayed_scale_of(d, li, 1) : Fp8TensorScale{NULL, NULL};
     swiglu_backward_fp8_gpu(NULL, dsw, fc, N, F, &q, &qt, tensor ? &ts : NULL, d->stream);
-    d->x_in_slot0 = NULL;
-    d->dy_in_slot0 = d->dyt_in_slot1 = dfc;
-    d->dy_in_slot0_n = d->dyt_in_slot1_n = N;
-    d->dy_in_slot0_m = d->dyt_in_slot1_m = M;
-    d->fp8_fused++;
+    mark_dy_operands(d, dfc, N, M);
 }
 
 // The RoPE backward of dqkv (B*T, 3C), the qkv linear's dy: with delayed scales ready, fusion on,
@@ -409,15 +417,11 @@ int rope_backward_for_linear(GpuModel *m, int layer, const bf16 *dqkv, int B, in
         !rope_backward_fp8_supported(mc->n_head, mc->head_dim))
         return 0;
     const int N = B * T, M = 3 * mc->d_model, li = 4 * layer + fp8_lin_index(P_QKV);
-    Fp8Operand q = fp8_slot(d, 0, N, M, FP8_GROUP_TENSOR, grad_format(m));   // dy (N, M)
-    Fp8Operand qt = fp8_slot(d, 1, M, N, FP8_GROUP_TENSOR, grad_format(m));  // dy^T (M, N)
+    Fp8Operand q, qt;  // dy (N, M), dy^T (M, N), per tensor
+    dy_operands(m, LINEAR_FP8_TENSOR, N, M, &q, &qt);
     const Fp8TensorScale ts = delayed_scale_of(d, li, 1);
     rope_backward_fp8_gpu(dqkv, d->rope, B, T, mc->n_head, mc->head_dim, &q, &qt, &ts, d->stream);
-    d->x_in_slot0 = NULL;
-    d->dy_in_slot0 = d->dyt_in_slot1 = dqkv;
-    d->dy_in_slot0_n = d->dyt_in_slot1_n = N;
-    d->dy_in_slot0_m = d->dyt_in_slot1_m = M;
-    d->fp8_fused++;
+    mark_dy_operands(d, dqkv, N, M);
     return 1;
 }
 
