@@ -361,6 +361,13 @@ static void check_operand(const Fp8Operand *op, int rows, int cols, const char *
         FATAL("fp8_quantize_gpu: %s is (%d, %d), expected (%d, %d)", what, op->rows, op->cols, rows, cols);
 }
 
+// The amax pass over n values of x, folded into *word (FP32 bits; as amax_kernel).
+static void amax_pass(const uint16_t *x, long n, unsigned *word, cudaStream_t stream) {
+    const long blocks = n / (THREADS * 8) + 1;
+    amax_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), THREADS, 0, stream>>>(x, n, word);
+    CUDA_CHECK_LAUNCH();
+}
+
 // amax_given: per tensor, the amax the scale comes from: x's own, taken by its producer, or delayed
 // scaling's history maximum (else NULL: the amax pass runs here, into the operand's scales[1]).
 // observe (per tensor, may be NULL): x's own amax is folded into it (publish_amax).
@@ -389,13 +396,10 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
         if (!amax_given) {
             amax = any->scales + 1;
             CUDA_CHECK(cudaMemsetAsync(any->scales + 1, 0, sizeof(float), stream));
-            amax_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), THREADS, 0, stream>>>(
-                x, n, (unsigned *)(any->scales + 1));
-            CUDA_CHECK_LAUNCH();
+            amax_pass(x, n, (unsigned *)(any->scales + 1), stream);
         }
         if (observe && (!q || !qt || !TENSOR_TILE_VEC)) {  // only tensor_both_kernel observes as it goes
-            amax_kernel<<<(unsigned)(blocks < 1024 ? blocks : 1024), THREADS, 0, stream>>>(x, n, observe);
-            CUDA_CHECK_LAUNCH();
+            amax_pass(x, n, observe, stream);
             observe = NULL;
         }
         if (!qt) {
