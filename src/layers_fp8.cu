@@ -300,12 +300,11 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
 #ifndef ROPE_BWD_BATCH
 #define ROPE_BWD_BATCH 2
 #endif
-template <Fp8Format FMT, bool TENSOR>
-__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
+template <Fp8Format FMT>
+__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
     rope_bwd_fp8_kernel(const uint16_t *dqkv, const float *cos_sin, int N, int T, int C, int hd, uint8_t *q,
                         float *q_scales, uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
-    static_assert(TENSOR, "per tensor only (delayed scaling)");
-    __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
+    __shared__ __align__(16) CodeTile sm;
     const int W3 = 3 * C, half = hd / 2;
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = G;  // (3C % 128 == 0: whole columns)
@@ -385,6 +384,14 @@ static bool qt_block(const Fp8Operand *qt) { return qt && qt->grouping == FP8_GR
         CUDA_CHECK_LAUNCH();                                                                                  \
     } while (0)
 
+// The same for the kernels that are per tensor only (templated on the format alone).
+#define LAUNCH_TENSOR_FMT(fmt, kernel, grid, ...)                                            \
+    do {                                                                                     \
+        if ((fmt) == FP8_E4M3) kernel<FP8_E4M3><<<(grid), TILE_THREADS, 0, stream>>>(__VA_ARGS__); \
+        else kernel<FP8_E5M2><<<(grid), TILE_THREADS, 0, stream>>>(__VA_ARGS__);              \
+        CUDA_CHECK_LAUNCH();                                                                 \
+    } while (0)
+
 static Fp8TensorScale ts_or_none(const Fp8TensorScale *ts) {
     Fp8TensorScale none = {NULL, NULL};
     return ts ? *ts : none;
@@ -416,13 +423,8 @@ extern "C" void rope_backward_fp8_gpu(const uint16_t *dqkv, const float *cos_sin
         FATAL("rope_backward_fp8_gpu: needs C %% 128 == 0, 128 %% hd == 0, hd %% 16 == 0 and 16-byte aligned "
               "buffers (got H %d, hd %d; hint: rope_backward_fp8_supported)", H, hd);
     const dim3 grid((unsigned)(3 * C / G), (unsigned)((N + G - 1) / G));
-    if (q->fmt == FP8_E4M3)
-        rope_bwd_fp8_kernel<FP8_E4M3, true><<<grid, TILE_THREADS, 0, stream>>>(
-            dqkv, cos_sin, N, T, C, hd, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
-    else
-        rope_bwd_fp8_kernel<FP8_E5M2, true><<<grid, TILE_THREADS, 0, stream>>>(
-            dqkv, cos_sin, N, T, C, hd, q->codes, q->scales, qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
-    CUDA_CHECK_LAUNCH();
+    LAUNCH_TENSOR_FMT(q->fmt, rope_bwd_fp8_kernel, grid, dqkv, cos_sin, N, T, C, hd, q->codes, q->scales,
+                      qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
 }
 
 extern "C" int rope_backward_fp8_supported(int H, int hd) {
@@ -447,15 +449,8 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
     static const char *pair_env = getenv("SWIGLU_BWD_PAIR");
     if (tensor && F % G == 0 && !dfc && ((uintptr_t)q->codes & 7) == 0 && !(pair_env && pair_env[0] == '0')) {
         const dim3 grid((unsigned)(F / G), (unsigned)((N + G - 1) / G));
-        uint8_t *qtc = qt ? qt->codes : NULL;
-        float *qts = qt ? qt->scales : NULL;
-        if (q->fmt == FP8_E4M3)
-            swiglu_bwd_pair_tensor_kernel<FP8_E4M3><<<grid, TILE_THREADS, 0, stream>>>(dout, fc, N, F, q->codes,
-                                                                                    q->scales, qtc, qts, *ts);
-        else
-            swiglu_bwd_pair_tensor_kernel<FP8_E5M2><<<grid, TILE_THREADS, 0, stream>>>(dout, fc, N, F, q->codes,
-                                                                                    q->scales, qtc, qts, *ts);
-        CUDA_CHECK_LAUNCH();
+        LAUNCH_TENSOR_FMT(q->fmt, swiglu_bwd_pair_tensor_kernel, grid, dout, fc, N, F, q->codes, q->scales,
+                          qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
         return;
     }
     if (F % 8) FATAL("swiglu_backward_fp8_gpu: F = %d is not a multiple of 8", F);
