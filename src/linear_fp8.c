@@ -114,6 +114,20 @@ void linear_delayed_slot(int site, int role, int *state, int *tensor) {
     *tensor = 2 * (site % 2) + role;
 }
 
+int linear_delayed_on(const PrecisionConfig *p) {
+    return p->linear == LINEAR_FP8_TENSOR && p->linear_scaling == LINEAR_SCALING_DELAYED;
+}
+
+AttnDelayedState *delayed_states_new(const PrecisionConfig *p, int n_layer, int with_attention, int *n) {
+    const int lin = linear_delayed_on(p);
+    *n = (with_attention || lin ? n_layer : 0) + (lin ? 2 * n_layer : 0);
+    if (*n == 0) return NULL;
+    AttnDelayedState *s = xcalloc((size_t)*n, sizeof(AttnDelayedState));
+    for (int j = 0; j < *n; j++)
+        attn_delayed_init(&s[j], j < LINEAR_DELAYED_FIRST(n_layer) ? p->attention_amax_history : p->linear_amax_history);
+    return s;
+}
+
 void linear_fp8_site(LinearFp8 *L, int layer, int i) {
     if (layer >= 0 && (i < 0 || i > 3)) FATAL("linear_fp8_site: linear %d of layer %d (expected 0..3)", i, layer);
     L->site = layer < 0 ? -1 : 4 * layer + i;

@@ -77,6 +77,16 @@ enum { LINEAR_X = 0, LINEAR_W = 1, LINEAR_DY = 2 };  // indices of LinearFp8.sta
 #define LINEAR_ROLE_X 0
 #define LINEAR_ROLE_DY 1
 void linear_delayed_slot(int site, int role, int *state, int *tensor);
+// Delayed linear scaling is on: fp8_tensor with precision.linear_scaling "delayed".
+int linear_delayed_on(const PrecisionConfig *p);
+// A backend's delayed-scaling states, one array (checkpoints, probes and evaluations keep it
+// whole), laid out alike on both backends so that a checkpoint's states mean the same on either:
+// attention's n_layer first (attention_amax_history; kept when with_attention, or when the
+// linears' follow), then with delayed linear scaling the FP8 linears' 2 n_layer
+// (linear_amax_history, linear_delayed_slot's states) from index LINEAR_DELAYED_FIRST(n_layer).
+// Returns the initialised array (NULL when *n is 0; free() it) and its length in *n.
+#define LINEAR_DELAYED_FIRST(n_layer) (n_layer)
+AttnDelayedState *delayed_states_new(const PrecisionConfig *p, int n_layer, int with_attention, int *n);
 // (The amax a history gives its scale: attention_cpu.h's attn_delayed_amax.)
 // The site of the next linear_forward / dgrad / wgrad calls: layer's linear i, or none (layer <
 // 0: the LM head, current scaling).

@@ -261,7 +261,7 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
         // with an FP8 LM head's chunk when the head is FP8); the FP8 GEMMs share matmul.cu's
         // cuBLASLt workspace. First the amaxes that fp8_tensor's producers take.
         plan_take(W, gpu_fp8_prod_amax_bytes((size_t)m->n_layer));
-        if (c->precision.linear_scaling == LINEAR_SCALING_DELAYED)  // the scales' amaxes (delayed scaling)
+        if (linear_delayed_on(&c->precision))  // the scales' amaxes (delayed scaling)
             plan_take(W, gpu_fp8_delayed_amax_bytes((size_t)m->n_layer));
         const size_t fp8_head = gpu_fp8_head_chunk(linear_precision_of(&c->precision, m->n_layer, -1), BT);
         for (int slot = 0; slot < 2; slot++) {

@@ -100,15 +100,8 @@ void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long lo
     m->B = B;
     m->T = T;
     attn_options_from_config(&m->attn, &c->precision);
-    // attention's states (one per layer), then with delayed linear scaling the linears' (two per
-    // layer, linear_delayed_slot): one array, so that checkpoints, probes and evaluations keep both
-    const int lin_delayed =
-        c->precision.linear == LINEAR_FP8_TENSOR && c->precision.linear_scaling == LINEAR_SCALING_DELAYED;
-    m->n_delayed = mc->n_layer * (lin_delayed ? 3 : 1);
-    m->attn_delayed = xcalloc((size_t)(m->n_delayed ? m->n_delayed : 1), sizeof(AttnDelayedState));
-    for (int j = 0; j < m->n_delayed; j++)
-        attn_delayed_init(&m->attn_delayed[j], j < mc->n_layer ? c->precision.attention_amax_history
-                                                               : c->precision.linear_amax_history);
+    // attention's states (one per layer, always), then with delayed linear scaling the linears'
+    m->attn_delayed = delayed_states_new(&c->precision, mc->n_layer, 1, &m->n_delayed);
 
     size_t BT = (size_t)B * T, C = mc->d_model, F = mc->ffn_hidden, H = mc->n_head;
     size_t hd = mc->head_dim, Vp = mc->padded_vocab_size;
@@ -159,7 +152,7 @@ void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long lo
     a->dv = falloc(BT * C);
     a->head_stats = xcalloc((size_t)B * H, sizeof(AttnStats));
     linear_fp8_init(&a->lin, &c->precision);
-    if (lin_delayed) a->lin.delayed = m->attn_delayed + mc->n_layer;
+    if (linear_delayed_on(&c->precision)) a->lin.delayed = m->attn_delayed + LINEAR_DELAYED_FIRST(mc->n_layer);
     m->acts = a;
 }
 

@@ -186,7 +186,7 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     plan->workspace += MATMUL_WORKSPACE_BYTES;  // allocated by matmul.cu, not in the arena
     if (c->precision.linear != LINEAR_BF16) {  // FP8 operand slots (the GEMMs share matmul's workspace)
         d->prod_amax = (unsigned *)take(&cv, gpu_fp8_prod_amax_bytes((size_t)mc->n_layer), W);  // fp8_tensor's
-        if (c->precision.linear_scaling == LINEAR_SCALING_DELAYED)
+        if (linear_delayed_on(&c->precision))
             d->lin_amax_dev = (float *)take(&cv, gpu_fp8_delayed_amax_bytes((size_t)mc->n_layer), W);
         for (int slot = 0; slot < 2; slot++) {
             size_t nc;
@@ -310,21 +310,17 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     m->shard_hi = m->shard_lo + m->shard_len < P ? m->shard_lo + m->shard_len : P;
     Dev *d = (Dev *)xcalloc(1, sizeof(Dev));
     d->L = (LayerBufs *)xcalloc((size_t)c->model.n_layer, sizeof(LayerBufs));
-    {  // delayed scaling's histories: attention's (whatever the precision: probes may switch it), the linears'
+    {  // delayed scaling's histories: attention's (whatever the precision: probes may switch it; or as
+       // the place the linears' follow, in the CPU's layout), the linears'
         const int L = c->model.n_layer, attn = c->precision.attention_scaling == SCALING_DELAYED;
-        const int lin =
-            c->precision.linear == LINEAR_FP8_TENSOR && c->precision.linear_scaling == LINEAR_SCALING_DELAYED;
-        d->n_delayed = (attn ? L : 0) + (lin ? 2 * L : 0);
-        if (d->n_delayed) d->delayed = (AttnDelayedState *)xcalloc((size_t)d->n_delayed, sizeof(AttnDelayedState));
-        for (int j = 0; j < d->n_delayed; j++)
-            attn_delayed_init(&d->delayed[j], attn && j < L ? c->precision.attention_amax_history
-                                                            : c->precision.linear_amax_history);
+        const int lin = linear_delayed_on(&c->precision);
+        d->delayed = delayed_states_new(&c->precision, L, attn, &d->n_delayed);
         if (attn) {
             d->attn_delayed = d->delayed;
             d->dl_host = (float *)xcalloc(8 * (size_t)L, sizeof(float));
         }
         if (lin) {
-            d->lin_delayed = d->delayed + (attn ? L : 0);
+            d->lin_delayed = d->delayed + LINEAR_DELAYED_FIRST(L);
             d->lin_amax_host = (float *)xcalloc(8 * (size_t)L, sizeof(float));
             d->lin_words_host = (unsigned *)xcalloc(8 * (size_t)L, sizeof(unsigned));
         }

@@ -46,9 +46,10 @@ typedef struct {
     // from the host state at every forward and read back at the end of every backward
     AttnDelayedState *attn_delayed;  // (n_layer) within delayed, or NULL
     float *dl_dev, *dl_host;         // (n_layer * 8) device, host staging
-    // All the delayed-scaling states, one array for checkpoints, probes and evaluations:
-    // attention's (attn_delayed, when its scaling is delayed), then the FP8 linears' (lin_delayed:
-    // two per layer, linear_fp8.h's linear_delayed_slot, when precision.linear_scaling is delayed)
+    // All the delayed-scaling states, one array for checkpoints, probes and evaluations, in the
+    // CPU's layout (linear_fp8.h's delayed_states_new): attention's n_layer (attn_delayed points at
+    // them when its scaling is delayed), then the FP8 linears' (lin_delayed: two per layer,
+    // linear_delayed_slot, when precision.linear_scaling is delayed)
     AttnDelayedState *delayed;
     int n_delayed;
     AttnDelayedState *lin_delayed;   // (2 * n_layer) or NULL

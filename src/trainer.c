@@ -33,6 +33,7 @@
 #include "dataloader.h"  // DataLoader
 #include "diagnostics.h" // FP8-attention diagnostics on probe batches (diagnostics section)
 #include "gpu_info.h"    // GpuInfo: device name and peak for MFU
+#include "linear_fp8.h"  // linear_delayed_on: the run log names the linear scaling
 #include "model.h"       // model_flops_per_token for MFU
 #include "optimizer.h"   // lr_at_step, grad_clip_factor
 #include "sample.h"      // sample_generate for the periodic samples
@@ -430,7 +431,7 @@ static void print_plan(const Run *r, long long start_step) {
     printf("model: %.3fM parameters, %d layers, d_model %d, %d heads | attention %s | linears %s", n_params / 1e6,
            c->model.n_layer, c->model.d_model, c->model.n_head, attn_precision_name(c->precision.attention),
            linear_precision_name(c->precision.linear));
-    if (c->precision.linear_scaling == LINEAR_SCALING_DELAYED)
+    if (linear_delayed_on(&c->precision))
         printf(" (delayed scaling, %d micro-batches of amax history)", c->precision.linear_amax_history);
     if (c->precision.linear_fast_accum != FAST_ACCUM_NONE)
         printf(" (fast accumulation: %s GEMMs%s)",

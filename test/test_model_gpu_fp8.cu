@@ -451,9 +451,10 @@ static void run_mode(const char *label, const Config &c_in, const Batches &bt, i
             // within the BF16 / FP32 distance, later ones within the trajectories' drift
             int ng = 0;
             const AttnDelayedState *gs = gpu_model_delayed_state(&gpu, &ng);
-            const int L = mc->n_layer, off = c.precision.attention_scaling == SCALING_DELAYED ? L : 0;
-            const AttnDelayedState *gl_ = gs ? gs + off : NULL, *cl_ = cpu.attn_delayed + L;
-            int filled_ok = gs && ng == off + 2 * L && cpu.n_delayed == 3 * L;
+            // (both backends lay the states out alike: delayed_states_new)
+            const int L = mc->n_layer, off = LINEAR_DELAYED_FIRST(L);
+            const AttnDelayedState *gl_ = gs ? gs + off : NULL, *cl_ = cpu.attn_delayed + off;
+            int filled_ok = gs && ng == off + 2 * L && cpu.n_delayed == ng;
             double worst_first = 0, worst = 0;
             int scales_equal = 0, scales_near = 0;  // the scales the histories give the next micro-batch
             for (int j = 0; filled_ok && j < 2 * L; j++) {
