@@ -322,7 +322,7 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
         if (lin) {
             d->lin_delayed = d->delayed + LINEAR_DELAYED_FIRST(L);
             d->lin_amax_host = (float *)xcalloc(8 * (size_t)L, sizeof(float));
-            d->lin_words_host = (unsigned *)xcalloc(8 * (size_t)L, sizeof(unsigned));
+            d->lin_words_host = (float *)xcalloc(8 * (size_t)L, sizeof(float));
         }
     }
     if (c->precision.linear != LINEAR_BF16) {  // FP8 linears: per-layer quantized weights and Q(x^T)
@@ -500,11 +500,7 @@ static void lin_delayed_download(GpuModel *m) {
 static void lin_delayed_commit(GpuModel *m) {
     Dev *d = dev_of(m);
     if (!d->lin_delayed) return;
-    for (int w = 0; w < 8 * m->cfg.model.n_layer; w++) {
-        float a;
-        memcpy(&a, &d->lin_words_host[w], sizeof a);
-        d->lin_delayed[w / 4].cur_amax[w % 4] = a;
-    }
+    for (int w = 0; w < 8 * m->cfg.model.n_layer; w++) d->lin_delayed[w / 4].cur_amax[w % 4] = d->lin_words_host[w];
     for (int j = 0; j < 2 * m->cfg.model.n_layer; j++) attn_delayed_commit(&d->lin_delayed[j]);
 }
 

@@ -57,7 +57,7 @@ typedef struct {
     // comes from this micro-batch (the history's maximum; device, uploaded at every forward), a
     // host copy, and the host's copy of prod_amax read back at the end of every backward
     float *lin_amax_dev, *lin_amax_host;  // (n_layer * 8)
-    unsigned *lin_words_host;             // (n_layer * 8)
+    float *lin_words_host;                // (n_layer * 8) the words' FP32 bits, read back as floats
     int lin_ready;                   // the histories are not empty: this forward / backward scales from them
     void *attn_ws;                   // attention workspace (quantized operands, backward scratch)
     size_t attn_ws_bytes;
