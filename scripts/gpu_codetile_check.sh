@@ -11,10 +11,9 @@
 #   usage: BASE=.snap_main [VARIANTS="LAYERS_FP8_MIN_CTAS=4"] bash scripts/gpu_codetile_check.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_codetile_out}
 BASE=${BASE:-.snap_main}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
+. scripts/gpu_lib.sh  # gpu_start, elapsed, build_or_die, run_test, print_summary
+gpu_start /tmp/gpu_codetile_out
 build_or_die build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8
 for t in test_layers_fp8_gpu test_linear_fp8_gpu test_model_gpu_fp8; do FP8_SKIP_TIMING=1 run_test "$t"; done
 settings=("" "SRC=$BASE")

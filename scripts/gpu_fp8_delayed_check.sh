@@ -13,10 +13,8 @@
 # About 7 minutes.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_delayed_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+. scripts/gpu_lib.sh  # gpu_start, elapsed, build_or_die, run_test, print_summary
+gpu_start /tmp/gpu_fp8_delayed_out
 build_or_die train_gpt build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8
 export FP8_TEST_QUANT_ONLY=1 FP8_SKIP_TIMING=1
 for t in test_layers_fp8_gpu test_linear_fp8_gpu test_model_gpu_fp8; do run_test "$t"; done

@@ -9,10 +9,8 @@
 #   4. the tables last. Logs in $OUT (default /tmp/gpu_fp8_delayed_probe_out). About 2 minutes.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_delayed_probe_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+. scripts/gpu_lib.sh  # gpu_start, elapsed, build_or_die, run_test, print_summary
+gpu_start /tmp/gpu_fp8_delayed_probe_out
 build_or_die build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/bench/bench_fp8_quant \
   build/bench/bench_fp8_gemm
 export FP8_TEST_QUANT_ONLY=1

@@ -15,9 +15,8 @@
 #   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_fused_check.sh   (STEPS=20 to change)
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_fused_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # t_start, elapsed, CJ
+. scripts/gpu_lib.sh  # gpu_start, t_start, elapsed, CJ
+gpu_start /tmp/gpu_fp8_fused_out
 summary=()
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 

@@ -11,9 +11,8 @@
 #   usage: bash scripts/gpu_fp8_linear_configs.sh     (STEPS=16 MB=4 to change)
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_configs_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # CJ, elapsed
+. scripts/gpu_lib.sh  # gpu_start, CJ, elapsed
+gpu_start /tmp/gpu_fp8_configs_out
 export STEPS=${STEPS:-16} MB=${MB:-4} NCCL_NVLS_ENABLE=0
 timeout 300 make -j16 SETUP=0 $CJ train_gpt build/bench/bench_fp8_gemm >"$OUT/build.log" 2>&1 ||
   { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }

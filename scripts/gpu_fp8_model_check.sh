@@ -9,9 +9,8 @@
 #   usage: [TRAIN=1] [STEPS=60] bash scripts/gpu_fp8_model_check.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_model_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # CJ
+. scripts/gpu_lib.sh  # gpu_start, CJ
+gpu_start /tmp/gpu_fp8_model_out
 export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=$(nproc)
 summary=()
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader 2>/dev/null

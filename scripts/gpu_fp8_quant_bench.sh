@@ -12,10 +12,8 @@
 #   usage: bash scripts/gpu_fp8_quant_bench.sh   (NO_TEST=1 to time only)
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_quant_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+. scripts/gpu_lib.sh  # gpu_start, elapsed, build_or_die, run_test, print_summary
+gpu_start /tmp/gpu_fp8_quant_out
 build_or_die build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/bench/bench_fp8_quant
 if [ "${NO_TEST:-0}" != 1 ]; then
   for t in test_layers_fp8_gpu test_linear_fp8_gpu; do FP8_TEST_QUANT_ONLY=1 TEST_TIMEOUT=240 run_test "$t"; done

@@ -9,9 +9,8 @@
 #   usage (device tool, carry .deps): bash scripts/gpu_fp8_quant_profile.sh   (KERNELS="..." to change)
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_quant_prof}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # CJ
+. scripts/gpu_lib.sh  # gpu_start, CJ
+gpu_start /tmp/gpu_fp8_quant_prof
 KERNELS=${KERNELS:-"vec128both_kernel swiglu_fp8_kernel swiglu_bwd_fp8_kernel rmsnorm_tile_fp8_kernel"}
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
 if [ -z "$NCU" ] || [ ! -x "$NCU" ]; then echo "no ncu found (set NCU=path)"; exit 1; fi

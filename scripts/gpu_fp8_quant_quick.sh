@@ -6,9 +6,8 @@
 # scripts/gpu_test_all.sh. Carry .deps (cJSON). Logs in $OUT (default /tmp/gpu_fp8_quant_quick).
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_quant_quick}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # NVCC, elapsed
+. scripts/gpu_lib.sh  # gpu_start, NVCC, elapsed
+gpu_start /tmp/gpu_fp8_quant_quick
 CJ_INC="" CJ_LIB=""
 [ -d .deps/cjson ] && CJ_INC="-I.deps/cjson/include" CJ_LIB="-L.deps/cjson/lib -Xlinker -rpath -Xlinker $PWD/.deps/cjson/lib"
 FLAGS="-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Itest $CJ_INC"

@@ -13,9 +13,8 @@
 #   that tree, with its headers, so an older version is timed beside this one in the same call.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_quant_sweep}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # CJ, NVCC, elapsed
+. scripts/gpu_lib.sh  # gpu_start, CJ, NVCC, elapsed
+gpu_start /tmp/gpu_fp8_quant_sweep
 [ $# -gt 0 ] || set -- ""
 timeout 300 make -j16 SETUP=0 $CJ build/libtraingpt.a build/bench/bench_fp8_quant >"$OUT/build.log" 2>&1 ||
   { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }

@@ -13,10 +13,8 @@
 #   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_tensor_check.sh   (NO_TEST=1, STEPS=24)
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_tensor_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+. scripts/gpu_lib.sh  # gpu_start, elapsed, build_or_die, run_test, print_summary
+gpu_start /tmp/gpu_fp8_tensor_out
 build_or_die train_gpt build/tests/test_layers_gpu build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8
 if [ "${NO_TEST:-0}" != 1 ]; then
   for t in test_layers_gpu test_linear_fp8_gpu test_model_gpu_fp8; do

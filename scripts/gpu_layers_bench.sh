@@ -11,10 +11,8 @@
 #   usage: bash scripts/gpu_layers_bench.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_layers_bench_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, CJ
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+. scripts/gpu_lib.sh  # gpu_start, elapsed, CJ
+gpu_start /tmp/gpu_layers_bench_out
 timeout 300 make -j16 SETUP=0 $CJ build/tests/test_layers_gpu build/bench/bench_layers >"$OUT/build.log" 2>&1 ||
   { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
 echo "build done at $(elapsed) s"

@@ -9,6 +9,13 @@ left() {
   local l=$(( ${BUDGET:-600} - $(elapsed) - 5 )); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 10 ] && l=10; echo "$l"
 }
 CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"
+#   gpu_start DIR      a script's start: OUT defaults to DIR and is made; the GPU's name and driver
+gpu_start() {
+  OUT=${OUT:-$1}
+  mkdir -p "$OUT"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  return 0
+}
 NVCC=${NVCC:-nvcc}
 command -v "$NVCC" >/dev/null || NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
 #   build_or_die T...  make targets T into $OUT/build.log (cJSON from .deps); on failure its tail, exit 1

@@ -11,9 +11,8 @@
 #   4. the counts and the tables last. Logs in $OUT (default /tmp/gpu_rope_codes_out).
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_rope_codes_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
+. scripts/gpu_lib.sh  # gpu_start, elapsed, build_or_die, run_test, print_summary
+gpu_start /tmp/gpu_rope_codes_out
 build_or_die train_gpt build/tests/test_layers_fp8_gpu build/tests/test_layers_gpu build/tests/test_model_gpu_fp8 \
   build/bench/bench_fp8_quant
 for t in test_layers_fp8_gpu test_layers_gpu test_model_gpu_fp8; do FP8_SKIP_TIMING=1 run_test "$t"; done
