@@ -142,13 +142,12 @@ static inline size_t gpu_fp8_delayed_amax_bytes(size_t n_layer) { return sizeof(
 // The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).
 #define GPU_HEAD_CHUNK_TOKENS 8192
 static inline size_t gpu_head_chunk(size_t BT) { return BT < GPU_HEAD_CHUNK_TOKENS ? BT : GPU_HEAD_CHUNK_TOKENS; }
-// The chunk of an FP8 LM head (head: the head's linear precision), 0 when the head is not FP8 on
-// the GPU. Only fp8_block: its 1x128 slices (along C for hf, along Vp for dlogits, along runs of
-// 128 tokens for the wgrad operands, which both backends' chunks keep aligned) do not depend on
-// the chunking, so the GPU's chunks give the CPU emulation's codes; fp8_tensor's one scale per
-// operand would be one per chunk, and the chunks differ (model_gpu.cu refuses that configuration).
+// The chunk of an FP8 LM head (head: the head's linear precision), 0 when the head is BF16. Its
+// codes do not depend on the chunking (linear_fp8.c's contract: fp8_block's 1x128 slices stay
+// aligned, fp8_tensor's scales are the micro-batch's), so the GPU's chunks give the CPU
+// emulation's codes.
 static inline size_t gpu_fp8_head_chunk(LinearPrecision head, size_t BT) {
-    return head == LINEAR_FP8_BLOCK ? gpu_head_chunk(BT) : 0;
+    return head == LINEAR_FP8_BLOCK || head == LINEAR_FP8_TENSOR ? gpu_head_chunk(BT) : 0;
 }
 // The GPU model's two FP8 operand slots (model_gpu_linear.cu), each sized for the largest of the
 // shapes (rows, cols = the consuming GEMM's reduction) it takes in one micro-batch of BT tokens:

@@ -84,12 +84,21 @@
 // the first precision.linear_bf16_first_layers and last linear_bf16_last_layers blocks. The LM
 // head (fused with the cross-entropy, in chunks of tokens) is FP8 only when
 // linear_keep_lm_head_bf16 is false; then each chunk's hf (n, C) and dlogits (n, Vp) are the
-// operand tensors. With fp8_block their 1x128 slices run along C, along Vp, and (wgrad) along
-// runs of 128 tokens, which both backends' chunk sizes (multiples of 128: 256 on the CPU, 8192
-// on the GPU) keep at the same tokens, so the codes do not depend on the chunking; fp8_tensor's
-// scales are one per chunk, which the GPU backend (other chunks) refuses. The embedding is never
-// quantized. Accumulation is FP32; outputs
-// (y, dx, dW) are written in the backend's own precision.
+// operand tensors, and their codes must not depend on the chunking (the CPU's chunks are 256
+// tokens, the GPU's 8192):
+//   fp8_block: the 1x128 slices run along C, along Vp, and (wgrad) along runs of 128 tokens,
+//     which both backends' chunks (multiples of 128) keep at the same tokens;
+//   fp8_tensor: the scales are the micro-batch's, not a chunk's (linear_fp8_head_scales): hf's
+//     from the amax of the whole hf (B*T, C), taken before the first chunk (current scaling),
+//     and dlogits' from a bound, not an amax: dlogits = g (softmax - onehot) with g the loss's
+//     factor per token (1 / counted tokens on the CPU; the GPU folds the loss scale in), so
+//     |dlogits| <= g, and g is the amax its scale is taken from. The bound is tight (some token
+//     of a micro-batch is nearly always predicted badly) and known before any dlogits exist, so
+//     each chunk's dlogits are quantized as they are made. With a power-of-two loss scale both
+//     backends give the same codes. The head keeps this with delayed linear scaling too (it has
+//     no amax history). Its weight is per tensor as the blocks' weights.
+// The embedding is never quantized. Accumulation is FP32; outputs (y, dx, dW) are written in the
+// backend's own precision.
 // ===============================================================================================
 #include "linear_fp8.h"
 
@@ -131,6 +140,7 @@ AttnDelayedState *delayed_states_new(const PrecisionConfig *p, int n_layer, int 
 void linear_fp8_site(LinearFp8 *L, int layer, int i) {
     if (layer >= 0 && (i < 0 || i > 3)) FATAL("linear_fp8_site: linear %d of layer %d (expected 0..3)", i, layer);
     L->site = layer < 0 ? -1 : 4 * layer + i;
+    L->head_given = 0;
 }
 
 void linear_fp8_forward_begin(LinearFp8 *L, int n_layer) {
@@ -176,6 +186,13 @@ static float tensor_amax(const float *x, int rows, int cols) {
 #pragma omp parallel for reduction(max : amax) schedule(static) if ((long)rows * cols >= PARALLEL_MIN_ELEMS)
     for (int r = 0; r < rows; r++) amax = fmaxf(amax, block_amax(x, cols, r, 1, 0, cols));
     return amax;
+}
+
+void linear_fp8_head_scales(LinearFp8 *L, const float *hf, int rows, int cols, float dy_bound) {
+    linear_fp8_site(L, -1, 0);
+    L->head_amax[LINEAR_ROLE_X] = tensor_amax(hf, rows, cols);
+    L->head_amax[LINEAR_ROLE_DY] = dy_bound;
+    L->head_given = 1;
 }
 
 // The whole (rows, cols) x quantized with the one scale s (per tensor: current or delayed);
@@ -241,9 +258,16 @@ void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int
 }
 
 // fp8_tensor's quantization of x (role LINEAR_ROLE_X) or dy of the current site: current scaling,
-// or delayed as the contract says (the amax recorded either way).
+// or delayed as the contract says (the amax recorded either way), or for the LM head the
+// micro-batch's amaxes linear_fp8_head_scales gave.
 static void quantize_tensor(LinearFp8 *L, float *out, const float *x, int rows, int cols, int role, Fp8Format fmt,
                             Fp8QuantStats *stats) {
+    if (L->site < 0 && L->head_given) {
+        long long sat = 0, n_nan = 0;
+        quantize_tensor_with(out, NULL, x, rows, cols, fp8_scale_for_amax(fmt, L->head_amax[role]), fmt, &sat, &n_nan);
+        add_stats(stats, (long long)rows * cols, sat, n_nan);
+        return;
+    }
     if (!L->delayed || L->site < 0) {
         fp8_quantize(out, NULL, NULL, x, rows, cols, FP8_GROUP_TENSOR, fmt, stats);
         return;

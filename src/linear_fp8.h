@@ -63,6 +63,8 @@ typedef struct {
     // histories, two states per block (linear_delayed_slot), owned by the model; NULL: current.
     AttnDelayedState *delayed;
     int site;               // the FP8 linear the next calls quantize for (linear_fp8_site), or -1
+    int head_given;         // fp8_tensor's LM head: head_amax holds the micro-batch's (linear_fp8_head_scales)
+    float head_amax[2];     // [LINEAR_ROLE_X] max |hf|, [LINEAR_ROLE_DY] the bound of |dlogits|
     float *scratch[2];      // quantized (and transposed) operand copies
     size_t scratch_cap[2];  // in floats
 } LinearFp8;
@@ -91,6 +93,11 @@ AttnDelayedState *delayed_states_new(const PrecisionConfig *p, int n_layer, int 
 // The site of the next linear_forward / dgrad / wgrad calls: layer's linear i, or none (layer <
 // 0: the LM head, current scaling).
 void linear_fp8_site(LinearFp8 *L, int layer, int i);
+// fp8_tensor's LM head for one micro-batch (the contract in linear_fp8.c): the next calls are the
+// head's (site -1), x quantized with the scale of max |hf| over the whole hf (rows, cols) and dy
+// with the scale of dy_bound (|dlogits| <= dy_bound), whatever rows a call gets (a chunk of
+// tokens). linear_fp8_site drops them.
+void linear_fp8_head_scales(LinearFp8 *L, const float *hf, int rows, int cols, float dy_bound);
 // At the start of every forward: this micro-batch's amaxes start from zero (a forward without a
 // backward, e.g. an evaluation, records nothing: the next forward zeroes them again), for the
 // n_layer blocks' states.

@@ -395,8 +395,7 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
         const float *amax = amax_given;
         if (!amax_given) {
             amax = any->scales + 1;
-            CUDA_CHECK(cudaMemsetAsync(any->scales + 1, 0, sizeof(float), stream));
-            amax_pass(x, n, (unsigned *)(any->scales + 1), stream);
+            fp8_amax_gpu(any->scales + 1, x, n, stream);
         }
         if (observe && (!q || !qt || !TENSOR_TILE_VEC)) {  // only tensor_both_kernel observes as it goes
             amax_pass(x, n, observe, stream);
@@ -431,6 +430,12 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
         break;
     default: FATAL("fp8_quantize_gpu: unknown grouping %d", (int)any->grouping);
     }
+}
+
+void fp8_amax_gpu(float *amax, const uint16_t *x, long n, cudaStream_t stream) {
+    if (n < 0) FATAL("fp8_amax_gpu: %ld elements", n);
+    CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+    amax_pass(x, n, (unsigned *)amax, stream);
 }
 
 void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,

@@ -287,12 +287,13 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
             }
         }
         if (fp8_head) {  // the LM head's Q(W) (Vp, C), Q(W^T) (C, Vp) and its chunk's Q(hf^T) (C, chunk)
+            const LinearPrecision hp = linear_precision_of(&c->precision, m->n_layer, -1);
             plan_take(&out->weights, Vp * C);
-            plan_take(&out->weights, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 1, Vp, C));
+            plan_take(&out->weights, 4 * plan_fp8_scales(hp, 1, Vp, C));
             plan_take(&out->weights, C * Vp);
-            plan_take(&out->weights, 4 * plan_fp8_scales(LINEAR_FP8_BLOCK, 1, C, Vp));
+            plan_take(&out->weights, 4 * plan_fp8_scales(hp, 1, C, Vp));
             plan_take(W, C * fp8_head);
-            plan_take(W, 4 * gpu_fp8_scales_xt(LINEAR_FP8_BLOCK, c->precision.linear_wgrad_blocks, C, fp8_head));
+            plan_take(W, 4 * gpu_fp8_scales_xt(hp, c->precision.linear_wgrad_blocks, C, fp8_head));
         }
     }
     out->total = out->weights + out->master + out->optimizer + out->grads + out->activations +

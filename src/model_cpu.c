@@ -376,7 +376,10 @@ static float head_and_loss(CpuModel *m, const int32_t *targets, int want_grad) {
         counted += targets[i] >= 0;
     }
     float grad_scale = want_grad && counted ? 1.0f / counted : 0.0f;
-    linear_fp8_site(&a->lin, -1, 0);  // the head: current scaling
+    // the head: per-tensor scales of the micro-batch (fp8_tensor; |dlogits| <= grad_scale), else
+    // as its precision quantizes (linear_fp8.c's contract)
+    if (hp == LINEAR_FP8_TENSOR) linear_fp8_head_scales(&a->lin, a->hf, BT, C, grad_scale);
+    else linear_fp8_site(&a->lin, -1, 0);
     for (int c0 = 0; c0 < BT; c0 += HEAD_CHUNK) {
         int n = BT - c0 < HEAD_CHUNK ? BT - c0 : HEAD_CHUNK;
         const float *hf = a->hf + (long)c0 * C;
@@ -410,6 +413,7 @@ void cpu_model_next_logits(CpuModel *m, const int32_t *tokens, int t, float *log
     ((Acts *)m->acts)->grad_ready = 0;
     const ModelConfig *mc = &m->cfg.model;
     const float *last = ((Acts *)m->acts)->hf + (long)(t - 1) * mc->d_model;
+    linear_fp8_site(&((Acts *)m->acts)->lin, -1, 0);  // the head on this row alone
     linear_forward(&((Acts *)m->acts)->lin, lin_prec(m, -1), logits, last, P(m, head_kind(m), 0), 1,
                    mc->padded_vocab_size, mc->d_model, 0);
 }

@@ -51,10 +51,11 @@
 //     and the RMSNorm backwards (dres) take their output's amax as they write it (layers.h's
 //     *_amax_gpu, norm_backward_for_linear), and the quantization pass skips its amax pass; o and
 //     dqkv still take theirs.
-// The LM head stays BF16 unless linear_keep_lm_head_bf16 is false with fp8_block: then its three
-// GEMMs per chunk run in FP8 (head_fp8_forward / head_fp8_backward, the operands quantized in
-// separate passes), whose 1x128 scales do not depend on the chunking; fp8_tensor's per-chunk
-// tensor scales would, and the GPU's chunks are not the CPU's, so that combination is refused.
+// The LM head stays BF16 unless linear_keep_lm_head_bf16 is false: then its three GEMMs per chunk
+// run in FP8 (head_fp8_begin once per micro-batch, head_fp8_forward / head_fp8_backward per chunk,
+// the operands quantized in separate passes) with codes that do not depend on the chunking
+// (linear_fp8.c's contract: fp8_block's 1x128 slices; fp8_tensor's scales of the micro-batch, hf's
+// amax taken before the first chunk and dlogits' bound, the cross-entropy's factor).
 #include "model_gpu.h"
 #include "model_gpu_internal.h"  // Dev, LayerBufs, Carver, accessors, the linear layers
 
@@ -91,12 +92,6 @@ static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
         return errf(e, "micro-batch %d x %d tokens does not fit model.seq_len %d", B, T, mc->seq_len);
     if (c->precision.linear != LINEAR_BF16) {
         const char *lp = linear_precision_name(c->precision.linear);
-        if (!c->precision.linear_keep_lm_head_bf16 && c->precision.linear != LINEAR_FP8_BLOCK)
-            return errf(e, "precision.linear_keep_lm_head_bf16 = false (an FP8 LM head) with precision.linear \"%s\" "
-                           "is not available on the GPU backend: its one scale per tensor would be one per chunk of "
-                           "the fused LM head, and the GPU's chunks are not the CPU emulation's; use precision.linear "
-                           "\"fp8_block\" (whose 1x128 scales do not depend on the chunks), set "
-                           "linear_keep_lm_head_bf16 to true, or use train.device \"cpu\"", lp);
         if (mc->d_model % 16 || mc->ffn_hidden % 16)
             return errf(e, "precision.linear \"%s\" on the GPU needs model.d_model (%d) and model.ffn_hidden (%d) to "
                            "be multiples of 16 (cuBLASLt's FP8 GEMMs reduce over them)", lp, mc->d_model, mc->ffn_hidden);
@@ -218,9 +213,10 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
         // an FP8 LM head: Q(W), Q(W^T) (weights) and one chunk's Q(hf^T) (workspace)
         const long hc = fp8_head_chunk(c, (long)BT);
         if (hc > 0) {
-            Fp8Operand w = take_operand(&cv, (int)Vp, (int)C, FP8_GROUP_128x128, FP8_E4M3, &plan->weights);
-            Fp8Operand wt = take_operand(&cv, (int)C, (int)Vp, FP8_GROUP_128x128, FP8_E4M3, &plan->weights);
-            const Fp8Grouping xg = linear_xt_grouping(LINEAR_FP8_BLOCK, c->precision.linear_wgrad_blocks);
+            const LinearPrecision hp = linear_precision_of(&c->precision, mc->n_layer, -1);
+            Fp8Operand w = take_operand(&cv, (int)Vp, (int)C, linear_weight_grouping(hp), FP8_E4M3, &plan->weights);
+            Fp8Operand wt = take_operand(&cv, (int)C, (int)Vp, linear_weight_grouping(hp), FP8_E4M3, &plan->weights);
+            const Fp8Grouping xg = linear_xt_grouping(hp, c->precision.linear_wgrad_blocks);
             Fp8Operand xt = take_operand(&cv, (int)C, (int)hc, xg, FP8_E4M3, W);
             if (base) {
                 d->head_w8 = w;
@@ -589,7 +585,8 @@ static float head_and_loss(GpuModel *m, int counted, int want_grad) {
     float *gw = G(m, head_kind(m), 0);
     float grad_scale = want_grad && counted ? m->loss_scale / (float)counted : 0.0f;
     if (want_grad && grad_scale == 0.0f) CUDA_CHECK(cudaMemsetAsync(d->dhf, 0, sizeof(bf16) * (size_t)BT * C, s));
-    const int fp8_head = d->head_w8.codes != NULL;  // fp8_block with linear_keep_lm_head_bf16 false
+    const int fp8_head = d->head_w8.codes != NULL;  // linear_keep_lm_head_bf16 false
+    if (fp8_head) head_fp8_begin(m, d->hf, BT);
     for (int c0 = 0; c0 < BT; c0 += d->head_chunk) {
         int n = BT - c0 < d->head_chunk ? BT - c0 : d->head_chunk;
         const bf16 *hf = d->hf + (size_t)c0 * C;
@@ -598,7 +595,7 @@ static float head_and_loss(GpuModel *m, int counted, int want_grad) {
         cross_entropy_gpu(d->logits, d->losses + c0, d->targets + c0, n, V, Vp, grad_scale, s);
         if (grad_scale != 0.0f) {  // the chunk now holds dlogits
             if (fp8_head) {
-                head_fp8_backward(m, d->dhf + (size_t)c0 * C, gw, d->logits, n);
+                head_fp8_backward(m, d->dhf + (size_t)c0 * C, gw, d->logits, n, grad_scale);
             } else {
                 matmul_dgrad_gpu(d->dhf + (size_t)c0 * C, d->logits, w, n, Vp, C, 0, s);  // (n, C)
                 matmul_wgrad_gpu(gw, d->logits, hf, n, Vp, C, s);                         // (Vp, C)
@@ -639,11 +636,12 @@ void gpu_model_next_logits(GpuModel *m, const int32_t *tokens, int t, float *log
     int C = mc->d_model, Vp = mc->padded_vocab_size;
     if (d->head_w8.codes) {
         // an FP8 LM head, as the CPU runs it: the row padded to the 4 rows a 1x128-scaled operand
-        // needs (cuBLASLt's VEC128 layout), with zero rows (1x128 scales are per row: row 0's
-        // codes do not depend on them); logits row 0 is the token's
+        // needs (cuBLASLt's VEC128 layout), with zero rows (1x128 scales are per row, a tensor's
+        // amax is the row's: row 0's codes do not depend on them); logits row 0 is the token's
         CUDA_CHECK(cudaMemsetAsync(d->buf1, 0, sizeof(bf16) * 4 * (size_t)C, d->stream));
         CUDA_CHECK(cudaMemcpyAsync(d->buf1, d->hf + (size_t)(t - 1) * C, sizeof(bf16) * (size_t)C,
                                    cudaMemcpyDeviceToDevice, d->stream));
+        head_fp8_begin(m, d->buf1, 4);
         head_fp8_forward(m, d->logits, d->buf1, 4, 0);
     } else {
         matmul_forward_gpu(d->logits, d->hf + (size_t)(t - 1) * C, W(m, head_kind(m), 0), 1, Vp, C, 0, d->stream);

@@ -155,13 +155,16 @@ void lin_wgrad(GpuModel *m, ParamKind kind, int layer, const bf16 *dy, const bf1
 // Q(W), Q(W^T) of every FP8 linear (and of an FP8 LM head) when the BF16 weights changed since
 // the last refresh.
 void fp8_refresh_weights(GpuModel *m);
-// Tokens per chunk of an FP8 LM head (fp8_block with linear_keep_lm_head_bf16 false), else 0.
+// Tokens per chunk of an FP8 LM head (linear_keep_lm_head_bf16 false), else 0.
 long fp8_head_chunk(const Config *c, long BT);
-// The FP8 LM head's GEMMs for one chunk of n tokens (model_gpu_linear.cu): the forward logits
-// (n, Vp) from hf (n, C), keeping Q(hf^T) when want_grad; then, on the chunk's dlogits, dhf
-// (n, C) and the weight gradient gw (Vp, C) += dlogits^T hf.
+// The FP8 LM head (model_gpu_linear.cu). head_fp8_begin before a micro-batch's chunks, with its
+// whole hf (rows, C): fp8_tensor takes hf's amax (the scale of every chunk's Q(hf)). Then per
+// chunk of n tokens the forward logits (n, Vp) from hf (n, C), keeping Q(hf^T) when want_grad;
+// then, on the chunk's dlogits (|dlogits| <= grad_scale, the cross-entropy's factor: fp8_tensor's
+// bound), dhf (n, C) and the weight gradient gw (Vp, C) += dlogits^T hf.
+void head_fp8_begin(GpuModel *m, const bf16 *hf, int rows);
 void head_fp8_forward(GpuModel *m, bf16 *logits, const bf16 *hf, int n, int want_grad);
-void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n);
+void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n, float grad_scale);
 // Producers of a linear's operands (model_gpu_linear.cu): the layers.h kernel, or, when the
 // linear (kind, layer) is fp8_block and fusion is on, its layers_fp8.h twin writing the codes
 // the linear's GEMMs read (and then no BF16 output: nothing else reads it); when it is

@@ -288,36 +288,58 @@ void fp8_refresh_weights(GpuModel *m) {
     d->w8_dirty = 0;
 }
 
-// The fused LM head's GEMMs for one chunk of n tokens in FP8 (fp8_block; model_gpu.cu's
-// head_and_loss runs the chunks and the cross-entropy): logits (n, Vp) = Q(hf) Q(W)^T, with
-// Q(hf^T) kept for the wgrad when want_grad; then, once the chunk holds dlogits,
-// head_fp8_backward: dhf (n, C) = Q(dy) Q(W^T)^T and dW (Vp, C) += Q(dy^T) Q(hf^T)^T, with Q(dy)
-// and Q(dy^T) made in one pass. Codes and scales as linear_fp8.c's linear_forward / dgrad /
-// wgrad make them for the CPU's chunks (fp8_head_chunk).
+// The fused LM head's GEMMs for one chunk of n tokens in FP8 (model_gpu.cu's head_and_loss runs
+// the chunks and the cross-entropy): logits (n, Vp) = Q(hf) Q(W)^T, with Q(hf^T) kept for the
+// wgrad when want_grad; then, once the chunk holds dlogits, head_fp8_backward: dhf (n, C) =
+// Q(dy) Q(W^T)^T and dW (Vp, C) += Q(dy^T) Q(hf^T)^T, with Q(dy) and Q(dy^T) made in one pass.
+// Codes and scales as linear_fp8.c's linear_forward / dgrad / wgrad make them for the CPU's
+// chunks (fp8_head_chunk): fp8_block's 1x128 slices, or fp8_tensor's scales of the micro-batch,
+// hf's amax taken by head_fp8_begin into head_xt's scales[1] (each chunk's quantization reads it
+// there and leaves it) and dlogits' bound written into slot 0's scales[1] before each chunk's.
+static __global__ void store_float_kernel(float *p, float v) { *p = v; }
+
+void head_fp8_begin(GpuModel *m, const bf16 *hf, int rows) {
+    Dev *d = dev_of(m);
+    if (lin_prec(m, -1) != LINEAR_FP8_TENSOR) return;  // fp8_block: each slice's own scale
+    fp8_amax_gpu(d->head_xt.scales + 1, hf, (long)rows * m->cfg.model.d_model, d->stream);
+}
+
 void head_fp8_forward(GpuModel *m, bf16 *logits, const bf16 *hf, int n, int want_grad) {
     Dev *d = dev_of(m);
     const int C = m->cfg.model.d_model;
-    Fp8Operand xq = fp8_slot(d, 0, n, C, FP8_GROUP_1x128, FP8_E4M3);  // (n, C)
-    Fp8Operand xt = d->head_xt;                                         // (C, n <= chunk)
+    const LinearPrecision hp = lin_prec(m, -1);
+    Fp8Operand xq = fp8_slot(d, 0, n, C, linear_act_grouping(hp), FP8_E4M3);  // (n, C)
+    Fp8Operand xt = d->head_xt;                                                // (C, n <= chunk)
     if (n > xt.cols) FATAL("model_gpu: LM head chunk of %d tokens, Q(hf^T) has room for %d", n, xt.cols);
     xt.cols = n;
-    fp8_quantize_gpu(&xq, want_grad ? &xt : NULL, hf, n, C, NULL, d->stream);
+    if (hp == LINEAR_FP8_TENSOR)
+        fp8_quantize_gpu_with_amax(&xq, want_grad ? &xt : NULL, hf, n, C, d->head_xt.scales + 1, NULL, NULL,
+                                   d->stream);
+    else
+        fp8_quantize_gpu(&xq, want_grad ? &xt : NULL, hf, n, C, NULL, d->stream);
     d->x_in_slot0 = NULL;  // slots 0 and 1 now hold the head's operands
     d->dy_in_slot0 = d->dyt_in_slot1 = NULL;
-    linear_fp8_forward_gpu(logits, &xq, &d->head_w8, 0, d->stream);  // (1x128: always promoted)
+    linear_fp8_forward_gpu(logits, &xq, &d->head_w8, fast_accum(m, hp, 0), d->stream);
     d->fp8_gemms++;
 }
-void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n) {
+void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n, float grad_scale) {
     Dev *d = dev_of(m);
     const int Vp = m->cfg.model.padded_vocab_size;
-    Fp8Operand dyq = fp8_slot(d, 0, n, Vp, FP8_GROUP_1x128, grad_format(m));  // (n, Vp)
-    const Fp8Grouping dyt_g = linear_dyt_grouping(LINEAR_FP8_BLOCK, m->cfg.precision.linear_wgrad_blocks);
+    const LinearPrecision hp = lin_prec(m, -1);
+    Fp8Operand dyq = fp8_slot(d, 0, n, Vp, linear_act_grouping(hp), grad_format(m));  // (n, Vp)
+    const Fp8Grouping dyt_g = linear_dyt_grouping(hp, m->cfg.precision.linear_wgrad_blocks);
     Fp8Operand dyt = fp8_slot(d, 1, Vp, n, dyt_g, grad_format(m));  // (Vp, n)
     Fp8Operand xt = d->head_xt;
     xt.cols = n;
-    fp8_quantize_gpu(&dyq, &dyt, dlogits, n, Vp, NULL, d->stream);
-    linear_fp8_dgrad_gpu(dhf, &dyq, &d->head_wt8, 0, d->stream);  // W^T (C, Vp)
-    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, 0, d->stream);
+    if (hp == LINEAR_FP8_TENSOR) {  // the bound |dlogits| <= grad_scale is the amax of the scale
+        store_float_kernel<<<1, 1, 0, d->stream>>>(dyq.scales + 1, grad_scale);
+        CUDA_CHECK_LAUNCH();
+        fp8_quantize_gpu_with_amax(&dyq, &dyt, dlogits, n, Vp, dyq.scales + 1, NULL, NULL, d->stream);
+    } else {
+        fp8_quantize_gpu(&dyq, &dyt, dlogits, n, Vp, NULL, d->stream);
+    }
+    linear_fp8_dgrad_gpu(dhf, &dyq, &d->head_wt8, fast_accum(m, hp, 1), d->stream);  // W^T (C, Vp)
+    linear_fp8_wgrad_gpu(gw, &dyt, &xt, 1, fast_accum(m, hp, 1), d->stream);
     d->fp8_gemms += 2;
 }
 

@@ -427,6 +427,47 @@ static void test_precision_of(void) {
           got[3], got[4], got[5], got[6]);
 }
 
+// fp8_tensor's LM head (linear_fp8_head_scales): its scales are the micro-batch's, so the head
+// run in chunks of tokens (the CPU's 256, the GPU's 8192) gives what the whole would: x's scale
+// from the whole x, dy's from the bound given; linear_fp8_site drops them.
+static void test_head_scales(void) {
+    const int N = 64, M = 48, K = 80, H = N / 2;
+    float *x = random_matrix(N, K, 4), *w = random_matrix(M, K, 2), *dy = random_matrix(N, M, 4);
+    for (long i = (long)H * K; i < (long)N * K; i++) x[i] *= 0.125f;  // the second half's own amax is 8x smaller
+    float *y = malloc(sizeof(float) * N * M), *y_ref = malloc(sizeof(float) * N * M);
+    float *dx = malloc(sizeof(float) * N * K), *dx_ref = malloc(sizeof(float) * N * K);
+    float amax_dy = 0.0f;
+    for (long i = 0; i < (long)N * M; i++) amax_dy = fmaxf(amax_dy, fabsf(dy[i]));
+    PrecisionConfig pc = {0};
+    pc.linear = LINEAR_FP8_TENSOR;
+    LinearFp8 L;
+    linear_fp8_init(&L, &pc);
+    linear_fp8_head_scales(&L, x, N, K, amax_dy);
+    linear_forward(&L, LINEAR_FP8_TENSOR, y, x, w, H, M, K, 0);
+    linear_forward(&L, LINEAR_FP8_TENSOR, y + (long)H * M, x + (long)H * K, w, H, M, K, 0);
+    linear_dgrad(&L, LINEAR_FP8_TENSOR, dx, dy, w, H, M, K, 0);
+    linear_dgrad(&L, LINEAR_FP8_TENSOR, dx + (long)H * K, dy + (long)H * M, w, H, M, K, 0);
+    linear_fp8_site(&L, -1, 0);  // current scaling of the whole: the same scales
+    linear_forward(&L, LINEAR_FP8_TENSOR, y_ref, x, w, N, M, K, 0);
+    linear_dgrad(&L, LINEAR_FP8_TENSOR, dx_ref, dy, w, N, M, K, 0);
+    CHECK(memcmp(y, y_ref, sizeof(float) * N * M) == 0 && memcmp(dx, dx_ref, sizeof(float) * N * K) == 0,
+          "head scales: the head in two chunks equals the whole tensor's per-tensor quantization", "differs");
+    linear_forward(&L, LINEAR_FP8_TENSOR, y_ref, x + (long)H * K, w, H, M, K, 0);  // the chunk's own amax
+    long differ = 0;
+    for (long i = 0; i < (long)H * M; i++) differ += y_ref[i] != y[(long)H * M + i];
+    CHECK(differ > 0 && L.head_given == 0, "head scales: linear_fp8_site drops them (a chunk's own scale differs)",
+          "%ld outputs differ, head_given %d", differ, L.head_given);
+    // a bound far above dy's amax: its scale puts every dy code in the subnormals or at zero
+    linear_fp8_head_scales(&L, x, N, K, 1e6f * amax_dy);
+    linear_dgrad(&L, LINEAR_FP8_TENSOR, dx, dy, w, N, M, K, 0);
+    differ = 0;
+    for (long i = 0; i < (long)N * K; i++) differ += dx[i] != dx_ref[i];
+    CHECK(differ > (long)N * K / 2, "head scales: dy takes the bound's scale, not its own amax", "%ld of %d differ",
+          differ, N * K);
+    linear_fp8_free(&L);
+    free(x); free(w); free(dy); free(y); free(y_ref); free(dx); free(dx_ref);
+}
+
 // Delayed scaling (fp8_tensor, linear_scaling "delayed"): the contract's history, step by step,
 // on one block's linear 1 (site 1: state 0, tensors 2 (x) and 3 (dy)) with a history of 2:
 //   1. empty history: the forward equals current scaling and records x's amax (cur, not yet hist);
@@ -539,5 +580,6 @@ int main(void) {
     test_bf16_path();
     test_precision_of();
     test_delayed();
+    test_head_scales();
     return test_summary("test_linear_fp8");
 }

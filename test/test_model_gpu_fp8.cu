@@ -132,12 +132,22 @@ static void plan_tests(void) {
     ErrBuf e;
     MemoryPlan mp;
     const char *ov_head[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_keep_lm_head_bf16=false"};
+    const char *ov_tns_head_base[] = {"precision.linear=\"fp8_tensor\""};
     const char *ov_blk_head_base[] = {"precision.linear=\"fp8_block\""};
-    Config c = make_config(TINY_JSON, ov_head, 2);
-    int rc = gpu_model_plan(&c, 8, 64, &mp, &e);
-    CHECK(rc == -1 && strstr(e.msg, "linear_keep_lm_head_bf16") && strstr(e.msg, "fp8_block"),
-          "plan: an fp8_tensor LM head is a user error on the GPU that names the way out", "rc %d msg %s", rc,
-          rc ? e.msg : "");
+    Config c = make_config(TINY_JSON, ov_head, 2), c0 = make_config(TINY_JSON, ov_tns_head_base, 1);
+    {  // an fp8_tensor LM head (its scales the micro-batch's): per-tensor Q(W), Q(W^T) (weights), Q(hf^T)
+        MemoryPlan mp_t, mp_t0, dry_t;
+        const size_t Vp = c.model.padded_vocab_size, C = c.model.d_model;
+        int rc = gpu_model_plan(&c, c.train.micro_batch, c.model.seq_len, &mp_t, &e);
+        const int rc0 = gpu_model_plan(&c0, c.train.micro_batch, c.model.seq_len, &mp_t0, &e);
+        memory_plan(&c, 1, 0, c.train.micro_batch, &dry_t);
+        CHECK(rc == 0 && rc0 == 0 && !memcmp(&dry_t, &mp_t, sizeof dry_t) &&
+                  mp_t.weights >= mp_t0.weights + 2 * Vp * C && mp_t.workspace > mp_t0.workspace,
+              "plan: an fp8_tensor LM head is planned and --dry-run's plan equals the GPU allocation",
+              "rc %d/%d weights %zu vs %zu (dry %zu), workspace %zu vs %zu (dry %zu)", rc, rc0, mp_t.weights,
+              mp_t0.weights, dry_t.weights, mp_t.workspace, mp_t0.workspace, dry_t.workspace);
+    }
+    int rc;
     const char *ov_bhead[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false"};
     Config cb = make_config(TINY_JSON, ov_bhead, 2), cb0 = make_config(TINY_JSON, ov_blk_head_base, 1);
     MemoryPlan mp_h, mp_0, dry_h;
@@ -1028,6 +1038,15 @@ int main(void) {
     run_mode("fp8_block", make_config(TINY_JSON, ov_b, 1), bt, STEPS, 3e-2, &ref);
     const char *ov_bh[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false"};
     run_mode("fp8_block + FP8 LM head", make_config(TINY_JSON, ov_bh, 2), bt, STEPS, 3e-2, &ref);
+    // fp8_tensor's LM head: the micro-batch's scales (hf's amax, dlogits' bound), whatever the chunks
+    const char *ov_th[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_keep_lm_head_bf16=false",
+                           "precision.linear_grad_format=\"e5m2\""};
+    run_mode("fp8_tensor + FP8 LM head e5m2", make_config(TINY_JSON, ov_th, 3), bt, STEPS, 5e-2, &ref);
+    run_mode("fp8_tensor + FP8 LM head e4m3", make_config(TINY_JSON, ov_th, 2), bt, 0, 3e-2, &ref);
+    const char *ov_thd[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_keep_lm_head_bf16=false",
+                            "precision.linear_scaling=\"delayed\"", "precision.linear_fast_accum=\"forward\""};
+    run_mode("fp8_tensor delayed + FP8 LM head, fast forward", make_config(TINY_JSON, ov_thd, 4), bt, STEPS, 3e-2,
+             &ref);
     // a wgrad operand in 128x128 blocks (precision.linear_wgrad_blocks), the LM head's too
     const char *ov_wx[] = {"precision.linear=\"fp8_block\"", "precision.linear_keep_lm_head_bf16=false",
                            "precision.linear_wgrad_blocks=\"activation\""};
