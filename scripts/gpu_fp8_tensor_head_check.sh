@@ -2,8 +2,9 @@
 # gpu_fp8_tensor_head_check.sh: on one H200, fp8_tensor's FP8 LM head (linear_keep_lm_head_bf16
 # false; its scales the micro-batch's: linear_fp8.c's contract) checked and measured in one call
 # (carry .deps):
-#   1. build; test_linear_fp8_gpu's quantization part and test_model_gpu_fp8 without its timing
-#      section (the FP8-head models against the CPU emulation, the plan);
+#   1. build; test_layers_fp8_gpu (the cross-entropy writing Q(dlogits), the codes' transpose),
+#      test_linear_fp8_gpu's quantization part and test_model_gpu_fp8 without its timing section
+#      (the FP8-head models against the CPU emulation, fused against separate passes, the plan);
 #   2. paper_569m end to end with its own 32 micro-batches per step: bf16, delayed fp8_tensor,
 #      the same with the FP8 head (E5M2 gradients), and with fast forward GEMMs too;
 #   3. 150 steps of one micro-batch for the losses: bf16, delayed, delayed + FP8 head (E5M2 and
@@ -14,10 +15,11 @@ cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_tensor_head_out}
 mkdir -p "$OUT"
 . scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
-build_or_die train_gpt build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8
+build_or_die train_gpt build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8
+run_test test_layers_fp8_gpu
 FP8_TEST_QUANT_ONLY=1 run_test test_linear_fp8_gpu
 FP8_SKIP_TIMING=1 run_test test_model_gpu_fp8
-grep -E "FP8 LM head.*(loss|next_logits)" "$OUT/test_model_gpu_fp8.log" | head -8 | cut -c1-160
+grep -E "FP8 LM head.*(loss|next_logits)|fusion .*LM head" "$OUT/test_model_gpu_fp8.log" | head -10 | cut -c1-160
 D=precision.linear_scaling=delayed
 G=precision.linear_grad_format=e5m2
 OUT="$OUT/e2e" WORK=/tmp/fp8_head_e2e NO_TEST=1 ACCUM=32 STEPS=5 SKIP=2 BUDGET=${BUDGET_E2E:-200} \

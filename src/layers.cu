@@ -841,19 +841,27 @@ static __device__ __forceinline__ float ce_block_reduce(float v, float *part) {
     return r;
 }
 
-template <int NV>
+// CODES: the gradient goes out as per-tensor FP8 codes (FMT) instead, codes (rows, Vp), each
+// the code of the BF16 value the row would hold, with the scale of the amax grad_scale (the
+// bound of |dlogits|: cross_entropy_fp8_gpu); the logits are left as they were.
+template <int NV, bool CODES = false, Fp8Format FMT = FP8_E4M3>
 __global__ void __launch_bounds__(CE_VEC_BLOCK, NV <= 13 ? 2 : 1)
-    cross_entropy_vec_kernel(bf16 *logits, float *loss, const int32_t *targets, int V, int Vp, float grad_scale) {
+    cross_entropy_vec_kernel(bf16 *logits, float *loss, const int32_t *targets, int V, int Vp, float grad_scale,
+                             uint8_t *codes = nullptr) {
     __shared__ float part_max[CE_VEC_WARPS], part_sum[CE_VEC_WARPS];
     constexpr float LOG2E = 1.4426950408889634f;
     const long long row = blockIdx.x;
     bf16 *x = logits + row * Vp;
     uint4 *xv = reinterpret_cast<uint4 *>(x);
     const int tgt = targets[row], nvec = Vp / 8, t = threadIdx.x;
+    uint2 *cv = CODES ? reinterpret_cast<uint2 *>(codes + row * Vp) : nullptr;  // 8 codes per chunk
     if (tgt < 0) {  // ignored row (uniform over the block)
         if (t == 0) loss[row] = 0.0f;
         if (grad_scale != 0.0f)
-            for (int c = t; c < nvec; c += CE_VEC_BLOCK) xv[c] = make_uint4(0u, 0u, 0u, 0u);
+            for (int c = t; c < nvec; c += CE_VEC_BLOCK) {
+                if (CODES) cv[c] = make_uint2(0u, 0u);
+                else xv[c] = make_uint4(0u, 0u, 0u, 0u);
+            }
         return;
     }
     // read before the first barrier; every write of the row comes after the second
@@ -895,6 +903,8 @@ __global__ void __launch_bounds__(CE_VEC_BLOCK, NV <= 13 ? 2 : 1)
     if (t == 0) loss[row] = logf(s) + mx - target_logit;  // NaN when the target is >= V
     if (grad_scale == 0.0f) return;
     const float scale = grad_scale / s;
+    const float code_scale = CODES ? fp8_scale_for_amax(FMT, grad_scale) : 1.0f;
+    unsigned sat = 0, nan = 0;  // (not counted: the model passes no counters)
     ce_fence(w);
 #pragma unroll
     for (int i = 0; i < NV; i++) {
@@ -910,9 +920,46 @@ __global__ void __launch_bounds__(CE_VEC_BLOCK, NV <= 13 ? 2 : 1)
                 const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
                 g[k] = *reinterpret_cast<const uint32_t *>(&h);
             }
-            xv[c] = make_uint4(g[0], g[1], g[2], g[3]);
+            if (CODES) cv[c] = quant8<FMT>(g, code_scale, sat, nan);
+            else xv[c] = make_uint4(g[0], g[1], g[2], g[3]);
         }
     }
+}
+
+// The vectorized kernel's chunks per thread for Vp columns (0: the row does not fit it).
+static int ce_vec_chunks(int Vp, const void *logits) {
+    const int per = (Vp / 8 + CE_VEC_BLOCK - 1) / CE_VEC_BLOCK;
+    return Vp % 8 != 0 || !aligned16(logits) || per > 16 ? 0 : per <= 4 ? 4 : per <= 8 ? 8 : per <= 13 ? 13 : 16;
+}
+
+extern "C" int cross_entropy_fp8_supported(int Vp, const void *logits, const void *codes) {
+    return ce_vec_chunks(Vp, logits) > 0 && ((uintptr_t)codes & 7) == 0;
+}
+
+template <bool CODES, Fp8Format FMT>
+static void launch_ce_vec(int nv, bf16 *lg, float *loss, const int32_t *targets, int N, int V, int Vp,
+                          float grad_scale, uint8_t *codes, cudaStream_t stream) {
+    switch (nv) {
+    case 4: cross_entropy_vec_kernel<4, CODES, FMT><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale, codes); break;
+    case 8: cross_entropy_vec_kernel<8, CODES, FMT><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale, codes); break;
+    case 13: cross_entropy_vec_kernel<13, CODES, FMT><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale, codes); break;
+    default: cross_entropy_vec_kernel<16, CODES, FMT><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale, codes); break;
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cross_entropy_fp8_gpu(const uint16_t *logits, float *loss, const int32_t *targets, int N, int V,
+                                      int Vp, float grad_scale, uint8_t *codes, Fp8Format fmt, cudaStream_t stream) {
+    if (V <= 0 || V > Vp) FATAL("cross-entropy over %d real of %d columns (hint: need 0 < V <= Vp)", V, Vp);
+    if (!cross_entropy_fp8_supported(Vp, logits, codes) || grad_scale == 0.0f)
+        FATAL("cross_entropy_fp8_gpu: needs Vp %% 8 == 0 (got %d), Vp <= %d, 16-byte aligned logits, 8-byte aligned "
+              "codes and a gradient (grad_scale %g) (hint: cross_entropy_fp8_supported)", Vp, 8 * CE_VEC_BLOCK * 16,
+              (double)grad_scale);
+    if (N == 0) return;
+    bf16 *lg = (bf16 *)logits;  // (read only: CODES writes codes, not the row)
+    const int nv = ce_vec_chunks(Vp, logits);
+    if (fmt == FP8_E4M3) launch_ce_vec<true, FP8_E4M3>(nv, lg, loss, targets, N, V, Vp, grad_scale, codes, stream);
+    else launch_ce_vec<true, FP8_E5M2>(nv, lg, loss, targets, N, V, Vp, grad_scale, codes, stream);
 }
 
 extern "C" void cross_entropy_gpu(uint16_t *logits, float *loss, const int32_t *targets, int N, int V, int Vp,
@@ -924,15 +971,14 @@ extern "C" void cross_entropy_gpu(uint16_t *logits, float *loss, const int32_t *
     // timing comparisons.
     static int scalar = -1;
     if (scalar < 0) scalar = getenv("CE_SCALAR") && atoi(getenv("CE_SCALAR")) == 1;
-    const int per = (Vp / 8 + CE_VEC_BLOCK - 1) / CE_VEC_BLOCK;
     bf16 *lg = (bf16 *)logits;
-    if (Vp % 8 != 0 || !aligned16(logits) || per > 16 || scalar)
+    const int nv = ce_vec_chunks(Vp, logits);
+    if (nv == 0 || scalar) {
         cross_entropy_kernel<<<N, CE_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
-    else if (per <= 4) cross_entropy_vec_kernel<4><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
-    else if (per <= 8) cross_entropy_vec_kernel<8><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
-    else if (per <= 13) cross_entropy_vec_kernel<13><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
-    else cross_entropy_vec_kernel<16><<<N, CE_VEC_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
-    CUDA_CHECK_LAUNCH();
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    launch_ce_vec<false, FP8_E4M3>(nv, lg, loss, targets, N, V, Vp, grad_scale, NULL, stream);
 }
 
 // ---------------------------------------------------------------------------------------------

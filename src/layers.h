@@ -19,6 +19,8 @@
 #include <stdint.h>            // uint16_t (BF16 bits), int32_t tokens
 #include <cuda_runtime_api.h>  // cudaStream_t
 
+#include "fp8.h"  // Fp8Format (the cross-entropy's FP8 codes)
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -127,6 +129,14 @@ void swiglu_backward_amax_gpu(uint16_t *dfc, const uint16_t *dout, const uint16_
 // on ignored rows; probabilities are never stored anywhere else. grad_scale == 0: logits kept.
 void cross_entropy_gpu(uint16_t *logits, float *loss, const int32_t *targets, int N, int V, int Vp,
                        float grad_scale, cudaStream_t stream);
+// The same loss, with the gradient (grad_scale != 0) written as per-tensor FP8 codes (fmt) to
+// codes (N, Vp) instead of over the logits (left unchanged): each the code fp8_quantize_gpu_with_amax
+// would give the BF16 value cross_entropy_gpu writes, with the scale of the amax grad_scale
+// (|dlogits| <= grad_scale: fp8_tensor's LM head, linear_fp8.c). Needs
+// cross_entropy_fp8_supported (the row kernel that holds the row in registers).
+void cross_entropy_fp8_gpu(const uint16_t *logits, float *loss, const int32_t *targets, int N, int V, int Vp,
+                           float grad_scale, uint8_t *codes, Fp8Format fmt, cudaStream_t stream);
+int cross_entropy_fp8_supported(int Vp, const void *logits, const void *codes);
 
 // --- gradient norm -----------------------------------------------------------------------------
 // Number of FP64 partial sums the norm uses (a fixed partition: the result never depends on the

@@ -347,6 +347,34 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
 }
 static_assert(THREADS == FQ_NT, "vec128both_kernel launches THREADS threads, vec128_tile needs FQ_NT");
 
+// Per-tensor codes q (rows, cols) -> their transpose qt (cols, rows), one 128 x 128 tile per CTA
+// (block (blockIdx.y, blockIdx.x)): each thread loads 8 codes of 8 tile rows into a CodeTile as
+// tensor_tile's producers put them, and emit_qt_codes writes the transpose (a per-tensor code is
+// the same in both layouts).
+__global__ void __launch_bounds__(FQ_NT) transpose_codes_kernel(const uint8_t *q, int rows, int cols, uint8_t *qt) {
+    __shared__ __align__(16) CodeTile ct;
+    const int r0 = blockIdx.y * G, c0 = blockIdx.x * G, nr = min(G, rows - r0), nc = min(G, cols - c0);
+    const int t = threadIdx.x, c = (t & 15) * 8, rsub = t >> 4;
+    const bool vec = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int r = rsub + 16 * k;
+        uint2 v = make_uint2(0u, 0u);
+        if (r < nr && c < nc) {
+            const uint8_t *src = q + (size_t)(r0 + r) * cols + c0 + c;
+            if (vec && c + 8 <= nc) {
+                v = *reinterpret_cast<const uint2 *>(src);
+            } else {
+                for (int e = 0; e < 8 && c + e < nc; e++) (e < 4 ? v.x : v.y) |= (uint32_t)src[e] << (8 * (e & 3));
+            }
+        }
+        code_tile_put(ct, r, c, v);
+    }
+    __syncthreads();
+    if (nr == G && nc == G) emit_qt_codes<true>(ct, qt, rows, r0, c0, nr, nc);
+    else emit_qt_codes<false>(ct, qt, rows, r0, c0, nr, nc);
+}
+
 // Launches kernel<E4M3 or E5M2> on `stream`, then checks the launch.
 #define LAUNCH_FMT(fmt, kernel, grid, ...)                                                        \
     do {                                                                                          \
@@ -430,6 +458,18 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
         break;
     default: FATAL("fp8_quantize_gpu: unknown grouping %d", (int)any->grouping);
     }
+}
+
+void fp8_transpose_tensor_gpu(const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream) {
+    if (!q || !qt || q->grouping != FP8_GROUP_TENSOR || qt->grouping != FP8_GROUP_TENSOR || q->fmt != qt->fmt)
+        FATAL("fp8_transpose_tensor_gpu: needs two per-tensor operands of one format (hint: 1x128 and 128x128 codes "
+              "depend on their layout; quantize those from the BF16 values)");
+    check_operand(q, q->rows, q->cols, "q");
+    check_operand(qt, q->cols, q->rows, "qt");
+    const dim3 tiles(cdiv(q->cols, G), cdiv(q->rows, G));
+    transpose_codes_kernel<<<tiles, FQ_NT, 0, stream>>>(q->codes, q->rows, q->cols, qt->codes);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaMemcpyAsync(qt->scales, q->scales, 2 * sizeof(float), cudaMemcpyDeviceToDevice, stream));
 }
 
 void fp8_amax_gpu(float *amax, const uint16_t *x, long n, cudaStream_t stream) {

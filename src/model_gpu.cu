@@ -592,10 +592,12 @@ static float head_and_loss(GpuModel *m, int counted, int want_grad) {
         const bf16 *hf = d->hf + (size_t)c0 * C;
         if (fp8_head) head_fp8_forward(m, d->logits, hf, n, grad_scale != 0.0f);          // (n, Vp)
         else matmul_forward_gpu(d->logits, hf, w, n, Vp, C, 0, s);                       // (n, Vp)
-        cross_entropy_gpu(d->logits, d->losses + c0, d->targets + c0, n, V, Vp, grad_scale, s);
-        if (grad_scale != 0.0f) {  // the chunk now holds dlogits
+        int codes_ready = 0;  // an fp8_tensor head's cross-entropy may write Q(dlogits) instead
+        if (fp8_head) codes_ready = head_fp8_cross_entropy(m, d->logits, d->losses + c0, d->targets + c0, n, grad_scale);
+        else cross_entropy_gpu(d->logits, d->losses + c0, d->targets + c0, n, V, Vp, grad_scale, s);
+        if (grad_scale != 0.0f) {  // the chunk now holds dlogits (or their codes)
             if (fp8_head) {
-                head_fp8_backward(m, d->dhf + (size_t)c0 * C, gw, d->logits, n, grad_scale);
+                head_fp8_backward(m, d->dhf + (size_t)c0 * C, gw, d->logits, n, grad_scale, codes_ready);
             } else {
                 matmul_dgrad_gpu(d->dhf + (size_t)c0 * C, d->logits, w, n, Vp, C, 0, s);  // (n, C)
                 matmul_wgrad_gpu(gw, d->logits, hf, n, Vp, C, s);                         // (Vp, C)

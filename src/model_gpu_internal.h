@@ -164,7 +164,12 @@ long fp8_head_chunk(const Config *c, long BT);
 // bound), dhf (n, C) and the weight gradient gw (Vp, C) += dlogits^T hf.
 void head_fp8_begin(GpuModel *m, const bf16 *hf, int rows);
 void head_fp8_forward(GpuModel *m, bf16 *logits, const bf16 *hf, int n, int want_grad);
-void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n, float grad_scale);
+// The chunk's cross-entropy (layers.h): with fp8_tensor and fusion on, its gradient as Q(dlogits)'s
+// codes in slot 0 (cross_entropy_fp8_gpu; returns 1, and dlogits are not written), else in place.
+int head_fp8_cross_entropy(GpuModel *m, bf16 *logits, float *losses, const int32_t *targets, int n,
+                           float grad_scale);
+void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n, float grad_scale,
+                       int codes_ready);
 // Producers of a linear's operands (model_gpu_linear.cu): the layers.h kernel, or, when the
 // linear (kind, layer) is fp8_block and fusion is on, its layers_fp8.h twin writing the codes
 // the linear's GEMMs read (and then no BF16 output: nothing else reads it); when it is

@@ -295,8 +295,13 @@ void fp8_refresh_weights(GpuModel *m) {
 // Codes and scales as linear_fp8.c's linear_forward / dgrad / wgrad make them for the CPU's
 // chunks (fp8_head_chunk): fp8_block's 1x128 slices, or fp8_tensor's scales of the micro-batch,
 // hf's amax taken by head_fp8_begin into head_xt's scales[1] (each chunk's quantization reads it
-// there and leaves it) and dlogits' bound written into slot 0's scales[1] before each chunk's.
-static __global__ void store_float_kernel(float *p, float v) { *p = v; }
+// there and leaves it) and dlogits' bound written into slot 0's scales[1] before each chunk's;
+// with fusion on, the cross-entropy writes the chunk's Q(dlogits) codes itself
+// (head_fp8_cross_entropy) and head_fp8_backward transposes them for Q(dlogits^T).
+static __global__ void store_scales_kernel(float *p, float inv, float amax) {
+    p[0] = inv;
+    p[1] = amax;
+}
 
 void head_fp8_begin(GpuModel *m, const bf16 *hf, int rows) {
     Dev *d = dev_of(m);
@@ -322,7 +327,23 @@ void head_fp8_forward(GpuModel *m, bf16 *logits, const bf16 *hf, int n, int want
     linear_fp8_forward_gpu(logits, &xq, &d->head_w8, fast_accum(m, hp, 0), d->stream);
     d->fp8_gemms++;
 }
-void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n, float grad_scale) {
+int head_fp8_cross_entropy(GpuModel *m, bf16 *logits, float *losses, const int32_t *targets, int n,
+                           float grad_scale) {
+    Dev *d = dev_of(m);
+    const int V = m->cfg.model.vocab_size, Vp = m->cfg.model.padded_vocab_size;
+    const Fp8Operand dyq = fp8_slot(d, 0, n, Vp, linear_act_grouping(lin_prec(m, -1)), grad_format(m));  // (n, Vp)
+    if (d->fp8_fuse && lin_prec(m, -1) == LINEAR_FP8_TENSOR && grad_scale != 0.0f &&
+        cross_entropy_fp8_supported(Vp, logits, dyq.codes)) {
+        cross_entropy_fp8_gpu(logits, losses, targets, n, V, Vp, grad_scale, dyq.codes, dyq.fmt, d->stream);
+        d->dy_in_slot0 = NULL;  // (slot 0 holds the head's codes)
+        return 1;
+    }
+    cross_entropy_gpu(logits, losses, targets, n, V, Vp, grad_scale, d->stream);
+    return 0;
+}
+
+void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, int n, float grad_scale,
+                       int codes_ready) {
     Dev *d = dev_of(m);
     const int Vp = m->cfg.model.padded_vocab_size;
     const LinearPrecision hp = lin_prec(m, -1);
@@ -332,9 +353,11 @@ void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, i
     Fp8Operand xt = d->head_xt;
     xt.cols = n;
     if (hp == LINEAR_FP8_TENSOR) {  // the bound |dlogits| <= grad_scale is the amax of the scale
-        store_float_kernel<<<1, 1, 0, d->stream>>>(dyq.scales + 1, grad_scale);
+        const float inv = 1.0f / fp8_scale_for_amax(dyq.fmt, grad_scale);  // exact: a power of two
+        store_scales_kernel<<<1, 1, 0, d->stream>>>(dyq.scales, inv, grad_scale);
         CUDA_CHECK_LAUNCH();
-        fp8_quantize_gpu_with_amax(&dyq, &dyt, dlogits, n, Vp, dyq.scales + 1, NULL, NULL, d->stream);
+        if (codes_ready) fp8_transpose_tensor_gpu(&dyq, &dyt, d->stream);  // the cross-entropy's codes
+        else fp8_quantize_gpu_with_amax(&dyq, &dyt, dlogits, n, Vp, dyq.scales + 1, NULL, NULL, d->stream);
     } else {
         fp8_quantize_gpu(&dyq, &dyt, dlogits, n, Vp, NULL, d->stream);
     }

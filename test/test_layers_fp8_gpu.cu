@@ -320,6 +320,51 @@ static void run_rope_case(int B, int T, int H, int hd, Fp8Format fmt, int with_q
     CU(cudaFree(dqkv)); CU(cudaFree(rot)); CU(cudaFree(cs));
 }
 
+// The cross-entropy writing its gradient as per-tensor codes (cross_entropy_fp8_gpu: fp8_tensor's
+// FP8 LM head) against cross_entropy_gpu then fp8_quantize_gpu_with_amax with the bound
+// grad_scale as the amax: the same losses bit for bit, the same codes, the logits left as they
+// were, ignored rows' codes zero (targets -1), a target past V a NaN loss as before; then
+// fp8_transpose_tensor_gpu of those codes against the quantization's Q(x^T), scales included.
+static void run_ce_codes_case(int N, int V, int Vp, Fp8Format fmt) {
+    const size_t n = (size_t)N * Vp;
+    Bf hl = random_bf(n, Vp, 0);
+    std::vector<int32_t> tg(N);
+    for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)(rng_uniform() * V);
+    uint16_t *lg = dup(hl), *lg_ref = dup(hl);
+    int32_t *d_tg = dup(tg);
+    float *loss = dnew<float>(N), *loss_ref = dnew<float>(N);
+    const float gs = 1.0f / 300.0f;  // (not a power of two: the bound's scale rounds down)
+    TensorCase tc(N, Vp, fmt, gs);
+    cross_entropy_fp8_gpu(lg, loss, d_tg, N, V, Vp, gs, tc.q.codes, fmt, 0);
+    cross_entropy_gpu(lg_ref, loss_ref, d_tg, N, V, Vp, gs, 0);
+    fp8_quantize_gpu_with_amax(&tc.q_ref, &tc.qt_ref, lg_ref, N, Vp, tc.amax, NULL, NULL, 0);
+    CU(cudaMemcpy(tc.q.scales, tc.q_ref.scales, 2 * sizeof(float), cudaMemcpyDeviceToDevice));
+    fp8_transpose_tensor_gpu(&tc.q, &tc.qt, 0);
+    CU(cudaGetLastError());
+    CU(cudaDeviceSynchronize());
+    const std::vector<uint8_t> c = back(tc.q.codes, n), cr = back(tc.q_ref.codes, n), ct = back(tc.qt.codes, n),
+                               ctr = back(tc.qt_ref.codes, n);
+    const std::vector<float> l = back(loss, N), lr = back(loss_ref, N), sct = back(tc.qt.scales, 2),
+                             sctr = back(tc.qt_ref.scales, 2);
+    long d_q = 0, d_t = 0, ignored_nonzero = 0, nonzero = 0;
+    for (size_t i = 0; i < n; i++) {
+        d_q += c[i] != cr[i];
+        d_t += ct[i] != ctr[i];
+        nonzero += (c[i] & 0x7F) != 0;
+        if (tg[i / Vp] < 0) ignored_nonzero += c[i] != 0;
+    }
+    const bool losses_same = !memcmp(l.data(), lr.data(), sizeof(float) * N);
+    const bool untouched = back(lg, n) == hl;
+    CHECK(d_q == 0 && d_t == 0 && ignored_nonzero == 0 && nonzero > 0 && losses_same && untouched &&
+              sct[0] == sctr[0] && sct[1] == sctr[1],
+          "cross-entropy with per-tensor gradient codes", "N %d V %d Vp %d %s: codes differ %ld, transposed %ld, "
+          "ignored rows' nonzero codes %ld, nonzero codes %ld; losses %s; logits %s; Q(x^T) scales %g/%g vs %g/%g", N,
+          V, Vp, fmt == FP8_E4M3 ? "e4m3" : "e5m2", d_q, d_t, ignored_nonzero, nonzero,
+          losses_same ? "bit-identical" : "DIFFER", untouched ? "untouched" : "CHANGED", sct[0], sct[1], sctr[0],
+          sctr[1]);
+    CU(cudaFree(lg)); CU(cudaFree(lg_ref)); CU(cudaFree(d_tg)); CU(cudaFree(loss)); CU(cudaFree(loss_ref));
+}
+
 int main(void) {
     if (!gpu_test_have_gpu("test_layers_fp8_gpu")) return test_summary("test_layers_fp8_gpu");
     rng_state = 0x5EED0F8ull;
@@ -369,5 +414,11 @@ int main(void) {
             run_rope_case(2, 96, 2, 64, (Fp8Format)fmt, with_qt);   // N 192: a partial row tile
             run_rope_case(1, 256, 3, 128, (Fp8Format)fmt, with_qt);
         }
+    // the cross-entropy's gradient as codes: GPT-2's padded vocabulary on a partial row tile, and a
+    // small one (fewer chunks per thread, V < Vp)
+    for (int fmt = 0; fmt < 2; fmt++) {
+        run_ce_codes_case(200, 50257, 50304, (Fp8Format)fmt);
+        run_ce_codes_case(256, 1000, 1024, (Fp8Format)fmt);
+    }
     return test_summary("test_layers_fp8_gpu");
 }

@@ -1094,6 +1094,10 @@ int main(void) {
     const char *ov_fp[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_scaling=\"delayed\"",
                            "model.ffn_hidden=256"};
     fusion_check(bt, "fp8_tensor delayed F256 (pair kernel)", ov_fp, 3, 1);
+    // fp8_tensor's FP8 LM head: the cross-entropy writes Q(dlogits), transposed for the wgrad
+    const char *ov_fh[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_scaling=\"delayed\"",
+                           "precision.linear_keep_lm_head_bf16=false"};
+    fusion_check(bt, "fp8_tensor delayed + FP8 LM head (cross-entropy codes)", ov_fh, 3, 1);
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
     if (!getenv("FP8_SKIP_TIMING")) timing_section();
