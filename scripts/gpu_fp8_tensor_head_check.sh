@@ -12,9 +12,8 @@
 #   4. the tables last. Logs in $OUT (default /tmp/gpu_fp8_tensor_head_out).
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_tensor_head_out}
-mkdir -p "$OUT"
-. scripts/gpu_lib.sh  # elapsed, build_or_die, run_test, print_summary
+. scripts/gpu_lib.sh  # gpu_start, elapsed, build_or_die, run_test, print_summary
+gpu_start /tmp/gpu_fp8_tensor_head_out
 build_or_die train_gpt build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu build/tests/test_model_gpu_fp8
 run_test test_layers_fp8_gpu
 FP8_TEST_QUANT_ONLY=1 run_test test_linear_fp8_gpu

@@ -347,9 +347,8 @@ void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, i
     Dev *d = dev_of(m);
     const int Vp = m->cfg.model.padded_vocab_size;
     const LinearPrecision hp = lin_prec(m, -1);
-    Fp8Operand dyq = fp8_slot(d, 0, n, Vp, linear_act_grouping(hp), grad_format(m));  // (n, Vp)
-    const Fp8Grouping dyt_g = linear_dyt_grouping(hp, m->cfg.precision.linear_wgrad_blocks);
-    Fp8Operand dyt = fp8_slot(d, 1, Vp, n, dyt_g, grad_format(m));  // (Vp, n)
+    Fp8Operand dyq, dyt;  // (n, Vp), (Vp, n)
+    dy_operands(m, hp, n, Vp, &dyq, &dyt);
     Fp8Operand xt = d->head_xt;
     xt.cols = n;
     if (hp == LINEAR_FP8_TENSOR) {  // the bound |dlogits| <= grad_scale is the amax of the scale
