@@ -94,9 +94,9 @@ expect "unknown option" "unknown option '--frobnicate'" 2 --config "$tmp/good.js
 expect "unknown command" "unknown command 'frobnicate'" 2 frobnicate
 expect "no --config" "--config" 2
 expect "bad --device" "--device" 2 --config "$tmp/good.json" --device tpu
-# (an FP8 LM head: refused by the GPU backend where there is a GPU, and without one the missing GPU is)
+# (fp32 attention: refused by the GPU backend where there is a GPU, and without one the missing GPU is)
 expect "--device gpu with a config the GPU backend refuses" "GPU backend" 1 --config "$tmp/good.json" --device gpu \
-  $new --set precision.linear=fp8_tensor --set precision.linear_keep_lm_head_bf16=false
+  $new --set precision.attention=fp32
 expect "bad --stop-after" "--stop-after" 2 --config "$tmp/good.json" --stop-after x
 expect "sample: missing checkpoint" "$tmp/none.ckpt" 1 sample --checkpoint "$tmp/none.ckpt"
 expect "sample: corrupt checkpoint" "corrupt" 1 sample --checkpoint "$tmp/corrupt/checkpoints/step_000002.ckpt"

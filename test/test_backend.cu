@@ -101,9 +101,12 @@ static void plan_tests(void) {
 // --- device choice -----------------------------------------------------------------------------------
 static void device_tests(int have_gpu) {
     Config c = make_config(BACKEND_JSON, NULL, 0);
-    // A config the GPU backend refuses: an FP8 LM head (the CPU backend emulates it).
-    const char *ov_fp8[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_keep_lm_head_bf16=false"};
-    Config fp8 = make_config(BACKEND_JSON, ov_fp8, 2);
+    // A config the GPU backend refuses: fp32 attention (the CPU backend's reference mode; the
+    // GPU has none). And one it takes since it has an FP8 LM head: fp8_tensor's.
+    const char *ov_fp32[] = {"precision.attention=\"fp32\""};
+    Config fp32 = make_config(BACKEND_JSON, ov_fp32, 1);
+    const char *ov_head[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_keep_lm_head_bf16=false"};
+    Config head = make_config(BACKEND_JSON, ov_head, 2);
     char note[1536];
     ErrBuf e;
     GpuInfo info;
@@ -121,12 +124,15 @@ static void device_tests(int have_gpu) {
     d = backend_choose_device(&c, DEVICE_AUTO, 4, 32, "training", &info, note, sizeof note, &e);
     CHECK(d == DEVICE_GPU && info.count > 0 && note[0] == 0, "device: auto with a GPU takes it", "got %d note '%s'",
           d, note);
-    d = backend_choose_device(&fp8, DEVICE_AUTO, 4, 32, "sampling", &info, note, sizeof note, &e);
-    CHECK(d == DEVICE_CPU && strstr(note, "linear_keep_lm_head_bf16") && strstr(note, "sampling on the CPU"),
-          "device: auto with an FP8 LM head falls back to the CPU with a note", "got %d note '%s'", d, note);
-    d = backend_choose_device(&fp8, DEVICE_GPU, 4, 32, "training", &info, note, sizeof note, &e);
-    CHECK(d == -1 && strstr(e.msg, "GPU backend") && strstr(e.msg, "linear_keep_lm_head_bf16"),
-          "device: gpu with an FP8 LM head is an error naming the field", "got %d msg '%s'", d, d < 0 ? e.msg : "");
+    d = backend_choose_device(&fp32, DEVICE_AUTO, 4, 32, "sampling", &info, note, sizeof note, &e);
+    CHECK(d == DEVICE_CPU && strstr(note, "fp32 attention") && strstr(note, "sampling on the CPU"),
+          "device: auto with fp32 attention falls back to the CPU with a note", "got %d note '%s'", d, note);
+    d = backend_choose_device(&fp32, DEVICE_GPU, 4, 32, "training", &info, note, sizeof note, &e);
+    CHECK(d == -1 && strstr(e.msg, "GPU backend") && strstr(e.msg, "precision.attention"),
+          "device: gpu with fp32 attention is an error naming the field", "got %d msg '%s'", d, d < 0 ? e.msg : "");
+    d = backend_choose_device(&head, DEVICE_GPU, 4, 32, "training", &info, note, sizeof note, &e);
+    CHECK(d == DEVICE_GPU && note[0] == 0, "device: gpu takes fp8_tensor's FP8 LM head", "got %d note '%s' msg '%s'",
+          d, note, d < 0 ? e.msg : "");
 }
 
 // --- training through the facade ---------------------------------------------------------------------
