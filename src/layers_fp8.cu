@@ -296,10 +296,17 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
 // as rope_backward_gpu rotates it in place, and quantized both ways per tensor (delayed scaling).
 // A column's RoPE partner (i +- hd/2 within its head) lies in the same tile (128 % hd == 0): the
 // thread loads its own 8 values and its partner's 8 (the latter another thread's own, mostly
-// from L1). The BF16 result is not written: the qkv linear's GEMMs read only the codes.
+// from L1), and the (cos, sin) of its 8 pairs at the row's position, all in load() so that they
+// are in flight with the batch's other rows (in make() each row would wait for its table
+// entries in turn). The BF16 result is not written: the qkv linear's GEMMs read only the codes.
 #ifndef ROPE_BWD_BATCH
 #define ROPE_BWD_BATCH 2
 #endif
+struct RopeLoads {
+    uint32_t v[2][4];  // the column's own 8 BF16, its partners' 8
+    float4 cs[4];      // (cos, sin) of pairs j0 + 2k and j0 + 2k + 1
+    float f;           // (unused: the tile body's Raw interface)
+};
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
     rope_bwd_fp8_kernel(const uint16_t *dqkv, const float *cos_sin, int N, int T, int C, int hd, uint8_t *q,
@@ -309,32 +316,31 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = G;  // (3C % 128 == 0: whole columns)
     const bool rotate = c0 < 2 * C;        // q or k columns (a tile never straddles v: C % 128 == 0)
-    typedef Bf16x8Loads<2> In;             // v[0] the column's own 8, v[1] its partners'
-    tile_dispatch<FMT, ROPE_BWD_BATCH, In, true>(
+    tile_dispatch<FMT, ROPE_BWD_BATCH, RopeLoads, true>(
         sm, r0, c0, nr, nc, N, W3, q, q_scales, qt, qt_scales, false, ts,
-        [&](auto full, int r, int c, In &in) {
+        [&](auto full, int r, int c, RopeLoads &in) {
             constexpr bool FULL = decltype(full)::value;
             const uint16_t *row = dqkv + (size_t)(r0 + r) * W3;
             const int col = c0 + c;
             load8_tile<FULL>(in.v[0], row + col, c, nc, true);
             if (rotate) {
-                const int i = col % hd;
+                const int i = col % hd, j0 = i % half, t = (r0 + r) % T;  // pairs j0 .. j0 + 7 of position t
                 load8_tile<FULL>(in.v[1], row + (i < half ? col + half : col - half), c, nc, true);
+                const float4 *cs = reinterpret_cast<const float4 *>(cos_sin + ((size_t)t * half + j0) * 2);
+#pragma unroll
+                for (int k = 0; k < 4; k++) in.cs[k] = cs[k];
             }
         },
-        [&](auto full, int r, int c, const In &in, uint32_t w[4]) {
-            const int col = c0 + c;
+        [&](auto, int, int c, const RopeLoads &in, uint32_t w[4]) {
             if (!rotate) {
 #pragma unroll
                 for (int k = 0; k < 4; k++) w[k] = in.v[0][k];
                 return;
             }
-            const int i = col % hd, j0 = i % half, t = (r0 + r) % T;  // pairs j0 .. j0 + 7 of position t
-            const float4 *cs = reinterpret_cast<const float4 *>(cos_sin + ((size_t)t * half + j0) * 2);
+            const int i = (c0 + c) % hd;
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const float4 v = cs[k];  // (cos, sin) of pairs j0 + 2k and j0 + 2k + 1
-                const float cv[2] = {v.x, v.z}, sv[2] = {-v.y, -v.w};  // the backward rotates by -angle
+                const float cv[2] = {in.cs[k].x, in.cs[k].z}, sv[2] = {-in.cs[k].y, -in.cs[k].w};  // by -angle
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int e = 2 * k + h;
