@@ -299,8 +299,10 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
 // from L1), and the (cos, sin) of its 8 pairs at the row's position, all in load() so that they
 // are in flight with the batch's other rows (in make() each row would wait for its table
 // entries in turn). The BF16 result is not written: the qkv linear's GEMMs read only the codes.
+// One row per batch: with the table loads in load(), batch 1 took 0.119 ms and batch 2 0.128 ms
+// (paper_569m's dqkv, one H200; stop 20's kernel, (cos, sin) loaded in make(), 0.123 ms).
 #ifndef ROPE_BWD_BATCH
-#define ROPE_BWD_BATCH 2
+#define ROPE_BWD_BATCH 1
 #endif
 struct RopeLoads {
     uint32_t v[2][4];  // the column's own 8 BF16, its partners' 8
