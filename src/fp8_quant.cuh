@@ -26,6 +26,15 @@
 
 #define FQ_G FP8_GROUP  // 128: slice length, tile side
 
+// Host: launches kernel<E4M3 or E5M2> (fmt) with `threads` threads on `stream`, then checks the
+// launch (cuda_check.h's CUDA_CHECK_LAUNCH) - the kernels here are templated on the format.
+#define LAUNCH_BY_FMT(fmt, kernel, grid, threads, stream, ...)                                   \
+    do {                                                                                        \
+        if ((fmt) == FP8_E4M3) kernel<FP8_E4M3><<<(grid), (threads), 0, (stream)>>>(__VA_ARGS__); \
+        else kernel<FP8_E5M2><<<(grid), (threads), 0, (stream)>>>(__VA_ARGS__);                  \
+        CUDA_CHECK_LAUNCH();                                                                    \
+    } while (0)
+
 // |x| of a BF16 as bits, ordered like the values; NaN -> 0 so it never wins a max (fmaxf ignores
 // NaN on the CPU).
 static __device__ __forceinline__ unsigned abs_bits(unsigned b) {

@@ -392,14 +392,6 @@ static bool qt_block(const Fp8Operand *qt) { return qt && qt->grouping == FP8_GR
         CUDA_CHECK_LAUNCH();                                                                                  \
     } while (0)
 
-// The same for the kernels that are per tensor only (templated on the format alone).
-#define LAUNCH_TENSOR_FMT(fmt, kernel, grid, ...)                                            \
-    do {                                                                                     \
-        if ((fmt) == FP8_E4M3) kernel<FP8_E4M3><<<(grid), TILE_THREADS, 0, stream>>>(__VA_ARGS__); \
-        else kernel<FP8_E5M2><<<(grid), TILE_THREADS, 0, stream>>>(__VA_ARGS__);              \
-        CUDA_CHECK_LAUNCH();                                                                 \
-    } while (0)
-
 static Fp8TensorScale ts_or_none(const Fp8TensorScale *ts) {
     Fp8TensorScale none = {NULL, NULL};
     return ts ? *ts : none;
@@ -431,7 +423,7 @@ extern "C" void rope_backward_fp8_gpu(const uint16_t *dqkv, const float *cos_sin
         FATAL("rope_backward_fp8_gpu: needs C %% 128 == 0, 128 %% hd == 0, hd %% 16 == 0 and 16-byte aligned "
               "buffers (got H %d, hd %d; hint: rope_backward_fp8_supported)", H, hd);
     const dim3 grid((unsigned)(3 * C / G), (unsigned)((N + G - 1) / G));
-    LAUNCH_TENSOR_FMT(q->fmt, rope_bwd_fp8_kernel, grid, dqkv, cos_sin, N, T, C, hd, q->codes, q->scales,
+    LAUNCH_BY_FMT(q->fmt, rope_bwd_fp8_kernel, grid, TILE_THREADS, stream, dqkv, cos_sin, N, T, C, hd, q->codes, q->scales,
                       qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
 }
 
@@ -457,7 +449,7 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
     static const char *pair_env = getenv("SWIGLU_BWD_PAIR");
     if (tensor && F % G == 0 && !dfc && ((uintptr_t)q->codes & 7) == 0 && !(pair_env && pair_env[0] == '0')) {
         const dim3 grid((unsigned)(F / G), (unsigned)((N + G - 1) / G));
-        LAUNCH_TENSOR_FMT(q->fmt, swiglu_bwd_pair_tensor_kernel, grid, dout, fc, N, F, q->codes, q->scales,
+        LAUNCH_BY_FMT(q->fmt, swiglu_bwd_pair_tensor_kernel, grid, TILE_THREADS, stream, dout, fc, N, F, q->codes, q->scales,
                           qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);
         return;
     }

@@ -375,13 +375,8 @@ __global__ void __launch_bounds__(FQ_NT) transpose_codes_kernel(const uint8_t *q
     else emit_qt_codes<false>(ct, qt, rows, r0, c0, nr, nc);
 }
 
-// Launches kernel<E4M3 or E5M2> on `stream`, then checks the launch.
-#define LAUNCH_FMT(fmt, kernel, grid, ...)                                                        \
-    do {                                                                                          \
-        if ((fmt) == FP8_E4M3) kernel<FP8_E4M3><<<(grid), THREADS, 0, stream>>>(__VA_ARGS__);     \
-        else kernel<FP8_E5M2><<<(grid), THREADS, 0, stream>>>(__VA_ARGS__);                       \
-        CUDA_CHECK_LAUNCH();                                                                      \
-    } while (0)
+// Launches kernel<E4M3 or E5M2> with THREADS threads on `stream` (fp8_quant.cuh's LAUNCH_BY_FMT).
+#define LAUNCH_FMT(fmt, kernel, grid, ...) LAUNCH_BY_FMT(fmt, kernel, grid, THREADS, stream, __VA_ARGS__)
 
 static void check_operand(const Fp8Operand *op, int rows, int cols, const char *what) {
     if (!op->codes || !op->scales) FATAL("fp8_quantize_gpu: %s has no buffers (hint: fp8_operand_alloc)", what);
