@@ -389,16 +389,16 @@ static __device__ __forceinline__ void vec128_tile(Vec128Tile &sm, int r0, int c
     const bool full = nr == FQ_G && nc == FQ_G;  // uniform branches: four copies of the body
     if (full && !qt_block)
         vec128_tile_body<FMT, BATCH, Raw, true, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                              qt_scales, counts, load, make);
+                                                       qt_scales, counts, load, make);
     else if (!qt_block)
         vec128_tile_body<FMT, BATCH, Raw, false, false>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                               qt_scales, counts, load, make);
+                                                        qt_scales, counts, load, make);
     else if (full)
         vec128_tile_body<FMT, BATCH, Raw, true, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                             qt_scales, counts, load, make);
+                                                      qt_scales, counts, load, make);
     else
         vec128_tile_body<FMT, BATCH, Raw, false, true>(sm, r0, c0, nr, nc, rows, cols, q, q_scales, qt,
-                                                              qt_scales, counts, load, make);
+                                                       qt_scales, counts, load, make);
 }
 
 // --- per-tensor tiles: Q(x^T) as the transpose of Q(x)'s codes ---------------------------------
@@ -460,18 +460,16 @@ static __device__ __forceinline__ void emit_qt_codes(const CodeTile &ct, uint8_t
 
 // The tile of vec128_tile_body's producer (same load / make and thread layout: thread t makes
 // columns [8 (t % 16), +8) of rows t / 16 + 16 k) with per-tensor scaling: every code takes the
-// scale of the amax *tensor_amax (FP32: the tensor's own, or delayed scaling's history maximum;
-// codes past it saturate). Each row's codes are made as soon as its values are, stored to q (may
+// one scale s (tensor_tile's, from the tensor's amax or delayed scaling's history maximum; codes
+// past it saturate). Each row's codes are made as soon as its values are, stored to q (may
 // be NULL) and to the CodeTile, and Q(x^T) (to qt, may be NULL) is their transpose. observe (may
 // be NULL) gets the tile's own amax folded in (publish_amax); counts (may be NULL) Q(x)'s
 // saturations and NaNs, each element once. The operands' scale floats are tensor_tile's.
 template <Fp8Format FMT, int BATCH, class Raw, bool FULL, class Load, class Make>
 static __device__ __forceinline__ void tensor_tile_body(CodeTile &ct, int r0, int c0, int nr, int nc, int rows, int cols,
-                                                        uint8_t *q, uint8_t *qt, const float *tensor_amax,
-                                                        unsigned *observe, unsigned long long *counts, Load load,
-                                                        Make make) {
+                                                        uint8_t *q, uint8_t *qt, float s, unsigned *observe,
+                                                        unsigned long long *counts, Load load, Make make) {
     static_assert(8 % BATCH == 0, "BATCH must divide the 8 rows of a thread");
-    const float s = fp8_scale_for_amax(FMT, *tensor_amax);
     const int t = threadIdx.x, c = (t & 15) * 8, rsub = t >> 4;
     const bool vec_q = cols % 8 == 0 && ((uintptr_t)q & 7) == 0;
     unsigned sat = 0, nan = 0;
@@ -508,13 +506,12 @@ static __device__ __forceinline__ void tensor_tile(CodeTile &ct, int r0, int c0,
                                                    uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales,
                                                    const float *tensor_amax, unsigned *observe,
                                                    unsigned long long *counts, Load load, Make make) {
-    tensor_scales_once(q_scales, qt_scales, 1.0f / fp8_scale_for_amax(FMT, *tensor_amax), tensor_amax);  // (exact)
+    const float s = fp8_scale_for_amax(FMT, *tensor_amax);
+    tensor_scales_once(q_scales, qt_scales, 1.0f / s, tensor_amax);  // (exact: a power of two)
     if (nr == FQ_G && nc == FQ_G)
-        tensor_tile_body<FMT, BATCH, Raw, true>(ct, r0, c0, nr, nc, rows, cols, q, qt, tensor_amax, observe, counts,
-                                                load, make);
+        tensor_tile_body<FMT, BATCH, Raw, true>(ct, r0, c0, nr, nc, rows, cols, q, qt, s, observe, counts, load, make);
     else
-        tensor_tile_body<FMT, BATCH, Raw, false>(ct, r0, c0, nr, nc, rows, cols, q, qt, tensor_amax, observe, counts,
-                                                 load, make);
+        tensor_tile_body<FMT, BATCH, Raw, false>(ct, r0, c0, nr, nc, rows, cols, q, qt, s, observe, counts, load, make);
 }
 
 #endif  // FP8_QUANT_CUH
