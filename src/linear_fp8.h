@@ -91,7 +91,7 @@ int linear_delayed_on(const PrecisionConfig *p);
 AttnDelayedState *delayed_states_new(const PrecisionConfig *p, int n_layer, int with_attention, int *n);
 // (The amax a history gives its scale: attention_cpu.h's attn_delayed_amax.)
 // The site of the next linear_forward / dgrad / wgrad calls: layer's linear i, or none (layer <
-// 0: the LM head, current scaling).
+// 0: the LM head, current scaling; fp8_tensor's training head takes linear_fp8_head_scales instead).
 void linear_fp8_site(LinearFp8 *L, int layer, int i);
 // fp8_tensor's LM head for one micro-batch (the contract in linear_fp8.c): the next calls are the
 // head's (site -1), x quantized with the scale of max |hf| over the whole hf (rows, cols) and dy

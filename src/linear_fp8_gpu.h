@@ -76,14 +76,14 @@ void fp8_quantize_gpu(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t 
 //     scale saturate (counted in counts[0]).
 // observe (device FP32 bits, may be NULL) gets max |x| folded in (atomicMax), x's record for the
 // history. scales[0] = 1/s, scales[1] = *amax. One pass over x when both q and qt are given.
-// qt = the transpose of the per-tensor operand q (codes and its two scale floats), without the BF16
-// values: for codes made where the transpose could not be (the cross-entropy's rows).
-void fp8_transpose_tensor_gpu(const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream);
+void fp8_quantize_gpu_with_amax(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
+                                const float *amax, unsigned *observe, unsigned long long *counts, cudaStream_t stream);
 // *amax (device FP32) = max |x| over n BF16 values (NaN ignored): the amax pass fp8_quantize_gpu
 // runs for per-tensor operands, for a tensor that is quantized in parts with one scale.
 void fp8_amax_gpu(float *amax, const uint16_t *x, long n, cudaStream_t stream);
-void fp8_quantize_gpu_with_amax(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *x, int rows, int cols,
-                                const float *amax, unsigned *observe, unsigned long long *counts, cudaStream_t stream);
+// qt = the transpose of the per-tensor operand q (codes and its two scale floats), without the BF16
+// values: for codes made where the transpose could not be (the cross-entropy's rows).
+void fp8_transpose_tensor_gpu(const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream);
 
 // Host: converts an operand's scales as stored on the device (1/s, cuBLASLt layout, copied to
 // the host in `dev_layout`) to fp8_quantize's (s, row-major over the group grid, fp8_group_count
