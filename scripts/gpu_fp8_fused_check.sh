@@ -18,7 +18,6 @@ cd "$(dirname "$0")/.." || exit 1
 . scripts/gpu_lib.sh  # gpu_start, t_start, elapsed, CJ
 gpu_start /tmp/gpu_fp8_fused_out
 summary=()
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 echo "== 1. build"
 timeout 200 make -j16 SETUP=0 $CJ train_gpt build/tests/test_layers_fp8_gpu build/tests/test_linear_fp8_gpu \

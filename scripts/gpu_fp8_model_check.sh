@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.." || exit 1
 gpu_start /tmp/gpu_fp8_model_out
 export NCCL_NVLS_ENABLE=0 OMP_NUM_THREADS=$(nproc)
 summary=()
-nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader 2>/dev/null
+nvidia-smi --query-gpu=clocks.sm --format=csv,noheader 2>/dev/null  # (gpu_start printed the name)
 
 echo "== build"
 t0=$(date +%s)
