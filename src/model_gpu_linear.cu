@@ -335,7 +335,6 @@ int head_fp8_cross_entropy(GpuModel *m, bf16 *logits, float *losses, const int32
     if (d->fp8_fuse && lin_prec(m, -1) == LINEAR_FP8_TENSOR && grad_scale != 0.0f &&
         cross_entropy_fp8_supported(Vp, logits, dyq.codes)) {
         cross_entropy_fp8_gpu(logits, losses, targets, n, V, Vp, grad_scale, dyq.codes, dyq.fmt, d->stream);
-        d->dy_in_slot0 = NULL;  // (slot 0 holds the head's codes)
         return 1;
     }
     cross_entropy_gpu(logits, losses, targets, n, V, Vp, grad_scale, d->stream);
