@@ -123,6 +123,15 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 }
 
 
+// True on every GPU (the number of SMs), but neither the compiler nor ptxas can know it: a branch
+// on it puts the code after it in a basic block of its own, which ptxas does not schedule above
+// the branch (see the early loop).
+__device__ __forceinline__ bool nsmid_nonzero(void) {
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%nsmid;\n" : "=r"(n));
+    return n != 0;
+}
+
 // Named barriers 1 and 2, 256 threads each: the consumers' ping-pong (3: the producer's own).
 __device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
     if (wg == 0) named_bar_sync<1, 256>();
@@ -323,7 +332,7 @@ __device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, i
 }
 
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
-enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3 };
+enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_EARLY = 4 };
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
@@ -424,6 +433,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // ping-pong (default loop, and the overlap loop's _PP form); the overlap loop (d = 128)
         constexpr bool PP = LOOP == F8_LOOP_PINGPONG || LOOP == F8_LOOP_OVERLAP_PP;
         constexpr bool OVL = (LOOP == F8_LOOP_OVERLAP || LOOP == F8_LOOP_OVERLAP_PP) && D == 128;
+        constexpr bool EARLY = LOOP == F8_LOOP_EARLY;
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
@@ -541,6 +551,89 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 }
                 if (PP && wg == 0) pp_pass(wg);  // the last phase (warpgroup 1 arrived up front)
                 mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂ buffer is free
+            } else if constexpr (EARLY) {
+                // The plain loop's arithmetic in another order: S_{j+1} is issued as soon as P̂_j
+                // is packed (S_j's registers are free), before O takes PV_{j-1}; PV_j follows the
+                // O update. So the O update (64 FMUL + 64 FFMA per thread) runs while S_{j+1} is on
+                // the tensor cores, instead of between the softmax and the next S; only P̂'s
+                // packing is left between a softmax and the next issue. Same registers as the
+                // plain loop (O, S, one PV accumulator, P̂), same O and LSE bits.
+                // The loop body starts after a packing, so that both issues and the wait for S_{j+1}
+                // ("all but the newest group") are in one basic block: with the wait at the top of
+                // the next iteration instead, ptxas cannot tell which group it retires and
+                // serializes every wgmma (C7514).
+                float s[F8_BK / 2];
+#pragma unroll
+                for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
+                // the block whose PV is in pv: its O factors (pv starts at 0 and O too, so the first
+                // update adds 0 * 0 + 0 * 0: O stays 0 exactly)
+                float fac_prev = 0.f, alpha_prev[2] = {0.f, 0.f};
+                float fac;  // 1 / (p_scale s_v) of the block in pa
+                {  // block 0: S_0, its softmax (masked if diagonal), P̂_0
+                    const unsigned st = it0 % F8_STAGES;
+                    mbar_wait(full + st, (it0 / F8_STAGES) & 1);
+                    tau_q = tau * pow2_recip(sQs[ti & 1]);
+                    const float tau_qk = tau_q * pow2_recip(sKs[st]);
+                    fac = inv_p * pow2_recip(sVs[st]);
+                    reg_fence(s);
+                    wgmma_fence();
+                    issue_s<D>(s, dq, dk0 + st * (L::K / 16));
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    reg_fence(s);
+                    if (n_kb == 1) softmax_block<true>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    else softmax_block<false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    pack_p(pa, s);
+                }
+                // O += PV of the block in pv; then issue PV of the block in pa (key block j)
+                auto o_update_issue_pv = [&](int j) {
+                    if (nsmid_nonzero()) {
+#pragma unroll
+                        for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                    }
+                    alpha_prev[0] = alpha[0];
+                    alpha_prev[1] = alpha[1];
+                    fac_prev = fac;
+                    reg_fence(pv);
+                    reg_fence(pa);
+                    wgmma_fence();
+                    issue_pv<D>(pv, pa, dv0 + ((it0 + (unsigned)j) % F8_STAGES) * (L::V / 16));
+                    wgmma_commit();
+                };
+                // P̂_j in pa, PV_{j-1} done into pv: issue S_{j+1}, add PV_{j-1}, issue PV_j, softmax
+                // of S_{j+1}, wait for PV_j, release block j's stage, pack P̂_{j+1}.
+                auto estep = [&](int j, auto mask) {
+                    const unsigned rb = it0 + (unsigned)j + 1, st = rb % F8_STAGES;  // block j+1
+                    mbar_wait(full + st, (rb / F8_STAGES) & 1);
+                    const float tau_qk = tau_q * pow2_recip(sKs[st]);
+                    reg_fence(s);
+                    wgmma_fence();
+                    issue_s<D>(s, dq, dk0 + st * (L::K / 16));
+                    wgmma_commit();
+                    o_update_issue_pv(j);
+                    wgmma_wait<1>();  // S_{j+1}; PV_j may still run
+                    reg_fence(s);
+                    softmax_block<decltype(mask)::value>(s, m, l, alpha, tau_qk, log2_ps, (j + 1) * F8_BK, row_w0, T,
+                                                         g, t4);
+                    fac = inv_p * pow2_recip(sVs[st]);
+                    wgmma_wait<0>();
+                    reg_fence(pv);
+                    reg_fence(pa);
+                    mbar_arrive(empty + (rb - 1) % F8_STAGES);  // K̂_j and V̂_j are no longer read
+                    pack_p(pa, s);
+                };
+                for (int j = 0; j < n_kb - 2; j++) estep(j, std::false_type());
+                if (n_kb > 1) estep(n_kb - 2, std::true_type());
+                {  // the last block's PV; then its stage and this tile's Q̂ buffer are free
+                    o_update_issue_pv(n_kb - 1);
+                    wgmma_wait<0>();
+                    reg_fence(pv);
+                    reg_fence(pa);
+                    mbar_arrive(empty + (it0 + (unsigned)n_kb - 1) % F8_STAGES);
+                    mbar_arrive(q_empty + (ti & 1));
+#pragma unroll
+                    for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                }
             } else {
                 float s[F8_BK / 2];  // S of the current block
 #pragma unroll
@@ -642,7 +735,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 }
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp picks the consumers' block loop
+// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|early picks the consumers' block loop
 // (F8_LOOP_*; unset: plain, see forward_fp8_d;
 // ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
@@ -667,8 +760,9 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             else if (strcmp(loop, "plain") == 0) k.loop = F8_LOOP_PLAIN;
             else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
             else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
+            else if (strcmp(loop, "early") == 0) k.loop = F8_LOOP_EARLY;
             else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
-                                 "overlap_pp; using the default\n", loop);
+                                 "overlap_pp, early; using the default\n", loop);
         }
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = !(pers && *pers && atoi(pers) == 0);
@@ -686,7 +780,7 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_OVERLAP_PP ? loop : -1;
+    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_EARLY ? loop : -1;
 }
 // The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
 // One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
@@ -747,7 +841,9 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
     // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
-    if (loop == F8_LOOP_OVERLAP_PP)
+    if (loop == F8_LOOP_EARLY)
+        forward_fp8_launch<D, F8_LOOP_EARLY>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else if (loop == F8_LOOP_OVERLAP_PP)
         forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_OVERLAP)
         forward_fp8_launch<D, F8_LOOP_OVERLAP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);

@@ -471,9 +471,10 @@ static void run_fwd_case(const Case &cs, int seed) {
         }
         // Every block loop of the consumers (ping-pong; plain: no ping-pong, the default; overlap:
         // S_{j+1} issued before the softmax of S_j, PV_j into S_j's registers; overlap with
-        // ping-pong): the same arithmetic in another order, so the same O and LSE bit for bit; on
+        // ping-pong; early: S_{j+1} issued before O takes PV_{j-1}): the same arithmetic in another
+        // order, so the same O and LSE bit for bit; on
         // the full grid and on 2 CTAs (several tiles per CTA).
-        for (int loop = 0; loop <= 3; loop++)
+        for (int loop = 0; loop <= 4; loop++)
             for (int cap = 0; cap <= 2; cap += 2) {
                 poison(d_o2, d_lse2, 0);
                 attn_gpu_forward_fp8_test_loop(loop);
@@ -483,7 +484,11 @@ static void run_fwd_case(const Case &cs, int seed) {
                 attn_gpu_forward_fp8_test_loop(-1);
                 char what[96];
                 snprintf(what, sizeof what, "with the %s loop%s",
-                         loop == 0 ? "ping-pong" : loop == 1 ? "plain" : loop == 2 ? "overlap" : "overlap + ping-pong",
+                         loop == 0   ? "ping-pong"
+                         : loop == 1 ? "plain"
+                         : loop == 2 ? "overlap"
+                         : loop == 3 ? "overlap + ping-pong"
+                                     : "early (S_{j+1} before the O update)",
                          cap ? " on 2 persistent CTAs" : "");
                 same_as_default(d_o2, d_lse2, what);
             }
