@@ -215,12 +215,33 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[F8_BK / 32][4], const floa
         }
 }
 
+// The max of each of this thread's two rows over its quad (the float path of softmax_block):
+// 4 partial maxima per row (n-tiles n with the same n % 4) combined at the end, dependent chains
+// of ~8 FMNMX instead of one of ~32. The max of a set is exact and does not depend on the order
+// (at most the sign of a zero maximum could, and that changes no output: m only enters through
+// m_old - m, -m * log2e + log2(p_scale) and m + logf(l)).
+__device__ __forceinline__ void fmax_rows(const float (&s)[F8_BK / 2], float (&mx)[2]) {
+    float pm[2][4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        pm[0][q] = fmaxf(s[4 * q + 0], s[4 * q + 1]);
+        pm[1][q] = fmaxf(s[4 * q + 2], s[4 * q + 3]);
+    }
+#pragma unroll
+    for (int n = 4; n < F8_BK / 8; n++) {
+        pm[0][n % 4] = fmaxf(pm[0][n % 4], fmaxf(s[4 * n + 0], s[4 * n + 1]));
+        pm[1][n % 4] = fmaxf(pm[1][n % 4], fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) mx[r] = quad_max(fmaxf(fmaxf(pm[r][0], pm[r][1]), fmaxf(pm[r][2], pm[r][3])));
+}
+
 // Online-softmax step on one (64 x 128) S tile of raw code products (accumulator layout:
 // s[4n + e] = row g + 8(e/2), column 8n + 2t + e%2 = key k0 + key_of_row(column)). tau_qk =
 // tau * inv_q * inv_k. MASKED: the diagonal block (keys past the row or past T become -inf).
 // Updates m (natural-log units, the max of the dequantized S), l (this thread's part, in units
 // of P' = p_scale P), alpha (the factor for O), and replaces s by P'.
-template <bool MASKED>
+template <bool MASKED, bool IMAX>
 __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
                                               float (&alpha)[2], float tau_qk, float log2_ps, int k0,
                                               int row_w0, int T, int g, int t4) {
@@ -234,29 +255,43 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
                 if (key > row || key >= T) s[4 * n + e] = -INFINITY;
             }
     }
-    // Max of the raw products (tau_qk > 0: same argmax) per row, as 4 partial maxima (n-tiles n
-    // with the same n % 4) combined at the end: dependent chains of ~8 FMNMX instead of one of
-    // ~32 on the path to the exponentials. The max of a set is exact and does not depend on the
-    // order (at most the sign of a zero maximum could, and that changes no output: m only enters
-    // through m_old - m, -m * log2e + log2(p_scale) and m + logf(l)).
-    float pm[2][4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        pm[0][q] = fmaxf(s[4 * q + 0], s[4 * q + 1]);
-        pm[1][q] = fmaxf(s[4 * q + 2], s[4 * q + 3]);
-    }
-#pragma unroll
-    for (int n = 4; n < F8_BK / 8; n++) {
-        pm[0][n % 4] = fmaxf(pm[0][n % 4], fmaxf(s[4 * n + 0], s[4 * n + 1]));
-        pm[1][n % 4] = fmaxf(pm[1][n % 4], fmaxf(s[4 * n + 2], s[4 * n + 3]));
-    }
     float mx[2];
+    if (IMAX) {
+        // The row max on the float bits as signed integers, with the 3-input integer max of
+        // Hopper's DPX instructions (VIMNMX3: 16 per row instead of 32 FMNMX, and a tree 4 deep).
+        // For floats >= 0 the integer order is the float order, and a negative float is a
+        // negative integer, so wherever a row has a value >= 0 its integer max is exactly its
+        // float max (the same bits). A row whose 128 values (the quad's) are all negative gets a
+        // negative integer (the bits of its most negative value): then the warp takes the float
+        // path below, which is exact too. Either way m gets the same bits as before.
+        int rmax[2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) mx[r] = fmaxf(fmaxf(pm[r][0], pm[r][1]), fmaxf(pm[r][2], pm[r][3]));
+        for (int r = 0; r < 2; r++) {
+            int x[F8_BK / 4];  // the row's 32 values of this thread, as integers
+#pragma unroll
+            for (int n = 0; n < F8_BK / 8; n++) {
+                x[2 * n] = __float_as_int(s[4 * n + 2 * r]);
+                x[2 * n + 1] = __float_as_int(s[4 * n + 2 * r + 1]);
+            }
+            int y[12], z[4];
+#pragma unroll
+            for (int k = 0; k < 10; k++) y[k] = __vimax3_s32(x[3 * k], x[3 * k + 1], x[3 * k + 2]);
+            y[10] = x[30];
+            y[11] = x[31];
+#pragma unroll
+            for (int k = 0; k < 4; k++) z[k] = __vimax3_s32(y[3 * k], y[3 * k + 1], y[3 * k + 2]);
+            int v = max(__vimax3_s32(z[0], z[1], z[2]), z[3]);
+            v = max(v, __shfl_xor_sync(0xffffffffu, v, 1));
+            rmax[r] = max(v, __shfl_xor_sync(0xffffffffu, v, 2));
+            mx[r] = __int_as_float(rmax[r]);
+        }
+        if (__any_sync(0xffffffffu, (rmax[0] | rmax[1]) < 0)) fmax_rows(s, mx);
+    } else {
+        fmax_rows(s, mx);
+    }
     float bias[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        mx[r] = quad_max(mx[r]);
         // every row sees at least one key of every block it visits (key k0 <= row on the
         // diagonal), so mx is finite and m is finite from block 0 on
         const float mn = fmaxf(m[r], mx[r] * tau_qk);  // the dequantized S of the max, as the emulation rounds it
@@ -332,7 +367,8 @@ __device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, i
 }
 
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
-enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_EARLY = 4 };
+enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_EARLY = 4,
+       F8_LOOP_PLAIN_FMAX = 5 };
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
@@ -434,6 +470,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         constexpr bool PP = LOOP == F8_LOOP_PINGPONG || LOOP == F8_LOOP_OVERLAP_PP;
         constexpr bool OVL = (LOOP == F8_LOOP_OVERLAP || LOOP == F8_LOOP_OVERLAP_PP) && D == 128;
         constexpr bool EARLY = LOOP == F8_LOOP_EARLY;
+        // the row max through the integer bits (softmax_block); plain_fmax: the FMNMX chains, for timing
+        constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX;
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
@@ -509,7 +547,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         wgmma_commit();
                     }
                     if (PP) pp_pass(wg);  // end of issue phase j
-                    softmax_block<decltype(mask)::value>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+                    softmax_block<decltype(mask)::value, IMAX>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
 #pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = oacc[i] * alpha[(i >> 1) & 1];
                     pack_p(pa, sc);
@@ -581,8 +619,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     wgmma_commit();
                     wgmma_wait<0>();
                     reg_fence(s);
-                    if (n_kb == 1) softmax_block<true>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    else softmax_block<false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    if (n_kb == 1) softmax_block<true, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                     pack_p(pa, s);
                 }
                 // O += PV of the block in pv; then issue PV of the block in pa (key block j)
@@ -613,7 +651,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     o_update_issue_pv(j);
                     wgmma_wait<1>();  // S_{j+1}; PV_j may still run
                     reg_fence(s);
-                    softmax_block<decltype(mask)::value>(s, m, l, alpha, tau_qk, log2_ps, (j + 1) * F8_BK, row_w0, T,
+                    softmax_block<decltype(mask)::value, IMAX>(s, m, l, alpha, tau_qk, log2_ps, (j + 1) * F8_BK, row_w0, T,
                                                          g, t4);
                     fac = inv_p * pow2_recip(sVs[st]);
                     wgmma_wait<0>();
@@ -658,8 +696,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     if (PP) pp_pass(wg);
                     wgmma_wait<0>();
                     reg_fence(s);
-                    if (n_kb == 1) softmax_block<true>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    else softmax_block<false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    if (n_kb == 1) softmax_block<true, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                     pack_p(pa, s);  // O is zero: nothing to rescale
                 }
                 float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
@@ -687,7 +725,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     if (PP) pp_pass(wg);
                     wgmma_wait<1>();
                     reg_fence(s);
-                    softmax_block<decltype(mask)::value>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+                    softmax_block<decltype(mask)::value, IMAX>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
                     wgmma_wait<0>();
                     reg_fence(pv);
                     reg_fence(pa);
@@ -735,7 +773,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 }
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|early picks the consumers' block loop
+// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|early|plain_fmax picks the consumers' block loop
 // (F8_LOOP_*; unset: plain, see forward_fp8_d;
 // ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
@@ -761,8 +799,9 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
             else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
             else if (strcmp(loop, "early") == 0) k.loop = F8_LOOP_EARLY;
+            else if (strcmp(loop, "plain_fmax") == 0) k.loop = F8_LOOP_PLAIN_FMAX;
             else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
-                                 "overlap_pp, early; using the default\n", loop);
+                                 "overlap_pp, early, plain_fmax; using the default\n", loop);
         }
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = !(pers && *pers && atoi(pers) == 0);
@@ -780,7 +819,7 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_EARLY ? loop : -1;
+    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_FMAX ? loop : -1;
 }
 // The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
 // One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
@@ -841,7 +880,9 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
     // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
-    if (loop == F8_LOOP_EARLY)
+    if (loop == F8_LOOP_PLAIN_FMAX)
+        forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else if (loop == F8_LOOP_EARLY)
         forward_fp8_launch<D, F8_LOOP_EARLY>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_OVERLAP_PP)
         forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);

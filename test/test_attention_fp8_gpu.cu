@@ -44,7 +44,21 @@ struct Case {
     int B, H, T, d;
     bool packed;      // q/k/v views of one (B, T, 3, H, d) buffer
     double qk_scale;  // sharpness
+    // 1: K <= 0 elementwise, Q >= 0 in the rows t with (t / 16) even and <= 0 in the others, so
+    // every S row of half the warps (16 rows each) is <= 0 and of the other half >= 0: the FP8
+    // forward's integer row max takes its float path in the first warps only (softmax_block)
+    int signs;
 };
+// Case.signs 1 on the (B, T, H, d) tensor at off (row stride `stride`): which = 0 Q, 1 K.
+static void apply_signs(std::vector<uint16_t> &hx, size_t off, int stride, const Case &cs, int which) {
+    for (int b = 0; b < cs.B; b++)
+        for (int t = 0; t < cs.T; t++)
+            for (int c = 0; c < cs.H * cs.d; c++) {
+                uint16_t &u = hx[off + ((size_t)b * cs.T + t) * stride + c];
+                const bool neg = which == 1 || (t / 16) % 2 == 1;
+                u = (uint16_t)((u & 0x7fffu) | (neg ? 0x8000u : 0u));
+            }
+}
 
 // Device outputs of one quantized tensor.
 struct DevOut {
@@ -341,14 +355,18 @@ static void run_fwd_case(const Case &cs, int seed) {
     const size_t n_tok = (size_t)B * T;
     rng_state = 0xF8F0D000ull + (uint64_t)seed;
     char tag[160];
-    snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f", B, H, T, d, cs.packed ? "packed" : "separate",
-             cs.qk_scale);
+    snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f%s", B, H, T, d, cs.packed ? "packed" : "separate",
+             cs.qk_scale, cs.signs ? " signed rows" : "");
     const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
     auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
     std::vector<uint16_t> hqkv(qkv_elems, 0);
     fill_tensor(hqkv, offs(0), qs, cs, cs.qk_scale, false, false);
     fill_tensor(hqkv, offs(1), qs, cs, cs.qk_scale, false, false);
     fill_tensor(hqkv, offs(2), qs, cs, 1.0, false, false);
+    if (cs.signs == 1) {
+        apply_signs(hqkv, offs(0), qs, cs, 0);
+        apply_signs(hqkv, offs(1), qs, cs, 1);
+    }
 
     uint16_t *d_qkv, *d_o;
     float *d_lse;
@@ -471,10 +489,11 @@ static void run_fwd_case(const Case &cs, int seed) {
         }
         // Every block loop of the consumers (ping-pong; plain: no ping-pong, the default; overlap:
         // S_{j+1} issued before the softmax of S_j, PV_j into S_j's registers; overlap with
-        // ping-pong; early: S_{j+1} issued before O takes PV_{j-1}): the same arithmetic in another
-        // order, so the same O and LSE bit for bit; on
+        // ping-pong; early: S_{j+1} issued before O takes PV_{j-1}; plain with the row max by FMNMX
+        // instead of the integer max): the same arithmetic in another order, so the same O and LSE
+        // bit for bit; on
         // the full grid and on 2 CTAs (several tiles per CTA).
-        for (int loop = 0; loop <= 4; loop++)
+        for (int loop = 0; loop <= 5; loop++)
             for (int cap = 0; cap <= 2; cap += 2) {
                 poison(d_o2, d_lse2, 0);
                 attn_gpu_forward_fp8_test_loop(loop);
@@ -488,7 +507,8 @@ static void run_fwd_case(const Case &cs, int seed) {
                          : loop == 1 ? "plain"
                          : loop == 2 ? "overlap"
                          : loop == 3 ? "overlap + ping-pong"
-                                     : "early (S_{j+1} before the O update)",
+                         : loop == 4 ? "early (S_{j+1} before the O update)"
+                                     : "plain, float row max",
                          cap ? " on 2 persistent CTAs" : "");
                 same_as_default(d_o2, d_lse2, what);
             }
@@ -1415,6 +1435,9 @@ int main(void) {
         // (which depends on S alone) separates the two likewise.
         {1, 2, 300, 128, false, 0.0},
         {2, 1, 256, 64, true, 0.0},
+        // S <= 0 in every row of half the warps, >= 0 in the others: both paths of the row max
+        {1, 2, 640, 128, true, 2.0, 1},
+        {1, 1, 300, 64, false, 2.0, 1},
     };
     const int n_fwd = is_small ? 2 : (int)(sizeof fwd_cases / sizeof fwd_cases[0]);
     for (int i = 0; i < n_fwd && !bwd_only; i++) run_fwd_case(fwd_cases[i], i);
