@@ -1435,9 +1435,11 @@ int main(void) {
         // (which depends on S alone) separates the two likewise.
         {1, 2, 300, 128, false, 0.0},
         {2, 1, 256, 64, true, 0.0},
-        // S <= 0 in every row of half the warps, >= 0 in the others: both paths of the row max
-        {1, 2, 640, 128, true, 2.0, 1},
-        {1, 1, 300, 64, false, 2.0, 1},
+        // S <= 0 in every row of half the warps, >= 0 in the others: both paths of the row max.
+        // qk*1: no cancellation in Q̂ K̂^T here, so S's accumulation error grows with |S| (~7 at
+        // d = 128); at qk*2 (|S| ~ 30) it alone takes LSE past the tolerance (3.8e-2 measured)
+        {1, 2, 640, 128, true, 1.0, 1},
+        {1, 1, 300, 64, false, 1.0, 1},
     };
     const int n_fwd = is_small ? 2 : (int)(sizeof fwd_cases / sizeof fwd_cases[0]);
     for (int i = 0; i < n_fwd && !bwd_only; i++) run_fwd_case(fwd_cases[i], i);
