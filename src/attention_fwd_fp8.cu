@@ -241,7 +241,7 @@ __device__ __forceinline__ void fmax_rows(const float (&s)[F8_BK / 2], float (&m
 // tau * inv_q * inv_k. MASKED: the diagonal block (keys past the row or past T become -inf).
 // Updates m (natural-log units, the max of the dequantized S), l (this thread's part, in units
 // of P' = p_scale P), alpha (the factor for O), and replaces s by P'.
-template <bool MASKED, bool IMAX>
+template <bool MASKED, bool IMAX, bool FASTA>
 __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
                                               float (&alpha)[2], float tau_qk, float log2_ps, int k0,
                                               int row_w0, int T, int g, int t4) {
@@ -295,13 +295,21 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
         // every row sees at least one key of every block it visits (key k0 <= row on the
         // diagonal), so mx is finite and m is finite from block 0 on
         const float mn = fmaxf(m[r], mx[r] * tau_qk);  // the dequantized S of the max, as the emulation rounds it
-        // The -inf test matters only in block 0, but it stays in every block: the branch around
-        // expf it compiles to is what keeps ptxas from hoisting the step's PV wait above the row
-        // max (without it, 12 instructions fewer, the wait moved in front of the FMNMX chains
-        // in the SASS and PV_{j-1} no longer overlaps them).
-        alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
+        const float b_new = fmaf(-mn, LOG2E, log2_ps);
+        if (FASTA) {
+            // alpha = 2^(b_new - b_old) = e^(m_old - m) up to the roundings of the two exponent
+            // biases and ex2.approx (~1e-6 relative, like P's own exponent), in 2 instructions
+            // and no branch; block 0 (m_old = -inf, b_old = +inf) gives ex2(-inf) = 0
+            alpha[r] = fast_exp2(b_new - fmaf(-m[r], LOG2E, log2_ps));
+        } else {
+            // The -inf test matters only in block 0, but it stays in every block: the branch
+            // around expf it compiles to is what keeps ptxas from hoisting the step's PV wait
+            // above the row max (without it, 12 instructions fewer, the wait moved in front of
+            // the FMNMX chains in the SASS and PV_{j-1} no longer overlaps them).
+            alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
+        }
         m[r] = mn;
-        bias[r] = fmaf(-mn, LOG2E, log2_ps);
+        bias[r] = b_new;
     }
     const float c2 = tau_qk * LOG2E;
     float rs[2] = {0.f, 0.f};
@@ -368,7 +376,7 @@ __device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, i
 
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
 enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_EARLY = 4,
-       F8_LOOP_PLAIN_FMAX = 5 };
+       F8_LOOP_PLAIN_FMAX = 5, F8_LOOP_PLAIN_S22 = 6 };
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
@@ -471,7 +479,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         constexpr bool OVL = (LOOP == F8_LOOP_OVERLAP || LOOP == F8_LOOP_OVERLAP_PP) && D == 128;
         constexpr bool EARLY = LOOP == F8_LOOP_EARLY;
         // the row max through the integer bits (softmax_block); plain_fmax: the FMNMX chains, for timing
-        constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX;
+        constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX && LOOP != F8_LOOP_PLAIN_S22;
+        // alpha by ex2.approx (softmax_block); plain_s22: stop 22's accurate expf, for timing
+        constexpr bool FASTA = LOOP != F8_LOOP_PLAIN_S22;
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
@@ -547,7 +557,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         wgmma_commit();
                     }
                     if (PP) pp_pass(wg);  // end of issue phase j
-                    softmax_block<decltype(mask)::value, IMAX>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+                    softmax_block<decltype(mask)::value, IMAX, FASTA>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
 #pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = oacc[i] * alpha[(i >> 1) & 1];
                     pack_p(pa, sc);
@@ -619,8 +629,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     wgmma_commit();
                     wgmma_wait<0>();
                     reg_fence(s);
-                    if (n_kb == 1) softmax_block<true, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    if (n_kb == 1) softmax_block<true, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    else softmax_block<false, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                     pack_p(pa, s);
                 }
                 // O += PV of the block in pv; then issue PV of the block in pa (key block j)
@@ -651,7 +661,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     o_update_issue_pv(j);
                     wgmma_wait<1>();  // S_{j+1}; PV_j may still run
                     reg_fence(s);
-                    softmax_block<decltype(mask)::value, IMAX>(s, m, l, alpha, tau_qk, log2_ps, (j + 1) * F8_BK, row_w0, T,
+                    softmax_block<decltype(mask)::value, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, (j + 1) * F8_BK, row_w0, T,
                                                          g, t4);
                     fac = inv_p * pow2_recip(sVs[st]);
                     wgmma_wait<0>();
@@ -696,8 +706,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     if (PP) pp_pass(wg);
                     wgmma_wait<0>();
                     reg_fence(s);
-                    if (n_kb == 1) softmax_block<true, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    if (n_kb == 1) softmax_block<true, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    else softmax_block<false, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                     pack_p(pa, s);  // O is zero: nothing to rescale
                 }
                 float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
@@ -725,7 +735,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     if (PP) pp_pass(wg);
                     wgmma_wait<1>();
                     reg_fence(s);
-                    softmax_block<decltype(mask)::value, IMAX>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+                    softmax_block<decltype(mask)::value, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
                     wgmma_wait<0>();
                     reg_fence(pv);
                     reg_fence(pa);
@@ -800,6 +810,7 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
             else if (strcmp(loop, "early") == 0) k.loop = F8_LOOP_EARLY;
             else if (strcmp(loop, "plain_fmax") == 0) k.loop = F8_LOOP_PLAIN_FMAX;
+            else if (strcmp(loop, "plain_s22") == 0) k.loop = F8_LOOP_PLAIN_S22;
             else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
                                  "overlap_pp, early, plain_fmax; using the default\n", loop);
         }
@@ -819,7 +830,7 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_FMAX ? loop : -1;
+    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_S22 ? loop : -1;
 }
 // The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
 // One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
@@ -880,7 +891,9 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
     // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
-    if (loop == F8_LOOP_PLAIN_FMAX)
+    if (loop == F8_LOOP_PLAIN_S22)
+        forward_fp8_launch<D, F8_LOOP_PLAIN_S22>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else if (loop == F8_LOOP_PLAIN_FMAX)
         forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_EARLY)
         forward_fp8_launch<D, F8_LOOP_EARLY>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
