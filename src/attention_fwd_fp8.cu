@@ -11,7 +11,8 @@
 //       in [2^-126, 2^126] (fp8_scale_for_amax), so inv_x = 1 / s_x is exact and is taken from
 //       the exponent bits, pow2_recip)
 //   running max m advanced once per key block (the max of the dequantized S: the max of the raw
-//   accumulators times the positive factor above, rounding being monotone), alpha = expf(m_old - m)
+//   accumulators times the positive factor above, rounding being monotone; the raw max is taken
+//   on the float bits as integers, exact, see softmax_block), alpha = e^(m_old - m) (see below)
 //   P' = p_scale * P = 2^(S*log2e - m*log2e + log2 p_scale)   (ex2.approx, FP32; see below)
 //   l sums the unquantized P' (l = l' / p_scale at the end, exact for a power-of-two p_scale)
 //   P̂ = E4M3(P')                                               (cvt.rn.satfinite: the hardware
@@ -25,7 +26,9 @@
 // (~ulp(|m|*log2e), i.e. ~1e-7 relative in P for |m| ~ 1, ~1e-6 for |m| ~ 20) and ex2.approx
 // adds ~2 ulp, so P is within ~1e-7..1e-6 relative of the emulation's; P̂ (3 mantissa bits)
 // flips a code only when P' lies that close to a rounding boundary (a few in 1e5 values), far
-// inside the O tolerance of the GPU test. alpha (two per row and block) keeps the accurate expf.
+// inside the O tolerance of the GPU test. alpha (two per row and block) is ex2.approx of the
+// difference of the two blocks' biases log2(p_scale) - m*log2e, likewise ~1e-6 relative of the
+// emulation's expf(m_old - m): one more rounding of O per key block at that level.
 //
 // Structure (FlashAttention-3's, on FP8):
 // - Persistent CTAs (one per SM) of 3 warpgroups; each CTA computes 128-row query blocks (tiles)
@@ -122,15 +125,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
     return r;
 }
 
-
-// True on every GPU (the number of SMs), but neither the compiler nor ptxas can know it: a branch
-// on it puts the code after it in a basic block of its own, which ptxas does not schedule above
-// the branch (see the early loop).
-__device__ __forceinline__ bool nsmid_nonzero(void) {
-    uint32_t n;
-    asm volatile("mov.u32 %0, %%nsmid;\n" : "=r"(n));
-    return n != 0;
-}
 
 // Named barriers 1 and 2, 256 threads each: the consumers' ping-pong (3: the producer's own).
 __device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
@@ -241,7 +235,7 @@ __device__ __forceinline__ void fmax_rows(const float (&s)[F8_BK / 2], float (&m
 // tau * inv_q * inv_k. MASKED: the diagonal block (keys past the row or past T become -inf).
 // Updates m (natural-log units, the max of the dequantized S), l (this thread's part, in units
 // of P' = p_scale P), alpha (the factor for O), and replaces s by P'.
-template <bool MASKED, bool IMAX, bool FASTA>
+template <bool MASKED, bool IMAX>
 __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
                                               float (&alpha)[2], float tau_qk, float log2_ps, int k0,
                                               int row_w0, int T, int g, int t4) {
@@ -296,18 +290,11 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
         // diagonal), so mx is finite and m is finite from block 0 on
         const float mn = fmaxf(m[r], mx[r] * tau_qk);  // the dequantized S of the max, as the emulation rounds it
         const float b_new = fmaf(-mn, LOG2E, log2_ps);
-        if (FASTA) {
-            // alpha = 2^(b_new - b_old) = e^(m_old - m) up to the roundings of the two exponent
-            // biases and ex2.approx (~1e-6 relative, like P's own exponent), in 2 instructions
-            // and no branch; block 0 (m_old = -inf, b_old = +inf) gives ex2(-inf) = 0
-            alpha[r] = fast_exp2(b_new - fmaf(-m[r], LOG2E, log2_ps));
-        } else {
-            // The -inf test matters only in block 0, but it stays in every block: the branch
-            // around expf it compiles to is what keeps ptxas from hoisting the step's PV wait
-            // above the row max (without it, 12 instructions fewer, the wait moved in front of
-            // the FMNMX chains in the SASS and PV_{j-1} no longer overlaps them).
-            alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn);
-        }
+        // alpha = 2^(b_new - b_old) = e^(m_old - m) up to the roundings of the two exponent biases
+        // and ex2.approx (~1e-6 relative, like P's own exponent): 2 instructions, no branch (the
+        // accurate expf with its -inf test was ~20 and a branch on the path to the exponentials;
+        // measured 4-5% of the forward). Block 0 (m_old = -inf, b_old = +inf) gives ex2(-inf) = 0.
+        alpha[r] = fast_exp2(b_new - fmaf(-m[r], LOG2E, log2_ps));
         m[r] = mn;
         bias[r] = b_new;
     }
@@ -375,8 +362,9 @@ __device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, i
 }
 
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
-enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_EARLY = 4,
-       F8_LOOP_PLAIN_FMAX = 5, F8_LOOP_PLAIN_S22 = 6 };
+// F8_LOOP_PLAIN_FMAX: the plain loop with the row max by FMNMX instead of integer bits
+// (softmax_block's IMAX), the same bits: the tests' check that the integer max is exact.
+enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_PLAIN_FMAX = 4 };
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
@@ -477,11 +465,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // ping-pong (default loop, and the overlap loop's _PP form); the overlap loop (d = 128)
         constexpr bool PP = LOOP == F8_LOOP_PINGPONG || LOOP == F8_LOOP_OVERLAP_PP;
         constexpr bool OVL = (LOOP == F8_LOOP_OVERLAP || LOOP == F8_LOOP_OVERLAP_PP) && D == 128;
-        constexpr bool EARLY = LOOP == F8_LOOP_EARLY;
         // the row max through the integer bits (softmax_block); plain_fmax: the FMNMX chains, for timing
-        constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX && LOOP != F8_LOOP_PLAIN_S22;
-        // alpha by ex2.approx (softmax_block); plain_s22: stop 22's accurate expf, for timing
-        constexpr bool FASTA = LOOP != F8_LOOP_PLAIN_S22;
+        constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX;
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
@@ -557,7 +542,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         wgmma_commit();
                     }
                     if (PP) pp_pass(wg);  // end of issue phase j
-                    softmax_block<decltype(mask)::value, IMAX, FASTA>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+                    softmax_block<decltype(mask)::value, IMAX>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
 #pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = oacc[i] * alpha[(i >> 1) & 1];
                     pack_p(pa, sc);
@@ -599,89 +584,6 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 }
                 if (PP && wg == 0) pp_pass(wg);  // the last phase (warpgroup 1 arrived up front)
                 mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂ buffer is free
-            } else if constexpr (EARLY) {
-                // The plain loop's arithmetic in another order: S_{j+1} is issued as soon as P̂_j
-                // is packed (S_j's registers are free), before O takes PV_{j-1}; PV_j follows the
-                // O update. So the O update (64 FMUL + 64 FFMA per thread) runs while S_{j+1} is on
-                // the tensor cores, instead of between the softmax and the next S; only P̂'s
-                // packing is left between a softmax and the next issue. Same registers as the
-                // plain loop (O, S, one PV accumulator, P̂), same O and LSE bits.
-                // The loop body starts after a packing, so that both issues and the wait for S_{j+1}
-                // ("all but the newest group") are in one basic block: with the wait at the top of
-                // the next iteration instead, ptxas cannot tell which group it retires and
-                // serializes every wgmma (C7514).
-                float s[F8_BK / 2];
-#pragma unroll
-                for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
-                // the block whose PV is in pv: its O factors (pv starts at 0 and O too, so the first
-                // update adds 0 * 0 + 0 * 0: O stays 0 exactly)
-                float fac_prev = 0.f, alpha_prev[2] = {0.f, 0.f};
-                float fac;  // 1 / (p_scale s_v) of the block in pa
-                {  // block 0: S_0, its softmax (masked if diagonal), P̂_0
-                    const unsigned st = it0 % F8_STAGES;
-                    mbar_wait(full + st, (it0 / F8_STAGES) & 1);
-                    tau_q = tau * pow2_recip(sQs[ti & 1]);
-                    const float tau_qk = tau_q * pow2_recip(sKs[st]);
-                    fac = inv_p * pow2_recip(sVs[st]);
-                    reg_fence(s);
-                    wgmma_fence();
-                    issue_s<D>(s, dq, dk0 + st * (L::K / 16));
-                    wgmma_commit();
-                    wgmma_wait<0>();
-                    reg_fence(s);
-                    if (n_kb == 1) softmax_block<true, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    else softmax_block<false, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    pack_p(pa, s);
-                }
-                // O += PV of the block in pv; then issue PV of the block in pa (key block j)
-                auto o_update_issue_pv = [&](int j) {
-                    if (nsmid_nonzero()) {
-#pragma unroll
-                        for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
-                    }
-                    alpha_prev[0] = alpha[0];
-                    alpha_prev[1] = alpha[1];
-                    fac_prev = fac;
-                    reg_fence(pv);
-                    reg_fence(pa);
-                    wgmma_fence();
-                    issue_pv<D>(pv, pa, dv0 + ((it0 + (unsigned)j) % F8_STAGES) * (L::V / 16));
-                    wgmma_commit();
-                };
-                // P̂_j in pa, PV_{j-1} done into pv: issue S_{j+1}, add PV_{j-1}, issue PV_j, softmax
-                // of S_{j+1}, wait for PV_j, release block j's stage, pack P̂_{j+1}.
-                auto estep = [&](int j, auto mask) {
-                    const unsigned rb = it0 + (unsigned)j + 1, st = rb % F8_STAGES;  // block j+1
-                    mbar_wait(full + st, (rb / F8_STAGES) & 1);
-                    const float tau_qk = tau_q * pow2_recip(sKs[st]);
-                    reg_fence(s);
-                    wgmma_fence();
-                    issue_s<D>(s, dq, dk0 + st * (L::K / 16));
-                    wgmma_commit();
-                    o_update_issue_pv(j);
-                    wgmma_wait<1>();  // S_{j+1}; PV_j may still run
-                    reg_fence(s);
-                    softmax_block<decltype(mask)::value, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, (j + 1) * F8_BK, row_w0, T,
-                                                         g, t4);
-                    fac = inv_p * pow2_recip(sVs[st]);
-                    wgmma_wait<0>();
-                    reg_fence(pv);
-                    reg_fence(pa);
-                    mbar_arrive(empty + (rb - 1) % F8_STAGES);  // K̂_j and V̂_j are no longer read
-                    pack_p(pa, s);
-                };
-                for (int j = 0; j < n_kb - 2; j++) estep(j, std::false_type());
-                if (n_kb > 1) estep(n_kb - 2, std::true_type());
-                {  // the last block's PV; then its stage and this tile's Q̂ buffer are free
-                    o_update_issue_pv(n_kb - 1);
-                    wgmma_wait<0>();
-                    reg_fence(pv);
-                    reg_fence(pa);
-                    mbar_arrive(empty + (it0 + (unsigned)n_kb - 1) % F8_STAGES);
-                    mbar_arrive(q_empty + (ti & 1));
-#pragma unroll
-                    for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
-                }
             } else {
                 float s[F8_BK / 2];  // S of the current block
 #pragma unroll
@@ -706,8 +608,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     if (PP) pp_pass(wg);
                     wgmma_wait<0>();
                     reg_fence(s);
-                    if (n_kb == 1) softmax_block<true, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    else softmax_block<false, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    if (n_kb == 1) softmax_block<true, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                    else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                     pack_p(pa, s);  // O is zero: nothing to rescale
                 }
                 float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
@@ -735,7 +637,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     if (PP) pp_pass(wg);
                     wgmma_wait<1>();
                     reg_fence(s);
-                    softmax_block<decltype(mask)::value, IMAX, FASTA>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
+                    softmax_block<decltype(mask)::value, IMAX>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
                     wgmma_wait<0>();
                     reg_fence(pv);
                     reg_fence(pa);
@@ -783,7 +685,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 }
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|early|plain_fmax picks the consumers' block loop
+// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|plain_fmax picks the consumers' block loop
 // (F8_LOOP_*; unset: plain, see forward_fp8_d;
 // ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
@@ -808,11 +710,9 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             else if (strcmp(loop, "plain") == 0) k.loop = F8_LOOP_PLAIN;
             else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
             else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
-            else if (strcmp(loop, "early") == 0) k.loop = F8_LOOP_EARLY;
             else if (strcmp(loop, "plain_fmax") == 0) k.loop = F8_LOOP_PLAIN_FMAX;
-            else if (strcmp(loop, "plain_s22") == 0) k.loop = F8_LOOP_PLAIN_S22;
             else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
-                                 "overlap_pp, early, plain_fmax; using the default\n", loop);
+                                 "overlap_pp, plain_fmax; using the default\n", loop);
         }
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = !(pers && *pers && atoi(pers) == 0);
@@ -830,7 +730,7 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_S22 ? loop : -1;
+    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_FMAX ? loop : -1;
 }
 // The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
 // One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
@@ -891,12 +791,8 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
     // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
-    if (loop == F8_LOOP_PLAIN_S22)
-        forward_fp8_launch<D, F8_LOOP_PLAIN_S22>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_PLAIN_FMAX)
+    if (loop == F8_LOOP_PLAIN_FMAX)
         forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_EARLY)
-        forward_fp8_launch<D, F8_LOOP_EARLY>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_OVERLAP_PP)
         forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_OVERLAP)
