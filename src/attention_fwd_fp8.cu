@@ -467,10 +467,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         constexpr bool OVL = (LOOP == F8_LOOP_OVERLAP || LOOP == F8_LOOP_OVERLAP_PP) && D == 128;
         // the row max through the integer bits (softmax_block); plain_fmax: the FMNMX chains, for timing
         constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX;
-        const int ctid = (int)threadIdx.x - 128, warp = (ctid >> 5) & 3, lane = ctid & 31;
-        // wg through a shuffle from lane 0: the same value, but ptxas then knows it is warp-uniform,
-        // so the descriptors derived from it live in uniform registers (no R2UR before each wgmma)
-        const int wg = __shfl_sync(0xffffffffu, ctid >> 7, 0);
+        const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
         // + st * L::K / 16, + st * L::V / 16) and this warpgroup's 64 rows of Q̂ buffer 0
