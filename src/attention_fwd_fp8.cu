@@ -251,32 +251,13 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
     }
     float mx[2];
     if (IMAX) {
-        // The row max on the float bits as signed integers, with the 3-input integer max of
-        // Hopper's DPX instructions (VIMNMX3: 16 per row instead of 32 FMNMX, and a tree 4 deep).
-        // For floats >= 0 the integer order is the float order, and a negative float is a
-        // negative integer, so wherever a row has a value >= 0 its integer max is exactly its
-        // float max (the same bits). A row whose 128 values (the quad's) are all negative gets a
-        // negative integer (the bits of its most negative value): then the warp takes the float
-        // path below, which is exact too. Either way m gets the same bits as before.
+        // The row max on the float bits as integers (quad_row_max_bits: exact wherever the row
+        // has a value >= 0); a warp with a row whose 128 values are all negative takes the float
+        // path, exact too. Either way m gets the same bits.
         int rmax[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            int x[F8_BK / 4];  // the row's 32 values of this thread, as integers
-#pragma unroll
-            for (int n = 0; n < F8_BK / 8; n++) {
-                x[2 * n] = __float_as_int(s[4 * n + 2 * r]);
-                x[2 * n + 1] = __float_as_int(s[4 * n + 2 * r + 1]);
-            }
-            int y[12], z[4];
-#pragma unroll
-            for (int k = 0; k < 10; k++) y[k] = __vimax3_s32(x[3 * k], x[3 * k + 1], x[3 * k + 2]);
-            y[10] = x[30];
-            y[11] = x[31];
-#pragma unroll
-            for (int k = 0; k < 4; k++) z[k] = __vimax3_s32(y[3 * k], y[3 * k + 1], y[3 * k + 2]);
-            int v = max(__vimax3_s32(z[0], z[1], z[2]), z[3]);
-            v = max(v, __shfl_xor_sync(0xffffffffu, v, 1));
-            rmax[r] = max(v, __shfl_xor_sync(0xffffffffu, v, 2));
+            rmax[r] = quad_row_max_bits(s, r);
             mx[r] = __int_as_float(rmax[r]);
         }
         if (__any_sync(0xffffffffu, (rmax[0] | rmax[1]) < 0)) fmax_rows(s, mx);
