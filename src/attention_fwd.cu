@@ -62,29 +62,14 @@ __device__ __forceinline__ void softmax_block(float (&s)[WG_BK / 2], float (&m)[
                 if (col > row || col >= T) s[4 * n + e] = -INFINITY;
             }
     }
-    // The block's row maxima on the float bits as integers (quad_row_max_bits, exact where the
-    // row has a value >= 0), the FMNMX chains only in a warp with an all-negative row; either
-    // way mx = max(m, the row's max) with the same bits as the chains alone give.
-    float mx[2];
-    int rmax[2];
+    float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        rmax[r] = quad_row_max_bits(s, r);
-        mx[r] = fmaxf(m[r], __int_as_float(rmax[r]));
-    }
-    if (__any_sync(0xffffffffu, (rmax[0] | rmax[1]) < 0)) {
-        mx[0] = m[0];
-        mx[1] = m[1];
-#pragma unroll
-        for (int n = 0; n < WG_BK / 8; n++) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * n + 0], s[4 * n + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) mx[r] = quad_max(mx[r]);
+    for (int n = 0; n < WG_BK / 8; n++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[4 * n + 0], s[4 * n + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[4 * n + 2], s[4 * n + 3]));
     }
     float ms[2];
-    online_max_update(mx, m, ms, alpha, scale_log2);
+    online_max_step(mx, m, ms, alpha, scale_log2);
     float rs[2] = {0.f, 0.f};
 #pragma unroll
     for (int n = 0; n < WG_BK / 8; n++) {

@@ -204,32 +204,6 @@ __device__ __forceinline__ void mma_frag_rowtile(float (&acc)[N / 8][4], const f
     }
 }
 
-// The max over a quad (the 4 threads of an accumulator row) of row r's 128 values of a 64 x 128
-// wgmma accumulator tile (this thread's 32: s[4n + 2r], s[4n + 2r + 1]), on the float bits as
-// signed integers with Hopper's 3-input integer max (VIMNMX3: 16 instead of 32 FMNMX, a tree 4
-// deep). For floats >= 0 the integer order is the float order and every negative float is a
-// negative integer, so a result >= 0 is exactly the float max, bits and all (NaN never occurs
-// here). A negative result means all 128 values are negative (it is then the bits of the most
-// negative one): the caller takes a float path for that row.
-__device__ __forceinline__ int quad_row_max_bits(const float (&s)[64], int r) {
-    int x[32];
-#pragma unroll
-    for (int n = 0; n < 16; n++) {
-        x[2 * n] = __float_as_int(s[4 * n + 2 * r]);
-        x[2 * n + 1] = __float_as_int(s[4 * n + 2 * r + 1]);
-    }
-    int y[12], z[4];
-#pragma unroll
-    for (int k = 0; k < 10; k++) y[k] = __vimax3_s32(x[3 * k], x[3 * k + 1], x[3 * k + 2]);
-    y[10] = x[30];
-    y[11] = x[31];
-#pragma unroll
-    for (int k = 0; k < 4; k++) z[k] = __vimax3_s32(y[3 * k], y[3 * k + 1], y[3 * k + 2]);
-    int v = max(__vimax3_s32(z[0], z[1], z[2]), z[3]);
-    v = max(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return max(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
 // Row statistics and the epilogue of the forward kernels. quad_sum / quad_max: a row's sum / max
 // over the 4 threads of a quad (the threads of one accumulator row), in all four. fwd_store_rows: this thread's two rows row0 and
 // row0 + 8 (those < T) of O = acc / l[r] in BF16, acc in the mma / wgmma fragment order (element
@@ -246,24 +220,18 @@ __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
-// The BF16 forwards' online-softmax step for this thread's two rows: mx (the row maxima over
-// the quad, raw S, the running max included) becomes the running max m; ms = that max in log2
-// units (S * scale_log2), alpha the factor for the old accumulators. online_max_step: the same
-// from this thread's own maxima (it takes the quad's max first).
-__device__ __forceinline__ void online_max_update(const float (&mx)[2], float (&m)[2], float (&ms)[2],
-                                                  float (&alpha)[2], float scale_log2) {
+// The BF16 forwards' online-softmax step for this thread's two rows: mx (the block's row maxima
+// of this thread, raw S) becomes the row's maximum over the quad, which becomes the running max
+// m; ms = that max in log2 units (S * scale_log2), alpha the factor for the old accumulators.
+__device__ __forceinline__ void online_max_step(float (&mx)[2], float (&m)[2], float (&ms)[2], float (&alpha)[2],
+                                                float scale_log2) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {  // one row at a time, as the kernels were scheduled and measured
+        mx[r] = quad_max(mx[r]);
         ms[r] = mx[r] * scale_log2;
         alpha[r] = exp2f(m[r] * scale_log2 - ms[r]);
         m[r] = mx[r];
     }
-}
-__device__ __forceinline__ void online_max_step(float (&mx)[2], float (&m)[2], float (&ms)[2], float (&alpha)[2],
-                                                float scale_log2) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) mx[r] = quad_max(mx[r]);
-    online_max_update(mx, m, ms, alpha, scale_log2);
 }
 template <int D, class LseOf>
 __device__ __forceinline__ void fwd_store_rows(const float (&acc)[D / 2], const float (&l)[2], bf16 *o, int o_stride,
