@@ -353,6 +353,10 @@ def main():
         return "MET at every T measured" if not bad else f"NOT MET at T = {', '.join(bad)}"
 
     out(f"target fp8_dm fwd >= 1.3x ours BF16 fwd: {verdict(fwd_ok)}")
+    bare_fwd = [f"{label(r['T'])} {r['tf']['ours'] / r['tf']['fp8_fwd_bare']:.2f}" for r in rows
+                if "ours" in r["tf"] and "fp8_fwd_bare" in r["tf"]]
+    if bare_fwd:  # what the forward would be with Q, K, V codes from their producers (not the target's measure)
+        out(f"  ... the bare FP8 forward / ours (Q, K, V codes given, no quantize pass): {', '.join(bare_fwd)}")
     out(f"target fp8_dm fwd+bwd faster than ours BF16 fwd+bwd at T >= 2K: {verdict(fb_ok)}")
     out(f"  ... with kept codes (the trainer's default): {verdict(fb_keep_ok)}")
     text = "\n".join(lines)
