@@ -473,7 +473,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // ping-pong (default loop, and the overlap loop's _PP form); the overlap loop (d = 128)
         constexpr bool PP = LOOP == F8_LOOP_PINGPONG || LOOP == F8_LOOP_OVERLAP_PP;
         constexpr bool OVL = (LOOP == F8_LOOP_OVERLAP || LOOP == F8_LOOP_OVERLAP_PP) && D == 128;
-        // the row max through the integer bits (softmax_block); plain_fmax: the FMNMX chains, for timing
+        // the row max through the integer bits (softmax_block); plain_fmax: the FMNMX chains (the
+        // tests' reference for its bits, and a timing knob)
         constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX;
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;

@@ -45,8 +45,9 @@ struct Case {
     bool packed;      // q/k/v views of one (B, T, 3, H, d) buffer
     double qk_scale;  // sharpness
     // 1: K <= 0 elementwise, Q >= 0 in the rows t with (t / 16) even and <= 0 in the others, so
-    // every S row of half the warps (16 rows each) is <= 0 and of the other half >= 0: the FP8
-    // forward's integer row max takes its float path in the first warps only (softmax_block)
+    // every S row of the even-numbered warps (16 rows each, from a 128-row block's start) is <= 0
+    // and of the odd ones >= 0: the FP8 forward's integer row max takes its float path in the
+    // even warps only (softmax_block)
     int signs;
 };
 // Case.signs 1 on the (B, T, H, d) tensor at off (row stride `stride`): which = 0 Q, 1 K.
