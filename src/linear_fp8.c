@@ -262,23 +262,21 @@ void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int
 // micro-batch's amaxes linear_fp8_head_scales gave.
 static void quantize_tensor(LinearFp8 *L, float *out, const float *x, int rows, int cols, int role, Fp8Format fmt,
                             Fp8QuantStats *stats) {
+    float sc;  // the one scale of the tensor
     if (L->site < 0 && L->head_given) {
-        long long sat = 0, n_nan = 0;
-        quantize_tensor_with(out, NULL, x, rows, cols, fp8_scale_for_amax(fmt, L->head_amax[role]), fmt, &sat, &n_nan);
-        add_stats(stats, (long long)rows * cols, sat, n_nan);
+        sc = fp8_scale_for_amax(fmt, L->head_amax[role]);
+    } else if (!L->delayed || L->site < 0) {
+        fp8_quantize(out, NULL, NULL, x, rows, cols, FP8_GROUP_TENSOR, fmt, stats);  // current: its own amax
         return;
+    } else {
+        int si, t;
+        linear_delayed_slot(L->site, role, &si, &t);
+        AttnDelayedState *s = &L->delayed[si];
+        const float own = tensor_amax(x, rows, cols);
+        s->cur_amax[t] = fmaxf(s->cur_amax[t], own);
+        // the first micro-batch (an empty history): current, from the amax just taken
+        sc = fp8_scale_for_amax(fmt, s->filled == 0 ? own : attn_delayed_amax(s, t));
     }
-    if (!L->delayed || L->site < 0) {
-        fp8_quantize(out, NULL, NULL, x, rows, cols, FP8_GROUP_TENSOR, fmt, stats);
-        return;
-    }
-    int si, t;
-    linear_delayed_slot(L->site, role, &si, &t);
-    AttnDelayedState *s = &L->delayed[si];
-    const float own = tensor_amax(x, rows, cols);
-    s->cur_amax[t] = fmaxf(s->cur_amax[t], own);
-    // the first micro-batch (an empty history): current, from the amax just taken
-    const float sc = fp8_scale_for_amax(fmt, s->filled == 0 ? own : attn_delayed_amax(s, t));
     long long sat = 0, n_nan = 0;
     quantize_tensor_with(out, NULL, x, rows, cols, sc, fmt, &sat, &n_nan);
     add_stats(stats, (long long)rows * cols, sat, n_nan);
