@@ -467,6 +467,20 @@ void fp8_transpose_tensor_gpu(const Fp8Operand *q, const Fp8Operand *qt, cudaStr
     CUDA_CHECK(cudaMemcpyAsync(qt->scales, q->scales, 2 * sizeof(float), cudaMemcpyDeviceToDevice, stream));
 }
 
+// One thread: a per-tensor operand's two scale floats (fp8_set_tensor_scale_gpu).
+__global__ void set_tensor_scale_kernel(float *scales, float inv, float amax) {
+    scales[0] = inv;
+    scales[1] = amax;
+}
+
+void fp8_set_tensor_scale_gpu(const Fp8Operand *op, float amax, cudaStream_t stream) {
+    if (!op || !op->scales || op->grouping != FP8_GROUP_TENSOR)
+        FATAL("fp8_set_tensor_scale_gpu: needs a per-tensor operand with its scales (hint: fp8_operand_alloc)");
+    const float inv = 1.0f / fp8_scale_for_amax(op->fmt, amax);  // exact: a power of two
+    set_tensor_scale_kernel<<<1, 1, 0, stream>>>(op->scales, inv, amax);
+    CUDA_CHECK_LAUNCH();
+}
+
 void fp8_amax_gpu(float *amax, const uint16_t *x, long n, cudaStream_t stream) {
     if (n < 0) FATAL("fp8_amax_gpu: %ld elements", n);
     CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));

@@ -81,6 +81,11 @@ void fp8_quantize_gpu_with_amax(const Fp8Operand *q, const Fp8Operand *qt, const
 // *amax (device FP32) = max |x| over n BF16 values (NaN ignored): the amax pass fp8_quantize_gpu
 // runs for per-tensor operands, for a tensor that is quantized in parts with one scale.
 void fp8_amax_gpu(float *amax, const uint16_t *x, long n, cudaStream_t stream);
+// The per-tensor operand op's two scale floats for the amax `amax`, as fp8_quantize_gpu_with_amax
+// writes them (scales[0] = 1/s with s = fp8_scale_for_amax(op->fmt, amax), scales[1] = amax): for
+// codes made elsewhere with that scale (the cross-entropy's), and as the amax a later
+// fp8_quantize_gpu_with_amax reads (op->scales + 1) when it is known on the host only.
+void fp8_set_tensor_scale_gpu(const Fp8Operand *op, float amax, cudaStream_t stream);
 // qt = the transpose of the per-tensor operand q (codes and its two scale floats), without the BF16
 // values: for codes made where the transpose could not be (the cross-entropy's rows).
 void fp8_transpose_tensor_gpu(const Fp8Operand *q, const Fp8Operand *qt, cudaStream_t stream);

@@ -298,11 +298,6 @@ void fp8_refresh_weights(GpuModel *m) {
 // there and leaves it) and dlogits' bound written into slot 0's scales[1] before each chunk's;
 // with fusion on, the cross-entropy writes the chunk's Q(dlogits) codes itself
 // (head_fp8_cross_entropy) and head_fp8_backward transposes them for Q(dlogits^T).
-static __global__ void store_scales_kernel(float *p, float inv, float amax) {
-    p[0] = inv;
-    p[1] = amax;
-}
-
 void head_fp8_begin(GpuModel *m, const bf16 *hf, int rows) {
     Dev *d = dev_of(m);
     if (lin_prec(m, -1) != LINEAR_FP8_TENSOR) return;  // fp8_block: each slice's own scale
@@ -351,9 +346,7 @@ void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, i
     Fp8Operand xt = d->head_xt;
     xt.cols = n;
     if (hp == LINEAR_FP8_TENSOR) {  // the bound |dlogits| <= grad_scale is the amax of the scale
-        const float inv = 1.0f / fp8_scale_for_amax(dyq.fmt, grad_scale);  // exact: a power of two
-        store_scales_kernel<<<1, 1, 0, d->stream>>>(dyq.scales, inv, grad_scale);
-        CUDA_CHECK_LAUNCH();
+        fp8_set_tensor_scale_gpu(&dyq, grad_scale, d->stream);
         if (codes_ready) fp8_transpose_tensor_gpu(&dyq, &dyt, d->stream);  // the cross-entropy's codes
         else fp8_quantize_gpu_with_amax(&dyq, &dyt, dlogits, n, Vp, dyq.scales + 1, NULL, NULL, d->stream);
     } else {

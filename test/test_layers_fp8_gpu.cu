@@ -324,7 +324,8 @@ static void run_rope_case(int B, int T, int H, int hd, Fp8Format fmt, int with_q
 // FP8 LM head) against cross_entropy_gpu then fp8_quantize_gpu_with_amax with the bound
 // grad_scale as the amax: the same losses bit for bit, the same codes, the logits left as they
 // were, ignored rows' codes zero (targets -1), a target past V a NaN loss as before; then
-// fp8_transpose_tensor_gpu of those codes against the quantization's Q(x^T), scales included.
+// fp8_transpose_tensor_gpu of those codes, with the scale floats fp8_set_tensor_scale_gpu gives
+// them, against the quantization's Q(x^T), scales included.
 static void run_ce_codes_case(int N, int V, int Vp, Fp8Format fmt) {
     const size_t n = (size_t)N * Vp;
     Bf hl = random_bf(n, Vp, 0);
@@ -338,7 +339,7 @@ static void run_ce_codes_case(int N, int V, int Vp, Fp8Format fmt) {
     cross_entropy_fp8_gpu(lg, loss, d_tg, N, V, Vp, gs, tc.q.codes, fmt, 0);
     cross_entropy_gpu(lg_ref, loss_ref, d_tg, N, V, Vp, gs, 0);
     fp8_quantize_gpu_with_amax(&tc.q_ref, &tc.qt_ref, lg_ref, N, Vp, tc.amax, NULL, NULL, 0);
-    CU(cudaMemcpy(tc.q.scales, tc.q_ref.scales, 2 * sizeof(float), cudaMemcpyDeviceToDevice));
+    fp8_set_tensor_scale_gpu(&tc.q, gs, 0);  // the codes' scale floats, as head_fp8_backward sets them
     fp8_transpose_tensor_gpu(&tc.q, &tc.qt, 0);
     CU(cudaGetLastError());
     CU(cudaDeviceSynchronize());
