@@ -302,6 +302,8 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
         // and ex2.approx (~1e-6 relative, like P's own exponent): 2 instructions, no branch (the
         // accurate expf with its -inf test was ~20 and a branch on the path to the exponentials;
         // measured 4-5% of the forward). Block 0 (m_old = -inf, b_old = +inf) gives ex2(-inf) = 0.
+        // b_old is the previous block's bias made again from m (one FFMA, the same bits): carrying
+        // it would cost two registers through the loop, which has 4 of its 240 to spare.
         alpha[r] = fast_exp2(b_new - fmaf(-m[r], LOG2E, log2_ps));
         m[r] = mn;
         bias[r] = b_new;
