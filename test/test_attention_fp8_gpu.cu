@@ -49,6 +49,9 @@ struct Case {
     // and of the odd ones >= 0: the FP8 forward's integer row max takes its float path in the
     // even warps only (softmax_block)
     int signs;
+    // 1: V's 128-token blocks scaled by 1, 2^-100, 2^20, 2^-40 in turn (run_fwd_case): V scales
+    // 2^120 apart, so that the forward's per-block factor 1 / (p_scale s_v) spans that range too
+    int vspread;
 };
 // Case.signs 1 on the (B, T, H, d) tensor at off (row stride `stride`): which = 0 Q, 1 K.
 static void apply_signs(std::vector<uint16_t> &hx, size_t off, int stride, const Case &cs, int which) {
@@ -356,8 +359,8 @@ static void run_fwd_case(const Case &cs, int seed) {
     const size_t n_tok = (size_t)B * T;
     rng_state = 0xF8F0D000ull + (uint64_t)seed;
     char tag[160];
-    snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f%s", B, H, T, d, cs.packed ? "packed" : "separate",
-             cs.qk_scale, cs.signs ? " signed rows" : "");
+    snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f%s%s", B, H, T, d, cs.packed ? "packed" : "separate",
+             cs.qk_scale, cs.signs ? " signed rows" : "", cs.vspread ? " V blocks 2^-100..2^20" : "");
     const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
     auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
     std::vector<uint16_t> hqkv(qkv_elems, 0);
@@ -367,6 +370,14 @@ static void run_fwd_case(const Case &cs, int seed) {
     if (cs.signs == 1) {
         apply_signs(hqkv, offs(0), qs, cs, 0);
         apply_signs(hqkv, offs(1), qs, cs, 1);
+    }
+    if (cs.vspread == 1) {
+        const int e[4] = {0, -100, 20, -40};
+        for (size_t r = 0; r < n_tok; r++)
+            for (int c = 0; c < C; c++) {
+                uint16_t &u = hqkv[offs(2) + r * qs + c];
+                u = f2bf(ldexpf(bf16_to_f32(u), e[(r % T) / ATTN_SCALE_BLOCK % 4]));  // exact
+            }
     }
 
     uint16_t *d_qkv, *d_o;
@@ -1439,6 +1450,9 @@ int main(void) {
         // d = 128); at qk*2 (|S| ~ 30) it alone takes LSE past the tolerance (3.8e-2 measured)
         {1, 2, 640, 128, true, 1.0, 1},
         {1, 1, 300, 64, false, 1.0, 1},
+        // V scales 2^120 apart (blocks of values ~2^-100 beside ~2^20)
+        {1, 2, 1024, 128, true, 2.0, 0, 1},
+        {1, 1, 600, 64, false, 1.0, 0, 1},
     };
     const int n_fwd = is_small ? 2 : (int)(sizeof fwd_cases / sizeof fwd_cases[0]);
     for (int i = 0; i < n_fwd && !bwd_only; i++) run_fwd_case(fwd_cases[i], i);
