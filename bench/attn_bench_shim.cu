@@ -15,6 +15,12 @@
 //                                without / with kept codes
 //   shim_fp8_fwd / shim_fp8_bwd  attn_gpu_forward_fp8 / attn_gpu_backward_fp8 on those codes
 //   shim_delta                   fp8_dm's delta-pass kernel alone (attn_bench_shim_delta.cu)
+//   shim_rope / shim_fwd_rope    the forward as the model runs it after the QKV projection, RoPE
+//                                included: rope_forward_gpu alone; attn_mode_forward_rope (bf16:
+//                                rope_forward_gpu then the forward; FP8 modes: RoPE inside the
+//                                quantize pass, kept codes, q and k not written back, as the
+//                                trainer does without diagnostics). On the shim's own copy of qkv,
+//                                which the bf16 calls keep rotating (timing only)
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>   // snprintf
@@ -22,6 +28,7 @@
 
 #include "attention_fp8.h"
 #include "attention_quant.h"
+#include "layers.h"  // rope_table_gpu, rope_forward_gpu
 
 extern "C" {
 
@@ -49,6 +56,8 @@ static struct {
     void *ws;                // attn_mode_* workspace: the largest mode's
     void *ws8;               // the bare FP8 backward's scratch (kept apart: nothing shared by accident)
     AttnSavedCodes keep[ATTN_N_PRECISIONS];  // per mode: shim_fwd_keep's codes for shim_bwd_keep
+    uint16_t *qkv_rope;      // (B, T, 3, H, d): shim_rope / shim_fwd_rope's input, a copy of qkv
+    float *rope;             // (T, d/2, 2) rope_table_gpu, theta 10000
 } S;
 
 static AttnOptions options(int precision) {
@@ -80,6 +89,8 @@ void shim_free(void) {
     cudaFree(S.ws);
     cudaFree(S.ws8);
     for (int p = 0; p < ATTN_N_PRECISIONS; p++) cudaFree(S.keep[p].buf);
+    cudaFree(S.qkv_rope);
+    cudaFree(S.rope);
     memset(&S, 0, sizeof S);
 }
 
@@ -115,11 +126,16 @@ int shim_init(const void *qkv, const void *dout, int B, int H, int T, int d, int
         S.keep[p].bytes = attn_saved_codes_bytes(&o, B, H, T, d);
         e = cudaMalloc(&S.keep[p].buf, S.keep[p].bytes);
     }
+    const size_t n_qkv = (size_t)B * T * 3 * H * d;
+    if (e == cudaSuccess) e = cudaMalloc(&S.qkv_rope, n_qkv * sizeof(uint16_t));
+    if (e == cudaSuccess) e = cudaMalloc(&S.rope, sizeof(float) * T * d);
     if (e != cudaSuccess) {
         fprintf(stderr, "shim_init: cudaMalloc: %s\n", cudaGetErrorString(e));
         shim_free();
         return -1;
     }
+    cudaMemcpyAsync(S.qkv_rope, S.qkv, n_qkv * sizeof(uint16_t), cudaMemcpyDeviceToDevice, S.stream);
+    rope_table_gpu(S.rope, T, d, 10000.0, S.stream);
     return 0;
 }
 
@@ -150,6 +166,14 @@ void shim_bwd(int precision, const void *o, const float *lse, void *dqkv) { mode
 void shim_fwd_keep(int precision, void *o, float *lse) { mode_fwd(precision, o, lse, &S.keep[precision]); }
 void shim_bwd_keep(int precision, const void *o, const float *lse, void *dqkv) {
     mode_bwd(precision, o, lse, dqkv, &S.keep[precision]);
+}
+
+void shim_rope(void) { rope_forward_gpu(S.qkv_rope, S.rope, S.B, S.T, S.H, S.d, S.stream); }
+void shim_fwd_rope(int precision, void *o, float *lse) {
+    AttnOptions opt = options(precision);
+    const int fp8 = precision != ATTN_BF16;
+    attn_mode_forward_rope(&opt, S.qkv_rope, S.rope, !fp8, (uint16_t *)o, S.H * S.d, lse, S.B, S.H, S.T, S.d,
+                           fp8 ? &S.keep[precision] : NULL, NULL, S.ws, NULL, S.stream);
 }
 
 static AttnQuantTensor tensor(int i, int with_codes, int with_t) {

@@ -54,6 +54,12 @@ class Shim:
         lib.shim_fp8_fwd.argtypes = [P, P]
         lib.shim_fp8_bwd.argtypes = [I, P, P, P, P]
         lib.shim_delta.argtypes = [P, P]
+        # RoPE + forward (attn_mode_forward_rope), when the library has it
+        self.has_rope = hasattr(lib, "shim_fwd_rope")
+        if self.has_rope:
+            lib.shim_fwd_rope.argtypes = [I, P, P]
+            lib.shim_fwd_rope.restype = None
+            lib.shim_rope.restype = None
         # the FP8 forward's block loop (src/attention_fwd_fp8.cu, F8_LOOP_*), when the library has it
         self.set_fwd_loop = getattr(lib, "attn_gpu_forward_fp8_test_loop", None)
         if self.set_fwd_loop is not None:
@@ -151,6 +157,16 @@ def main():
                 fwds[m + "_keep"] = lambda p=p, o=ok_, lse=lk: lib.shim_fwd_keep(p, o.data_ptr(), lse.data_ptr())
                 bwds[m + "_keep"] = lambda p=p, o=ok_, lse=lk, g=gk: lib.shim_bwd_keep(p, o.data_ptr(), lse.data_ptr(),
                                                                                        g.data_ptr())
+        if shim.has_rope:
+            # RoPE + forward as the model runs them: our BF16 after rope_forward_gpu, fp8_dm with
+            # RoPE inside its quantize pass (kept codes, q and k not written back)
+            fwds["rope"] = lambda: lib.shim_rope()
+            for m in [m for m in ("bf16", "fp8_dm") if m in modes]:
+                o_r = torch.empty(B, T, H, d, device="cuda", dtype=torch.bfloat16)
+                l_r = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
+                fwds[m + "_rope"] = lambda p=MODES[m], o=o_r, lse=l_r: lib.shim_fwd_rope(p, o.data_ptr(),
+                                                                                         lse.data_ptr())
+                fwds[m + "_rope"]()
         if bare:
             o8 = torch.empty(B, T, H, d, device="cuda", dtype=torch.bfloat16)
             lse8 = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
@@ -283,6 +299,23 @@ def main():
                 + (f" | {base / best:.2f} |" if base and best else " | n/a |"))
         out()
 
+    if any("fp8_dm_rope" in r["tf"] and "bf16_rope" in r["tf"] for r in rows):
+        out("RoPE + forward, as the model runs them after the QKV projection (ms; TFLOP/s of the attention "
+            "forward's count): rope_forward_gpu alone; ours = rope_forward_gpu + our BF16 forward; fp8_dm = "
+            "attn_mode_forward_rope, RoPE inside the quantize pass (kept codes, q, k not written back); "
+            "fp8_dm API = rope_forward_gpu + fp8_dm's forward with kept codes (the separate passes)")
+        out("| T | RoPE ms | ours ms (TFLOP/s) | fp8_dm ms (TFLOP/s) | fp8_dm API: RoPE + keep ms | ours / fp8_dm |")
+        out("|---|---|---|---|---|---|")
+        for r in rows:
+            tf = r["tf"]
+            if not all(n in tf for n in ("rope", "bf16_rope", "fp8_dm_rope")):
+                continue
+            sep = tf["rope"] + tf["fp8_dm_keep"] if "fp8_dm_keep" in tf else None
+            out(f"| {label(r['T'])} | {tf['rope']:.3f} | {tf['bf16_rope']:.3f} ({r['ff'] / tf['bf16_rope'] / 1e9:.1f}) | "
+                f"{tf['fp8_dm_rope']:.3f} ({r['ff'] / tf['fp8_dm_rope'] / 1e9:.1f}) | "
+                + (f"{sep:.3f}" if sep else "n/a") + f" | {tf['bf16_rope'] / tf['fp8_dm_rope']:.2f} |")
+        out()
+
     keep_modes = [m for m in modes if m != "bf16"]
     if keep_modes:
         out("kept Q, K, V codes (precision.attention_keep_codes = true, the trainer's default) against made again "
@@ -357,6 +390,10 @@ def main():
                 if "ours" in r["tf"] and "fp8_fwd_bare" in r["tf"]]
     if bare_fwd:  # what the forward would be with Q, K, V codes from their producers (not the target's measure)
         out(f"  ... the bare FP8 forward / ours (Q, K, V codes given, no quantize pass): {', '.join(bare_fwd)}")
+    rope_fwd = [f"{label(r['T'])} {r['tf']['bf16_rope'] / r['tf']['fp8_dm_rope']:.2f}" for r in rows
+                if "bf16_rope" in r["tf"] and "fp8_dm_rope" in r["tf"]]
+    if rope_fwd:  # the forward as the model runs it: RoPE counted on both sides, in fp8_dm's quantize pass
+        out(f"  ... RoPE + forward, ours / fp8_dm (RoPE inside fp8_dm's quantize pass): {', '.join(rope_fwd)}")
     out(f"target fp8_dm fwd+bwd faster than ours BF16 fwd+bwd at T >= 2K: {verdict(fb_ok)}")
     out(f"  ... with kept codes (the trainer's default): {verdict(fb_keep_ok)}")
     text = "\n".join(lines)

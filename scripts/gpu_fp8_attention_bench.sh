@@ -23,7 +23,7 @@ if [ "${REUSE_LIB:-0}" = 1 ] && [ -f "$BD/libattn_fp8.so" ]; then
   echo "== reusing $BD/libattn_fp8.so (REUSE_LIB=1: built by an earlier run of this script, same tree)"
 else
 echo "== build ($BD, logs build_*.log)"
-CU="attention_fwd attention_fwd_mma attention_bwd attention_quant attention_fwd_fp8 attention_bwd_fp8 attention_fp8"
+CU="attention_fwd attention_fwd_mma attention_bwd attention_quant attention_fwd_fp8 attention_bwd_fp8 attention_fp8 layers"
 pids=""
 for f in $CU; do
   $NVCC $NVF -c src/$f.cu -o "$BD/$f.o" > "$OUT/build_$f.log" 2>&1 &

@@ -11,6 +11,7 @@
 #include "common.h"           // FATAL
 #include "cuda_check.h"       // CUDA_CHECK
 #include "gpu_sizes.h"        // gpu_attn_mode_workspace_bytes (shared with model.c's memory plan)
+#include "layers.h"           // rope_forward_gpu: attn_mode_forward_rope's BF16 path
 
 typedef uint16_t bf16;
 
@@ -167,6 +168,7 @@ static void quantize_scaled(const AttnOptions *opt, const AttnDelayedGpu *delaye
             probe[i].x = ts[i].x;
             probe[i].stride = ts[i].stride;
             probe[i].fmt = ts[i].fmt;
+            probe[i].rope = ts[i].rope;  // the amaxes of the rotated values (nothing written back yet)
             probe[i].block_amax = p.amax[ops[i]];  // the only output: block amaxes
         }
         attn_gpu_quantize(probe, n, B, H, T, d, stream);
@@ -193,13 +195,16 @@ static void quantize_scaled(const AttnOptions *opt, const AttnDelayedGpu *delaye
     }
 }
 
-extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
-                                  bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
-                                  const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
-                                  cudaStream_t stream) {
+// Both forwards. rope: NULL, or the RoPE table for q and k, which are then unrotated on entry
+// (attn_mode_forward_rope) and rotated in place if rotate_in_place.
+static void forward_mode(const AttnOptions *opt, bf16 *q, bf16 *k, const bf16 *v, int qkv_stride,
+                         const float *rope, int rotate_in_place, bf16 *o, int o_stride, float *lse, int B,
+                         int H, int T, int d, AttnSavedCodes *saved, const AttnDelayedGpu *delayed,
+                         void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
     check_mode(opt, d);
     if (saved) saved->valid = 0;
     if (!attn_precision_is_fp8(opt->precision)) {
+        if (rope) rope_forward_gpu(q, rope, B, T, H, d, stream);  // q: the packed qkv (checked by the caller)
         attn_gpu_forward(q, k, v, qkv_stride, o, o_stride, lse, B, H, T, d, stream);
         return;
     }
@@ -228,6 +233,14 @@ extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const b
             ts[i].dequant = p.deq + (size_t)i * C;
             ts[i].dequant_stride = 3 * C;
         }
+    if (rope) {  // the quantize pass is the RoPE pass too (attention_quant.h)
+        bf16 *qk[2] = {q, k};
+        for (int i = 0; i < 2; i++) {
+            ts[i].rope = rope;
+            ts[i].rotated = rotate_in_place ? qk[i] : NULL;
+            ts[i].rotated_stride = qkv_stride;
+        }
+    }
     const int ops[3] = {OP_Q, OP_K, OP_V}, track[3] = {1, 1, 1};  // the forward counts Q, K, V
     quantize_scaled(opt, delayed, ts, ops, track, 3, p, B, H, T, d, stream);
     if (saved) {
@@ -237,6 +250,28 @@ extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const b
     }
     attn_gpu_forward_fp8(p.codes[OP_Q], p.codes[OP_K], p.codes_t[OP_V], p.scales[OP_Q], p.scales[OP_K],
                          p.scales[OP_V], opt->p_scale, o, o_stride, lse, B, H, T, d, stream);
+}
+
+extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
+                                  bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
+                                  const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
+                                  cudaStream_t stream) {
+    // q and k are only read without a RoPE table
+    forward_mode(opt, const_cast<bf16 *>(q), const_cast<bf16 *>(k), v, qkv_stride, NULL, 0, o, o_stride, lse, B, H,
+                 T, d, saved, delayed, workspace, diag, stream);
+}
+
+extern "C" void attn_mode_forward_rope(const AttnOptions *opt, bf16 *qkv, const float *cos_sin, int rotate_in_place,
+                                       bf16 *o, int o_stride, float *lse, int B, int H, int T, int d,
+                                       AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
+                                       const AttnModeDiag *diag, cudaStream_t stream) {
+    if (!qkv || !cos_sin) FATAL("attn_mode_forward_rope: no %s", qkv ? "RoPE table" : "qkv buffer");
+    if (!rotate_in_place && !attn_precision_is_fp8(opt->precision))
+        FATAL("attn_mode_forward_rope: %s rotates q and k in place (rope_forward_gpu); rotate_in_place must be 1",
+              attn_precision_name(opt->precision));
+    const int C = H * d;
+    forward_mode(opt, qkv, qkv + C, qkv + 2 * C, 3 * C, cos_sin, rotate_in_place, o, o_stride, lse, B, H, T, d, saved,
+                 delayed, workspace, diag, stream);
 }
 
 static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,

@@ -128,6 +128,19 @@ void attn_mode_forward(const AttnOptions *opt, const uint16_t *q, const uint16_t
                        AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
                        const AttnModeDiag *diag, cudaStream_t stream);
 
+// attn_mode_forward after RoPE: qkv is the packed (B, T, 3, H, d) buffer (row stride 3 H d) with q
+// and k not yet rotated; cos_sin the (T, d/2, 2) table of rope_table_gpu (layers.h). Every output
+// is the same bit for bit as rope_forward_gpu(qkv) followed by attn_mode_forward on its q, k, v.
+// In the FP8 modes the quantize pass rotates q and k as it reads them (attention_quant.h,
+// AttnQuantTensor.rope), so one pass over q, k, v does the work of two; with rotate_in_place it
+// also writes the rotated q, k back into qkv (as rope_forward_gpu would), without it qkv is left as
+// it was: for callers that need no BF16 q, k after the forward (kept codes, no diagnostics' local
+// reference, see attn_mode_backward). bf16 runs rope_forward_gpu first (rotate_in_place must be 1).
+void attn_mode_forward_rope(const AttnOptions *opt, uint16_t *qkv, const float *cos_sin, int rotate_in_place,
+                            uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
+                            const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
+                            cudaStream_t stream);
+
 // dq, dk, dv are overwritten. o and lse: what attn_mode_forward wrote for the same q, k, v.
 // saved: NULL (Q, K, V quantized again from q, k, v), or what that forward filled (ignored in
 // bf16). With saved codes the FP8 modes read no q, k, v, except for the diagnostics' local

@@ -2,7 +2,9 @@
 // attention_quant.h). One CTA per (tensor, b, h, 128-token block): the block is read from
 // global memory once into registers (16-byte loads), its amax reduced, the scale derived with
 // fp8.h's fp8_scale_for_amax and every value cast with fp8.h's encoder, so that codes and
-// scales equal the CPU emulation's (attention_cpu.c, attn_quantize_operand) bit for bit. The
+// scales equal the CPU emulation's (attention_cpu.c, attn_quantize_operand) bit for bit. With a
+// RoPE table the values are rotated in registers first (rope_chunk: rope_forward_gpu's rotation,
+// and its BF16 rounding, bit for bit), optionally written back rotated. The
 // encoder is integer-only; x * s with a power-of-two s is exact in FP32 (denormals are kept:
 // this file must not be built with -use_fast_math / -ftz=true). Optionally the dequantized
 // values are written back in BF16 in the input's layout (fp8_hybrid's BF16 backward reads them).
@@ -16,6 +18,7 @@
 #include "common.h"      // FATAL
 #include "cuda_check.h"  // CUDA_CHECK_LAUNCH
 #include "fp8.h"         // fp8_from_f32, fp8_scale_for_amax, bf16_to_f32, fp8_max
+#include "layers_math.cuh"  // lm_rope_lo / lm_rope_hi, lm_f2bits: rope_forward_gpu's own element math
 
 #define QB ATTN_SCALE_BLOCK  // tokens per CTA = tokens per scale (128)
 #define QTHREADS 256
@@ -23,6 +26,42 @@
 struct AttnQuantBatch {
     AttnQuantTensor t[ATTN_QUANT_MAX_TENSORS];
 };
+
+// RoPE of one 16-byte chunk (8 BF16 values, columns 8 ch .. 8 ch + 7) of token t, in registers:
+// column i < D/2 pairs with i + D/2, which the thread CH/2 lanes away holds (same row, same warp:
+// CH = D/8 threads per row), so one shuffle per word brings the partner's values. The arithmetic
+// is rope_vec_kernel's (lm_rope_lo for the first half, lm_rope_hi for the second, rounded to BF16
+// by lm_f2bits), so the result is rope_forward_gpu's bit for bit. Every lane of the warp must call
+// it (the shuffles); rows t >= T stay zero.
+template <int D>
+__device__ __forceinline__ uint4 rope_chunk(uint4 v, const float *cos_sin, int t, int T, int ch) {
+    constexpr int CH = D / 8, HALF = D / 2;
+    uint4 pv;
+    pv.x = __shfl_xor_sync(0xffffffffu, v.x, CH / 2);
+    pv.y = __shfl_xor_sync(0xffffffffu, v.y, CH / 2);
+    pv.z = __shfl_xor_sync(0xffffffffu, v.z, CH / 2);
+    pv.w = __shfl_xor_sync(0xffffffffu, v.w, CH / 2);
+    if (t >= T) return v;
+    const bool lo = ch < CH / 2;
+    const int i0 = (ch % (CH / 2)) * 8;  // the chunk's first pair index
+    const float4 *cs = reinterpret_cast<const float4 *>(cos_sin + ((size_t)t * HALF + i0) * 2);
+    const uint32_t own[4] = {v.x, v.y, v.z, v.w}, oth[4] = {pv.x, pv.y, pv.z, pv.w};
+    uint32_t out[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {  // pairs i0 + 2k, i0 + 2k + 1: one float4 of (cos, sin) each
+        const float4 c = cs[k];
+        uint32_t r = 0u;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float x_self = bf16_to_f32((uint16_t)(own[k] >> (16 * e))), x_oth = bf16_to_f32((uint16_t)(oth[k] >> (16 * e)));
+            const float cc = e ? c.z : c.x, sn = e ? c.w : c.y;
+            const float y = lo ? lm_rope_lo(x_self, x_oth, cc, sn) : lm_rope_hi(x_oth, x_self, cc, sn);
+            r |= (uint32_t)lm_f2bits(y) << (16 * e);
+        }
+        out[k] = r;
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
 
 // grid (B*H*nblk, n_tensors), block QTHREADS. Thread i of the CTA holds one 16-byte BF16 column
 // chunk (columns 8*ch .. +7, ch = i % CH) of RT consecutive rows (rq*RT .. +RT-1, rq = i / CH) of
@@ -65,6 +104,9 @@ __global__ void __launch_bounds__(QTHREADS)
         } else {
             raw[i] = make_uint4(0u, 0u, 0u, 0u);
         }
+        if (a.rope) raw[i] = rope_chunk<D>(raw[i], a.rope, t, T, ch);  // uniform over the CTA
+        if (a.rotated && t < T)
+            *reinterpret_cast<uint4 *>(a.rotated + ((long)b * T + t) * a.rotated_stride + (long)h * D + ch * 8) = raw[i];
         const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -200,6 +242,11 @@ static void check_tensor(const AttnQuantTensor *t, int i, int H, int d) {
               "(%d) that is a multiple of 8 and >= H*d = %d", i, t->dequant_stride, H * d);
     if (t->scale_in_per_head != 0 && t->scale_in_per_head != 1)
         FATAL("attn_gpu_quantize: tensor %d scale_in_per_head must be 0 or 1", i);
+    if (t->rope && (uintptr_t)t->rope % 16)
+        FATAL("attn_gpu_quantize: tensor %d RoPE table must be 16-byte aligned", i);
+    if (t->rotated && (!t->rope || (uintptr_t)t->rotated % 16 || t->rotated_stride % 8 || t->rotated_stride < H * d))
+        FATAL("attn_gpu_quantize: tensor %d rotated output needs a RoPE table, 16-byte alignment and a row stride "
+              "(%d) that is a multiple of 8 and >= H*d = %d", i, t->rotated_stride, H * d);
 }
 
 extern "C" void attn_gpu_quantize(const AttnQuantTensor *tensors, int n, int B, int H, int T, int d,

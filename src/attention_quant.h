@@ -55,6 +55,13 @@ typedef struct {
     uint16_t *dequant;              // or NULL: (B, T, H, d) BF16, row stride dequant_stride: the
     int dequant_stride;             // quantized values fp8(x*s)/s (exact in BF16 but for BF16
                                     // subnormals), e.g. for fp8_hybrid's BF16 backward on Q̂, K̂, V̂
+    // RoPE on the way in (NULL: none): x is rotated first, exactly as rope_forward_gpu (layers.h)
+    // rotates q and k (element i with i + d/2 by the angle of token t, FP32, rounded to BF16), and
+    // the rotated values are what every output above is made of, bit for bit as rope_forward_gpu
+    // followed by this call. So the pass that makes Q̂ and K̂ is the RoPE pass too.
+    const float *rope;              // (T, d/2, 2) cos, sin: rope_table_gpu's table, 16-byte aligned
+    uint16_t *rotated;              // or NULL (rope only): the rotated BF16 values, (B, T, H, d) with
+    int rotated_stride;             // row stride rotated_stride; may be x itself (in place)
 } AttnQuantTensor;
 
 #define ATTN_QUANT_MAX_TENSORS 4

@@ -4,12 +4,16 @@
 // Data flow of one block (BT = B*T rows; the residual stream x is BF16):
 //   h1 = RMSNorm(x_in)                       (fused with the previous residual add)
 //   qkv = h1 @ Wqkv^T                        (BT, 3C) = [q | k | v], heads (H, hd) inside each
-//   [QK-norm into buf1]; RoPE in place;      attention reads q, k, v as strided views
+//   [QK-norm into buf1]; RoPE in place;      attention reads q, k, v as strided views (FP8
+//                                            attention without QK-norm: RoPE inside its quantize
+//                                            pass, attn_mode_forward_rope)
 //   o = attention(q, k, v), lse              (BT, C), (B, H, T)
 //   x_mid = x_in + o @ Wo^T; h2 = RMSNorm(x_mid)       (one fused kernel)
 //   fc = h2 @ Wfc^T (BT, 2F); sw = silu(gate) * up (BT, F)
 //   x_out = x_mid + sw @ Wp^T; next block's h1 = RMSNorm(x_out)   (fused)
-// Saved per layer: x_in, h1, qkv (raw, before QK-norm, when qk_norm; else after RoPE), o, lse,
+// Saved per layer: x_in, h1, qkv (raw, before QK-norm, when qk_norm; else after RoPE, but for
+// FP8 attention with kept codes and no diagnostics, whose backward reads no q, k: there q, k stay
+// unrotated, the rotated values living on only as the codes), o, lse,
 // x_mid, h2, fc, sw, rstd1, rstd2 (+ QK-norm rstd) (+ with an FP8 precision.attention and
 // precision.attention_keep_codes, the attention's quantized Q, K, V: the forward's quantize pass
 // writes every layout the backward reads, which then quantizes dO alone): exactly model.c's
@@ -355,6 +359,9 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     {  // fp8_block: producers write the codes, unless TRAIN_GPT_FP8_FUSE=0 (A/B timing)
         const char *env = getenv("TRAIN_GPT_FP8_FUSE");
         d->fp8_fuse = !(env && strcmp(env, "0") == 0);
+        // FP8 attention: RoPE inside the quantize pass, unless TRAIN_GPT_ATTN_ROPE_FUSE=0 (A/B timing)
+        env = getenv("TRAIN_GPT_ATTN_ROPE_FUSE");
+        d->attn_rope_fuse = !(env && strcmp(env, "0") == 0);
     }
     matmul_gpu_init();
     if (c->precision.linear != LINEAR_BF16) linear_fp8_gpu_init();
@@ -540,16 +547,30 @@ static void forward_blocks(GpuModel *m, int B, int T) {
         bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
         lin_forward(m, P_QKV, l, lb->qkv, h1, BT, 3 * C, C);                       // (BT, 3C)
         prof_mark(d, PH_FWD_LINEAR);
+        // FP8 attention after RoPE (no QK-norm): the quantize pass is the RoPE pass too
+        // (attn_mode_forward_rope), one read of q, k, v instead of two
+        const int fused_rope = d->attn_rope_fuse && !mc->qk_norm && mc->position == POS_ROPE &&
+                               attn_precision_is_fp8(d->attn.precision);
         const bf16 *qkv = lb->qkv;
         if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
-        else if (mc->position == POS_ROPE) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
+        else if (mc->position == POS_ROPE && !fused_rope) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
         prof_mark(d, PH_FWD_ROPE);
         // Q, K, V codes kept for the backward when one follows (an evaluation forward leaves them)
         AttnSavedCodes *keep = d->save_xt && lb->attn_codes.buf ? &lb->attn_codes : NULL;
         if (!keep) lb->attn_codes.valid = 0;
         const AttnDelayedGpu dl = attn_delayed_of(d, l, d->save_xt);  // a training forward counts its amaxes
-        attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, keep,
-                          d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
+        if (fused_rope) {
+            // The rotated BF16 q, k are written back only for a backward that reads them: one
+            // without kept codes, or with the diagnostics' local reference (attn_mode_backward);
+            // otherwise lb->qkv keeps the unrotated q, k, which nothing reads again.
+            const int rotate = d->save_xt && (!keep || attn_diag(d, l) != NULL);
+            attn_mode_forward_rope(&d->attn, lb->qkv, d->rope, rotate, lb->o, C, lb->lse, B, H, T, hd, keep,
+                                   d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
+            d->attn_rope_fused++;
+        } else {
+            attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, keep,
+                              d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
+        }
         prof_mark(d, PH_FWD_ATTN);
         lin_forward(m, P_ATTN_PROJ, l, d->buf2, lb->o, BT, C, C);                  // (BT, C)
         prof_mark(d, PH_FWD_LINEAR);
@@ -867,6 +888,8 @@ void gpu_model_set_fp8_fusion(GpuModel *m, int on) {
     d->amax_of[0] = d->amax_of[1] = NULL;                     // nor amaxes taken before
 }
 long long gpu_model_fp8_fused_count(GpuModel *m) { return dev_of(m)->fp8_fused; }
+void gpu_model_set_attn_rope_fusion(GpuModel *m, int on) { dev_of(m)->attn_rope_fuse = on ? 1 : 0; }
+long long gpu_model_attn_rope_fused_count(GpuModel *m) { return dev_of(m)->attn_rope_fused; }
 void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v) {
     Dev *d = dev_of(m);
     *master = d->p;

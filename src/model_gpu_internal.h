@@ -101,6 +101,8 @@ typedef struct {
     int fp8_fuse;                    // fp8_block: producers write the codes; fp8_tensor: they take
                                      //   the amax (gpu_model_set_fp8_fusion)
     long long fp8_fused;             // producer kernels that wrote codes (for tests)
+    int attn_rope_fuse;              // FP8 attention: RoPE inside its quantize pass (gpu_model_set_attn_rope_fusion)
+    long long attn_rope_fused;       // forwards of a layer that ran it so (for tests)
     long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
     long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)
     struct ProfState *prof;          // phase profile (model_gpu_profile.cu), NULL when off

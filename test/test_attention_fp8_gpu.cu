@@ -29,6 +29,7 @@
 #include "attention_gpu_common.cuh"  // causal_item_grouped, causal_heads_per_group (host-side checks)
 #include "attention_gpu.h"    // attn_gpu_backward (BF16; fp8_hybrid's backward)
 #include "attention_quant.h"  // the kernels under test
+#include "layers.h"           // rope_table_gpu, rope_forward_gpu: the reference of the fused RoPE
 #include "fp8.h"              // fp8_from_f32, bf16_to_f32
 #include "gpu_test.h"         // CU, rng_*, gpu_test_have_gpu
 #include "test.h"             // CHECK, test_summary
@@ -1171,6 +1172,174 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
     cudaFree(d_do);
 }
 
+// --- RoPE inside the quantize pass (AttnQuantTensor.rope, attn_mode_forward_rope) ---------------
+// On fresh packed q, k, v (not yet rotated) and rope_table_gpu's table (theta 10000):
+//   1. attn_gpu_quantize with the table on q and on k, with and without the rotated values written
+//      back in place, against rope_forward_gpu followed by attn_gpu_quantize: codes, transposed
+//      codes, scales, block amaxes, dequantized values bit for bit, and qkv afterwards rotated
+//      where written back (bit for bit), untouched elsewhere;
+//   2. attn_mode_forward_rope in every mode (fp8_dm also with delayed scaling: the first step,
+//      whose per-head scales come from the rotated values' amaxes, and a later one), with and
+//      without kept codes, with and without rotate_in_place (FP8 modes), against rope_forward_gpu +
+//      attn_mode_forward: O, LSE, the kept codes, the delayed amaxes and qkv afterwards the same
+//      bit for bit;
+//   3. with kept codes and q, k left unrotated (rotate_in_place 0), the backward against the
+//      reference's: dK, dV bit for bit, dQ within its FP32 atomics' order (rel L2 < 2e-3) — with
+//      kept codes the backward reads no q, k, which is what lets the model skip the write-back.
+static void run_rope_case(const Case &cs, Fp8Format gfmt, int seed) {
+    const int B = cs.B, H = cs.H, T = cs.T, d = cs.d, C = H * d;
+    const int Tp = attn_quant_padded_len(T), nblk = attn_quant_n_blocks(T);
+    if (!cs.packed) { printf("FAIL - run_rope_case needs a packed case\n"); test_n_fail++; return; }
+    BwdInputs in = bwd_inputs(cs, gfmt, 0xF8A0BE00ull + (uint64_t)seed);
+    const size_t n_tok = in.n_tok, nbht = in.nbht, nq = in.qkv.size();
+    const size_t nc = (size_t)B * H * Tp * d, ns = (size_t)B * H * nblk;
+    char name[320];
+    const char *tag = in.tag;
+    float *rope = dnew<float>((size_t)T * d);  // (T, d/2, 2)
+    rope_table_gpu(rope, T, d, 10000.0, 0);
+    uint16_t *rot = dup(in.qkv), *d_do = dup(in.dout);
+    rope_forward_gpu(rot, rope, B, T, H, d, 0);
+    const std::vector<uint16_t> h_rot = back(rot, nq);
+    // qkv after a call against what it should hold: q, k rotated (rotated) or as given
+    auto qkv_moved = [&](uint16_t *x, bool rotated, int only) -> long {
+        const std::vector<uint16_t> hx = back(x, nq);
+        long n = 0;
+        for (size_t at = 0; at < nq; at++) {
+            const int part = (int)((at % (size_t)in.qs) / C);
+            const bool r = rotated && part < 2 && (only < 0 || part == only);
+            n += hx[at] != (r ? h_rot[at] : in.qkv[at]);
+        }
+        return n;
+    };
+
+    // 1. the quantize pass
+    for (int which = 0; which < 2; which++)
+        for (int wb = 0; wb < 2; wb++) {
+            DevOut a = dev_out_alloc(B, H, Tp, d, nblk), f = dev_out_alloc(B, H, Tp, d, nblk);
+            uint16_t *x = dup(in.qkv);
+            AttnQuantTensor ta = qt(rot + in.offs(which), in.qs, FP8_E4M3, a, C);
+            AttnQuantTensor tf = qt(x + in.offs(which), in.qs, FP8_E4M3, f, C);
+            tf.rope = rope;
+            if (wb) {
+                tf.rotated = x + in.offs(which);
+                tf.rotated_stride = in.qs;
+            }
+            attn_gpu_quantize(&ta, 1, B, H, T, d, 0);
+            attn_gpu_quantize(&tf, 1, B, H, T, d, 0);
+            CU(cudaDeviceSynchronize());
+            long bad = 0;
+            bad += back(a.codes, nc) != back(f.codes, nc);
+            bad += back(a.codes_t, nc) != back(f.codes_t, nc);
+            bad += memcmp(back(a.scales, ns).data(), back(f.scales, ns).data(), ns * 4) != 0;
+            bad += memcmp(back(a.bamax, ns).data(), back(f.bamax, ns).data(), ns * 4) != 0;
+            bad += back(a.deq, n_tok * C) != back(f.deq, n_tok * C);
+            const long moved = qkv_moved(x, wb, which);
+            snprintf(name, sizeof name, "attn quantize with RoPE (%s%s) = rope_forward_gpu then quantize, bit for bit: %s",
+                     which ? "K" : "Q", wb ? ", rotated written back" : "", tag);
+            CHECK(bad == 0 && moved == 0, name, "%ld outputs differ; %ld qkv values not as expected", bad, moved);
+            dev_out_free(a);
+            dev_out_free(f);
+            cudaFree(x);
+        }
+
+    // 2. and 3. the layer API
+    const AttnPrecision modes[5] = {ATTN_BF16, ATTN_FP8_NAIVE, ATTN_FP8_HYBRID, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
+    for (AttnPrecision mode : modes)
+        for (int sc = 0; sc < (mode == ATTN_FP8_DM ? 3 : 1); sc++)       // block; delayed first step; later
+            for (int kc = 0; kc < (mode == ATTN_BF16 ? 1 : 2); kc++)    // kept codes
+                for (int wb = mode == ATTN_BF16 ? 1 : 0; wb < 2; wb++) {  // rotate_in_place
+                    AttnOptions opt = block_options(mode, gfmt, ATTN_FP8_BWD_BLOCK_Q, ATTN_FP8_BWD_BLOCK_K);
+                    if (sc) opt.scaling = SCALING_DELAYED;
+                    const char *mname = mode == ATTN_BF16 ? "bf16" : mode == ATTN_FP8_HYBRID ? "fp8_hybrid" : mode_name(mode);
+                    char what[120];
+                    snprintf(what, sizeof what, "%s%s%s%s", mname, sc == 1 ? " delayed step 1" : sc == 2 ? " delayed later" : "",
+                             kc ? " kept codes" : "", wb ? " rotate_in_place" : " q, k left unrotated");
+                    void *ws = dnew<char>(attn_mode_workspace_bytes(&opt, B, H, T, d));
+                    AttnSavedCodes keep[2];
+                    memset(keep, 0, sizeof keep);
+                    uint16_t *x[2] = {dup(in.qkv), dup(in.qkv)}, *o[2], *dq[2];
+                    float *lse[2], *dl[2];
+                    AttnDelayedGpu g[2];
+                    const float host_dl[8] = {sc == 2 ? 16.0f : 1.0f, 8.0f, 4.0f, 2.0f, 0.f, 0.f, 0.f, 0.f};
+                    for (int r = 0; r < 2; r++) {
+                        o[r] = dnew<uint16_t>(n_tok * C);
+                        dq[r] = dnew<uint16_t>(3 * n_tok * C);
+                        lse[r] = dnew<float>(nbht);
+                        dl[r] = dnew<float>(8);
+                        CU(cudaMemcpy(dl[r], host_dl, sizeof host_dl, cudaMemcpyHostToDevice));
+                        g[r] = {sc == 1, dl[r], dl[r] + 4};
+                        if (kc) {
+                            keep[r].bytes = attn_saved_codes_bytes(&opt, B, H, T, d);
+                            keep[r].buf = dnew<char>(keep[r].bytes);
+                        }
+                    }
+                    // r 0: the reference (rope_forward_gpu, attn_mode_forward); r 1: fused
+                    rope_forward_gpu(x[0], rope, B, T, H, d, 0);
+                    attn_mode_forward(&opt, x[0], x[0] + C, x[0] + 2 * C, 3 * C, o[0], C, lse[0], B, H, T, d,
+                                      kc ? &keep[0] : NULL, sc ? &g[0] : NULL, ws, NULL, 0);
+                    attn_mode_forward_rope(&opt, x[1], rope, wb, o[1], C, lse[1], B, H, T, d, kc ? &keep[1] : NULL,
+                                           sc ? &g[1] : NULL, ws, NULL, 0);
+                    cudaError_t err = cudaDeviceSynchronize();
+                    snprintf(name, sizeof name, "attn_mode_forward_rope %s runs: %s", what, tag);
+                    CHECK(err == cudaSuccess, name, "%s", cudaGetErrorString(err));
+                    if (err != cudaSuccess) exit(1);
+                    long bad = 0;
+                    bad += back(o[0], n_tok * C) != back(o[1], n_tok * C);
+                    bad += memcmp(back(lse[0], nbht).data(), back(lse[1], nbht).data(), nbht * 4) != 0;
+                    bad += memcmp(back(dl[0], 8).data(), back(dl[1], 8).data(), 8 * 4) != 0;
+                    if (kc)
+                        for (int i = 0; i < 3; i++) {
+                            const uint8_t *c[2], *ct[2];
+                            const float *sl[2];
+                            const uint16_t *dqv[2];
+                            for (int r = 0; r < 2; r++) attn_saved_codes_view(&keep[r], i, &c[r], &ct[r], &sl[r], &dqv[r]);
+                            if (mode == ATTN_FP8_HYBRID) {
+                                bad += back(dqv[0], 3 * n_tok * C) != back(dqv[1], 3 * n_tok * C);
+                            } else {
+                                bad += back(c[0], nc) != back(c[1], nc);
+                                bad += back(ct[0], nc) != back(ct[1], nc);
+                                bad += memcmp(back(sl[0], ns).data(), back(sl[1], ns).data(), ns * 4) != 0;
+                            }
+                        }
+                    const long moved = qkv_moved(x[1], wb, -1);
+                    snprintf(name, sizeof name, "attn_mode_forward_rope %s = rope_forward_gpu + attn_mode_forward, bit for bit: %s",
+                             what, tag);
+                    CHECK(bad == 0 && moved == 0, name, "%ld of O, LSE, amaxes, kept codes differ; %ld qkv values not as "
+                          "expected", bad, moved);
+                    if (kc && !wb) {  // 3. the backward reads no q, k
+                        for (int r = 0; r < 2; r++)
+                            attn_mode_backward(&opt, x[r], x[r] + C, x[r] + 2 * C, 3 * C, o[r], d_do, C, lse[r], dq[r],
+                                               dq[r] + C, dq[r] + 2 * C, 3 * C, B, H, T, d, &keep[r], sc ? &g[r] : NULL, ws,
+                                               NULL, 0);
+                        err = cudaDeviceSynchronize();
+                        const std::vector<uint16_t> ga = back(dq[0], 3 * n_tok * C), gb = back(dq[1], 3 * n_tok * C);
+                        long dkv = 0;
+                        double num = 0, den = 0;
+                        for (size_t at = 0; at < ga.size(); at++) {
+                            if ((at / C) % 3) {
+                                dkv += ga[at] != gb[at];
+                                continue;
+                            }
+                            const double a = bf16_to_f32(ga[at]), b = bf16_to_f32(gb[at]);
+                            num += (a - b) * (a - b), den += a * a;
+                        }
+                        const double rel = sqrt(num / (den > 0 ? den : 1));
+                        snprintf(name, sizeof name, "attn_mode_backward after attn_mode_forward_rope %s: dK, dV bit for "
+                                 "bit, dQ rel L2 < 2e-3: %s", what, tag);
+                        CHECK(err == cudaSuccess && dkv == 0 && rel < 2e-3 && den > 0, name,
+                              "%s; %ld dK/dV values differ, dQ rel L2 %.3e", cudaGetErrorString(err), dkv, rel);
+                    }
+                    for (int r = 0; r < 2; r++) {
+                        cudaFree(x[r]); cudaFree(o[r]); cudaFree(dq[r]); cudaFree(lse[r]); cudaFree(dl[r]);
+                        if (kc) cudaFree(keep[r].buf);
+                    }
+                    cudaFree(ws);
+                }
+    cudaFree(rope);
+    cudaFree(rot);
+    cudaFree(d_do);
+}
+
 // --- extreme magnitudes: the backward stays finite ---------------------------------------------
 // Q, K, V with per-(b, h, 128-token block) magnitudes from 2^-128 to 2^27 (|tau S| up to ~2^26),
 // through the layer API in fp8_naive, fp8_hybrid (whose BF16 backward recomputes S at another
@@ -1485,6 +1654,9 @@ int main(void) {
     run_extreme_case({1, 2, 517, 128, false, 2.0}, FP8_E5M2, 1);
     run_delayed_case({2, 2, 300, 128, true, 1.0}, FP8_E4M3, 0, 0);
     run_delayed_case({1, 3, 256, 64, false, 2.0}, FP8_E5M2, 1, 1);
+    // RoPE in the quantize pass: d 64 and 128, T past whole blocks
+    run_rope_case({2, 3, 200, 64, true, 1.0}, FP8_E4M3, 0);
+    run_rope_case({1, 2, 517, 128, true, 2.0}, FP8_E5M2, 1);
     if (!is_small && !bwd_only) bench_quant();
     if (!is_small) bench_bwd();
     return test_summary("test_attention_fp8_gpu");

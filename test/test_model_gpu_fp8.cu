@@ -722,7 +722,11 @@ static void keep_codes_check(void) {
 // bit-identical, and so are the last block's MLP and attention-projection gradients (the SwiGLU
 // and RMSNorm backwards fused; nothing nondeterministic before them in the backward). Deeper gradients pass through the attention backward's dQ atomics:
 // compared with the run-to-run distance of the unfused model with itself.
-static void fusion_check(const Batches &bt, const char *label, const char *const *ov, int n_ov, int warm = 0) {
+// rope 1: the same check for an FP8 precision.attention with RoPE inside its quantize pass
+// (gpu_model_set_attn_rope_fusion 1) against rope_forward_gpu first (0): the codes, O and LSE are
+// the same, so is everything above.
+static void fusion_check(const Batches &bt, const char *label, const char *const *ov, int n_ov, int warm = 0,
+                         int rope = 0) {
     Config c = make_config(TINY_JSON, ov, n_ov);
     const int B = bt.B, T = bt.T, L = c.model.n_layer;
     GpuModel g[3];  // fused, unfused, unfused again
@@ -735,7 +739,8 @@ static void fusion_check(const Batches &bt, const char *label, const char *const
             for (int j = 0; j < k; j++) gpu_model_free(&g[j]);
             return;
         }
-        gpu_model_set_fp8_fusion(&g[k], k == 0);
+        if (rope) gpu_model_set_attn_rope_fusion(&g[k], k == 0);
+        else gpu_model_set_fp8_fusion(&g[k], k == 0);
         if (warm) {  // delayed scaling: fill the histories first (the same amaxes fused or not)
             gpu_model_forward(&g[k], bt.tokens.data(), bt.targets.data());
             gpu_model_backward(&g[k], 1.0f);
@@ -748,15 +753,16 @@ static void fusion_check(const Batches &bt, const char *label, const char *const
         eval[k] = gpu_model_loss(&g[k], bt.tokens.data(), bt.targets.data());
     }
     char name[220];
-    printf("# fusion %s: loss fused %.7f unfused %.7f; fused quantizations %lld (unfused model %lld)\n", label, loss[0],
-           loss[1], gpu_model_fp8_fused_count(&g[0]), gpu_model_fp8_fused_count(&g[1]));
+    auto fused = [&](int k) { return rope ? gpu_model_attn_rope_fused_count(&g[k]) : gpu_model_fp8_fused_count(&g[k]); };
+    printf("# fusion %s: loss fused %.7f unfused %.7f; fused %s %lld (unfused model %lld)\n", label, loss[0], loss[1],
+           rope ? "RoPE + quantize passes" : "quantizations", fused(0), fused(1));
     snprintf(name, sizeof name, "fusion %s: the forward's and an evaluation's loss are bit-identical to separate passes",
              label);
     CHECK(!memcmp(&loss[0], &loss[1], sizeof(float)) && !memcmp(&eval[0], &eval[1], sizeof(float)), name,
           "forward %.9g vs %.9g, eval %.9g vs %.9g", loss[0], loss[1], eval[0], eval[1]);
-    snprintf(name, sizeof name, "fusion %s: the fused model ran fused quantizations, the unfused none", label);
-    CHECK(gpu_model_fp8_fused_count(&g[0]) > 0 && gpu_model_fp8_fused_count(&g[1]) == 0, name, "%lld, %lld",
-          gpu_model_fp8_fused_count(&g[0]), gpu_model_fp8_fused_count(&g[1]));
+    snprintf(name, sizeof name, "fusion %s: the fused model ran fused %s, the unfused none", label,
+             rope ? "RoPE + quantize passes" : "quantizations");
+    CHECK(fused(0) > 0 && fused(1) == 0, name, "%lld, %lld", fused(0), fused(1));
     const ParamKind last[] = {P_MLP_PROJ, P_MLP_FC, P_MLP_NORM, P_ATTN_PROJ};
     for (ParamKind k : last) {
         const ParamDesc *p = param_find(&g[0].table, k, L - 1);
@@ -1098,6 +1104,16 @@ int main(void) {
     const char *ov_fh[] = {"precision.linear=\"fp8_tensor\"", "precision.linear_scaling=\"delayed\"",
                            "precision.linear_keep_lm_head_bf16=false"};
     fusion_check(bt, "fp8_tensor delayed + FP8 LM head (cross-entropy codes)", ov_fh, 3, 1);
+    // FP8 attention with RoPE inside its quantize pass (BF16 linears): kept codes (the default)
+    // and not, delayed scaling (the first step's per-head scales from the rotated values), fp8_hybrid
+    const char *ov_rp[] = {"precision.attention=\"fp8_dm\"", "precision.attention_keep_codes=false"};
+    fusion_check(bt, "attention fp8_dm RoPE", ov_rp, 1, 0, 1);
+    fusion_check(bt, "attention fp8_dm RoPE without kept codes", ov_rp, 2, 0, 1);
+    const char *ov_rd[] = {"precision.attention=\"fp8_dm\"", "precision.attention_scaling=\"delayed\""};
+    fusion_check(bt, "attention fp8_dm delayed RoPE (first step)", ov_rd, 2, 0, 1);
+    fusion_check(bt, "attention fp8_dm delayed RoPE (later step)", ov_rd, 2, 1, 1);
+    const char *ov_rh[] = {"precision.attention=\"fp8_hybrid\""};
+    fusion_check(bt, "attention fp8_hybrid RoPE", ov_rh, 1, 0, 1);
     printf("# tiny modes took %.1f s\n", now_seconds() - t0);
 
     if (!getenv("FP8_SKIP_TIMING")) timing_section();
