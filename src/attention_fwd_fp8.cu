@@ -743,26 +743,37 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
     fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_FMAX ? loop : -1;
 }
-// The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward.
-// One device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm
-// a stream up with one forward before capturing on it.
+// The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward
+// and was not released since (attn_gpu_forward_fp8_release_stream, before the stream is
+// destroyed: a program that makes and frees models one after the other reuses the slots). One
+// device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm a
+// stream up with one forward before capturing on it.
+static struct {
+    cudaStream_t stream;
+    unsigned *counter;
+} fwd_fp8_slots[32];
+static int fwd_fp8_n_slots = 0;
 static unsigned *fwd_fp8_counter_for(cudaStream_t stream) {
-    static struct {
-        cudaStream_t stream;
-        unsigned *counter;
-    } slots[32];
-    static int n_slots = 0;
-    for (int i = 0; i < n_slots; i++)
-        if (slots[i].stream == stream) return slots[i].counter;
-    if (n_slots == (int)(sizeof slots / sizeof slots[0]))
-        FATAL("attn_gpu_forward_fp8: more than %d streams launched the FP8 forward (one tile counter each)", n_slots);
+    for (int i = 0; i < fwd_fp8_n_slots; i++)
+        if (fwd_fp8_slots[i].stream == stream) return fwd_fp8_slots[i].counter;
+    if (fwd_fp8_n_slots == (int)(sizeof fwd_fp8_slots / sizeof fwd_fp8_slots[0]))
+        FATAL("attn_gpu_forward_fp8: more than %d streams launched the FP8 forward (one tile counter each; hint: "
+              "attn_gpu_forward_fp8_release_stream before destroying a stream)", fwd_fp8_n_slots);
     unsigned *c = NULL;
     CUDA_OK(cudaMalloc(&c, 2 * sizeof(unsigned)));
     CUDA_OK(cudaMemset(c, 0, 2 * sizeof(unsigned)));
-    slots[n_slots].stream = stream;
-    slots[n_slots].counter = c;
-    n_slots++;
+    fwd_fp8_slots[fwd_fp8_n_slots].stream = stream;
+    fwd_fp8_slots[fwd_fp8_n_slots].counter = c;
+    fwd_fp8_n_slots++;
     return c;
+}
+extern "C" void attn_gpu_forward_fp8_release_stream(cudaStream_t stream) {
+    for (int i = 0; i < fwd_fp8_n_slots; i++)
+        if (fwd_fp8_slots[i].stream == stream) {
+            CUDA_OK(cudaFree(fwd_fp8_slots[i].counter));  // waits for the stream's launches
+            fwd_fp8_slots[i] = fwd_fp8_slots[--fwd_fp8_n_slots];
+            return;
+        }
 }
 
 template <int D, int LOOP>

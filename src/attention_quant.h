@@ -104,6 +104,9 @@ void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const 
 // 1 dynamic, < 0: the environment's), so that small shapes also run several tiles per CTA in
 // either order; the outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
+// The forward keeps a tile counter per stream it ran on (32 at most at a time): call this before
+// destroying a stream that ran it (no-op for one that did not). Not during a graph capture.
+void attn_gpu_forward_fp8_release_stream(cudaStream_t stream);
 // For tests: the consumers' block loop (0 ping-pong, 1 plain, 2 overlap: S_{j+1} issued before
 // the softmax of S_j, 3 overlap with ping-pong; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
 // outputs must not change by a bit.
