@@ -27,40 +27,46 @@ struct AttnQuantBatch {
     AttnQuantTensor t[ATTN_QUANT_MAX_TENSORS];
 };
 
-// RoPE of one 16-byte chunk (8 BF16 values, columns 8 ch .. 8 ch + 7) of token t, in registers:
-// column i < D/2 pairs with i + D/2, which the thread CH/2 lanes away holds (same row, same warp:
-// CH = D/8 threads per row), so one shuffle per word brings the partner's values. The arithmetic
-// is rope_vec_kernel's (lm_rope_lo for the first half, lm_rope_hi for the second, rounded to BF16
-// by lm_f2bits), so the result is rope_forward_gpu's bit for bit. Every lane of the warp must call
-// it (the shuffles); rows t >= T stay zero.
+// RoPE of one 16-byte chunk (8 BF16 values, columns 8 ch .. 8 ch + 7) of token t, in registers.
+// Column i < D/2 pairs with i + D/2, which the partner thread CH/2 lanes away holds (same row, same
+// warp: CH = D/8 threads per row). The two split the chunk's 8 pairs: the first-half thread rotates
+// pairs i0 .. i0+3, the second-half one i0+4 .. i0+7, so each loads the (cos, sin) of 4 pairs (2
+// float4 of rope_table_gpu's table, issued before anything waits) and not 8: two shuffles bring the
+// partner's half of its pairs, two send back the results that belong to the partner's columns. The
+// arithmetic is rope_vec_kernel's (lm_rope_lo, lm_rope_hi, rounded to BF16 by lm_f2bits), so the
+// result is rope_forward_gpu's bit for bit. Every lane of the warp must call it (the shuffles);
+// rows t >= T (zeros) stay zero.
 template <int D>
 __device__ __forceinline__ uint4 rope_chunk(uint4 v, const float *cos_sin, int t, int T, int ch) {
     constexpr int CH = D / 8, HALF = D / 2;
-    uint4 pv;
-    pv.x = __shfl_xor_sync(0xffffffffu, v.x, CH / 2);
-    pv.y = __shfl_xor_sync(0xffffffffu, v.y, CH / 2);
-    pv.z = __shfl_xor_sync(0xffffffffu, v.z, CH / 2);
-    pv.w = __shfl_xor_sync(0xffffffffu, v.w, CH / 2);
-    if (t >= T) return v;
     const bool lo = ch < CH / 2;
-    const int i0 = (ch % (CH / 2)) * 8;  // the chunk's first pair index
-    const float4 *cs = reinterpret_cast<const float4 *>(cos_sin + ((size_t)t * HALF + i0) * 2);
-    const uint32_t own[4] = {v.x, v.y, v.z, v.w}, oth[4] = {pv.x, pv.y, pv.z, pv.w};
-    uint32_t out[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {  // pairs i0 + 2k, i0 + 2k + 1: one float4 of (cos, sin) each
-        const float4 c = cs[k];
-        uint32_t r = 0u;
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const float x_self = bf16_to_f32((uint16_t)(own[k] >> (16 * e))), x_oth = bf16_to_f32((uint16_t)(oth[k] >> (16 * e)));
-            const float cc = e ? c.z : c.x, sn = e ? c.w : c.y;
-            const float y = lo ? lm_rope_lo(x_self, x_oth, cc, sn) : lm_rope_hi(x_oth, x_self, cc, sn);
-            r |= (uint32_t)lm_f2bits(y) << (16 * e);
-        }
-        out[k] = r;
+    const int p0 = (ch % (CH / 2)) * 8 + (lo ? 0 : 4);  // the first of this thread's 4 pairs
+    float4 cs[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+    if (t < T) {
+        const float4 *row = reinterpret_cast<const float4 *>(cos_sin + ((size_t)t * HALF + p0) * 2);
+        cs[0] = row[0];  // pairs p0, p0 + 1: (cos, sin, cos, sin)
+        cs[1] = row[1];  // pairs p0 + 2, p0 + 3
     }
-    return make_uint4(out[0], out[1], out[2], out[3]);
+    // the partner's values of this thread's pairs: the first-half thread gets the second-half
+    // values of pairs i0 .. i0+3 (the partner's words 0, 1), the other the first-half values of
+    // pairs i0+4 .. i0+7 (the partner's words 2, 3)
+    const uint32_t g0 = __shfl_xor_sync(0xffffffffu, lo ? v.z : v.x, CH / 2);
+    const uint32_t g1 = __shfl_xor_sync(0xffffffffu, lo ? v.w : v.y, CH / 2);
+    const uint32_t xw[2] = {lo ? v.x : g0, lo ? v.y : g1};  // first-half values of the 4 pairs
+    const uint32_t yw[2] = {lo ? g0 : v.z, lo ? g1 : v.w};  // second-half values
+    uint32_t nx[2] = {0u, 0u}, ny[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int w = j >> 1, sh = 16 * (j & 1);
+        const float x = bf16_to_f32((uint16_t)(xw[w] >> sh)), y = bf16_to_f32((uint16_t)(yw[w] >> sh));
+        const float c = (j & 1) ? cs[w].z : cs[w].x, sn = (j & 1) ? cs[w].w : cs[w].y;
+        nx[w] |= (uint32_t)lm_f2bits(lm_rope_lo(x, y, c, sn)) << sh;
+        ny[w] |= (uint32_t)lm_f2bits(lm_rope_hi(x, y, c, sn)) << sh;
+    }
+    // the results in the partner's columns go to the partner
+    const uint32_t r0 = __shfl_xor_sync(0xffffffffu, lo ? ny[0] : nx[0], CH / 2);
+    const uint32_t r1 = __shfl_xor_sync(0xffffffffu, lo ? ny[1] : nx[1], CH / 2);
+    return lo ? make_uint4(nx[0], nx[1], r0, r1) : make_uint4(r0, r1, ny[0], ny[1]);
 }
 
 // grid (B*H*nblk, n_tensors), block QTHREADS. Thread i of the CTA holds one 16-byte BF16 column
