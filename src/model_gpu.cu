@@ -695,7 +695,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
     Dev *d = dev_of(m);
     const ModelConfig *mc = &m->cfg.model;
     if (!d->grad_ready)
-        FATAL("gpu_model_backward: the last forward did not prepare a backward (it was gpu_model_loss or gpu_model_next_logits)");
+        FATAL("gpu_model_backward: the last forward did not prepare a backward (it was gpu_model_loss or gpu_model_next_logits, "
+              "or the attention precision or diagnostics changed since)");
     if (loss_scale != d->fwd_loss_scale)
         FATAL("gpu_model_backward: loss_scale %g but the forward's head gradient used %g (hint: call gpu_model_set_loss_scale before the forward)",
               (double)loss_scale, (double)d->fwd_loss_scale);
@@ -796,7 +797,13 @@ int gpu_model_set_attention(GpuModel *m, AttnPrecision p) {
     return 0;
 }
 AttnPrecision gpu_model_attention(GpuModel *m) { return dev_of(m)->attn.precision; }
-void gpu_model_set_attn_diag(GpuModel *m, const AttnModeDiag *per_layer) { dev_of(m)->attn_diag = per_layer; }
+void gpu_model_set_attn_diag(GpuModel *m, const AttnModeDiag *per_layer) {
+    Dev *d = dev_of(m);
+    // a backward reads what its forward kept for these diagnostics (forward_blocks: the rotated
+    // q, k for the local reference), so it must follow a forward with the same ones
+    if (per_layer != d->attn_diag) d->grad_ready = 0;
+    d->attn_diag = per_layer;
+}
 
 void gpu_model_zero_grad(GpuModel *m) {
     Dev *d = dev_of(m);

@@ -169,7 +169,9 @@ int gpu_model_set_attention(GpuModel *m, AttnPrecision p);
 AttnPrecision gpu_model_attention(GpuModel *m);
 // Diagnostics outputs of the attention of every layer (n_layer entries, device pointers, see
 // attention_fp8.h's AttnModeDiag), used by the following forwards and backwards; NULL: none.
-// The array must outlive its use.
+// The array must outlive its use. Set it before the forward whose backward it is for: a pending
+// backward is cancelled (its forward kept only what a backward without these diagnostics reads,
+// e.g. no rotated q, k with FP8 attention's kept codes).
 void gpu_model_set_attn_diag(GpuModel *m, const AttnModeDiag *per_layer);
 
 // Attention delayed scaling (precision.attention_scaling = "delayed"): the per-layer amax
