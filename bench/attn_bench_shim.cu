@@ -57,6 +57,7 @@ static struct {
     void *ws8;               // the bare FP8 backward's scratch (kept apart: nothing shared by accident)
     AttnSavedCodes keep[ATTN_N_PRECISIONS];  // per mode: shim_fwd_keep's codes for shim_bwd_keep
     uint16_t *qkv_rope;      // (B, T, 3, H, d): shim_rope / shim_fwd_rope's input, a copy of qkv
+    AttnSavedCodes keep_rope;  // shim_fwd_rope's kept codes (apart from keep[], which shim_bwd_keep reads)
     float *rope;             // (T, d/2, 2) rope_table_gpu, theta 10000
 } S;
 
@@ -91,6 +92,7 @@ void shim_free(void) {
     for (int p = 0; p < ATTN_N_PRECISIONS; p++) cudaFree(S.keep[p].buf);
     cudaFree(S.qkv_rope);
     cudaFree(S.rope);
+    cudaFree(S.keep_rope.buf);
     memset(&S, 0, sizeof S);
 }
 
@@ -129,6 +131,11 @@ int shim_init(const void *qkv, const void *dout, int B, int H, int T, int d, int
     const size_t n_qkv = (size_t)B * T * 3 * H * d;
     if (e == cudaSuccess) e = cudaMalloc(&S.qkv_rope, n_qkv * sizeof(uint16_t));
     if (e == cudaSuccess) e = cudaMalloc(&S.rope, sizeof(float) * T * d);
+    if (e == cudaSuccess) {  // the same size for every FP8 mode
+        AttnOptions o = options(ATTN_FP8_DM);
+        S.keep_rope.bytes = attn_saved_codes_bytes(&o, B, H, T, d);
+        e = cudaMalloc(&S.keep_rope.buf, S.keep_rope.bytes);
+    }
     if (e != cudaSuccess) {
         fprintf(stderr, "shim_init: cudaMalloc: %s\n", cudaGetErrorString(e));
         shim_free();
@@ -173,7 +180,7 @@ void shim_fwd_rope(int precision, void *o, float *lse) {
     AttnOptions opt = options(precision);
     const int fp8 = precision != ATTN_BF16;
     attn_mode_forward_rope(&opt, S.qkv_rope, S.rope, !fp8, (uint16_t *)o, S.H * S.d, lse, S.B, S.H, S.T, S.d,
-                           fp8 ? &S.keep[precision] : NULL, NULL, S.ws, NULL, S.stream);
+                           fp8 ? &S.keep_rope : NULL, NULL, S.ws, NULL, S.stream);
 }
 
 static AttnQuantTensor tensor(int i, int with_codes, int with_t) {
