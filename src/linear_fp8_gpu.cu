@@ -467,10 +467,10 @@ void fp8_transpose_tensor_gpu(const Fp8Operand *q, const Fp8Operand *qt, cudaStr
     CUDA_CHECK(cudaMemcpyAsync(qt->scales, q->scales, 2 * sizeof(float), cudaMemcpyDeviceToDevice, stream));
 }
 
-// One thread: a per-tensor operand's two scale floats (fp8_set_tensor_scale_gpu).
+// One thread: a per-tensor operand's two scale floats (fp8_set_tensor_scale_gpu), in the layout
+// every per-tensor producer writes (fp8_quant.cuh's write_tensor_scales).
 __global__ void set_tensor_scale_kernel(float *scales, float inv, float amax) {
-    scales[0] = inv;
-    scales[1] = amax;
+    write_tensor_scales(scales, inv, &amax);
 }
 
 void fp8_set_tensor_scale_gpu(const Fp8Operand *op, float amax, cudaStream_t stream) {
