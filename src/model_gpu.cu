@@ -544,15 +544,15 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     norm_for_linear(m, P_QKV, 0, NULL, rc ? d->dhf : d->L[0].h1, d->L[0].rstd1, d->L[0].x_in, NULL,
                     W(m, P_ATTN_NORM, 0), BT, C, eps);
     prof_mark(d, PH_FWD_NORM);
+    // FP8 attention after RoPE (no QK-norm): the quantize pass is the RoPE pass too
+    // (attn_mode_forward_rope), one read of q, k, v instead of two
+    const int fused_rope = d->attn_rope_fuse && !mc->qk_norm && mc->position == POS_ROPE &&
+                           attn_precision_is_fp8(d->attn.precision);
     for (int l = 0; l < L; l++) {
         LayerBufs *lb = &d->L[l];
         bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
         lin_forward(m, P_QKV, l, lb->qkv, h1, BT, 3 * C, C);                       // (BT, 3C)
         prof_mark(d, PH_FWD_LINEAR);
-        // FP8 attention after RoPE (no QK-norm): the quantize pass is the RoPE pass too
-        // (attn_mode_forward_rope), one read of q, k, v instead of two
-        const int fused_rope = d->attn_rope_fuse && !mc->qk_norm && mc->position == POS_ROPE &&
-                               attn_precision_is_fp8(d->attn.precision);
         const bf16 *qkv = lb->qkv;
         if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
         else if (mc->position == POS_ROPE && !fused_rope) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
