@@ -1,35 +1,21 @@
-// attn_bench_shim_delta.cu: launches fp8_dm's delta-pass kernel (attn_bwd_fp8_delta_kernel of
-// src/attention_bwd_fp8.cu) on its own, so the benchmark can time it without touching src/. The
-// kernel has no launcher of its own and its host stub is local to its object file, so this file
-// compiles the same source once more (same flags, same code) with its exported functions
-// renamed, and launches its copy of the kernel with the grid, shared memory and head groups of
-// backward_fp8_d. If src/ changes those, the benchmark's check (D equal to the backward's
-// delta_out) shows it; if it no longer compiles, the library is linked without this file.
-#define attn_gpu_backward_fp8 shim_copy_attn_gpu_backward_fp8
-#define attn_gpu_backward_fp8_workspace_bytes shim_copy_attn_gpu_backward_fp8_workspace_bytes
-#define attn_gpu_backward_fp8_test_group_heads shim_copy_attn_gpu_backward_fp8_test_group_heads
-#include "attention_bwd_fp8.cu"
-#undef attn_gpu_backward_fp8
-#undef attn_gpu_backward_fp8_workspace_bytes
-#undef attn_gpu_backward_fp8_test_group_heads
+// attn_bench_shim_delta.cu: launches fp8_dm's delta pass (src/attention_delta_fp8.cu) on its own,
+// so the benchmark can time it apart from the main backward: shim_delta_launch fills the
+// AttnFp8BwdArgs fields the pass reads and calls its launcher, attn_fp8_delta_pass, with a scratch
+// FP32 dQ accumulator of this shim (the pass zeroes its rows, as in the backward). The
+// benchmark checks that D equals the backward's delta_out.
+#include <cuda_runtime.h>  // cudaMalloc, cudaGetLastError
+#include <stdint.h>        // uint8_t
+#include <string.h>        // memset
 
-template <int D, bool E5>
-static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc, const uint8_t *doc,
-                        const float *qs, const float *ks, const float *vs, const float *dos, const float *lse,
-                        float *delta, int B, int H, int T, cudaStream_t stream) {
-    const size_t smem = B8DeltaSmem::bytes;  // as backward_fp8_d
-    static bool attr_set = false;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(attn_bwd_fp8_delta_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess)
-            return -1;
-        attr_set = true;
-    }
-    // the FP32 dQ accumulator the kernel zeroes (its rows), as in the backward: a scratch buffer
-    // of this shim, grown when a call needs more
-    static float *dq_acc = NULL;
+#include "attention_quant.h"  // AttnFp8BwdArgs, attn_fp8_delta_pass
+
+extern "C" int shim_delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc, const uint8_t *doc,
+                                 const float *qs, const float *ks, const float *vs, const float *dos,
+                                 const float *lse, float *delta, int B, int H, int T, int d, int e5,
+                                 cudaStream_t stream) {
+    static float *dq_acc = NULL;  // grown when a call needs more
     static size_t dq_bytes = 0;
-    const size_t need = (size_t)B * H * T * D * sizeof(float);
+    const size_t need = (size_t)B * H * T * d * sizeof(float);
     if (need > dq_bytes) {
         if (dq_acc) cudaFree(dq_acc);
         dq_acc = NULL;
@@ -37,19 +23,19 @@ static int delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc,
         if (cudaMalloc(&dq_acc, need) != cudaSuccess) return -1;
         dq_bytes = need;
     }
-    attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
-        qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, dq_acc, NULL, NULL, T, 1.0f / sqrtf((float)D),
-        bwd_fp8_delta_heads_per_group(B * H));
+    AttnFp8BwdArgs a;
+    memset(&a, 0, sizeof a);
+    a.precision = ATTN_FP8_DM;
+    a.grad_format = e5 ? FP8_E5M2 : FP8_E4M3;
+    a.q_codes = qc;
+    a.k_codes = kc;
+    a.v_codes = vc;
+    a.do_codes = doc;
+    a.q_scales = qs;
+    a.k_scales = ks;
+    a.v_scales = vs;
+    a.do_scales = dos;
+    a.lse = lse;
+    attn_fp8_delta_pass(&a, delta, dq_acc, B, H, T, d, stream);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
-}
-
-extern "C" int shim_delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc, const uint8_t *doc,
-                                 const float *qs, const float *ks, const float *vs, const float *dos,
-                                 const float *lse, float *delta, int B, int H, int T, int d, int e5,
-                                 cudaStream_t stream) {
-    if (d == 64)
-        return e5 ? delta_launch<64, true>(qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, B, H, T, stream)
-                  : delta_launch<64, false>(qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, B, H, T, stream);
-    return e5 ? delta_launch<128, true>(qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, B, H, T, stream)
-              : delta_launch<128, false>(qc, kc, vc, doc, qs, ks, vs, dos, lse, delta, B, H, T, stream);
 }

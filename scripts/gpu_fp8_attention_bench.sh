@@ -23,13 +23,13 @@ if [ "${REUSE_LIB:-0}" = 1 ] && [ -f "$BD/libattn_fp8.so" ]; then
   echo "== reusing $BD/libattn_fp8.so (REUSE_LIB=1: built by an earlier run of this script, same tree)"
 else
 echo "== build ($BD, logs build_*.log)"
-CU="attention_fwd attention_fwd_mma attention_bwd attention_quant attention_fwd_fp8 attention_bwd_fp8 attention_fp8 layers"
+CU="attention_fwd attention_fwd_mma attention_bwd attention_quant attention_fwd_fp8 attention_bwd_fp8 attention_delta_fp8 attention_fp8 layers"
 pids=""
 for f in $CU; do
   $NVCC $NVF -c src/$f.cu -o "$BD/$f.o" > "$OUT/build_$f.log" 2>&1 &
   pids="$pids $!:$f"
 done
-# the shim, and the delta kernel's launcher (a second compile of attention_bwd_fp8.cu): optional
+# the shim, and the delta pass launched alone (bench/attn_bench_shim_delta.cu): optional
 $NVCC $NVF -c bench/attn_bench_shim.cu -o "$BD/attn_bench_shim.o" > "$OUT/build_shim.log" 2>&1 &
 pids="$pids $!:shim"
 $NVCC $NVF -c bench/attn_bench_shim_delta.cu -o "$BD/attn_bench_shim_delta.o" > "$OUT/build_shim_delta.log" 2>&1 &

@@ -19,6 +19,7 @@ NVF="-std=c++17 -O3 -lineinfo -gencode arch=compute_90a,code=sm_90a -Isrc -Xcomp
 CU_SRCS="attention_quant"
 [ -f src/attention_fwd_fp8.cu ] && CU_SRCS="$CU_SRCS attention_fwd_fp8"
 [ -f src/attention_bwd_fp8.cu ] && CU_SRCS="$CU_SRCS attention_bwd_fp8"
+[ -f src/attention_delta_fp8.cu ] && CU_SRCS="$CU_SRCS attention_delta_fp8"
 BF16_SRCS="attention_fwd attention_bwd"  # the BF16 kernels (fp8_hybrid's backward runs on them)
 [ -f src/attention_fwd_mma.cu ] && BF16_SRCS="$BF16_SRCS attention_fwd_mma"
 summary=()
@@ -27,7 +28,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/de
 echo "== build (Makefile)"
 t0=$(date +%s)
 TEST=build/tests/test_attention_fp8_gpu
-if make -j16 SETUP=0 $CJ $TEST > "$OUT/make.log" 2>&1; then
+TEST_DELTA=""  # the delta pass's bit-identity test, where the tree has it
+[ -f test/test_attention_delta_fp8_gpu.cu ] && TEST_DELTA=build/tests/test_attention_delta_fp8_gpu
+if make -j16 SETUP=0 $CJ $TEST $TEST_DELTA > "$OUT/make.log" 2>&1; then
   summary+=("build: Makefile ok ($(( $(date +%s) - t0 )) s)")
   OBJDIR=build/obj; OBJSUF=.cu.o
 else
@@ -43,6 +46,10 @@ else
   for f in $CU_SRCS $BF16_SRCS; do $NVCC $NVF -c src/$f.cu -o "$BD/$f.cu.o" || ok=0; objs="$objs $BD/$f.cu.o"; done
   $NVCC $NVF -Itest test/test_attention_fp8_gpu.cu $objs -o "$BD/test_attention_fp8_gpu" || ok=0
   TEST=$BD/test_attention_fp8_gpu; OBJDIR=$BD; OBJSUF=.cu.o
+  if [ -n "$TEST_DELTA" ]; then
+    $NVCC $NVF -Itest test/test_attention_delta_fp8_gpu.cu -o "$BD/test_attention_delta_fp8_gpu" || ok=0
+    TEST_DELTA=$BD/test_attention_delta_fp8_gpu
+  fi
   summary+=("build: Makefile FAILED, explicit build $([ $ok = 1 ] && echo ok || echo FAILED)")
 fi
 
@@ -67,7 +74,7 @@ summary+=("SASS: $nq QGMMA in $CU_SRCS; local memory: $(grep -cE ' (LDL|STL)' "$
 # the FP8 backward's kernels one by one (expected QGMMA: main 16 for d=128 / 12 for d=64, delta
 # pass 8 / 4; the d=128 main kernel spilled ~84 bytes at the first compile)
 if [ -f "$OBJDIR/attention_bwd_fp8$OBJSUF" ]; then
-  bwd_mix=$(grep -E 'attn_bwd_fp8_(kernel|delta_kernel)' "$OUT/sass_mix.txt" | awk '{printf "%s:%d QGMMA %d LDL %d STL; ", $1, $2, $6, $7}')
+  bwd_mix=$(grep -E 'attn_bwd_fp8_(kernel|delta_kernel)|attn_fp8_delta_kernel' "$OUT/sass_mix.txt" | awk '{printf "%s:%d QGMMA %d LDL %d STL; ", $1, $2, $6, $7}')
   summary+=("FP8 backward SASS: ${bwd_mix:-no kernels found}")
 fi
 
@@ -77,6 +84,13 @@ OMP_NUM_THREADS=$(nproc) timeout 120 "$TEST" > "$OUT/test.log" 2>&1
 rc=$?
 grep -E "^(FAIL|skipped|#)" "$OUT/test.log" | head -40
 summary+=("test_attention_fp8_gpu: $(grep -c '^ok - ' "$OUT/test.log") ok, $(grep -c '^FAIL - ' "$OUT/test.log") FAIL, exit $rc, $(( $(date +%s) - t0 )) s")
+if [ -n "$TEST_DELTA" ]; then
+  timeout 60 "$TEST_DELTA" > "$OUT/test_delta.log" 2>&1
+  rd=$?
+  [ $rd -ne 0 ] && rc=$rd
+  grep -E "^(FAIL|skipped|#)" "$OUT/test_delta.log" | head -20
+  summary+=("test_attention_delta_fp8_gpu: $(grep -c '^ok - ' "$OUT/test_delta.log") ok, $(grep -c '^FAIL - ' "$OUT/test_delta.log") FAIL, exit $rd")
+fi
 if command -v compute-sanitizer >/dev/null; then
   ATTN_FP8_TEST_SMALL=1 timeout 40 compute-sanitizer --tool memcheck "$TEST" > "$OUT/sanitizer.log" 2>&1
   summary+=("compute-sanitizer (small cases): $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1), $(grep -c '^ok - ' "$OUT/sanitizer.log") ok, $(grep -c '^FAIL - ' "$OUT/sanitizer.log") FAIL")

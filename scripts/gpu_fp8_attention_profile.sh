@@ -17,7 +17,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_profile_out}
 BD=${BD:-/tmp/gpu_fp8_bench_build}
-KERNELS=${KERNELS:-"attn_fwd_fp8_kernel attn_bwd_fp8_kernel attn_bwd_fp8_delta_kernel"}
+KERNELS=${KERNELS:-"attn_fwd_fp8_kernel attn_bwd_fp8_kernel attn_fp8_delta_kernel"}
 mkdir -p "$OUT"
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}
 if [ -z "$NCU" ] || [ ! -x "$NCU" ]; then echo "no ncu found (set NCU=path)"; exit 1; fi
@@ -35,7 +35,7 @@ fi
 # fp8_dm runs the delta kernel too; fp8_naive has the forward and the main backward kernel
 for k in $KERNELS; do
   mode=fp8_naive
-  [ "$k" = attn_bwd_fp8_delta_kernel ] && mode=fp8_dm
+  [ "$k" = attn_fp8_delta_kernel ] && mode=fp8_dm
   echo "== 2. $k ($mode, T 4096)"
   timeout -k 5 150 "$NCU" --clock-control none --set full -k "regex:^${k}" -c 1 -f -o "$OUT/$k" \
     python3 bench/bench_attention_fp8.py --lib "$BD/libattn_fp8.so" --modes "$mode" --T 4096 --rounds 1 \

@@ -14,15 +14,16 @@
 // in the emulation.
 //
 // D (spec "Computing the matched D"): fp8_naive rowsum(dO ∘ O) with the BF16 dO and stored O;
-// fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the delta pass, attn_bwd_fp8_delta_kernel: per query
-// block it walks the key blocks through tile_p_dp, the one device routine that also produces
-// the main kernel's P and dP (same tiles, same thread-to-element map, same wgmma sequence, and
-// FP32 arithmetic by explicitly rounded intrinsics that the compiler may not contract or
-// reorder; exp as ex2.approx of a prescaled argument, see tile_p_dp), so sum_j dS_ij = 0 up to
-// FP32 rounding.
+// fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the delta pass (attention_delta_fp8.cu), which gets P and
+// dP bit for bit as this kernel's tile_p_dp does (the same codes, the same k32 steps of FP8
+// wgmma, the same FP32 element arithmetic: pdp_p and the scale constants of
+// attention_bwd_fp8_tile.cuh, explicitly rounded intrinsics that the compiler may not contract or
+// reorder; exp as ex2.approx of a prescaled argument), in tiles of its own shape, so sum_j dS_ij = 0
+// up to FP32 rounding.
 //
 // Kernels: attn_bwd_fp8_pre_kernel (D for naive/approx; zeroes the dQ accumulator and the row
-// diagnostics), attn_bwd_fp8_delta_kernel (fp8_dm), attn_bwd_fp8_kernel (main), and
+// diagnostics), attn_fp8_delta_kernel (fp8_dm, attention_delta_fp8.cu; zeroes them too),
+// attn_bwd_fp8_kernel (main), and
 // attention_bwd.cu's attn_bwd_convert_dq (dQ = BF16(tau * acc), shared with the BF16 backward).
 //
 // Layout of the main kernel: 256 threads = 2 warpgroups; warpgroup w owns keys k0+64w..+63 of
@@ -61,177 +62,8 @@
 #include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
 #include "tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map)
 
-#define B8_BQ ATTN_FP8_BWD_BLOCK_Q  // 64 queries per tile
-#define B8_BK ATTN_FP8_BWD_BLOCK_K  // 128 keys per tile = per CTA
-#define B8_THREADS 256
-static_assert(B8_BK == ATTN_SCALE_BLOCK, "a key block must be one scale block");
-static_assert(ATTN_SCALE_BLOCK % B8_BQ == 0, "a query block must lie in one scale block");
-static_assert(B8_BQ == 64 && B8_BK == 128, "the warpgroup layout assumes 64 x 128 tiles");
+#include "attention_bwd_fp8_tile.cuh"  // B8_*, wg_fp8, b8_load, tile_p_dp: shared with the delta pass
 
-namespace {
-
-// --- FP8 wgmma: d (64 x N, FP32) (+)= A (64 x 32, smem, K-major) * B (32 x N, smem, K-major) ----
-// AT/BT: 0 = e4m3, 1 = e5m2. accumulate = 0 starts a fresh accumulator.
-template <int N, int AT, int BT>
-__device__ void wg_fp8(float (&d)[N / 2], uint64_t da, uint64_t db, int accumulate);
-
-#define B8_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define B8_WGMMA(N, AT, BT, ATS, BTS, REGS, IA, IB, IP, ...)                                       \
-    template <>                                                                                    \
-    __device__ __forceinline__ void wg_fp8<N, AT, BT>(float (&d)[N / 2], uint64_t da, uint64_t db, \
-                                                      int accumulate) {                            \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                            \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." ATS "." BTS " {" REGS       \
-                     "}, %" #IA ", %" #IB ", p, 1, 1;\n}\n"                                        \
-                     : __VA_ARGS__                                                                 \
-                     : "l"(da), "l"(db), "r"(accumulate));                                         \
-    }
-// the type pairs used: S^T (e4m3.e4m3), dP^T and dV (e4m3.grad), dK and dQ (grad.e4m3)
-#define B8_WGMMA_TYPES(N, REGS, IA, IB, IP, ...)                      \
-    B8_WGMMA(N, 0, 0, "e4m3", "e4m3", REGS, IA, IB, IP, __VA_ARGS__)  \
-    B8_WGMMA(N, 0, 1, "e4m3", "e5m2", REGS, IA, IB, IP, __VA_ARGS__)  \
-    B8_WGMMA(N, 1, 0, "e5m2", "e4m3", REGS, IA, IB, IP, __VA_ARGS__)
-B8_WGMMA(32, 0, 0, "e4m3", "e4m3", B8_REGS16, 16, 17, 18, WG_ACC8(0), WG_ACC8(8))  // dQ, d = 64
-B8_WGMMA(32, 1, 0, "e5m2", "e4m3", B8_REGS16, 16, 17, 18, WG_ACC8(0), WG_ACC8(8))
-B8_WGMMA_TYPES(64, WG_REGS32, 32, 33, 34, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24))
-B8_WGMMA_TYPES(128, WG_REGS64, 64, 65, 66, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32),
-               WG_ACC8(40), WG_ACC8(48), WG_ACC8(56))
-#undef B8_WGMMA_TYPES
-#undef B8_WGMMA
-
-// Scale blocks of a sequence of T tokens (attn_quant_n_blocks, for device code).
-__device__ __forceinline__ int b8_nblk(int T) { return (T + ATTN_SCALE_BLOCK - 1) / ATTN_SCALE_BLOCK; }
-
-// Byte offset of (row r, byte column c) in a 128-byte-swizzled tile of 128-byte rows.
-__device__ __forceinline__ uint32_t b8_sw(int r, int c) {
-    return (uint32_t)(r * 128 + ((((c >> 4) ^ (r & 7)) << 4) | (c & 15)));
-}
-
-// Copies ROWS rows of CHUNKS 16-byte chunks (row pitch `pitch` bytes in global memory) into a
-// swizzled tile. Every source byte exists (the quantized layouts are padded to whole blocks).
-template <int ROWS, int CHUNKS>
-__device__ __forceinline__ void b8_load(uint8_t *s, const uint8_t *g, long pitch, int tid) {
-    static_assert(ROWS * CHUNKS % B8_THREADS == 0, "tile copy must split evenly over the threads");
-#pragma unroll
-    for (int i = 0; i < ROWS * CHUNKS / B8_THREADS; i++) {
-        const int c = tid + i * B8_THREADS, r = c / CHUNKS, ch = c % CHUNKS;
-        cp_async16(s + b8_sw(r, ch * 16), g + (long)r * pitch + ch * 16, true);
-    }
-}
-
-// d (64 x N) = A (64 x 32 STEPS) B (32 STEPS x N), both K-major swizzled tiles, in STEPS k32
-// steps into a fresh accumulator. a, b: the tiles' descriptor low words (kmajor_desc_lo).
-template <int N, int AT, int BT, int STEPS>
-__device__ __forceinline__ void wg_fp8_tile(float (&d)[N / 2], uint32_t a, uint32_t b) {
-#pragma unroll
-    for (int kk = 0; kk < STEPS; kk++) wg_fp8<N, AT, BT>(d, kmajor_desc(a + 2 * kk), kmajor_desc(b + 2 * kk), kk > 0);
-}
-
-
-// Fragment map of a 64 x N wgmma accumulator (this thread's element i = 4n + e):
-// row (M) = warp*16 + g + 8*(e>>1) within the warpgroup's 64, column (N) = 8n + 2*t4 + (e&1).
-
-// cvt_e4m3x2 / cvt_e5m2x2 (attention_gpu_common.cuh): two FP8 codes per hardware conversion.
-template <bool E5>
-__device__ __forceinline__ uint32_t grad_code2(float lo, float hi) {
-    return E5 ? cvt_e5m2x2(lo, hi) : cvt_e4m3x2(lo, hi);
-}
-
-// The two scale constants of tile_p_dp, computed by this one routine in both kernels (so both
-// get the same bits): S in log2 units per code product, tau log2(e) / (s_q s_k), and dP per code
-// product, 1 / (s_do s_v) (a power of two: exact).
-__device__ __forceinline__ float pdp_s_scale(float inv_q, float inv_k, float tau) {
-    return __fmul_rn(__fmul_rn(inv_q, inv_k), __fmul_rn(tau, 1.4426950408889634f));
-}
-__device__ __forceinline__ float pdp_dp_scale(float inv_do, float inv_v) { return __fmul_rn(inv_do, inv_v); }
-
-// THE shared recomputation (main pass and delta pass): for this warpgroup's 64 keys
-// (key0 = first of them; dKw, dVw the descriptor low words (kmajor_desc_lo) of their K̂, V̂ rows) and the
-// 64 queries of the Q̂, dÔ tiles at dQ, ddO (first query q0), P^T and dP^T in FP32, 0 where masked
-// (key > query, or query >= T). sLse: the 64 LSEs (natural log, 8-byte aligned).
-// cs = pdp_s_scale(..), cdp = pdp_dp_scale(..).
-//   P  = 2^(acc_s * cs - LSE log2(e))  (one explicit FMA, then ex2.approx.ftz on the SFU)
-//   dP = acc_dp * cdp
-// This is exp(tau S - LSE) of the emulation up to the rounding of the exponent's argument and
-// ex2.approx's ~2 ulp (relative error of P ~1e-6, well inside the GPU-vs-emulation tolerance;
-// a P̂ code flips only where P p_scale lies within that of a rounding boundary; P below 2^-126
-// flushes to 0). The argument is clamped at 0: S <= LSE in exact arithmetic, and where |S| is
-// huge (|tau S| ~ 2^20 and beyond) the rounding of a large LSE log2(e) could otherwise make P
-// overflow (non-finite gradients); for ordinary inputs the clamp changes nothing. What matters for Delta-Matching is that both kernels run exactly this code:
-// every FP32 operation is an explicitly rounded intrinsic or a fixed PTX instruction (never
-// contracted or reordered by the compiler), so they get bitwise the same p and dp from the same
-// codes. Tiles entirely below the diagonal and inside the sequence (the vast majority) skip the
-// mask (a branch, see below); the unmasked values are the same instructions either way.
-// The delta pass's form (DELTA = true) does two things once that the main pass does per tile:
-// it leaves dP in code-product units (acc_dp, without the power-of-two cdp; the caller scales its
-// sums instead, which gives the same bits), and sLse holds -LSE log2(e) already (the same
-// rounded product, computed once per CTA instead of once per tile).
-template <int D, bool E5, bool DELTA = false>
-__device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t dQ, uint32_t ddO, const float *sLse,
-                                          float cs, float cdp, int key0, int q0, int T, float (&p)[32],
-                                          float (&dp)[32]) {
-    const int tid = threadIdx.x, warp = (tid % 128) / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
-    reg_fence(p);
-    reg_fence(dp);
-    wgmma_fence();
-    // S^T and dP^T in two groups: the exponentials of P run while dP^T is still on the tensor
-    // cores (the caller has no other group in flight, so "all but the newest" is S^T's group).
-    wg_fp8_tile<64, 0, 0, D / 32>(p, dKw, dQ);
-    wgmma_commit();
-    wg_fp8_tile<64, 0, E5 ? 1 : 0, D / 32>(dp, dVw, ddO);
-    wgmma_commit();
-    wgmma_wait<1>();
-    reg_fence(p);
-#pragma unroll
-    for (int n = 0; n < 8; n++) {
-        const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
-        const float nl[2] = {DELTA ? l.x : __fmul_rn(l.x, -1.4426950408889634f),
-                             DELTA ? l.y : __fmul_rn(l.y, -1.4426950408889634f)};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int i = 4 * n + e;
-            p[i] = fast_exp2(fminf(__fmaf_rn(p[i], cs, nl[e & 1]), 0.0f));  // P <= 1 whatever the rounding
-        }
-    }
-    reg_fence(p);
-    wgmma_wait<0>();
-    reg_fence(dp);
-    if (!DELTA)
-#pragma unroll
-        for (int i = 0; i < 32; i++) dp[i] = __fmul_rn(dp[i], cdp);
-    // The mask, as a second pass behind a warp-uniform branch (key0, q0, T are the same for the
-    // whole warpgroup): only tiles that reach above the diagonal or past T take it (per CTA the
-    // first two query blocks and a partial last one). Written into the loop above, the compiler
-    // if-converts it and every tile pays its ~64 selects and ~70 integer tests; peeling the masked
-    // iterations into their own loops instead spills (0.5-0.9 KB, the main kernel has no
-    // registers to spare). The values are the same either way: masked elements become 0.
-    const bool full = key0 + 63 <= q0 && q0 + B8_BQ <= T;  // no key above a query, no query >= T
-    if (!full) {
-        const int kq = key0 + warp * 16 + g - (q0 + 2 * t4);  // key - query of element (n = 0, e = 0)
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = 4 * n + e, ql = 8 * n + 2 * t4 + (e & 1);
-                const bool masked = kq + 8 * (e >> 1) - 8 * n - (e & 1) > 0 || q0 + ql >= T;
-                p[i] = masked ? 0.0f : p[i];
-                dp[i] = masked ? 0.0f : dp[i];
-            }
-    }
-}
-
-// Sum over the 16 keys of a warp (rows g, g+8 of every lane) per query column: v[2n + c] holds
-// this thread's column 8n + 2*t4 + c; afterwards every lane holds its quad column's warp sum.
-__device__ __forceinline__ void col_sum_warp(float (&v)[16]) {
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        v[i] += __shfl_xor_sync(0xffffffffu, v[i], 4);
-        v[i] += __shfl_xor_sync(0xffffffffu, v[i], 8);
-        v[i] += __shfl_xor_sync(0xffffffffu, v[i], 16);
-    }
-}
-
-}  // namespace
 
 // --- D for fp8_naive / fp8_dm_approx; zeroes the dQ accumulator and the row diagnostics -------
 // One warp per (b, h, t) row of (B, H, T).
@@ -266,160 +98,6 @@ __global__ void attn_bwd_fp8_pre_kernel(const bf16 *__restrict__ o, const bf16 *
     if (lane == 0 && row_ds_sum) {
         row_ds_sum[row] = 0.f;
         row_cancel[row] = 0.f;
-    }
-}
-
-// --- fp8_dm's delta pass: grid (ceil(T/128), B*H) heaviest first, block 256 -------------------
-// D_i = sum_j P_ij dP_ij / sum_j P_ij over the key blocks 0 .. (last row of the query block)/128,
-// P and dP from tile_p_dp exactly as the main kernel gets them: the same 64-key x 64-query tiles
-// (warpgroup w takes queries q0 + 64w .. + 63 and walks both 64-key halves of every key block),
-// so every element comes from the same instruction sequence on the same codes. A CTA covers 128
-// queries, so each K̂, V̂ block it loads serves twice as many queries as with 64 (the pass reads
-// ~2 GB of K̂, V̂ at T = 4K with 64). Two CTAs per SM (<= 128 registers, ~102 KB of shared
-// memory each), and the next key block's K̂, V̂ load into a second buffer while the current one
-// computes. Shared memory: 2 x (K̂, V̂) (128 keys x 128 B each), Q̂, dÔ (128 queries x 128 B),
-// LSE (128 floats), the per-warpgroup 4-warp reduction (2 warpgroups x 2 sums x 4 warps x 64).
-#define B8_DQB (2 * B8_BQ)  // queries per delta-pass CTA: one 128-token scale block
-static_assert(B8_DQB == ATTN_SCALE_BLOCK, "a delta-pass query block is one scale block (one Q and one dO scale)");
-struct B8DeltaSmem {
-    static constexpr int KV = B8_BK * 128, BUF = 2 * KV;  // K̂ then V̂ of one buffer
-    static constexpr int OFF_Q = 2 * BUF, OFF_DO = OFF_Q + B8_DQB * 128, OFF_F = OFF_DO + B8_DQB * 128;
-    static constexpr int RED = 2 * 2 * 4 * B8_BQ;  // floats of the reduction
-    // + the K and V scales of each buffer's key block (4 floats, copied with the buffer)
-    static constexpr size_t bytes = (size_t)OFF_F + (B8_DQB + RED + 4) * sizeof(float) + 1024;  // + alignment
-    static dim3 grid(int T, int BH) { return dim3((unsigned)((T + B8_DQB - 1) / B8_DQB), (unsigned)BH); }
-};
-template <int D, bool E5>
-__global__ void __launch_bounds__(B8_THREADS, 2)
-    attn_bwd_fp8_delta_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
-                              const uint8_t *__restrict__ vc, const uint8_t *__restrict__ doc,
-                              const float *__restrict__ q_scales, const float *__restrict__ k_scales,
-                              const float *__restrict__ v_scales, const float *__restrict__ do_scales,
-                              const float *__restrict__ lse, float *__restrict__ dlt, float *__restrict__ dq_acc,
-                              float *__restrict__ row_ds_sum, float *__restrict__ row_cancel, int T, float tau,
-                              int heads_per_group) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    uint8_t *smem = smem_align1024(smem_raw);
-    using L = B8DeltaSmem;
-    uint8_t *sQ = smem + L::OFF_Q;    // (128 queries x 128 B)
-    uint8_t *sdO = smem + L::OFF_DO;  // (128 queries x 128 B)
-    const uint32_t dlo_smem = kmajor_desc_lo(smem_addr(smem));
-    float *sLse = reinterpret_cast<float *>(smem + L::OFF_F);  // (128) -LSE log2(e) of the CTA's queries
-    float *sRed = sLse + B8_DQB;                               // (2 warpgroups, 2 sums, 4 warps, 64)
-    float *sKVs = sRed + L::RED;  // (2 buffers, K scale then V scale) of the block in each buffer
-
-    // heaviest first over all heads (the last query block walks the most key blocks). Measured:
-    // in groups of heads as the forward (causal_heads_per_group) the pass was 2-10% slower at
-    // T = 4K-8K, in the natural order 6-12% slower.
-    const CausalItem cta = causal_cta_grouped(heads_per_group);
-    const int qb = (int)gridDim.x - 1 - cta.rank, bh = cta.bh, tid = threadIdx.x;
-    const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, t4 = lane & 3;
-    const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
-    const int q0 = qb * B8_DQB, q_last = min(q0 + B8_DQB, T) - 1;
-    const int qw0 = q0 + wg * B8_BQ, qw_last = min(qw0 + B8_BQ, T) - 1;  // this warpgroup's queries
-    const float inv_q = pow2_recip(q_scales[(long)bh * nblk + qb]);  // exact: powers of two
-    const float inv_do = pow2_recip(do_scales[(long)bh * nblk + qb]);
-    b8_load<B8_DQB, D / 16>(sQ, qc + ((long)bh * Tp + q0) * D, D, tid);
-    b8_load<B8_DQB, D / 16>(sdO, doc + ((long)bh * Tp + q0) * D, D, tid);
-    if (tid < B8_DQB)  // -LSE log2(e), as tile_p_dp<.., true> wants it (the main pass's product)
-        sLse[tid] = q0 + tid < T ? __fmul_rn(lse[(long)bh * T + q0 + tid], -1.4426950408889634f) : 0.f;
-    // The pre kernel's other job for fp8_dm, done here while the first tiles load (one launch
-    // less): zero this CTA's rows of the FP32 dQ accumulator and of the row diagnostics
-    {
-        const int n4 = (q_last - q0 + 1) * D / 4;  // float4s of the CTA's rows
-        float4 *z = reinterpret_cast<float4 *>(dq_acc + ((long)bh * T + q0) * D);
-        for (int i = tid; i < n4; i += B8_THREADS) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (row_ds_sum && tid < q_last - q0 + 1) {
-            row_ds_sum[(long)bh * T + q0 + tid] = 0.f;
-            row_cancel[(long)bh * T + q0 + tid] = 0.f;
-        }
-    }
-
-    float pd[16], ps[16];  // this thread's column partial sums, [2n + c] -> column 8n + 2*t4 + c
-#pragma unroll
-    for (int i = 0; i < 16; i++) pd[i] = ps[i] = 0.f;
-    float p[32], dp[32];
-    // key block kb's K̂, V̂ and their scales into buffer kb % 2 (one cp.async group): the scales
-    // arrive with the tiles, instead of a global load at the top of every iteration that the
-    // scale products then wait for (ncu: ~9% of the delta pass's stall samples there)
-    auto load_kv = [&](int kb) {
-        uint8_t *buf = smem + (kb & 1) * L::BUF;
-        b8_load<B8_BK, D / 16>(buf, kc + ((long)bh * Tp + kb * B8_BK) * D, D, tid);
-        b8_load<B8_BK, D / 16>(buf + L::KV, vc + ((long)bh * Tp + kb * B8_BK) * D, D, tid);
-        if (tid == 0) {
-            cp_async4(sKVs + 2 * (kb & 1), k_scales + (long)bh * nblk + kb, true);
-            cp_async4(sKVs + 2 * (kb & 1) + 1, v_scales + (long)bh * nblk + kb, true);
-        }
-        cp_async_commit();
-    };
-    load_kv(0);  // the group also holds Q̂ and dÔ
-    const int n_kb = q_last / B8_BK + 1;
-    float s_v_u = 1.f;  // the units of pd: 1 / (s_do s_v_u), s_v_u the V scale of the block last summed
-    for (int kb = 0; kb < n_kb; kb++) {
-        __syncthreads();  // everyone is done with buffer (kb + 1) % 2, the previous block's
-        if (kb + 1 < n_kb) {
-            load_kv(kb + 1);
-            cp_async_wait_1();  // this block's group has landed (groups complete in order)
-        } else {
-            cp_async_wait_all();
-        }
-        fence_proxy_async();
-        __syncthreads();  // (also makes buffer kb % 2's scales, landed above, visible to all)
-        const float cs = pdp_s_scale(inv_q, pow2_recip(sKVs[2 * (kb & 1)]), tau), s_v = sKVs[2 * (kb & 1) + 1];
-        // pd is kept in units of this block's cdp = pdp_dp_scale(inv_do, 1 / s_v): tile_p_dp leaves
-        // dP unscaled (64 FMUL less per block and thread) and the sums are rescaled once per block
-        // by cdp_prev / cdp = s_v / s_v_prev (inv_do cancels; a ratio of powers of two, so exact).
-        // Scaling by 2^k commutes with rounding, so D has the bits it would have with every dP
-        // scaled and the main pass's dS rows still sum to 0. (The only exception would be over- or
-        // underflow of the sums in these units, which needs V blocks of one head whose scales
-        // differ by ~2^90 or more.)
-        if (kb > 0) {
-            const float r = __fmul_rn(s_v, pow2_recip(s_v_u));
-#pragma unroll
-            for (int i = 0; i < 16; i++) pd[i] = __fmul_rn(pd[i], r);
-        }
-        s_v_u = s_v;
-        const uint32_t dsm = opaque_u32(dlo_smem);  // the tiles' descriptors: offsets from smem
-        const uint32_t wgu = __shfl_sync(0xffffffffu, wg, 0);  // wg, known warp-uniform (see the main kernel)
-        const uint32_t dq = dsm + L::OFF_Q / 16 + wgu * (B8_BQ * 128 / 16), ddo = dsm + L::OFF_DO / 16 + wgu * (B8_BQ * 128 / 16);
-#pragma unroll 1
-        for (int h = 0; h < 2; h++) {
-            const int key0 = kb * B8_BK + h * 64;
-            if (key0 > qw_last) break;  // above the diagonal for all of this warpgroup's queries (warp-uniform)
-            const uint32_t dkh = (kb & 1) * (L::BUF / 16) + h * (64 * 128 / 16);  // the buffer, the 64 key rows
-            tile_p_dp<D, E5, true>(dsm + dkh, dsm + L::KV / 16 + dkh, dq, ddo, sLse + wg * B8_BQ, cs,
-                                   0.f /* unused: dP stays unscaled */, key0, qw0, T, p, dp);
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    pd[2 * n + (e & 1)] += p[4 * n + e] * dp[4 * n + e];
-                    ps[2 * n + (e & 1)] += p[4 * n + e];
-                }
-        }
-    }
-    const float cdp_u = pdp_dp_scale(inv_do, pow2_recip(s_v_u));  // the last block's cdp
-#pragma unroll
-    for (int i = 0; i < 16; i++) pd[i] = __fmul_rn(pd[i], cdp_u);  // back to dP units (exact)
-    col_sum_warp(pd);
-    col_sum_warp(ps);
-    if (lane < 4)
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                sRed[((wg * 2 + 0) * 4 + warp) * B8_BQ + 8 * n + 2 * t4 + c] = pd[2 * n + c];
-                sRed[((wg * 2 + 1) * 4 + warp) * B8_BQ + 8 * n + 2 * t4 + c] = ps[2 * n + c];
-            }
-    __syncthreads();
-    if (tid < B8_DQB && q0 + tid < T) {
-        const int w = tid / B8_BQ, col = tid % B8_BQ;  // the warpgroup that summed this query
-        float a = 0.f, s = 0.f;
-        for (int i = 0; i < 4; i++) {
-            a += sRed[((w * 2 + 0) * 4 + i) * B8_BQ + col];
-            s += sRed[((w * 2 + 1) * 4 + i) * B8_BQ + col];
-        }
-        dlt[(long)bh * T + q0 + tid] = a / s;
     }
 }
 
@@ -754,8 +432,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 // dQ up to the order of its FP32 reductions, which is not fixed anyway), as causal_group_heads
 // reads them (N: groups of N heads, 0: all heads, unset: the kernel's own):
 // ATTN_FP8_BWD_GROUP_HEADS the main backward's (1: the natural order, each head's key blocks in
-// turn; its own: about one wave of CTAs per group), ATTN_FP8_DELTA_GROUP_HEADS the delta pass's
-// (its own: all heads).
+// turn; its own: about one wave of CTAs per group); ATTN_FP8_DELTA_GROUP_HEADS the delta pass's
+// (attention_delta_fp8.cu).
 static int bwd_fp8_test_group_heads = 0;  // attn_gpu_backward_fp8_test_group_heads
 extern "C" void attn_gpu_backward_fp8_test_group_heads(int heads_per_group) {
     bwd_fp8_test_group_heads = heads_per_group > 0 ? heads_per_group : 0;
@@ -769,12 +447,6 @@ static int bwd_fp8_main_heads_per_group(int n_bh, int T, int d) {
     const int forced = bwd_fp8_test_group_heads > 0 ? bwd_fp8_test_group_heads : env;
     return causal_group_heads(forced, n_bh, causal_heads_per_group(4L * T * d, attn_quant_n_blocks(T), n_bh, attn_sm_count()));
 }
-// The delta pass's: all heads (heaviest first over all of them) unless ATTN_FP8_DELTA_GROUP_HEADS.
-static int bwd_fp8_delta_heads_per_group(int n_bh) {
-    static const int env = attn_env_group_heads("ATTN_FP8_DELTA_GROUP_HEADS");
-    return causal_group_heads(env, n_bh, n_bh);
-}
-
 extern "C" size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d) {
     return gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d);  // the BF16 backward's layout
 }
@@ -791,17 +463,7 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
             (int)a->precision, dlt, dq_acc, a->row_ds_sum, a->row_cancel, B, H, T);
         CUDA_OK(cudaGetLastError());
     } else {
-        const size_t smem = B8DeltaSmem::bytes;
-        static bool attr_set = false;  // one device per process (one GPU per rank)
-        if (!attr_set) {
-            CUDA_OK(cudaFuncSetAttribute(attn_bwd_fp8_delta_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem));
-            attr_set = true;
-        }
-        attn_bwd_fp8_delta_kernel<D, E5><<<B8DeltaSmem::grid(T, B * H), B8_THREADS, smem, stream>>>(
-            a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales,
-            a->lse, dlt, dq_acc, a->row_ds_sum, a->row_cancel, T, tau, bwd_fp8_delta_heads_per_group(B * H));
-        CUDA_OK(cudaGetLastError());
+        attn_fp8_delta_pass(a, dlt, dq_acc, B, H, T, D, stream);  // attention_delta_fp8.cu
     }
 
     // dQ accumulator (B*H, T, D) FP32 as a 3-D tensor (d, t, bh); box 32 x 64 x 1, 128-byte

@@ -342,34 +342,8 @@ struct F8Smem {
 // The tiles (query block, batch x head) of a launch, heaviest first within groups of
 // heads_per_group heads (causal_item_grouped: rank r is query block nblk - 1 - r; the group's K̂
 // and V̂^T stay in L2 while its tiles run, causal_heads_per_group; measured 2-5% faster than
-// heaviest first over all heads). CTAs take the next tile from a counter in global memory when
-// they start one (dynamic, heaviest first: the greedy schedule the hardware's own block
-// scheduler gives a grid of one CTA per tile). counter[0] hands out the tiles, counter[1]
-// counts the CTAs that have seen the end (every CTA fetches once more than its tiles); the last
-// of them sets both back to 0, so every launch starts from 0 without a memset, also when replayed
-// from a CUDA graph. Launches on one stream follow each other; each stream has its own counter
-// (fwd_fp8_counter_for), so launches on different streams may overlap.
-// With counter NULL (ATTN_FP8_FWD_SCHED=static, for timing comparisons) the order is fixed
-// instead: CTA c of G takes tiles r G + c on even rounds r and r G + G - 1 - c on odd ones (a
-// snake, so that the CTAs get about the same number of key blocks).
-__device__ __forceinline__ int fwd_fp8_next_tile(unsigned *counter, int round, int n_tiles) {
-    if (!counter) {
-        const int G = (int)gridDim.x, c = (int)blockIdx.x;
-        return round * G + ((round & 1) ? G - 1 - c : c);
-    }
-    const unsigned t = atomicAdd(counter, 1u);
-    if (t >= (unsigned)n_tiles) {
-        // this CTA's last fetch is done (the fence orders it before the count below, so the
-        // reset cannot overtake another CTA's fetch)
-        __threadfence();
-        if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
-            atomicExch(counter, 0u);
-            atomicExch(counter + 1, 0u);
-        }
-        return n_tiles;
-    }
-    return (int)t;
-}
+// heaviest first over all heads), taken by the CTAs from the stream's tile counter
+// (persistent_next_tile, attention_gpu_common.cuh).
 
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
 // F8_LOOP_PLAIN_FMAX: the plain loop with the row max by FMNMX instead of integer bits
@@ -438,7 +412,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const int qs = ti & 1;
             if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
             if (ptid == 0) {
-                tile_slot[qs] = fwd_fp8_next_tile(tile_counter, ti, n_tiles);
+                tile_slot[qs] = persistent_next_tile(tile_counter, ti, n_tiles);
                 mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
             }
             named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
@@ -743,8 +717,8 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
     fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_FMAX ? loop : -1;
 }
-// The tile counters (fwd_fp8_next_tile: 2 words each), one per stream that launched the forward
-// and was not released since (attn_gpu_forward_fp8_release_stream, before the stream is
+// The tile counters (persistent_next_tile: 2 words each), one per stream that launched the
+// FP8 forward or fp8_dm's delta pass and was not released since (attn_gpu_forward_fp8_release_stream, before the stream is
 // destroyed: a program that makes and frees models one after the other reuses the slots). One
 // device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm a
 // stream up with one forward before capturing on it.
@@ -753,11 +727,11 @@ static struct {
     unsigned *counter;
 } fwd_fp8_slots[32];
 static int fwd_fp8_n_slots = 0;
-static unsigned *fwd_fp8_counter_for(cudaStream_t stream) {
+extern "C" unsigned *attn_fp8_tile_counter(cudaStream_t stream) {
     for (int i = 0; i < fwd_fp8_n_slots; i++)
         if (fwd_fp8_slots[i].stream == stream) return fwd_fp8_slots[i].counter;
     if (fwd_fp8_n_slots == (int)(sizeof fwd_fp8_slots / sizeof fwd_fp8_slots[0]))
-        FATAL("attn_gpu_forward_fp8: more than %d streams launched the FP8 forward (one tile counter each; hint: "
+        FATAL("attention FP8: more than %d streams launched the FP8 forward or delta pass (one tile counter each; hint: "
               "attn_gpu_forward_fp8_release_stream before destroying a stream)", fwd_fp8_n_slots);
     unsigned *c = NULL;
     CUDA_OK(cudaMalloc(&c, 2 * sizeof(unsigned)));
@@ -799,7 +773,7 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
                                       causal_heads_per_group(2L * nblk * F8_BK * D, nblk, B * H, 2 * attn_sm_count()));
     attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), dynamic ? fwd_fp8_counter_for(stream) : NULL, hg);
+        1.0f / sqrtf((float)D), dynamic ? attn_fp8_tile_counter(stream) : NULL, hg);
     CUDA_OK(cudaGetLastError());
 }
 

@@ -89,6 +89,36 @@ __host__ __device__ __forceinline__ CausalItem causal_item_grouped(unsigned t, i
 __device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
     return causal_item_grouped(blockIdx.y * gridDim.x + blockIdx.x, (int)gridDim.x, (int)gridDim.y, hg);
 }
+// The next work item of a persistent CTA (the FP8 forward, fp8_dm's delta pass): CTAs take
+// the next tile from a counter in global memory when they start one (dynamic, in the order of
+// the tile numbers: the greedy schedule the hardware's own block scheduler gives a grid of one
+// CTA per tile). counter[0] hands out the tiles, counter[1] counts the CTAs that have seen the
+// end (every CTA fetches once more than its tiles); the last of them sets both back to 0, so
+// every launch starts from 0 without a memset, also when replayed from a CUDA graph. Launches on
+// one stream follow each other, so the kernels on one stream share its counter
+// (attn_fp8_tile_counter, attention_quant.h); launches on different streams may overlap.
+// With counter NULL (ATTN_FP8_FWD_SCHED=static, for timing comparisons) the order is fixed
+// instead: CTA c of G takes tiles r G + c on even rounds r and r G + G - 1 - c on odd ones (a
+// snake, so that the CTAs get about the same amount of work). Called by one thread.
+__device__ __forceinline__ int persistent_next_tile(unsigned *counter, int round, int n_tiles) {
+    if (!counter) {
+        const int G = (int)gridDim.x, c = (int)blockIdx.x;
+        return round * G + ((round & 1) ? G - 1 - c : c);
+    }
+    const unsigned t = atomicAdd(counter, 1u);
+    if (t >= (unsigned)n_tiles) {
+        // this CTA's last fetch is done (the fence orders it before the count below, so the
+        // reset cannot overtake another CTA's fetch)
+        __threadfence();
+        if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
+            atomicExch(counter, 0u);
+            atomicExch(counter + 1, 0u);
+        }
+        return n_tiles;
+    }
+    return (int)t;
+}
+
 // hg for causal_item_grouped: the most heads whose shared operands (kv_bytes_per_head: the
 // forwards' K and V, the backwards' Q and dO, with their copies) fit in 16 MiB (a third of the
 // H200's 50 MB L2, the rest being the CTAs' own tiles, outputs and the other partition's copies),

@@ -104,8 +104,11 @@ void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const 
 // 1 dynamic, < 0: the environment's), so that small shapes also run several tiles per CTA in
 // either order; the outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
-// The forward keeps a tile counter per stream it ran on (32 at most at a time): call this before
-// destroying a stream that ran it (no-op for one that did not). Not during a graph capture.
+// The persistent FP8 kernels (the forward, fp8_dm's delta pass) keep a tile counter per stream
+// they ran on (32 at most at a time; attn_fp8_tile_counter makes or finds it, outside any graph
+// capture): call this before destroying a stream that ran them (no-op for one that did not).
+// Not during a graph capture.
+unsigned *attn_fp8_tile_counter(cudaStream_t stream);
 void attn_gpu_forward_fp8_release_stream(cudaStream_t stream);
 // For tests: the consumers' block loop (0 ping-pong, 1 plain, 2 overlap: S_{j+1} issued before
 // the softmax of S_j, 3 overlap with ping-pong; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
@@ -122,8 +125,8 @@ void attn_gpu_forward_fp8_test_loop(int loop);
 // format with the tile's scale, P̂ = E4M3(P p_scale); dV += P̂^T dÔ, dK += dŜ^T Q̂, dQ += dŜ K̂
 // (each tile's product in a fresh FP32 accumulator, added in FP32 registers / FP32 atomics).
 // D: fp8_naive rowsum(dO ∘ O) (BF16 dO, stored O); fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the
-// delta pass (a kernel per query block walking the key blocks through the very same S -> P, dP
-// device routine as the main kernel, D = sum P dP / sum P).
+// delta pass (attention_delta_fp8.cu: per query block it walks the key blocks and recomputes P
+// and dP bit for bit as the main kernel does, D = sum P dP / sum P).
 #define ATTN_FP8_BWD_BLOCK_Q 64
 #define ATTN_FP8_BWD_BLOCK_K 128
 typedef struct {
@@ -148,6 +151,11 @@ typedef struct {
 } AttnFp8BwdArgs;
 size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d);
 void attn_gpu_backward_fp8(const AttnFp8BwdArgs *args, int B, int H, int T, int d, cudaStream_t stream);
+// fp8_dm's delta pass (attention_delta_fp8.cu), launched by attn_gpu_backward_fp8: D into dlt
+// (B, H, T) from the codes, scales and LSE of *args; zeroes dq_acc (B, H, T, d) and the row
+// diagnostics (if given) for the main kernel.
+void attn_fp8_delta_pass(const AttnFp8BwdArgs *args, float *dlt, float *dq_acc, int B, int H, int T, int d,
+                         cudaStream_t stream);
 // For tests: the main backward's heads per group of its CTA order (> 0; <= 0: the default or
 // ATTN_FP8_BWD_GROUP_HEADS), e.g. one that leaves a partial last group; dK, dV must not change
 // by a bit, dQ only by the order of its FP32 reductions.

@@ -1,0 +1,277 @@
+// attention_delta_fp8.cu: fp8_dm's delta pass (docs/fp8-attention.md §3, "Computing the matched
+// D"): for every query row i, D_i = sum_j P_ij dP_ij / sum_j P_ij over its keys j <= i, with P and
+// dP bit for bit the values the main FP8 backward (attention_bwd_fp8.cu) forms its dS from, so
+// that every row of dS = P (dP - D) sums to 0 up to FP32 rounding.
+//
+// Same values, other tiles. The main kernel computes S^T = K̂ Q̂^T and dP^T = V̂ dÔ^T in 64-key x
+// 64-query wgmma tiles (keys are its M, since a CTA owns a key block). Here a warpgroup owns 64
+// queries and takes a whole 128-key block per wgmma: S = Q̂ K̂^T and dP = dÔ V̂^T (m64n128, the
+// queries as M), the forward's layout. Each element is still the same sum of the same exact FP8
+// products in the same k32 steps over d (an FP8 x FP8 product is exact in FP32; a step adds its
+// 32 products to the accumulator), and P comes from it through pdp_p with the same scale
+// constants (pdp_s_scale, -LSE log2(e) rounded once), so P and dP get the same bits;
+// test_attention_delta_fp8_gpu checks that on the GPU for both tile forms, both gradient formats
+// and both head dims, masked tiles included. Rows as M give each thread whole rows: its two
+// rows' LSE sit in two registers and its sums in a few (the key-major form loaded 16 LSE values
+// from shared memory per tile and kept 32 column sums).
+//
+// Structure (the FP8 forward's, attention_fwd_fp8.cu): persistent CTAs (one per SM) of three
+// warpgroups take (128-query block, b, h) tiles heaviest first from the stream's tile counter
+// (persistent_next_tile). Warpgroup 0 is the producer: it copies each tile's Q̂ and dÔ blocks
+// (two buffers: the next tile's load while the current one computes) and each key block's K̂ and
+// V̂ rows with their scales into a ring of DL_STAGES stages, paced by mbarriers, and zeroes the
+// tile's rows of the FP32 dQ accumulator and of the row diagnostics (the pre kernel's job, which
+// fp8_dm does not launch). Warpgroups 1 and 2 take 64 queries each; per key block j:
+//   S_j, dP_j issued as two wgmma groups; P = pdp_p(S) once S_j is done (dP_j still on the
+//   tensor cores); then sum P dP and sum P into 4 partial sums per row (short FMA chains).
+// dP stays in code-product units: the sums are in units of the current block's
+// 1 / (s_do s_v) and are rescaled by the ratio of two blocks' V scales (powers of two: exact,
+// scaling by 2^k commutes with rounding) when the V scale changes, and by the last block's
+// factor at the end, which gives the bits of sums over scaled dP values. Only the diagonal
+// block (the last) is masked (keys above the row: P = dP = 0, as in the main kernel); rows past
+// T compute finite values (padding codes are 0) that are not written.
+#include "attention_quant.h"
+
+#include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
+#include <stdint.h>        // uint8_t, uint32_t, uint64_t
+#include <type_traits>     // std::true_type, std::false_type (the diagonal block's instantiation)
+
+#include "attention_bwd_fp8_tile.cuh"  // wg_fp8_tile, b8_load, pdp_s_scale, pdp_dp_scale, pdp_p
+#include "attention_gpu_common.cuh"    // mbarriers, setmaxnreg, persistent_next_tile, quad_sum, pow2_recip
+#include "common.h"                    // FATAL
+
+#define DL_BQ 128     // queries per tile: one scale block (2 consumer warpgroups x 64)
+#define DL_BK 128     // keys per block: one scale block
+#define DL_STAGES 4   // K̂ / V̂ ring depth (>= 3, as the forward's: see its producer)
+#define DL_THREADS 384
+static_assert(DL_BQ == ATTN_SCALE_BLOCK && DL_BK == ATTN_SCALE_BLOCK, "tiles are scale blocks");
+static_assert(DL_STAGES >= 3, "the producer signals block it-1 only after refilling a stage for it");
+
+// Shared memory: 2 x (Q̂, dÔ) (128 rows x 128 B each: this tile's and the next one's), DL_STAGES x
+// (K̂, V̂) (128 keys x 128 B each), then the mbarriers (full, empty per stage; q_full, q_empty per
+// Q̂ buffer), the posted tile numbers, the Q and dO scales of each buffer and the K and V scales
+// of each stage. Rows of D bytes use the first D of each 128-byte row (the forward's convention).
+struct DlSmem {
+    static constexpr int T128 = 128 * 128;  // one 128-row tile
+    static constexpr int OFF_Q = 0, OFF_DO = 2 * T128, OFF_K = 4 * T128, OFF_V = OFF_K + DL_STAGES * T128;
+    static constexpr int BARS = OFF_V + DL_STAGES * T128;
+    static constexpr size_t BYTES =
+        (size_t)BARS + (2 * DL_STAGES + 4) * sizeof(uint64_t) + (2 + 4 + 2 * DL_STAGES) * sizeof(int) + 1024;
+};
+
+// grid G <= tiles, block 384; each CTA computes tiles until the counter runs out.
+template <int D, bool E5>
+__global__ void __launch_bounds__(DL_THREADS, 1)
+    attn_fp8_delta_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
+                          const uint8_t *__restrict__ vc, const uint8_t *__restrict__ doc,
+                          const float *__restrict__ q_scales, const float *__restrict__ k_scales,
+                          const float *__restrict__ v_scales, const float *__restrict__ do_scales,
+                          const float *__restrict__ lse, float *__restrict__ dlt, float *__restrict__ dq_acc,
+                          float *__restrict__ row_ds_sum, float *__restrict__ row_cancel, int n_bh, int T,
+                          float tau, unsigned *__restrict__ tile_counter, int heads_per_group) {
+    using L = DlSmem;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint8_t *smem = smem_align1024(smem_raw);
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::BARS), *empty = full + DL_STAGES;
+    uint64_t *q_full = empty + DL_STAGES, *q_empty = q_full + 2;
+    int *tile_slot = reinterpret_cast<int *>(q_empty + 2);  // the tile of Q̂ buffer i (>= n_tiles: none)
+    float *sQs = reinterpret_cast<float *>(tile_slot + 2), *sDOs = sQs + 2;  // Q, dO scale of buffer i
+    float *sKs = sDOs + 2, *sVs = sKs + DL_STAGES;                          // K, V scale of stage st
+
+    const int nblk = (T + DL_BK - 1) / DL_BK, Tp = nblk * DL_BK;
+    const int n_tiles = nblk * n_bh;
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < DL_STAGES; i++) {
+            mbar_init(full + i, 128);   // the producer's threads, each after its copies landed
+            mbar_init(empty + i, 256);  // every consumer thread, after its last wgmma on the stage
+        }
+        for (int i = 0; i < 2; i++) {
+            mbar_init(q_full + i, 1);     // the producer's thread 0, after posting the tile number
+            mbar_init(q_empty + i, 256);  // every consumer thread, after the tile's last wgmma
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();  // from here on the warpgroups meet on mbarriers only
+
+    if (threadIdx.x < 128) {
+        // ---- producer: the forward's ring (attn_fwd_fp8_kernel's producer explains the
+        // accounting): ring block `it` goes into stage it % DL_STAGES once the consumers released
+        // ring block it - DL_STAGES; a thread arrives on block it-1's full barrier after issuing
+        // block it's copies; a tile's Q̂ and dÔ copies join its first key block's group.
+        setmaxnreg_dec<56>();
+        const int ptid = threadIdx.x;
+        unsigned it = 0;
+        for (int ti = 0;; ti++) {
+            const int qs = ti & 1;
+            if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
+            if (ptid == 0) {
+                tile_slot[qs] = persistent_next_tile(tile_counter, ti, n_tiles);
+                mbar_arrive(q_full + qs);
+            }
+            named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
+            const int tile = tile_slot[qs];
+            if (tile >= n_tiles) break;
+            const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
+            const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1, q0 = qb * DL_BQ;
+            b8_load<DL_BQ, D / 16, 128>(smem + L::OFF_Q + qs * L::T128, qc + ((long)bh * Tp + q0) * D, D, ptid);
+            b8_load<DL_BQ, D / 16, 128>(smem + L::OFF_DO + qs * L::T128, doc + ((long)bh * Tp + q0) * D, D, ptid);
+            if (ptid == 0) {
+                cp_async4(sQs + qs, q_scales + (long)bh * nblk + qb, true);
+                cp_async4(sDOs + qs, do_scales + (long)bh * nblk + qb, true);
+            }
+            {  // zero the tile's rows of the dQ accumulator and of the row diagnostics
+                const int rows = min(T - q0, DL_BQ);
+                float4 *z = reinterpret_cast<float4 *>(dq_acc + ((long)bh * T + q0) * D);
+                for (int i = ptid; i < rows * D / 4; i += 128) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (row_ds_sum && ptid < rows) {
+                    row_ds_sum[(long)bh * T + q0 + ptid] = 0.f;
+                    row_cancel[(long)bh * T + q0 + ptid] = 0.f;
+                }
+            }
+            const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vc + (long)bh * Tp * D;
+            for (int kb = 0; kb < n_kb; kb++, it++) {
+                const unsigned st = it % DL_STAGES;
+                if (it >= DL_STAGES) mbar_wait(empty + st, (it / DL_STAGES - 1) & 1);
+                b8_load<DL_BK, D / 16, 128>(smem + L::OFF_K + st * L::T128, gk + (long)kb * DL_BK * D, D, ptid);
+                b8_load<DL_BK, D / 16, 128>(smem + L::OFF_V + st * L::T128, gv + (long)kb * DL_BK * D, D, ptid);
+                if (ptid == 0) {
+                    cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
+                    cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
+                }
+                cp_async_commit();
+                if (it > 0) {
+                    cp_async_wait_1();
+                    fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+                    mbar_arrive(full + (it - 1) % DL_STAGES);
+                }
+            }
+        }
+        cp_async_wait_all();
+        fence_proxy_async();
+        if (it > 0) mbar_arrive(full + (it - 1) % DL_STAGES);
+    } else {
+        // ---- consumers: warpgroup wg (0, 1) owns queries q0 + 64 wg .. + 63 of each tile; this
+        // thread rows row0 and row0 + 8 (accumulator element 4n + e: row + 8 (e >> 1), key
+        // 8n + 2 t4 + (e & 1) of the block).
+        setmaxnreg_inc<224>();
+        constexpr float LOG2E = 1.4426950408889634f;
+        const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+        const int g = lane >> 2, t4 = lane & 3;
+        // descriptor low words (kmajor_desc_lo) of stage 0 of the K̂ and V̂ rings and of this
+        // warpgroup's 64 rows of Q̂ and dÔ buffer 0 (stage st: + st * T128 / 16, buffer 1: + T128 / 16)
+        const uint32_t dk0 = kmajor_desc_lo(smem_addr(smem + L::OFF_K)), dv0 = kmajor_desc_lo(smem_addr(smem + L::OFF_V));
+        const uint32_t dq0 = kmajor_desc_lo(smem_addr(smem + L::OFF_Q + wg * 64 * 128)),
+                       ddo0 = kmajor_desc_lo(smem_addr(smem + L::OFF_DO + wg * 64 * 128));
+        unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
+        for (int ti = 0;; ti++) {
+            mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
+            const int tile = tile_slot[ti & 1];
+            if (tile >= n_tiles) break;
+            const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
+            const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1;
+            const int row0 = qb * DL_BQ + wg * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
+            const uint32_t dq = dq0 + (ti & 1) * (L::T128 / 16), ddo = ddo0 + (ti & 1) * (L::T128 / 16);
+            // -LSE log2(e), rounded once as the main kernel rounds it (rows past T: 0, unused)
+            float nl[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                nl[r] = row0 + 8 * r < T ? __fmul_rn(lse[(long)bh * T + row0 + 8 * r], -LOG2E) : 0.f;
+            float pd[2][4], ps[2][4];  // per row, 4 partial sums of P dP (in dP units of block s_v_u) and P
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int k = 0; k < 4; k++) pd[r][k] = ps[r][k] = 0.f;
+            float s[DL_BK / 2], dp[DL_BK / 2];  // S -> P, and dP (raw code products) of the block
+#pragma unroll
+            for (int i = 0; i < DL_BK / 2; i++) s[i] = dp[i] = 0.f;
+            float inv_q = 1.f, inv_do = 1.f, s_v_u = 1.f;
+
+            auto step = [&](int j, auto mask) {
+                const unsigned rb = it0 + (unsigned)j, st = rb % DL_STAGES;
+                mbar_wait(full + st, (rb / DL_STAGES) & 1);
+                if (j == 0) {  // the tile's Q and dO scales came with block 0's copies
+                    inv_q = pow2_recip(sQs[ti & 1]);
+                    inv_do = pow2_recip(sDOs[ti & 1]);
+                }
+                const float cs = pdp_s_scale(inv_q, pow2_recip(sKs[st]), tau), s_v = sVs[st];
+                delta_issue<D, E5>(s, dp, dq, ddo, dk0 + st * (L::T128 / 16), dv0 + st * (L::T128 / 16));
+                {  // the sums into this block's dP units (exact: a power of two, 1 mostly; no branch)
+                    const float ratio = __fmul_rn(s_v, pow2_recip(s_v_u));
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int k = 0; k < 4; k++) pd[r][k] = __fmul_rn(pd[r][k], ratio);
+                }
+                s_v_u = s_v;
+                delta_p(s, dp, cs, nl);
+                mbar_arrive(empty + st);  // K̂_j and V̂_j are no longer read
+                if constexpr (decltype(mask)::value) delta_mask(s, dp, j * DL_BK + 2 * t4 - row0);  // the diagonal block
+#pragma unroll
+                for (int i = 0; i < DL_BK / 2; i++) {
+                    const int r = (i >> 1) & 1, k = (i >> 2) & 3;
+                    pd[r][k] = fmaf(s[i], dp[i], pd[r][k]);
+                    ps[r][k] += s[i];
+                }
+            };
+            for (int j = 0; j < n_kb - 1; j++) step(j, std::false_type());
+            step(n_kb - 1, std::true_type());
+            mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂, dÔ buffer is free
+            it0 += (unsigned)n_kb;
+
+            // D = sum P dP / sum P over the quad's 4 threads; the sums back to dP units (exact)
+            const float cdp_u = pdp_dp_scale(inv_do, pow2_recip(s_v_u));
+            float a[2], b[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                a[r] = __fmul_rn((pd[r][0] + pd[r][1]) + (pd[r][2] + pd[r][3]), cdp_u);
+                b[r] = (ps[r][0] + ps[r][1]) + (ps[r][2] + ps[r][3]);
+            }
+            quad_sum(a);
+            quad_sum(b);
+            if (t4 == 0)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    if (row0 + 8 * r < T) dlt[(long)bh * T + row0 + 8 * r] = a[r] / b[r];
+        }
+    }
+}
+
+// The delta pass's heads per group (ATTN_FP8_DELTA_GROUP_HEADS=N overrides it): as the FP8
+// forward's, two waves of CTAs whose heads' K̂ and V̂ (2 Tp d bytes per head) fit in L2.
+static int delta_heads_per_group(int n_bh, int nblk, int d) {
+    static const int env = attn_env_group_heads("ATTN_FP8_DELTA_GROUP_HEADS");
+    return causal_group_heads(env, n_bh, causal_heads_per_group(2L * nblk * DL_BK * d, nblk, n_bh, 2 * attn_sm_count()));
+}
+
+template <int D, bool E5>
+static void delta_launch(const AttnFp8BwdArgs *a, float *dlt, float *dq_acc, int B, int H, int T, cudaStream_t stream) {
+    const size_t smem = DlSmem::BYTES;
+    static bool attr_set = false;  // one device per process (one GPU per rank)
+    if (!attr_set) {
+        CUDA_OK(cudaFuncSetAttribute(attn_fp8_delta_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem));
+        attr_set = true;
+    }
+    const int nblk = attn_quant_n_blocks(T);
+    const long n_tiles = (long)nblk * B * H;
+    if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_backward_fp8: B*H*ceil(T/128) = %ld delta tiles is too many", n_tiles);
+    const long grid = n_tiles < attn_sm_count() ? n_tiles : attn_sm_count();
+    attn_fp8_delta_kernel<D, E5><<<(unsigned)grid, DL_THREADS, smem, stream>>>(
+        a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales, a->lse,
+        dlt, dq_acc, a->row_ds_sum, a->row_cancel, B * H, T, 1.0f / sqrtf((float)D), attn_fp8_tile_counter(stream),
+        delta_heads_per_group(B * H, nblk, D));
+    CUDA_OK(cudaGetLastError());
+}
+
+extern "C" void attn_fp8_delta_pass(const AttnFp8BwdArgs *a, float *dlt, float *dq_acc, int B, int H, int T, int d,
+                                    cudaStream_t stream) {
+    const bool e5 = a->grad_format == FP8_E5M2;
+    if (d == 64) {
+        if (e5) delta_launch<64, true>(a, dlt, dq_acc, B, H, T, stream);
+        else delta_launch<64, false>(a, dlt, dq_acc, B, H, T, stream);
+    } else {
+        if (e5) delta_launch<128, true>(a, dlt, dq_acc, B, H, T, stream);
+        else delta_launch<128, false>(a, dlt, dq_acc, B, H, T, stream);
+    }
+}
