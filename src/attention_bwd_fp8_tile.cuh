@@ -201,9 +201,13 @@ __device__ __forceinline__ void delta_issue(float (&s)[64], float (&dp)[64], uin
 __device__ __forceinline__ void delta_p(float (&s)[64], float (&dp)[64], float cs, const float (&nl)[2]) {
     wgmma_wait<1>();
     reg_fence(s);
+    // The exponentials in a basic block of their own: ptxas otherwise hoists the wait for dP
+    // to just after the first dozen of them, and the warpgroup idles while dP runs.
+    if (nsmid_nonzero()) {
 #pragma unroll
-    for (int i = 0; i < 64; i++) s[i] = pdp_p(s[i], cs, nl[(i >> 1) & 1]);
-    reg_fence(s);  // the exponentials before the wait for dP (ptxas may still move the wait among them)
+        for (int i = 0; i < 64; i++) s[i] = pdp_p(s[i], cs, nl[(i >> 1) & 1]);
+    }
+    reg_fence(s);
     wgmma_wait<0>();
     reg_fence(dp);
 }

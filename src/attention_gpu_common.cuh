@@ -163,6 +163,16 @@ __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
     asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
     return x;
 }
+// True on every GPU (the number of SMs), but neither the compiler nor ptxas can know it: code
+// under `if (nsmid_nonzero())` lies in a basic block of its own, and ptxas moves no instruction
+// of the code after it (a wgmma wait, say) up into it or above it. The kernels use it where
+// ptxas's scheduler would otherwise hoist a wait for a wgmma group above the work meant to
+// overlap that group (measured in the delta pass, attention_delta_fp8.cu).
+__device__ __forceinline__ bool nsmid_nonzero(void) {
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%nsmid;\n" : "=r"(n));
+    return n != 0;
+}
 // Shared-memory accesses by 32-bit address. volatile: they stay in program order with the other
 // volatile asm of a loop body (lds_f32x2 keeps the compiler from loading a whole stage's LSE or D
 // values at once, 16-32 registers).
