@@ -140,14 +140,16 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
     wgmma_commit();
     wgmma_wait<1>();
     reg_fence(p);
+    if (nsmid_nonzero()) {  // a basic block of its own: ptxas keeps the wait for dP^T below it
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
-        const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
-        const float nl[2] = {__fmul_rn(l.x, -1.4426950408889634f), __fmul_rn(l.y, -1.4426950408889634f)};
+        for (int n = 0; n < 8; n++) {
+            const float2 l = *reinterpret_cast<const float2 *>(sLse + 8 * n + 2 * t4);
+            const float nl[2] = {__fmul_rn(l.x, -1.4426950408889634f), __fmul_rn(l.y, -1.4426950408889634f)};
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int i = 4 * n + e;
-            p[i] = pdp_p(p[i], cs, nl[e & 1]);
+            for (int e = 0; e < 4; e++) {
+                const int i = 4 * n + e;
+                p[i] = pdp_p(p[i], cs, nl[e & 1]);
+            }
         }
     }
     reg_fence(p);
