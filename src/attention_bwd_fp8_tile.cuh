@@ -183,32 +183,68 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
 // raw code products; element 4n + e is query row warp*16 + g + 8 (e >> 1), key 8n + 2 t4 + (e & 1)).
 // Each element is the sum of the same exact FP8 products in the same k32 steps over d as tile_p_dp's
 // S^T, dP^T element (keys as M there), so the accumulators hold the same bits: the FP8 products are
-// exact in FP32 and a k32 step adds the same 32 of them whichever operand is A and whatever N is
-// (test_attention_delta_fp8_gpu checks the bits of both forms on the GPU). dq, ddo, dk, dv:
-// kmajor_desc_lo of the warpgroup's Q̂ and dÔ rows and of the block's K̂ and V̂ rows.
-// delta_issue: two wgmma groups (S, then dP); the caller has no other group in flight.
+// exact in FP32 and a k32 step adds the same 32 of them whichever operand is A, whether A comes
+// from registers or shared memory, and whatever N is (test_attention_delta_fp8_gpu checks the
+// bits of both forms on the GPU). Q̂ and dÔ, the same for all key blocks of a tile, are the A
+// operands from registers (delta_a_frags, once per tile): a wgmma then reads only K̂ or V̂ from
+// shared memory, 4 KB per k32 step instead of 6 (both from shared memory, the two consumers'
+// wgmmas alone read ~94 bytes per clock of the SM's 128).
+
+// d (64 x 128, FP32) (+)= A (64 x 32, registers, AT: 0 e4m3, 1 e5m2) * B (32 x 128 E4M3, smem, K-major)
+template <int AT>
+__device__ void wg_fp8_rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int accumulate);
+#define B8_WGMMA_RS(AT, ATS)                                                                                     \
+    template <>                                                                                                  \
+    __device__ __forceinline__ void wg_fp8_rs128<AT>(float (&d)[64], const uint32_t (&a)[4], uint64_t db,       \
+                                                     int accumulate) {                                           \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
+                     "wgmma.mma_async.sync.aligned.m64n128k32.f32." ATS ".e4m3 {" WG_REGS64                     \
+                     "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"                                                 \
+                     : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48),  \
+                       WG_ACC8(56)                                                                               \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));                   \
+    }
+B8_WGMMA_RS(0, "e4m3")
+B8_WGMMA_RS(1, "e5m2")
+#undef B8_WGMMA_RS
+
+// The A fragments of a warpgroup's 64 rows of a K-major tile (rows of 128 B, b8_sw's swizzle;
+// `rows`: the warpgroup's first row) for STEPS k32 steps: register q of step kk holds row
+// warp*16 + g + 8 (q & 1), bytes 32 kk + 16 (q >> 1) + 4 t4 .. + 3 (the wgmma A layout of 8-bit
+// types; the FP8 forward packs P̂ the same way).
+template <int STEPS>
+__device__ __forceinline__ void delta_a_frags(uint32_t (&a)[STEPS][4], const uint8_t *rows) {
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < STEPS; kk++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            a[kk][q] = *reinterpret_cast<const uint32_t *>(rows + b8_sw(warp * 16 + g + 8 * (q & 1), 32 * kk + 16 * (q >> 1) + 4 * t4));
+}
+// delta_issue: two wgmma groups (S, then dP); the caller has no other group in flight. aq, ado:
+// delta_a_frags of the warpgroup's Q̂ and dÔ rows; dk, dv: kmajor_desc_lo of the block's K̂, V̂ rows.
 template <int D, bool E5>
-__device__ __forceinline__ void delta_issue(float (&s)[64], float (&dp)[64], uint32_t dq, uint32_t ddo, uint32_t dk,
-                                            uint32_t dv) {
+__device__ __forceinline__ void delta_issue(float (&s)[64], float (&dp)[64], const uint32_t (&aq)[D / 32][4],
+                                            const uint32_t (&ado)[D / 32][4], uint32_t dk, uint32_t dv) {
     reg_fence(s);
     reg_fence(dp);
     wgmma_fence();
-    wg_fp8_tile<128, 0, 0, D / 32>(s, dq, dk);
+#pragma unroll
+    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs128<0>(s, aq[kk], kmajor_desc(dk + 2 * kk), kk > 0);
     wgmma_commit();
-    wg_fp8_tile<128, E5 ? 1 : 0, 0, D / 32>(dp, ddo, dv);
+#pragma unroll
+    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs128<E5 ? 1 : 0>(dp, ado[kk], kmajor_desc(dv + 2 * kk), kk > 0);
     wgmma_commit();
 }
 // s -> P (pdp_p; nl[r] = -LSE log2(e) of row r, rounded as tile_p_dp rounds it) once S is done,
 // while dP is still on the tensor cores; then waits for dP. dp stays in code-product units.
+// (ptxas puts the wait for dP after the first dozen exponentials; fencing it below all of them,
+// as tile_p_dp does, measured 5% slower here.)
 __device__ __forceinline__ void delta_p(float (&s)[64], float (&dp)[64], float cs, const float (&nl)[2]) {
     wgmma_wait<1>();
     reg_fence(s);
-    // The exponentials in a basic block of their own: ptxas otherwise hoists the wait for dP
-    // to just after the first dozen of them, and the warpgroup idles while dP runs.
-    if (nsmid_nonzero()) {
 #pragma unroll
-        for (int i = 0; i < 64; i++) s[i] = pdp_p(s[i], cs, nl[(i >> 1) & 1]);
-    }
+    for (int i = 0; i < 64; i++) s[i] = pdp_p(s[i], cs, nl[(i >> 1) & 1]);
     reg_fence(s);
     wgmma_wait<0>();
     reg_fence(dp);

@@ -6,27 +6,30 @@
 // Same values, other tiles. The main kernel computes S^T = K̂ Q̂^T and dP^T = V̂ dÔ^T in 64-key x
 // 64-query wgmma tiles (keys are its M, since a CTA owns a key block). Here a warpgroup owns 64
 // queries and takes a whole 128-key block per wgmma: S = Q̂ K̂^T and dP = dÔ V̂^T (m64n128, the
-// queries as M), the forward's layout. Each element is still the same sum of the same exact FP8
-// products in the same k32 steps over d (an FP8 x FP8 product is exact in FP32; a step adds its
-// 32 products to the accumulator), and P comes from it through pdp_p with the same scale
-// constants (pdp_s_scale, -LSE log2(e) rounded once), so P and dP get the same bits;
-// test_attention_delta_fp8_gpu checks that on the GPU for both tile forms, both gradient formats
-// and both head dims, masked tiles included. Rows as M give each thread whole rows: its two
-// rows' LSE sit in two registers and its sums in a few (the key-major form loaded 16 LSE values
-// from shared memory per tile and kept 32 column sums).
+// queries as M), the forward's layout, with Q̂ and dÔ as A fragments in registers (loaded once
+// per tile; the wgmmas read only K̂ and V̂ from shared memory). Each element is still the same sum
+// of the same exact FP8 products in the same k32 steps over d (an FP8 x FP8 product is exact in
+// FP32; a step adds its 32 products to the accumulator), and P comes from it through pdp_p with
+// the same scale constants (pdp_s_scale, -LSE log2(e) rounded once), so P and dP get the same
+// bits; test_attention_delta_fp8_gpu checks that on the GPU for both tile forms, both gradient
+// formats and both head dims, masked tiles included (attention_bwd_fp8_tile.cuh has both forms).
+// Rows as M give each thread whole rows: its two rows' LSE sit in two registers and its sums in
+// a few (the key-major form loaded 16 LSE values from shared memory per tile and kept 32 column
+// sums).
 //
 // Structure (the FP8 forward's, attention_fwd_fp8.cu): persistent CTAs (one per SM) of three
 // warpgroups take (128-query block, b, h) tiles heaviest first from the stream's tile counter
 // (persistent_next_tile). Warpgroup 0 is the producer: it copies each tile's Q̂ and dÔ blocks
-// (two buffers: the next tile's load while the current one computes) and each key block's K̂ and
+// and LSE (two buffers: the next tile's load while the current one computes; the consumers
+// release a buffer as soon as they hold its contents in registers) and each key block's K̂ and
 // V̂ rows with their scales into a ring of DL_STAGES stages, paced by mbarriers, and zeroes the
 // tile's rows of the FP32 dQ accumulator and of the row diagnostics (the pre kernel's job, which
 // fp8_dm does not launch). Warpgroups 1 and 2 take 64 queries each; per key block j:
 //   S_j, dP_j issued as two wgmma groups; P = pdp_p(S) once S_j is done (dP_j still on the
 //   tensor cores); then sum P dP and sum P into 4 partial sums per row (short FMA chains).
 // dP stays in code-product units: the sums are in units of the current block's
-// 1 / (s_do s_v) and are rescaled by the ratio of two blocks' V scales (powers of two: exact,
-// scaling by 2^k commutes with rounding) when the V scale changes, and by the last block's
+// 1 / (s_do s_v), rescaled at each block by the ratio of its V scale to the previous one's (a
+// power of two, mostly 1: exact, scaling by 2^k commutes with rounding), and by the last block's
 // factor at the end, which gives the bits of sums over scaled dP values. Only the diagonal
 // block (the last) is masked (keys above the row: P = dP = 0, as in the main kernel); rows past
 // T compute finite values (padding codes are 0) that are not written.
@@ -48,13 +51,14 @@ static_assert(DL_BQ == ATTN_SCALE_BLOCK && DL_BK == ATTN_SCALE_BLOCK, "tiles are
 static_assert(DL_STAGES >= 3, "the producer signals block it-1 only after refilling a stage for it");
 
 // Shared memory: 2 x (Q̂, dÔ) (128 rows x 128 B each: this tile's and the next one's), DL_STAGES x
-// (K̂, V̂) (128 keys x 128 B each), then the mbarriers (full, empty per stage; q_full, q_empty per
+// (K̂, V̂) (128 keys x 128 B each), 2 x the tile's 128 LSEs, then the mbarriers (full, empty per stage; q_full, q_empty per
 // Q̂ buffer), the posted tile numbers, the Q and dO scales of each buffer and the K and V scales
 // of each stage. Rows of D bytes use the first D of each 128-byte row (the forward's convention).
 struct DlSmem {
     static constexpr int T128 = 128 * 128;  // one 128-row tile
     static constexpr int OFF_Q = 0, OFF_DO = 2 * T128, OFF_K = 4 * T128, OFF_V = OFF_K + DL_STAGES * T128;
-    static constexpr int BARS = OFF_V + DL_STAGES * T128;
+    static constexpr int LSE = OFF_V + DL_STAGES * T128;  // 2 x 128 floats: the LSE of each buffer's rows
+    static constexpr int BARS = LSE + 2 * DL_BQ * (int)sizeof(float);
     static constexpr size_t BYTES =
         (size_t)BARS + (2 * DL_STAGES + 4) * sizeof(uint64_t) + (2 + 4 + 2 * DL_STAGES) * sizeof(int) + 1024;
 };
@@ -77,6 +81,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
     int *tile_slot = reinterpret_cast<int *>(q_empty + 2);  // the tile of Q̂ buffer i (>= n_tiles: none)
     float *sQs = reinterpret_cast<float *>(tile_slot + 2), *sDOs = sQs + 2;  // Q, dO scale of buffer i
     float *sKs = sDOs + 2, *sVs = sKs + DL_STAGES;                          // K, V scale of stage st
+    float *sLse = reinterpret_cast<float *>(smem + L::LSE);                 // (2, 128) LSE of buffer i's rows
 
     const int nblk = (T + DL_BK - 1) / DL_BK, Tp = nblk * DL_BK;
     const int n_tiles = nblk * n_bh;
@@ -88,7 +93,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
         }
         for (int i = 0; i < 2; i++) {
             mbar_init(q_full + i, 1);     // the producer's thread 0, after posting the tile number
-            mbar_init(q_empty + i, 256);  // every consumer thread, after the tile's last wgmma
+            mbar_init(q_empty + i, 256);  // every consumer thread, once it holds the tile's Q̂, dÔ, LSE
         }
         mbar_fence_init();
     }
@@ -120,6 +125,8 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                 cp_async4(sQs + qs, q_scales + (long)bh * nblk + qb, true);
                 cp_async4(sDOs + qs, do_scales + (long)bh * nblk + qb, true);
             }
+            // the rows' LSE (rows past T: 0, zero-filled; they are not written)
+            cp_async4(sLse + qs * DL_BQ + ptid, lse + (long)bh * T + min(q0 + ptid, T - 1), q0 + ptid < T);
             {  // zero the tile's rows of the dQ accumulator and of the row diagnostics
                 const int rows = min(T - q0, DL_BQ);
                 float4 *z = reinterpret_cast<float4 *>(dq_acc + ((long)bh * T + q0) * D);
@@ -158,11 +165,8 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
         constexpr float LOG2E = 1.4426950408889634f;
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
-        // descriptor low words (kmajor_desc_lo) of stage 0 of the K̂ and V̂ rings and of this
-        // warpgroup's 64 rows of Q̂ and dÔ buffer 0 (stage st: + st * T128 / 16, buffer 1: + T128 / 16)
+        // descriptor low words (kmajor_desc_lo) of stage 0 of the K̂ and V̂ rings (stage st: + st * T128 / 16)
         const uint32_t dk0 = kmajor_desc_lo(smem_addr(smem + L::OFF_K)), dv0 = kmajor_desc_lo(smem_addr(smem + L::OFF_V));
-        const uint32_t dq0 = kmajor_desc_lo(smem_addr(smem + L::OFF_Q + wg * 64 * 128)),
-                       ddo0 = kmajor_desc_lo(smem_addr(smem + L::OFF_DO + wg * 64 * 128));
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
         for (int ti = 0;; ti++) {
             mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
@@ -171,12 +175,22 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
             const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
             const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1;
             const int row0 = qb * DL_BQ + wg * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
-            const uint32_t dq = dq0 + (ti & 1) * (L::T128 / 16), ddo = ddo0 + (ti & 1) * (L::T128 / 16);
-            // -LSE log2(e), rounded once as the main kernel rounds it (rows past T: 0, unused)
-            float nl[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                nl[r] = row0 + 8 * r < T ? __fmul_rn(lse[(long)bh * T + row0 + 8 * r], -LOG2E) : 0.f;
+            // The tile's Q̂, dÔ rows, scales and LSE came with key block 0's copies: after its full
+            // wait, Q̂ and dÔ become this warpgroup's A fragments (the same for every key block),
+            // the LSE -LOG2E rounded once as the main kernel rounds it
+            float nl[2], inv_q, inv_do;
+            uint32_t aq[D / 32][4], ado[D / 32][4];
+            {
+                mbar_wait(full + it0 % DL_STAGES, (it0 / DL_STAGES) & 1);
+                const int qs = ti & 1, lr = wg * 64 + warp * 16 + g;  // lr: row0 within the tile
+                delta_a_frags<D / 32>(aq, smem + L::OFF_Q + qs * L::T128 + wg * 64 * 128);
+                delta_a_frags<D / 32>(ado, smem + L::OFF_DO + qs * L::T128 + wg * 64 * 128);
+                inv_q = pow2_recip(sQs[qs]);
+                inv_do = pow2_recip(sDOs[qs]);
+                nl[0] = __fmul_rn(sLse[qs * DL_BQ + lr], -LOG2E);
+                nl[1] = __fmul_rn(sLse[qs * DL_BQ + lr + 8], -LOG2E);
+            }
+            mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂, dÔ buffer is read: the producer may refill it
             float pd[2][4], ps[2][4];  // per row, 4 partial sums of P dP (in dP units of block s_v_u) and P
 #pragma unroll
             for (int r = 0; r < 2; r++)
@@ -185,17 +199,13 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
             float s[DL_BK / 2], dp[DL_BK / 2];  // S -> P, and dP (raw code products) of the block
 #pragma unroll
             for (int i = 0; i < DL_BK / 2; i++) s[i] = dp[i] = 0.f;
-            float inv_q = 1.f, inv_do = 1.f, s_v_u = 1.f;
+            float s_v_u = 1.f;
 
             auto step = [&](int j, auto mask) {
                 const unsigned rb = it0 + (unsigned)j, st = rb % DL_STAGES;
                 mbar_wait(full + st, (rb / DL_STAGES) & 1);
-                if (j == 0) {  // the tile's Q and dO scales came with block 0's copies
-                    inv_q = pow2_recip(sQs[ti & 1]);
-                    inv_do = pow2_recip(sDOs[ti & 1]);
-                }
                 const float cs = pdp_s_scale(inv_q, pow2_recip(sKs[st]), tau), s_v = sVs[st];
-                delta_issue<D, E5>(s, dp, dq, ddo, dk0 + st * (L::T128 / 16), dv0 + st * (L::T128 / 16));
+                delta_issue<D, E5>(s, dp, aq, ado, dk0 + st * (L::T128 / 16), dv0 + st * (L::T128 / 16));
                 {  // the sums into this block's dP units (exact: a power of two, 1 mostly; no branch)
                     const float ratio = __fmul_rn(s_v, pow2_recip(s_v_u));
 #pragma unroll
@@ -216,7 +226,6 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
             };
             for (int j = 0; j < n_kb - 1; j++) step(j, std::false_type());
             step(n_kb - 1, std::true_type());
-            mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂, dÔ buffer is free
             it0 += (unsigned)n_kb;
 
             // D = sum P dP / sum P over the quad's 4 threads; the sums back to dP units (exact)

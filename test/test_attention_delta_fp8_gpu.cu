@@ -3,7 +3,7 @@
 // them in tiles of different shapes: the main kernel's tile_p_dp takes S^T = K̂ Q̂^T and dP^T =
 // V̂ dÔ^T with the keys as M (m64n64 wgmmas, a warpgroup per 64 keys), the delta pass's
 // delta_issue / delta_p / delta_mask take S = Q̂ K̂^T and dP = dÔ V̂^T with the queries as M
-// (m64n128). Both are the device routines of src/attention_bwd_fp8_tile.cuh that the kernels run.
+// (m64n128, Q̂ and dÔ as A fragments from registers). Both are the device routines of src/attention_bwd_fp8_tile.cuh that the kernels run.
 // One CTA loads one 64-query x 128-key tile of fresh random codes and runs both forms on it:
 //   - every P and dP element of the two forms has the same bits (masked ones included);
 //   - and both are attention's values: P against exp(tau S - LSE) and dP against dÔ · V̂, in
@@ -17,7 +17,7 @@
 #include <stdio.h>   // printf, snprintf
 #include <vector>    // host tiles
 
-#include "attention_bwd_fp8_tile.cuh"  // tile_p_dp, delta_issue, delta_p, delta_mask, b8_sw
+#include "attention_bwd_fp8_tile.cuh"  // tile_p_dp, delta_a_frags, delta_issue, delta_p, delta_mask, b8_sw
 #include "fp8.h"                       // fp8_from_f32, fp8_to_f32, fp8_scale_for_amax
 #include "gpu_test.h"                  // CU, dnew, dup, back, rng_normal, gpu_test_have_gpu
 #include "test.h"                      // CHECK, test_summary
@@ -75,7 +75,10 @@ __global__ void __launch_bounds__(256) pdp_forms_kernel(const uint8_t *q, const 
         float s[64], dp[64];
         const int row = warp * 16 + g;  // this thread's first query row of the tile
         const float nl[2] = {__fmul_rn(sLse[row], -1.4426950408889634f), __fmul_rn(sLse[row + 8], -1.4426950408889634f)};
-        delta_issue<D, E5>(s, dp, base + TS_Q / 16, base + TS_DO / 16, base + TS_K / 16, base + TS_V / 16);
+        uint32_t aq[D / 32][4], ado[D / 32][4];  // Q̂, dÔ as A fragments (registers), as the pass takes them
+        delta_a_frags<D / 32>(aq, sm + TS_Q);
+        delta_a_frags<D / 32>(ado, sm + TS_DO);
+        delta_issue<D, E5>(s, dp, aq, ado, base + TS_K / 16, base + TS_V / 16);
         delta_p(s, dp, cs, nl);
         delta_mask(s, dp, key0 + 2 * t4 - (q0 + row));
 #pragma unroll
