@@ -187,8 +187,8 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
 // from registers or shared memory, and whatever N is (test_attention_delta_fp8_gpu checks the
 // bits of both forms on the GPU). Q̂ and dÔ, the same for all key blocks of a tile, are the A
 // operands from registers (delta_a_frags, once per tile): a wgmma then reads only K̂ or V̂ from
-// shared memory, 4 KB per k32 step instead of 6 (both from shared memory, the two consumers'
-// wgmmas alone read ~94 bytes per clock of the SM's 128).
+// shared memory, 4 KB per k32 step instead of 6 (at the tensor cores' full rate, 64 instead of
+// 96 bytes per clock of the SM's 128; measured: the pass 4-5% faster, docs/perf.md, stop 25).
 
 // d (64 x 128, FP32) (+)= A (64 x 32, registers, AT: 0 e4m3, 1 e5m2) * B (32 x 128 E4M3, smem, K-major)
 template <int AT>

@@ -718,10 +718,11 @@ extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
     fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_FMAX ? loop : -1;
 }
 // The tile counters (persistent_next_tile: 2 words each), one per stream that launched the
-// FP8 forward or fp8_dm's delta pass and was not released since (attn_gpu_forward_fp8_release_stream, before the stream is
-// destroyed: a program that makes and frees models one after the other reuses the slots). One
-// device per process (one GPU per rank). Made outside any graph capture (cudaMalloc): warm a
-// stream up with one forward before capturing on it.
+// FP8 forward or fp8_dm's delta pass and was not released since
+// (attn_gpu_forward_fp8_release_stream, before the stream is destroyed: a program that makes and
+// frees models one after the other reuses the slots). One device per process (one GPU per
+// rank). Made outside any graph capture (cudaMalloc): warm a stream up with one forward before
+// capturing on it.
 static struct {
     cudaStream_t stream;
     unsigned *counter;

@@ -71,7 +71,8 @@ __device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
 // longest CTAs start near the end and run alone. Smaller groups keep the items that run at once
 // on fewer heads, whose K̂, V̂ blocks then stay in L2 (causal_heads_per_group picks hg).
 // Measured on one H200 (docs/perf.md): the persistent FP8 forward in head groups (two waves of
-// CTAs each) 2-5% faster than heaviest first over all heads; the fp8_dm delta pass heaviest first
+// CTAs each) 2-5% faster than heaviest first over all heads (the persistent delta pass uses the
+// forward's groups, not measured against others); the old, one-CTA-per-item delta pass heaviest first
 // over all heads 6-12% faster than in the natural order, and 0-10% slower in head groups; the
 // main FP8 backward over all heads +1% at 4K-8K but -18-21% at 1K-2K (its CTAs running at once
 // no longer share a head's Q̂, dÔ blocks and dQ rows in L2), in groups of one wave +2-4% over the
@@ -167,7 +168,8 @@ __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
 // under `if (nsmid_nonzero())` lies in a basic block of its own, and ptxas moves no instruction
 // of the code after it (a wgmma wait, say) up into it or above it. The kernels use it where
 // ptxas's scheduler would otherwise hoist a wait for a wgmma group above the work meant to
-// overlap that group (measured in the delta pass, attention_delta_fp8.cu).
+// overlap that group. Measure each use: in tile_p_dp (attention_bwd_fp8_tile.cuh) it made the
+// main FP8 backward 2-5% faster; the same fence in the delta pass made it 5% slower (not used).
 __device__ __forceinline__ bool nsmid_nonzero(void) {
     uint32_t n;
     asm volatile("mov.u32 %0, %%nsmid;\n" : "=r"(n));
