@@ -86,36 +86,20 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
     const int nblk = (T + DL_BK - 1) / DL_BK, Tp = nblk * DL_BK;
     const int n_tiles = nblk * n_bh;
 
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < DL_STAGES; i++) {
-            mbar_init(full + i, 128);   // the producer's threads, each after its copies landed
-            mbar_init(empty + i, 256);  // every consumer thread, after its last wgmma on the stage
-        }
-        for (int i = 0; i < 2; i++) {
-            mbar_init(q_full + i, 1);     // the producer's thread 0, after posting the tile number
-            mbar_init(q_empty + i, 256);  // every consumer thread, once it holds the tile's Q̂, dÔ, LSE
-        }
-        mbar_fence_init();
-    }
+    if (threadIdx.x == 0) ring_init<DL_STAGES>(full, empty, q_full, q_empty);
     __syncthreads();  // from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
-        // ---- producer: the forward's ring (attn_fwd_fp8_kernel's producer explains the
-        // accounting): ring block `it` goes into stage it % DL_STAGES once the consumers released
-        // ring block it - DL_STAGES; a thread arrives on block it-1's full barrier after issuing
-        // block it's copies; a tile's Q̂ and dÔ copies join its first key block's group.
+        // ---- producer: the ring of attention_gpu_common.cuh (ring_post_tile, ring_acquire,
+        // ring_publish), as the forward's; a tile's Q̂, dÔ, scales and LSE copies join its first
+        // key block's cp.async group. The consumers release a tile buffer (q_empty) as soon as they
+        // hold its contents in registers.
         setmaxnreg_dec<56>();
         const int ptid = threadIdx.x;
         unsigned it = 0;
         for (int ti = 0;; ti++) {
             const int qs = ti & 1;
-            if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
-            if (ptid == 0) {
-                tile_slot[qs] = persistent_next_tile(tile_counter, ti, n_tiles);
-                mbar_arrive(q_full + qs);
-            }
-            named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
-            const int tile = tile_slot[qs];
+            const int tile = ring_post_tile(q_full, q_empty, tile_slot, ti, tile_counter, n_tiles, ptid);
             if (tile >= n_tiles) break;
             const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
             const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1, q0 = qb * DL_BQ;
@@ -139,24 +123,17 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
             const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vc + (long)bh * Tp * D;
             for (int kb = 0; kb < n_kb; kb++, it++) {
                 const unsigned st = it % DL_STAGES;
-                if (it >= DL_STAGES) mbar_wait(empty + st, (it / DL_STAGES - 1) & 1);
+                ring_acquire<DL_STAGES>(empty, it);
                 b8_load<DL_BK, D / 16, 128>(smem + L::OFF_K + st * L::T128, gk + (long)kb * DL_BK * D, D, ptid);
                 b8_load<DL_BK, D / 16, 128>(smem + L::OFF_V + st * L::T128, gv + (long)kb * DL_BK * D, D, ptid);
                 if (ptid == 0) {
                     cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
                     cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
                 }
-                cp_async_commit();
-                if (it > 0) {
-                    cp_async_wait_1();
-                    fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-                    mbar_arrive(full + (it - 1) % DL_STAGES);
-                }
+                ring_publish<DL_STAGES>(full, it);
             }
         }
-        cp_async_wait_all();
-        fence_proxy_async();
-        if (it > 0) mbar_arrive(full + (it - 1) % DL_STAGES);
+        ring_drain<DL_STAGES>(full, it);
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns queries q0 + 64 wg .. + 63 of each tile; this
         // thread rows row0 and row0 + 8 (accumulator element 4n + e: row + 8 (e >> 1), key
@@ -169,8 +146,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
         const uint32_t dk0 = kmajor_desc_lo(smem_addr(smem + L::OFF_K)), dv0 = kmajor_desc_lo(smem_addr(smem + L::OFF_V));
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
         for (int ti = 0;; ti++) {
-            mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
-            const int tile = tile_slot[ti & 1];
+            const int tile = ring_tile(q_full, tile_slot, ti);
             if (tile >= n_tiles) break;
             const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
             const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1;

@@ -376,47 +376,19 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
     const int n_tiles = nblk * n_bh;
 
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < F8_STAGES; i++) {
-            mbar_init(full + i, 128);   // the producer's threads, each after its copies landed
-            mbar_init(empty + i, 256);  // every consumer thread, after its last wgmma on the stage
-        }
-        for (int i = 0; i < 2; i++) {
-            mbar_init(q_full + i, 1);     // the producer's thread 0, after posting the tile number
-            mbar_init(q_empty + i, 256);  // every consumer thread, after the tile's last wgmma
-        }
-        mbar_fence_init();
-    }
+    if (threadIdx.x == 0) ring_init<F8_STAGES>(full, empty, q_full, q_empty);
     __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
-        // ---- producer. The K̂ / V̂^T ring runs on across the CTA's tiles: `it` counts the key
-        // blocks loaded so far, and ring block it goes into stage it % F8_STAGES once the
-        // consumers released its previous use (ring block it - F8_STAGES; they release a tile's
-        // last block after its last PV). Each thread waits for its own copies (cp.async groups
-        // complete in order), makes them visible to the tensor cores' async proxy and arrives on
-        // the stage's full barrier; it does that for ring block it-1 only after issuing block it,
-        // so two blocks are in flight. Consumers release block j-1 while computing on block j, so
-        // the release waited for here (it - F8_STAGES) needs block it - F8_STAGES + 1 signalled,
-        // which happened at iteration it - F8_STAGES + 2 <= it - 1: no deadlock for F8_STAGES >= 3
-        // (across a tile boundary too: the next tile's Q̂ buffer was released a tile earlier).
-        // The CTA's tile number ti uses Q̂ buffer ti % 2: once the consumers released the
-        // buffer's previous tile (q_empty), thread 0 takes the next tile from the counter and
-        // posts it (tile_slot, q_full: the consumers stop on the first number past the end); the
-        // Q̂ copies join the tile's first key block's cp.async group, so that block's full
-        // barrier covers them.
+        // ---- producer: the ring of attention_gpu_common.cuh (ring_post_tile, ring_acquire,
+        // ring_publish: its accounting and why it cannot deadlock). The tile's Q̂ copies join its
+        // first key block's cp.async group, so that block's full barrier covers them.
         setmaxnreg_dec<24>();
         const int ptid = threadIdx.x;
         unsigned it = 0;
         for (int ti = 0;; ti++) {
             const int qs = ti & 1;
-            if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
-            if (ptid == 0) {
-                tile_slot[qs] = persistent_next_tile(tile_counter, ti, n_tiles);
-                mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
-            }
-            named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
-            const int tile = tile_slot[qs];
+            const int tile = ring_post_tile(q_full, q_empty, tile_slot, ti, tile_counter, n_tiles, ptid);
             if (tile >= n_tiles) break;
             const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
             const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1;
@@ -425,24 +397,17 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             if (ptid == 0) cp_async4(sQs + qs, q_scales + (long)bh * nblk + qb, true);  // with the Q̂ copies
             for (int kb = 0; kb < n_kb; kb++, it++) {
                 const unsigned st = it % F8_STAGES;
-                if (it >= F8_STAGES) mbar_wait(empty + st, (it / F8_STAGES - 1) & 1);
+                ring_acquire<F8_STAGES>(empty, it);
                 load_rows_tile<D, true>(sK + st * L::K, gk + (long)kb * F8_BK * D, ptid);
                 load_vt_tile<D>(sV + st * L::V, gv + kb * F8_BK, Tp, ptid);
                 if (ptid == 0) {
                     cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
                     cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
                 }
-                cp_async_commit();
-                if (it > 0) {
-                    cp_async_wait_1();
-                    fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-                    mbar_arrive(full + (it - 1) % F8_STAGES);
-                }
+                ring_publish<F8_STAGES>(full, it);
             }
         }
-        cp_async_wait_all();
-        fence_proxy_async();
-        if (it > 0) mbar_arrive(full + (it - 1) % F8_STAGES);
+        ring_drain<F8_STAGES>(full, it);
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63 of each tile.
         setmaxnreg_inc<240>();
@@ -461,8 +426,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                        dq0 = kmajor_desc_lo(smem_addr(sQ + wg * 64 * 128));
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
         for (int ti = 0;; ti++) {
-            mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
-            const int tile = tile_slot[ti & 1];
+            const int tile = ring_tile(q_full, tile_slot, ti);
             if (tile >= n_tiles) break;
             const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
             const int qb = nblk - 1 - item.rank, bh = item.bh;

@@ -488,6 +488,77 @@ __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
+// --- the persistent FP8 kernels' producer / consumer ring (the forward, fp8_dm's delta pass) ---
+// A CTA of 3 warpgroups: the producer (threads 0..127) copies each tile's fixed operands into
+// one of 2 tile buffers and each key block's operands into a ring of STAGES stages with cp.async;
+// the consumers (256 threads) compute. mbarriers pace them (ring_init): per stage `full` (the
+// producer's 128 threads, each once its copies landed) and `empty` (every consumer thread, after
+// its last read of the stage); per tile buffer `q_full` (the producer's thread 0, once it posted
+// the tile's number in tile_slot) and `q_empty` (every consumer thread, once done with the buffer).
+// The ring runs on across the CTA's tiles: ring block `it` (key blocks counted over all its
+// tiles) goes into stage it % STAGES once the consumers released ring block it - STAGES
+// (ring_acquire); a producer thread publishes ring block it-1 only after issuing block it's
+// copies (ring_publish), so two blocks are in flight. Consumers release block j-1 while computing
+// on block j, so the release waited for (it - STAGES) needs block it - STAGES + 1 published, which
+// happened at iteration it - STAGES + 2 <= it - 1: no deadlock for STAGES >= 3, across a tile
+// boundary too (the next tile buffer was released a tile earlier). A tile's buffer copies join
+// its first key block's cp.async group, so that block's full barrier covers them.
+template <int STAGES>
+__device__ __forceinline__ void ring_init(uint64_t *full, uint64_t *empty, uint64_t *q_full, uint64_t *q_empty) {
+    for (int i = 0; i < STAGES; i++) {
+        mbar_init(full + i, 128);
+        mbar_init(empty + i, 256);
+    }
+    for (int i = 0; i < 2; i++) {
+        mbar_init(q_full + i, 1);
+        mbar_init(q_empty + i, 256);
+    }
+    mbar_fence_init();
+}
+// Producer: the CTA's tile number ti, for tile buffer ti & 1: once the consumers released the
+// buffer's previous tile, thread 0 takes the next tile from the counter (persistent_next_tile)
+// and posts it; all 128 producer threads return it (>= n_tiles: none left; the consumers stop on
+// the same number).
+__device__ __forceinline__ int ring_post_tile(uint64_t *q_full, uint64_t *q_empty, int *tile_slot, int ti,
+                                              unsigned *counter, int n_tiles, int ptid) {
+    const int qs = ti & 1;
+    if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
+    if (ptid == 0) {
+        tile_slot[qs] = persistent_next_tile(counter, ti, n_tiles);
+        mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
+    }
+    named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
+    return tile_slot[qs];
+}
+// Consumers: the tile number the producer posted for the CTA's tile ti (>= n_tiles: none left).
+__device__ __forceinline__ int ring_tile(uint64_t *q_full, const int *tile_slot, int ti) {
+    mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
+    return tile_slot[ti & 1];
+}
+// Producer: before copying ring block it into stage it % STAGES.
+template <int STAGES>
+__device__ __forceinline__ void ring_acquire(uint64_t *empty, unsigned it) {
+    if (it >= STAGES) mbar_wait(empty + it % STAGES, (it / STAGES - 1) & 1);
+}
+// Producer: after issuing ring block it's copies: closes their cp.async group and publishes ring
+// block it-1 once its group has landed (groups complete in order).
+template <int STAGES>
+__device__ __forceinline__ void ring_publish(uint64_t *full, unsigned it) {
+    cp_async_commit();
+    if (it > 0) {
+        cp_async_wait_1();
+        fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+        mbar_arrive(full + (it - 1) % STAGES);
+    }
+}
+// Producer, after its last tile: publishes the last ring block (it blocks were copied in all).
+template <int STAGES>
+__device__ __forceinline__ void ring_drain(uint64_t *full, unsigned it) {
+    cp_async_wait_all();
+    fence_proxy_async();
+    if (it > 0) mbar_arrive(full + (it - 1) % STAGES);
+}
+
 // --- host side -----------------------------------------------------------------------------
 // dq[b,t,h,:] = BF16(tau * dq_acc[b,h,t,:]) for head dim d (64 or 128): the last step of the BF16
 // and the FP8 backward alike, which both accumulate dQ in FP32 in the workspace's (B, H, T, d)
