@@ -71,8 +71,9 @@ __device__ __forceinline__ uint8_t *smem_align1024(unsigned char *raw) {
 // longest CTAs start near the end and run alone. Smaller groups keep the items that run at once
 // on fewer heads, whose K̂, V̂ blocks then stay in L2 (causal_heads_per_group picks hg).
 // Measured on one H200 (docs/perf.md): the persistent FP8 forward in head groups (two waves of
-// CTAs each) 2-5% faster than heaviest first over all heads (the persistent delta pass uses the
-// forward's groups, not measured against others); the old, one-CTA-per-item delta pass heaviest first
+// CTAs each) 2-5% faster than heaviest first over all heads; the persistent delta pass in the
+// forward's groups 9-19% faster at 1K-2K than over all heads, the same as in groups of 4 heads;
+// the old, one-CTA-per-item delta pass heaviest first
 // over all heads 6-12% faster than in the natural order, and 0-10% slower in head groups; the
 // main FP8 backward over all heads +1% at 4K-8K but -18-21% at 1K-2K (its CTAs running at once
 // no longer share a head's Q̂, dÔ blocks and dQ rows in L2), in groups of one wave +2-4% over the
