@@ -62,8 +62,18 @@
 #include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
 #include "tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map)
 
-#include "attention_bwd_fp8_tile.cuh"  // B8_*, wg_fp8, b8_load, tile_p_dp: shared with the delta pass
+#include "attention_bwd_fp8_tile.cuh"  // B8_*, wg_fp8_tile, b8_load, tile_p_dp: shared with the delta pass
 
+namespace {
+// Scale blocks of a sequence of T tokens (attn_quant_n_blocks, for device code).
+__device__ __forceinline__ int b8_nblk(int T) { return (T + ATTN_SCALE_BLOCK - 1) / ATTN_SCALE_BLOCK; }
+
+// cvt_e4m3x2 / cvt_e5m2x2 (attention_gpu_common.cuh): two FP8 codes per hardware conversion.
+template <bool E5>
+__device__ __forceinline__ uint32_t grad_code2(float lo, float hi) {
+    return E5 ? cvt_e5m2x2(lo, hi) : cvt_e4m3x2(lo, hi);
+}
+}  // namespace
 
 // --- D for fp8_naive / fp8_dm_approx; zeroes the dQ accumulator and the row diagnostics -------
 // One warp per (b, h, t) row of (B, H, T).
@@ -306,7 +316,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 #pragma unroll
             for (int r = 0; r < 2; r++) {  // key row g + 8r, query columns 8n + 2t4, +1
                 const int kr = wg * 64 + warp * 16 + g + 8 * r, ql = 8 * n + 2 * t4;
-                *reinterpret_cast<uint16_t *>(sPt + b8_sw(kr, ql)) =
+                *reinterpret_cast<uint16_t *>(sPt + sw128(kr, ql)) =
                     (uint16_t)cvt_e4m3x2(p[4 * n + 2 * r] * p_scale, p[4 * n + 2 * r + 1] * p_scale);
             }
 #pragma unroll
@@ -335,7 +345,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             for (int r = 0; r < 2; r++) {
                 const int kr = wg * 64 + warp * 16 + g + 8 * r;
                 c2[r] = grad_code2<E5>(ds[4 * n + 2 * r] * s_ds, ds[4 * n + 2 * r + 1] * s_ds);
-                *reinterpret_cast<uint16_t *>(sdSt + b8_sw(kr, ql)) = (uint16_t)c2[r];
+                *reinterpret_cast<uint16_t *>(sdSt + sw128(kr, ql)) = (uint16_t)c2[r];
             }
             // byte r of `recv`: the partner's code for key row r (query ql for the even lane,
             // ql + 1 for the odd one)
@@ -346,7 +356,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                 // even: (my code, partner's) = (c2[r] byte 0, recv byte r) -> selector 0x40 + 0x10 r
                 // odd:  (partner's, my code) = (recv byte r, c2[r] byte 1) -> selector 0x14 + r
                 const uint32_t sel = keep_sel + (r ? (odd ? 0x01u : 0x10u) : 0u);
-                *reinterpret_cast<uint16_t *>(sdS + b8_sw(ql + odd, kr - odd)) = (uint16_t)__byte_perm(c2[r], recv, sel);
+                *reinterpret_cast<uint16_t *>(sdS + sw128(ql + odd, kr - odd)) = (uint16_t)__byte_perm(c2[r], recv, sel);
             }
         }
         fence_proxy_async();  // generic-proxy stores -> wgmma reads

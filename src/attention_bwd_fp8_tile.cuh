@@ -1,7 +1,8 @@
 // attention_bwd_fp8_tile.cuh: the device routines that the FP8 backward's main kernel
-// (attention_bwd_fp8.cu) and fp8_dm's delta pass (attention_delta_fp8.cu) share: the FP8 wgmma
-// wrappers with their operand formats, the swizzled tile loader, and THE recomputation of P and
-// dP (pdp_s_scale, pdp_dp_scale, pdp_p, tile_p_dp). Delta-Matching needs both kernels to get P
+// (attention_bwd_fp8.cu) and fp8_dm's delta pass (attention_delta_fp8.cu) share: the tile shapes,
+// the swizzled tile loader, a whole-tile FP8 wgmma (the wrappers themselves, wg_fp8 and wg_fp8_rs,
+// are attention_gpu_common.cuh's), and THE recomputation of P and dP (pdp_s_scale, pdp_dp_scale,
+// pdp_p, tile_p_dp, and the delta pass's form of it). Delta-Matching needs both kernels to get P
 // and dP bit for bit the same from the same codes: every FP32 operation of that recomputation is
 // defined here once, by explicitly rounded intrinsics, and test_attention_delta_fp8_gpu checks
 // the bits of the two kernels' tiles against each other on the GPU.
@@ -23,43 +24,6 @@ static_assert(B8_BQ == 64 && B8_BK == 128, "the warpgroup layout assumes 64 x 12
 
 namespace {
 
-// --- FP8 wgmma: d (64 x N, FP32) (+)= A (64 x 32, smem, K-major) * B (32 x N, smem, K-major) ----
-// AT/BT: 0 = e4m3, 1 = e5m2. accumulate = 0 starts a fresh accumulator.
-template <int N, int AT, int BT>
-__device__ void wg_fp8(float (&d)[N / 2], uint64_t da, uint64_t db, int accumulate);
-
-#define B8_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define B8_WGMMA(N, AT, BT, ATS, BTS, REGS, IA, IB, IP, ...)                                       \
-    template <>                                                                                    \
-    __device__ __forceinline__ void wg_fp8<N, AT, BT>(float (&d)[N / 2], uint64_t da, uint64_t db, \
-                                                      int accumulate) {                            \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                            \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." ATS "." BTS " {" REGS       \
-                     "}, %" #IA ", %" #IB ", p, 1, 1;\n}\n"                                        \
-                     : __VA_ARGS__                                                                 \
-                     : "l"(da), "l"(db), "r"(accumulate));                                         \
-    }
-// the type pairs used: S^T (e4m3.e4m3), dP^T and dV (e4m3.grad), dK and dQ (grad.e4m3)
-#define B8_WGMMA_TYPES(N, REGS, IA, IB, IP, ...)                      \
-    B8_WGMMA(N, 0, 0, "e4m3", "e4m3", REGS, IA, IB, IP, __VA_ARGS__)  \
-    B8_WGMMA(N, 0, 1, "e4m3", "e5m2", REGS, IA, IB, IP, __VA_ARGS__)  \
-    B8_WGMMA(N, 1, 0, "e5m2", "e4m3", REGS, IA, IB, IP, __VA_ARGS__)
-B8_WGMMA(32, 0, 0, "e4m3", "e4m3", B8_REGS16, 16, 17, 18, WG_ACC8(0), WG_ACC8(8))  // dQ, d = 64
-B8_WGMMA(32, 1, 0, "e5m2", "e4m3", B8_REGS16, 16, 17, 18, WG_ACC8(0), WG_ACC8(8))
-B8_WGMMA_TYPES(64, WG_REGS32, 32, 33, 34, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24))
-B8_WGMMA_TYPES(128, WG_REGS64, 64, 65, 66, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32),
-               WG_ACC8(40), WG_ACC8(48), WG_ACC8(56))
-#undef B8_WGMMA_TYPES
-#undef B8_WGMMA
-
-// Scale blocks of a sequence of T tokens (attn_quant_n_blocks, for device code).
-__device__ __forceinline__ int b8_nblk(int T) { return (T + ATTN_SCALE_BLOCK - 1) / ATTN_SCALE_BLOCK; }
-
-// Byte offset of (row r, byte column c) in a 128-byte-swizzled tile of 128-byte rows.
-__device__ __forceinline__ uint32_t b8_sw(int r, int c) {
-    return (uint32_t)(r * 128 + ((((c >> 4) ^ (r & 7)) << 4) | (c & 15)));
-}
-
 // Copies ROWS rows of CHUNKS 16-byte chunks (row pitch `pitch` bytes in global memory) into a
 // swizzled tile, with NT threads (tid < NT). Every source byte exists (the quantized layouts are
 // padded to whole blocks).
@@ -69,7 +33,7 @@ __device__ __forceinline__ void b8_load(uint8_t *s, const uint8_t *g, long pitch
 #pragma unroll
     for (int i = 0; i < ROWS * CHUNKS / NT; i++) {
         const int c = tid + i * NT, r = c / CHUNKS, ch = c % CHUNKS;
-        cp_async16(s + b8_sw(r, ch * 16), g + (long)r * pitch + ch * 16, true);
+        cp_async16(s + sw128(r, ch * 16), g + (long)r * pitch + ch * 16, true);
     }
 }
 
@@ -81,15 +45,8 @@ __device__ __forceinline__ void wg_fp8_tile(float (&d)[N / 2], uint32_t a, uint3
     for (int kk = 0; kk < STEPS; kk++) wg_fp8<N, AT, BT>(d, kmajor_desc(a + 2 * kk), kmajor_desc(b + 2 * kk), kk > 0);
 }
 
-
 // Fragment map of a 64 x N wgmma accumulator (this thread's element i = 4n + e):
 // row (M) = warp*16 + g + 8*(e>>1) within the warpgroup's 64, column (N) = 8n + 2*t4 + (e&1).
-
-// cvt_e4m3x2 / cvt_e5m2x2 (attention_gpu_common.cuh): two FP8 codes per hardware conversion.
-template <bool E5>
-__device__ __forceinline__ uint32_t grad_code2(float lo, float hi) {
-    return E5 ? cvt_e5m2x2(lo, hi) : cvt_e4m3x2(lo, hi);
-}
 
 // The two scale constants of tile_p_dp, computed by this one routine in both kernels (so both
 // get the same bits): S in log2 units per code product, tau log2(e) / (s_q s_k), and dP per code
@@ -190,25 +147,7 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
 // shared memory, 4 KB per k32 step instead of 6 (at the tensor cores' full rate, 64 instead of
 // 96 bytes per clock of the SM's 128; measured: the pass 4-5% faster, docs/perf.md, stop 25).
 
-// d (64 x 128, FP32) (+)= A (64 x 32, registers, AT: 0 e4m3, 1 e5m2) * B (32 x 128 E4M3, smem, K-major)
-template <int AT>
-__device__ void wg_fp8_rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t db, int accumulate);
-#define B8_WGMMA_RS(AT, ATS)                                                                                     \
-    template <>                                                                                                  \
-    __device__ __forceinline__ void wg_fp8_rs128<AT>(float (&d)[64], const uint32_t (&a)[4], uint64_t db,       \
-                                                     int accumulate) {                                           \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
-                     "wgmma.mma_async.sync.aligned.m64n128k32.f32." ATS ".e4m3 {" WG_REGS64                     \
-                     "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"                                                 \
-                     : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48),  \
-                       WG_ACC8(56)                                                                               \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));                   \
-    }
-B8_WGMMA_RS(0, "e4m3")
-B8_WGMMA_RS(1, "e5m2")
-#undef B8_WGMMA_RS
-
-// The A fragments of a warpgroup's 64 rows of a K-major tile (rows of 128 B, b8_sw's swizzle;
+// The A fragments of a warpgroup's 64 rows of a K-major tile (rows of 128 B, sw128's swizzle;
 // `rows`: the warpgroup's first row) for STEPS k32 steps: register q of step kk holds row
 // warp*16 + g + 8 (q & 1), bytes 32 kk + 16 (q >> 1) + 4 t4 .. + 3 (the wgmma A layout of 8-bit
 // types; the FP8 forward packs P̂ the same way).
@@ -219,7 +158,7 @@ __device__ __forceinline__ void delta_a_frags(uint32_t (&a)[STEPS][4], const uin
     for (int kk = 0; kk < STEPS; kk++)
 #pragma unroll
         for (int q = 0; q < 4; q++)
-            a[kk][q] = *reinterpret_cast<const uint32_t *>(rows + b8_sw(warp * 16 + g + 8 * (q & 1), 32 * kk + 16 * (q >> 1) + 4 * t4));
+            a[kk][q] = *reinterpret_cast<const uint32_t *>(rows + sw128(warp * 16 + g + 8 * (q & 1), 32 * kk + 16 * (q >> 1) + 4 * t4));
 }
 // delta_issue: two wgmma groups (S, then dP); the caller has no other group in flight. aq, ado:
 // delta_a_frags of the warpgroup's Q̂ and dÔ rows; dk, dv: kmajor_desc_lo of the block's K̂, V̂ rows.
@@ -230,10 +169,10 @@ __device__ __forceinline__ void delta_issue(float (&s)[64], float (&dp)[64], con
     reg_fence(dp);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs128<0>(s, aq[kk], kmajor_desc(dk + 2 * kk), kk > 0);
+    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs<128, 0>(s, aq[kk], kmajor_desc(dk + 2 * kk), kk > 0);
     wgmma_commit();
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs128<E5 ? 1 : 0>(dp, ado[kk], kmajor_desc(dv + 2 * kk), kk > 0);
+    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs<128, E5 ? 1 : 0>(dp, ado[kk], kmajor_desc(dv + 2 * kk), kk > 0);
     wgmma_commit();
 }
 // s -> P (pdp_p; nl[r] = -LSE log2(e) of row r, rounded as tile_p_dp rounds it) once S is done,

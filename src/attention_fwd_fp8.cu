@@ -84,34 +84,6 @@ static_assert(F8_BK == ATTN_SCALE_BLOCK, "a key block must be one scale block");
 static_assert(F8_BQ == F8_BK, "only the diagonal key block is masked");
 static_assert(F8_STAGES >= 3, "the producer signals block kb-1 only after refilling a stage for kb");
 
-// d (64 x 128, FP32) (+)= A (64 x 32 E4M3, smem, K-major) * B (32 x 128 E4M3, smem, K-major)
-__device__ __forceinline__ void wgmma_fp8_m64n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
-                                                  int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, %64, %65, p, 1, 1;\n}\n"
-        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-// d (64 x 128, FP32) (+)= A (64 x 32 E4M3, registers) * B (32 x 128 E4M3, smem, K-major)
-__device__ __forceinline__ void wgmma_fp8_rs_m64n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
-                                                     int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" WG_REGS64 "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-}
-// d (64 x 64, FP32) (+)= A (64 x 32 E4M3, registers) * B (32 x 64 E4M3, smem, K-major)
-__device__ __forceinline__ void wgmma_fp8_rs_m64n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                                    int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" WG_REGS32 "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-        : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-}
-
 // Four FP32 values -> four E4M3 codes in one register (x0 in the low byte), round to nearest
 // even, saturating: the hardware conversion (__nv_cvt_float_to_fp8's own instruction).
 __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
@@ -134,11 +106,6 @@ __device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's tu
 __device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the turn to the other one
     if (wg == 0) named_bar_arrive<2, 256>();
     else named_bar_arrive<1, 256>();
-}
-
-// Byte offset of (row r, byte column c) in a 128-byte-swizzled tile of 128-byte rows.
-__device__ __forceinline__ uint32_t sw128(int r, int c) {
-    return (uint32_t)(r * 128 + ((((c >> 4) ^ (r & 7)) << 4) | (c & 15)));
 }
 
 // The key (within its block) that row r of a K̂ stage holds. Within each 16-row group, row
@@ -182,7 +149,7 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
 template <int D>
 __device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint32_t dk) {
 #pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wgmma_fp8_m64n128(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
+    for (int kk = 0; kk < D / 32; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
 }
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
 // dv: kmajor_desc_lo of the V̂^T stage.
@@ -191,8 +158,7 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa
 #pragma unroll
     for (int kk = 0; kk < F8_BK / 32; kk++) {
         const uint64_t db = kmajor_desc(dv + 2 * kk);
-        if constexpr (D == 128) wgmma_fp8_rs_m64n128(pv, pa[kk], db, kk > 0);
-        else wgmma_fp8_rs_m64n64(pv, pa[kk], db, kk > 0);
+        wg_fp8_rs<D, 0>(pv, pa[kk], db, kk > 0);
     }
 }
 
@@ -351,7 +317,7 @@ struct F8Smem {
 enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_PLAIN_FMAX = 4 };
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
-// tiles until the counter runs out (fwd_fp8_next_tile), one after the other (persistent when G =
+// tiles until the counter runs out (persistent_next_tile), one after the other (persistent when G =
 // the number of SMs: the producer loads the next tile's Q̂ and first key blocks while the
 // consumers finish the current one, and no CTA launches in between).
 template <int D, int LOOP>
@@ -639,7 +605,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 // ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
 // ATTN_FP8_FWD_SCHED=static makes persistent CTAs walk a fixed (snake) order instead of taking
-// tiles from the counter (fwd_fp8_next_tile); ATTN_FP8_FWD_GROUP_HEADS=N sets the heads per group
+// tiles from the counter (persistent_next_tile); ATTN_FP8_FWD_GROUP_HEADS=N sets the heads per group
 // of the tile order (causal_heads_per_group; 0: all heads). attn_gpu_forward_fp8_test_schedule
 // overrides the order and caps the grid, attn_gpu_forward_fp8_test_loop the loop, for tests.
 struct FwdFp8Knobs {
@@ -683,7 +649,7 @@ extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
 }
 // The tile counters (persistent_next_tile: 2 words each), one per stream that launched the
 // FP8 forward or fp8_dm's delta pass and was not released since
-// (attn_gpu_forward_fp8_release_stream, before the stream is destroyed: a program that makes and
+// (attn_fp8_release_stream, before the stream is destroyed: a program that makes and
 // frees models one after the other reuses the slots). One device per process (one GPU per
 // rank). Made outside any graph capture (cudaMalloc): warm a stream up with one forward before
 // capturing on it.
@@ -697,7 +663,7 @@ extern "C" unsigned *attn_fp8_tile_counter(cudaStream_t stream) {
         if (fwd_fp8_slots[i].stream == stream) return fwd_fp8_slots[i].counter;
     if (fwd_fp8_n_slots == (int)(sizeof fwd_fp8_slots / sizeof fwd_fp8_slots[0]))
         FATAL("attention FP8: more than %d streams launched the FP8 forward or delta pass (one tile counter each; hint: "
-              "attn_gpu_forward_fp8_release_stream before destroying a stream)", fwd_fp8_n_slots);
+              "attn_fp8_release_stream before destroying a stream)", fwd_fp8_n_slots);
     unsigned *c = NULL;
     CUDA_OK(cudaMalloc(&c, 2 * sizeof(unsigned)));
     CUDA_OK(cudaMemset(c, 0, 2 * sizeof(unsigned)));
@@ -706,7 +672,7 @@ extern "C" unsigned *attn_fp8_tile_counter(cudaStream_t stream) {
     fwd_fp8_n_slots++;
     return c;
 }
-extern "C" void attn_gpu_forward_fp8_release_stream(cudaStream_t stream) {
+extern "C" void attn_fp8_release_stream(cudaStream_t stream) {
     for (int i = 0; i < fwd_fp8_n_slots; i++)
         if (fwd_fp8_slots[i].stream == stream) {
             CUDA_OK(cudaFree(fwd_fp8_slots[i].counter));  // waits for the stream's launches

@@ -176,6 +176,11 @@ __device__ __forceinline__ bool nsmid_nonzero(void) {
     asm volatile("mov.u32 %0, %%nsmid;\n" : "=r"(n));
     return n != 0;
 }
+// Byte offset of (row r, byte column c) in a 128-byte-swizzled tile of 128-byte rows (16-byte
+// chunk c / 16 of row r at chunk (c / 16) ^ (r % 8)): the FP8 kernels' K-major wgmma tiles.
+__device__ __forceinline__ uint32_t sw128(int r, int c) {
+    return (uint32_t)(r * 128 + ((((c >> 4) ^ (r & 7)) << 4) | (c & 15)));
+}
 // Shared-memory accesses by 32-bit address. volatile: they stay in program order with the other
 // volatile asm of a loop body (lds_f32x2 keeps the compiler from loading a whole stage's LSE or D
 // values at once, 16-32 registers).
@@ -405,6 +410,57 @@ __device__ __forceinline__ void wgmma_m64n64_rs_nmajor(float (&d)[32], const uin
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
+// --- FP8 wgmma (QGMMA in SASS): A and B K-major (the only FP8 form), FP32 accumulators -------
+// Formats: 0 = e4m3, 1 = e5m2. accumulate = 0 starts a fresh accumulator.
+// wg_fp8<N, AT, BT>: d (64 x N) (+)= A (64 x 32, smem) * B (32 x N, smem), descriptors da, db.
+template <int N, int AT, int BT>
+__device__ void wg_fp8(float (&d)[N / 2], uint64_t da, uint64_t db, int accumulate);
+#define WG_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define WG_FP8_SS(N, AT, BT, ATS, BTS, REGS, IA, IB, IP, ...)                                       \
+    template <>                                                                                    \
+    __device__ __forceinline__ void wg_fp8<N, AT, BT>(float (&d)[N / 2], uint64_t da, uint64_t db, \
+                                                      int accumulate) {                            \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                            \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." ATS "." BTS " {" REGS       \
+                     "}, %" #IA ", %" #IB ", p, 1, 1;\n}\n"                                        \
+                     : __VA_ARGS__                                                                 \
+                     : "l"(da), "l"(db), "r"(accumulate));                                         \
+    }
+// the type pairs the kernels use: e4m3.e4m3 (S, S^T), e4m3.grad (dP^T, dV), grad.e4m3 (dK, dQ)
+#define WG_FP8_SS_TYPES(N, REGS, IA, IB, IP, ...)                      \
+    WG_FP8_SS(N, 0, 0, "e4m3", "e4m3", REGS, IA, IB, IP, __VA_ARGS__)  \
+    WG_FP8_SS(N, 0, 1, "e4m3", "e5m2", REGS, IA, IB, IP, __VA_ARGS__)  \
+    WG_FP8_SS(N, 1, 0, "e5m2", "e4m3", REGS, IA, IB, IP, __VA_ARGS__)
+WG_FP8_SS(32, 0, 0, "e4m3", "e4m3", WG_REGS16, 16, 17, 18, WG_ACC8(0), WG_ACC8(8))  // the backward's dQ, d = 64
+WG_FP8_SS(32, 1, 0, "e5m2", "e4m3", WG_REGS16, 16, 17, 18, WG_ACC8(0), WG_ACC8(8))
+WG_FP8_SS_TYPES(64, WG_REGS32, 32, 33, 34, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24))
+WG_FP8_SS_TYPES(128, WG_REGS64, 64, 65, 66, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32),
+                WG_ACC8(40), WG_ACC8(48), WG_ACC8(56))
+#undef WG_FP8_SS_TYPES
+#undef WG_FP8_SS
+// wg_fp8_rs<N, AT>: d (64 x N) (+)= A (64 x 32, registers a[4], format AT) * B (32 x N E4M3, smem).
+// The A fragment of 8-bit types: register q holds row warp*16 + g + 8 (q & 1), k = 16 (q >> 1) +
+// 4 t4 .. + 3 of the k32 step (byte 0 the lowest k).
+template <int N, int AT>
+__device__ void wg_fp8_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db, int accumulate);
+#define WG_FP8_RS(N, AT, ATS, REGS, OPS, IP, ...)                                                              \
+    template <>                                                                                                  \
+    __device__ __forceinline__ void wg_fp8_rs<N, AT>(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t db,    \
+                                                     int accumulate) {                                           \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                          \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32." ATS ".e4m3 {" REGS "}, " OPS              \
+                     ", p, 1, 1;\n}\n"                                                                           \
+                     : __VA_ARGS__                                                                               \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));                   \
+    }
+WG_FP8_RS(128, 0, "e4m3", WG_REGS64, "{%64, %65, %66, %67}, %68", 69, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16),
+          WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56))  // the forward's PV, the delta pass's S
+WG_FP8_RS(128, 1, "e5m2", WG_REGS64, "{%64, %65, %66, %67}, %68", 69, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16),
+          WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56))  // the delta pass's dP, E5M2 dO
+WG_FP8_RS(64, 0, "e4m3", WG_REGS32, "{%32, %33, %34, %35}, %36", 37, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16),
+          WG_ACC8(24))  // the forward's PV, d = 64
+#undef WG_FP8_RS
+
 // FP32 accumulator layout (m64nN, N/2 values per thread) -> the BF16 A fragments of an RS wgmma
 // over the same N (k16 step kk: elements 8kk .. 8kk + 7, paired).
 template <int N>

@@ -109,7 +109,7 @@ void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
 // capture): call this before destroying a stream that ran them (no-op for one that did not).
 // Not during a graph capture.
 unsigned *attn_fp8_tile_counter(cudaStream_t stream);
-void attn_gpu_forward_fp8_release_stream(cudaStream_t stream);
+void attn_fp8_release_stream(cudaStream_t stream);
 // For tests: the consumers' block loop (0 ping-pong, 1 plain, 2 overlap: S_{j+1} issued before
 // the softmax of S_j, 3 overlap with ping-pong; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
 // outputs must not change by a bit.

@@ -70,7 +70,7 @@
 
 #include "adamw_gpu.h"      // adamw_update_gpu
 #include "attention_fp8.h"  // attn_mode_forward/backward: attention in precision.attention
-#include "attention_quant.h"  // attn_gpu_forward_fp8_release_stream (gpu_model_free)
+#include "attention_quant.h"  // attn_fp8_release_stream (gpu_model_free)
 #include "common.h"         // FATAL, errf, xcalloc
 #include "cuda_check.h"     // CUDA_CHECK
 #include "layers.h"         // norms, RoPE, SwiGLU, cross-entropy, embedding, casts, grad norm
@@ -391,7 +391,7 @@ void gpu_model_free(GpuModel *m) {
         CUDA_CHECK(cudaStreamSynchronize(d->stream));
         prof_free(d);
         CUDA_CHECK(cudaFree(d->arena));
-        attn_gpu_forward_fp8_release_stream(d->stream);  // the FP8 forward's tile counter of this stream
+        attn_fp8_release_stream(d->stream);  // the FP8 attention kernels' tile counter of this stream
         CUDA_CHECK(cudaStreamDestroy(d->stream));
         dev_free_host(d);
     }

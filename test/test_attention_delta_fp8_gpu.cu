@@ -17,7 +17,7 @@
 #include <stdio.h>   // printf, snprintf
 #include <vector>    // host tiles
 
-#include "attention_bwd_fp8_tile.cuh"  // tile_p_dp, delta_a_frags, delta_issue, delta_p, delta_mask, b8_sw
+#include "attention_bwd_fp8_tile.cuh"  // tile_p_dp, delta_a_frags, delta_issue, delta_p, delta_mask, sw128
 #include "fp8.h"                       // fp8_from_f32, fp8_to_f32, fp8_scale_for_amax
 #include "gpu_test.h"                  // CU, dnew, dup, back, rng_normal, gpu_test_have_gpu
 #include "test.h"                      // CHECK, test_summary
@@ -44,13 +44,13 @@ __global__ void __launch_bounds__(256) pdp_forms_kernel(const uint8_t *q, const 
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
     for (int c = tid; c < 64 * (D / 16); c += 256) {  // 16-byte chunks of the 64-row tiles
         const int r = c / (D / 16), ch = c % (D / 16);
-        *reinterpret_cast<uint4 *>(sm + TS_Q + b8_sw(r, ch * 16)) = *reinterpret_cast<const uint4 *>(q + r * D + ch * 16);
-        *reinterpret_cast<uint4 *>(sm + TS_DO + b8_sw(r, ch * 16)) = *reinterpret_cast<const uint4 *>(dob + r * D + ch * 16);
+        *reinterpret_cast<uint4 *>(sm + TS_Q + sw128(r, ch * 16)) = *reinterpret_cast<const uint4 *>(q + r * D + ch * 16);
+        *reinterpret_cast<uint4 *>(sm + TS_DO + sw128(r, ch * 16)) = *reinterpret_cast<const uint4 *>(dob + r * D + ch * 16);
     }
     for (int c = tid; c < 128 * (D / 16); c += 256) {
         const int r = c / (D / 16), ch = c % (D / 16);
-        *reinterpret_cast<uint4 *>(sm + TS_K + b8_sw(r, ch * 16)) = *reinterpret_cast<const uint4 *>(k + r * D + ch * 16);
-        *reinterpret_cast<uint4 *>(sm + TS_V + b8_sw(r, ch * 16)) = *reinterpret_cast<const uint4 *>(v + r * D + ch * 16);
+        *reinterpret_cast<uint4 *>(sm + TS_K + sw128(r, ch * 16)) = *reinterpret_cast<const uint4 *>(k + r * D + ch * 16);
+        *reinterpret_cast<uint4 *>(sm + TS_V + sw128(r, ch * 16)) = *reinterpret_cast<const uint4 *>(v + r * D + ch * 16);
     }
     if (tid < 64) sLse[tid] = lse[tid];
     fence_proxy_async();  // generic-proxy stores -> the wgmmas' reads

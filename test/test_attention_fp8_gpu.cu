@@ -555,8 +555,8 @@ static void run_fwd_case(const Case &cs, int seed) {
         attn_gpu_forward_fp8_test_schedule(0, -1);
         CU(cudaGraphExecDestroy(exec));
         CU(cudaGraphDestroy(graph));
-        attn_gpu_forward_fp8_release_stream(s1);  // their tile counters (32 streams at a time)
-        attn_gpu_forward_fp8_release_stream(s2);
+        attn_fp8_release_stream(s1);  // their tile counters (32 streams at a time)
+        attn_fp8_release_stream(s2);
         CU(cudaStreamDestroy(s1));
         CU(cudaStreamDestroy(s2));
         // streams made, used and released one after the other, more than the 32 counters at a
@@ -570,7 +570,7 @@ static void run_fwd_case(const Case &cs, int seed) {
                 poison(d_o2, d_lse2, st);
                 forward_into(d_o2, d_lse2, st);
                 CU(cudaStreamSynchronize(st));
-                attn_gpu_forward_fp8_release_stream(st);
+                attn_fp8_release_stream(st);
                 CU(cudaStreamDestroy(st));
                 CU(cudaMemcpy(g_o2.data(), d_o2, g_o2.size() * 2, cudaMemcpyDeviceToHost));
                 for (size_t k = 0; k < g_o.size(); k++) diff += g_o2[k] != g_o[k];
