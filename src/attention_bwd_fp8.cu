@@ -421,20 +421,12 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         bulk_wait_all();
     }
 
-    // epilogue: dV, tau dK in BF16
-    const long gbase = (long)b * T * dqkv_stride + (long)h * D;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int key = key0 + warp * 16 + g + 8 * r;
-        if (key >= T) continue;
-        bf16 *dkrow = dk + gbase + (long)key * dqkv_stride, *dvrow = dv + gbase + (long)key * dqkv_stride;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            *reinterpret_cast<uint32_t *>(dvrow + 8 * n + 2 * t4) = pack_bf16(dva[4 * n + 2 * r], dva[4 * n + 2 * r + 1]);
-            *reinterpret_cast<uint32_t *>(dkrow + 8 * n + 2 * t4) =
-                pack_bf16(dka[4 * n + 2 * r] * tau, dka[4 * n + 2 * r + 1] * tau);
-        }
-    }
+    // epilogue: dV and tau dK in BF16, staged in the stages' shared memory (free now: every
+    // wgmma is done), then copied out in 16-byte chunks (dkdv_stage, attention_gpu_common.cuh)
+    static_assert(2 * B8_BK * 2 * D <= 2 * L::STAGE, "dK and dV fit in the two stages");
+    dkdv_stage<D>(smem_addr(stage0), dka, dva, tau, wg * 64 + warp * 16);
+    __syncthreads();
+    dkdv_copy_out<D, B8_THREADS>(stage0, dk, dv, (long)b * T * dqkv_stride + (long)h * D, dqkv_stride, k0, T, tid);
 }
 
 // --- launchers ---------------------------------------------------------------------------------

@@ -267,20 +267,16 @@ __global__ void __launch_bounds__(384, 1)
         for (; it < n_it && it < N_MASKED; it++) step(it, std::true_type());
         for (; it < n_it; it++) step(it, std::false_type());
 
-        // epilogue: dV, and dK scaled by tau, in BF16
-        const long gbase = (long)b * T * dqkv_stride + (long)h * D;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int key = kw0 + 16 * wp + g + 8 * r;
-            if (key >= T) continue;
-            bf16 *dkrow = dk + gbase + (long)key * dqkv_stride, *dvrow = dv + gbase + (long)key * dqkv_stride;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                *reinterpret_cast<uint32_t *>(dvrow + n * 8 + 2 * t4) = pack_bf16(dva[4 * n + 2 * r], dva[4 * n + 2 * r + 1]);
-                *reinterpret_cast<uint32_t *>(dkrow + n * 8 + 2 * t4) =
-                    pack_bf16(dka[4 * n + 2 * r] * tau, dka[4 * n + 2 * r + 1] * tau);
-            }
-        }
+        // epilogue: dV and tau dK in BF16, staged in the K and V tiles' shared memory (free once
+        // both consumers are past their last wgmma), then copied out in 16-byte chunks
+        // (dkdv_stage, attention_gpu_common.cuh)
+        static_assert(2 * BW_BC * 2 * D <= 2 * C::K_BYTES, "dK and dV fit where K and V were");
+        // (the thread indices read again here: kept live through the loop, one of them spilled)
+        const int etid = (int)threadIdx.x - 128;
+        named_bar_sync<2, 256>();
+        dkdv_stage<D>(smem_addr(sK), dka, dva, tau, 16 * (etid / 32));
+        named_bar_sync<2, 256>();
+        dkdv_copy_out<D, 256>(sK, dk, dv, (long)b * T * dqkv_stride + (long)h * D, dqkv_stride, k0, T, etid);
     }
 }
 

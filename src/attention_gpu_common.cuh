@@ -202,6 +202,14 @@ __device__ __forceinline__ void named_bar_sync() { asm volatile("bar.sync %0, %1
 template <int ID, int N>
 __device__ __forceinline__ void named_bar_arrive() { asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(N) : "memory"); }
 
+// Four 8x8 b16 tiles to shared memory (the inverse of ldmatrix_x4): lanes 8i .. 8i+7 give the row
+// addresses of tile i, and every lane's r[i] holds its fragment of tile i (row lane / 4, columns
+// 2 (lane % 4), +1: the mma / wgmma accumulator layout of an 8-column slice, packed).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -226,6 +234,52 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// --- the dK, dV epilogue of the backward kernels (attention_bwd_fp8.cu, attention_bwd_wgmma.cuh) ---
+// A CTA's 128 keys x D of dV and tau dK go from the two consumer warpgroups' wgmma accumulators
+// (FP32, rows = keys) to BF16 rows of dv and dk through a staging area of 2 x 128 rows of 2D bytes
+// in shared memory: stmatrix writes the fragments as 8 x 8 tiles (a tile row is one 16-byte
+// chunk; chunk c of row r sits at c ^ (r % 8), so the 8 rows of a tile fall in 8 different bank
+// quads), then the threads copy whole rows out in 16-byte chunks. Storing the fragments straight
+// to global memory took D / 2 four-byte stores per thread, each warp's covering only half of every
+// sector it touched; measured (docs/perf.md, stop 26): the FP8 backward 7 / 3 / 1% faster at
+// T = 1K / 2K / 4K. Byte offset in the area of chunk c of row r of tensor t (0: dV, 1: dK):
+template <int D>
+__device__ __forceinline__ uint32_t dkdv_chunk(int t, int r, int c) {
+    return (uint32_t)((t * 128 + r) * (2 * D) + 16 * (c ^ (r & 7)));
+}
+// The staging writes of one warp: its 16 accumulator rows start at row wrow0 of the area (64 w +
+// 16 warp); dK is scaled by tau on the way (the rounding as before: BF16(dK tau)).
+template <int D>
+__device__ __forceinline__ void dkdv_stage(uint32_t area, const float (&dka)[D / 2], const float (&dva)[D / 2],
+                                           float tau, int wrow0) {
+    // lanes 8i .. 8i+7 address the rows of tile i: (n-tile n, rows 0-7), (n, 8-15), (n+1, 0-7), (n+1, 8-15)
+    const int lane = threadIdx.x & 31, r = wrow0 + (lane & 7) + 8 * ((lane >> 3) & 1), cn = lane >> 4;
+#pragma unroll
+    for (int t = 0; t < 2; t++) {
+        const float(&acc)[D / 2] = t ? dka : dva;
+        const float f = t ? tau : 1.0f;
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2)
+            stmatrix_x4(area + dkdv_chunk<D>(t, r, n + cn), pack_bf16(acc[4 * n] * f, acc[4 * n + 1] * f),
+                        pack_bf16(acc[4 * n + 2] * f, acc[4 * n + 3] * f),
+                        pack_bf16(acc[4 * n + 4] * f, acc[4 * n + 5] * f),
+                        pack_bf16(acc[4 * n + 6] * f, acc[4 * n + 7] * f));
+    }
+}
+// The copy out by NT threads (thread index i < NT), after a barrier over the staging writes: rows
+// of keys k0 .. k0 + 127 (those < T) of head h of batch b, gbase = b T stride + h D elements.
+template <int D, int NT>
+__device__ __forceinline__ void dkdv_copy_out(const unsigned char *area, bf16 *dk, bf16 *dv, long gbase,
+                                              int stride, int k0, int T, int i0) {
+#pragma unroll 4
+    for (int i = i0; i < 2 * 128 * (D / 8); i += NT) {
+        const int t = i / (128 * (D / 8)), row = (i / (D / 8)) % 128, c = i % (D / 8), key = k0 + row;
+        if (key < T)
+            *reinterpret_cast<uint4 *>((t ? dk : dv) + gbase + (long)key * stride + 8 * c) =
+                *reinterpret_cast<const uint4 *>(area + dkdv_chunk<D>(t, row, c));
+    }
 }
 
 // acc (16 x N) += A (16 x K) * B (K x N) for one warp of the mma.sync kernels: A is the BF16
