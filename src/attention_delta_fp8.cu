@@ -48,19 +48,18 @@
 #define DL_STAGES 4   // K̂ / V̂ ring depth (>= 3, as the forward's: see its producer)
 #define DL_THREADS 384
 static_assert(DL_BQ == ATTN_SCALE_BLOCK && DL_BK == ATTN_SCALE_BLOCK, "tiles are scale blocks");
-static_assert(DL_STAGES >= 3, "the producer signals block it-1 only after refilling a stage for it");
 
 // Shared memory: 2 x (Q̂, dÔ) (128 rows x 128 B each: this tile's and the next one's), DL_STAGES x
-// (K̂, V̂) (128 keys x 128 B each), 2 x the tile's 128 LSEs, then the mbarriers (full, empty per stage; q_full, q_empty per
-// Q̂ buffer), the posted tile numbers, the Q and dO scales of each buffer and the K and V scales
-// of each stage. Rows of D bytes use the first D of each 128-byte row (the forward's convention).
+// (K̂, V̂) (128 keys x 128 B each), 2 x the tile's 128 LSEs, then the ring's mbarriers and posted
+// tile numbers (PersistentRing), the Q and dO scales of each buffer and the K and V scales of
+// each stage. Rows of D bytes use the first D of each 128-byte row (the forward's convention).
 struct DlSmem {
     static constexpr int T128 = 128 * 128;  // one 128-row tile
     static constexpr int OFF_Q = 0, OFF_DO = 2 * T128, OFF_K = 4 * T128, OFF_V = OFF_K + DL_STAGES * T128;
     static constexpr int LSE = OFF_V + DL_STAGES * T128;  // 2 x 128 floats: the LSE of each buffer's rows
     static constexpr int BARS = LSE + 2 * DL_BQ * (int)sizeof(float);
     static constexpr size_t BYTES =
-        (size_t)BARS + (2 * DL_STAGES + 4) * sizeof(uint64_t) + (2 + 4 + 2 * DL_STAGES) * sizeof(int) + 1024;
+        (size_t)BARS + PersistentRing<DL_STAGES>::BYTES + (4 + 2 * DL_STAGES) * sizeof(int) + 1024;
 };
 
 // grid G <= tiles, block 384; each CTA computes tiles until the counter runs out.
@@ -76,33 +75,31 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
     using L = DlSmem;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::BARS), *empty = full + DL_STAGES;
-    uint64_t *q_full = empty + DL_STAGES, *q_empty = q_full + 2;
-    int *tile_slot = reinterpret_cast<int *>(q_empty + 2);  // the tile of Q̂ buffer i (>= n_tiles: none)
-    float *sQs = reinterpret_cast<float *>(tile_slot + 2), *sDOs = sQs + 2;  // Q, dO scale of buffer i
+    const PersistentRing<DL_STAGES> ring(smem + L::BARS);
+    float *sQs = reinterpret_cast<float *>(ring.end()), *sDOs = sQs + 2;  // Q, dO scale of buffer i
     float *sKs = sDOs + 2, *sVs = sKs + DL_STAGES;                          // K, V scale of stage st
     float *sLse = reinterpret_cast<float *>(smem + L::LSE);                 // (2, 128) LSE of buffer i's rows
 
     const int nblk = (T + DL_BK - 1) / DL_BK, Tp = nblk * DL_BK;
     const int n_tiles = nblk * n_bh;
 
-    if (threadIdx.x == 0) ring_init<DL_STAGES>(full, empty, q_full, q_empty);
+    if (threadIdx.x == 0) ring.init();
     __syncthreads();  // from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
-        // ---- producer: the ring of attention_gpu_common.cuh (ring_post_tile, ring_acquire,
-        // ring_publish), as the forward's; a tile's Q̂, dÔ, scales and LSE copies join its first
-        // key block's cp.async group. The consumers release a tile buffer (q_empty) as soon as they
-        // hold its contents in registers.
+        // ---- producer: the ring of attention_gpu_common.cuh (PersistentRing), as the forward's; a
+        // tile's Q̂, dÔ, scales and LSE copies join its first key block's cp.async group. The
+        // consumers release a tile buffer (release_tile) as soon as they hold its contents in
+        // registers.
         setmaxnreg_dec<56>();
         const int ptid = threadIdx.x;
         unsigned it = 0;
         for (int ti = 0;; ti++) {
             const int qs = ti & 1;
-            const int tile = ring_post_tile(q_full, q_empty, tile_slot, ti, tile_counter, n_tiles, ptid);
+            const int tile = ring.post_tile(ti, tile_counter, n_tiles, ptid);
             if (tile >= n_tiles) break;
-            const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
-            const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1, q0 = qb * DL_BQ;
+            const CausalTile ct = causal_tile(tile, nblk, n_bh, heads_per_group);
+            const int qb = ct.qb, bh = ct.bh, n_kb = qb + 1, q0 = qb * DL_BQ;
             b8_load<DL_BQ, D / 16, 128>(smem + L::OFF_Q + qs * L::T128, qc + ((long)bh * Tp + q0) * D, D, ptid);
             b8_load<DL_BQ, D / 16, 128>(smem + L::OFF_DO + qs * L::T128, doc + ((long)bh * Tp + q0) * D, D, ptid);
             if (ptid == 0) {
@@ -121,19 +118,16 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                 }
             }
             const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vc + (long)bh * Tp * D;
-            for (int kb = 0; kb < n_kb; kb++, it++) {
-                const unsigned st = it % DL_STAGES;
-                ring_acquire<DL_STAGES>(empty, it);
+            ring.fill(it, n_kb, [&](int kb, unsigned st) {
                 b8_load<DL_BK, D / 16, 128>(smem + L::OFF_K + st * L::T128, gk + (long)kb * DL_BK * D, D, ptid);
                 b8_load<DL_BK, D / 16, 128>(smem + L::OFF_V + st * L::T128, gv + (long)kb * DL_BK * D, D, ptid);
                 if (ptid == 0) {
                     cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
                     cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
                 }
-                ring_publish<DL_STAGES>(full, it);
-            }
+            });
         }
-        ring_drain<DL_STAGES>(full, it);
+        ring.drain(it);
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns queries q0 + 64 wg .. + 63 of each tile; this
         // thread rows row0 and row0 + 8 (accumulator element 4n + e: row + 8 (e >> 1), key
@@ -146,10 +140,10 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
         const uint32_t dk0 = kmajor_desc_lo(smem_addr(smem + L::OFF_K)), dv0 = kmajor_desc_lo(smem_addr(smem + L::OFF_V));
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
         for (int ti = 0;; ti++) {
-            const int tile = ring_tile(q_full, tile_slot, ti);
+            const int tile = ring.tile(ti);
             if (tile >= n_tiles) break;
-            const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
-            const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1;
+            const CausalTile ct = causal_tile(tile, nblk, n_bh, heads_per_group);
+            const int qb = ct.qb, bh = ct.bh, n_kb = qb + 1;
             const int row0 = qb * DL_BQ + wg * 64 + warp * 16 + g;  // this thread's rows: row0, row0 + 8
             // The tile's Q̂, dÔ rows, scales and LSE came with key block 0's copies: after its full
             // wait, Q̂ and dÔ become this warpgroup's A fragments (the same for every key block),
@@ -157,7 +151,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
             float nl[2], inv_q, inv_do;
             uint32_t aq[D / 32][4], ado[D / 32][4];
             {
-                mbar_wait(full + it0 % DL_STAGES, (it0 / DL_STAGES) & 1);
+                ring.wait_full(it0);
                 const int qs = ti & 1, lr = wg * 64 + warp * 16 + g;  // lr: row0 within the tile
                 delta_a_frags<D / 32>(aq, smem + L::OFF_Q + qs * L::T128 + wg * 64 * 128);
                 delta_a_frags<D / 32>(ado, smem + L::OFF_DO + qs * L::T128 + wg * 64 * 128);
@@ -166,7 +160,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                 nl[0] = __fmul_rn(sLse[qs * DL_BQ + lr], -LOG2E);
                 nl[1] = __fmul_rn(sLse[qs * DL_BQ + lr + 8], -LOG2E);
             }
-            mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂, dÔ buffer is read: the producer may refill it
+            ring.release_tile(ti);  // this tile's Q̂, dÔ buffer is read: the producer may refill it
             float pd[2][4], ps[2][4];  // per row, 4 partial sums of P dP (in dP units of block s_v_u) and P
 #pragma unroll
             for (int r = 0; r < 2; r++)
@@ -179,7 +173,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
 
             auto step = [&](int j, auto mask) {
                 const unsigned rb = it0 + (unsigned)j, st = rb % DL_STAGES;
-                mbar_wait(full + st, (rb / DL_STAGES) & 1);
+                ring.wait_full(rb);
                 const float cs = pdp_s_scale(inv_q, pow2_recip(sKs[st]), tau), s_v = sVs[st];
                 delta_issue<D, E5>(s, dp, aq, ado, dk0 + st * (L::T128 / 16), dv0 + st * (L::T128 / 16));
                 {  // the sums into this block's dP units (exact: a power of two, 1 mostly; no branch)
@@ -191,7 +185,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                 }
                 s_v_u = s_v;
                 delta_p(s, dp, cs, nl);
-                mbar_arrive(empty + st);  // K̂_j and V̂_j are no longer read
+                ring.release(rb);  // K̂_j and V̂_j are no longer read
                 if constexpr (decltype(mask)::value) delta_mask(s, dp, j * DL_BK + 2 * t4 - row0);  // the diagonal block
 #pragma unroll
                 for (int i = 0; i < DL_BK / 2; i++) {

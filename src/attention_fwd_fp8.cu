@@ -82,7 +82,6 @@
 #define F8_THREADS 384
 static_assert(F8_BK == ATTN_SCALE_BLOCK, "a key block must be one scale block");
 static_assert(F8_BQ == F8_BK, "only the diagonal key block is masked");
-static_assert(F8_STAGES >= 3, "the producer signals block kb-1 only after refilling a stage for kb");
 
 // Four FP32 values -> four E4M3 codes in one register (x0 in the low byte), round to nearest
 // even, saturating: the hardware conversion (__nv_cvt_float_to_fp8's own instruction).
@@ -292,17 +291,16 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
 }
 
 // Shared memory: 2 x Q̂ (128 x 128 B: the tile being computed and the next one, loading),
-// F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B), then the mbarriers (full and empty
-// per stage; per Q̂ buffer q_full: its tile's number is posted, q_empty: the consumers are done
-// with it), the 2 posted tile numbers and each stage's K and V scale (copied with the stage's
-// tiles, so the consumers hold no pointers to the scale arrays); regions 1024-byte aligned (the
-// swizzle's period).
+// F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B), then the ring's mbarriers and posted
+// tile numbers (PersistentRing) and each stage's K and V scale (copied with the stage's tiles, so
+// the consumers hold no pointers to the scale arrays); regions 1024-byte aligned (the swizzle's
+// period).
 template <int D>
 struct F8Smem {
     static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
     static constexpr int BARS = 2 * Q + F8_STAGES * (K + V);
-    static constexpr size_t BYTES = (size_t)BARS + (2 * F8_STAGES + 4) * sizeof(uint64_t) +
-                                    (4 + 2 * F8_STAGES + 8) * sizeof(int) + 1024;
+    static constexpr size_t BYTES =
+        (size_t)BARS + PersistentRing<F8_STAGES>::BYTES + (2 * F8_STAGES + 8 + 2) * sizeof(int) + 1024;
 };
 
 // The tiles (query block, batch x head) of a launch, heaviest first within groups of
@@ -332,48 +330,43 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
     uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + F8_STAGES * L::K;
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::BARS), *empty = full + F8_STAGES;
-    uint64_t *q_full = empty + F8_STAGES, *q_empty = q_full + 2;
-    int *tile_slot = reinterpret_cast<int *>(q_empty + 2);  // the tile of Q̂ buffer i (n_tiles or more: none)
-    float *sKs = reinterpret_cast<float *>(tile_slot + 2), *sVs = sKs + F8_STAGES;  // scales of stage st
+    const PersistentRing<F8_STAGES> ring(smem + L::BARS);
+    float *sKs = reinterpret_cast<float *>(ring.end()), *sVs = sKs + F8_STAGES;  // scales of stage st
     int *pp_sink = reinterpret_cast<int *>(sVs + F8_STAGES);  // (8 consumer warps) see the overlap loop
     float *sQs = reinterpret_cast<float *>(pp_sink + 8);       // the Q scale of each Q̂ buffer's tile
 
     const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
     const int n_tiles = nblk * n_bh;
 
-    if (threadIdx.x == 0) ring_init<F8_STAGES>(full, empty, q_full, q_empty);
+    if (threadIdx.x == 0) ring.init();
     __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
-        // ---- producer: the ring of attention_gpu_common.cuh (ring_post_tile, ring_acquire,
-        // ring_publish: its accounting and why it cannot deadlock). The tile's Q̂ copies join its
-        // first key block's cp.async group, so that block's full barrier covers them.
+        // ---- producer: the ring of attention_gpu_common.cuh (PersistentRing: its accounting and
+        // why it cannot deadlock). The tile's Q̂ copies join its first key block's cp.async group,
+        // so that block's full barrier covers them.
         setmaxnreg_dec<24>();
         const int ptid = threadIdx.x;
         unsigned it = 0;
         for (int ti = 0;; ti++) {
             const int qs = ti & 1;
-            const int tile = ring_post_tile(q_full, q_empty, tile_slot, ti, tile_counter, n_tiles, ptid);
+            const int tile = ring.post_tile(ti, tile_counter, n_tiles, ptid);
             if (tile >= n_tiles) break;
-            const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
-            const int qb = nblk - 1 - item.rank, bh = item.bh, n_kb = qb + 1;
+            const CausalTile ct = causal_tile(tile, nblk, n_bh, heads_per_group);
+            const int qb = ct.qb, bh = ct.bh, n_kb = qb + 1;
             const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vtc + (long)bh * D * Tp;
             load_rows_tile<D, false>(sQ + qs * L::Q, qc + ((long)bh * Tp + qb * F8_BQ) * D, ptid);
             if (ptid == 0) cp_async4(sQs + qs, q_scales + (long)bh * nblk + qb, true);  // with the Q̂ copies
-            for (int kb = 0; kb < n_kb; kb++, it++) {
-                const unsigned st = it % F8_STAGES;
-                ring_acquire<F8_STAGES>(empty, it);
+            ring.fill(it, n_kb, [&](int kb, unsigned st) {
                 load_rows_tile<D, true>(sK + st * L::K, gk + (long)kb * F8_BK * D, ptid);
                 load_vt_tile<D>(sV + st * L::V, gv + kb * F8_BK, Tp, ptid);
                 if (ptid == 0) {
                     cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
                     cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
                 }
-                ring_publish<F8_STAGES>(full, it);
-            }
+            });
         }
-        ring_drain<F8_STAGES>(full, it);
+        ring.drain(it);
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63 of each tile.
         setmaxnreg_inc<240>();
@@ -392,10 +385,10 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                        dq0 = kmajor_desc_lo(smem_addr(sQ + wg * 64 * 128));
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
         for (int ti = 0;; ti++) {
-            const int tile = ring_tile(q_full, tile_slot, ti);
+            const int tile = ring.tile(ti);
             if (tile >= n_tiles) break;
-            const CausalItem item = causal_item_grouped((unsigned)tile, nblk, n_bh, heads_per_group);
-            const int qb = nblk - 1 - item.rank, bh = item.bh;
+            const CausalTile ct = causal_tile(tile, nblk, n_bh, heads_per_group);
+            const int qb = ct.qb, bh = ct.bh;
             const int q0 = qb * F8_BQ, n_kb = qb + 1;  // causal: key blocks 0..qb
             const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
             const uint32_t dq = dq0 + (ti & 1) * (L::Q / 16);
@@ -434,7 +427,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < F8_BK / 2; i++) sa[i] = sb[i] = 0.f;
                 {  // S_0
-                    mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                    ring.wait_full(it0);
                     tau_q = tau * pow2_recip(sQs[ti & 1]);
                     if (PP) pp_sync(wg);
                     reg_fence(sa);
@@ -450,7 +443,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     const float fac = inv_p * pow2_recip(sVs[st]);
                     if constexpr (decltype(has_next)::value) {
                         const unsigned nst = (rb + 1) % F8_STAGES;
-                        mbar_wait(full + nst, ((rb + 1) / F8_STAGES) & 1);
+                        ring.wait_full(rb + 1);
                         reg_fence(sn);
                         wgmma_fence();
                         issue_s<D>(sn, dq, dk0 + nst * (L::K / 16));
@@ -482,7 +475,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(sc);
                     reg_fence(pa);
                     reg_fence(sn);
-                    mbar_arrive(empty + st);  // K̂_j (S_j long done) and V̂_j are no longer read
+                    ring.release(rb);  // K̂_j (S_j long done) and V̂_j are no longer read
 #pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(sc[i], fac, oacc[i]);
                 };
@@ -498,7 +491,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     ostep(j, sa, sb, std::true_type(), std::false_type());
                 }
                 if (PP && wg == 0) pp_pass(wg);  // the last phase (warpgroup 1 arrived up front)
-                mbar_arrive(q_empty + (ti & 1));  // this tile's Q̂ buffer is free
+                ring.release_tile(ti);  // this tile's Q̂ buffer is free
             } else {
                 float s[F8_BK / 2];  // S of the current block
 #pragma unroll
@@ -511,7 +504,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 
                 // block 0: S_0 and its softmax (masked if it is the diagonal block)
                 {
-                    mbar_wait(full + it0 % F8_STAGES, (it0 / F8_STAGES) & 1);
+                    ring.wait_full(it0);
                     tau_q = tau * pow2_recip(sQs[ti & 1]);
                     const float tau_qk = tau_q * pow2_recip(sKs[it0 % F8_STAGES]);
                     fac_prev = inv_p * pow2_recip(sVs[it0 % F8_STAGES]);
@@ -537,7 +530,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 auto step = [&](int j, auto mask) {
                     const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
                     const unsigned st = rb % F8_STAGES, pst = (rb - 1) % F8_STAGES;
-                    mbar_wait(full + st, (rb / F8_STAGES) & 1);
+                    ring.wait_full(rb);
                     const float tau_qk = tau_q * pow2_recip(sKs[st]);
                     const float fac = inv_p * pow2_recip(sVs[st]);
                     if (PP) pp_sync(wg);
@@ -556,7 +549,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     wgmma_wait<0>();
                     reg_fence(pv);
                     reg_fence(pa);
-                    mbar_arrive(empty + pst);  // K̂_{j-1} and V̂_{j-1} are no longer read
+                    ring.release(rb - 1);  // K̂_{j-1} and V̂_{j-1} are no longer read
 #pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
                     pack_p(pa, s);
@@ -580,8 +573,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     wgmma_wait<0>();
                     reg_fence(pv);
                     reg_fence(pa);
-                    mbar_arrive(empty + lst);
-                    mbar_arrive(q_empty + (ti & 1));
+                    ring.release(it0 + (unsigned)n_kb - 1);
+                    ring.release_tile(ti);
 #pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
                 }

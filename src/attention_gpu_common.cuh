@@ -243,8 +243,9 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // chunk; chunk c of row r sits at c ^ (r % 8), so the 8 rows of a tile fall in 8 different bank
 // quads), then the threads copy whole rows out in 16-byte chunks. Storing the fragments straight
 // to global memory took D / 2 four-byte stores per thread, each warp's covering only half of every
-// sector it touched; measured (docs/perf.md, stop 26): the FP8 backward 7 / 3 / 1% faster at
-// T = 1K / 2K / 4K. Byte offset in the area of chunk c of row r of tensor t (0: dV, 1: dK):
+// sector it touched; measured (docs/perf.md, stop 26) at T = 1K / 2K / 4K / 8K: the FP8 backward
+// 7.5 / 4.4 / 2.8 / 2.0% faster, our BF16 backward 5.8 / 3.0 / 0.9 / 0%. Byte offset in the area
+// of chunk c of row r of tensor t (0: dV, 1: dK):
 template <int D>
 __device__ __forceinline__ uint32_t dkdv_chunk(int t, int r, int c) {
     return (uint32_t)((t * 128 + r) * (2 * D) + 16 * (c ^ (r & 7)));
@@ -602,72 +603,109 @@ __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.
 // --- the persistent FP8 kernels' producer / consumer ring (the forward, fp8_dm's delta pass) ---
 // A CTA of 3 warpgroups: the producer (threads 0..127) copies each tile's fixed operands into
 // one of 2 tile buffers and each key block's operands into a ring of STAGES stages with cp.async;
-// the consumers (256 threads) compute. mbarriers pace them (ring_init): per stage `full` (the
+// the consumers (256 threads) compute. mbarriers pace them (PersistentRing::init): per stage `full` (the
 // producer's 128 threads, each once its copies landed) and `empty` (every consumer thread, after
 // its last read of the stage); per tile buffer `q_full` (the producer's thread 0, once it posted
 // the tile's number in tile_slot) and `q_empty` (every consumer thread, once done with the buffer).
 // The ring runs on across the CTA's tiles: ring block `it` (key blocks counted over all its
 // tiles) goes into stage it % STAGES once the consumers released ring block it - STAGES
-// (ring_acquire); a producer thread publishes ring block it-1 only after issuing block it's
-// copies (ring_publish), so two blocks are in flight. Consumers release block j-1 while computing
+// (acquire); a producer thread publishes ring block it-1 only after issuing block it's
+// copies (publish), so two blocks are in flight. Consumers release block j-1 while computing
 // on block j, so the release waited for (it - STAGES) needs block it - STAGES + 1 published, which
 // happened at iteration it - STAGES + 2 <= it - 1: no deadlock for STAGES >= 3, across a tile
 // boundary too (the next tile buffer was released a tile earlier). A tile's buffer copies join
 // its first key block's cp.async group, so that block's full barrier covers them.
+// PersistentRing carves the mbarriers and the 2 posted tile numbers from shared memory (BYTES at
+// an 8-byte aligned base; end(): the first byte after them) and keeps every parity of the
+// protocol to itself: the kernels name tiles (ti, the CTA's count) and ring blocks (it / rb).
 template <int STAGES>
-__device__ __forceinline__ void ring_init(uint64_t *full, uint64_t *empty, uint64_t *q_full, uint64_t *q_empty) {
-    for (int i = 0; i < STAGES; i++) {
-        mbar_init(full + i, 128);
-        mbar_init(empty + i, 256);
+struct PersistentRing {
+    static_assert(STAGES >= 3, "a producer publishes block it-1 only after refilling a stage for it");
+    static constexpr int BYTES = (2 * STAGES + 4) * (int)sizeof(uint64_t) + 2 * (int)sizeof(int);
+    uint64_t *full, *empty, *q_full, *q_empty;
+    int *tile_slot;  // the tile of tile buffer i (>= n_tiles: none left)
+    __device__ __forceinline__ explicit PersistentRing(unsigned char *base)
+        : full(reinterpret_cast<uint64_t *>(base)), empty(full + STAGES), q_full(empty + STAGES),
+          q_empty(q_full + 2), tile_slot(reinterpret_cast<int *>(q_empty + 2)) {}
+    __device__ __forceinline__ unsigned char *end() const { return reinterpret_cast<unsigned char *>(tile_slot + 2); }
+    // One thread, before the CTA barrier that precedes any other use.
+    __device__ __forceinline__ void init() const {
+        for (int i = 0; i < STAGES; i++) {
+            mbar_init(full + i, 128);
+            mbar_init(empty + i, 256);
+        }
+        for (int i = 0; i < 2; i++) {
+            mbar_init(q_full + i, 1);
+            mbar_init(q_empty + i, 256);
+        }
+        mbar_fence_init();
     }
-    for (int i = 0; i < 2; i++) {
-        mbar_init(q_full + i, 1);
-        mbar_init(q_empty + i, 256);
+    // Producer: the CTA's tile number ti, for tile buffer ti & 1: once the consumers released the
+    // buffer's previous tile, thread 0 takes the next tile from the counter (persistent_next_tile)
+    // and posts it; all 128 producer threads return it (>= n_tiles: none left; the consumers stop
+    // on the same number).
+    __device__ __forceinline__ int post_tile(int ti, unsigned *counter, int n_tiles, int ptid) const {
+        const int qs = ti & 1;
+        if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
+        if (ptid == 0) {
+            tile_slot[qs] = persistent_next_tile(counter, ti, n_tiles);
+            mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
+        }
+        named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
+        return tile_slot[qs];
     }
-    mbar_fence_init();
-}
-// Producer: the CTA's tile number ti, for tile buffer ti & 1: once the consumers released the
-// buffer's previous tile, thread 0 takes the next tile from the counter (persistent_next_tile)
-// and posts it; all 128 producer threads return it (>= n_tiles: none left; the consumers stop on
-// the same number).
-__device__ __forceinline__ int ring_post_tile(uint64_t *q_full, uint64_t *q_empty, int *tile_slot, int ti,
-                                              unsigned *counter, int n_tiles, int ptid) {
-    const int qs = ti & 1;
-    if (ti >= 2) mbar_wait(q_empty + qs, (uint32_t)((ti / 2 - 1) & 1));
-    if (ptid == 0) {
-        tile_slot[qs] = persistent_next_tile(counter, ti, n_tiles);
-        mbar_arrive(q_full + qs);  // release: the consumers see tile_slot after their wait
+    // Consumers: the tile number the producer posted for the CTA's tile ti (>= n_tiles: none left).
+    __device__ __forceinline__ int tile(int ti) const {
+        mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
+        return tile_slot[ti & 1];
     }
-    named_bar_sync<3, 128>();  // the producer's 128 threads: tile_slot posted
-    return tile_slot[qs];
-}
-// Consumers: the tile number the producer posted for the CTA's tile ti (>= n_tiles: none left).
-__device__ __forceinline__ int ring_tile(uint64_t *q_full, const int *tile_slot, int ti) {
-    mbar_wait(q_full + (ti & 1), (uint32_t)((ti / 2) & 1));
-    return tile_slot[ti & 1];
-}
-// Producer: before copying ring block it into stage it % STAGES.
-template <int STAGES>
-__device__ __forceinline__ void ring_acquire(uint64_t *empty, unsigned it) {
-    if (it >= STAGES) mbar_wait(empty + it % STAGES, (it / STAGES - 1) & 1);
-}
-// Producer: after issuing ring block it's copies: closes their cp.async group and publishes ring
-// block it-1 once its group has landed (groups complete in order).
-template <int STAGES>
-__device__ __forceinline__ void ring_publish(uint64_t *full, unsigned it) {
-    cp_async_commit();
-    if (it > 0) {
-        cp_async_wait_1();
-        fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
-        mbar_arrive(full + (it - 1) % STAGES);
+    // Consumers: done with tile ti's buffer (every consumer thread).
+    __device__ __forceinline__ void release_tile(int ti) const { mbar_arrive(q_empty + (ti & 1)); }
+    // Producer: before copying ring block it into stage it % STAGES.
+    __device__ __forceinline__ void acquire(unsigned it) const {
+        if (it >= STAGES) mbar_wait(empty + it % STAGES, (it / STAGES - 1) & 1);
     }
-}
-// Producer, after its last tile: publishes the last ring block (it blocks were copied in all).
-template <int STAGES>
-__device__ __forceinline__ void ring_drain(uint64_t *full, unsigned it) {
-    cp_async_wait_all();
-    fence_proxy_async();
-    if (it > 0) mbar_arrive(full + (it - 1) % STAGES);
+    // Producer: after issuing ring block it's copies: closes their cp.async group and publishes
+    // ring block it-1 once its group has landed (groups complete in order).
+    __device__ __forceinline__ void publish(unsigned it) const {
+        cp_async_commit();
+        if (it > 0) {
+            cp_async_wait_1();
+            fence_proxy_async();  // cp.async writes (generic proxy) -> wgmma reads (async proxy)
+            mbar_arrive(full + (it - 1) % STAGES);
+        }
+    }
+    // Producer: a tile's n_blocks key blocks into the ring, from ring block it on (it advances):
+    // copy(kb, stage) issues key block kb's cp.async copies into that stage.
+    template <class Copy>
+    __device__ __forceinline__ void fill(unsigned &it, int n_blocks, Copy copy) const {
+        unsigned i = it;
+        for (int kb = 0; kb < n_blocks; kb++, i++) {
+            const unsigned st = i % STAGES;
+            acquire(i);
+            copy(kb, st);
+            publish(i);
+        }
+        it = i;
+    }
+    // Producer, after its last tile: publishes the last ring block (it blocks were copied in all).
+    __device__ __forceinline__ void drain(unsigned it) const {
+        cp_async_wait_all();
+        fence_proxy_async();
+        if (it > 0) mbar_arrive(full + (it - 1) % STAGES);
+    }
+    // Consumers: wait until ring block rb's stage holds it; release it after the last read.
+    __device__ __forceinline__ void wait_full(unsigned rb) const { mbar_wait(full + rb % STAGES, (rb / STAGES) & 1); }
+    __device__ __forceinline__ void release(unsigned rb) const { mbar_arrive(empty + rb % STAGES); }
+};
+// A persistent causal kernel's tile number -> (query block, head): heaviest first within groups
+// of heads (causal_item_grouped's rank 0 is the last query block, with the most key blocks).
+struct CausalTile {
+    int qb, bh;
+};
+__device__ __forceinline__ CausalTile causal_tile(int tile, int n_blocks, int n_bh, int hg) {
+    const CausalItem item = causal_item_grouped((unsigned)tile, n_blocks, n_bh, hg);
+    return {n_blocks - 1 - item.rank, item.bh};
 }
 
 // --- host side -----------------------------------------------------------------------------
