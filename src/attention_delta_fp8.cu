@@ -23,8 +23,8 @@
 // and LSE (two buffers: the next tile's load while the current one computes; the consumers
 // release a buffer as soon as they hold its contents in registers) and each key block's K̂ and
 // V̂ rows with their scales into a ring of DL_STAGES stages, paced by mbarriers, and zeroes the
-// tile's rows of the FP32 dQ accumulator and of the row diagnostics (the pre kernel's job, which
-// fp8_dm does not launch). Warpgroups 1 and 2 take 64 queries each; per key block j:
+// tile's rows of the FP32 dQ accumulator (bulk copies from a zeroed region of shared memory) and
+// of the row diagnostics (the pre kernel's job, which fp8_dm does not launch). Warpgroups 1 and 2 take 64 queries each; per key block j:
 //   S_j, dP_j issued as two wgmma groups; P = pdp_p(S) once S_j is done (dP_j still on the
 //   tensor cores); then sum P dP and sum P into 4 partial sums per row (short FMA chains).
 // dP stays in code-product units: the sums are in units of the current block's
@@ -57,7 +57,9 @@ struct DlSmem {
     static constexpr int T128 = 128 * 128;  // one 128-row tile
     static constexpr int OFF_Q = 0, OFF_DO = 2 * T128, OFF_K = 4 * T128, OFF_V = OFF_K + DL_STAGES * T128;
     static constexpr int LSE = OFF_V + DL_STAGES * T128;  // 2 x 128 floats: the LSE of each buffer's rows
-    static constexpr int BARS = LSE + 2 * DL_BQ * (int)sizeof(float);
+    static constexpr int ZERO = LSE + 2 * DL_BQ * (int)sizeof(float);  // 16 KB of zeros: the dQ rows' source
+    static constexpr int ZERO_BYTES = 16384;
+    static constexpr int BARS = ZERO + ZERO_BYTES;
     static constexpr size_t BYTES =
         (size_t)BARS + PersistentRing<DL_STAGES>::BYTES + (4 + 2 * DL_STAGES) * sizeof(int) + 1024;
 };
@@ -84,7 +86,10 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
     const int n_tiles = nblk * n_bh;
 
     if (threadIdx.x == 0) ring.init();
-    __syncthreads();  // from here on the warpgroups meet on mbarriers only
+    for (int i = threadIdx.x; i < L::ZERO_BYTES / 16; i += DL_THREADS)
+        reinterpret_cast<uint4 *>(smem + L::ZERO)[i] = make_uint4(0u, 0u, 0u, 0u);
+    fence_proxy_async();  // the zeros (generic proxy) -> the bulk copies' reads (async proxy)
+    __syncthreads();      // from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
         // ---- producer: the ring of attention_gpu_common.cuh (PersistentRing), as the forward's; a
@@ -108,10 +113,17 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
             }
             // the rows' LSE (rows past T: 0, zero-filled; they are not written)
             cp_async4(sLse + qs * DL_BQ + ptid, lse + (long)bh * T + min(q0 + ptid, T - 1), q0 + ptid < T);
-            {  // zero the tile's rows of the dQ accumulator and of the row diagnostics
+            {  // zero the tile's rows of the dQ accumulator (bulk copies of the zero region, issued by
+               // one thread: the copy engine writes them, not 32 stores per producer thread) and of
+               // the row diagnostics
                 const int rows = min(T - q0, DL_BQ);
-                float4 *z = reinterpret_cast<float4 *>(dq_acc + ((long)bh * T + q0) * D);
-                for (int i = ptid; i < rows * D / 4; i += 128) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (ptid == 0) {
+                    unsigned char *z = reinterpret_cast<unsigned char *>(dq_acc + ((long)bh * T + q0) * D);
+                    const uint32_t bytes = (uint32_t)rows * D * 4;  // a multiple of 16
+                    for (uint32_t off = 0; off < bytes; off += L::ZERO_BYTES)
+                        bulk_store(z + off, smem_addr(smem + L::ZERO), min(bytes - off, (uint32_t)L::ZERO_BYTES));
+                    bulk_commit();
+                }
                 if (row_ds_sum && ptid < rows) {
                     row_ds_sum[(long)bh * T + q0 + ptid] = 0.f;
                     row_cancel[(long)bh * T + q0 + ptid] = 0.f;
@@ -128,6 +140,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
             });
         }
         ring.drain(it);
+        if (ptid == 0) bulk_wait_all();  // the zeros are written (and their source read) before the CTA ends
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns queries q0 + 64 wg .. + 63 of each tile; this
         // thread rows row0 and row0 + 8 (accumulator element 4n + e: row + 8 (e >> 1), key

@@ -588,6 +588,12 @@ __device__ __forceinline__ void tma_reduce_add_3d(const void *tmap, uint32_t ssr
                  "r"(c0), "r"(c1), "r"(c2), "r"(ssrc)
                  : "memory");
 }
+// Bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory at
+// s_src to global memory at dst, in this thread's current bulk group.
+__device__ __forceinline__ void bulk_store(void *dst, uint32_t s_src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(s_src), "r"(bytes)
+                 : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // the shared-memory sources of this thread's bulk operations have been read (may be overwritten)
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
