@@ -42,6 +42,10 @@
 #include "attention_bwd_fp8_tile.cuh"  // wg_fp8_tile, b8_load, pdp_s_scale, pdp_dp_scale, pdp_p
 #include "attention_gpu_common.cuh"    // mbarriers, setmaxnreg, persistent_next_tile, quad_sum, pow2_recip
 #include "common.h"                    // FATAL
+#include "tensor_map.h"                // tensor_map_tiled: K̂, V̂ by TMA (d 128)
+
+#include <stdlib.h>  // getenv, atoi
+#include <string.h>  // memset
 
 #define DL_BQ 128     // queries per tile: one scale block (2 consumer warpgroups x 64)
 #define DL_BK 128     // keys per block: one scale block
@@ -65,7 +69,11 @@ struct DlSmem {
 };
 
 // grid G <= tiles, block 384; each CTA computes tiles until the counter runs out.
-template <int D, bool E5>
+// KV_TMA (d 128): each key block's K̂ and V̂ tiles come by two TMA loads that one producer thread
+// issues, not 16 cp.async per producer thread (the tiles' 128-byte rows and sw128 swizzle are
+// TMA's 128-byte swizzle), and the ring's blocks are published by asynchronous arrivals
+// (PersistentRing::fill_async).
+template <int D, bool E5, bool KV_TMA>
 __global__ void __launch_bounds__(DL_THREADS, 1)
     attn_fp8_delta_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
                           const uint8_t *__restrict__ vc, const uint8_t *__restrict__ doc,
@@ -73,7 +81,9 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                           const float *__restrict__ v_scales, const float *__restrict__ do_scales,
                           const float *__restrict__ lse, float *__restrict__ dlt, float *__restrict__ dq_acc,
                           float *__restrict__ row_ds_sum, float *__restrict__ row_cancel, int n_bh, int T,
-                          float tau, unsigned *__restrict__ tile_counter, int heads_per_group) {
+                          float tau, unsigned *__restrict__ tile_counter, int heads_per_group,
+                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+    static_assert(!KV_TMA || D == 128, "TMA tiles of 128-byte rows: d 128");
     using L = DlSmem;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
@@ -129,6 +139,19 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                     row_cancel[(long)bh * T + q0 + ptid] = 0.f;
                 }
             }
+            if constexpr (KV_TMA) {
+                ring.fill_async(it, n_kb, [&](int kb, unsigned st) {
+                    if (ptid == 0) {
+                        mbar_expect_tx(ring.full + st, 2 * DL_BK * D);
+                        tma_load_2d(smem + L::OFF_K + st * L::T128, &tm_k, ring.full + st, 0, bh * Tp + kb * DL_BK);
+                        tma_load_2d(smem + L::OFF_V + st * L::T128, &tm_v, ring.full + st, 0, bh * Tp + kb * DL_BK);
+                    } else if (ptid == 32) {  // another warp: the scales' cp.async
+                        cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
+                        cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
+                    }
+                });
+                continue;
+            }
             const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vc + (long)bh * Tp * D;
             ring.fill(it, n_kb, [&](int kb, unsigned st) {
                 b8_load<DL_BK, D / 16, 128>(smem + L::OFF_K + st * L::T128, gk + (long)kb * DL_BK * D, D, ptid);
@@ -139,7 +162,8 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                 }
             });
         }
-        ring.drain(it);
+        if constexpr (KV_TMA) cp_async_wait_all();  // (fill_async: the blocks publish themselves)
+        else ring.drain(it);
         if (ptid == 0) bulk_wait_all();  // the zeros are written (and their source read) before the CTA ends
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns queries q0 + 64 wg .. + 63 of each tile; this
@@ -237,12 +261,22 @@ static int delta_heads_per_group(int n_bh, int nblk, int d) {
     return causal_group_heads(env, n_bh, causal_heads_per_group(2L * nblk * DL_BK * d, nblk, n_bh, 2 * attn_sm_count()));
 }
 
-template <int D, bool E5>
+// The delta pass's K̂ and V̂ by TMA at d 128 (ATTN_FP8_DELTA_TMA=0: the cp.async producer), read once.
+static bool delta_kv_tma(int d) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("ATTN_FP8_DELTA_TMA");
+        env = e ? atoi(e) != 0 : 1;
+    }
+    return d == 128 && env;
+}
+
+template <int D, bool E5, bool KV_TMA>
 static void delta_launch(const AttnFp8BwdArgs *a, float *dlt, float *dq_acc, int B, int H, int T, cudaStream_t stream) {
     const size_t smem = DlSmem::BYTES;
     static bool attr_set = false;  // one device per process (one GPU per rank)
     if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_fp8_delta_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_OK(cudaFuncSetAttribute(attn_fp8_delta_kernel<D, E5, KV_TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)smem));
         attr_set = true;
     }
@@ -250,10 +284,23 @@ static void delta_launch(const AttnFp8BwdArgs *a, float *dlt, float *dq_acc, int
     const long n_tiles = (long)nblk * B * H;
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_backward_fp8: B*H*ceil(T/128) = %ld delta tiles is too many", n_tiles);
     const long grid = n_tiles < attn_sm_count() ? n_tiles : attn_sm_count();
-    attn_fp8_delta_kernel<D, E5><<<(unsigned)grid, DL_THREADS, smem, stream>>>(
+    // K̂, V̂ codes (B*H*Tp rows of D bytes) as 2-D maps; box 128 x 128 rows, 128-byte swizzle (sw128)
+    CUtensorMap tm_k, tm_v;
+    memset(&tm_k, 0, sizeof tm_k);
+    memset(&tm_v, 0, sizeof tm_v);
+    if (KV_TMA) {
+        const cuuint64_t dims[2] = {(cuuint64_t)D, (cuuint64_t)B * H * nblk * DL_BK};
+        const cuuint64_t strides[1] = {(cuuint64_t)D};
+        const cuuint32_t box[2] = {(cuuint32_t)D, DL_BK};
+        tm_k = tensor_map_tiled("the delta pass's K codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->k_codes, dims, strides,
+                                box, CU_TENSOR_MAP_SWIZZLE_128B);
+        tm_v = tensor_map_tiled("the delta pass's V codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->v_codes, dims, strides,
+                                box, CU_TENSOR_MAP_SWIZZLE_128B);
+    }
+    attn_fp8_delta_kernel<D, E5, KV_TMA><<<(unsigned)grid, DL_THREADS, smem, stream>>>(
         a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales, a->lse,
         dlt, dq_acc, a->row_ds_sum, a->row_cancel, B * H, T, 1.0f / sqrtf((float)D), attn_fp8_tile_counter(stream),
-        delta_heads_per_group(B * H, nblk, D));
+        delta_heads_per_group(B * H, nblk, D), tm_k, tm_v);
     CUDA_OK(cudaGetLastError());
 }
 
@@ -261,10 +308,13 @@ extern "C" void attn_fp8_delta_pass(const AttnFp8BwdArgs *a, float *dlt, float *
                                     cudaStream_t stream) {
     const bool e5 = a->grad_format == FP8_E5M2;
     if (d == 64) {
-        if (e5) delta_launch<64, true>(a, dlt, dq_acc, B, H, T, stream);
-        else delta_launch<64, false>(a, dlt, dq_acc, B, H, T, stream);
+        if (e5) delta_launch<64, true, false>(a, dlt, dq_acc, B, H, T, stream);
+        else delta_launch<64, false, false>(a, dlt, dq_acc, B, H, T, stream);
+    } else if (delta_kv_tma(d)) {
+        if (e5) delta_launch<128, true, true>(a, dlt, dq_acc, B, H, T, stream);
+        else delta_launch<128, false, true>(a, dlt, dq_acc, B, H, T, stream);
     } else {
-        if (e5) delta_launch<128, true>(a, dlt, dq_acc, B, H, T, stream);
-        else delta_launch<128, false>(a, dlt, dq_acc, B, H, T, stream);
+        if (e5) delta_launch<128, true, false>(a, dlt, dq_acc, B, H, T, stream);
+        else delta_launch<128, false, false>(a, dlt, dq_acc, B, H, T, stream);
     }
 }

@@ -569,6 +569,25 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
+// Adds `bytes` of expected TMA transactions to the current phase without an arrival.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+// One arrival on bar once every cp.async this thread issued so far has landed (its count was set
+// at init: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// TMA: box at coordinates (c0 innermost, c1) of the 2-D tensor map -> shared memory at dst;
+// completion is counted on bar.
+__device__ __forceinline__ void tma_load_2d(void *dst, const void *tmap, uint64_t *bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_addr(dst)),
+        "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+        : "memory");
+}
 // TMA: box at coordinates (c0 innermost .. c3) of the 4-D tensor map -> shared memory at dst;
 // completion is counted on bar (bytes of the whole box, zero-filled parts included).
 __device__ __forceinline__ void tma_load_4d(void *dst, const void *tmap, uint64_t *bar, int c0, int c1,
@@ -691,6 +710,22 @@ struct PersistentRing {
             acquire(i);
             copy(kb, st);
             publish(i);
+        }
+        it = i;
+    }
+    // Producer, the other way to fill (fill_async): every producer thread arrives on block it's
+    // full barrier once its own cp.async copies so far have landed (cp_async_mbar_arrive), so no
+    // thread waits for a copy and a block is published as soon as it is in; copy(kb, st) may add
+    // TMA loads counted on full[st] (mbar_expect_tx first). The tile's copies issued before its
+    // first block land with that block. No drain afterwards.
+    template <class Copy>
+    __device__ __forceinline__ void fill_async(unsigned &it, int n_blocks, Copy copy) const {
+        unsigned i = it;
+        for (int kb = 0; kb < n_blocks; kb++, i++) {
+            const unsigned st = i % STAGES;
+            acquire(i);
+            copy(kb, st);
+            cp_async_mbar_arrive(full + st);
         }
         it = i;
     }
