@@ -22,7 +22,8 @@
 // (persistent_next_tile). Warpgroup 0 is the producer: it copies each tile's Q̂ and dÔ blocks
 // and LSE (two buffers: the next tile's load while the current one computes; the consumers
 // release a buffer as soon as they hold its contents in registers) and each key block's K̂ and
-// V̂ rows with their scales into a ring of DL_STAGES stages, paced by mbarriers, and zeroes the
+// V̂ rows with their scales into a ring of DL_STAGES stages, paced by mbarriers (at d 128 the K̂,
+// V̂ tiles by TMA from one thread, each block published as soon as it lands), and zeroes the
 // tile's rows of the FP32 dQ accumulator (bulk copies from a zeroed region of shared memory) and
 // of the row diagnostics (the pre kernel's job, which fp8_dm does not launch). Warpgroups 1 and 2 take 64 queries each; per key block j:
 //   S_j, dP_j issued as two wgmma groups; P = pdp_p(S) once S_j is done (dP_j still on the
