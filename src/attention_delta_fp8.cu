@@ -104,9 +104,9 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
 
     if (threadIdx.x < 128) {
         // ---- producer: the ring of attention_gpu_common.cuh (PersistentRing), as the forward's; a
-        // tile's Q̂, dÔ, scales and LSE copies join its first key block's cp.async group. The
-        // consumers release a tile buffer (release_tile) as soon as they hold its contents in
-        // registers.
+        // tile's Q̂, dÔ, scales and LSE copies land with its first key block (its cp.async group,
+        // or with KV_TMA its asynchronous arrivals). The consumers release a tile buffer
+        // (release_tile) as soon as they hold its contents in registers.
         setmaxnreg_dec<56>();
         const int ptid = threadIdx.x;
         unsigned it = 0;
@@ -151,17 +151,17 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                         cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
                     }
                 });
-                continue;
+            } else {
+                const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vc + (long)bh * Tp * D;
+                ring.fill(it, n_kb, [&](int kb, unsigned st) {
+                    b8_load<DL_BK, D / 16, 128>(smem + L::OFF_K + st * L::T128, gk + (long)kb * DL_BK * D, D, ptid);
+                    b8_load<DL_BK, D / 16, 128>(smem + L::OFF_V + st * L::T128, gv + (long)kb * DL_BK * D, D, ptid);
+                    if (ptid == 0) {
+                        cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
+                        cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
+                    }
+                });
             }
-            const uint8_t *gk = kc + (long)bh * Tp * D, *gv = vc + (long)bh * Tp * D;
-            ring.fill(it, n_kb, [&](int kb, unsigned st) {
-                b8_load<DL_BK, D / 16, 128>(smem + L::OFF_K + st * L::T128, gk + (long)kb * DL_BK * D, D, ptid);
-                b8_load<DL_BK, D / 16, 128>(smem + L::OFF_V + st * L::T128, gv + (long)kb * DL_BK * D, D, ptid);
-                if (ptid == 0) {
-                    cp_async4(sKs + st, k_scales + (long)bh * nblk + kb, true);
-                    cp_async4(sVs + st, v_scales + (long)bh * nblk + kb, true);
-                }
-            });
         }
         if constexpr (KV_TMA) cp_async_wait_all();  // (fill_async: the blocks publish themselves)
         else ring.drain(it);
