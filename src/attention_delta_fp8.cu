@@ -73,7 +73,7 @@ struct DlSmem {
 // KV_TMA (d 128): each key block's K̂ and V̂ tiles come by two TMA loads that one producer thread
 // issues, not 16 cp.async per producer thread (the tiles' 128-byte rows and sw128 swizzle are
 // TMA's 128-byte swizzle), and the ring's blocks are published by asynchronous arrivals
-// (PersistentRing::fill_async).
+// (PersistentRing::fill<true>).
 template <int D, bool E5, bool KV_TMA>
 __global__ void __launch_bounds__(DL_THREADS, 1)
     attn_fp8_delta_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                 }
             }
             if constexpr (KV_TMA) {
-                ring.fill_async(it, n_kb, [&](int kb, unsigned st) {
+                ring.fill<true>(it, n_kb, [&](int kb, unsigned st) {
                     if (ptid == 0) {
                         mbar_expect_tx(ring.full + st, 2 * DL_BK * D);
                         tma_load_2d(smem + L::OFF_K + st * L::T128, &tm_k, ring.full + st, 0, bh * Tp + kb * DL_BK);
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                 });
             }
         }
-        if constexpr (KV_TMA) cp_async_wait_all();  // (fill_async: the blocks publish themselves)
+        if constexpr (KV_TMA) cp_async_wait_all();  // (fill<true>: the blocks publish themselves)
         else ring.drain(it);
         if (ptid == 0) bulk_wait_all();  // the zeros are written (and their source read) before the CTA ends
     } else {

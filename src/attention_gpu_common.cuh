@@ -701,31 +701,22 @@ struct PersistentRing {
         }
     }
     // Producer: a tile's n_blocks key blocks into the ring, from ring block it on (it advances):
-    // copy(kb, stage) issues key block kb's cp.async copies into that stage.
-    template <class Copy>
+    // copy(kb, stage) issues key block kb's copies into that stage. Two ways to publish a block:
+    //   ASYNC false: publish (block it-1 once its cp.async group has landed: the producer waits);
+    //   ASYNC true: every producer thread arrives on the block's full barrier once its own
+    //     cp.async copies so far have landed (cp_async_mbar_arrive), so no thread waits and a block
+    //     is published as soon as it is in; copy may add TMA loads counted on full[st]
+    //     (mbar_expect_tx first). The tile's copies issued before its first block land with it.
+    //     No drain afterwards.
+    template <bool ASYNC = false, class Copy>
     __device__ __forceinline__ void fill(unsigned &it, int n_blocks, Copy copy) const {
         unsigned i = it;
         for (int kb = 0; kb < n_blocks; kb++, i++) {
             const unsigned st = i % STAGES;
             acquire(i);
             copy(kb, st);
-            publish(i);
-        }
-        it = i;
-    }
-    // Producer, the other way to fill (fill_async): every producer thread arrives on block it's
-    // full barrier once its own cp.async copies so far have landed (cp_async_mbar_arrive), so no
-    // thread waits for a copy and a block is published as soon as it is in; copy(kb, st) may add
-    // TMA loads counted on full[st] (mbar_expect_tx first). The tile's copies issued before its
-    // first block land with that block. No drain afterwards.
-    template <class Copy>
-    __device__ __forceinline__ void fill_async(unsigned &it, int n_blocks, Copy copy) const {
-        unsigned i = it;
-        for (int kb = 0; kb < n_blocks; kb++, i++) {
-            const unsigned st = i % STAGES;
-            acquire(i);
-            copy(kb, st);
-            cp_async_mbar_arrive(full + st);
+            if constexpr (ASYNC) cp_async_mbar_arrive(full + st);
+            else publish(i);
         }
         it = i;
     }
