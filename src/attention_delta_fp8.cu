@@ -25,7 +25,8 @@
 // V̂ rows with their scales into a ring of DL_STAGES stages, paced by mbarriers (at d 128 the K̂,
 // V̂ tiles by TMA from one thread, each block published as soon as it lands), and zeroes the
 // tile's rows of the FP32 dQ accumulator (bulk copies from a zeroed region of shared memory) and
-// of the row diagnostics (the pre kernel's job, which fp8_dm does not launch). Warpgroups 1 and 2 take 64 queries each; per key block j:
+// of the row diagnostics (the pre kernel's job, which fp8_dm does not launch). Warpgroups 1 and 2
+// take 64 queries each; per key block j:
 //   S_j, dP_j issued as two wgmma groups; P = pdp_p(S) once S_j is done (dP_j still on the
 //   tensor cores); then sum P dP and sum P into 4 partial sums per row (short FMA chains).
 // dP stays in code-product units: the sums are in units of the current block's
