@@ -41,7 +41,7 @@
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
 #include <type_traits>     // std::true_type, std::false_type (the diagonal block's instantiation)
 
-#include "attention_bwd_fp8_tile.cuh"  // wg_fp8_tile, b8_load, pdp_s_scale, pdp_dp_scale, pdp_p
+#include "attention_bwd_fp8_tile.cuh"  // b8_load, delta_a_frags, delta_issue, delta_p, delta_mask, pdp_*
 #include "attention_gpu_common.cuh"    // mbarriers, setmaxnreg, persistent_next_tile, quad_sum, pow2_recip
 #include "common.h"                    // FATAL
 #include "tensor_map.h"                // tensor_map_tiled: K̂, V̂ by TMA (d 128)
@@ -56,9 +56,10 @@
 static_assert(DL_BQ == ATTN_SCALE_BLOCK && DL_BK == ATTN_SCALE_BLOCK, "tiles are scale blocks");
 
 // Shared memory: 2 x (Q̂, dÔ) (128 rows x 128 B each: this tile's and the next one's), DL_STAGES x
-// (K̂, V̂) (128 keys x 128 B each), 2 x the tile's 128 LSEs, then the ring's mbarriers and posted
-// tile numbers (PersistentRing), the Q and dO scales of each buffer and the K and V scales of
-// each stage. Rows of D bytes use the first D of each 128-byte row (the forward's convention).
+// (K̂, V̂) (128 keys x 128 B each), 2 x the tile's 128 LSEs, 16 KB of zeros (the source of the
+// bulk copies that zero the dQ accumulator), then the ring's mbarriers and posted tile numbers
+// (PersistentRing), the Q and dO scales of each buffer and the K and V scales of each stage. Rows
+// of D bytes use the first D of each 128-byte row (the forward's convention).
 struct DlSmem {
     static constexpr int T128 = 128 * 128;  // one 128-row tile
     static constexpr int OFF_Q = 0, OFF_DO = 2 * T128, OFF_K = 4 * T128, OFF_V = OFF_K + DL_STAGES * T128;
@@ -164,8 +165,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
                 });
             }
         }
-        if constexpr (KV_TMA) cp_async_wait_all();  // (fill<true>: the blocks publish themselves)
-        else ring.drain(it);
+        ring.drain<KV_TMA>(it);
         if (ptid == 0) bulk_wait_all();  // the zeros are written (and their source read) before the CTA ends
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns queries q0 + 64 wg .. + 63 of each tile; this
@@ -290,14 +290,16 @@ static void delta_launch(const AttnFp8BwdArgs *a, float *dlt, float *dq_acc, int
     CUtensorMap tm_k, tm_v;
     memset(&tm_k, 0, sizeof tm_k);
     memset(&tm_v, 0, sizeof tm_v);
-    if (KV_TMA) {
+    if constexpr (KV_TMA) {
         const cuuint64_t dims[2] = {(cuuint64_t)D, (cuuint64_t)B * H * nblk * DL_BK};
         const cuuint64_t strides[1] = {(cuuint64_t)D};
         const cuuint32_t box[2] = {(cuuint32_t)D, DL_BK};
-        tm_k = tensor_map_tiled("the delta pass's K codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->k_codes, dims, strides,
-                                box, CU_TENSOR_MAP_SWIZZLE_128B);
-        tm_v = tensor_map_tiled("the delta pass's V codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->v_codes, dims, strides,
-                                box, CU_TENSOR_MAP_SWIZZLE_128B);
+        auto codes_map = [&](const char *who, const uint8_t *codes) {
+            return tensor_map_tiled(who, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, codes, dims, strides, box,
+                                    CU_TENSOR_MAP_SWIZZLE_128B);
+        };
+        tm_k = codes_map("the delta pass's K codes", a->k_codes);
+        tm_v = codes_map("the delta pass's V codes", a->v_codes);
     }
     attn_fp8_delta_kernel<D, E5, KV_TMA><<<(unsigned)grid, DL_THREADS, smem, stream>>>(
         a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales, a->lse,

@@ -707,7 +707,7 @@ struct PersistentRing {
     //     cp.async copies so far have landed (cp_async_mbar_arrive), so no thread waits and a block
     //     is published as soon as it is in; copy may add TMA loads counted on full[st]
     //     (mbar_expect_tx first). The tile's copies issued before its first block land with it.
-    //     No drain afterwards.
+    // After the last tile, drain<ASYNC> with the same ASYNC.
     template <bool ASYNC = false, class Copy>
     __device__ __forceinline__ void fill(unsigned &it, int n_blocks, Copy copy) const {
         unsigned i = it;
@@ -720,11 +720,16 @@ struct PersistentRing {
         }
         it = i;
     }
-    // Producer, after its last tile: publishes the last ring block (it blocks were copied in all).
+    // Producer, after its last tile (it blocks were copied in all): fill<false> publishes the last
+    // ring block here; after fill<true> the blocks published themselves, and the thread only waits
+    // until none of its copies is outstanding.
+    template <bool ASYNC = false>
     __device__ __forceinline__ void drain(unsigned it) const {
         cp_async_wait_all();
-        fence_proxy_async();
-        if (it > 0) mbar_arrive(full + (it - 1) % STAGES);
+        if constexpr (!ASYNC) {
+            fence_proxy_async();
+            if (it > 0) mbar_arrive(full + (it - 1) % STAGES);
+        }
     }
     // Consumers: wait until ring block rb's stage holds it; release it after the last read.
     __device__ __forceinline__ void wait_full(unsigned rb) const { mbar_wait(full + rb % STAGES, (rb / STAGES) & 1); }

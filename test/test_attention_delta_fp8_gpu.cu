@@ -3,7 +3,8 @@
 // them in tiles of different shapes: the main kernel's tile_p_dp takes S^T = K̂ Q̂^T and dP^T =
 // V̂ dÔ^T with the keys as M (m64n64 wgmmas, a warpgroup per 64 keys), the delta pass's
 // delta_issue / delta_p / delta_mask take S = Q̂ K̂^T and dP = dÔ V̂^T with the queries as M
-// (m64n128, Q̂ and dÔ as A fragments from registers). Both are the device routines of src/attention_bwd_fp8_tile.cuh that the kernels run.
+// (m64n128, Q̂ and dÔ as A fragments from registers). Both are the device routines of
+// src/attention_bwd_fp8_tile.cuh that the kernels run.
 // One CTA loads one 64-query x 128-key tile of fresh random codes and runs both forms on it:
 //   - every P and dP element of the two forms has the same bits (masked ones included);
 //   - and both are attention's values: P against exp(tau S - LSE) and dP against dÔ · V̂, in
