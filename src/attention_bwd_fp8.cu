@@ -54,13 +54,15 @@
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <math.h>          // sqrtf
 #include <stddef.h>        // size_t
-#include <stdint.h>        // uint8_t, uint32_t, uint64_t
+#include <stdint.h>        // uint8_t, uint32_t, uint64_t, uintptr_t
+#include <stdlib.h>        // getenv, atoi (ATTN_FP8_BWD_TMA)
+#include <string.h>        // memset
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, check_args
 #include "common.h"                  // FATAL
 #include "fp8.h"                     // fp8_scale_for_amax, fp8_to_f32 (the encoders: see cvt_e4m3x2)
 #include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
-#include "tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map)
+#include "tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map; the TMA form's maps)
 
 #include "attention_bwd_fp8_tile.cuh"  // B8_*, wg_fp8_tile, b8_load, tile_p_dp: shared with the delta pass
 
@@ -139,30 +141,50 @@ __device__ __forceinline__ void dq_reduce(const void *tm_dq, uint32_t s_dq, int 
 //   B3  __syncthreads: dV (fresh accumulator) and dQ issued together; dV added while dQ runs;
 //       dK issued; dQ staged in shared memory while dK runs (reduced after the next B1); dK added
 // Shared memory (d = 128): K̂, V̂, K̂^T, P̂^T, dŜ^T (16 KB each), dŜ (8 KB), 2 stages of
-// Q̂, dÔ (8 KB each), Q̂^T, dÔ^T (16 KB each), the dQ staging area (64 x 128 FP32, 32 KB), LSE
-// and D: ~218 KB, one CTA per SM.
-template <int D>
+// Q̂, dÔ (8 KB each), Q̂^T, dÔ^T (16 KB each; 8 KB with TMA), the dQ staging area (64 x 128
+// FP32, 32 KB), LSE and D: ~218 KB (~186 KB with TMA), one CTA per SM.
+// TMA (d = 128): one thread loads each query block with bulk tensor copies, completed on the
+// stage's mbarrier, instead of 8 cp.async per thread; Q̂^T and dÔ^T then come in the 64-byte
+// swizzle (64-byte rows: TMA writes a box densely, and the reduction over a query block's 64
+// queries is one such row), the other tiles in the 128-byte one as before.
+template <int D, bool TMA = false>
 struct B8Smem {
     static constexpr int KV = B8_BK * 128;         // K̂ or V̂ (128 keys x 128 B)
-    static constexpr int KT = D * 128;             // K̂^T, Q̂^T, dÔ^T (D rows x 128 B)
+    static constexpr int KT = D * 128;             // K̂^T (D rows x 128 B)
+    static constexpr int QTT = D * (TMA ? 64 : 128);  // Q̂^T, dÔ^T (D rows x 64 queries, 64 or 128 B pitch)
     static constexpr int QT = B8_BQ * 128;         // Q̂, dÔ, dŜ (64 rows x 128 B)
-    static constexpr int STAGE = 2 * QT + 2 * KT;  // Q̂, dÔ, Q̂^T, dÔ^T of one query block
+    static constexpr int STAGE = 2 * QT + 2 * QTT;  // Q̂, dÔ, Q̂^T, dÔ^T of one query block
     // byte offsets from the 1024-aligned base: K̂, V̂, P̂^T, dŜ^T, K̂^T, dŜ, then the 2 stages
     static constexpr int OFF_K = 0, OFF_V = OFF_K + KV, OFF_PT = OFF_V + KV, OFF_DST = OFF_PT + KV,
                          OFF_KT = OFF_DST + KV, OFF_DS = OFF_KT + KT, OFF_STAGE = OFF_DS + QT;
     // within a stage: Q̂, dÔ, Q̂^T, dÔ^T
-    static constexpr int OFF_Q = 0, OFF_DO = QT, OFF_QT = 2 * QT, OFF_DOT = 2 * QT + KT;
+    static constexpr int OFF_Q = 0, OFF_DO = QT, OFF_QT = 2 * QT, OFF_DOT = 2 * QT + QTT;
     static constexpr int FIXED = OFF_STAGE;        // 4 KV + KT + QT
-    static_assert(KV % 1024 == 0 && KT % 1024 == 0 && QT % 1024 == 0, "swizzled regions start at 1024-byte boundaries");
+    static_assert(KV % 1024 == 0 && KT % 1024 == 0 && QT % 1024 == 0 && QTT % 1024 == 0,
+                  "swizzled regions start at 1024-byte boundaries");
     // after the 2 stages: the dQ staging area (D/32 swizzled boxes of B8_BQ x 128 bytes), then
-    // LSE, D, amax
+    // LSE, D (2 stages x 64 each), amax (8), the Q and dO scales (2 x 2), the stages' mbarriers
     static constexpr int OFF_DQ = FIXED + 2 * STAGE, DQ = B8_BQ * D * (int)sizeof(float);
     static_assert(OFF_DQ % 1024 == 0, "the 128-byte swizzle of the dQ boxes needs 1024-byte alignment");
-    static constexpr size_t bytes = (size_t)OFF_DQ + DQ + (4 * B8_BQ + 8 + 4) * sizeof(float) + 1024;
+    static constexpr int OFF_BAR = OFF_DQ + DQ + (4 * B8_BQ + 8 + 4) * (int)sizeof(float);
+    static_assert(OFF_BAR % 8 == 0, "mbarriers are 8-byte aligned");
+    // bytes of one query block's TMA copies (the mbarrier's transaction count)
+    static constexpr int STAGE_TX = STAGE + 2 * B8_BQ * (int)sizeof(float);
+    static constexpr size_t bytes = (size_t)OFF_BAR + 2 * sizeof(uint64_t) + 1024;
     static_assert(bytes <= 227 * 1024, "more shared memory than an sm_90 CTA may have");
 };
 
-template <int D, bool E5>
+// The tensor maps of the TMA form (d = 128): Q̂, dÔ (B*H*Tp rows of D bytes; box 64 rows, 128-byte
+// swizzle), Q̂^T, dÔ^T (B*H*D rows of Tp bytes; box 64 bytes x D rows, 64-byte swizzle), LSE and
+// D (B*H*T floats as one dimension; box 64: a block past T reads the next head's rows, which the
+// mask zeroes, or zeros past the end).
+struct B8QMaps {
+    CUtensorMap q, dout, qt, dot, lse, dl;
+};
+// The thread that issues the TMA form's query-block copies (thread 0 issues the dQ reductions).
+#define B8_LOADER 32
+
+template <int D, bool E5, bool TMA>
 __global__ void __launch_bounds__(B8_THREADS, 1)
     attn_bwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ qtc,
                         const uint8_t *__restrict__ kc, const uint8_t *__restrict__ ktc,
@@ -173,8 +195,9 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         const float *__restrict__ dlt, bf16 *__restrict__ dk,
                         bf16 *__restrict__ dv, int dqkv_stride, float *__restrict__ row_ds_sum,
                         float *__restrict__ row_cancel, int H, int n_bh, int T, float tau,
-                        const __grid_constant__ CUtensorMap tm_dq) {
-    using L = B8Smem<D>;
+                        const __grid_constant__ CUtensorMap tm_dq, const __grid_constant__ B8QMaps qm) {
+    static_assert(!TMA || D == 128, "the TMA form is for d = 128");
+    using L = B8Smem<D, TMA>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
     uint8_t *sK = smem + L::OFF_K;          // (128 keys x 128 B)  K̂, reduction over d
@@ -190,6 +213,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     float *sDl2 = sLse2 + 2 * B8_BQ;                                  // (2 stages, 64) D
     float *sAmax = sDl2 + 2 * B8_BQ;                                  // (8) per-warp |dS| max
     float *sQDs = sAmax + 8;  // (2 stages, 2) the query block's Q and dO scales
+    uint64_t *sFull = reinterpret_cast<uint64_t *>(smem + L::OFF_BAR);  // (2 stages) TMA: the stage is in
 
     // Heaviest first within groups of heads (grid (heads per group, key blocks, groups): the
     // launch order runs x fastest, so a group's CTAs of rank 0 start first, then rank 1, ...),
@@ -228,12 +252,40 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         }
     };
 
+    // TMA form, thread B8_LOADER: query block qb's tiles, LSE and D by bulk tensor copies and its
+    // two scales by cp.async, all completing on stage s's mbarrier (count 1: the cp.async arrival)
+    auto load_qblock_tma = [&](int qb, int s) {
+        const int q0 = qb * B8_BQ;
+        uint8_t *st = stage0 + s * L::STAGE;
+        uint64_t *bar = sFull + s;
+        mbar_expect_tx(bar, L::STAGE_TX);
+        tma_load_2d(st + L::OFF_Q, &qm.q, bar, 0, bh * Tp + q0);
+        tma_load_2d(st + L::OFF_DO, &qm.dout, bar, 0, bh * Tp + q0);
+        tma_load_2d(st + L::OFF_QT, &qm.qt, bar, q0, bh * D);
+        tma_load_2d(st + L::OFF_DOT, &qm.dot, bar, q0, bh * D);
+        tma_load_1d(sLse2 + s * B8_BQ, &qm.lse, bar, bh * T + q0);
+        tma_load_1d(sDl2 + s * B8_BQ, &qm.dl, bar, bh * T + q0);
+        const long sb = (long)bh * nblk + q0 / ATTN_SCALE_BLOCK;
+        cp_async4(sQDs + 2 * s, q_scales + sb, true);
+        cp_async4(sQDs + 2 * s + 1, do_scales + sb, true);
+        cp_async_mbar_arrive(bar);
+    };
+
     const int qb_first = k0 / B8_BQ;
+    if constexpr (TMA) {
+        if (tid == B8_LOADER) {
+            mbar_init(sFull, 1);
+            mbar_init(sFull + 1, 1);
+            mbar_fence_init();
+            load_qblock_tma(qb_first, 0);  // the other threads wait on it after the loop's first barrier
+        }
+    }
     b8_load<B8_BK, D / 16>(sK, kc + ((long)bh * Tp + k0) * D, D, tid);
     b8_load<B8_BK, D / 16>(sV, vc + ((long)bh * Tp + k0) * D, D, tid);
     b8_load<D, B8_BK / 16>(sKt, ktc + (long)bh * D * Tp + k0, Tp, tid);
-    load_qblock(qb_first, 0);
+    if constexpr (!TMA) load_qblock(qb_first, 0);
     cp_async_commit();
+    if constexpr (TMA) cp_async_wait_all();  // K̂, V̂, K̂^T (the loop's first fence and barrier publish them)
 
     float dka[D / 2], dva[D / 2];  // FP32 dK, dV of the warpgroup's 64 keys (wgmma layout)
 #pragma unroll
@@ -241,17 +293,27 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 
     for (int qb = qb_first; qb < n_qb; qb++) {
         const int q0 = qb * B8_BQ, s = (qb - qb_first) & 1;
-        // B1: this stage's copies (the only group in flight) have landed, for all threads; and
-        // every thread is past the previous iteration, so the other stage is free to refill
-        cp_async_wait_all();
-        fence_proxy_async();  // also orders the previous block's dQ staging stores for the bulk reads
-        __syncthreads();
-        if (qb + 1 < n_qb) {
-            load_qblock(qb + 1, s ^ 1);
-            cp_async_commit();
+        if constexpr (TMA) {
+            // B1: every thread is past the previous iteration, so the other stage is free to
+            // refill; then this stage's copies have landed (its mbarrier's phase)
+            fence_proxy_async();  // the previous block's dQ staging stores for the bulk reads
+            __syncthreads();
+            if (qb + 1 < n_qb && tid == B8_LOADER) load_qblock_tma(qb + 1, s ^ 1);
+            if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
+            mbar_wait(sFull + s, (uint32_t)(((qb - qb_first) >> 1) & 1));
+        } else {
+            // B1: this stage's copies (the only group in flight) have landed, for all threads; and
+            // every thread is past the previous iteration, so the other stage is free to refill
+            cp_async_wait_all();
+            fence_proxy_async();  // also orders the previous block's dQ staging stores for the bulk reads
+            __syncthreads();
+            if (qb + 1 < n_qb) {
+                load_qblock(qb + 1, s ^ 1);
+                cp_async_commit();
+            }
+            // the previous query block's dQ, staged by every thread before this barrier
+            if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
         }
-        // the previous query block's dQ, staged by every thread before this barrier
-        if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
         // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
         // wgu = wg, as a value the compiler knows to be warp-uniform (a shuffle from lane 0, as
         // CUTLASS's canonical_warp_group_idx), so the descriptors that depend on it are built in
@@ -370,7 +432,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         reg_fence(t);
         reg_fence(tq);
         wgmma_fence();
-        wg_fp8_tile<D, 0, E5 ? 1 : 0, B8_BQ / 32>(t, dsm + L::OFF_PT / 16 + dkw, dstage + L::OFF_DOT / 16);
+        wg_fp8_tile<D, 0, E5 ? 1 : 0, B8_BQ / 32, TMA>(t, dsm + L::OFF_PT / 16 + dkw, dstage + L::OFF_DOT / 16);
         wgmma_commit();
         wg_fp8_tile<D / 2, E5 ? 1 : 0, 0, B8_BK / 32>(tq, dsm + L::OFF_DS / 16, dsm + L::OFF_KT / 16 + wgu * (D / 2 * 128 / 16));
         wgmma_commit();
@@ -384,7 +446,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // dK += dŜ^T Q̂ (tau at the end), fresh accumulator (t again)
         reg_fence(t);
         wgmma_fence();
-        wg_fp8_tile<D, E5 ? 1 : 0, 0, B8_BQ / 32>(t, dsm + L::OFF_DST / 16 + dkw, dstage + L::OFF_QT / 16);
+        wg_fp8_tile<D, E5 ? 1 : 0, 0, B8_BQ / 32, TMA>(t, dsm + L::OFF_DST / 16 + dkw, dstage + L::OFF_QT / 16);
         wgmma_commit();
         wgmma_wait<1>();  // dQ's group done (groups complete in order)
         reg_fence(tq);
@@ -453,10 +515,52 @@ extern "C" size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int
     return gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d);  // the BF16 backward's layout
 }
 
-template <int D, bool E5>
+// D's rows (B, H, T): the caller's delta_out, or after the dQ accumulator in the workspace.
+static float *bwd_fp8_dlt(const AttnFp8BwdArgs *a, int B, int H, int T, int d) {
+    return a->delta_out ? a->delta_out : (float *)a->workspace + (size_t)B * H * T * d;
+}
+
+// The main backward's query blocks by TMA (d = 128; ATTN_FP8_BWD_TMA=0: cp.async by every thread,
+// as at d = 64). The 1-D maps of LSE and D need 16-byte aligned bases and B*H*T < 2^31.
+static int bwd_fp8_test_tma_form = -1;  // attn_gpu_backward_fp8_test_tma
+extern "C" void attn_gpu_backward_fp8_test_tma(int on) { bwd_fp8_test_tma_form = on < 0 ? -1 : on != 0; }
+static bool bwd_fp8_tma(const AttnFp8BwdArgs *a, const float *dlt, int B, int H, int T, int d) {
+    static const int env = [] {
+        const char *e = getenv("ATTN_FP8_BWD_TMA");
+        return e ? atoi(e) != 0 : 1;
+    }();
+    return (bwd_fp8_test_tma_form >= 0 ? bwd_fp8_test_tma_form : env) && d == 128 && (long)B * H * T < 0x7fffffffL && (uintptr_t)a->lse % 16 == 0 && (uintptr_t)dlt % 16 == 0;
+}
+
+// B8QMaps for the TMA form (see there).
+static B8QMaps bwd_fp8_qmaps(const AttnFp8BwdArgs *a, const float *dlt, int B, int H, int T, int D) {
+    B8QMaps m;
+    const cuuint64_t bh = (cuuint64_t)B * H, Tp = (cuuint64_t)attn_quant_n_blocks(T) * ATTN_SCALE_BLOCK;
+    const cuuint64_t rows_dims[2] = {(cuuint64_t)D, bh * Tp}, rows_strides[1] = {(cuuint64_t)D};
+    const cuuint32_t rows_box[2] = {(cuuint32_t)D, B8_BQ};
+    m.q = tensor_map_tiled("the FP8 backward's Q codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->q_codes, rows_dims,
+                           rows_strides, rows_box, CU_TENSOR_MAP_SWIZZLE_128B);
+    m.dout = tensor_map_tiled("the FP8 backward's dO codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->do_codes, rows_dims,
+                              rows_strides, rows_box, CU_TENSOR_MAP_SWIZZLE_128B);
+    const cuuint64_t t_dims[2] = {Tp, bh * D}, t_strides[1] = {Tp};
+    const cuuint32_t t_box[2] = {B8_BQ, (cuuint32_t)D};
+    m.qt = tensor_map_tiled("the FP8 backward's transposed Q codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->qt_codes,
+                            t_dims, t_strides, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
+    m.dot = tensor_map_tiled("the FP8 backward's transposed dO codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->dot_codes,
+                             t_dims, t_strides, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
+    const cuuint64_t r_dims[1] = {bh * (cuuint64_t)T}, r_strides[1] = {bh * (cuuint64_t)T * 4};  // (stride unused)
+    const cuuint32_t r_box[1] = {B8_BQ};
+    m.lse = tensor_map_tiled("the FP8 backward's LSE", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, a->lse, r_dims, r_strides,
+                             r_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+    m.dl = tensor_map_tiled("the FP8 backward's D", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, dlt, r_dims, r_strides, r_box,
+                            CU_TENSOR_MAP_SWIZZLE_NONE);
+    return m;
+}
+
+template <int D, bool E5, bool TMA>
 static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStream_t stream) {
     float *dq_acc = (float *)a->workspace;                                   // (B, H, T, D)
-    float *dlt = a->delta_out ? a->delta_out : dq_acc + (size_t)B * H * T * D;  // (B, H, T)
+    float *dlt = bwd_fp8_dlt(a, B, H, T, D);                                 // (B, H, T)
     const float tau = 1.0f / sqrtf((float)D);
     const long rows = (long)B * H * T;
     if (a->precision != ATTN_FP8_DM) {  // fp8_dm: the delta pass zeroes the accumulators itself
@@ -475,18 +579,22 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStr
     const cuuint32_t box[3] = {32, B8_BQ, 1};
     const CUtensorMap tm_dq = tensor_map_tiled("the FP8 backward's dQ reduction", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3,
                                                dq_acc, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
-    const size_t smem = B8Smem<D>::bytes;
+    B8QMaps qm;
+    memset(&qm, 0, sizeof qm);
+    if constexpr (TMA) qm = bwd_fp8_qmaps(a, dlt, B, H, T, D);
+    const size_t smem = B8Smem<D, TMA>::bytes;
     static bool attr_set = false;
     if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_bwd_fp8_kernel<D, E5>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_OK(cudaFuncSetAttribute(attn_bwd_fp8_kernel<D, E5, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem));
         attr_set = true;
     }
     const int nblk = attn_quant_n_blocks(T), hg = bwd_fp8_main_heads_per_group(B * H, T, D);
     dim3 grid(hg, nblk, (B * H + hg - 1) / hg);
-    attn_bwd_fp8_kernel<D, E5><<<grid, B8_THREADS, smem, stream>>>(
+    attn_bwd_fp8_kernel<D, E5, TMA><<<grid, B8_THREADS, smem, stream>>>(
         a->q_codes, a->qt_codes, a->k_codes, a->kt_codes, a->v_codes, a->do_codes, a->dot_codes, a->q_scales,
         a->k_scales, a->v_scales, a->do_scales, a->p_scale, a->lse, dlt, (bf16 *)a->dk, (bf16 *)a->dv,
-        a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, B * H, T, tau, tm_dq);
+        a->dqkv_stride, a->row_ds_sum, a->row_cancel, H, B * H, T, tau, tm_dq, qm);
     CUDA_OK(cudaGetLastError());
 
     attn_bwd_convert_dq(dq_acc, (bf16 *)a->dq, a->dqkv_stride, B, H, T, D, tau, stream);  // the BF16 backward's
@@ -513,11 +621,15 @@ extern "C" void attn_gpu_backward_fp8(const AttnFp8BwdArgs *a, int B, int H, int
     if (!a->row_ds_sum != !a->row_cancel)
         FATAL("attn_gpu_backward_fp8: row_ds_sum and row_cancel are both given or both NULL");
     const bool e5 = a->grad_format == FP8_E5M2;
+    const float *dlt = bwd_fp8_dlt(a, B, H, T, d);
     if (d == 64) {
-        if (e5) backward_fp8_d<64, true>(a, B, H, T, stream);
-        else backward_fp8_d<64, false>(a, B, H, T, stream);
+        if (e5) backward_fp8_d<64, true, false>(a, B, H, T, stream);
+        else backward_fp8_d<64, false, false>(a, B, H, T, stream);
+    } else if (bwd_fp8_tma(a, dlt, B, H, T, d)) {
+        if (e5) backward_fp8_d<128, true, true>(a, B, H, T, stream);
+        else backward_fp8_d<128, false, true>(a, B, H, T, stream);
     } else {
-        if (e5) backward_fp8_d<128, true>(a, B, H, T, stream);
-        else backward_fp8_d<128, false>(a, B, H, T, stream);
+        if (e5) backward_fp8_d<128, true, false>(a, B, H, T, stream);
+        else backward_fp8_d<128, false, false>(a, B, H, T, stream);
     }
 }

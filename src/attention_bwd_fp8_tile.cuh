@@ -38,11 +38,15 @@ __device__ __forceinline__ void b8_load(uint8_t *s, const uint8_t *g, long pitch
 }
 
 // d (64 x N) = A (64 x 32 STEPS) B (32 STEPS x N), both K-major swizzled tiles, in STEPS k32
-// steps into a fresh accumulator. a, b: the tiles' descriptor low words (kmajor_desc_lo).
-template <int N, int AT, int BT, int STEPS>
+// steps into a fresh accumulator. a, b: the tiles' descriptor low words (kmajor_desc_lo); A in the
+// 128-byte swizzle, B too, or (B_SW64) in the 64-byte one (kmajor_desc_sw64, STEPS <= 2).
+template <int N, int AT, int BT, int STEPS, bool B_SW64 = false>
 __device__ __forceinline__ void wg_fp8_tile(float (&d)[N / 2], uint32_t a, uint32_t b) {
+    static_assert(!B_SW64 || STEPS <= 2, "a 64-byte row holds two k32 steps");
 #pragma unroll
-    for (int kk = 0; kk < STEPS; kk++) wg_fp8<N, AT, BT>(d, kmajor_desc(a + 2 * kk), kmajor_desc(b + 2 * kk), kk > 0);
+    for (int kk = 0; kk < STEPS; kk++)
+        wg_fp8<N, AT, BT>(d, kmajor_desc(a + 2 * kk), B_SW64 ? kmajor_desc_sw64(b + 2 * kk) : kmajor_desc(b + 2 * kk),
+                          kk > 0);
 }
 
 // Fragment map of a 64 x N wgmma accumulator (this thread's element i = 4n + e):

@@ -424,6 +424,10 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void *p, uint32_t lbo, uint
 // constants instead of rebuilding each with 64-bit math from a pointer.
 __device__ __forceinline__ uint32_t kmajor_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
 __device__ __forceinline__ uint64_t kmajor_desc(uint32_t lo) { return (uint64_t)(1024 >> 4) << 32 | 1ull << 62 | lo; }
+// The same for a K-major tile of 64-byte rows in the 64-byte swizzle (TMA's SWIZZLE_64B: 16-byte
+// chunk c of row r at c ^ ((r / 2) % 4), regions 512-byte aligned): stride 512 B per 8 rows,
+// layout type 2. A reduction of 64 FP8 elements (two k32 steps: + 2 each) fits one row.
+__device__ __forceinline__ uint64_t kmajor_desc_sw64(uint32_t lo) { return (uint64_t)(512 >> 4) << 32 | 2ull << 62 | lo; }
 
 #define WG_ACC8(b) "+f"(d[(b) + 0]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3]), \
                    "+f"(d[(b) + 4]), "+f"(d[(b) + 5]), "+f"(d[(b) + 6]), "+f"(d[(b) + 7])
@@ -578,6 +582,15 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
 // at init: .noinc).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// TMA: box at coordinate c0 of the 1-D tensor map -> shared memory at dst (128-byte aligned);
+// completion is counted on bar.
+__device__ __forceinline__ void tma_load_1d(void *dst, const void *tmap, uint64_t *bar, int c0) {
+    asm volatile(
+        "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::"r"(
+            smem_addr(dst)),
+        "l"((uint64_t)tmap), "r"(c0), "r"(smem_addr(bar))
+        : "memory");
 }
 // TMA: box at coordinates (c0 innermost, c1) of the 2-D tensor map -> shared memory at dst;
 // completion is counted on bar.

@@ -160,6 +160,9 @@ void attn_fp8_delta_pass(const AttnFp8BwdArgs *args, float *dlt, float *dq_acc, 
 // ATTN_FP8_BWD_GROUP_HEADS), e.g. one that leaves a partial last group; dK, dV must not change
 // by a bit, dQ only by the order of its FP32 reductions.
 void attn_gpu_backward_fp8_test_group_heads(int heads_per_group);
+// For tests: the main backward's form at d = 128 (1: query blocks by TMA, 0: by cp.async, as at
+// d = 64; < 0: the default, or ATTN_FP8_BWD_TMA); the values must not change by a bit.
+void attn_gpu_backward_fp8_test_tma(int on);
 
 #ifdef __cplusplus
 }

@@ -42,8 +42,8 @@ static inline CUtensorMap tensor_map_tiled(const char *who, CUtensorMapDataType 
                                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         FATAL("%s: cuTensorMapEncodeTiled failed (%d) for a rank-%d map of dims %llu x %llu x %llu, box %u x %u", who,
-              (int)r, rank, (unsigned long long)dims[0], (unsigned long long)dims[1],
-              (unsigned long long)(rank > 2 ? dims[2] : 1), box[0], box[1]);
+              (int)r, rank, (unsigned long long)dims[0], (unsigned long long)(rank > 1 ? dims[1] : 1),
+              (unsigned long long)(rank > 2 ? dims[2] : 1), box[0], rank > 1 ? box[1] : 1);
     }
     return m;
 }

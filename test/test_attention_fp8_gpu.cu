@@ -974,6 +974,11 @@ static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
             attn_gpu_backward_fp8_test_group_heads(hg);
             rerun_same(what);
             attn_gpu_backward_fp8_test_group_heads(0);
+            if (d == 128) {  // the main backward's other form: query blocks by cp.async, not TMA
+                attn_gpu_backward_fp8_test_tma(0);
+                rerun_same("with the cp.async form of the main backward");
+                attn_gpu_backward_fp8_test_tma(-1);
+            }
         }
     }
     snprintf(name, sizeof name, "attn fp8_naive row-sum residual far above fp8_dm's on the GPU (x10, > 1e-5): %s", tag);
@@ -1658,6 +1663,7 @@ int main(void) {
         {{2, 1, 1024, 64, true, 3.0}, FP8_E4M3},
         {{1, 1, 384, 128, true, 2.0}, FP8_E4M3},
         {{1, 1, 333, 64, false, 2.0}, FP8_E5M2},
+        {{2, 3, 333, 128, true, 2.0}, FP8_E4M3},   // d = 128, heads whose last query block runs past T
     };
     const int n_bwd = is_small ? 2 : (int)(sizeof bwd_cases / sizeof bwd_cases[0]);
     for (int i = 0; i < n_bwd; i++) run_bwd_case(bwd_cases[i].cs, bwd_cases[i].gfmt, i);
