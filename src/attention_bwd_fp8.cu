@@ -176,8 +176,7 @@ struct B8Smem {
 
 // The tensor maps of the TMA form (d = 128): Q̂, dÔ (B*H*Tp rows of D bytes; box 64 rows, 128-byte
 // swizzle), Q̂^T, dÔ^T (B*H*D rows of Tp bytes; box 64 bytes x D rows, 64-byte swizzle), LSE and
-// D (B*H*T floats as one dimension; box 64: a block past T reads the next head's rows, which the
-// mask zeroes, or zeros past the end).
+// D (B*H rows of T floats; box 64 x 1, rows past T read as zeros).
 struct B8QMaps {
     CUtensorMap q, dout, qt, dot, lse, dl;
 };
@@ -263,8 +262,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         tma_load_2d(st + L::OFF_DO, &qm.dout, bar, 0, bh * Tp + q0);
         tma_load_2d(st + L::OFF_QT, &qm.qt, bar, q0, bh * D);
         tma_load_2d(st + L::OFF_DOT, &qm.dot, bar, q0, bh * D);
-        tma_load_1d(sLse2 + s * B8_BQ, &qm.lse, bar, bh * T + q0);
-        tma_load_1d(sDl2 + s * B8_BQ, &qm.dl, bar, bh * T + q0);
+        tma_load_2d(sLse2 + s * B8_BQ, &qm.lse, bar, q0, bh);
+        tma_load_2d(sDl2 + s * B8_BQ, &qm.dl, bar, q0, bh);
         const long sb = (long)bh * nblk + q0 / ATTN_SCALE_BLOCK;
         cp_async4(sQDs + 2 * s, q_scales + sb, true);
         cp_async4(sQDs + 2 * s + 1, do_scales + sb, true);
@@ -521,7 +520,8 @@ static float *bwd_fp8_dlt(const AttnFp8BwdArgs *a, int B, int H, int T, int d) {
 }
 
 // The main backward's query blocks by TMA (d = 128; ATTN_FP8_BWD_TMA=0: cp.async by every thread,
-// as at d = 64). The 1-D maps of LSE and D need 16-byte aligned bases and B*H*T < 2^31.
+// as at d = 64). The maps of LSE and D need 16-byte aligned rows: T a multiple of 4 (a box that
+// starts off a 16-byte boundary is an illegal instruction) and aligned bases.
 static int bwd_fp8_test_tma_form = -1;  // attn_gpu_backward_fp8_test_tma
 extern "C" void attn_gpu_backward_fp8_test_tma(int on) { bwd_fp8_test_tma_form = on < 0 ? -1 : on != 0; }
 static bool bwd_fp8_tma(const AttnFp8BwdArgs *a, const float *dlt, int B, int H, int T, int d) {
@@ -529,7 +529,8 @@ static bool bwd_fp8_tma(const AttnFp8BwdArgs *a, const float *dlt, int B, int H,
         const char *e = getenv("ATTN_FP8_BWD_TMA");
         return e ? atoi(e) != 0 : 1;
     }();
-    return (bwd_fp8_test_tma_form >= 0 ? bwd_fp8_test_tma_form : env) && d == 128 && (long)B * H * T < 0x7fffffffL && (uintptr_t)a->lse % 16 == 0 && (uintptr_t)dlt % 16 == 0;
+    return (bwd_fp8_test_tma_form >= 0 ? bwd_fp8_test_tma_form : env) && d == 128 && T % 4 == 0 &&
+           (uintptr_t)a->lse % 16 == 0 && (uintptr_t)dlt % 16 == 0;
 }
 
 // B8QMaps for the TMA form (see there).
@@ -548,11 +549,11 @@ static B8QMaps bwd_fp8_qmaps(const AttnFp8BwdArgs *a, const float *dlt, int B, i
                             t_dims, t_strides, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
     m.dot = tensor_map_tiled("the FP8 backward's transposed dO codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->dot_codes,
                              t_dims, t_strides, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
-    const cuuint64_t r_dims[1] = {bh * (cuuint64_t)T}, r_strides[1] = {bh * (cuuint64_t)T * 4};  // (stride unused)
-    const cuuint32_t r_box[1] = {B8_BQ};
-    m.lse = tensor_map_tiled("the FP8 backward's LSE", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, a->lse, r_dims, r_strides,
+    const cuuint64_t r_dims[2] = {(cuuint64_t)T, bh}, r_strides[1] = {(cuuint64_t)T * 4};
+    const cuuint32_t r_box[2] = {B8_BQ, 1};
+    m.lse = tensor_map_tiled("the FP8 backward's LSE", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a->lse, r_dims, r_strides,
                              r_box, CU_TENSOR_MAP_SWIZZLE_NONE);
-    m.dl = tensor_map_tiled("the FP8 backward's D", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, dlt, r_dims, r_strides, r_box,
+    m.dl = tensor_map_tiled("the FP8 backward's D", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dlt, r_dims, r_strides, r_box,
                             CU_TENSOR_MAP_SWIZZLE_NONE);
     return m;
 }

@@ -583,15 +583,6 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-// TMA: box at coordinate c0 of the 1-D tensor map -> shared memory at dst (128-byte aligned);
-// completion is counted on bar.
-__device__ __forceinline__ void tma_load_1d(void *dst, const void *tmap, uint64_t *bar, int c0) {
-    asm volatile(
-        "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::"r"(
-            smem_addr(dst)),
-        "l"((uint64_t)tmap), "r"(c0), "r"(smem_addr(bar))
-        : "memory");
-}
 // TMA: box at coordinates (c0 innermost, c1) of the 2-D tensor map -> shared memory at dst;
 // completion is counted on bar.
 __device__ __forceinline__ void tma_load_2d(void *dst, const void *tmap, uint64_t *bar, int c0, int c1) {
