@@ -34,8 +34,9 @@
 // descriptor; a tile whose reduction is 64 long (queries) uses the first 64 bytes of each row.
 // The K-major operands for the reductions over tokens come from the transposed codes of the
 // quantize kernel (Q̂^T, K̂^T, dÔ^T); P̂^T, dŜ^T and dŜ are written to shared memory by the
-// threads that computed them. The main kernel double-buffers the query block's tiles (cp.async:
-// block i+1 loads while block i computes), overlaps the dV / dQ / dK wgmma groups with each
+// threads that computed them. The main kernel double-buffers the query block's tiles (block i+1
+// loads while block i computes: at d = 128 by TMA from one thread, at d = 64 by cp.async from
+// every thread), overlaps the dV / dQ / dK wgmma groups with each
 // other's FP32 epilogues, and converts to FP8 with the hardware's paired conversion (cvt_*x2,
 // the same codes as fp8.h's encoders); see the comment above attn_bwd_fp8_kernel.
 //
