@@ -84,7 +84,7 @@ def label(T):
 
 
 def met(ok):
-    return "met" if ok else "NOT met"
+    return "parity" if ok == "parity" else "met" if ok else "NOT met"
 
 
 def main():
@@ -352,6 +352,13 @@ def main():
         + " | dm f / ours f (>= 1.3) | dm f+b / ours f+b time (< 1 at T >= 2K) | delta share |")
     out("|---" * (1 + 2 * len(names) + 3) + "|")
     fwd_ok, fb_ok, fb_keep_ok, keep_ratios = [], [], [], []
+
+    # A forward + backward time ratio within PARITY of 1 is neither met nor missed: that is the
+    # spread of the ratio between device calls on one H200 (docs/perf.md, stops 27-28).
+    PARITY = 0.005
+
+    def fb_state(x):
+        return True if x < 1 - PARITY else "parity" if x <= 1 + PARITY else False
     for r in rows:
         tf, tb, T = r["tf"], r["tb"], r["T"]
         c1 = c2 = c3 = "n/a"
@@ -361,12 +368,12 @@ def main():
             fwd_ok.append((T, x >= 1.3))
         if all(n in tf and n in tb for n in ("fp8_dm", "ours")):
             x = (tf["fp8_dm"] + tb["fp8_dm"]) / (tf["ours"] + tb["ours"])
-            c2 = f"{x:.2f}" + (f" {met(x < 1)}" if T >= 2048 else "")
+            c2 = f"{x:.2f}" + (f" {met(fb_state(x))}" if T >= 2048 else "")
             if T >= 2048:
-                fb_ok.append((T, x < 1))
+                fb_ok.append((T, fb_state(x)))
         if all(n in tf and n in tb for n in ("fp8_dm_keep", "ours")) and T >= 2048:
             x = (tf["fp8_dm_keep"] + tb["fp8_dm_keep"]) / (tf["ours"] + tb["ours"])
-            fb_keep_ok.append((T, x < 1))
+            fb_keep_ok.append((T, fb_state(x)))
             keep_ratios.append(f"{label(T)} {x:.3f}")
         if "fp8_dm" in tb and "fp8_dm_approx" in tb:
             more = []
@@ -384,8 +391,17 @@ def main():
     def verdict(lst):
         if not lst:
             return "not measured"
-        bad = [label(T) for T, ok in lst if not ok]
-        return "MET at every T measured" if not bad else f"NOT MET at T = {', '.join(bad)}"
+        good = [label(T) for T, ok in lst if ok is True]
+        bad = [label(T) for T, ok in lst if ok is False]
+        even = [label(T) for T, ok in lst if ok == "parity"]
+        if len(good) == len(lst):
+            return "MET at every T measured"
+        parts = [f"MET at T = {', '.join(good)}"] if good else []
+        if even:
+            parts.append(f"at parity (within {PARITY:.1%} of 1, the spread between calls) at T = {', '.join(even)}")
+        if bad:
+            parts.append(f"NOT MET at T = {', '.join(bad)}")
+        return "; ".join(parts)
 
     out(f"target fp8_dm fwd >= 1.3x ours BF16 fwd: {verdict(fwd_ok)}")
     bare_fwd = [f"{label(r['T'])} {r['tf']['ours'] / r['tf']['fp8_fwd_bare']:.2f}" for r in rows
