@@ -56,14 +56,13 @@
 #include <math.h>          // sqrtf
 #include <stddef.h>        // size_t
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t, uintptr_t
-#include <stdlib.h>        // getenv, atoi (ATTN_FP8_BWD_TMA)
 #include <string.h>        // memset
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, check_args
 #include "common.h"                  // FATAL
 #include "fp8.h"                     // fp8_scale_for_amax, fp8_to_f32 (the encoders: see cvt_e4m3x2)
 #include "gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
-#include "tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map; the TMA form's maps)
+#include "tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map), tensor_map_2d (the TMA form's maps)
 
 #include "attention_bwd_fp8_tile.cuh"  // B8_*, wg_fp8_tile, b8_load, tile_p_dp: shared with the delta pass
 
@@ -293,27 +292,23 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 
     for (int qb = qb_first; qb < n_qb; qb++) {
         const int q0 = qb * B8_BQ, s = (qb - qb_first) & 1;
-        if constexpr (TMA) {
-            // B1: every thread is past the previous iteration, so the other stage is free to
-            // refill; then this stage's copies have landed (its mbarrier's phase)
-            fence_proxy_async();  // the previous block's dQ staging stores for the bulk reads
-            __syncthreads();
-            if (qb + 1 < n_qb && tid == B8_LOADER) load_qblock_tma(qb + 1, s ^ 1);
-            if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
-            mbar_wait(sFull + s, (uint32_t)(((qb - qb_first) >> 1) & 1));
-        } else {
-            // B1: this stage's copies (the only group in flight) have landed, for all threads; and
-            // every thread is past the previous iteration, so the other stage is free to refill
-            cp_async_wait_all();
-            fence_proxy_async();  // also orders the previous block's dQ staging stores for the bulk reads
-            __syncthreads();
-            if (qb + 1 < n_qb) {
+        // B1: every thread is past the previous iteration, so the other stage is free to refill;
+        // this stage's copies have landed: cp.async, the only group in flight, before the barrier
+        // for all threads; TMA, its mbarrier's phase after it
+        if constexpr (!TMA) cp_async_wait_all();
+        fence_proxy_async();  // also orders the previous block's dQ staging stores for the bulk reads
+        __syncthreads();
+        if (qb + 1 < n_qb) {
+            if constexpr (TMA) {
+                if (tid == B8_LOADER) load_qblock_tma(qb + 1, s ^ 1);
+            } else {
                 load_qblock(qb + 1, s ^ 1);
                 cp_async_commit();
             }
-            // the previous query block's dQ, staged by every thread before this barrier
-            if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
         }
+        // the previous query block's dQ, staged by every thread before this barrier
+        if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
+        if constexpr (TMA) mbar_wait(sFull + s, (uint32_t)(((qb - qb_first) >> 1) & 1));
         // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
         // wgu = wg, as a value the compiler knows to be warp-uniform (a shuffle from lane 0, as
         // CUTLASS's canonical_warp_group_idx), so the descriptors that depend on it are built in
@@ -527,10 +522,7 @@ static float *bwd_fp8_dlt(const AttnFp8BwdArgs *a, int B, int H, int T, int d) {
 static int bwd_fp8_test_tma_form = -1;  // attn_gpu_backward_fp8_test_tma
 extern "C" void attn_gpu_backward_fp8_test_tma(int on) { bwd_fp8_test_tma_form = on < 0 ? -1 : on != 0; }
 static bool bwd_fp8_tma(const AttnFp8BwdArgs *a, const float *dlt, int B, int H, int T, int d) {
-    static const int env = [] {
-        const char *e = getenv("ATTN_FP8_BWD_TMA");
-        return e ? atoi(e) != 0 : 1;
-    }();
+    static const bool env = attn_env_switch("ATTN_FP8_BWD_TMA");
     const long rows = (long)B * H * attn_quant_n_blocks(T) * ATTN_SCALE_BLOCK;  // the maps' int row coordinates
     return (bwd_fp8_test_tma_form >= 0 ? bwd_fp8_test_tma_form : env) && d == 128 && T % 4 == 0 &&
            rows < 0x7fffffffL && (uintptr_t)a->lse % 16 == 0 && (uintptr_t)dlt % 16 == 0;
@@ -539,32 +531,24 @@ static bool bwd_fp8_tma(const AttnFp8BwdArgs *a, const float *dlt, int B, int H,
 // B8QMaps for the TMA form (see there).
 static B8QMaps bwd_fp8_qmaps(const AttnFp8BwdArgs *a, const float *dlt, int B, int H, int T, int D) {
     B8QMaps m;
-    const cuuint64_t bh = (cuuint64_t)B * H, Tp = (cuuint64_t)attn_quant_n_blocks(T) * ATTN_SCALE_BLOCK;
-    const cuuint64_t rows_dims[2] = {(cuuint64_t)D, bh * Tp}, rows_strides[1] = {(cuuint64_t)D};
-    const cuuint32_t rows_box[2] = {(cuuint32_t)D, B8_BQ};
-    m.q = tensor_map_tiled("the FP8 backward's Q codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->q_codes, rows_dims,
-                           rows_strides, rows_box, CU_TENSOR_MAP_SWIZZLE_128B);
-    m.dout = tensor_map_tiled("the FP8 backward's dO codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->do_codes, rows_dims,
-                              rows_strides, rows_box, CU_TENSOR_MAP_SWIZZLE_128B);
-    const cuuint64_t t_dims[2] = {Tp, bh * D}, t_strides[1] = {Tp};
-    const cuuint32_t t_box[2] = {B8_BQ, (cuuint32_t)D};
-    m.qt = tensor_map_tiled("the FP8 backward's transposed Q codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->qt_codes,
-                            t_dims, t_strides, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
-    m.dot = tensor_map_tiled("the FP8 backward's transposed dO codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, a->dot_codes,
-                             t_dims, t_strides, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
-    const cuuint64_t r_dims[2] = {(cuuint64_t)T, bh}, r_strides[1] = {(cuuint64_t)T * 4};
-    const cuuint32_t r_box[2] = {B8_BQ, 1};
-    m.lse = tensor_map_tiled("the FP8 backward's LSE", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a->lse, r_dims, r_strides,
-                             r_box, CU_TENSOR_MAP_SWIZZLE_NONE);
-    m.dl = tensor_map_tiled("the FP8 backward's D", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dlt, r_dims, r_strides, r_box,
-                            CU_TENSOR_MAP_SWIZZLE_NONE);
+    const uint64_t bh = (uint64_t)B * H, Tp = (uint64_t)attn_quant_n_blocks(T) * ATTN_SCALE_BLOCK;
+    const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8, f32 = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    m.q = tensor_map_2d("the FP8 backward's Q codes", u8, a->q_codes, D, bh * Tp, D, D, B8_BQ, CU_TENSOR_MAP_SWIZZLE_128B);
+    m.dout = tensor_map_2d("the FP8 backward's dO codes", u8, a->do_codes, D, bh * Tp, D, D, B8_BQ,
+                           CU_TENSOR_MAP_SWIZZLE_128B);
+    m.qt = tensor_map_2d("the FP8 backward's transposed Q codes", u8, a->qt_codes, Tp, bh * D, Tp, B8_BQ, D,
+                         CU_TENSOR_MAP_SWIZZLE_64B);
+    m.dot = tensor_map_2d("the FP8 backward's transposed dO codes", u8, a->dot_codes, Tp, bh * D, Tp, B8_BQ, D,
+                          CU_TENSOR_MAP_SWIZZLE_64B);
+    m.lse = tensor_map_2d("the FP8 backward's LSE", f32, a->lse, T, bh, 4L * T, B8_BQ, 1, CU_TENSOR_MAP_SWIZZLE_NONE);
+    m.dl = tensor_map_2d("the FP8 backward's D", f32, dlt, T, bh, 4L * T, B8_BQ, 1, CU_TENSOR_MAP_SWIZZLE_NONE);
     return m;
 }
 
+// dlt: D's rows (B, H, T), bwd_fp8_dlt.
 template <int D, bool E5, bool TMA>
-static void backward_fp8_d(const AttnFp8BwdArgs *a, int B, int H, int T, cudaStream_t stream) {
-    float *dq_acc = (float *)a->workspace;                                   // (B, H, T, D)
-    float *dlt = bwd_fp8_dlt(a, B, H, T, D);                                 // (B, H, T)
+static void backward_fp8_d(const AttnFp8BwdArgs *a, float *dlt, int B, int H, int T, cudaStream_t stream) {
+    float *dq_acc = (float *)a->workspace;  // (B, H, T, D)
     const float tau = 1.0f / sqrtf((float)D);
     const long rows = (long)B * H * T;
     if (a->precision != ATTN_FP8_DM) {  // fp8_dm: the delta pass zeroes the accumulators itself
@@ -625,15 +609,15 @@ extern "C" void attn_gpu_backward_fp8(const AttnFp8BwdArgs *a, int B, int H, int
     if (!a->row_ds_sum != !a->row_cancel)
         FATAL("attn_gpu_backward_fp8: row_ds_sum and row_cancel are both given or both NULL");
     const bool e5 = a->grad_format == FP8_E5M2;
-    const float *dlt = bwd_fp8_dlt(a, B, H, T, d);
+    float *dlt = bwd_fp8_dlt(a, B, H, T, d);
     if (d == 64) {
-        if (e5) backward_fp8_d<64, true, false>(a, B, H, T, stream);
-        else backward_fp8_d<64, false, false>(a, B, H, T, stream);
+        if (e5) backward_fp8_d<64, true, false>(a, dlt, B, H, T, stream);
+        else backward_fp8_d<64, false, false>(a, dlt, B, H, T, stream);
     } else if (bwd_fp8_tma(a, dlt, B, H, T, d)) {
-        if (e5) backward_fp8_d<128, true, true>(a, B, H, T, stream);
-        else backward_fp8_d<128, false, true>(a, B, H, T, stream);
+        if (e5) backward_fp8_d<128, true, true>(a, dlt, B, H, T, stream);
+        else backward_fp8_d<128, false, true>(a, dlt, B, H, T, stream);
     } else {
-        if (e5) backward_fp8_d<128, true, false>(a, B, H, T, stream);
-        else backward_fp8_d<128, false, false>(a, B, H, T, stream);
+        if (e5) backward_fp8_d<128, true, false>(a, dlt, B, H, T, stream);
+        else backward_fp8_d<128, false, false>(a, dlt, B, H, T, stream);
     }
 }

@@ -44,9 +44,8 @@
 #include "attention_bwd_fp8_tile.cuh"  // b8_load, delta_a_frags, delta_issue, delta_p, delta_mask, pdp_*
 #include "attention_gpu_common.cuh"    // mbarriers, setmaxnreg, persistent_next_tile, quad_sum, pow2_recip
 #include "common.h"                    // FATAL
-#include "tensor_map.h"                // tensor_map_tiled: K̂, V̂ by TMA (d 128)
+#include "tensor_map.h"                // tensor_map_2d: K̂, V̂ by TMA (d 128)
 
-#include <stdlib.h>  // getenv, atoi
 #include <string.h>  // memset
 
 #define DL_BQ 128     // queries per tile: one scale block (2 consumer warpgroups x 64)
@@ -265,11 +264,7 @@ static int delta_heads_per_group(int n_bh, int nblk, int d) {
 
 // The delta pass's K̂ and V̂ by TMA at d 128 (ATTN_FP8_DELTA_TMA=0: the cp.async producer), read once.
 static bool delta_kv_tma(int d) {
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("ATTN_FP8_DELTA_TMA");
-        env = e ? atoi(e) != 0 : 1;
-    }
+    static const bool env = attn_env_switch("ATTN_FP8_DELTA_TMA");
     return d == 128 && env;
 }
 
@@ -291,15 +286,11 @@ static void delta_launch(const AttnFp8BwdArgs *a, float *dlt, float *dq_acc, int
     memset(&tm_k, 0, sizeof tm_k);
     memset(&tm_v, 0, sizeof tm_v);
     if constexpr (KV_TMA) {
-        const cuuint64_t dims[2] = {(cuuint64_t)D, (cuuint64_t)B * H * nblk * DL_BK};
-        const cuuint64_t strides[1] = {(cuuint64_t)D};
-        const cuuint32_t box[2] = {(cuuint32_t)D, DL_BK};
-        auto codes_map = [&](const char *who, const uint8_t *codes) {
-            return tensor_map_tiled(who, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, codes, dims, strides, box,
-                                    CU_TENSOR_MAP_SWIZZLE_128B);
-        };
-        tm_k = codes_map("the delta pass's K codes", a->k_codes);
-        tm_v = codes_map("the delta pass's V codes", a->v_codes);
+        const uint64_t rows = (uint64_t)B * H * nblk * DL_BK;
+        tm_k = tensor_map_2d("the delta pass's K codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, a->k_codes, D, rows, D, D, DL_BK,
+                             CU_TENSOR_MAP_SWIZZLE_128B);
+        tm_v = tensor_map_2d("the delta pass's V codes", CU_TENSOR_MAP_DATA_TYPE_UINT8, a->v_codes, D, rows, D, D, DL_BK,
+                             CU_TENSOR_MAP_SWIZZLE_128B);
     }
     attn_fp8_delta_kernel<D, E5, KV_TMA><<<(unsigned)grid, DL_THREADS, smem, stream>>>(
         a->q_codes, a->k_codes, a->v_codes, a->do_codes, a->q_scales, a->k_scales, a->v_scales, a->do_scales, a->lse,

@@ -16,7 +16,7 @@
 #include <cuda_bf16.h>     // __nv_bfloat16, __floats2bfloat162_rn
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
-#include <stdlib.h>        // getenv, atoi (attn_env_group_heads)
+#include <stdlib.h>        // getenv, atoi (attn_env_group_heads, attn_env_switch)
 
 #include "common.h"  // FATAL
 #include "fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
@@ -146,6 +146,12 @@ static inline int attn_env_group_heads(const char *name) {
     const char *v = getenv(name);
     if (!v || !*v) return -1;
     return atoi(v) > 0 ? atoi(v) : 0;
+}
+// An on / off switch of a kernel's form (ATTN_*_TMA=0 turns it off): on unless set to 0. Launchers
+// read it once: static const bool on = attn_env_switch(..).
+static inline bool attn_env_switch(const char *name) {
+    const char *v = getenv(name);
+    return !v || !*v || atoi(v) != 0;
 }
 // The number of SMs of the current device, once per process (one device per process: one GPU
 // per rank). The causal kernels' group sizes and the persistent FP8 forward's grid use it.

@@ -5,6 +5,7 @@
 
 #include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
 #include <cuda_runtime.h>  // cudaGetDriverEntryPointByVersion
+#include <stdint.h>        // uint32_t, uint64_t (tensor_map_2d)
 
 #include "attention_gpu_common.cuh"  // CUDA_OK
 #include "common.h"                  // FATAL
@@ -46,4 +47,14 @@ static inline CUtensorMap tensor_map_tiled(const char *who, CUtensorMapDataType 
               (unsigned long long)(rank > 2 ? dims[2] : 1), box[0], rank > 1 ? box[1] : 1);
     }
     return m;
+}
+
+// A 2-D map of `rows` rows of `cols` elements, `row_bytes` apart (a multiple of 16), box
+// box_cols x box_rows: the FP8 kernels' code matrices (plain and transposed) and per-row vectors.
+static inline CUtensorMap tensor_map_2d(const char *who, CUtensorMapDataType type, const void *base, uint64_t cols,
+                                        uint64_t rows, uint64_t row_bytes, uint32_t box_cols, uint32_t box_rows,
+                                        CUtensorMapSwizzle swizzle) {
+    const cuuint64_t dims[2] = {cols, rows}, strides[1] = {row_bytes};
+    const cuuint32_t box[2] = {box_cols, box_rows};
+    return tensor_map_tiled(who, type, 2, base, dims, strides, box, swizzle);
 }
