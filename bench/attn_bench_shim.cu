@@ -15,6 +15,8 @@
 //                                without / with kept codes
 //   shim_fp8_fwd / shim_fp8_bwd  attn_gpu_forward_fp8 / attn_gpu_backward_fp8 on those codes
 //   shim_delta                   fp8_dm's delta-pass kernel alone (attn_bench_shim_delta.cu)
+//   shim_timeline                per-CTA timestamps of the main backward kernels, in a library built
+//                                with -DATTN_TIMELINE (bench/attn_timeline.py)
 //   shim_rope / shim_fwd_rope    the forward as the model runs it after the QKV projection, RoPE
 //                                included: rope_forward_gpu alone; attn_mode_forward_rope (bf16:
 //                                rope_forward_gpu then the forward; FP8 modes: RoPE inside the
@@ -258,5 +260,16 @@ int shim_delta(const float *lse, float *delta) {
 }
 
 int shim_has_delta(void) { return shim_delta_launch ? 1 : 0; }
+
+// Per-CTA timelines (src/cta_timeline.cuh; bench/attn_timeline.py): the record setters exist only
+// in a library built with -DATTN_TIMELINE. which: 0 our BF16 backward's main kernel, 1 the FP8
+// main backward; records: a device array of CtaTimeline, one per CTA of the next launches, or
+// NULL to stop recording. -1 when the library has no timelines (or the copy failed).
+int attn_gpu_backward_timeline(void *records) __attribute__((weak));
+int attn_gpu_backward_fp8_timeline(void *records) __attribute__((weak));
+int shim_timeline(int which, void *records) {
+    int (*set)(void *) = which == 0 ? attn_gpu_backward_timeline : which == 1 ? attn_gpu_backward_fp8_timeline : NULL;
+    return set ? set(records) : -1;
+}
 
 }  // extern "C"

@@ -7,14 +7,15 @@
 # kernel alone. Prints the summary table (with the issue's targets marked) last; the per-T
 # timings with min/max are in $OUT/bench.txt. Logs go to $OUT (or /tmp/gpu_fp8_bench_out).
 #   usage: [MODES="bf16 fp8_dm"] [ROUNDS=30] [GRAD_FORMAT=e4m3] [HEAD_DIM=128] [HEADS=16] [BUDGET=230]
-#          [REUSE_LIB=1 (skip the build: $BD/libattn_fp8.so of an earlier run)] bash scripts/gpu_fp8_attention_bench.sh
+#          [REUSE_LIB=1 (skip the build: $BD/libattn_fp8.so of an earlier run)] [BUILD_ONLY=1]
+#          [EXTRA_NVF="-D..." (more nvcc flags; use another BD)] bash scripts/gpu_fp8_attention_bench.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_bench_out}
 BD=${BD:-/tmp/gpu_fp8_bench_build}
 mkdir -p "$OUT" "$BD"
 . scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
-NVF="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xcompiler -fopenmp -Xcompiler -fPIC"
+NVF="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xcompiler -fopenmp -Xcompiler -fPIC ${EXTRA_NVF:-}"
 BUDGET=${BUDGET:-230}  # seconds for the whole script; the benchmark gets what the build leaves
 start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader 2>/dev/null
@@ -57,6 +58,7 @@ $NVCC -gencode arch=compute_90a,code=sm_90a -shared -Xcompiler -fopenmp $objs -o
 echo "   built in $(( $(date +%s) - start )) s"
 fi
 
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 echo "== bench (bench/bench_attention_fp8.py; full log bench.txt)"
 left=$(( BUDGET - ($(date +%s) - start) ))
 [ $left -lt 60 ] && left=60

@@ -65,6 +65,7 @@
 #include "tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map), tensor_map_2d (the TMA form's maps)
 
 #include "attention_bwd_fp8_tile.cuh"  // B8_*, wg_fp8_tile, b8_load, tile_p_dp: shared with the delta pass
+#include "cta_timeline.cuh"            // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
 
 namespace {
 // Scale blocks of a sequence of T tokens (attn_quant_n_blocks, for device code).
@@ -183,6 +184,12 @@ struct B8QMaps {
 // The thread that issues the TMA form's query-block copies (thread 0 issues the dQ reductions).
 #define B8_LOADER 32
 
+// -DATTN_TIMELINE: thread 0 of each CTA records entry (0), its first query block in (1), the end
+// of the two diagonal query blocks (2), the end of the loop (3), the last dQ reduction done (4)
+// and its end (5) (cta_timeline.cuh; bench/attn_timeline.py)
+TL_DECLARE(b8_timeline);
+TL_DEFINE_SETTER(attn_gpu_backward_fp8_timeline, b8_timeline)
+
 template <int D, bool E5, bool TMA>
 __global__ void __launch_bounds__(B8_THREADS, 1)
     attn_bwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ qtc,
@@ -223,6 +230,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     const int kb = blockIdx.y, bh = blockIdx.z * gridDim.x + blockIdx.x, b = bh / H, h = bh % H;
     if (bh >= n_bh) return;  // past the last head of a partial last group (before any barrier)
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    TL_MARK(b8_timeline, tid == 0, 0);
     const int g = lane >> 2, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
     const int k0 = kb * B8_BK, key0 = k0 + wg * 64;  // the warpgroup's first key
@@ -309,6 +317,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // the previous query block's dQ, staged by every thread before this barrier
         if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
         if constexpr (TMA) mbar_wait(sFull + s, (uint32_t)(((qb - qb_first) >> 1) & 1));
+        TL_MARK(b8_timeline, tid == 0 && qb == qb_first, 1);
+        TL_MARK(b8_timeline, tid == 0 && qb == qb_first + 2, 2);
         // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
         // wgu = wg, as a value the compiler knows to be warp-uniform (a shuffle from lane 0, as
         // CUTLASS's canonical_warp_group_idx), so the descriptors that depend on it are built in
@@ -471,12 +481,14 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     }
 
     // the last query block's dQ
+    TL_MARK(b8_timeline, tid == 0, 3);
     fence_proxy_async();
     __syncthreads();
     if (tid == 0) {
         if (n_qb > qb_first) dq_reduce<D>(&tm_dq, s_dq, (n_qb - 1) * B8_BQ, bh);
         bulk_wait_all();
     }
+    TL_MARK(b8_timeline, tid == 0, 4);
 
     // epilogue: dV and tau dK in BF16, staged in the stages' shared memory (free now: every
     // wgmma is done), then copied out in 16-byte chunks (dkdv_stage, attention_gpu_common.cuh)
@@ -484,6 +496,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     dkdv_stage<D>(smem_addr(stage0), dka, dva, tau, wg * 64 + warp * 16);
     __syncthreads();
     dkdv_copy_out<D, B8_THREADS>(stage0, dk, dv, (long)b * T * dqkv_stride + (long)h * D, dqkv_stride, k0, T, tid);
+    TL_END(b8_timeline, tid == 0, 5, n_qb - qb_first);
 }
 
 // --- launchers ---------------------------------------------------------------------------------

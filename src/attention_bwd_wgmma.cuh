@@ -38,6 +38,7 @@
 #include "attention_gpu_common.cuh"  // PTX wrappers (wgmma, TMA, mbarrier), CUDA_OK
 #include "tensor_map.h"              // tensor_map_tiled (Q, K, V, dO maps)
 #include "common.h"                  // FATAL
+#include "cta_timeline.cuh"          // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
 
 #define BW_BC 128  // keys per CTA: 2 consumer warpgroups x 64
 
@@ -91,6 +92,12 @@ __device__ __forceinline__ void bw_issue_ss_nt(float (&acc)[D / 2], uint32_t sA,
     }
 }
 
+// -DATTN_TIMELINE: the first consumer thread of each CTA records entry (0), K and V in (1), the
+// end of the masked query blocks (2), of the loop (3), both consumers done (4) and its end (5),
+// as the FP8 backward does (cta_timeline.cuh; bench/attn_timeline.py)
+TL_DECLARE(bw_timeline);
+TL_DEFINE_SETTER(attn_gpu_backward_timeline, bw_timeline)
+
 // grid: ceil(T/BW_BC) * B*H CTAs, heaviest key blocks (kb = 0) first within groups of
 // heads_per_group heads (causal_item_grouped; all heads by default); block 384 threads.
 template <int D>
@@ -114,6 +121,7 @@ __global__ void __launch_bounds__(384, 1)
     const CausalItem cta = causal_item_grouped(blockIdx.x, n_kb, n_bh, heads_per_group);
     const int kb = cta.rank, bh = cta.bh, b = bh / H, h = bh % H;
     const int k0 = kb * BW_BC, qb0 = k0 / BR, n_it = (T + BR - 1) / BR - qb0;
+    TL_MARK(bw_timeline, threadIdx.x == 128, 0);
 
     if (threadIdx.x == 0) {
         mbar_init(full_kv, 1);
@@ -176,6 +184,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int i = 0; i < D / 2; i++) dva[i] = dka[i] = 0.f;
 
         mbar_wait(full_kv, 0);
+        TL_MARK(bw_timeline, ctid == 0, 1);
 
         auto step = [&](int it, auto mask) {
             const int st = it & 1, q0 = (qb0 + it) * BR;
@@ -265,7 +274,9 @@ __global__ void __launch_bounds__(384, 1)
         constexpr int N_MASKED = BW_BC / BR;
         int it = 0;
         for (; it < n_it && it < N_MASKED; it++) step(it, std::true_type());
+        TL_MARK(bw_timeline, ctid == 0 && it < n_it, 2);
         for (; it < n_it; it++) step(it, std::false_type());
+        TL_MARK(bw_timeline, ctid == 0, 3);
 
         // epilogue: dV and tau dK in BF16, staged in the K and V tiles' shared memory (free once
         // both consumers are past their last wgmma), then copied out in 16-byte chunks
@@ -274,9 +285,11 @@ __global__ void __launch_bounds__(384, 1)
         // (the thread indices read again here: kept live through the loop, one of them spilled)
         const int etid = (int)threadIdx.x - 128;
         named_bar_sync<2, 256>();
+        TL_MARK(bw_timeline, etid == 0, 4);
         dkdv_stage<D>(smem_addr(sK), dka, dva, tau, 16 * (etid / 32));
         named_bar_sync<2, 256>();
         dkdv_copy_out<D, 256>(sK, dk, dv, (long)b * T * dqkv_stride + (long)h * D, dqkv_stride, k0, T, etid);
+        TL_END(bw_timeline, etid == 0, 5, n_it);
     }
 }
 
