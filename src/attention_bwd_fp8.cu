@@ -294,6 +294,19 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     cp_async_commit();
     if constexpr (TMA) cp_async_wait_all();  // K̂, V̂, K̂^T (the loop's first fence and barrier publish them)
 
+    // This thread's shared-memory stores of each query block at loop-invariant offsets (sw128
+    // written out, so that every store is one of a few registers plus a constant; recomputing
+    // sw128 took ~3 instructions per store, ~110 of the ~1190 per iteration). P̂^T and dŜ^T
+    // element (key row wr0 + 8 r, query column 8 n + 2 t4): (pt_off ^ ((n >> 1) << 4)) + 8 (n & 1)
+    // + 1024 r, since (wr0 + 8 r) % 8 = g and the 16-byte chunk (8 n + 2 t4) >> 4 = n >> 1, so
+    // the swizzle's XOR is g ^ (n >> 1) in bits 4-6 (the XOR with (n >> 1) << 4 flips bits 4-5
+    // only). dŜ's element (query 8 n + 2 t4 + odd, key wr0 + 8 r - odd; see the dŜ stores):
+    // ds_off + 1024 n + 8 r, since the key's chunk is 4 wg + warp and the query row's swizzle
+    // 2 t4 + odd, whatever n and r.
+    const int wr0 = wg * 64 + warp * 16 + g, odd = g & 1;
+    const int pt_off = wr0 * 128 + (g << 4) + 2 * t4;
+    const int ds_off = (2 * t4 + odd) * 128 + (((4 * wg + warp) ^ (2 * t4 + odd)) << 4) + g - odd;
+
     float dka[D / 2], dva[D / 2];  // FP32 dK, dV of the warpgroup's 64 keys (wgmma layout)
 #pragma unroll
     for (int i = 0; i < D / 2; i++) dka[i] = dva[i] = 0.f;
@@ -365,9 +378,10 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
                         }
             }
         }
-        // dS = P (dP - D) in FP32 (masked entries: P = dP = 0 -> 0), its tile amax; P̂^T codes
-        // (two per hardware conversion, one 16-bit store per key row and query pair)
-        float amax = 0.f;
+        // dS = P (dP - D) in FP32 (masked entries: P = dP = 0 -> 0), its tile amax (four chains
+        // of 8 instead of one of 32 on the way to B2: the max of a set is exact in any order); P̂^T
+        // codes (two per hardware conversion, one 16-bit store per key row and query pair)
+        float am[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int n = 0; n < 8; n++) {
             const float2 dl = *reinterpret_cast<const float2 *>(sDl + 8 * n + 2 * t4);
@@ -375,17 +389,16 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             for (int e = 0; e < 4; e++) {
                 const int i = 4 * n + e;
                 ds[i] = __fmul_rn(p[i], __fsub_rn(ds[i], (e & 1) ? dl.y : dl.x));
-                amax = fmaxf(amax, fabsf(ds[i]));
+                am[e] = fmaxf(am[e], fabsf(ds[i]));
             }
         }
+        float amax = fmaxf(fmaxf(am[0], am[1]), fmaxf(am[2], am[3]));
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
-            for (int r = 0; r < 2; r++) {  // key row g + 8r, query columns 8n + 2t4, +1
-                const int kr = wg * 64 + warp * 16 + g + 8 * r, ql = 8 * n + 2 * t4;
-                *reinterpret_cast<uint16_t *>(sPt + sw128(kr, ql)) =
+            for (int r = 0; r < 2; r++)  // key row wr0 + 8r, query columns 8n + 2t4, +1 (pt_off)
+                *reinterpret_cast<uint16_t *>(sPt + (pt_off ^ ((n >> 1) << 4)) + 8 * (n & 1) + 1024 * r) =
                     (uint16_t)cvt_e4m3x2(p[4 * n + 2 * r] * p_scale, p[4 * n + 2 * r + 1] * p_scale);
-            }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         if (lane == 0) sAmax[wg * 4 + warp] = amax;
@@ -401,29 +414,26 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // ql of keys kr, kr+1, the odd-g lane query ql+1 of keys kr-1, kr. One shuffle and two
         // 16-bit stores per n instead of four byte stores (and no bank conflicts: the 8 rows a
         // warp writes fall in 8 different swizzle chunks).
-        const int odd = g & 1;
         const uint32_t send_sel = odd ? 0x40u : 0x51u;  // odd sends its query-ql codes, even its ql+1
         const uint32_t keep_sel = odd ? 0x14u : 0x40u;  // (+0x01 / +0x10 for r = 1, see below)
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            const int ql = 8 * n + 2 * t4;
+        for (int n = 0; n < 8; n++) {  // query columns ql = 8n + 2t4, ql + 1
             uint32_t c2[2];
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int kr = wg * 64 + warp * 16 + g + 8 * r;
+            for (int r = 0; r < 2; r++) {  // key row wr0 + 8r, queries ql, ql + 1 (pt_off)
                 c2[r] = grad_code2<E5>(ds[4 * n + 2 * r] * s_ds, ds[4 * n + 2 * r + 1] * s_ds);
-                *reinterpret_cast<uint16_t *>(sdSt + sw128(kr, ql)) = (uint16_t)c2[r];
+                *reinterpret_cast<uint16_t *>(sdSt + (pt_off ^ ((n >> 1) << 4)) + 8 * (n & 1) + 1024 * r) = (uint16_t)c2[r];
             }
             // byte r of `recv`: the partner's code for key row r (query ql for the even lane,
             // ql + 1 for the odd one)
             const uint32_t recv = __shfl_xor_sync(0xffffffffu, __byte_perm(c2[0], c2[1], send_sel), 4);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int kr = wg * 64 + warp * 16 + g + 8 * r;
                 // even: (my code, partner's) = (c2[r] byte 0, recv byte r) -> selector 0x40 + 0x10 r
                 // odd:  (partner's, my code) = (recv byte r, c2[r] byte 1) -> selector 0x14 + r
+                // at (query ql + odd, keys wr0 + 8r - odd, + 1): ds_off + 1024 n + 8 r
                 const uint32_t sel = keep_sel + (r ? (odd ? 0x01u : 0x10u) : 0u);
-                *reinterpret_cast<uint16_t *>(sdS + sw128(ql + odd, kr - odd)) = (uint16_t)__byte_perm(c2[r], recv, sel);
+                *reinterpret_cast<uint16_t *>(sdS + ds_off + 1024 * n + 8 * r) = (uint16_t)__byte_perm(c2[r], recv, sel);
             }
         }
         fence_proxy_async();  // generic-proxy stores -> wgmma reads
@@ -480,14 +490,15 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         }
     }
 
-    // the last query block's dQ
+    // the last query block's dQ: its reduction runs under the epilogue. Thread 0 waits only for
+    // its reads of the staging area, and only before the CTA ends (dK and dV are staged in the
+    // stages' memory, not there); its writes complete with the grid, as a TMA store's do. Waiting
+    // for them here kept the whole CTA ~1 us per CTA (bench/attn_timeline.py: "last dQ", 2% of
+    // the kernel's SM time at T = 2K).
     TL_MARK(b8_timeline, tid == 0, 3);
     fence_proxy_async();
     __syncthreads();
-    if (tid == 0) {
-        if (n_qb > qb_first) dq_reduce<D>(&tm_dq, s_dq, (n_qb - 1) * B8_BQ, bh);
-        bulk_wait_all();
-    }
+    if (tid == 0 && n_qb > qb_first) dq_reduce<D>(&tm_dq, s_dq, (n_qb - 1) * B8_BQ, bh);
     TL_MARK(b8_timeline, tid == 0, 4);
 
     // epilogue: dV and tau dK in BF16, staged in the stages' shared memory (free now: every
@@ -496,6 +507,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     dkdv_stage<D>(smem_addr(stage0), dka, dva, tau, wg * 64 + warp * 16);
     __syncthreads();
     dkdv_copy_out<D, B8_THREADS>(stage0, dk, dv, (long)b * T * dqkv_stride + (long)h * D, dqkv_stride, k0, T, tid);
+    if (tid == 0) bulk_wait_read();  // the last dQ reduction has read the staging area
     TL_END(b8_timeline, tid == 0, 5, n_qb - qb_first);
 }
 
