@@ -263,13 +263,17 @@ int shim_has_delta(void) { return shim_delta_launch ? 1 : 0; }
 
 // Per-CTA timelines (src/cta_timeline.cuh; bench/attn_timeline.py): the record setters exist only
 // in a library built with -DATTN_TIMELINE. which: 0 our BF16 backward's main kernel, 1 the FP8
-// main backward; records: a device array of CtaTimeline, one per CTA of the next launches, or
-// NULL to stop recording. -1 when the library has no timelines (or the copy failed).
+// main backward, 2 our BF16 forward (wgmma_tma), 3 the FP8 forward (one record per tile); records:
+// a device array of CtaTimeline, one per CTA (tile) of the next launches, or NULL to stop
+// recording. -1 when the library has no timelines (or the copy failed).
 int attn_gpu_backward_timeline(void *records) __attribute__((weak));
 int attn_gpu_backward_fp8_timeline(void *records) __attribute__((weak));
+int attn_gpu_forward_timeline(void *records) __attribute__((weak));
+int attn_gpu_forward_fp8_timeline(void *records) __attribute__((weak));
 int shim_timeline(int which, void *records) {
-    int (*set)(void *) = which == 0 ? attn_gpu_backward_timeline : which == 1 ? attn_gpu_backward_fp8_timeline : NULL;
-    return set ? set(records) : -1;
+    int (*const set[])(void *) = {attn_gpu_backward_timeline, attn_gpu_backward_fp8_timeline,
+                                  attn_gpu_forward_timeline, attn_gpu_forward_fp8_timeline};
+    return which >= 0 && which < 4 && set[which] ? set[which](records) : -1;
 }
 
 }  // extern "C"

@@ -1,17 +1,17 @@
 #!/bin/bash
 # gpu_attn_timeline.sh: on a GPU machine (~2.5 minutes on an H200): build the attention library
 # with per-CTA timestamps (-DATTN_TIMELINE, src/cta_timeline.cuh) in its own directory, then run
-# bench/attn_timeline.py: how the main backward kernels (our BF16, the FP8 main pass under
-# fp8_naive and fp8_dm) spend the SMs' time: prologue, diagonal blocks, loop, epilogue, gaps
-# between CTAs, idle SMs at the start and end. Table last.
-#   usage: [T="2048 8192"] [MODES="bf16 fp8_naive fp8_dm"] [OUT=dir] bash scripts/gpu_attn_timeline.sh
+# bench/attn_timeline.py: how the forward and main backward kernels (ours in BF16, the FP8 ones
+# under fp8_naive and fp8_dm) spend the SMs' time: prologue, first block, loop, epilogue, gaps
+# between CTAs or tiles, idle SMs at the start and end, and the SM clock they ran at. Tables last.
+#   usage: [T="2048 8192"] [MODES="bf16 fp8_naive fp8_dm"] [DIRS="fwd bwd"] [OUT=dir] bash scripts/gpu_attn_timeline.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_attn_timeline_out}
 BD=${BD:-/tmp/gpu_tl_build}
 mkdir -p "$OUT"
 EXTRA_NVF="-DATTN_TIMELINE" BD=$BD OUT=$OUT BUILD_ONLY=1 bash scripts/gpu_fp8_attention_bench.sh || exit 1
-args=(--lib "$BD/libattn_fp8.so" --T ${T:-2048 8192} --modes ${MODES:-bf16 fp8_naive fp8_dm})
+args=(--lib "$BD/libattn_fp8.so" --T ${T:-2048 8192} --modes ${MODES:-bf16 fp8_naive fp8_dm} --dirs ${DIRS:-fwd bwd})
 PYTHONUNBUFFERED=1 timeout -k 5 300 python3 bench/attn_timeline.py "${args[@]}" 2>&1 | tee "$OUT/timeline.txt"
 # the main backwards' SASS (the plain build's objects), for reading the loops offline
 if command -v cuobjdump >/dev/null && [ "${SASS:-1}" = 1 ]; then

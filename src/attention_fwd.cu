@@ -21,6 +21,7 @@
 #include "attention_gpu_common.cuh"  // PTX wrappers, tile loaders, check_args
 #include "tensor_map.h"              // tensor_map_tiled (the TMA kernel's Q, K, V maps)
 #include "common.h"                  // FATAL
+#include "cta_timeline.cuh"          // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
 
 // Tile sizes of the wgmma kernel: 128 query rows (2 warpgroups x 64), key blocks of 128.
 #define WG_BQ 128
@@ -268,6 +269,12 @@ __global__ void __launch_bounds__(256, 1)
 // all 256 consumer arrivals before it refills the stage. Tensor maps: 4-D (c, h, t, b) views of
 // q, k, v with boxes of 64 columns x 128 rows in the 128-byte swizzle (the layout of
 // load_tile_sw128); rows past T are zero-filled by the copy engine.
+// -DATTN_TIMELINE: the first consumer thread of each CTA records its start (0), K block 0 in
+// (1), block 0's softmax done (2), the block loop done (3), the last PV done (4) and its end (5),
+// as the FP8 forward does per tile (cta_timeline.cuh; bench/attn_timeline.py)
+TL_DECLARE(bf_timeline);
+TL_DEFINE_SETTER(attn_gpu_forward_timeline, bf_timeline)
+
 template <int D>
 __global__ void __launch_bounds__(384, 1)
     attn_fwd_wgmma_tma_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -326,8 +333,10 @@ __global__ void __launch_bounds__(384, 1)
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
         uint32_t pa[WG_BK / 16][4];
 
+        TL_MARK(bf_timeline, ctid == 0, 0);
         mbar_wait(full_q, 0);
         mbar_wait(full_k, 0);
+        TL_MARK(bf_timeline, ctid == 0, 1);
         reg_fence(s);
         wgmma_fence();
         wg_issue_qk<D>(s, c.sQb, as_bytes(c.sK));
@@ -338,6 +347,7 @@ __global__ void __launch_bounds__(384, 1)
         if (c.n_kb == 1) softmax_block<true>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
         else softmax_block<false>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
         pack_bf16_afrags<WG_BK>(pa, s);
+        TL_MARK(bf_timeline, ctid == 0, 2);
 
         auto step = [&](int kb, auto mask) {
             mbar_wait(full_k + (kb & 1), (kb >> 1) & 1);
@@ -362,6 +372,7 @@ __global__ void __launch_bounds__(384, 1)
         };
         for (int kb = 1; kb < c.n_kb - 1; kb++) step(kb, std::false_type());
         if (c.n_kb > 1) step(c.n_kb - 1, std::true_type());
+        TL_MARK(bf_timeline, ctid == 0, 3);
 
         const int last = c.n_kb - 1;
         mbar_wait(full_v + (last & 1), (last >> 1) & 1);
@@ -372,7 +383,9 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         reg_fence(oacc);
         reg_fence(pa);
+        TL_MARK(bf_timeline, ctid == 0, 4);
         wg_store_output<D>(c, oacc, m, l, o, o_stride, lse, T, scale_log2);
+        TL_END(bf_timeline, ctid == 0, 5, c.n_kb);
     }
 }
 

@@ -75,6 +75,7 @@
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
 #include "common.h"                  // FATAL
+#include "cta_timeline.cuh"          // TL_*: per-tile timestamps, only with -DATTN_TIMELINE
 
 #define F8_BQ 128     // query rows per CTA (2 consumer warpgroups x 64)
 #define F8_BK 128     // keys per block = ATTN_SCALE_BLOCK
@@ -303,6 +304,13 @@ struct F8Smem {
         (size_t)BARS + PersistentRing<F8_STAGES>::BYTES + (2 * F8_STAGES + 8 + 2) * sizeof(int) + 1024;
 };
 
+// -DATTN_TIMELINE: the first consumer thread records, per tile (record = tile index), its start
+// (0), key block 0's stage in (1), block 0's softmax done (2), the block loop done (3), the last
+// PV added (4) and the epilogue done (5) (the plain loop; the others record 0 and 5 only)
+// (cta_timeline.cuh; bench/attn_timeline.py)
+TL_DECLARE(f8_timeline);
+TL_DEFINE_SETTER(attn_gpu_forward_fp8_timeline, f8_timeline)
+
 // The tiles (query block, batch x head) of a launch, heaviest first within groups of
 // heads_per_group heads (causal_item_grouped: rank r is query block nblk - 1 - r; the group's K̂
 // and V̂^T stay in L2 while its tiles run, causal_heads_per_group; measured 2-5% faster than
@@ -390,6 +398,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const CausalTile ct = causal_tile(tile, nblk, n_bh, heads_per_group);
             const int qb = ct.qb, bh = ct.bh;
             const int q0 = qb * F8_BQ, n_kb = qb + 1;  // causal: key blocks 0..qb
+            TL_MARK_AT(f8_timeline, ctid == 0, tile, 0);
             const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
             const uint32_t dq = dq0 + (ti & 1) * (L::Q / 16);
             // tau * inv_q (exact scaling): the Q scale came with the tile's Q̂ copies (sQs), readable
@@ -505,6 +514,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 // block 0: S_0 and its softmax (masked if it is the diagonal block)
                 {
                     ring.wait_full(it0);
+                    TL_MARK_AT(f8_timeline, ctid == 0, tile, 1);
                     tau_q = tau * pow2_recip(sQs[ti & 1]);
                     const float tau_qk = tau_q * pow2_recip(sKs[it0 % F8_STAGES]);
                     fac_prev = inv_p * pow2_recip(sVs[it0 % F8_STAGES]);
@@ -519,6 +529,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     if (n_kb == 1) softmax_block<true, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                     else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                     pack_p(pa, s);  // O is zero: nothing to rescale
+                    TL_MARK_AT(f8_timeline, ctid == 0, tile, 2);
                 }
                 float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
 
@@ -559,6 +570,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 };
                 for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
                 if (n_kb > 1) step(n_kb - 1, std::true_type());
+                TL_MARK_AT(f8_timeline, ctid == 0, tile, 3);
 
                 // the last block's PV; then its stage and this tile's Q̂ buffer are free
                 {
@@ -578,6 +590,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 #pragma unroll
                     for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
                 }
+                TL_MARK_AT(f8_timeline, ctid == 0, tile, 4);
             }
             it0 += (unsigned)n_kb;
 
@@ -588,6 +601,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const int b = bh / H, h = bh % H;
             fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
                               row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
+            TL_END_AT(f8_timeline, ctid == 0, tile, 5, n_kb);
         }
     }
 }
