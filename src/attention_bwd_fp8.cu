@@ -399,13 +399,13 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
             for (int r = 0; r < 2; r++)  // key row wr0 + 8r, query columns 8n + 2t4, +1 (pt_off)
                 *reinterpret_cast<uint16_t *>(sPt + (pt_off ^ ((n >> 1) << 4)) + 8 * (n & 1) + 1024 * r) =
                     (uint16_t)cvt_e4m3x2(p[4 * n + 2 * r] * p_scale, p[4 * n + 2 * r + 1] * p_scale);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        // the warp's max in one instruction (redux.sync) instead of five shuffle-and-max steps:
+        // the amax is >= 0 and never NaN (fmaxf drops NaN), and such floats order as their bits
+        amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(amax)));
         if (lane == 0) sAmax[wg * 4 + warp] = amax;
         __syncthreads();  // B2
-        float tmax = sAmax[0];
-#pragma unroll
-        for (int w = 1; w < 8; w++) tmax = fmaxf(tmax, sAmax[w]);
+        const float tmax = fmaxf(fmaxf(fmaxf(sAmax[0], sAmax[1]), fmaxf(sAmax[2], sAmax[3])),
+                                 fmaxf(fmaxf(sAmax[4], sAmax[5]), fmaxf(sAmax[6], sAmax[7])));
         const float s_ds = fp8_scale_for_amax(gfmt, tmax), inv_ds = pow2_recip(s_ds);
 
         // dŜ codes, both orientations: dŜ^T (for dK) as this thread's (key, query pair) 16-bit
