@@ -297,11 +297,7 @@ __global__ void __launch_bounds__(384, 1)
 // (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x rows x 1,
 // 128-byte swizzle (the layout of load_tile_sw128); rows past T are zero-filled.
 static CUtensorMap bw_make_tmap(const bf16 *base, int B, int H, int T, int D, int stride, int rows) {
-    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
-    const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)stride * 2, (cuuint64_t)T * stride * 2};
-    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
-    return tensor_map_tiled("the wgmma backward (ATTN_GPU_BWD=mma avoids it)", CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-                            base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+    return tensor_map_bthd("the wgmma backward (ATTN_GPU_BWD=mma avoids it)", base, B, H, T, D, stride, rows);
 }
 
 template <int D>

@@ -15,11 +15,11 @@
 #include <stdint.h>        // uint32_t, uint64_t
 #include <stdio.h>         // fprintf (the experimental-kernel warning)
 #include <stdlib.h>        // getenv, atoi
-#include <string.h>        // strcmp
+#include <string.h>        // strcmp, memset
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
 #include "attention_gpu_common.cuh"  // PTX wrappers, tile loaders, check_args
-#include "tensor_map.h"              // tensor_map_tiled (the TMA kernel's Q, K, V maps)
+#include "tensor_map.h"              // tensor_map_bthd (the TMA kernel's Q, K, V and O maps)
 #include "common.h"                  // FATAL
 #include "cta_timeline.cuh"          // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
 
@@ -281,7 +281,8 @@ __global__ void __launch_bounds__(384, 1)
                               const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, bf16 *__restrict__ o,
                               int o_stride, float *__restrict__ lse, int H, int T,
-                              float scale_log2, uint32_t v_lbo, uint32_t v_sbo, int heads_per_group) {
+                              float scale_log2, uint32_t v_lbo, uint32_t v_sbo, int heads_per_group,
+                              const __grid_constant__ CUtensorMap tm_o, int o_tma) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int KV_TILE = WG_BK * D;
     constexpr uint32_t Q_BYTES = WG_BQ * D * 2, KV_BYTES = WG_BK * D * 2;
@@ -384,7 +385,30 @@ __global__ void __launch_bounds__(384, 1)
         reg_fence(oacc);
         reg_fence(pa);
         TL_MARK(bf_timeline, ctid == 0, 4);
-        wg_store_output<D>(c, oacc, m, l, o, o_stride, lse, T, scale_log2);
+        if (o_tma) {
+            // O by TMA (stage_o_sw128, attention_gpu_common.cuh), staged where this warpgroup's
+            // Q rows were (every S is done): the D / 64 regions of Q are 128 rows x 128 bytes in
+            // the same swizzle, the warpgroup's 64 rows 8 KB into each
+            const int wg = ctid >> 7;
+            const uint32_t area = smem_addr(c.sQ) + wg * (64 * 128);
+            quad_sum(l);
+            const float inv[2] = {1.f / l[0], 1.f / l[1]};
+            stage_o_sw128<D, WG_BQ * 128>(area, oacc, inv, (ctid >> 5) & 3);
+            fence_proxy_async();  // the stmatrix writes -> the bulk copy's reads
+            if (wg == 0) named_bar_sync<1, 128>();
+            else named_bar_sync<2, 128>();
+            if ((ctid & 127) == 0) {
+#pragma unroll
+                for (int r = 0; r < D / 64; r++)
+                    tma_store_4d(&tm_o, area + r * (WG_BQ * 128), 64 * r, c.h, c.q0 + wg * 64, c.b);
+                bulk_commit();
+            }
+            fwd_store_lse(lse + (long)c.bh * T, c.row_w0 + c.g, T, c.t4,
+                          [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });
+            if ((ctid & 127) == 0) bulk_wait_read();  // the CTA's shared memory outlives the store's reads
+        } else {
+            wg_store_output<D>(c, oacc, m, l, o, o_stride, lse, T, scale_log2);
+        }
         TL_END(bf_timeline, ctid == 0, 5, c.n_kb);
     }
 }
@@ -435,13 +459,12 @@ extern "C" void attn_gpu_block_sizes(int d, int *block_q, int *block_k) {
     *block_k = wg ? WG_BK : FWD_BK;
 }
 
-// (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x 128 x 1.
-static CUtensorMap make_tmap(const bf16 *base, int B, int H, int T, int D, int stride) {
-    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
-    const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)stride * 2, (cuuint64_t)T * stride * 2};
-    const cuuint32_t box[4] = {64, 1, WG_BK, 1};
-    return tensor_map_tiled("the TMA forward (ATTN_GPU_FWD=wgmma_pipe avoids it)", CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
-                            base, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+static int fwd_test_o_tma_form = -1;  // attn_gpu_forward_test_o_tma
+extern "C" void attn_gpu_forward_test_o_tma(int on) { fwd_test_o_tma_form = on < 0 ? -1 : on != 0; }
+
+// (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x rows x 1.
+static CUtensorMap make_tmap(const bf16 *base, int B, int H, int T, int D, int stride, int rows) {
+    return tensor_map_bthd("the TMA forward (ATTN_GPU_FWD=wgmma_pipe avoids it)", base, B, H, T, D, stride, rows);
 }
 
 template <int D>
@@ -470,10 +493,17 @@ static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, c
             CUDA_OK(cudaFuncSetAttribute(attn_fwd_wgmma_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             attr_set[0] = true;
         }
-        const CUtensorMap tq = make_tmap(q, B, H, T, D, qkv_stride), tk = make_tmap(k, B, H, T, D, qkv_stride),
-                          tv = make_tmap(v, B, H, T, D, qkv_stride);
+        const CUtensorMap tq = make_tmap(q, B, H, T, D, qkv_stride, WG_BK), tk = make_tmap(k, B, H, T, D, qkv_stride, WG_BK),
+                          tv = make_tmap(v, B, H, T, D, qkv_stride, WG_BK);
+        // O by TMA where its rows are 16-byte aligned (ATTN_FWD_O_TMA=0: the fragments' stores)
+        static const bool o_tma_env = attn_env_switch("ATTN_FWD_O_TMA");
+        const bool o_tma = (fwd_test_o_tma_form >= 0 ? fwd_test_o_tma_form != 0 : o_tma_env) && (uintptr_t)o % 16 == 0 &&
+                           (2L * o_stride) % 16 == 0;
+        CUtensorMap to;
+        memset(&to, 0, sizeof to);
+        if (o_tma) to = make_tmap(o, B, H, T, D, o_stride, 64);
         attn_fwd_wgmma_tma_kernel<D><<<(unsigned)n_cta, 384, smem, stream>>>(
-            tq, tk, tv, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo, hg);
+            tq, tk, tv, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo, hg, to, o_tma ? 1 : 0);
     } else {
         if (!attr_set[1]) {
             CUDA_OK(cudaFuncSetAttribute(attn_fwd_wgmma_pipe_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tiles));

@@ -70,12 +70,13 @@
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
 #include <stdio.h>         // fprintf (a wrong ATTN_FP8_FWD_SCHED)
 #include <stdlib.h>        // getenv, atoi
-#include <string.h>        // strcmp
+#include <string.h>        // strcmp, memset
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
 #include "common.h"                  // FATAL
 #include "cta_timeline.cuh"          // TL_*: per-tile timestamps, only with -DATTN_TIMELINE
+#include "tensor_map.h"              // tensor_map_bthd (O's map for the TMA store)
 
 #define F8_BQ 128     // query rows per CTA (2 consumer warpgroups x 64)
 #define F8_BK 128     // keys per block = ATTN_SCALE_BLOCK
@@ -292,14 +293,16 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
 }
 
 // Shared memory: 2 x Q̂ (128 x 128 B: the tile being computed and the next one, loading),
-// F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B), then the ring's mbarriers and posted
+// F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B), 2 x O (each warpgroup's 64 rows of
+// BF16 O on their way out, stage_o_sw128), then the ring's mbarriers and posted
 // tile numbers (PersistentRing) and each stage's K and V scale (copied with the stage's tiles, so
 // the consumers hold no pointers to the scale arrays); regions 1024-byte aligned (the swizzle's
 // period).
 template <int D>
 struct F8Smem {
     static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
-    static constexpr int BARS = 2 * Q + F8_STAGES * (K + V);
+    static constexpr int O = 64 * D * 2;  // a warpgroup's O rows in BF16, staged for the TMA store (stage_o_sw128)
+    static constexpr int BARS = 2 * Q + F8_STAGES * (K + V) + 2 * O;
     static constexpr size_t BYTES =
         (size_t)BARS + PersistentRing<F8_STAGES>::BYTES + (2 * F8_STAGES + 8 + 2) * sizeof(int) + 1024;
 };
@@ -333,11 +336,12 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         const float *__restrict__ k_scales, const float *__restrict__ v_scales,
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
                         float *__restrict__ lse, int H, int n_bh, int T, float tau,
-                        unsigned *__restrict__ tile_counter, int heads_per_group) {
+                        unsigned *__restrict__ tile_counter, int heads_per_group,
+                        const __grid_constant__ CUtensorMap tm_o, int o_tma) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
-    uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + F8_STAGES * L::K;
+    uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + F8_STAGES * L::K, *sO = sV + F8_STAGES * L::V;
     const PersistentRing<F8_STAGES> ring(smem + L::BARS);
     float *sKs = reinterpret_cast<float *>(ring.end()), *sVs = sKs + F8_STAGES;  // scales of stage st
     int *pp_sink = reinterpret_cast<int *>(sVs + F8_STAGES);  // (8 consumer warps) see the overlap loop
@@ -599,10 +603,33 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             l[0] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
             l[1] *= inv_p;
             const int b = bh / H, h = bh % H;
-            fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
-                              row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
+            if (o_tma) {
+                // O by TMA (stage_o_sw128, attention_gpu_common.cuh): thread 0 of the warpgroup
+                // waits for its previous tile's store to have read the staging area (long done),
+                // the warpgroup writes it, one thread stores it; the store runs on under the next tile
+                const bool issuer = (ctid & 127) == 0;
+                const uint32_t area = smem_addr(sO + wg * L::O);
+                if (issuer) bulk_wait_read();
+                if (wg == 0) named_bar_sync<4, 128>();
+                else named_bar_sync<5, 128>();
+                const float inv[2] = {1.f / l[0], 1.f / l[1]};
+                stage_o_sw128<D, L::O / 2>(area, oacc, inv, warp);
+                fence_proxy_async();  // the stmatrix writes -> the bulk copy's reads
+                if (wg == 0) named_bar_sync<4, 128>();
+                else named_bar_sync<5, 128>();
+                if (issuer) {
+#pragma unroll
+                    for (int c = 0; c < D / 64; c++) tma_store_4d(&tm_o, area + c * (64 * 128), 64 * c, h, q0 + wg * 64, b);
+                    bulk_commit();
+                }
+                fwd_store_lse(lse + (long)bh * T, row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
+            } else {
+                fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
+                                  row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
+            }
             TL_END_AT(f8_timeline, ctid == 0, tile, 5, n_kb);
         }
+        if (o_tma && (ctid & 127) == 0) bulk_wait_read();  // the last O store has read the staging area
     }
 }
 
@@ -688,6 +715,16 @@ extern "C" void attn_fp8_release_stream(cudaStream_t stream) {
         }
 }
 
+// The epilogue's O by TMA (stage_o_sw128; ATTN_FP8_FWD_O_TMA=0 or attn_gpu_forward_fp8_test_o_tma(0):
+// the fragments' own stores, fwd_store_rows): where O and its rows are 16-byte aligned.
+static int fwd_fp8_test_o_tma_form = -1;  // attn_gpu_forward_fp8_test_o_tma
+extern "C" void attn_gpu_forward_fp8_test_o_tma(int on) { fwd_fp8_test_o_tma_form = on < 0 ? -1 : on != 0; }
+static bool fwd_fp8_o_tma(const bf16 *o, int o_stride) {
+    static const bool env = attn_env_switch("ATTN_FP8_FWD_O_TMA");
+    return (fwd_fp8_test_o_tma_form >= 0 ? fwd_fp8_test_o_tma_form : env) && (uintptr_t)o % 16 == 0 &&
+           (2L * o_stride) % 16 == 0;
+}
+
 template <int D, int LOOP>
 static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                                const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
@@ -709,9 +746,14 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     // heads per group: K̂ and V̂^T of a head are 2 Tp D bytes; two waves of CTAs per group
     const int hg = causal_group_heads(k.group_heads, B * H,
                                       causal_heads_per_group(2L * nblk * F8_BK * D, nblk, B * H, 2 * attn_sm_count()));
+    // O by TMA (stage_o_sw128) where the map can describe it: 16-byte aligned rows
+    CUtensorMap tm_o;
+    memset(&tm_o, 0, sizeof tm_o);
+    const bool o_tma = fwd_fp8_o_tma(o, o_stride);
+    if (o_tma) tm_o = tensor_map_bthd("the FP8 forward's O", o, B, H, T, D, o_stride, 64);
     attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), dynamic ? attn_fp8_tile_counter(stream) : NULL, hg);
+        1.0f / sqrtf((float)D), dynamic ? attn_fp8_tile_counter(stream) : NULL, hg, tm_o, o_tma ? 1 : 0);
     CUDA_OK(cudaGetLastError());
 }
 

@@ -43,6 +43,10 @@ void attn_gpu_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v, i
 
 // Name of the forward kernel in use ("wgmma_tma" by default; ATTN_GPU_FWD selects another).
 const char *attn_gpu_forward_impl_name(void);
+// For tests: the TMA kernel's O epilogue by TMA from shared memory (1, the default where O's rows
+// are 16-byte aligned) or by each thread's stores from its fragments (0); < 0: the environment's,
+// ATTN_FWD_O_TMA. O and LSE must not change by a bit.
+void attn_gpu_forward_test_o_tma(int on);
 
 // Bytes of FP32 scratch the backward needs: dQ accumulator (B, H, T, d) and D (B, H, T).
 size_t attn_gpu_backward_workspace_bytes(int B, int H, int T, int d);

@@ -289,6 +289,40 @@ __device__ __forceinline__ void dkdv_copy_out(const unsigned char *area, bf16 *d
     }
 }
 
+// --- the forwards' O epilogue by TMA (attention_fwd.cu, attention_fwd_fp8.cu) --------------------
+// A warpgroup's 64 rows of O = acc / l in BF16 go to a staging area with stmatrix, as D / 64 boxes
+// of 64 rows x 128 bytes in TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): the 8
+// rows of an 8 x 8 tile fall in 8 different bank quads), HALF bytes apart, which one thread then
+// stores with D / 64 bulk tensor copies (tensor_map_bthd with 64 rows, tma_store_4d). The 4-byte
+// stores straight from the fragments (fwd_store_rows) each covered half of the 8 sectors they
+// touched and held the consumers ~1.5-1.8 us per tile (bench/attn_timeline.py, the "epilogue":
+// 9-13% of the forwards' SM time at T = 2K). The same products and roundings as fwd_store_rows:
+// O is the same bit for bit. inv[r] = 1 / l of the thread's row g + 8 r; warp: within the warpgroup.
+template <int D, int HALF>
+__device__ __forceinline__ void stage_o_sw128(uint32_t area, const float (&acc)[D / 2], const float (&inv)[2],
+                                              int warp) {
+    // lanes 8i .. 8i+7 address the rows of tile i: (n-tile n, rows 0-7), (n, 8-15), (n+1, 0-7), (n+1, 8-15)
+    const int lane = threadIdx.x & 31, r = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), cn = lane >> 4;
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+        const int c = n + cn;  // 16-byte chunk of the row: 8 BF16 columns
+        stmatrix_x4(area + (c >> 3) * HALF + r * 128 + (((c & 7) ^ (r & 7)) << 4),
+                    pack_bf16(acc[4 * n] * inv[0], acc[4 * n + 1] * inv[0]),
+                    pack_bf16(acc[4 * n + 2] * inv[1], acc[4 * n + 3] * inv[1]),
+                    pack_bf16(acc[4 * n + 4] * inv[0], acc[4 * n + 5] * inv[0]),
+                    pack_bf16(acc[4 * n + 6] * inv[1], acc[4 * n + 7] * inv[1]));
+    }
+}
+// The warpgroup's LSE values (lse_head: its (b, h) row of T), from the quad's first thread, as
+// fwd_store_rows writes them.
+template <class LseOf>
+__device__ __forceinline__ void fwd_store_lse(float *lse_head, int row0, int T, int t4, LseOf lse_of) {
+    if (t4 == 0)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (row0 + 8 * r < T) lse_head[row0 + 8 * r] = lse_of(r);
+}
+
 // acc (16 x N) += A (16 x K) * B (K x N) for one warp of the mma.sync kernels: A is the BF16
 // rounding of this warp's FP32 m16n8 accumulator fragments a (K/8 of them: P, P^T or dS^T, fed
 // to the next product straight from registers), B a row-major BF16 tile in shared memory (K rows
@@ -615,6 +649,15 @@ __device__ __forceinline__ void tma_reduce_add_3d(const void *tmap, uint32_t ssr
     asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
                      (uint64_t)tmap),
                  "r"(c0), "r"(c1), "r"(c2), "r"(ssrc)
+                 : "memory");
+}
+// TMA store: the shared-memory box at ssrc (laid out as the map's box, swizzle included) -> the
+// box at coordinates (c0 innermost .. c3) of the 4-D tensor map (out-of-bound rows are not
+// written), in this thread's current bulk group.
+__device__ __forceinline__ void tma_store_4d(const void *tmap, uint32_t ssrc, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                     (uint64_t)tmap),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(ssrc)
                  : "memory");
 }
 // Bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared memory at

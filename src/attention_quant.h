@@ -114,6 +114,10 @@ void attn_fp8_release_stream(cudaStream_t stream);
 // the softmax of S_j, 3 overlap with ping-pong; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
 // outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_loop(int loop);
+// For tests: the epilogue's O by TMA from a shared staging area (1, the default where O's rows
+// are 16-byte aligned) or by each thread's stores from its fragments (0); < 0: the environment's,
+// ATTN_FP8_FWD_O_TMA. The outputs must not change by a bit.
+void attn_gpu_forward_fp8_test_o_tma(int on);
 
 // FP8 backward (attention_bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
 // (docs/fp8-attention.md §3) on the quantized operands above and the FP8 forward's O and LSE.

@@ -58,3 +58,16 @@ static inline CUtensorMap tensor_map_2d(const char *who, CUtensorMapDataType typ
     const cuuint32_t box[2] = {box_cols, box_rows};
     return tensor_map_tiled(who, type, 2, base, dims, strides, box, swizzle);
 }
+
+// A (B, T, H, D) BF16 tensor with a row stride of `stride` elements (q, k, v inside the qkv
+// buffer, O, dO) as a 4-D map (d, h, t, b); box 64 x 1 x rows x 1 (a box row is 64 values = 128
+// bytes) in the 128-byte swizzle (load_tile_sw128's layout, stage_o_sw128's): rows past T of a
+// sequence are zero-filled by loads and not written by stores.
+static inline CUtensorMap tensor_map_bthd(const char *who, const void *base, int B, int H, int T, int D, int stride,
+                                          int rows) {
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)stride * 2, (cuuint64_t)T * stride * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
+    return tensor_map_tiled(who, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box,
+                            CU_TENSOR_MAP_SWIZZLE_128B);
+}

@@ -523,6 +523,18 @@ static void run_fwd_case(const Case &cs, int seed) {
                          cap ? " on 2 persistent CTAs" : "");
                 same_as_default(d_o2, d_lse2, what);
             }
+        // O from the fragments' own stores instead of the TMA store from shared memory (the
+        // fallback where O's rows are not 16-byte aligned): the same O and LSE bit for bit
+        for (int cap = 0; cap <= 2; cap += 2) {
+            poison(d_o2, d_lse2, 0);
+            attn_gpu_forward_fp8_test_o_tma(0);
+            attn_gpu_forward_fp8_test_schedule(cap, 1);
+            forward_into(d_o2, d_lse2, 0);
+            attn_gpu_forward_fp8_test_schedule(0, -1);
+            attn_gpu_forward_fp8_test_o_tma(-1);
+            same_as_default(d_o2, d_lse2, cap ? "with O stored from the fragments, on 2 persistent CTAs"
+                                              : "with O stored from the fragments");
+        }
         // Two streams at once (each has its own tile counter), and a CUDA graph replayed three
         // times (the counter must be back at 0 after every launch): 2 CTAs, dynamic order.
         uint16_t *d_o3;
