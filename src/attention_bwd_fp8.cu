@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 
     // This thread's shared-memory stores of each query block at loop-invariant offsets (sw128
     // written out, so that every store is one of a few registers plus a constant; recomputing
-    // sw128 took ~3 instructions per store, ~110 of the ~1190 per iteration). P̂^T and dŜ^T
+    // sw128 took ~3 instructions per store, ~100 of the ~1190 per iteration). P̂^T and dŜ^T
     // element (key row wr0 + 8 r, query column 8 n + 2 t4): (pt_off ^ ((n >> 1) << 4)) + 8 (n & 1)
     // + 1024 r, since (wr0 + 8 r) % 8 = g and the 16-byte chunk (8 n + 2 t4) >> 4 = n >> 1, so
     // the swizzle's XOR is g ^ (n >> 1) in bits 4-6 (the XOR with (n >> 1) << 4 flips bits 4-5
