@@ -13,6 +13,10 @@
 //               each: the same totals per SM)
 //   both_poly   as both_wg with the exponentials on the FMA pipe (a degree-5 polynomial)
 //   poly        those polynomial exponentials alone
+//   plain_dep   the FP8 forward's plain loop's dependences: S (4 SS) and PV (4 RS) issued as two
+//               groups, the exponentials of S once S is done (while PV runs), then PV waited for
+//   pingpong_dep  the same with FA3's ping-pong: each warpgroup issues its two groups on its turn
+//               (named barriers), so one's exponentials can run under the other's matmuls
 // Prints clocks per iteration and SM (clock64, the SM's own clock) and what "overlap" would give:
 // max(tensor, mufu) if the two run at once, tensor + mufu if they do not. The accumulators and
 // exponentials feed a checksum, so nothing is optimized away; the data are fixed small E4M3 codes.
@@ -27,8 +31,9 @@
 #include "attention_gpu_common.cuh"  // wg_fp8, wg_fp8_rs, kmajor_desc(_lo), wgmma fences, CUDA_OK
 #include "fast_exp2.cuh"             // fast_exp2 (ex2.approx.ftz)
 
-enum { M_TENSOR, M_MUFU, M_BOTH, M_SPLIT, M_POLY, M_POLY_ALONE, N_MODES };
-static const char *const mode_names[N_MODES] = {"tensor", "mufu", "both_wg", "split_wg", "both_poly", "poly"};
+enum { M_TENSOR, M_MUFU, M_BOTH, M_SPLIT, M_POLY, M_POLY_ALONE, M_PLAIN, M_PINGPONG, N_MODES };
+static const char *const mode_names[N_MODES] = {"tensor", "mufu", "both_wg", "split_wg", "both_poly", "poly",
+                                                "plain_dep", "pingpong_dep"};
 
 // 2^x on the FMA pipe (x <= 0, |x| < 126): 2^floor(x) from the exponent bits, 2^frac by a
 // degree-5 polynomial (~2e-7 relative); about as many FMA-pipe instructions as FA4's emulation.
@@ -93,7 +98,39 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, float *si
     constexpr int reps = 1;
     __syncthreads();
     const long long t0 = clock64();
-    if (MODE == M_SPLIT) {  // each warpgroup's loop in a straight line (wgmma issue and wait in one path)
+    if (MODE == M_PLAIN || MODE == M_PINGPONG) {
+        if (MODE == M_PINGPONG && wg == 1) named_bar_arrive<1, 256>();  // warpgroup 0 goes first
+        for (int it = 0; it < iters; it++) {
+            if (MODE == M_PINGPONG) {
+                if (wg == 0) named_bar_sync<1, 256>();
+                else named_bar_sync<2, 256>();
+            }
+            reg_fence(s);
+            reg_fence(pv);
+            reg_fence(pa);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), 1);
+            wgmma_commit();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
+            wgmma_commit();
+            if (MODE == M_PINGPONG && !(wg == 1 && it == iters - 1)) {  // hand the turn over (1 arrived up front)
+                if (wg == 0) named_bar_arrive<2, 256>();
+                else named_bar_arrive<1, 256>();
+            }
+            wgmma_wait<1>();  // S done
+            reg_fence(s);
+            if (nsmid_nonzero()) {
+#pragma unroll
+                for (int i = 0; i < 64; i++) x[i] = fast_exp2(fmaf(s[i], 0.0f, fmaf(x[i], -0.75f, -0.125f)));  // depends on S
+            }
+            wgmma_wait<0>();  // PV done
+            reg_fence(s);
+            reg_fence(pv);
+            reg_fence(pa);
+        }
+    } else if (MODE == M_SPLIT) {  // each warpgroup's loop in a straight line (wgmma issue and wait in one path)
         if (wg == 0) {
             for (int it = 0; it < 2 * iters; it++) {
                 issue_block(s, pv, da, db, pa);
@@ -156,6 +193,8 @@ int main(int argc, char **argv) {
     c[M_SPLIT] = run_mode<M_SPLIT>(iters, n_sm, sink, d_clk, h_clk);
     c[M_POLY] = run_mode<M_POLY>(iters, n_sm, sink, d_clk, h_clk);
     c[M_POLY_ALONE] = run_mode<M_POLY_ALONE>(iters, n_sm, sink, d_clk, h_clk);
+    c[M_PLAIN] = run_mode<M_PLAIN>(iters, n_sm, sink, d_clk, h_clk);
+    c[M_PINGPONG] = run_mode<M_PINGPONG>(iters, n_sm, sink, d_clk, h_clk);
     printf("# %s, %d SMs, %d iterations; per iteration and SM: 2 x 8 m64n128k32 e4m3 wgmmas (8.4 MFLOP), "
            "2 x 128 x 64 exponentials (16384)\n", prop.name, n_sm, iters);
     printf("| form | clocks / iteration | vs tensor + mufu | vs max(tensor, mufu) |\n|---|---|---|---|\n");
