@@ -55,7 +55,7 @@
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <math.h>          // sqrtf
 #include <stddef.h>        // size_t
-#include <stdint.h>        // uint8_t, uint32_t, uint64_t, uintptr_t
+#include <stdint.h>        // uint8_t, uint32_t, uint64_t
 #include <string.h>        // memset
 
 #include "attention_gpu_common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, check_args
@@ -543,14 +543,13 @@ static float *bwd_fp8_dlt(const AttnFp8BwdArgs *a, int B, int H, int T, int d) {
 // The main backward's query blocks by TMA (d = 128; ATTN_FP8_BWD_TMA=0: cp.async by every thread,
 // as at d = 64). The maps of LSE and D need 16-byte aligned rows: T a multiple of 4 (a box that
 // starts off a 16-byte boundary is an illegal instruction) and aligned bases; the code rows
-// (B*H*Tp, and B*H*D < that) must fit the int coordinates of a TMA copy.
+// (B*H*Tp, and B*H*D < that) must fit the int coordinates of a TMA copy (b8_code_rows_fit_tma).
 static int bwd_fp8_test_tma_form = -1;  // attn_gpu_backward_fp8_test_tma
 extern "C" void attn_gpu_backward_fp8_test_tma(int on) { bwd_fp8_test_tma_form = on < 0 ? -1 : on != 0; }
 static bool bwd_fp8_tma(const AttnFp8BwdArgs *a, const float *dlt, int B, int H, int T, int d) {
     static const bool env = attn_env_switch("ATTN_FP8_BWD_TMA");
-    const long rows = (long)B * H * attn_quant_n_blocks(T) * ATTN_SCALE_BLOCK;  // the maps' int row coordinates
-    return (bwd_fp8_test_tma_form >= 0 ? bwd_fp8_test_tma_form : env) && d == 128 && T % 4 == 0 &&
-           rows < 0x7fffffffL && (uintptr_t)a->lse % 16 == 0 && (uintptr_t)dlt % 16 == 0;
+    return attn_form_on(bwd_fp8_test_tma_form, env) && d == 128 && b8_code_rows_fit_tma(B, H, T) &&
+           tma_rows_aligned(a->lse, 4L * T) && tma_rows_aligned(dlt, 4L * T);
 }
 
 // B8QMaps for the TMA form (see there).

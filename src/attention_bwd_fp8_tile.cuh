@@ -22,6 +22,13 @@ static_assert(B8_BK == ATTN_SCALE_BLOCK, "a key block must be one scale block");
 static_assert(ATTN_SCALE_BLOCK % B8_BQ == 0, "a query block must lie in one scale block");
 static_assert(B8_BQ == 64 && B8_BK == 128, "the warpgroup layout assumes 64 x 128 tiles");
 
+// The code matrices as a TMA form loads them, B*H*Tp rows of d bytes (Q̂, dÔ in the main backward,
+// K̂, V̂ in the delta pass), take int row coordinates (bh * Tp + a block's first row): the TMA forms
+// only where those fit; the cp.async forms otherwise.
+static inline bool b8_code_rows_fit_tma(int B, int H, int T) {
+    return (long)B * H * attn_quant_padded_len(T) < 0x7fffffffL;
+}
+
 namespace {
 
 // Copies ROWS rows of CHUNKS 16-byte chunks (row pitch `pitch` bytes in global memory) into a

@@ -165,7 +165,9 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
             }
         }
         ring.drain<KV_TMA>(it);
-        if (ptid == 0) bulk_wait_all();  // the zeros are written (and their source read) before the CTA ends
+        // the zero region must outlive the bulk copies' reads; their writes complete with the grid,
+        // before the main backward reduces into the accumulator (as the main backward's own dQ)
+        if (ptid == 0) bulk_wait_read();
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns queries q0 + 64 wg .. + 63 of each tile; this
         // thread rows row0 and row0 + 8 (accumulator element 4n + e: row + 8 (e >> 1), key
@@ -262,10 +264,11 @@ static int delta_heads_per_group(int n_bh, int nblk, int d) {
     return causal_group_heads(env, n_bh, causal_heads_per_group(2L * nblk * DL_BK * d, nblk, n_bh, 2 * attn_sm_count()));
 }
 
-// The delta pass's K̂ and V̂ by TMA at d 128 (ATTN_FP8_DELTA_TMA=0: the cp.async producer), read once.
-static bool delta_kv_tma(int d) {
+// The delta pass's K̂ and V̂ by TMA at d 128 (ATTN_FP8_DELTA_TMA=0: the cp.async producer), read once,
+// where the code rows fit a TMA copy's int coordinates (b8_code_rows_fit_tma, as the main backward).
+static bool delta_kv_tma(int B, int H, int T, int d) {
     static const bool env = attn_env_switch("ATTN_FP8_DELTA_TMA");
-    return d == 128 && env;
+    return d == 128 && env && b8_code_rows_fit_tma(B, H, T);
 }
 
 template <int D, bool E5, bool KV_TMA>
@@ -305,7 +308,7 @@ extern "C" void attn_fp8_delta_pass(const AttnFp8BwdArgs *a, float *dlt, float *
     if (d == 64) {
         if (e5) delta_launch<64, true, false>(a, dlt, dq_acc, B, H, T, stream);
         else delta_launch<64, false, false>(a, dlt, dq_acc, B, H, T, stream);
-    } else if (delta_kv_tma(d)) {
+    } else if (delta_kv_tma(B, H, T, d)) {
         if (e5) delta_launch<128, true, true>(a, dlt, dq_acc, B, H, T, stream);
         else delta_launch<128, false, true>(a, dlt, dq_acc, B, H, T, stream);
     } else {

@@ -386,23 +386,14 @@ __global__ void __launch_bounds__(384, 1)
         reg_fence(pa);
         TL_MARK(bf_timeline, ctid == 0, 4);
         if (o_tma) {
-            // O by TMA (stage_o_sw128, attention_gpu_common.cuh), staged where this warpgroup's
+            // O by TMA (store_o_tma, attention_gpu_common.cuh), staged where this warpgroup's
             // Q rows were (every S is done): the D / 64 regions of Q are 128 rows x 128 bytes in
             // the same swizzle, the warpgroup's 64 rows 8 KB into each
+            // (named barriers 1, 2)
             const int wg = ctid >> 7;
-            const uint32_t area = smem_addr(c.sQ) + wg * (64 * 128);
             quad_sum(l);
-            const float inv[2] = {1.f / l[0], 1.f / l[1]};
-            stage_o_sw128<D, WG_BQ * 128>(area, oacc, inv, (ctid >> 5) & 3);
-            fence_proxy_async();  // the stmatrix writes -> the bulk copy's reads
-            if (wg == 0) named_bar_sync<1, 128>();
-            else named_bar_sync<2, 128>();
-            if ((ctid & 127) == 0) {
-#pragma unroll
-                for (int r = 0; r < D / 64; r++)
-                    tma_store_4d(&tm_o, area + r * (WG_BQ * 128), 64 * r, c.h, c.q0 + wg * 64, c.b);
-                bulk_commit();
-            }
+            store_o_tma<D, WG_BQ * 128, 1>(&tm_o, smem_addr(c.sQ) + wg * (64 * 128), oacc, l, wg, (ctid >> 5) & 3,
+                                           (ctid & 127) == 0, c.h, c.q0 + wg * 64, c.b);
             fwd_store_lse(lse + (long)c.bh * T, c.row_w0 + c.g, T, c.t4,
                           [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });
             if ((ctid & 127) == 0) bulk_wait_read();  // the CTA's shared memory outlives the store's reads
@@ -497,8 +488,7 @@ static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, c
                           tv = make_tmap(v, B, H, T, D, qkv_stride, WG_BK);
         // O by TMA where its rows are 16-byte aligned (ATTN_FWD_O_TMA=0: the fragments' stores)
         static const bool o_tma_env = attn_env_switch("ATTN_FWD_O_TMA");
-        const bool o_tma = (fwd_test_o_tma_form >= 0 ? fwd_test_o_tma_form != 0 : o_tma_env) && (uintptr_t)o % 16 == 0 &&
-                           (2L * o_stride) % 16 == 0;
+        const bool o_tma = attn_form_on(fwd_test_o_tma_form, o_tma_env) && tma_rows_aligned(o, 2L * o_stride);
         CUtensorMap to;
         memset(&to, 0, sizeof to);
         if (o_tma) to = make_tmap(o, B, H, T, D, o_stride, 64);

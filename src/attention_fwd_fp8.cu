@@ -604,24 +604,13 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             l[1] *= inv_p;
             const int b = bh / H, h = bh % H;
             if (o_tma) {
-                // O by TMA (stage_o_sw128, attention_gpu_common.cuh): thread 0 of the warpgroup
-                // waits for its previous tile's store to have read the staging area (long done),
-                // the warpgroup writes it, one thread stores it; the store runs on under the next tile
+                // O by TMA (store_o_tma, attention_gpu_common.cuh; named barriers 4, 5): thread 0
+                // of the warpgroup waits for its previous tile's store to have read the staging
+                // area (long done); the store runs on under the next tile
                 const bool issuer = (ctid & 127) == 0;
-                const uint32_t area = smem_addr(sO + wg * L::O);
                 if (issuer) bulk_wait_read();
-                if (wg == 0) named_bar_sync<4, 128>();
-                else named_bar_sync<5, 128>();
-                const float inv[2] = {1.f / l[0], 1.f / l[1]};
-                stage_o_sw128<D, L::O / 2>(area, oacc, inv, warp);
-                fence_proxy_async();  // the stmatrix writes -> the bulk copy's reads
-                if (wg == 0) named_bar_sync<4, 128>();
-                else named_bar_sync<5, 128>();
-                if (issuer) {
-#pragma unroll
-                    for (int c = 0; c < D / 64; c++) tma_store_4d(&tm_o, area + c * (64 * 128), 64 * c, h, q0 + wg * 64, b);
-                    bulk_commit();
-                }
+                wg_bar_sync<4>(wg);
+                store_o_tma<D, L::O / 2, 4>(&tm_o, smem_addr(sO + wg * L::O), oacc, l, wg, warp, issuer, h, q0 + wg * 64, b);
                 fwd_store_lse(lse + (long)bh * T, row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
             } else {
                 fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
@@ -715,14 +704,13 @@ extern "C" void attn_fp8_release_stream(cudaStream_t stream) {
         }
 }
 
-// The epilogue's O by TMA (stage_o_sw128; ATTN_FP8_FWD_O_TMA=0 or attn_gpu_forward_fp8_test_o_tma(0):
+// The epilogue's O by TMA (store_o_tma; ATTN_FP8_FWD_O_TMA=0 or attn_gpu_forward_fp8_test_o_tma(0):
 // the fragments' own stores, fwd_store_rows): where O and its rows are 16-byte aligned.
 static int fwd_fp8_test_o_tma_form = -1;  // attn_gpu_forward_fp8_test_o_tma
 extern "C" void attn_gpu_forward_fp8_test_o_tma(int on) { fwd_fp8_test_o_tma_form = on < 0 ? -1 : on != 0; }
 static bool fwd_fp8_o_tma(const bf16 *o, int o_stride) {
     static const bool env = attn_env_switch("ATTN_FP8_FWD_O_TMA");
-    return (fwd_fp8_test_o_tma_form >= 0 ? fwd_fp8_test_o_tma_form : env) && (uintptr_t)o % 16 == 0 &&
-           (2L * o_stride) % 16 == 0;
+    return attn_form_on(fwd_fp8_test_o_tma_form, env) && tma_rows_aligned(o, 2L * o_stride);
 }
 
 template <int D, int LOOP>
@@ -746,7 +734,7 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     // heads per group: K̂ and V̂^T of a head are 2 Tp D bytes; two waves of CTAs per group
     const int hg = causal_group_heads(k.group_heads, B * H,
                                       causal_heads_per_group(2L * nblk * F8_BK * D, nblk, B * H, 2 * attn_sm_count()));
-    // O by TMA (stage_o_sw128) where the map can describe it: 16-byte aligned rows
+    // O by TMA (store_o_tma) where the map can describe it: 16-byte aligned rows
     CUtensorMap tm_o;
     memset(&tm_o, 0, sizeof tm_o);
     const bool o_tma = fwd_fp8_o_tma(o, o_stride);

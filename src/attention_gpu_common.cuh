@@ -153,6 +153,9 @@ static inline bool attn_env_switch(const char *name) {
     const char *v = getenv(name);
     return !v || !*v || atoi(v) != 0;
 }
+// A form's switch as a launcher applies it: a test hook's setting (0 or 1; < 0: none) before the
+// environment's (attn_env_switch).
+static inline bool attn_form_on(int test_form, bool env_on) { return test_form >= 0 ? test_form != 0 : env_on; }
 // The number of SMs of the current device, once per process (one device per process: one GPU
 // per rank). The causal kernels' group sizes and the persistent FP8 forward's grid use it.
 static inline int attn_sm_count(void) {
@@ -293,7 +296,7 @@ __device__ __forceinline__ void dkdv_copy_out(const unsigned char *area, bf16 *d
 // A warpgroup's 64 rows of O = acc / l in BF16 go to a staging area with stmatrix, as D / 64 boxes
 // of 64 rows x 128 bytes in TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): the 8
 // rows of an 8 x 8 tile fall in 8 different bank quads), HALF bytes apart, which one thread then
-// stores with D / 64 bulk tensor copies (tensor_map_bthd with 64 rows, tma_store_4d). The 4-byte
+// stores with D / 64 bulk tensor copies (store_o_tma, below: tensor_map_bthd with 64 rows). The 4-byte
 // stores straight from the fragments (fwd_store_rows) each covered half of the 8 sectors they
 // touched and held the consumers ~1.5-1.8 us per tile (bench/attn_timeline.py, the "epilogue":
 // 9-13% of the forwards' SM time at T = 2K). The same products and roundings as fwd_store_rows:
@@ -312,15 +315,6 @@ __device__ __forceinline__ void stage_o_sw128(uint32_t area, const float (&acc)[
                     pack_bf16(acc[4 * n + 4] * inv[0], acc[4 * n + 5] * inv[0]),
                     pack_bf16(acc[4 * n + 6] * inv[1], acc[4 * n + 7] * inv[1]));
     }
-}
-// The warpgroup's LSE values (lse_head: its (b, h) row of T), from the quad's first thread, as
-// fwd_store_rows writes them.
-template <class LseOf>
-__device__ __forceinline__ void fwd_store_lse(float *lse_head, int row0, int T, int t4, LseOf lse_of) {
-    if (t4 == 0)
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            if (row0 + 8 * r < T) lse_head[row0 + 8 * r] = lse_of(r);
 }
 
 // acc (16 x N) += A (16 x K) * B (K x N) for one warp of the mma.sync kernels: A is the BF16
@@ -376,6 +370,14 @@ __device__ __forceinline__ void online_max_step(float (&mx)[2], float (&m)[2], f
         m[r] = mx[r];
     }
 }
+// fwd_store_lse: the LSE part alone (the O-by-TMA epilogue, store_o_tma, writes O itself).
+template <class LseOf>
+__device__ __forceinline__ void fwd_store_lse(float *lse_head, int row0, int T, int t4, LseOf lse_of) {
+    if (t4 == 0)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (row0 + 8 * r < T) lse_head[row0 + 8 * r] = lse_of(r);
+}
 template <int D, class LseOf>
 __device__ __forceinline__ void fwd_store_rows(const float (&acc)[D / 2], const float (&l)[2], bf16 *o, int o_stride,
                                                float *lse_head, int row0, int T, int t4, LseOf lse_of) {
@@ -389,8 +391,8 @@ __device__ __forceinline__ void fwd_store_rows(const float (&acc)[D / 2], const 
         for (int n = 0; n < D / 8; n++)
             *reinterpret_cast<uint32_t *>(orow + n * 8 + 2 * t4) =
                 pack_bf16(acc[4 * n + 2 * r] * inv, acc[4 * n + 2 * r + 1] * inv);
-        if (t4 == 0) lse_head[row] = lse_of(r);
     }
+    fwd_store_lse(lse_head, row0, T, t4, lse_of);
 }
 
 // Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns used) into a shared
@@ -669,8 +671,34 @@ __device__ __forceinline__ void bulk_store(void *dst, uint32_t s_src, uint32_t b
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // the shared-memory sources of this thread's bulk operations have been read (may be overwritten)
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// ... and their writes to global memory are done
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// (Their writes to global memory complete with the grid, before the next kernel of the stream: no
+// kernel here waits for them.)
+// Named barrier BASE + wg over the 128 threads of consumer warpgroup wg (0 or 1): each
+// warpgroup's own, with immediate ids.
+template <int BASE>
+__device__ __forceinline__ void wg_bar_sync(int wg) {
+    if (wg == 0) named_bar_sync<BASE, 128>();
+    else named_bar_sync<BASE + 1, 128>();
+}
+// The forwards' O epilogue by TMA for consumer warpgroup wg: O = acc / l into its staging area
+// (stage_o_sw128: D / 64 boxes HALF bytes apart), then thread `issuer` stores the boxes as rows
+// t0 .. t0 + 63 of head h of sequence b (tm_o: tensor_map_bthd with 64 rows) in its bulk group.
+// A caller that reuses the area waits for the previous store's reads first (bulk_wait_read by
+// the issuer, then wg_bar_sync), and the issuer waits for the last one before the CTA ends.
+template <int D, int HALF, int BAR>
+__device__ __forceinline__ void store_o_tma(const void *tm_o, uint32_t area, const float (&acc)[D / 2],
+                                            const float (&l)[2], int wg, int warp, bool issuer, int h, int t0,
+                                            int b) {
+    const float inv[2] = {1.f / l[0], 1.f / l[1]};
+    stage_o_sw128<D, HALF>(area, acc, inv, warp);
+    fence_proxy_async();  // the stmatrix writes -> the bulk copy's reads
+    wg_bar_sync<BAR>(wg);
+    if (issuer) {
+#pragma unroll
+        for (int c = 0; c < D / 64; c++) tma_store_4d(tm_o, area + c * HALF, 64 * c, h, t0, b);
+        bulk_commit();
+    }
+}
 // Register budget per thread of the executing warpgroup (needs a register cap at kernel entry:
 // __launch_bounds__(threads, 1)).
 template <int N>

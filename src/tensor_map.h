@@ -5,7 +5,7 @@
 
 #include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
 #include <cuda_runtime.h>  // cudaGetDriverEntryPointByVersion
-#include <stdint.h>        // uint32_t, uint64_t (tensor_map_2d)
+#include <stdint.h>        // uint32_t, uint64_t, uintptr_t
 
 #include "attention_gpu_common.cuh"  // CUDA_OK
 #include "common.h"                  // FATAL
@@ -70,4 +70,10 @@ static inline CUtensorMap tensor_map_bthd(const char *who, const void *base, int
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
     return tensor_map_tiled(who, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, strides, box,
                             CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// A tensor map's rows must start at 16-byte aligned addresses: the base and the row pitch. The
+// launchers take a kernel's TMA form only where this holds (else its per-thread form).
+static inline bool tma_rows_aligned(const void *base, long row_bytes) {
+    return (uintptr_t)base % 16 == 0 && row_bytes % 16 == 0;
 }
