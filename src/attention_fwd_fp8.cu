@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
                         float *__restrict__ lse, int H, int n_bh, int T, float tau,
                         unsigned *__restrict__ tile_counter, int heads_per_group,
-                        const __grid_constant__ CUtensorMap tm_o, int o_tma) {
+                        const __grid_constant__ CUtensorMap tm_o, int o_tma, int rescale_skip) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
@@ -391,8 +391,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pv);
                     reg_fence(pa);
                     ring.release(rb - 1);  // K̂_{j-1} and V̂_{j-1} are no longer read
-#pragma unroll
-                    for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                    o_update(oacc, pv, alpha_prev, fac_prev, rescale_skip);
                     pack_p(pa, s);
                     alpha_prev[0] = alpha[0];
                     alpha_prev[1] = alpha[1];
@@ -417,8 +416,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pa);
                     ring.release(it0 + (unsigned)n_kb - 1);
                     ring.release_tile(ti);
-#pragma unroll
-                    for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(pv[i], fac_prev, oacc[i] * alpha_prev[(i >> 1) & 1]);
+                    o_update(oacc, pv, alpha_prev, fac_prev, rescale_skip);
                 }
                 TL_MARK_AT(f8_timeline, ctid == 0, tile, 4);
             }
@@ -539,6 +537,18 @@ static bool fwd_fp8_o_tma(const bf16 *o, int o_stride) {
     return attn_form_on(fwd_fp8_test_o_tma_form, env) && tma_rows_aligned(o, 2L * o_stride);
 }
 
+// The O update's short form for blocks that moved no row maximum of a warp (o_update,
+// attention_fwd_fp8_step.cuh: the same bits); ATTN_FP8_FWD_RESCALE_SKIP=0 or
+// attn_gpu_forward_fp8_test_rescale_skip(0): every block rescales O.
+static int fwd_fp8_test_rescale_skip_form = -1;  // attn_gpu_forward_fp8_test_rescale_skip
+extern "C" void attn_gpu_forward_fp8_test_rescale_skip(int on) {
+    fwd_fp8_test_rescale_skip_form = on < 0 ? -1 : on != 0;
+}
+static bool fwd_fp8_rescale_skip(void) {
+    static const bool env = attn_env_switch("ATTN_FP8_FWD_RESCALE_SKIP");
+    return attn_form_on(fwd_fp8_test_rescale_skip_form, env);
+}
+
 template <int D, int LOOP>
 static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                                const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
@@ -567,7 +577,8 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     if (o_tma) tm_o = tensor_map_bthd("the FP8 forward's O", o, B, H, T, D, o_stride, 64);
     attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), dynamic ? attn_fp8_tile_counter(stream) : NULL, hg, tm_o, o_tma ? 1 : 0);
+        1.0f / sqrtf((float)D), dynamic ? attn_fp8_tile_counter(stream) : NULL, hg, tm_o, o_tma ? 1 : 0,
+        fwd_fp8_rescale_skip() ? 1 : 0);
     CUDA_OK(cudaGetLastError());
 }
 
