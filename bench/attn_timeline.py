@@ -82,6 +82,17 @@ def analyse(rec, direction):
     return summ, shares
 
 
+def print_epilogue_split(rec, T, mode):
+    """-DATTN_TIMELINE_EPI: the FP8 forward's marks 1, 2 lie in the epilogue (after the warpgroup's
+    barrier, after the O store's issue): mean µs per tile from the last PV to each, and to the end."""
+    rec = rec[(rec[:, 0] != 0) & (rec[:, 5] != 0) & (rec[:, 1] != 0)]
+    t = rec[:, :6].double()
+    parts = {"last PV added -> barrier passed": (4, 1), "-> O staged, store issued": (1, 2),
+             "-> LSE stored (end)": (2, 5), "whole epilogue": (4, 5), "last PV": (3, 4)}
+    cells = " | ".join(f"{k} {float((t[:, b] - t[:, a]).mean()) / 1e3:.3f}" for k, (a, b) in parts.items())
+    print(f"T {T // 1024}K {mode} FP8 forward epilogue, µs per tile ({len(rec)} tiles): {cells}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -91,6 +102,8 @@ def main():
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--modes", nargs="+", default=["bf16", "fp8_naive", "fp8_dm"])
     ap.add_argument("--dirs", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    ap.add_argument("--epi", action="store_true",
+                    help="the library was built with -DATTN_TIMELINE_EPI: split the FP8 forward's epilogue")
     a = ap.parse_args()
     shim = Shim(a.lib)
     lib = shim.lib
@@ -132,6 +145,9 @@ def main():
                 calls[direction]()
                 torch.cuda.synchronize()
                 lib.shim_timeline(which, None)
+                if a.epi and which == KERNELS[("fp8", "fwd")]:
+                    print_epilogue_split(rec.cpu(), T, m)
+                    continue
                 summ, shares = analyse(rec.cpu(), direction)
                 rows.append((T, m, direction, summ, shares))
                 print(f"T={T} {m} {direction}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"

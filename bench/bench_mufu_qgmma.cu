@@ -32,6 +32,20 @@
 //               loop without its ring: no mbarriers, no producer)
 //   plain_real_norescale  the same with the alpha = 1 O update
 //   pingpong_real the plain_real loop with ping-pong's named barriers
+//   ... traced  plain_real and pingpong_real with clock64 marks in the step (plain_real's TRACE):
+//               one warp of each warpgroup on one scheduler, printed after the table
+//   softmax_one warpgroup 0 the real softmax step alone (twice as many iterations), warpgroup 1 idle
+//   pingpong_at_s, pingpong_at_softmax  ping-pong with the turn passed once S_j is done / after the
+//               softmax, instead of right after the issue
+//   mufu_h2     the exponentials as ex2.approx.f16x2, two per instruction (f32 in and out)
+//   mufu_h2_pack  the same kept in f16x2 and converted to E4M3 from there
+//   overlap_real  the kernel's overlap loop: S_{j+1} issued before the softmax of S_j, PV_j after
+//               it into S_j's registers and waited for at once (overlap_step)
+//   overlap_split the same with the row max of S_{j+1} between PV_j's issue and its wait
+//   ..._ss      PV with A from shared memory (P̂ stored there by each warpgroup, 16 shared stores
+//               per thread, a proxy fence and the warpgroup's barrier) instead of registers: a
+//               wgmma with A from registers holds its warp at issue until the tensor cores take
+//               it up (the traces: ~450-650 clocks behind the other warpgroup's matmuls)
 // Prints clocks per iteration and SM (clock64, the SM's own clock) and what "overlap" would give:
 // max(tensor, mufu) if the two run at once, tensor + mufu if they do not. The accumulators and
 // exponentials feed a checksum, so nothing is optimized away; the data are fixed small E4M3 codes.
@@ -50,12 +64,19 @@
 enum {
     M_TENSOR, M_MUFU, M_BOTH, M_SPLIT, M_POLY, M_POLY_ALONE, M_PLAIN, M_PINGPONG,  // the skeleton
     M_MUFU_PACK, M_SOFTMAX, M_SOFTMAX_NORESCALE, M_SPLIT_REAL, M_PLAIN_REAL, M_PLAIN_REAL_NORESCALE,
-    M_PINGPONG_REAL, N_MODES
+    M_PINGPONG_REAL, M_PLAIN_TRACE, M_PINGPONG_TRACE,
+    M_BOTH_SS, M_PLAIN_SS, M_PINGPONG_SS, M_PINGPONG_SS_TRACE,
+    M_SOFTMAX_ONE, M_SPLIT_REAL_TRACE, M_PP_S, M_PP_S_TRACE, M_PP_SM, M_MUFU_H2, M_MUFU_H2_PACK,
+    M_OVERLAP_REAL, M_OVERLAP_SPLIT, N_MODES
 };
 static const char *const mode_names[N_MODES] = {
     "tensor",   "mufu",       "both_wg",           "split_wg",   "both_poly",  "poly",
     "plain_dep", "pingpong_dep", "mufu_pack",      "softmax",    "softmax_norescale",
-    "split_real", "plain_real", "plain_real_norescale", "pingpong_real"};
+    "split_real", "plain_real", "plain_real_norescale", "pingpong_real",
+    "plain_real traced", "pingpong_real traced",
+    "both_ss", "plain_real_ss", "pingpong_real_ss", "pingpong_real_ss traced",
+    "softmax_one", "split_real traced", "pingpong_at_s", "pingpong_at_s traced", "pingpong_at_softmax",
+    "mufu_h2", "mufu_h2_pack", "overlap_real", "overlap_split"};
 
 // The kernel's numbers for the real step: tau_qk (tau / (s_q s_k)), log2(p_scale), fac (1 / (p_scale s_v))
 struct StepArgs {
@@ -84,6 +105,41 @@ __device__ __forceinline__ void exps(float (&x)[64]) {
     }
 }
 
+// 64 exponentials per thread as 32 ex2.approx.f16x2 (two per MUFU instruction, if the unit takes
+// them at the f32 rate): the FFMA in f32, the pair converted to f16x2, the result back in f32 (so
+// the chains continue as in exps)
+__device__ __forceinline__ void exps_h2(float (&x)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) {
+        const float a0 = fmaf(x[i], -0.75f, -0.125f), a1 = fmaf(x[i + 1], -0.75f, -0.125f);
+        uint32_t h, r;
+        asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(h) : "f"(a0), "f"(a1));
+        asm("ex2.approx.f16x2 %0, %1;\n" : "=r"(r) : "r"(h));
+        asm("{\n.reg .f16 lo, hi;\nmov.b32 {lo, hi}, %2;\ncvt.f32.f16 %0, lo;\ncvt.f32.f16 %1, hi;\n}\n"
+            : "=f"(x[i]), "=f"(x[i + 1]) : "r"(r));
+    }
+}
+// The same, but the f16x2 results stay packed and feed E4M3 conversions straight from f16x2
+// (what a softmax on f16 exponentials would do: 32 cvt.e4m3x2.f16x2 instead of 32 from f32 pairs)
+__device__ __forceinline__ void exps_h2_pack(float (&x)[64], uint32_t (&pa)[4][4]) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 4) {
+        uint32_t r[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float a0 = fmaf(x[i + 2 * k], -0.75f, -0.125f), a1 = fmaf(x[i + 2 * k + 1], -0.75f, -0.125f);
+            uint32_t h;
+            asm("cvt.rn.f16x2.f32 %0, %2, %1;\n" : "=r"(h) : "f"(a0), "f"(a1));
+            asm("ex2.approx.f16x2 %0, %1;\n" : "=r"(r[k]) : "r"(h));
+            x[i + 2 * k] = __int_as_float(r[k]);  // keeps the chain (bits)
+        }
+        uint32_t lo, hi;
+        asm("{\n.reg .b16 t;\ncvt.rn.satfinite.e4m3x2.f16x2 t, %1;\ncvt.u32.u16 %0, t;\n}\n" : "=r"(lo) : "r"(r[0]));
+        asm("{\n.reg .b16 t;\ncvt.rn.satfinite.e4m3x2.f16x2 t, %1;\ncvt.u32.u16 %0, t;\n}\n" : "=r"(hi) : "r"(r[1]));
+        pa[(i >> 4) & 3][(i >> 2) & 3] = lo | (hi << 16);
+    }
+}
+
 // The forward's tensor work of one key block for one warpgroup: S = 4 k32 steps SS (m64n128),
 // PV = 4 k32 steps with A from registers.
 __device__ __forceinline__ void issue_block(float (&s)[64], float (&pv)[64], uint32_t da, uint32_t db,
@@ -101,45 +157,78 @@ __device__ __forceinline__ void issue_block(float (&s)[64], float (&pv)[64], uin
     wgmma_commit();
 }
 
-// The O update of one key block: the kernel's O = O * alpha + PV * fac, or, where no row's
-// maximum moved (alpha = 1 for all), O = O + PV * fac (the same bits, half the instructions).
-template <bool RESCALE>
-__device__ __forceinline__ void o_update(float (&o)[64], const float (&pv)[64], const float (&alpha)[2], float fac) {
+// The traces (plain_real's TRACE, softmax_alone's): from iteration TRACE_FROM on
+constexpr int TRACE_FROM = 200, TRACE_N = 4, TRACE_POINTS = 6;
+
+// P̂ (pack_p's A fragments) into warpgroup tile sp (64 rows x 128 keys of E4M3, K-major, 128-byte
+// swizzle: the layout the SS wgmma reads), then the proxy fence and the warpgroup's barrier (3 + wg)
+// that order the stores before the wgmma's reads. Register q of k32 step kk: row 16 warp + g +
+// 8 (q & 1), keys 32 kk + 16 (q >> 1) + 4 t .. + 3.
+__device__ __forceinline__ void store_p_tile(uint32_t sp, const uint32_t (&pa)[4][4], int wg) {
+    const int warp = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
 #pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = RESCALE ? fmaf(pv[i], fac, o[i] * alpha[(i >> 1) & 1]) : fmaf(pv[i], fac, o[i]);
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t addr = sp + sw128(16 * warp + g + 8 * (q & 1), 32 * kk + 16 * (q >> 1) + 4 * t);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pa[kk][q]) : "memory");
+        }
+    fence_proxy_async();
+    wg_bar_sync<3>(wg);
+}
+// The forward's PV with A = P̂ from shared memory (descriptor dp of the warpgroup's tile).
+__device__ __forceinline__ void issue_pv_ss(float (&pv)[64], uint32_t dp, uint32_t dv) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(pv, kmajor_desc(dp + 2 * kk), kmajor_desc(dv + 2 * kk), kk > 0);
 }
 
 // The real step without the matmuls (softmax, softmax_norescale, split_real's warpgroup 1): the
 // kernel's softmax_block on fixed S values s0, the O update with fixed PV values, pack_p. The
 // fences make s0 and P̂ opaque to the compiler every iteration, so nothing leaves the loop.
-template <bool RESCALE>
+template <bool RESCALE, bool TRACE = false>
 __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, float (&s0)[64], float (&o)[64],
-                                              float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2], float (&l)[2]) {
+                                              float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2], float (&l)[2],
+                                              long long *trace = nullptr) {
     const int lane = threadIdx.x & 31;
     for (int it = 0; it < iters; it++) {
+        // TRACE (split_real traced): each step's start in the trace's points, warpgroup 1's rows
+        if (TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0 && it >= TRACE_FROM && it < TRACE_FROM + 2 * TRACE_N * TRACE_POINTS)
+            trace[it - TRACE_FROM] = clock64();
         reg_fence(s0);
         reg_fence(pv);
         float s[64], alpha[2];
 #pragma unroll
         for (int i = 0; i < 64; i++) s[i] = s0[i];
         softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-        o_update<RESCALE>(o, pv, alpha, a.fac);
+        if (RESCALE) o_rescale_add(o, pv, alpha, a.fac);  // attention_fwd_fp8_step.cuh
+        else o_add(o, pv, a.fac);
         pack_p(pa, s);
         reg_fence(pa);
     }
 }
 
-// The kernel's plain loop (PP: with ping-pong) around the real step, without its ring: S_j and
+// The kernel's plain loop (PP: with ping-pong, the turn passed at point PP: 1 after the issue,
+// 2 once S_j is done, 3 after the softmax) around the real step, without its ring: S_j and
 // PV_{j-1} as two wgmma groups, the softmax of S_j once S_j is done, PV_{j-1} waited for, O
 // updated, P̂_j packed for the next block's PV. A and V are the same fixed tiles every block.
-template <bool RESCALE, bool PP>
+// TRACE: thread 0 of each warpgroup of CTA 0 (warps 0 and 4: one scheduler) records clock64 at
+// the step's 6 points (loop top, wgmmas issued, S done, softmax done, PV done, P̂ packed) for
+// TRACE_N iterations from TRACE_FROM into trace[(wg * TRACE_N + i) * 6 + point].
+template <bool RESCALE, int PP, bool TRACE = false, bool SS = false>
 __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, int wg,
                                            float (&s)[64], float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4],
-                                           float (&m)[2], float (&l)[2]) {
+                                           float (&m)[2], float (&l)[2], long long *trace = nullptr,
+                                           uint32_t sp = 0) {
     const int lane = threadIdx.x & 31;
+    const bool rec = TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0;
     float alpha[2], alpha_prev[2] = {1.f, 1.f};
     if (PP && wg == 1) named_bar_arrive<1, 256>();  // warpgroup 0 goes first
     for (int it = 0; it < iters; it++) {
+        auto mark = [&](int point) {
+            if (TRACE && rec && it >= TRACE_FROM && it < TRACE_FROM + TRACE_N)
+                trace[(wg * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + point] = clock64();
+        };
+        mark(0);
         if (PP) {
             if (wg == 0) named_bar_sync<1, 256>();
             else named_bar_sync<2, 256>();
@@ -150,33 +239,107 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
         wgmma_fence();
         issue_s<128>(s, da, db);
         wgmma_commit();
-        issue_pv<128>(pv, pa, db);
+        if (SS) issue_pv_ss(pv, kmajor_desc_lo(sp), db);
+        else issue_pv<128>(pv, pa, db);
         wgmma_commit();
-        if (PP && !(wg == 1 && it == iters - 1)) {  // hand the turn over (1 arrived up front)
-            if (wg == 0) named_bar_arrive<2, 256>();
-            else named_bar_arrive<1, 256>();
-        }
+        // hand the turn over (warpgroup 1 arrived once up front, so it skips its last)
+        auto pass = [&](int point) {
+            if (PP == point && !(wg == 1 && it == iters - 1)) {
+                if (wg == 0) named_bar_arrive<2, 256>();
+                else named_bar_arrive<1, 256>();
+            }
+        };
+        pass(1);
+        mark(1);
         wgmma_wait<1>();
         reg_fence(s);
+        pass(2);
+        mark(2);
         softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        pass(3);
+        mark(3);
         wgmma_wait<0>();
         reg_fence(pv);
         reg_fence(pa);
-        o_update<RESCALE>(o, pv, alpha_prev, a.fac);
+        mark(4);
+        if (RESCALE) o_rescale_add(o, pv, alpha_prev, a.fac);
+        else o_add(o, pv, a.fac);
         pack_p(pa, s);
+        if (SS) store_p_tile(sp, pa, wg);
         alpha_prev[0] = alpha[0];
         alpha_prev[1] = alpha[1];
+        mark(5);
+    }
+}
+
+// The overlap loop (S_{j+1} issued before the softmax of S_j, as the kernel's F8_LOOP_OVERLAP):
+// sc holds S_j, its row max done (bias, alpha of block j); one step: issue S_{j+1} into sn; the
+// exponentials of S_j (softmax_exp); O *= alpha_j; pack P̂_j; issue PV_j into sc (the fresh PV
+// accumulator is S_j's registers); then SPLIT = false: wait for both and O += PV_j * fac; SPLIT =
+// true: wait for S_{j+1} only, its row max (softmax_max) while PV_j runs, then wait for PV_j.
+template <bool SPLIT>
+__device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uint32_t db, float (&sc)[64],
+                                             float (&sn)[64], float (&o)[64], uint32_t (&pa)[4][4], float (&m)[2],
+                                             float (&l)[2], float (&alpha)[2], float (&bias)[2]) {
+    const int lane = threadIdx.x & 31;
+    reg_fence(sn);
+    wgmma_fence();
+    issue_s<128>(sn, da, db);
+    wgmma_commit();
+    softmax_exp<false>(sc, l, alpha, bias, a.tau_qk);
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
+    pack_p(pa, sc);
+    reg_fence(sc);
+    reg_fence(pa);
+    wgmma_fence();
+    issue_pv<128>(sc, pa, db);
+    wgmma_commit();
+    if (SPLIT) {
+        wgmma_wait<1>();
+        reg_fence(sn);
+        softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        wgmma_wait<0>();
+        reg_fence(sc);
+        reg_fence(pa);
+    } else {
+        wgmma_wait<0>();
+        reg_fence(sc);
+        reg_fence(sn);
+        reg_fence(pa);
+        softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+    }
+    o_add(o, sc, a.fac);
+}
+template <bool SPLIT>
+__device__ __forceinline__ void overlap_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, float (&sa)[64],
+                                             float (&sb)[64], float (&o)[64], uint32_t (&pa)[4][4], float (&m)[2],
+                                             float (&l)[2]) {
+    const int lane = threadIdx.x & 31;
+    float alpha[2], bias[2];
+    reg_fence(sa);
+    wgmma_fence();
+    issue_s<128>(sa, da, db);  // S_0 and its row max
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(sa);
+    softmax_max<false, true>(sa, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+    for (int it = 0; it < iters; it += 2) {  // two steps per turn: the accumulators swap roles
+        overlap_step<SPLIT>(a, da, db, sa, sb, o, pa, m, l, alpha, bias);
+        overlap_step<SPLIT>(a, da, db, sb, sa, o, pa, m, l, alpha, bias);
     }
 }
 
 template <int MODE>
-__global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs a, float *sink, long long *clocks) {
-    __shared__ __align__(1024) uint8_t tiles[2 * 64 * 128 + 128 * 128];  // A (2 warpgroups x 64 rows), B (128 rows)
+__global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs a, float *sink, long long *clocks, long long *trace) {
+    // A (2 warpgroups x 64 rows), B (128 rows), P̂ (2 warpgroups x 64 rows: the _ss modes)
+    __shared__ __align__(1024) uint8_t tiles[2 * 64 * 128 + 128 * 128 + 2 * 64 * 128];
     for (int i = threadIdx.x; i < (int)sizeof tiles; i += blockDim.x) tiles[i] = (uint8_t)(0x20 + (i * 37) % 0x18);
     fence_proxy_async();  // the generic-proxy writes -> the wgmmas' reads
     __syncthreads();
     const int wg = threadIdx.x / 128;
     const uint32_t da = kmajor_desc_lo(smem_addr(tiles + wg * 64 * 128)), db = kmajor_desc_lo(smem_addr(tiles + 2 * 64 * 128));
+    const uint32_t sp = smem_addr(tiles + 2 * 64 * 128 + 128 * 128 + wg * 64 * 128);
     uint32_t pa[4][4];
 #pragma unroll
     for (int k = 0; k < 4; k++)
@@ -223,11 +386,67 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
             softmax_alone<true>(2 * iters, a, s, o, pv, pa, m, l);
         }
     } else if (MODE == M_PLAIN_REAL) {
-        plain_real<true, false>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+        plain_real<true, 0>(iters, a, da, db, wg, s, o, pv, pa, m, l);
     } else if (MODE == M_PLAIN_REAL_NORESCALE) {
-        plain_real<false, false>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+        plain_real<false, 0>(iters, a, da, db, wg, s, o, pv, pa, m, l);
     } else if (MODE == M_PINGPONG_REAL) {
-        plain_real<true, true>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+        plain_real<true, 1>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+    } else if (MODE == M_PLAIN_TRACE) {
+        plain_real<true, 0, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, trace);
+    } else if (MODE == M_PINGPONG_TRACE) {
+        plain_real<true, 1, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, trace);
+    } else if (MODE == M_BOTH_SS) {
+        for (int it = 0; it < iters; it++) {
+            reg_fence(s);
+            reg_fence(pv);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), 1);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(pv, kmajor_desc(kmajor_desc_lo(sp) + 2 * kk), kmajor_desc(db + 2 * kk), 1);
+            wgmma_commit();
+            if (nsmid_nonzero()) exps<false>(x);
+            wgmma_wait<0>();
+            reg_fence(s);
+            reg_fence(pv);
+        }
+    } else if (MODE == M_PLAIN_SS) {
+        plain_real<true, 0, false, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, nullptr, sp);
+    } else if (MODE == M_PINGPONG_SS) {
+        plain_real<true, 1, false, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, nullptr, sp);
+    } else if (MODE == M_MUFU_H2) {
+        for (int it = 0; it < iters; it++) exps_h2(x);
+    } else if (MODE == M_MUFU_H2_PACK) {
+        for (int it = 0; it < iters; it++) {
+            exps_h2_pack(x, pa);
+            reg_fence(pa);
+        }
+    } else if (MODE == M_OVERLAP_REAL) {
+        overlap_real<false>(iters, a, da, db, s, x, o, pa, m, l);
+    } else if (MODE == M_OVERLAP_SPLIT) {
+        overlap_real<true>(iters, a, da, db, s, x, o, pa, m, l);
+    } else if (MODE == M_SOFTMAX_ONE) {
+        if (wg == 0) softmax_alone<true>(2 * iters, a, s, o, pv, pa, m, l);
+    } else if (MODE == M_SPLIT_REAL_TRACE) {
+        if (wg == 0) {
+            for (int it = 0; it < 2 * iters; it++) {
+                issue_block(s, pv, da, db, pa);
+                wgmma_wait<0>();
+                reg_fence(s);
+                reg_fence(pv);
+                reg_fence(pa);
+            }
+        } else {
+            softmax_alone<true, true>(2 * iters, a, s, o, pv, pa, m, l, trace);
+        }
+    } else if (MODE == M_PP_S) {
+        plain_real<true, 2>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+    } else if (MODE == M_PP_S_TRACE) {
+        plain_real<true, 2, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, trace);
+    } else if (MODE == M_PP_SM) {
+        plain_real<true, 3>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+    } else if (MODE == M_PINGPONG_SS_TRACE) {
+        plain_real<true, 1, true, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, trace, sp);
     } else if (MODE == M_PLAIN || MODE == M_PINGPONG) {
         if (MODE == M_PINGPONG && wg == 1) named_bar_arrive<1, 256>();  // warpgroup 0 goes first
         for (int it = 0; it < iters; it++) {
@@ -298,22 +517,44 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
 }
 
 template <int MODE>
-static double run_mode(int iters, int n_sm, StepArgs a, float *sink, long long *d_clk, long long *h_clk) {
-    mufu_qgmma_kernel<MODE><<<n_sm, 256>>>(iters / 10, a, sink, d_clk);  // warm-up
-    mufu_qgmma_kernel<MODE><<<n_sm, 256>>>(iters, a, sink, d_clk);
+static double run_mode(int iters, int n_sm, StepArgs a, float *sink, long long *d_clk, long long *h_clk,
+                       long long *d_trace) {
+    mufu_qgmma_kernel<MODE><<<n_sm, 256>>>(iters / 10, a, sink, d_clk, d_trace);  // warm-up
+    mufu_qgmma_kernel<MODE><<<n_sm, 256>>>(iters, a, sink, d_clk, d_trace);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(h_clk, d_clk, sizeof(long long) * n_sm, cudaMemcpyDeviceToHost));
     double sum = 0;
     for (int i = 0; i < n_sm; i++) sum += (double)h_clk[i];
     return sum / n_sm / iters;  // clocks per iteration, mean over SMs
 }
-template <int MODE>  // every mode from MODE on
+static char trace_buf[5][4096];  // the traced modes' traces (run_modes), printed after the table
+template <int MODE>  // every mode from MODE on; a traced mode keeps its trace
 static void run_modes(double (&c)[N_MODES], int iters, int n_sm, StepArgs a, float *sink, long long *d_clk,
-                      long long *h_clk) {
-    c[MODE] = run_mode<MODE>(iters, n_sm, a, sink, d_clk, h_clk);
-    if constexpr (MODE + 1 < N_MODES) run_modes<MODE + 1>(c, iters, n_sm, a, sink, d_clk, h_clk);
+                      long long *h_clk, long long *d_trace) {
+    c[MODE] = run_mode<MODE>(iters, n_sm, a, sink, d_clk, h_clk, d_trace);
+    if (MODE == M_PLAIN_TRACE || MODE == M_PINGPONG_TRACE || MODE == M_PINGPONG_SS_TRACE || MODE == M_PP_S_TRACE) {
+        long long t[2 * TRACE_N * TRACE_POINTS];
+        CUDA_OK(cudaMemcpy(t, d_trace, sizeof t, cudaMemcpyDeviceToHost));
+        char *b = trace_buf[MODE == M_PLAIN_TRACE ? 0 : MODE == M_PINGPONG_TRACE ? 1 : MODE == M_PP_S_TRACE ? 3 : 2];
+        int n = snprintf(b, 4096, "%s, CTA 0, clocks from warpgroup 0's first traced loop top "
+                         "(top / issued / S done / softmax done / PV done / packed):\n", mode_names[MODE]);
+        for (int i = 0; i < TRACE_N; i++)
+            for (int w = 0; w < 2; w++) {
+                n += snprintf(b + n, 4096 - n, "  block %d wg %d:", TRACE_FROM + i, w);
+                for (int p = 0; p < TRACE_POINTS; p++)
+                    n += snprintf(b + n, 4096 - n, " %6lld", t[(w * TRACE_N + i) * TRACE_POINTS + p] - t[0]);
+                n += snprintf(b + n, 4096 - n, "\n");
+            }
+    }
+    if (MODE == M_SPLIT_REAL_TRACE) {  // warpgroup 1's softmax steps' starts: their durations
+        long long t[2 * TRACE_N * TRACE_POINTS];
+        CUDA_OK(cudaMemcpy(t, d_trace, sizeof t, cudaMemcpyDeviceToHost));
+        int n = snprintf(trace_buf[4], 4096, "split_real traced: warpgroup 1's softmax steps (under warpgroup 0's wgmmas), clocks each:");
+        for (int i = 1; i < 2 * TRACE_N * TRACE_POINTS; i++) n += snprintf(trace_buf[4] + n, 4096 - n, " %lld", t[i] - t[i - 1]);
+        snprintf(trace_buf[4] + n, 4096 - n, "\n");
+    }
+    if constexpr (MODE + 1 < N_MODES) run_modes<MODE + 1>(c, iters, n_sm, a, sink, d_clk, h_clk, d_trace);
 }
-
 int main(int argc, char **argv) {
     const int iters = argc > 1 ? atoi(argv[1]) : 4000;
     cudaDeviceProp prop;
@@ -323,10 +564,12 @@ int main(int argc, char **argv) {
     long long *d_clk, h_clk[1024];
     CUDA_OK(cudaMalloc(&sink, sizeof(float) * n_sm * 256));
     CUDA_OK(cudaMalloc(&d_clk, sizeof(long long) * n_sm));
+    long long *d_trace;
+    CUDA_OK(cudaMalloc(&d_trace, sizeof(long long) * 2 * TRACE_N * TRACE_POINTS));
     // the real step's factors: S * tau_qk of a few units, p_scale 2^8 (the kernel's default), 1 / (p_scale s_v)
     const StepArgs a = {0.05f, 8.0f, 1.0f / 256.0f};
     double c[N_MODES];
-    run_modes<0>(c, iters, n_sm, a, sink, d_clk, h_clk);
+    run_modes<0>(c, iters, n_sm, a, sink, d_clk, h_clk, d_trace);
     printf("# %s, %d SMs, %d iterations; per iteration and SM: 2 x 8 m64n128k32 e4m3 wgmmas (8.4 MFLOP), "
            "2 x 128 x 64 exponentials (16384)\n", prop.name, n_sm, iters);
     printf("| form | clocks / iteration | vs tensor + mufu | vs max(tensor, mufu) |\n|---|---|---|---|\n");
@@ -337,7 +580,9 @@ int main(int argc, char **argv) {
            8.39e6 / c[M_TENSOR], 16384.0 / c[M_MUFU]);
     printf("verdict: the exponentials and the wgmmas %s (both_wg at %.2f of the sum, %.2f of the max)\n",
            c[M_BOTH] < 0.75 * sum ? "overlap" : "do NOT overlap", c[M_BOTH] / sum, c[M_BOTH] / mx);
+    for (int i = 0; i < 5; i++) printf("%s", trace_buf[i]);
     cudaFree(sink);
     cudaFree(d_clk);
+    cudaFree(d_trace);
     return 0;
 }

@@ -121,11 +121,13 @@ __device__ __forceinline__ void fmax_rows(const float (&s)[F8_BK / 2], float (&m
 // s[4n + e] = row g + 8(e/2), column 8n + 2t + e%2 = key k0 + key_of_row(column)). tau_qk =
 // tau * inv_q * inv_k. MASKED: the diagonal block (keys past the row or past T become -inf).
 // Updates m (natural-log units, the max of the dequantized S), l (this thread's part, in units
-// of P' = p_scale P), alpha (the factor for O), and replaces s by P'.
+// of P' = p_scale P), alpha (the factor for O), and replaces s by P'. In two halves, which a loop
+// may run apart: softmax_max (the mask, the row maxima, m, alpha and the exponent bias of each
+// row) and softmax_exp (P' and the row sums).
 template <bool MASKED, bool IMAX>
-__device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
-                                              float (&alpha)[2], float tau_qk, float log2_ps, int k0,
-                                              int row_w0, int T, int g, int t4) {
+__device__ __forceinline__ void softmax_max(float (&s)[F8_BK / 2], float (&m)[2], float (&alpha)[2],
+                                            float (&bias)[2], float tau_qk, float log2_ps, int k0, int row_w0,
+                                            int T, int g, int t4) {
     constexpr float LOG2E = 1.4426950408889634f;
     if (MASKED) {
 #pragma unroll
@@ -151,7 +153,6 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
     } else {
         fmax_rows(s, mx);
     }
-    float bias[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         // every row sees at least one key of every block it visits (key k0 <= row on the
@@ -168,6 +169,11 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
         m[r] = mn;
         bias[r] = b_new;
     }
+}
+template <bool MASKED>
+__device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
+                                            const float (&bias)[2], float tau_qk) {
+    constexpr float LOG2E = 1.4426950408889634f;
     const float c2 = tau_qk * LOG2E;
     float rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -183,6 +189,14 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
     }
     l[0] = l[0] * alpha[0] + rs[0];
     l[1] = l[1] * alpha[1] + rs[1];
+}
+template <bool MASKED, bool IMAX>
+__device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
+                                              float (&alpha)[2], float tau_qk, float log2_ps, int k0,
+                                              int row_w0, int T, int g, int t4) {
+    float bias[2];
+    softmax_max<MASKED, IMAX>(s, m, alpha, bias, tau_qk, log2_ps, k0, row_w0, T, g, t4);
+    softmax_exp<MASKED>(s, l, alpha, bias, tau_qk);
 }
 
 // O = O * alpha + PV * fac for one key block (the kernel's order: O * alpha rounded, then the
