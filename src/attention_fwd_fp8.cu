@@ -326,12 +326,16 @@ __device__ __forceinline__ void fwd_fp8_stream(const F8Consumer<D> &c) {
     for (;;) {
         for (int j = 1; j < cur.n_kb - 1; j++) step(cur, j, std::false_type(), std::false_type());
         if (cur.n_kb > 1) step(cur, cur.n_kb - 1, std::false_type(), std::true_type());
+        // Every S of this tile is done: its Q̂ buffer is free. (Not later: the producer publishes a
+        // block only once it issued the next one's copies, so the next tile's first block, if it
+        // is also that tile's last, comes only after the producer posted the tile after it, for
+        // which it needs this buffer back.)
+        ring.release_tile(cur.ti);
         // the next tile's first block, with this tile's last PV
         Tile nxt;
         if (!load_tile(cur.ti + 1, cur.it0 + (unsigned)cur.n_kb, nxt)) break;
         if (nxt.n_kb == 1) step(nxt, 0, std::true_type(), std::true_type());
         else step(nxt, 0, std::true_type(), std::false_type());
-        ring.release_tile(cur.ti);  // its last S was the step before's
         pending = true;
         pend = cur;
         cur = nxt;
@@ -349,7 +353,6 @@ __device__ __forceinline__ void fwd_fp8_stream(const F8Consumer<D> &c) {
         reg_fence(pv);
         reg_fence(pa);
         ring.release(cur.it0 + (unsigned)cur.n_kb - 1);
-        ring.release_tile(cur.ti);
         o_update(oacc, pv, alpha_prev, fac_prev, c.rescale_skip);
         fwd_fp8_epilogue<D>(c, oacc, m, l, cur.bh, cur.q0, cur.tile);
         TL_END_AT(f8_timeline, c.ctid == 0, cur.tile, 5, cur.n_kb);
