@@ -140,7 +140,7 @@ struct F8Smem {
 TL_DECLARE(f8_timeline);
 // -DATTN_TIMELINE_EPI (with -DATTN_TIMELINE): marks 1 and 2 move from the first key block into the
 // epilogue (after the warpgroup's barrier, after the O store was issued), to split its time
-// (bench/attn_timeline.py --epi)
+// (bash scripts/gpu_attn_timeline.sh with EPI=1)
 #ifdef ATTN_TIMELINE_EPI
 #define F8_TL_PROLOGUE(i) (void)0
 #define F8_TL_EPILOGUE(i) TL_MARK_AT(f8_timeline, ctid == 0, tile, i)
@@ -159,205 +159,7 @@ TL_DEFINE_SETTER(attn_gpu_forward_fp8_timeline, f8_timeline)
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
 // F8_LOOP_PLAIN_FMAX: the plain loop with the row max by FMNMX instead of integer bits
 // (softmax_block's IMAX), the same bits: the tests' check that the integer max is exact.
-// F8_LOOP_STREAM: the plain loop run on across the CTA's tiles (fwd_fp8_stream below).
-enum {
-    F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_PLAIN_FMAX = 4,
-    F8_LOOP_STREAM = 5
-};
-
-// What a consumer warpgroup uses of the kernel's arguments and shared memory (the stream loop and
-// the epilogue are functions of their own).
-template <int D>
-struct F8Consumer {
-    using L = F8Smem<D>;
-    PersistentRing<F8_STAGES> ring;
-    const float *sKs, *sVs, *sQs;  // each stage's K and V scale, each Q̂ buffer's Q scale
-    uint8_t *sO;                   // the O staging areas (one per warpgroup)
-    uint32_t dk0, dv0, dq0;        // kmajor_desc_lo of K̂ stage 0, V̂^T stage 0, this warpgroup's Q̂ rows of buffer 0
-    float inv_p, log2_ps, tau;
-    bf16 *o;
-    int o_stride;
-    float *lse;
-    int H, n_bh, T, nblk, n_tiles, heads_per_group;
-    const CUtensorMap *tm_o;
-    bool o_tma, rescale_skip;
-    int ctid, wg, warp, g, t4;
-};
-
-// The epilogue of a warpgroup's 64 rows of tile (bh, q0): full row sums, O = acc / l in BF16 (by
-// TMA from the warpgroup's staging area, or from the fragments), LSE = m + log l. m and l are the
-// tile's running statistics (l in P' units, this thread's part); tile: the timeline's record.
-template <int D>
-__device__ __forceinline__ void fwd_fp8_epilogue(const F8Consumer<D> &c, const float (&oacc)[D / 2], const float (&m)[2],
-                                                 float (&l)[2], int bh, int q0, int tile) {
-    using L = F8Smem<D>;
-    const int ctid = c.ctid;  // (the timeline marks')
-    (void)ctid;
-    (void)tile;
-    quad_sum(l);
-    l[0] *= c.inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
-    l[1] *= c.inv_p;
-    const int b = bh / c.H, h = bh % c.H, row0 = q0 + c.wg * 64 + c.warp * 16 + c.g;
-    if (c.o_tma) {
-        // O by TMA (store_o_tma, attention_gpu_common.cuh; named barriers 4, 5): thread 0 of the
-        // warpgroup waits for its previous tile's store to have read the staging area (long done);
-        // the store runs on under the next tile
-        const bool issuer = (c.ctid & 127) == 0;
-        if (issuer) bulk_wait_read();
-        wg_bar_sync<4>(c.wg);
-        F8_TL_EPILOGUE(1);
-        store_o_tma<D, L::O / 2, 4>(c.tm_o, smem_addr(c.sO + c.wg * L::O), oacc, l, c.wg, c.warp, issuer, h,
-                                    q0 + c.wg * 64, b);
-        F8_TL_EPILOGUE(2);
-        fwd_store_lse(c.lse + (long)bh * c.T, row0, c.T, c.t4, [&](int r) { return m[r] + logf(l[r]); });
-    } else {
-        fwd_store_rows<D>(oacc, l, c.o + (long)b * c.T * c.o_stride + (long)h * D, c.o_stride, c.lse + (long)bh * c.T,
-                          row0, c.T, c.t4, [&](int r) { return m[r] + logf(l[r]); });
-    }
-}
-
-// The stream loop (F8_LOOP_STREAM): the plain loop's steps run on across the CTA's tiles, as one
-// sequence of key blocks (ring blocks). A step issues S of its block and PV of the block before,
-// whichever tiles they belong to; so a tile's first S is issued with the previous tile's last PV,
-// and its softmax runs under that PV (the per-tile loops wait for the last PV alone, then for S_0
-// alone and compute its softmax with the tensor cores idle). The step after a tile's last PV (the
-// tile's O is then complete) stores that tile's O and LSE after issuing its own wgmmas, so the
-// epilogue too runs under matmuls. At a tile boundary the running statistics m, l start afresh
-// and the finished tile's move to me, le until its epilogue. The arithmetic of every block is the
-// plain loop's, so O and LSE are the same bit for bit.
-template <int D, bool IMAX>
-__device__ __forceinline__ void fwd_fp8_stream(const F8Consumer<D> &c) {
-    using L = F8Smem<D>;
-    const auto &ring = c.ring;
-    struct Tile {
-        int tile, bh, q0, n_kb, ti;  // n_kb: key blocks 0..qb (causal); ti: the CTA's count (Q̂ buffer ti & 1)
-        unsigned it0;                // ring block of key block 0
-    };
-    auto load_tile = [&](int ti, unsigned it0, Tile &t) {
-        const int tile = ring.tile(ti);
-        if (tile >= c.n_tiles) return false;
-        const CausalTile ct = causal_tile(tile, c.nblk, c.n_bh, c.heads_per_group);
-        t = {tile, ct.bh, ct.qb * F8_BQ, ct.qb + 1, ti, it0};
-        TL_MARK_AT(f8_timeline, c.ctid == 0, tile, 0);
-        return true;
-    };
-    Tile cur;
-    if (!load_tile(0, 0, cur)) return;
-    float oacc[D / 2], pv[D / 2], s[F8_BK / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2], alpha_prev[2];
-    uint32_t pa[F8_BK / 32][4];  // P̂ of the previous block: A operand of its PV
-    float tau_q, fac_prev;
-    auto row_w0 = [&](const Tile &t) { return t.q0 + c.wg * 64 + c.warp * 16; };
-    auto dq = [&](const Tile &t) { return c.dq0 + (t.ti & 1) * (L::Q / 16); };
-
-    // the CTA's first block: S alone
-    {
-        const unsigned st = cur.it0 % F8_STAGES;
-        ring.wait_full(cur.it0);
-        tau_q = c.tau * pow2_recip(c.sQs[cur.ti & 1]);
-        const float tau_qk = tau_q * pow2_recip(c.sKs[st]);
-        fac_prev = c.inv_p * pow2_recip(c.sVs[st]);
-        reg_fence(s);
-        wgmma_fence();
-        issue_s<D>(s, dq(cur), c.dk0 + st * (L::K / 16));
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(s);
-        if (cur.n_kb == 1) softmax_block<true, IMAX>(s, m, l, alpha, tau_qk, c.log2_ps, 0, row_w0(cur), c.T, c.g, c.t4);
-        else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, c.log2_ps, 0, row_w0(cur), c.T, c.g, c.t4);
-        pack_p(pa, s);
-        alpha_prev[0] = alpha[0];
-        alpha_prev[1] = alpha[1];
-    }
-    // the tile whose O is complete in oacc, stored by the next step once it issued its wgmmas
-    bool pending = false;
-    Tile pend = cur;
-    float me[2] = {0.f, 0.f}, le[2] = {0.f, 0.f};
-    auto flush = [&]() {
-        if (pending) {
-            fwd_fp8_epilogue<D>(c, oacc, me, le, pend.bh, pend.q0, pend.tile);
-            TL_END_AT(f8_timeline, c.ctid == 0, pend.tile, 5, pend.n_kb);
-#pragma unroll
-            for (int i = 0; i < D / 2; i++) oacc[i] = 0.f;
-            pending = false;
-        }
-    };
-    // One step: key block j of tile t (ring block rb), with PV of ring block rb - 1. FIRST: j = 0
-    // (a new tile: fresh statistics; the previous tile's last PV completes its O); MASK: the
-    // tile's diagonal block.
-    auto step = [&](const Tile &t, int j, auto first, auto mask) {
-        const unsigned rb = t.it0 + (unsigned)j, st = rb % F8_STAGES, pst = (rb - 1) % F8_STAGES;
-        ring.wait_full(rb);
-        if (decltype(first)::value) tau_q = c.tau * pow2_recip(c.sQs[t.ti & 1]);
-        const float tau_qk = tau_q * pow2_recip(c.sKs[st]);
-        const float fac = c.inv_p * pow2_recip(c.sVs[st]);
-        reg_fence(s);
-        reg_fence(pv);
-        reg_fence(pa);
-        wgmma_fence();
-        issue_s<D>(s, dq(t), c.dk0 + st * (L::K / 16));
-        wgmma_commit();
-        issue_pv<D>(pv, pa, c.dv0 + pst * (L::V / 16));
-        wgmma_commit();
-        flush();  // the tile finished by the step before: its O leaves under these wgmmas
-        if (decltype(first)::value) {
-            me[0] = m[0], me[1] = m[1], le[0] = l[0], le[1] = l[1];
-            m[0] = m[1] = -INFINITY;
-            l[0] = l[1] = 0.f;
-        }
-        wgmma_wait<1>();
-        reg_fence(s);
-        softmax_block<decltype(mask)::value, IMAX>(s, m, l, alpha, tau_qk, c.log2_ps, j * F8_BK, row_w0(t), c.T, c.g,
-                                                   c.t4);
-        wgmma_wait<0>();
-        reg_fence(pv);
-        reg_fence(pa);
-        ring.release(rb - 1);
-        o_update(oacc, pv, alpha_prev, fac_prev, c.rescale_skip);
-        pack_p(pa, s);
-        alpha_prev[0] = alpha[0];
-        alpha_prev[1] = alpha[1];
-        fac_prev = fac;
-    };
-    for (;;) {
-        for (int j = 1; j < cur.n_kb - 1; j++) step(cur, j, std::false_type(), std::false_type());
-        if (cur.n_kb > 1) step(cur, cur.n_kb - 1, std::false_type(), std::true_type());
-        // Every S of this tile is done: its Q̂ buffer is free. (Not later: the producer publishes a
-        // block only once it issued the next one's copies, so the next tile's first block, if it
-        // is also that tile's last, comes only after the producer posted the tile after it, for
-        // which it needs this buffer back.)
-        ring.release_tile(cur.ti);
-        // the next tile's first block, with this tile's last PV
-        Tile nxt;
-        if (!load_tile(cur.ti + 1, cur.it0 + (unsigned)cur.n_kb, nxt)) break;
-        if (nxt.n_kb == 1) step(nxt, 0, std::true_type(), std::true_type());
-        else step(nxt, 0, std::true_type(), std::false_type());
-        pending = true;
-        pend = cur;
-        cur = nxt;
-    }
-    // the last tile's last PV, then the last two epilogues
-    {
-        const unsigned lst = (cur.it0 + (unsigned)cur.n_kb - 1) % F8_STAGES;
-        reg_fence(pv);
-        reg_fence(pa);
-        wgmma_fence();
-        issue_pv<D>(pv, pa, c.dv0 + lst * (L::V / 16));
-        wgmma_commit();
-        flush();
-        wgmma_wait<0>();
-        reg_fence(pv);
-        reg_fence(pa);
-        ring.release(cur.it0 + (unsigned)cur.n_kb - 1);
-        o_update(oacc, pv, alpha_prev, fac_prev, c.rescale_skip);
-        fwd_fp8_epilogue<D>(c, oacc, m, l, cur.bh, cur.q0, cur.tile);
-        TL_END_AT(f8_timeline, c.ctid == 0, cur.tile, 5, cur.n_kb);
-    }
-}
+enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_PLAIN_FMAX = 4 };
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (persistent_next_tile), one after the other (persistent when G =
@@ -371,7 +173,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         float inv_p, float log2_ps, bf16 *__restrict__ o, int o_stride,
                         float *__restrict__ lse, int H, int n_bh, int T, float tau,
                         unsigned *__restrict__ tile_counter, int heads_per_group,
-                        const __grid_constant__ CUtensorMap tm_o, int o_tma, int rescale_skip) {
+                        const __grid_constant__ CUtensorMap tm_o, int o_tma) {
     using L = F8Smem<D>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
@@ -429,12 +231,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         // (buffer 1: + L::Q / 16)
         const uint32_t dk0 = kmajor_desc_lo(smem_addr(sK)), dv0 = kmajor_desc_lo(smem_addr(sV)),
                        dq0 = kmajor_desc_lo(smem_addr(sQ + wg * 64 * 128));
-        const F8Consumer<D> cons = {ring, sKs, sVs, sQs, sO, dk0, dv0, dq0, inv_p, log2_ps, tau, o, o_stride, lse, H,
-                                    n_bh, T, nblk, n_tiles, heads_per_group, &tm_o, o_tma != 0, rescale_skip != 0,
-                                    ctid, wg, warp, g, t4};
-        if constexpr (LOOP == F8_LOOP_STREAM) fwd_fp8_stream<D, true>(cons);
         unsigned it0 = 0;  // key blocks of the earlier tiles: this tile's block j is ring block it0 + j
-        for (int ti = 0; LOOP != F8_LOOP_STREAM; ti++) {
+        for (int ti = 0;; ti++) {
             const int tile = ring.tile(ti);
             if (tile >= n_tiles) break;
             const CausalTile ct = causal_tile(tile, nblk, n_bh, heads_per_group);
@@ -603,7 +401,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pv);
                     reg_fence(pa);
                     ring.release(rb - 1);  // K̂_{j-1} and V̂_{j-1} are no longer read
-                    o_update(oacc, pv, alpha_prev, fac_prev, rescale_skip);
+                    o_rescale_add(oacc, pv, alpha_prev, fac_prev);
                     pack_p(pa, s);
                     alpha_prev[0] = alpha[0];
                     alpha_prev[1] = alpha[1];
@@ -628,14 +426,32 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pa);
                     ring.release(it0 + (unsigned)n_kb - 1);
                     ring.release_tile(ti);
-                    o_update(oacc, pv, alpha_prev, fac_prev, rescale_skip);
+                    o_rescale_add(oacc, pv, alpha_prev, fac_prev);
                 }
                 TL_MARK_AT(f8_timeline, ctid == 0, tile, 4);
             }
             it0 += (unsigned)n_kb;
 
             // epilogue: full row sums, O = acc / l in BF16, LSE natural log
-            fwd_fp8_epilogue<D>(cons, oacc, m, l, bh, q0, tile);
+            quad_sum(l);
+            l[0] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
+            l[1] *= inv_p;
+            const int b = bh / H, h = bh % H;
+            if (o_tma) {
+                // O by TMA (store_o_tma, attention_gpu_common.cuh; named barriers 4, 5): thread 0
+                // of the warpgroup waits for its previous tile's store to have read the staging
+                // area (long done); the store runs on under the next tile
+                const bool issuer = (ctid & 127) == 0;
+                if (issuer) bulk_wait_read();
+                wg_bar_sync<4>(wg);
+                F8_TL_EPILOGUE(1);
+                store_o_tma<D, L::O / 2, 4>(&tm_o, smem_addr(sO + wg * L::O), oacc, l, wg, warp, issuer, h, q0 + wg * 64, b);
+                F8_TL_EPILOGUE(2);
+                fwd_store_lse(lse + (long)bh * T, row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
+            } else {
+                fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
+                                  row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
+            }
             TL_END_AT(f8_timeline, ctid == 0, tile, 5, n_kb);
         }
         if (o_tma && (ctid & 127) == 0) bulk_wait_read();  // the last O store has read the staging area
@@ -643,7 +459,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 }
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|plain_fmax|stream picks the consumers' block loop
+// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|plain_fmax picks the consumers' block loop
 // (F8_LOOP_*; unset: plain, see forward_fp8_d;
 // ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
@@ -669,9 +485,8 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
             else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
             else if (strcmp(loop, "plain_fmax") == 0) k.loop = F8_LOOP_PLAIN_FMAX;
-            else if (strcmp(loop, "stream") == 0) k.loop = F8_LOOP_STREAM;
             else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
-                                 "overlap_pp, plain_fmax, stream; using the default\n", loop);
+                                 "overlap_pp, plain_fmax; using the default\n", loop);
         }
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = !(pers && *pers && atoi(pers) == 0);
@@ -689,7 +504,7 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_STREAM ? loop : -1;
+    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_FMAX ? loop : -1;
 }
 // The tile counters (persistent_next_tile: 2 words each), one per stream that launched the
 // FP8 forward or fp8_dm's delta pass and was not released since
@@ -734,18 +549,6 @@ static bool fwd_fp8_o_tma(const bf16 *o, int o_stride) {
     return attn_form_on(fwd_fp8_test_o_tma_form, env) && tma_rows_aligned(o, 2L * o_stride);
 }
 
-// The O update's short form for blocks that moved no row maximum of a warp (o_update,
-// attention_fwd_fp8_step.cuh: the same bits); ATTN_FP8_FWD_RESCALE_SKIP=0 or
-// attn_gpu_forward_fp8_test_rescale_skip(0): every block rescales O.
-static int fwd_fp8_test_rescale_skip_form = -1;  // attn_gpu_forward_fp8_test_rescale_skip
-extern "C" void attn_gpu_forward_fp8_test_rescale_skip(int on) {
-    fwd_fp8_test_rescale_skip_form = on < 0 ? -1 : on != 0;
-}
-static bool fwd_fp8_rescale_skip(void) {
-    static const bool env = attn_env_switch("ATTN_FP8_FWD_RESCALE_SKIP");
-    return attn_form_on(fwd_fp8_test_rescale_skip_form, env);
-}
-
 template <int D, int LOOP>
 static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                                const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
@@ -774,8 +577,7 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     if (o_tma) tm_o = tensor_map_bthd("the FP8 forward's O", o, B, H, T, D, o_stride, 64);
     attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), dynamic ? attn_fp8_tile_counter(stream) : NULL, hg, tm_o, o_tma ? 1 : 0,
-        fwd_fp8_rescale_skip() ? 1 : 0);
+        1.0f / sqrtf((float)D), dynamic ? attn_fp8_tile_counter(stream) : NULL, hg, tm_o, o_tma ? 1 : 0);
     CUDA_OK(cudaGetLastError());
 }
 
@@ -789,9 +591,7 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
     // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
-    if (loop == F8_LOOP_STREAM)
-        forward_fp8_launch<D, F8_LOOP_STREAM>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_PLAIN_FMAX)
+    if (loop == F8_LOOP_PLAIN_FMAX)
         forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_OVERLAP_PP)
         forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);

@@ -200,9 +200,10 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
 }
 
 // O = O * alpha + PV * fac for one key block (the kernel's order: O * alpha rounded, then the
-// FFMA), in two forms: o_rescale_add, and o_add for a block that moved none of the rows' maxima.
-// There alpha = ex2(b_new - b_old) = ex2(0) = 1 exactly, O * alpha is O, and one FFMA per element
-// gives the same bits as two instructions.
+// FFMA): o_rescale_add; o_add is the same for a block that moved none of the rows' maxima (alpha =
+// ex2(0) = 1 exactly: O * alpha is O, one FFMA per element gives the same bits). Skipping the
+// rescale where a warp's alpha are all 1 measured no faster (docs/perf.md, stop 30); the
+// benchmark's softmax_norescale and plain_real_norescale time o_add.
 template <int N>
 __device__ __forceinline__ void o_rescale_add(float (&o)[N], const float (&pv)[N], const float (&alpha)[2], float fac) {
 #pragma unroll
@@ -212,15 +213,6 @@ template <int N>
 __device__ __forceinline__ void o_add(float (&o)[N], const float (&pv)[N], float fac) {
 #pragma unroll
     for (int i = 0; i < N; i++) o[i] = fmaf(pv[i], fac, o[i]);
-}
-// The kernel's O update: o_add where every row of the warp has alpha = 1 (one vote per warp and
-// block; with skip false, always o_rescale_add). Late key blocks of long rows seldom move a
-// row's maximum, so most of them take the short form; the outputs are the same bit for bit.
-template <int N>
-__device__ __forceinline__ void o_update(float (&o)[N], const float (&pv)[N], const float (&alpha)[2], float fac,
-                                         bool skip) {
-    if (skip && __all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) o_add(o, pv, fac);
-    else o_rescale_add(o, pv, alpha, fac);
 }
 
 #endif  // ATTENTION_FWD_FP8_STEP_CUH

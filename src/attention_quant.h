@@ -111,18 +111,13 @@ void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
 unsigned *attn_fp8_tile_counter(cudaStream_t stream);
 void attn_fp8_release_stream(cudaStream_t stream);
 // For tests: the consumers' block loop (0 ping-pong, 1 plain, 2 overlap: S_{j+1} issued before
-// the softmax of S_j, 3 overlap with ping-pong, 4 plain with the float row max, 5 stream: the
-// plain loop run on across the CTA's tiles; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
+// the softmax of S_j, 3 overlap with ping-pong; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
 // outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_loop(int loop);
 // For tests: the epilogue's O by TMA from a shared staging area (1, the default where O's rows
 // are 16-byte aligned) or by each thread's stores from its fragments (0); < 0: the environment's,
 // ATTN_FP8_FWD_O_TMA. The outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_o_tma(int on);
-// For tests: the O update's short form (O + PV * fac) for the key blocks where no row of a warp
-// moved its maximum (1, the default) or the full O * alpha + PV * fac for every block (0); < 0:
-// the environment's, ATTN_FP8_FWD_RESCALE_SKIP. The outputs must not change by a bit.
-void attn_gpu_forward_fp8_test_rescale_skip(int on);
 
 // FP8 backward (attention_bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
 // (docs/fp8-attention.md §3) on the quantized operands above and the FP8 forward's O and LSE.
