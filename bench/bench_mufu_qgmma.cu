@@ -42,6 +42,13 @@
 //   overlap_real  the kernel's overlap loop: S_{j+1} issued before the softmax of S_j, PV_j after
 //               it into S_j's registers and waited for at once (overlap_step)
 //   overlap_split the same with the row max of S_{j+1} between PV_j's issue and its wait
+//   issue_alone warpgroup 0 alone issues a block's 8 wgmmas and waits for them, warpgroup 1 idle;
+//               issue_both: both warpgroups (the tensor mode); issue_s_alone: S's 4 wgmmas only.
+//               Printed after the table: the mean clocks from the fence to the last issued wgmma,
+//               and from there to the wait's end (thread 0 of each warpgroup, CTA 0)
+//   plain_interleave  S_j issued alone and waited for; then its row max, and PV_{j-1}'s 4 wgmmas
+//               issued one at a time between quarters of the exponentials (so no issue waits
+//               behind a whole block of the other warpgroup's); then PV waited for, O updated
 //   ..._ss      PV with A from shared memory (P̂ stored there by each warpgroup, 16 shared stores
 //               per thread, a proxy fence and the warpgroup's barrier) instead of registers: a
 //               wgmma with A from registers holds its warp at issue until the tensor cores take
@@ -56,6 +63,7 @@
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
 #include <stdio.h>         // printf
 #include <stdlib.h>        // atoi
+#include <string.h>        // strlen
 
 #include "attention_fwd_fp8_step.cuh"  // the FP8 forward's issue_s, issue_pv, softmax_block, pack_p
 #include "attention_gpu_common.cuh"    // wg_fp8, wg_fp8_rs, kmajor_desc(_lo), wgmma fences, CUDA_OK
@@ -67,7 +75,8 @@ enum {
     M_PINGPONG_REAL, M_PLAIN_TRACE, M_PINGPONG_TRACE,
     M_BOTH_SS, M_PLAIN_SS, M_PINGPONG_SS, M_PINGPONG_SS_TRACE,
     M_SOFTMAX_ONE, M_SPLIT_REAL_TRACE, M_PP_S, M_PP_S_TRACE, M_PP_SM, M_MUFU_H2, M_MUFU_H2_PACK,
-    M_OVERLAP_REAL, M_OVERLAP_SPLIT, N_MODES
+    M_OVERLAP_REAL, M_OVERLAP_SPLIT, M_ISSUE_ALONE, M_ISSUE_BOTH, M_ISSUE_S_ALONE,
+    M_PLAIN_INTERLEAVE, N_MODES
 };
 static const char *const mode_names[N_MODES] = {
     "tensor",   "mufu",       "both_wg",           "split_wg",   "both_poly",  "poly",
@@ -76,7 +85,8 @@ static const char *const mode_names[N_MODES] = {
     "plain_real traced", "pingpong_real traced",
     "both_ss", "plain_real_ss", "pingpong_real_ss", "pingpong_real_ss traced",
     "softmax_one", "split_real traced", "pingpong_at_s", "pingpong_at_s traced", "pingpong_at_softmax",
-    "mufu_h2", "mufu_h2_pack", "overlap_real", "overlap_split"};
+    "mufu_h2", "mufu_h2_pack", "overlap_real", "overlap_split", "issue_alone", "issue_both", "issue_s_alone",
+    "plain_interleave"};
 
 // The kernel's numbers for the real step: tau_qk (tau / (s_q s_k)), log2(p_scale), fac (1 / (p_scale s_v))
 struct StepArgs {
@@ -330,6 +340,85 @@ __device__ __forceinline__ void overlap_real(int iters, const StepArgs &a, uint3
     }
 }
 
+// issue_*: a block's wgmmas issued (S_ONLY: S's 4) and waited for, iters times; thread 0 of each
+// working warpgroup of CTA 0 adds up the clocks of the issue (fence to last wgmma) and of the
+// wait, into trace[2 wg], trace[2 wg + 1]
+template <bool S_ONLY>
+__device__ __forceinline__ void issue_timed(int iters, uint32_t da, uint32_t db, int wg, float (&s)[64], float (&pv)[64],
+                                            uint32_t (&pa)[4][4], long long *trace) {
+    long long t_issue = 0, t_wait = 0;
+    for (int it = 0; it < iters; it++) {
+        reg_fence(s);
+        reg_fence(pv);
+        reg_fence(pa);
+        const long long t0 = clock64();
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), 1);
+        if (!S_ONLY) {
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
+        }
+        wgmma_commit();
+        const long long t1 = clock64();
+        wgmma_wait<0>();
+        reg_fence(s);
+        reg_fence(pv);
+        reg_fence(pa);
+        const long long t2 = clock64();
+        t_issue += t1 - t0;
+        t_wait += t2 - t1;
+    }
+    if (blockIdx.x == 0 && (threadIdx.x & 127) == 0) {
+        trace[2 * wg] = t_issue / iters;
+        trace[2 * wg + 1] = t_wait / iters;
+    }
+}
+
+// plain_interleave's step loop (see the list at the top)
+__device__ __forceinline__ void plain_interleave(int iters, const StepArgs &a, uint32_t da, uint32_t db, float (&s)[64],
+                                                 float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2],
+                                                 float (&l)[2]) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const int lane = threadIdx.x & 31;
+    float alpha[2], bias[2], alpha_prev[2] = {1.f, 1.f};
+    for (int it = 0; it < iters; it++) {
+        reg_fence(s);
+        wgmma_fence();
+        issue_s<128>(s, da, db);
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+        softmax_max<false, true>(s, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        const float c2 = a.tau_qk * LOG2E;
+        float rs[2] = {0.f, 0.f};
+        reg_fence(pv);
+        reg_fence(pa);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), kk > 0);
+#pragma unroll
+            for (int n = 4 * kk; n < 4 * kk + 4; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[4 * n + e] = fast_exp2(fmaf(s[4 * n + e], c2, bias[e >> 1]));
+                rs[0] += s[4 * n] + s[4 * n + 1];
+                rs[1] += s[4 * n + 2] + s[4 * n + 3];
+            }
+        }
+        wgmma_commit();
+        l[0] = l[0] * alpha[0] + rs[0];
+        l[1] = l[1] * alpha[1] + rs[1];
+        wgmma_wait<0>();
+        reg_fence(pv);
+        reg_fence(pa);
+        o_rescale_add(o, pv, alpha_prev, a.fac);
+        pack_p(pa, s);
+        alpha_prev[0] = alpha[0];
+        alpha_prev[1] = alpha[1];
+    }
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs a, float *sink, long long *clocks, long long *trace) {
     // A (2 warpgroups x 64 rows), B (128 rows), P̂ (2 warpgroups x 64 rows: the _ss modes)
@@ -421,6 +510,14 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
             exps_h2_pack(x, pa);
             reg_fence(pa);
         }
+    } else if (MODE == M_PLAIN_INTERLEAVE) {
+        plain_interleave(iters, a, da, db, s, o, pv, pa, m, l);
+    } else if (MODE == M_ISSUE_ALONE) {
+        if (wg == 0) issue_timed<false>(iters, da, db, wg, s, pv, pa, trace);
+    } else if (MODE == M_ISSUE_BOTH) {
+        issue_timed<false>(iters, da, db, wg, s, pv, pa, trace);
+    } else if (MODE == M_ISSUE_S_ALONE) {
+        if (wg == 0) issue_timed<true>(iters, da, db, wg, s, pv, pa, trace);
     } else if (MODE == M_OVERLAP_REAL) {
         overlap_real<false>(iters, a, da, db, s, x, o, pa, m, l);
     } else if (MODE == M_OVERLAP_SPLIT) {
@@ -527,7 +624,7 @@ static double run_mode(int iters, int n_sm, StepArgs a, float *sink, long long *
     for (int i = 0; i < n_sm; i++) sum += (double)h_clk[i];
     return sum / n_sm / iters;  // clocks per iteration, mean over SMs
 }
-static char trace_buf[5][4096];  // the traced modes' traces (run_modes), printed after the table
+static char trace_buf[6][4096];  // the traced modes' traces (run_modes), printed after the table
 template <int MODE>  // every mode from MODE on; a traced mode keeps its trace
 static void run_modes(double (&c)[N_MODES], int iters, int n_sm, StepArgs a, float *sink, long long *d_clk,
                       long long *h_clk, long long *d_trace) {
@@ -545,6 +642,15 @@ static void run_modes(double (&c)[N_MODES], int iters, int n_sm, StepArgs a, flo
                     n += snprintf(b + n, 4096 - n, " %6lld", t[(w * TRACE_N + i) * TRACE_POINTS + p] - t[0]);
                 n += snprintf(b + n, 4096 - n, "\n");
             }
+    }
+    if (MODE == M_ISSUE_ALONE || MODE == M_ISSUE_BOTH || MODE == M_ISSUE_S_ALONE) {
+        long long t[4] = {0, 0, 0, 0};
+        CUDA_OK(cudaMemcpy(t, d_trace, sizeof t, cudaMemcpyDeviceToHost));
+        char *b = trace_buf[5];
+        const size_t n = strlen(b);
+        snprintf(b + n, 4096 - n, "%s: clocks per block, issue / wait: warpgroup 0 %lld / %lld, warpgroup 1 %lld / %lld\n",
+                 mode_names[MODE], t[0], t[1], MODE == M_ISSUE_BOTH ? t[2] : 0LL, MODE == M_ISSUE_BOTH ? t[3] : 0LL);
+        CUDA_OK(cudaMemset(d_trace, 0, sizeof t));
     }
     if (MODE == M_SPLIT_REAL_TRACE) {  // warpgroup 1's softmax steps' starts: their durations
         long long t[2 * TRACE_N * TRACE_POINTS];
@@ -580,7 +686,7 @@ int main(int argc, char **argv) {
            8.39e6 / c[M_TENSOR], 16384.0 / c[M_MUFU]);
     printf("verdict: the exponentials and the wgmmas %s (both_wg at %.2f of the sum, %.2f of the max)\n",
            c[M_BOTH] < 0.75 * sum ? "overlap" : "do NOT overlap", c[M_BOTH] / sum, c[M_BOTH] / mx);
-    for (int i = 0; i < 5; i++) printf("%s", trace_buf[i]);
+    for (int i = 0; i < 6; i++) printf("%s", trace_buf[i]);
     cudaFree(sink);
     cudaFree(d_clk);
     cudaFree(d_trace);
