@@ -50,9 +50,9 @@
 //               issued one at a time between quarters of the exponentials (so no issue waits
 //               behind a whole block of the other warpgroup's); then PV waited for, O updated
 //   ..._ss      PV with A from shared memory (P̂ stored there by each warpgroup, 16 shared stores
-//               per thread, a proxy fence and the warpgroup's barrier) instead of registers: a
-//               wgmma with A from registers holds its warp at issue until the tensor cores take
-//               it up (the traces: ~450-650 clocks behind the other warpgroup's matmuls)
+//               per thread, a proxy fence and the warpgroup's barrier) instead of registers: is
+//               it the register operand that holds a warp at its wgmma issue (the traces: 410-630
+//               clocks)? No: the issue waits as long, and the loops are slower (issue_* shows why)
 // Prints clocks per iteration and SM (clock64, the SM's own clock) and what "overlap" would give:
 // max(tensor, mufu) if the two run at once, tensor + mufu if they do not. The accumulators and
 // exponentials feed a checksum, so nothing is optimized away; the data are fixed small E4M3 codes.
@@ -67,6 +67,7 @@
 
 #include "attention_fwd_fp8_step.cuh"  // the FP8 forward's issue_s, issue_pv, softmax_block, pack_p
 #include "attention_gpu_common.cuh"    // wg_fp8, wg_fp8_rs, kmajor_desc(_lo), wgmma fences, CUDA_OK
+#include "bench_fwd_fp8_loops.cuh"     // StepArgs and the loop forms around the kernel's step
 #include "fast_exp2.cuh"               // fast_exp2 (ex2.approx.ftz)
 
 enum {
@@ -87,11 +88,6 @@ static const char *const mode_names[N_MODES] = {
     "softmax_one", "split_real traced", "pingpong_at_s", "pingpong_at_s traced", "pingpong_at_softmax",
     "mufu_h2", "mufu_h2_pack", "overlap_real", "overlap_split", "issue_alone", "issue_both", "issue_s_alone",
     "plain_interleave"};
-
-// The kernel's numbers for the real step: tau_qk (tau / (s_q s_k)), log2(p_scale), fac (1 / (p_scale s_v))
-struct StepArgs {
-    float tau_qk, log2_ps, fac;
-};
 
 // 2^x on the FMA pipe (x <= 0, |x| < 126): 2^floor(x) from the exponent bits, 2^frac by a
 // degree-5 polynomial (~2e-7 relative); about as many FMA-pipe instructions as FA4's emulation.
@@ -165,258 +161,6 @@ __device__ __forceinline__ void issue_block(float (&s)[64], float (&pv)[64], uin
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
     wgmma_commit();
-}
-
-// The traces (plain_real's TRACE, softmax_alone's): from iteration TRACE_FROM on
-constexpr int TRACE_FROM = 200, TRACE_N = 4, TRACE_POINTS = 6;
-
-// P̂ (pack_p's A fragments) into warpgroup tile sp (64 rows x 128 keys of E4M3, K-major, 128-byte
-// swizzle: the layout the SS wgmma reads), then the proxy fence and the warpgroup's barrier (3 + wg)
-// that order the stores before the wgmma's reads. Register q of k32 step kk: row 16 warp + g +
-// 8 (q & 1), keys 32 kk + 16 (q >> 1) + 4 t .. + 3.
-__device__ __forceinline__ void store_p_tile(uint32_t sp, const uint32_t (&pa)[4][4], int wg) {
-    const int warp = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint32_t addr = sp + sw128(16 * warp + g + 8 * (q & 1), 32 * kk + 16 * (q >> 1) + 4 * t);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pa[kk][q]) : "memory");
-        }
-    fence_proxy_async();
-    wg_bar_sync<3>(wg);
-}
-// The forward's PV with A = P̂ from shared memory (descriptor dp of the warpgroup's tile).
-__device__ __forceinline__ void issue_pv_ss(float (&pv)[64], uint32_t dp, uint32_t dv) {
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(pv, kmajor_desc(dp + 2 * kk), kmajor_desc(dv + 2 * kk), kk > 0);
-}
-
-// The real step without the matmuls (softmax, softmax_norescale, split_real's warpgroup 1): the
-// kernel's softmax_block on fixed S values s0, the O update with fixed PV values, pack_p. The
-// fences make s0 and P̂ opaque to the compiler every iteration, so nothing leaves the loop.
-template <bool RESCALE, bool TRACE = false>
-__device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, float (&s0)[64], float (&o)[64],
-                                              float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2], float (&l)[2],
-                                              long long *trace = nullptr) {
-    const int lane = threadIdx.x & 31;
-    for (int it = 0; it < iters; it++) {
-        // TRACE (split_real traced): each step's start in the trace's points, warpgroup 1's rows
-        if (TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0 && it >= TRACE_FROM && it < TRACE_FROM + 2 * TRACE_N * TRACE_POINTS)
-            trace[it - TRACE_FROM] = clock64();
-        reg_fence(s0);
-        reg_fence(pv);
-        float s[64], alpha[2];
-#pragma unroll
-        for (int i = 0; i < 64; i++) s[i] = s0[i];
-        softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-        if (RESCALE) o_rescale_add(o, pv, alpha, a.fac);  // attention_fwd_fp8_step.cuh
-        else o_add(o, pv, a.fac);
-        pack_p(pa, s);
-        reg_fence(pa);
-    }
-}
-
-// The kernel's plain loop (PP: with ping-pong, the turn passed at point PP: 1 after the issue,
-// 2 once S_j is done, 3 after the softmax) around the real step, without its ring: S_j and
-// PV_{j-1} as two wgmma groups, the softmax of S_j once S_j is done, PV_{j-1} waited for, O
-// updated, P̂_j packed for the next block's PV. A and V are the same fixed tiles every block.
-// TRACE: thread 0 of each warpgroup of CTA 0 (warps 0 and 4: one scheduler) records clock64 at
-// the step's 6 points (loop top, wgmmas issued, S done, softmax done, PV done, P̂ packed) for
-// TRACE_N iterations from TRACE_FROM into trace[(wg * TRACE_N + i) * 6 + point].
-template <bool RESCALE, int PP, bool TRACE = false, bool SS = false>
-__device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, int wg,
-                                           float (&s)[64], float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4],
-                                           float (&m)[2], float (&l)[2], long long *trace = nullptr,
-                                           uint32_t sp = 0) {
-    const int lane = threadIdx.x & 31;
-    const bool rec = TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0;
-    float alpha[2], alpha_prev[2] = {1.f, 1.f};
-    if (PP && wg == 1) named_bar_arrive<1, 256>();  // warpgroup 0 goes first
-    for (int it = 0; it < iters; it++) {
-        auto mark = [&](int point) {
-            if (TRACE && rec && it >= TRACE_FROM && it < TRACE_FROM + TRACE_N)
-                trace[(wg * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + point] = clock64();
-        };
-        mark(0);
-        if (PP) {
-            if (wg == 0) named_bar_sync<1, 256>();
-            else named_bar_sync<2, 256>();
-        }
-        reg_fence(s);
-        reg_fence(pv);
-        reg_fence(pa);
-        wgmma_fence();
-        issue_s<128>(s, da, db);
-        wgmma_commit();
-        if (SS) issue_pv_ss(pv, kmajor_desc_lo(sp), db);
-        else issue_pv<128>(pv, pa, db);
-        wgmma_commit();
-        // hand the turn over (warpgroup 1 arrived once up front, so it skips its last)
-        auto pass = [&](int point) {
-            if (PP == point && !(wg == 1 && it == iters - 1)) {
-                if (wg == 0) named_bar_arrive<2, 256>();
-                else named_bar_arrive<1, 256>();
-            }
-        };
-        pass(1);
-        mark(1);
-        wgmma_wait<1>();
-        reg_fence(s);
-        pass(2);
-        mark(2);
-        softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-        pass(3);
-        mark(3);
-        wgmma_wait<0>();
-        reg_fence(pv);
-        reg_fence(pa);
-        mark(4);
-        if (RESCALE) o_rescale_add(o, pv, alpha_prev, a.fac);
-        else o_add(o, pv, a.fac);
-        pack_p(pa, s);
-        if (SS) store_p_tile(sp, pa, wg);
-        alpha_prev[0] = alpha[0];
-        alpha_prev[1] = alpha[1];
-        mark(5);
-    }
-}
-
-// The overlap loop (S_{j+1} issued before the softmax of S_j, as the kernel's F8_LOOP_OVERLAP):
-// sc holds S_j, its row max done (bias, alpha of block j); one step: issue S_{j+1} into sn; the
-// exponentials of S_j (softmax_exp); O *= alpha_j; pack P̂_j; issue PV_j into sc (the fresh PV
-// accumulator is S_j's registers); then SPLIT = false: wait for both and O += PV_j * fac; SPLIT =
-// true: wait for S_{j+1} only, its row max (softmax_max) while PV_j runs, then wait for PV_j.
-template <bool SPLIT>
-__device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uint32_t db, float (&sc)[64],
-                                             float (&sn)[64], float (&o)[64], uint32_t (&pa)[4][4], float (&m)[2],
-                                             float (&l)[2], float (&alpha)[2], float (&bias)[2]) {
-    const int lane = threadIdx.x & 31;
-    reg_fence(sn);
-    wgmma_fence();
-    issue_s<128>(sn, da, db);
-    wgmma_commit();
-    softmax_exp<false>(sc, l, alpha, bias, a.tau_qk);
-#pragma unroll
-    for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
-    pack_p(pa, sc);
-    reg_fence(sc);
-    reg_fence(pa);
-    wgmma_fence();
-    issue_pv<128>(sc, pa, db);
-    wgmma_commit();
-    if (SPLIT) {
-        wgmma_wait<1>();
-        reg_fence(sn);
-        softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-        wgmma_wait<0>();
-        reg_fence(sc);
-        reg_fence(pa);
-    } else {
-        wgmma_wait<0>();
-        reg_fence(sc);
-        reg_fence(sn);
-        reg_fence(pa);
-        softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-    }
-    o_add(o, sc, a.fac);
-}
-template <bool SPLIT>
-__device__ __forceinline__ void overlap_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, float (&sa)[64],
-                                             float (&sb)[64], float (&o)[64], uint32_t (&pa)[4][4], float (&m)[2],
-                                             float (&l)[2]) {
-    const int lane = threadIdx.x & 31;
-    float alpha[2], bias[2];
-    reg_fence(sa);
-    wgmma_fence();
-    issue_s<128>(sa, da, db);  // S_0 and its row max
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(sa);
-    softmax_max<false, true>(sa, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-    for (int it = 0; it < iters; it += 2) {  // two steps per turn: the accumulators swap roles
-        overlap_step<SPLIT>(a, da, db, sa, sb, o, pa, m, l, alpha, bias);
-        overlap_step<SPLIT>(a, da, db, sb, sa, o, pa, m, l, alpha, bias);
-    }
-}
-
-// issue_*: a block's wgmmas issued (S_ONLY: S's 4) and waited for, iters times; thread 0 of each
-// working warpgroup of CTA 0 adds up the clocks of the issue (fence to last wgmma) and of the
-// wait, into trace[2 wg], trace[2 wg + 1]
-template <bool S_ONLY>
-__device__ __forceinline__ void issue_timed(int iters, uint32_t da, uint32_t db, int wg, float (&s)[64], float (&pv)[64],
-                                            uint32_t (&pa)[4][4], long long *trace) {
-    long long t_issue = 0, t_wait = 0;
-    for (int it = 0; it < iters; it++) {
-        reg_fence(s);
-        reg_fence(pv);
-        reg_fence(pa);
-        const long long t0 = clock64();
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), 1);
-        if (!S_ONLY) {
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
-        }
-        wgmma_commit();
-        const long long t1 = clock64();
-        wgmma_wait<0>();
-        reg_fence(s);
-        reg_fence(pv);
-        reg_fence(pa);
-        const long long t2 = clock64();
-        t_issue += t1 - t0;
-        t_wait += t2 - t1;
-    }
-    if (blockIdx.x == 0 && (threadIdx.x & 127) == 0) {
-        trace[2 * wg] = t_issue / iters;
-        trace[2 * wg + 1] = t_wait / iters;
-    }
-}
-
-// plain_interleave's step loop (see the list at the top)
-__device__ __forceinline__ void plain_interleave(int iters, const StepArgs &a, uint32_t da, uint32_t db, float (&s)[64],
-                                                 float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2],
-                                                 float (&l)[2]) {
-    constexpr float LOG2E = 1.4426950408889634f;
-    const int lane = threadIdx.x & 31;
-    float alpha[2], bias[2], alpha_prev[2] = {1.f, 1.f};
-    for (int it = 0; it < iters; it++) {
-        reg_fence(s);
-        wgmma_fence();
-        issue_s<128>(s, da, db);
-        wgmma_commit();
-        wgmma_wait<0>();
-        reg_fence(s);
-        softmax_max<false, true>(s, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-        const float c2 = a.tau_qk * LOG2E;
-        float rs[2] = {0.f, 0.f};
-        reg_fence(pv);
-        reg_fence(pa);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), kk > 0);
-#pragma unroll
-            for (int n = 4 * kk; n < 4 * kk + 4; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[4 * n + e] = fast_exp2(fmaf(s[4 * n + e], c2, bias[e >> 1]));
-                rs[0] += s[4 * n] + s[4 * n + 1];
-                rs[1] += s[4 * n + 2] + s[4 * n + 3];
-            }
-        }
-        wgmma_commit();
-        l[0] = l[0] * alpha[0] + rs[0];
-        l[1] = l[1] * alpha[1] + rs[1];
-        wgmma_wait<0>();
-        reg_fence(pv);
-        reg_fence(pa);
-        o_rescale_add(o, pv, alpha_prev, a.fac);
-        pack_p(pa, s);
-        alpha_prev[0] = alpha[0];
-        alpha_prev[1] = alpha[1];
-    }
 }
 
 template <int MODE>
