@@ -18,6 +18,17 @@ struct StepArgs {
     float tau_qk, log2_ps, fac;
 };
 
+// Ping-pong's turn between the two warpgroups (named barriers 1 and 2, 256 threads each, as the
+// kernel's pp_sync / pp_pass): wait for warpgroup wg's turn; hand it to the other one.
+__device__ __forceinline__ void pp_turn(int wg) {
+    if (wg == 0) named_bar_sync<1, 256>();
+    else named_bar_sync<2, 256>();
+}
+__device__ __forceinline__ void pp_hand(int wg) {
+    if (wg == 0) named_bar_arrive<2, 256>();
+    else named_bar_arrive<1, 256>();
+}
+
 // The traces (plain_real's TRACE, softmax_alone's): from iteration TRACE_FROM on
 constexpr int TRACE_FROM = 200, TRACE_N = 4, TRACE_POINTS = 6;
 
@@ -90,10 +101,7 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
                 trace[(wg * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + point] = clock64();
         };
         mark(0);
-        if (PP) {
-            if (wg == 0) named_bar_sync<1, 256>();
-            else named_bar_sync<2, 256>();
-        }
+        if (PP) pp_turn(wg);
         reg_fence(s);
         reg_fence(pv);
         reg_fence(pa);
@@ -105,10 +113,7 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
         wgmma_commit();
         // hand the turn over (warpgroup 1 arrived once up front, so it skips its last)
         auto pass = [&](int point) {
-            if (PP == point && !(wg == 1 && it == iters - 1)) {
-                if (wg == 0) named_bar_arrive<2, 256>();
-                else named_bar_arrive<1, 256>();
-            }
+            if (PP == point && !(wg == 1 && it == iters - 1)) pp_hand(wg);
         };
         pass(1);
         mark(1);

@@ -162,6 +162,17 @@ __device__ __forceinline__ void issue_block(float (&s)[64], float (&pv)[64], uin
     for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
     wgmma_commit();
 }
+// n blocks of issue_block, each waited for: the tensor-only warpgroup of the split forms
+__device__ __forceinline__ void tensor_blocks(int n, float (&s)[64], float (&pv)[64], uint32_t da, uint32_t db,
+                                              uint32_t (&pa)[4][4]) {
+    for (int it = 0; it < n; it++) {
+        issue_block(s, pv, da, db, pa);
+        wgmma_wait<0>();
+        reg_fence(s);
+        reg_fence(pv);
+        reg_fence(pa);
+    }
+}
 
 template <int MODE>
 __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs a, float *sink, long long *clocks, long long *trace) {
@@ -208,13 +219,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
         softmax_alone<false>(iters, a, s, o, pv, pa, m, l);
     } else if (MODE == M_SPLIT_REAL) {
         if (wg == 0) {
-            for (int it = 0; it < 2 * iters; it++) {
-                issue_block(s, pv, da, db, pa);
-                wgmma_wait<0>();
-                reg_fence(s);
-                reg_fence(pv);
-                reg_fence(pa);
-            }
+            tensor_blocks(2 * iters, s, pv, da, db, pa);
         } else {
             softmax_alone<true>(2 * iters, a, s, o, pv, pa, m, l);
         }
@@ -270,13 +275,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
         if (wg == 0) softmax_alone<true>(2 * iters, a, s, o, pv, pa, m, l);
     } else if (MODE == M_SPLIT_REAL_TRACE) {
         if (wg == 0) {
-            for (int it = 0; it < 2 * iters; it++) {
-                issue_block(s, pv, da, db, pa);
-                wgmma_wait<0>();
-                reg_fence(s);
-                reg_fence(pv);
-                reg_fence(pa);
-            }
+            tensor_blocks(2 * iters, s, pv, da, db, pa);
         } else {
             softmax_alone<true, true>(2 * iters, a, s, o, pv, pa, m, l, trace);
         }
@@ -291,10 +290,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
     } else if (MODE == M_PLAIN || MODE == M_PINGPONG) {
         if (MODE == M_PINGPONG && wg == 1) named_bar_arrive<1, 256>();  // warpgroup 0 goes first
         for (int it = 0; it < iters; it++) {
-            if (MODE == M_PINGPONG) {
-                if (wg == 0) named_bar_sync<1, 256>();
-                else named_bar_sync<2, 256>();
-            }
+            if (MODE == M_PINGPONG) pp_turn(wg);
             reg_fence(s);
             reg_fence(pv);
             reg_fence(pa);
@@ -305,10 +301,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
             wgmma_commit();
-            if (MODE == M_PINGPONG && !(wg == 1 && it == iters - 1)) {  // hand the turn over (1 arrived up front)
-                if (wg == 0) named_bar_arrive<2, 256>();
-                else named_bar_arrive<1, 256>();
-            }
+            if (MODE == M_PINGPONG && !(wg == 1 && it == iters - 1)) pp_hand(wg);  // (1 arrived up front)
             wgmma_wait<1>();  // S done
             reg_fence(s);
             if (nsmid_nonzero()) {
@@ -322,13 +315,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
         }
     } else if (MODE == M_SPLIT) {  // each warpgroup's loop in a straight line (wgmma issue and wait in one path)
         if (wg == 0) {
-            for (int it = 0; it < 2 * iters; it++) {
-                issue_block(s, pv, da, db, pa);
-                wgmma_wait<0>();
-                reg_fence(s);
-                reg_fence(pv);
-                reg_fence(pa);
-            }
+            tensor_blocks(2 * iters, s, pv, da, db, pa);
         } else {
             for (int it = 0; it < 2 * iters; it++) exps<false>(x);
         }
