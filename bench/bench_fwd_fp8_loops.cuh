@@ -196,6 +196,64 @@ __device__ __forceinline__ void overlap_real(int iters, const StepArgs &a, uint3
     }
 }
 
+// overlap_interleave: the overlap loop's step with S_{j+1}'s 4 wgmmas issued one at a time between
+// quarters of S_j's exponentials (sc: S_j, its row max done; sn: S_{j+1}'s accumulator), then
+// O *= alpha_j, P̂_j packed, PV_j into sc; S_{j+1}'s row max while PV_j runs, then O += PV_j * fac
+__device__ __forceinline__ void overlap_interleave_step(const StepArgs &a, uint32_t da, uint32_t db, float (&sc)[64],
+                                                        float (&sn)[64], float (&o)[64], uint32_t (&pa)[4][4],
+                                                        float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                        float (&bias)[2]) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const int lane = threadIdx.x & 31;
+    const float c2 = a.tau_qk * LOG2E;
+    float rs[2] = {0.f, 0.f};
+    reg_fence(sn);
+    wgmma_fence();
+    // S_{j+1}'s k-step kk, then the exponentials of S_j's n-tiles 4 kk .. 4 kk + 3
+    wg_fp8<128, 0, 0>(sn, kmajor_desc(da), kmajor_desc(db), 0);
+    softmax_exp_part<false, 0, 4>(sc, rs, bias, c2);
+    wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 2), kmajor_desc(db + 2), 1);
+    softmax_exp_part<false, 4, 8>(sc, rs, bias, c2);
+    wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 4), kmajor_desc(db + 4), 1);
+    softmax_exp_part<false, 8, 12>(sc, rs, bias, c2);
+    wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 6), kmajor_desc(db + 6), 1);
+    softmax_exp_part<false, 12, 16>(sc, rs, bias, c2);
+    wgmma_commit();
+    softmax_exp_sums(l, alpha, rs);
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
+    pack_p(pa, sc);
+    reg_fence(sc);
+    reg_fence(pa);
+    wgmma_fence();
+    issue_pv<128>(sc, pa, db);
+    wgmma_commit();
+    wgmma_wait<1>();
+    reg_fence(sn);
+    softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+    wgmma_wait<0>();
+    reg_fence(sc);
+    reg_fence(pa);
+    o_add(o, sc, a.fac);
+}
+__device__ __forceinline__ void overlap_interleave(int iters, const StepArgs &a, uint32_t da, uint32_t db,
+                                                   float (&sa)[64], float (&sb)[64], float (&o)[64],
+                                                   uint32_t (&pa)[4][4], float (&m)[2], float (&l)[2]) {
+    const int lane = threadIdx.x & 31;
+    float alpha[2], bias[2];
+    reg_fence(sa);
+    wgmma_fence();
+    issue_s<128>(sa, da, db);  // S_0 and its row max
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(sa);
+    softmax_max<false, true>(sa, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+    for (int it = 0; it < iters; it += 2) {  // two steps per turn: the accumulators swap roles
+        overlap_interleave_step(a, da, db, sa, sb, o, pa, m, l, alpha, bias);
+        overlap_interleave_step(a, da, db, sb, sa, o, pa, m, l, alpha, bias);
+    }
+}
+
 // issue_*: a block's wgmmas issued (S_ONLY: S's 4) and waited for, iters times; thread 0 of each
 // working warpgroup of CTA 0 adds up the clocks of the issue (fence to last wgmma) and of the
 // wait, into trace[2 wg], trace[2 wg + 1]
@@ -251,20 +309,17 @@ __device__ __forceinline__ void plain_interleave(int iters, const StepArgs &a, u
         reg_fence(pv);
         reg_fence(pa);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), kk > 0);
-#pragma unroll
-            for (int n = 4 * kk; n < 4 * kk + 4; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[4 * n + e] = fast_exp2(fmaf(s[4 * n + e], c2, bias[e >> 1]));
-                rs[0] += s[4 * n] + s[4 * n + 1];
-                rs[1] += s[4 * n + 2] + s[4 * n + 3];
-            }
-        }
+        // PV's k-step kk, then the exponentials of n-tiles 4 kk .. 4 kk + 3
+        wg_fp8_rs<128, 0>(pv, pa[0], kmajor_desc(db), 0);
+        softmax_exp_part<false, 0, 4>(s, rs, bias, c2);
+        wg_fp8_rs<128, 0>(pv, pa[1], kmajor_desc(db + 2), 1);
+        softmax_exp_part<false, 4, 8>(s, rs, bias, c2);
+        wg_fp8_rs<128, 0>(pv, pa[2], kmajor_desc(db + 4), 1);
+        softmax_exp_part<false, 8, 12>(s, rs, bias, c2);
+        wg_fp8_rs<128, 0>(pv, pa[3], kmajor_desc(db + 6), 1);
+        softmax_exp_part<false, 12, 16>(s, rs, bias, c2);
         wgmma_commit();
-        l[0] = l[0] * alpha[0] + rs[0];
-        l[1] = l[1] * alpha[1] + rs[1];
+        softmax_exp_sums(l, alpha, rs);
         wgmma_wait<0>();
         reg_fence(pv);
         reg_fence(pa);

@@ -49,6 +49,8 @@
 //   plain_interleave  S_j issued alone and waited for; then its row max, and PV_{j-1}'s 4 wgmmas
 //               issued one at a time between quarters of the exponentials (so no issue waits
 //               behind a whole block of the other warpgroup's); then PV waited for, O updated
+//   overlap_interleave  the overlap loop with S_{j+1}'s 4 wgmmas issued one at a time between
+//               quarters of S_j's exponentials (then PV_j after the packing, as overlap_split)
 //   ..._ss      PV with A from shared memory (P̂ stored there by each warpgroup, 16 shared stores
 //               per thread, a proxy fence and the warpgroup's barrier) instead of registers: is
 //               it the register operand that holds a warp at its wgmma issue (the traces: 410-630
@@ -77,7 +79,7 @@ enum {
     M_BOTH_SS, M_PLAIN_SS, M_PINGPONG_SS, M_PINGPONG_SS_TRACE,
     M_SOFTMAX_ONE, M_SPLIT_REAL_TRACE, M_PP_S, M_PP_S_TRACE, M_PP_SM, M_MUFU_H2, M_MUFU_H2_PACK,
     M_OVERLAP_REAL, M_OVERLAP_SPLIT, M_ISSUE_ALONE, M_ISSUE_BOTH, M_ISSUE_S_ALONE,
-    M_PLAIN_INTERLEAVE, N_MODES
+    M_PLAIN_INTERLEAVE, M_OVERLAP_INTERLEAVE, N_MODES
 };
 static const char *const mode_names[N_MODES] = {
     "tensor",   "mufu",       "both_wg",           "split_wg",   "both_poly",  "poly",
@@ -87,7 +89,7 @@ static const char *const mode_names[N_MODES] = {
     "both_ss", "plain_real_ss", "pingpong_real_ss", "pingpong_real_ss traced",
     "softmax_one", "split_real traced", "pingpong_at_s", "pingpong_at_s traced", "pingpong_at_softmax",
     "mufu_h2", "mufu_h2_pack", "overlap_real", "overlap_split", "issue_alone", "issue_both", "issue_s_alone",
-    "plain_interleave"};
+    "plain_interleave", "overlap_interleave"};
 
 // 2^x on the FMA pipe (x <= 0, |x| < 126): 2^floor(x) from the exponent bits, 2^frac by a
 // degree-5 polynomial (~2e-7 relative); about as many FMA-pipe instructions as FA4's emulation.
@@ -261,6 +263,8 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
         }
     } else if (MODE == M_PLAIN_INTERLEAVE) {
         plain_interleave(iters, a, da, db, s, o, pv, pa, m, l);
+    } else if (MODE == M_OVERLAP_INTERLEAVE) {
+        overlap_interleave(iters, a, da, db, s, x, o, pa, m, l);
     } else if (MODE == M_ISSUE_ALONE) {
         if (wg == 0) issue_timed<false>(iters, da, db, wg, s, pv, pa, trace);
     } else if (MODE == M_ISSUE_BOTH) {

@@ -170,14 +170,13 @@ __device__ __forceinline__ void softmax_max(float (&s)[F8_BK / 2], float (&m)[2]
         bias[r] = b_new;
     }
 }
-template <bool MASKED>
-__device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
-                                            const float (&bias)[2], float tau_qk) {
-    constexpr float LOG2E = 1.4426950408889634f;
-    const float c2 = tau_qk * LOG2E;
-    float rs[2] = {0.f, 0.f};
+// softmax_exp's exponentials and row sums for n-tiles N0 .. N1 - 1 (keys 8 N0 .. 8 N1 - 1 of the
+// tile's columns): a loop may issue wgmmas between parts. c2 = tau_qk * log2(e); rs: this
+// thread's two partial row sums, added to in order.
+template <bool MASKED, int N0, int N1>
+__device__ __forceinline__ void softmax_exp_part(float (&s)[F8_BK / 2], float (&rs)[2], const float (&bias)[2], float c2) {
 #pragma unroll
-    for (int n = 0; n < F8_BK / 8; n++) {
+    for (int n = N0; n < N1; n++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const float p = fast_exp2(fmaf(s[4 * n + e], c2, bias[e >> 1]));
@@ -187,8 +186,18 @@ __device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2]
         rs[0] += s[4 * n + 0] + s[4 * n + 1];
         rs[1] += s[4 * n + 2] + s[4 * n + 3];
     }
+}
+__device__ __forceinline__ void softmax_exp_sums(float (&l)[2], const float (&alpha)[2], const float (&rs)[2]) {
     l[0] = l[0] * alpha[0] + rs[0];
     l[1] = l[1] * alpha[1] + rs[1];
+}
+template <bool MASKED>
+__device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
+                                            const float (&bias)[2], float tau_qk) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    float rs[2] = {0.f, 0.f};
+    softmax_exp_part<MASKED, 0, F8_BK / 8>(s, rs, bias, tau_qk * LOG2E);
+    softmax_exp_sums(l, alpha, rs);
 }
 template <bool MASKED, bool IMAX>
 __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
