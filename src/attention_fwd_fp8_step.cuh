@@ -1,7 +1,9 @@
 // attention_fwd_fp8_step.cuh: one key block's work of a consumer warpgroup of the FP8 forward
 // (attention_fwd_fp8.cu, whose header comment gives the numerics and the structure): the S and PV
-// wgmmas, the online-softmax step on S and the packing of P̂ into the PV wgmma's A fragments. In a
-// header of its own so that bench/bench_mufu_qgmma.cu times exactly the kernel's softmax.
+// wgmmas, the online-softmax step on S (whole, or as its max half and its exponentials in parts,
+// for loops that issue wgmmas in between), the packing of P̂ into the PV wgmma's A fragments and
+// the O update. In a header of its own so that bench/bench_mufu_qgmma.cu (and its loop forms,
+// bench/bench_fwd_fp8_loops.cuh) time exactly the kernel's step.
 #ifndef ATTENTION_FWD_FP8_STEP_CUH
 #define ATTENTION_FWD_FP8_STEP_CUH
 
