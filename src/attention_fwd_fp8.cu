@@ -12,7 +12,8 @@
 //       the exponent bits, pow2_recip)
 //   running max m advanced once per key block (the max of the dequantized S: the max of the raw
 //   accumulators times the positive factor above, rounding being monotone; the raw max is taken
-//   on the float bits as integers, exact, see softmax_max in attention_fwd_fp8_step.cuh), alpha = e^(m_old - m) (see below)
+//   on the float bits as integers, exact, see softmax_max in attention_fwd_fp8_step.cuh),
+//   alpha = e^(m_old - m) (see below)
 //   P' = p_scale * P = 2^(S*log2e - m*log2e + log2 p_scale)   (ex2.approx, FP32; see below)
 //   l sums the unquantized P' (l = l' / p_scale at the end, exact for a power-of-two p_scale)
 //   P̂ = E4M3(P')                                               (cvt.rn.satfinite: the hardware
@@ -44,8 +45,8 @@
 //   shared memory. The FP8 A fragment holds 4 consecutive keys per register (keys 4t..4t+3 and
 //   16+4t..16+4t+3 of each 32-key step), while the S accumulator gives a thread keys 2t, 2t+1
 //   of every 8. Instead of shuffling bytes between threads (FA3's permute), the producer stores
-//   the K̂ rows of each 16-key group permuted (key_of_row, attention_fwd_fp8_step.cuh): S's column c then holds key
-//   key_of_row(c), and the accumulators of two neighbouring n-tiles are exactly 4 consecutive
+//   the K̂ rows of each 16-key group permuted (key_of_row, attention_fwd_fp8_step.cuh): S's
+//   column c then holds key key_of_row(c), and the accumulators of two neighbouring n-tiles are exactly 4 consecutive
 //   keys: P̂ packs into the A fragments in place. V̂^T stays in natural key order.
 // - Within a consumer, key block j issues S_j = Q K_j^T and then PV_{j-1} = P̂_{j-1} V_{j-1} as
 //   two wgmma groups; the softmax of S_j runs while the tensor cores still work on PV_{j-1}.
