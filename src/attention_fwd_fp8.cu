@@ -46,8 +46,9 @@
 //   16+4t..16+4t+3 of each 32-key step), while the S accumulator gives a thread keys 2t, 2t+1
 //   of every 8. Instead of shuffling bytes between threads (FA3's permute), the producer stores
 //   the K̂ rows of each 16-key group permuted (key_of_row, attention_fwd_fp8_step.cuh): S's
-//   column c then holds key key_of_row(c), and the accumulators of two neighbouring n-tiles are exactly 4 consecutive
-//   keys: P̂ packs into the A fragments in place. V̂^T stays in natural key order.
+//   column c then holds key key_of_row(c), and the accumulators of two neighbouring n-tiles are
+//   exactly 4 consecutive keys: P̂ packs into the A fragments in place. V̂^T stays in natural key
+//   order.
 // - Within a consumer, key block j issues S_j = Q K_j^T and then PV_{j-1} = P̂_{j-1} V_{j-1} as
 //   two wgmma groups; the softmax of S_j runs while the tensor cores still work on PV_{j-1}.
 // - Optionally (loop F8_LOOP_PINGPONG; the default is F8_LOOP_PLAIN) the two consumers take turns issuing their
