@@ -141,18 +141,37 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
 // The overlap loop (S_{j+1} issued before the softmax of S_j, as the kernel's F8_LOOP_OVERLAP):
 // sc holds S_j, its row max done (bias, alpha of block j); one step: issue S_{j+1} into sn; the
 // exponentials of S_j (softmax_exp); O *= alpha_j; pack P̂_j; issue PV_j into sc (the fresh PV
-// accumulator is S_j's registers); then SPLIT = false: wait for both and O += PV_j * fac; SPLIT =
-// true: wait for S_{j+1} only, its row max (softmax_max) while PV_j runs, then wait for PV_j.
-template <bool SPLIT>
+// accumulator is S_j's registers); then FORM 0: wait for both, S_{j+1}'s row max, O += PV_j *
+// fac; FORM 1 (overlap_split): wait for S_{j+1} only, its row max while PV_j runs, then wait for
+// PV_j; FORM 2 (overlap_interleave): as 1, with S_{j+1}'s 4 wgmmas issued one at a time between
+// quarters of S_j's exponentials.
+template <int FORM>
 __device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uint32_t db, float (&sc)[64],
                                              float (&sn)[64], float (&o)[64], uint32_t (&pa)[4][4], float (&m)[2],
                                              float (&l)[2], float (&alpha)[2], float (&bias)[2]) {
+    constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31;
     reg_fence(sn);
     wgmma_fence();
-    issue_s<128>(sn, da, db);
-    wgmma_commit();
-    softmax_exp<false>(sc, l, alpha, bias, a.tau_qk);
+    if constexpr (FORM == 2) {
+        // S_{j+1}'s k-step kk, then the exponentials of S_j's n-tiles 4 kk .. 4 kk + 3
+        const float c2 = a.tau_qk * LOG2E;
+        float rs[2] = {0.f, 0.f};
+        wg_fp8<128, 0, 0>(sn, kmajor_desc(da), kmajor_desc(db), 0);
+        softmax_exp_part<false, 0, 4>(sc, rs, bias, c2);
+        wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 2), kmajor_desc(db + 2), 1);
+        softmax_exp_part<false, 4, 8>(sc, rs, bias, c2);
+        wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 4), kmajor_desc(db + 4), 1);
+        softmax_exp_part<false, 8, 12>(sc, rs, bias, c2);
+        wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 6), kmajor_desc(db + 6), 1);
+        softmax_exp_part<false, 12, 16>(sc, rs, bias, c2);
+        wgmma_commit();
+        softmax_exp_sums(l, alpha, rs);
+    } else {
+        issue_s<128>(sn, da, db);
+        wgmma_commit();
+        softmax_exp<false>(sc, l, alpha, bias, a.tau_qk);
+    }
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
     pack_p(pa, sc);
@@ -161,7 +180,7 @@ __device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uin
     wgmma_fence();
     issue_pv<128>(sc, pa, db);
     wgmma_commit();
-    if (SPLIT) {
+    if (FORM != 0) {
         wgmma_wait<1>();
         reg_fence(sn);
         softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
@@ -177,7 +196,10 @@ __device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uin
     }
     o_add(o, sc, a.fac);
 }
-template <bool SPLIT>
+
+// The overlap loop's driver (overlap_step's FORM): S_0 and its row max, then two steps per turn
+// (the accumulators swap roles).
+template <int FORM>
 __device__ __forceinline__ void overlap_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, float (&sa)[64],
                                              float (&sb)[64], float (&o)[64], uint32_t (&pa)[4][4], float (&m)[2],
                                              float (&l)[2]) {
@@ -191,66 +213,8 @@ __device__ __forceinline__ void overlap_real(int iters, const StepArgs &a, uint3
     reg_fence(sa);
     softmax_max<false, true>(sa, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
     for (int it = 0; it < iters; it += 2) {  // two steps per turn: the accumulators swap roles
-        overlap_step<SPLIT>(a, da, db, sa, sb, o, pa, m, l, alpha, bias);
-        overlap_step<SPLIT>(a, da, db, sb, sa, o, pa, m, l, alpha, bias);
-    }
-}
-
-// overlap_interleave: the overlap loop's step with S_{j+1}'s 4 wgmmas issued one at a time between
-// quarters of S_j's exponentials (sc: S_j, its row max done; sn: S_{j+1}'s accumulator), then
-// O *= alpha_j, P̂_j packed, PV_j into sc; S_{j+1}'s row max while PV_j runs, then O += PV_j * fac
-__device__ __forceinline__ void overlap_interleave_step(const StepArgs &a, uint32_t da, uint32_t db, float (&sc)[64],
-                                                        float (&sn)[64], float (&o)[64], uint32_t (&pa)[4][4],
-                                                        float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                        float (&bias)[2]) {
-    constexpr float LOG2E = 1.4426950408889634f;
-    const int lane = threadIdx.x & 31;
-    const float c2 = a.tau_qk * LOG2E;
-    float rs[2] = {0.f, 0.f};
-    reg_fence(sn);
-    wgmma_fence();
-    // S_{j+1}'s k-step kk, then the exponentials of S_j's n-tiles 4 kk .. 4 kk + 3
-    wg_fp8<128, 0, 0>(sn, kmajor_desc(da), kmajor_desc(db), 0);
-    softmax_exp_part<false, 0, 4>(sc, rs, bias, c2);
-    wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 2), kmajor_desc(db + 2), 1);
-    softmax_exp_part<false, 4, 8>(sc, rs, bias, c2);
-    wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 4), kmajor_desc(db + 4), 1);
-    softmax_exp_part<false, 8, 12>(sc, rs, bias, c2);
-    wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 6), kmajor_desc(db + 6), 1);
-    softmax_exp_part<false, 12, 16>(sc, rs, bias, c2);
-    wgmma_commit();
-    softmax_exp_sums(l, alpha, rs);
-#pragma unroll
-    for (int i = 0; i < 64; i++) o[i] *= alpha[(i >> 1) & 1];
-    pack_p(pa, sc);
-    reg_fence(sc);
-    reg_fence(pa);
-    wgmma_fence();
-    issue_pv<128>(sc, pa, db);
-    wgmma_commit();
-    wgmma_wait<1>();
-    reg_fence(sn);
-    softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-    wgmma_wait<0>();
-    reg_fence(sc);
-    reg_fence(pa);
-    o_add(o, sc, a.fac);
-}
-__device__ __forceinline__ void overlap_interleave(int iters, const StepArgs &a, uint32_t da, uint32_t db,
-                                                   float (&sa)[64], float (&sb)[64], float (&o)[64],
-                                                   uint32_t (&pa)[4][4], float (&m)[2], float (&l)[2]) {
-    const int lane = threadIdx.x & 31;
-    float alpha[2], bias[2];
-    reg_fence(sa);
-    wgmma_fence();
-    issue_s<128>(sa, da, db);  // S_0 and its row max
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(sa);
-    softmax_max<false, true>(sa, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-    for (int it = 0; it < iters; it += 2) {  // two steps per turn: the accumulators swap roles
-        overlap_interleave_step(a, da, db, sa, sb, o, pa, m, l, alpha, bias);
-        overlap_interleave_step(a, da, db, sb, sa, o, pa, m, l, alpha, bias);
+        overlap_step<FORM>(a, da, db, sa, sb, o, pa, m, l, alpha, bias);
+        overlap_step<FORM>(a, da, db, sb, sa, o, pa, m, l, alpha, bias);
     }
 }
 

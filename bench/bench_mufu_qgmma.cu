@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
     } else if (MODE == M_PLAIN_INTERLEAVE) {
         plain_interleave(iters, a, da, db, s, o, pv, pa, m, l);
     } else if (MODE == M_OVERLAP_INTERLEAVE) {
-        overlap_interleave(iters, a, da, db, s, x, o, pa, m, l);
+        overlap_real<2>(iters, a, da, db, s, x, o, pa, m, l);
     } else if (MODE == M_ISSUE_ALONE) {
         if (wg == 0) issue_timed<false>(iters, da, db, wg, s, pv, pa, trace);
     } else if (MODE == M_ISSUE_BOTH) {
@@ -272,9 +272,9 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
     } else if (MODE == M_ISSUE_S_ALONE) {
         if (wg == 0) issue_timed<true>(iters, da, db, wg, s, pv, pa, trace);
     } else if (MODE == M_OVERLAP_REAL) {
-        overlap_real<false>(iters, a, da, db, s, x, o, pa, m, l);
+        overlap_real<0>(iters, a, da, db, s, x, o, pa, m, l);
     } else if (MODE == M_OVERLAP_SPLIT) {
-        overlap_real<true>(iters, a, da, db, s, x, o, pa, m, l);
+        overlap_real<1>(iters, a, da, db, s, x, o, pa, m, l);
     } else if (MODE == M_SOFTMAX_ONE) {
         if (wg == 0) softmax_alone<true>(2 * iters, a, s, o, pv, pa, m, l);
     } else if (MODE == M_SPLIT_REAL_TRACE) {
