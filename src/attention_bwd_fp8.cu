@@ -305,6 +305,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     // 2 t4 + odd, whatever n and r.
     const int wr0 = wg * 64 + warp * 16 + g, odd = g & 1;
     const int pt_off = wr0 * 128 + (g << 4) + 2 * t4;
+    auto pt_at = [&](int n, int r) { return (pt_off ^ ((n >> 1) << 4)) + 8 * (n & 1) + 1024 * r; };  // P̂^T, dŜ^T
     const int ds_off = (2 * t4 + odd) * 128 + (((4 * wg + warp) ^ (2 * t4 + odd)) << 4) + g - odd;
 
     float dka[D / 2], dva[D / 2];  // FP32 dK, dV of the warpgroup's 64 keys (wgmma layout)
@@ -396,8 +397,8 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
-            for (int r = 0; r < 2; r++)  // key row wr0 + 8r, query columns 8n + 2t4, +1 (pt_off)
-                *reinterpret_cast<uint16_t *>(sPt + (pt_off ^ ((n >> 1) << 4)) + 8 * (n & 1) + 1024 * r) =
+            for (int r = 0; r < 2; r++)  // key row wr0 + 8r, query columns 8n + 2t4, +1 (pt_at)
+                *reinterpret_cast<uint16_t *>(sPt + pt_at(n, r)) =
                     (uint16_t)cvt_e4m3x2(p[4 * n + 2 * r] * p_scale, p[4 * n + 2 * r + 1] * p_scale);
         // the warp's max in one instruction (redux.sync) instead of five shuffle-and-max steps:
         // the amax is >= 0 and never NaN (fmaxf drops NaN), and such floats order as their bits
@@ -420,9 +421,9 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         for (int n = 0; n < 8; n++) {  // query columns ql = 8n + 2t4, ql + 1
             uint32_t c2[2];
 #pragma unroll
-            for (int r = 0; r < 2; r++) {  // key row wr0 + 8r, queries ql, ql + 1 (pt_off)
+            for (int r = 0; r < 2; r++) {  // key row wr0 + 8r, queries ql, ql + 1 (pt_at)
                 c2[r] = grad_code2<E5>(ds[4 * n + 2 * r] * s_ds, ds[4 * n + 2 * r + 1] * s_ds);
-                *reinterpret_cast<uint16_t *>(sdSt + (pt_off ^ ((n >> 1) << 4)) + 8 * (n & 1) + 1024 * r) = (uint16_t)c2[r];
+                *reinterpret_cast<uint16_t *>(sdSt + pt_at(n, r)) = (uint16_t)c2[r];
             }
             // byte r of `recv`: the partner's code for key row r (query ql for the even lane,
             // ql + 1 for the odd one)

@@ -75,7 +75,7 @@
 #include <string.h>        // strcmp, memset
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
-#include "attention_fwd_fp8_step.cuh"  // F8_BK, issue_s, issue_pv, softmax_block, pack_p, key_of_row
+#include "attention_fwd_fp8_step.cuh"  // F8_BK, issue_s, issue_pv, softmax_block, pack_p, key_of_row, pp_*
 #include "attention_gpu_common.cuh"    // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
 #include "common.h"                    // FATAL
 #include "cta_timeline.cuh"            // TL_*: per-tile timestamps, only with -DATTN_TIMELINE
@@ -86,16 +86,6 @@
 #define F8_THREADS 384
 static_assert(F8_BK == ATTN_SCALE_BLOCK, "a key block must be one scale block");
 static_assert(F8_BQ == F8_BK, "only the diagonal key block is masked");
-
-// Named barriers 1 and 2, 256 threads each: the consumers' ping-pong (3: the producer's own).
-__device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
-    if (wg == 0) named_bar_sync<1, 256>();
-    else named_bar_sync<2, 256>();
-}
-__device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the turn to the other one
-    if (wg == 0) named_bar_arrive<2, 256>();
-    else named_bar_arrive<1, 256>();
-}
 
 // Producer copies (128 threads). Every source byte exists: the quantized layouts are padded to
 // whole blocks with code 0. Thread p copies chunk p % CH of rows p / CH + RSTEP i (RSTEP = 128 /
@@ -327,8 +317,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pa);
                     reg_fence(sn);
                     ring.release(rb);  // K̂_j (S_j long done) and V̂_j are no longer read
-#pragma unroll
-                    for (int i = 0; i < D / 2; i++) oacc[i] = fmaf(sc[i], fac, oacc[i]);
+                    o_add(oacc, sc, fac);
                 };
                 int j = 0;
                 for (; j + 2 < n_kb; j += 2) {

@@ -1,7 +1,7 @@
 // attention_fwd_fp8_step.cuh: one key block's work of a consumer warpgroup of the FP8 forward
 // (attention_fwd_fp8.cu, whose header comment gives the numerics and the structure): the S and PV
-// wgmmas, the online-softmax step on S (whole, or as its max half and its exponentials in parts,
-// for loops that issue wgmmas in between), the packing of P̂ into the PV wgmma's A fragments and
+// wgmmas, ping-pong's turn, the online-softmax step on S (whole, or as its max half and its
+// exponentials in parts, for loops that issue wgmmas in between), the packing of P̂ into the PV wgmma's A fragments and
 // the O update. In a header of its own so that bench/bench_mufu_qgmma.cu (and its loop forms,
 // bench/bench_fwd_fp8_loops.cuh) time exactly the kernel's step.
 #ifndef ATTENTION_FWD_FP8_STEP_CUH
@@ -10,7 +10,7 @@
 #include <math.h>    // INFINITY
 #include <stdint.h>  // uint32_t
 
-#include "attention_gpu_common.cuh"  // wg_fp8, wg_fp8_rs, kmajor_desc, quad_max, fast_exp2
+#include "attention_gpu_common.cuh"  // wg_fp8, wg_fp8_rs, kmajor_desc, quad_max, fast_exp2, named barriers
 
 #define F8_BK 128  // keys per block = ATTN_SCALE_BLOCK (one key block = one scale block)
 
@@ -34,6 +34,16 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 // A fragment of P̂ (keys 4t..4t+3 of a 16-key half of a k32 step).
 __device__ __forceinline__ int key_of_row(int r) {
     return (r & ~15) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1);
+}
+
+// Named barriers 1 and 2, 256 threads each: the consumers' ping-pong (3: the producer's own).
+__device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
+    if (wg == 0) named_bar_sync<1, 256>();
+    else named_bar_sync<2, 256>();
+}
+__device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the turn to the other one
+    if (wg == 0) named_bar_arrive<2, 256>();
+    else named_bar_arrive<1, 256>();
 }
 
 // Descriptors of the K-major tiles as low words (kmajor_desc_lo, attention_gpu_common.cuh): the
@@ -199,6 +209,29 @@ __device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2]
     constexpr float LOG2E = 1.4426950408889634f;
     float rs[2] = {0.f, 0.f};
     softmax_exp_part<MASKED, 0, F8_BK / 8>(s, rs, bias, tau_qk * LOG2E);
+    softmax_exp_sums(l, alpha, rs);
+}
+// softmax_exp with a wgmma k-step issued before each quarter of the exponentials: issue(kk) for
+// kk = 0..3 (the caller's wgmmas, fenced before and committed by the caller, e.g. in issue(3)),
+// then the exponentials of n-tiles 4 kk .. 4 kk + 3, each quarter a basic block of its own
+// (nsmid_nonzero): else ptxas gathers the wgmmas, may serialize them and hoists the wait for them
+// above the exponentials (read in the SASS with scripts/sass_schedule.sh). The same values as
+// softmax_exp.
+template <bool MASKED, class Issue>
+__device__ __forceinline__ void softmax_exp_interleaved(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
+                                                        const float (&bias)[2], float tau_qk, Issue issue) {
+    static_assert(F8_BK / 8 == 16, "four quarters of 4 n-tiles");
+    constexpr float LOG2E = 1.4426950408889634f;
+    const float c2 = tau_qk * LOG2E;
+    float rs[2] = {0.f, 0.f};
+    issue(0);
+    if (nsmid_nonzero()) softmax_exp_part<MASKED, 0, 4>(s, rs, bias, c2);
+    issue(1);
+    if (nsmid_nonzero()) softmax_exp_part<MASKED, 4, 8>(s, rs, bias, c2);
+    issue(2);
+    if (nsmid_nonzero()) softmax_exp_part<MASKED, 8, 12>(s, rs, bias, c2);
+    issue(3);
+    if (nsmid_nonzero()) softmax_exp_part<MASKED, 12, 16>(s, rs, bias, c2);
     softmax_exp_sums(l, alpha, rs);
 }
 template <bool MASKED, bool IMAX>
