@@ -18,17 +18,6 @@ struct StepArgs {
     float tau_qk, log2_ps, fac;
 };
 
-// Ping-pong's turn between the two warpgroups (named barriers 1 and 2, 256 threads each, as the
-// kernel's pp_sync / pp_pass): wait for warpgroup wg's turn; hand it to the other one.
-__device__ __forceinline__ void pp_turn(int wg) {
-    if (wg == 0) named_bar_sync<1, 256>();
-    else named_bar_sync<2, 256>();
-}
-__device__ __forceinline__ void pp_hand(int wg) {
-    if (wg == 0) named_bar_arrive<2, 256>();
-    else named_bar_arrive<1, 256>();
-}
-
 // The traces (plain_real's TRACE, softmax_alone's): from iteration TRACE_FROM on
 constexpr int TRACE_FROM = 200, TRACE_N = 4, TRACE_POINTS = 6;
 
@@ -48,10 +37,26 @@ __device__ __forceinline__ void store_p_tile(uint32_t sp, const uint32_t (&pa)[4
     fence_proxy_async();
     wg_bar_sync<3>(wg);
 }
-// The forward's PV with A = P̂ from shared memory (descriptor dp of the warpgroup's tile).
-__device__ __forceinline__ void issue_pv_ss(float (&pv)[64], uint32_t dp, uint32_t dv) {
+// The forward's tensor work of one key block for one warpgroup, always accumulating (with a fresh
+// accumulator every block and nothing reading it, ptxas drops the wgmmas whose results the next
+// block overwrites unread: 3 of 4 unrolled blocks had none), in one group: S = 4 k32 steps SS
+// (m64n128); PV (with PV) = 4 k32 steps with A from registers (pa), or (PV_SS) from the shared
+// tile of descriptor dp.
+template <bool PV = true, bool PV_SS = false>
+__device__ __forceinline__ void issue_block(float (&s)[64], float (&pv)[64], uint32_t da, uint32_t db,
+                                            uint32_t (&pa)[4][4], uint32_t dp = 0) {
+    reg_fence(s);
+    reg_fence(pv);
+    reg_fence(pa);  // (as the forward does for P̂: else ptxas injects warpgroup.arrive and may serialize)
+    wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(pv, kmajor_desc(dp + 2 * kk), kmajor_desc(dv + 2 * kk), kk > 0);
+    for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), 1);
+#pragma unroll
+    for (int kk = 0; PV && kk < 4; kk++) {
+        if (PV_SS) wg_fp8<128, 0, 0>(pv, kmajor_desc(dp + 2 * kk), kmajor_desc(db + 2 * kk), 1);
+        else wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
+    }
+    wgmma_commit();
 }
 
 // The real step without the matmuls (softmax, softmax_norescale, split_real's warpgroup 1): the
@@ -94,26 +99,26 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
     const int lane = threadIdx.x & 31;
     const bool rec = TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0;
     float alpha[2], alpha_prev[2] = {1.f, 1.f};
-    if (PP && wg == 1) named_bar_arrive<1, 256>();  // warpgroup 0 goes first
+    if (PP && wg == 1) pp_pass(1);  // warpgroup 0 goes first
     for (int it = 0; it < iters; it++) {
         auto mark = [&](int point) {
             if (TRACE && rec && it >= TRACE_FROM && it < TRACE_FROM + TRACE_N)
                 trace[(wg * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + point] = clock64();
         };
         mark(0);
-        if (PP) pp_turn(wg);
+        if (PP) pp_sync(wg);
         reg_fence(s);
         reg_fence(pv);
         reg_fence(pa);
         wgmma_fence();
         issue_s<128>(s, da, db);
         wgmma_commit();
-        if (SS) issue_pv_ss(pv, kmajor_desc_lo(sp), db);
+        if (SS) issue_s<128>(pv, kmajor_desc_lo(sp), db);  // PV from the P̂ tile: the same wgmmas as S's
         else issue_pv<128>(pv, pa, db);
         wgmma_commit();
         // hand the turn over (warpgroup 1 arrived once up front, so it skips its last)
         auto pass = [&](int point) {
-            if (PP == point && !(wg == 1 && it == iters - 1)) pp_hand(wg);
+            if (PP == point && !(wg == 1 && it == iters - 1)) pp_pass(wg);
         };
         pass(1);
         mark(1);
@@ -149,24 +154,14 @@ template <int FORM>
 __device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uint32_t db, float (&sc)[64],
                                              float (&sn)[64], float (&o)[64], uint32_t (&pa)[4][4], float (&m)[2],
                                              float (&l)[2], float (&alpha)[2], float (&bias)[2]) {
-    constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31;
     reg_fence(sn);
     wgmma_fence();
-    if constexpr (FORM == 2) {
-        // S_{j+1}'s k-step kk, then the exponentials of S_j's n-tiles 4 kk .. 4 kk + 3
-        const float c2 = a.tau_qk * LOG2E;
-        float rs[2] = {0.f, 0.f};
-        wg_fp8<128, 0, 0>(sn, kmajor_desc(da), kmajor_desc(db), 0);
-        softmax_exp_part<false, 0, 4>(sc, rs, bias, c2);
-        wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 2), kmajor_desc(db + 2), 1);
-        softmax_exp_part<false, 4, 8>(sc, rs, bias, c2);
-        wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 4), kmajor_desc(db + 4), 1);
-        softmax_exp_part<false, 8, 12>(sc, rs, bias, c2);
-        wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 6), kmajor_desc(db + 6), 1);
-        softmax_exp_part<false, 12, 16>(sc, rs, bias, c2);
-        wgmma_commit();
-        softmax_exp_sums(l, alpha, rs);
+    if constexpr (FORM == 2) {  // S_{j+1}'s k-step kk before each quarter of S_j's exponentials
+        softmax_exp_interleaved<false>(sc, l, alpha, bias, a.tau_qk, [&](int kk) {
+            wg_fp8<128, 0, 0>(sn, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), kk > 0);
+            if (kk == 3) wgmma_commit();
+        });
     } else {
         issue_s<128>(sn, da, db);
         wgmma_commit();
@@ -226,18 +221,8 @@ __device__ __forceinline__ void issue_timed(int iters, uint32_t da, uint32_t db,
                                             uint32_t (&pa)[4][4], long long *trace) {
     long long t_issue = 0, t_wait = 0;
     for (int it = 0; it < iters; it++) {
-        reg_fence(s);
-        reg_fence(pv);
-        reg_fence(pa);
         const long long t0 = clock64();
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), 1);
-        if (!S_ONLY) {
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
-        }
-        wgmma_commit();
+        issue_block<!S_ONLY>(s, pv, da, db, pa);
         const long long t1 = clock64();
         wgmma_wait<0>();
         reg_fence(s);
@@ -257,7 +242,6 @@ __device__ __forceinline__ void issue_timed(int iters, uint32_t da, uint32_t db,
 __device__ __forceinline__ void plain_interleave(int iters, const StepArgs &a, uint32_t da, uint32_t db, float (&s)[64],
                                                  float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2],
                                                  float (&l)[2]) {
-    constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31;
     float alpha[2], bias[2], alpha_prev[2] = {1.f, 1.f};
     for (int it = 0; it < iters; it++) {
@@ -268,22 +252,13 @@ __device__ __forceinline__ void plain_interleave(int iters, const StepArgs &a, u
         wgmma_wait<0>();
         reg_fence(s);
         softmax_max<false, true>(s, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-        const float c2 = a.tau_qk * LOG2E;
-        float rs[2] = {0.f, 0.f};
         reg_fence(pv);
         reg_fence(pa);
         wgmma_fence();
-        // PV's k-step kk, then the exponentials of n-tiles 4 kk .. 4 kk + 3
-        wg_fp8_rs<128, 0>(pv, pa[0], kmajor_desc(db), 0);
-        softmax_exp_part<false, 0, 4>(s, rs, bias, c2);
-        wg_fp8_rs<128, 0>(pv, pa[1], kmajor_desc(db + 2), 1);
-        softmax_exp_part<false, 4, 8>(s, rs, bias, c2);
-        wg_fp8_rs<128, 0>(pv, pa[2], kmajor_desc(db + 4), 1);
-        softmax_exp_part<false, 8, 12>(s, rs, bias, c2);
-        wg_fp8_rs<128, 0>(pv, pa[3], kmajor_desc(db + 6), 1);
-        softmax_exp_part<false, 12, 16>(s, rs, bias, c2);
-        wgmma_commit();
-        softmax_exp_sums(l, alpha, rs);
+        softmax_exp_interleaved<false>(s, l, alpha, bias, a.tau_qk, [&](int kk) {  // PV's k-step kk first
+            wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), kk > 0);
+            if (kk == 3) wgmma_commit();
+        });
         wgmma_wait<0>();
         reg_fence(pv);
         reg_fence(pa);

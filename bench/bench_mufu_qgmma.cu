@@ -148,22 +148,6 @@ __device__ __forceinline__ void exps_h2_pack(float (&x)[64], uint32_t (&pa)[4][4
     }
 }
 
-// The forward's tensor work of one key block for one warpgroup: S = 4 k32 steps SS (m64n128),
-// PV = 4 k32 steps with A from registers.
-__device__ __forceinline__ void issue_block(float (&s)[64], float (&pv)[64], uint32_t da, uint32_t db,
-                                            uint32_t (&pa)[4][4]) {
-    reg_fence(s);
-    reg_fence(pv);
-    reg_fence(pa);  // (as the forward does for P̂: else ptxas injects warpgroup.arrive and may serialize)
-    wgmma_fence();
-    // always accumulating: with a fresh accumulator every block, ptxas drops the wgmmas whose
-    // results the next block overwrites unread (seen in the SASS: 3 of 4 unrolled blocks had none)
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), 1);
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
-    wgmma_commit();
-}
 // n blocks of issue_block, each waited for: the tensor-only warpgroup of the split forms
 __device__ __forceinline__ void tensor_blocks(int n, float (&s)[64], float (&pv)[64], uint32_t da, uint32_t db,
                                               uint32_t (&pa)[4][4]) {
@@ -197,8 +181,8 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
         s[i] = pv[i] = 0.f;
         x[i] = -0.01f * (float)(i + (threadIdx.x & 7));
     }
-    constexpr bool do_tensor = MODE == M_TENSOR || MODE == M_BOTH || MODE == M_POLY;
-    constexpr bool do_exp = MODE == M_MUFU || MODE == M_BOTH || MODE == M_POLY || MODE == M_POLY_ALONE;
+    constexpr bool do_tensor = MODE == M_TENSOR || MODE == M_BOTH || MODE == M_POLY || MODE == M_BOTH_SS;
+    constexpr bool do_exp = MODE == M_MUFU || MODE == M_BOTH || MODE == M_POLY || MODE == M_POLY_ALONE || MODE == M_BOTH_SS;
     constexpr int reps = 1;
     float o[64], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // the real step's O and row statistics
 #pragma unroll
@@ -235,21 +219,6 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
         plain_real<true, 0, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, trace);
     } else if (MODE == M_PINGPONG_TRACE) {
         plain_real<true, 1, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, trace);
-    } else if (MODE == M_BOTH_SS) {
-        for (int it = 0; it < iters; it++) {
-            reg_fence(s);
-            reg_fence(pv);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), 1);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wg_fp8<128, 0, 0>(pv, kmajor_desc(kmajor_desc_lo(sp) + 2 * kk), kmajor_desc(db + 2 * kk), 1);
-            wgmma_commit();
-            if (nsmid_nonzero()) exps<false>(x);
-            wgmma_wait<0>();
-            reg_fence(s);
-            reg_fence(pv);
-        }
     } else if (MODE == M_PLAIN_SS) {
         plain_real<true, 0, false, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, nullptr, sp);
     } else if (MODE == M_PINGPONG_SS) {
@@ -292,9 +261,9 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
     } else if (MODE == M_PINGPONG_SS_TRACE) {
         plain_real<true, 1, true, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, trace, sp);
     } else if (MODE == M_PLAIN || MODE == M_PINGPONG) {
-        if (MODE == M_PINGPONG && wg == 1) named_bar_arrive<1, 256>();  // warpgroup 0 goes first
+        if (MODE == M_PINGPONG && wg == 1) pp_pass(1);  // warpgroup 0 goes first
         for (int it = 0; it < iters; it++) {
-            if (MODE == M_PINGPONG) pp_turn(wg);
+            if (MODE == M_PINGPONG) pp_sync(wg);
             reg_fence(s);
             reg_fence(pv);
             reg_fence(pa);
@@ -305,7 +274,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wg_fp8_rs<128, 0>(pv, pa[kk], kmajor_desc(db + 2 * kk), 1);
             wgmma_commit();
-            if (MODE == M_PINGPONG && !(wg == 1 && it == iters - 1)) pp_hand(wg);  // (1 arrived up front)
+            if (MODE == M_PINGPONG && !(wg == 1 && it == iters - 1)) pp_pass(wg);  // (1 arrived up front)
             wgmma_wait<1>();  // S done
             reg_fence(s);
             if (nsmid_nonzero()) {
@@ -326,7 +295,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
     } else
     for (int it = 0; it < iters; it++) {
         for (int r = 0; r < reps; r++) {
-            if (do_tensor) issue_block(s, pv, da, db, pa);
+            if (do_tensor) issue_block<true, MODE == M_BOTH_SS>(s, pv, da, db, pa, kmajor_desc_lo(sp));
             // a basic block of its own (nsmid_nonzero, always true): ptxas would otherwise hoist
             // the wait below above the exponentials, which then could not overlap the wgmmas
             if (do_exp && nsmid_nonzero()) exps<MODE == M_POLY || MODE == M_POLY_ALONE>(x);

@@ -1,6 +1,8 @@
 #!/bin/bash
-# gpu_mufu_qgmma.sh: on a GPU machine (~30 s): build and run bench/bench_mufu_qgmma.cu, whether the
-# exponentials (MUFU) and the FP8 wgmmas (QGMMA) run at the same time on an SM. Table last.
+# gpu_mufu_qgmma.sh: on a GPU machine (~30 s): build and run bench/bench_mufu_qgmma.cu: whether the
+# exponentials (MUFU) and the FP8 wgmmas (QGMMA) run at the same time on an SM, and the FP8
+# forward's own step in each loop form (bench/bench_fwd_fp8_loops.cuh), with traces and the wgmma
+# issue's cost. Table last, then the traces.
 #   usage: [ITERS=4000] [OUT=dir] bash scripts/gpu_mufu_qgmma.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -11,5 +13,5 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/de
 $NVCC -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xptxas -v bench/bench_mufu_qgmma.cu src/common.c \
   -o "$OUT/bench_mufu_qgmma" > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
 grep -E "spill|C75" "$OUT/build.log" | grep -v " 0 bytes spill" | head -5
-command -v cuobjdump >/dev/null && cuobjdump -sass "$OUT/bench_mufu_qgmma" | grep -cE "QGMMA" | sed 's/^/QGMMA instructions in the SASS (6 forms; 8 per block, unrolled): /'
+command -v cuobjdump >/dev/null && cuobjdump -sass "$OUT/bench_mufu_qgmma" | grep -cE "QGMMA" | sed 's/^/QGMMA instructions in the SASS (all forms): /'
 "$OUT/bench_mufu_qgmma" "${ITERS:-4000}" | tee "$OUT/result.txt"
