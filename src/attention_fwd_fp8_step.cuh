@@ -185,13 +185,17 @@ __device__ __forceinline__ void softmax_max(float (&s)[F8_BK / 2], float (&m)[2]
 // softmax_exp's exponentials and row sums for n-tiles N0 .. N1 - 1 (keys 8 N0 .. 8 N1 - 1 of the
 // tile's columns): a loop may issue wgmmas between parts. c2 = tau_qk * log2(e); rs: this
 // thread's two partial row sums, added to in order.
-template <bool MASKED, int N0, int N1>
+// NPOLY: n-tiles 16 - NPOLY .. 15 take their exponentials on the FMA pipe (poly_exp2) instead of
+// the special-function unit. 0 in the kernel: on the benchmark every NPOLY > 0 is slower (4..24
+// exponentials per thread: 1889..2289 clocks per block against 1875; docs/perf.md, stop 31).
+template <bool MASKED, int N0, int N1, int NPOLY = 0>
 __device__ __forceinline__ void softmax_exp_part(float (&s)[F8_BK / 2], float (&rs)[2], const float (&bias)[2], float c2) {
 #pragma unroll
     for (int n = N0; n < N1; n++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const float p = fast_exp2(fmaf(s[4 * n + e], c2, bias[e >> 1]));
+            const float arg = fmaf(s[4 * n + e], c2, bias[e >> 1]);
+            const float p = n >= F8_BK / 8 - NPOLY ? poly_exp2(arg) : fast_exp2(arg);
             // masked: -inf gives 0 through ex2 too, but not if tau_qk underflowed to 0
             s[4 * n + e] = MASKED && s[4 * n + e] == -INFINITY ? 0.0f : p;
         }
@@ -203,12 +207,12 @@ __device__ __forceinline__ void softmax_exp_sums(float (&l)[2], const float (&al
     l[0] = l[0] * alpha[0] + rs[0];
     l[1] = l[1] * alpha[1] + rs[1];
 }
-template <bool MASKED>
+template <bool MASKED, int NPOLY = 0>
 __device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
                                             const float (&bias)[2], float tau_qk) {
     constexpr float LOG2E = 1.4426950408889634f;
     float rs[2] = {0.f, 0.f};
-    softmax_exp_part<MASKED, 0, F8_BK / 8>(s, rs, bias, tau_qk * LOG2E);
+    softmax_exp_part<MASKED, 0, F8_BK / 8, NPOLY>(s, rs, bias, tau_qk * LOG2E);
     softmax_exp_sums(l, alpha, rs);
 }
 // softmax_exp with a wgmma k-step issued before each quarter of the exponentials: issue(kk) for
@@ -234,13 +238,13 @@ __device__ __forceinline__ void softmax_exp_interleaved(float (&s)[F8_BK / 2], f
     if (nsmid_nonzero()) softmax_exp_part<MASKED, 12, 16>(s, rs, bias, c2);
     softmax_exp_sums(l, alpha, rs);
 }
-template <bool MASKED, bool IMAX>
+template <bool MASKED, bool IMAX, int NPOLY = 0>
 __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
                                               float (&alpha)[2], float tau_qk, float log2_ps, int k0,
                                               int row_w0, int T, int g, int t4) {
     float bias[2];
     softmax_max<MASKED, IMAX>(s, m, alpha, bias, tau_qk, log2_ps, k0, row_w0, T, g, t4);
-    softmax_exp<MASKED>(s, l, alpha, bias, tau_qk);
+    softmax_exp<MASKED, NPOLY>(s, l, alpha, bias, tau_qk);
 }
 
 // O = O * alpha + PV * fac for one key block (the kernel's order: O * alpha rounded, then the

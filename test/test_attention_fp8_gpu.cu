@@ -26,7 +26,7 @@
 
 #include "attention_cpu.h"    // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
 #include "attention_fp8.h"    // attn_mode_forward / attn_mode_backward with and without kept codes
-#include "attention_gpu_common.cuh"  // causal_item_grouped, causal_heads_per_group (host-side checks)
+#include "attention_gpu_common.cuh"  // causal_item_grouped, causal_heads_per_group (host-side checks); fast_exp2, poly_exp2
 #include "attention_gpu.h"    // attn_gpu_backward (BF16; fp8_hybrid's backward)
 #include "attention_quant.h"  // the kernels under test
 #include "layers.h"           // rope_table_gpu, rope_forward_gpu: the reference of the fused RoPE
@@ -1623,9 +1623,70 @@ static void check_causal_orders(void) {
           "got %d %d %d", e12, eneg, eun);
 }
 
+// The softmax's two exponentials (fast_exp2.cuh) on the arguments the FP8 forward makes (x <= 0,
+// -inf for masked keys): fast_exp2 (ex2.approx.ftz, the SFU) and poly_exp2 (the FMA pipe, what
+// softmax_block's NPOLY uses) against exp2 in double, on fresh random arguments across the whole
+// range and the edges. Both within 4e-7 relative where 2^x >= 2^-126; below, 0 or a value < 2^-126.
+__global__ void exp2_kernel(const float *x, float *y_sfu, float *y_poly, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y_sfu[i] = fast_exp2(x[i]);
+        y_poly[i] = poly_exp2(x[i]);
+    }
+}
+static void check_exp2(void) {
+    const int n = 1 << 20;
+    std::vector<float> hx(n), hs(n), hp(n);
+    rng_state = 0xE2E2E2ull;
+    const float edges[] = {0.0f, -0.0f, -1.0f, -0.5f, -1e-7f, -125.99f, -126.0f, -126.5f, -127.0f, -127.5f, -150.0f,
+                           -1e30f, -INFINITY, -4194303.75f};
+    const int n_edges = (int)(sizeof edges / sizeof edges[0]);
+    for (int i = 0; i < n; i++) {
+        const double u = rng_uniform();
+        hx[i] = i < n_edges ? edges[i] : u < 0.8 ? (float)(-140.0 * rng_uniform()) : (float)(-rng_uniform() * rng_uniform());
+    }
+    float *dx, *ds, *dp;
+    CU(cudaMalloc(&dx, n * 4));
+    CU(cudaMalloc(&ds, n * 4));
+    CU(cudaMalloc(&dp, n * 4));
+    CU(cudaMemcpy(dx, hx.data(), n * 4, cudaMemcpyHostToDevice));
+    exp2_kernel<<<(n + 255) / 256, 256>>>(dx, ds, dp, n);
+    CU(cudaGetLastError());
+    CU(cudaMemcpy(hs.data(), ds, n * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hp.data(), dp, n * 4, cudaMemcpyDeviceToHost));
+    CU(cudaFree(dx));
+    CU(cudaFree(ds));
+    CU(cudaFree(dp));
+    const float *ys[2] = {hs.data(), hp.data()};
+    const char *names[2] = {"fast_exp2 (SFU)", "poly_exp2 (FMA pipe)"};
+    for (int k = 0; k < 2; k++) {
+        double worst = 0;
+        long bad = 0, first_bad = -1;
+        for (int i = 0; i < n; i++) {
+            const double ref = exp2((double)hx[i]), y = ys[k][i];
+            bool ok;
+            if (ref >= ldexp(1.0, -126)) {
+                const double rel = fabs(y - ref) / ref;
+                worst = rel > worst ? rel : worst;
+                ok = rel <= 4e-7;
+            } else {
+                ok = y >= 0.0 && y < ldexp(1.0, -126);
+            }
+            if (!ok && bad++ == 0) first_bad = i;
+        }
+        char name[128];
+        snprintf(name, sizeof name, "%s against exp2 on %d fresh arguments in [-140, 0] and the edges", names[k], n);
+        CHECK(bad == 0, name, "%ld wrong, the first at x = %.9g: %.9g (exp2 %.9g); worst relative error %.3g", bad,
+              first_bad >= 0 ? hx[first_bad] : 0.0f, first_bad >= 0 ? ys[k][first_bad] : 0.0f,
+              first_bad >= 0 ? exp2((double)hx[first_bad]) : 0.0, worst);
+        printf("  %s: worst relative error %.3g\n", names[k], worst);
+    }
+}
+
 int main(void) {
     check_causal_orders();
     if (!gpu_test_have_gpu("test_attention_fp8_gpu")) return test_summary("test_attention_fp8_gpu");
+    check_exp2();
     const Case cases[] = {
         {2, 3, 200, 64, true, 1.0},    // T not a multiple of 128, several heads
         {1, 2, 517, 128, false, 2.0},  // d = 128, separate buffers
