@@ -1,9 +1,11 @@
 // bench_fwd_fp8_loops.cuh: the FP8 forward's loop forms around its own per-block step
 // (src/attention_fwd_fp8_step.cuh), for bench/bench_mufu_qgmma.cu: the plain loop and ping-pong
 // (with the turn passed at three points, P̂ from registers or shared memory, with or without the
-// O rescale, traced or not), the step without matmuls, the overlap loop, PV issued between
-// quarters of the exponentials, and the wgmma issue timed alone. One key block per warpgroup per
-// iteration, the same fixed shared tiles every block (no ring). See the mode list at the top of
+// O rescale, traced or not, with the PV wait kept below the softmax, with both groups waited for
+// first, with some exponentials on the FMA pipe), the step without matmuls, the overlap loop, PV
+// issued between quarters of the exponentials, the issue split around the O update
+// (plain_split), and the wgmma issue timed alone. One key block per warpgroup per iteration, the
+// same fixed shared tiles every block (no ring). See the mode list at the top of
 // bench_mufu_qgmma.cu.
 #pragma once
 
@@ -18,8 +20,15 @@ struct StepArgs {
     float tau_qk, log2_ps, fac;
 };
 
-// The traces (plain_real's TRACE, softmax_alone's): from iteration TRACE_FROM on
-constexpr int TRACE_FROM = 200, TRACE_N = 4, TRACE_POINTS = 6;
+// The traces (plain_real's and plain_split's TRACE, softmax_alone's): from iteration TRACE_FROM on,
+// TRACE_N iterations of each of the CTA's 8 consumer warps (the warpgroups' warps w and w + 4
+// share scheduler w)
+constexpr int TRACE_FROM = 200, TRACE_N = 4, TRACE_POINTS = 6, TRACE_WARPS = 8;
+constexpr int TRACE_LEN = TRACE_WARPS * TRACE_N * TRACE_POINTS;
+// trace slot of warp (0..7) at loop iteration it, point p; -1 outside the traced iterations
+__device__ __forceinline__ int trace_slot(int warp, int it, int p) {
+    return it >= TRACE_FROM && it < TRACE_FROM + TRACE_N ? (warp * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + p : -1;
+}
 
 // P̂ (pack_p's A fragments) into warpgroup tile sp (64 rows x 128 keys of E4M3, K-major, 128-byte
 // swizzle: the layout the SS wgmma reads), then the proxy fence and the warpgroup's barrier (3 + wg)
@@ -69,8 +78,10 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
     const int lane = threadIdx.x & 31;
     for (int it = 0; it < iters; it++) {
         // TRACE (split_real traced): each step's start in the trace's points, warpgroup 1's rows
-        if (TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0 && it >= TRACE_FROM && it < TRACE_FROM + 2 * TRACE_N * TRACE_POINTS)
-            trace[it - TRACE_FROM] = clock64();
+        if (TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0) {
+            if (it >= TRACE_FROM && it < TRACE_FROM + TRACE_LEN - 2) trace[it - TRACE_FROM] = clock64();
+            if (it == 0) trace[TRACE_LEN - 2] = clock64();  // the whole loop: its start and end
+        }
         reg_fence(s0);
         reg_fence(pv);
         float s[64], alpha[2];
@@ -82,28 +93,34 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
         pack_p(pa, s);
         reg_fence(pa);
     }
+    if (TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0) trace[TRACE_LEN - 1] = clock64();
 }
 
 // The kernel's plain loop (PP: with ping-pong, the turn passed at point PP: 1 after the issue,
 // 2 once S_j is done, 3 after the softmax) around the real step, without its ring: S_j and
 // PV_{j-1} as two wgmma groups, the softmax of S_j once S_j is done, PV_{j-1} waited for, O
 // updated, P̂_j packed for the next block's PV. A and V are the same fixed tiles every block.
-// TRACE: thread 0 of each warpgroup of CTA 0 (warps 0 and 4: one scheduler) records clock64 at
-// the step's 6 points (loop top, wgmmas issued, S done, softmax done, PV done, P̂ packed) for
-// TRACE_N iterations from TRACE_FROM into trace[(wg * TRACE_N + i) * 6 + point].
-template <bool RESCALE, int PP, bool TRACE = false, bool SS = false>
+// NPOLY: the softmax's last NPOLY n-tiles' exponentials on the FMA pipe (softmax_exp_part).
+// WAITALL: S_j and PV_{j-1} both waited for before the softmax (no wgmma of the warp's own in
+// flight while it computes; the other warpgroup's may be).
+// BB: the softmax in a basic block of its own (nsmid_nonzero), so that ptxas cannot hoist PV_{j-1}'s
+// wait above its exponentials (it does in plain_real: after 14 of the 64).
+// TRACE: lane 0 of each consumer warp of CTA 0 records clock64 at the step's 6 points (loop top,
+// wgmmas issued, S done, softmax done, PV done, P̂ packed) at trace_slot.
+template <bool RESCALE, int PP, bool TRACE = false, bool SS = false, bool BB = false, bool WAITALL = false,
+          int NPOLY = 0>
 __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, int wg,
                                            float (&s)[64], float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4],
                                            float (&m)[2], float (&l)[2], long long *trace = nullptr,
                                            uint32_t sp = 0) {
     const int lane = threadIdx.x & 31;
-    const bool rec = TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0;
+    const bool rec = TRACE && blockIdx.x == 0 && lane == 0;
     float alpha[2], alpha_prev[2] = {1.f, 1.f};
     if (PP && wg == 1) pp_pass(1);  // warpgroup 0 goes first
     for (int it = 0; it < iters; it++) {
         auto mark = [&](int point) {
-            if (TRACE && rec && it >= TRACE_FROM && it < TRACE_FROM + TRACE_N)
-                trace[(wg * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + point] = clock64();
+            const int k = trace_slot(threadIdx.x >> 5, it, point);
+            if (TRACE && rec && k >= 0) trace[k] = clock64();
         };
         mark(0);
         if (PP) pp_sync(wg);
@@ -122,11 +139,14 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
         };
         pass(1);
         mark(1);
-        wgmma_wait<1>();
+        if (WAITALL) wgmma_wait<0>();
+        else wgmma_wait<1>();
         reg_fence(s);
         pass(2);
         mark(2);
-        softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        if (!BB) softmax_block<false, true, NPOLY>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        else if (nsmid_nonzero())  // a basic block of its own: PV's wait stays below it
+            softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
         pass(3);
         mark(3);
         wgmma_wait<0>();
@@ -139,6 +159,56 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
         if (SS) store_p_tile(sp, pa, wg);
         alpha_prev[0] = alpha[0];
         alpha_prev[1] = alpha[1];
+        mark(5);
+    }
+}
+
+// The plain loop with the issue split (plain_split): S_{j+1} is issued as soon as P̂_j is packed
+// (S_j's registers are free then), before the O update with PV_{j-1}; PV_j after it. ptxas waits
+// for S_{j+1} before PV_j's issue (C7517: the O update reads the PV accumulator, a register a
+// wgmma wrote, while S_{j+1} is in flight), so the form is: S_{j+1} under the O update, then PV_j
+// under the softmax of S_{j+1}. The same registers (O, S, the PV accumulator, P̂) and values as
+// plain_real. One step: issue S_{j+1}; O += PV_{j-1}; issue PV_j; the softmax of S_{j+1}; PV_j
+// waited for; P̂_{j+1} packed (every wgmma waited for in its own step: across the loop's back
+// edge ptxas serializes them, C7514). Trace points: top, S_{j+1} issued (1), S done, softmax
+// done, PV done, packed, as plain_real's.
+template <bool TRACE = false>
+__device__ __forceinline__ void plain_split(int iters, const StepArgs &a, uint32_t da, uint32_t db, float (&s)[64],
+                                            float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2],
+                                            float (&l)[2], long long *trace = nullptr) {
+    const int lane = threadIdx.x & 31;
+    const bool rec = TRACE && blockIdx.x == 0 && lane == 0;
+    float alpha[2] = {1.f, 1.f}, alpha_prev[2] = {1.f, 1.f};
+    for (int it = 0; it < iters; it++) {
+        auto mark = [&](int point) {
+            const int k = trace_slot(threadIdx.x >> 5, it, point);
+            if (TRACE && rec && k >= 0) trace[k] = clock64();
+        };
+        mark(0);
+        reg_fence(s);
+        reg_fence(pa);
+        wgmma_fence();
+        issue_s<128>(s, da, db);  // S_{j+1}
+        wgmma_commit();
+        mark(1);
+        o_rescale_add(o, pv, alpha_prev, a.fac);  // PV_{j-1}
+        alpha_prev[0] = alpha[0];
+        alpha_prev[1] = alpha[1];
+        reg_fence(pv);
+        wgmma_fence();
+        issue_pv<128>(pv, pa, db);  // PV_j
+        wgmma_commit();
+        wgmma_wait<1>();
+        reg_fence(s);
+        mark(2);
+        if (nsmid_nonzero())  // a basic block of its own: PV_j's wait stays below it
+            softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        mark(3);
+        wgmma_wait<0>();
+        reg_fence(pv);
+        reg_fence(pa);
+        mark(4);
+        pack_p(pa, s);
         mark(5);
     }
 }

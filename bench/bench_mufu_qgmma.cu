@@ -51,6 +51,21 @@
 //               behind a whole block of the other warpgroup's); then PV waited for, O updated
 //   overlap_interleave  the overlap loop with S_{j+1}'s 4 wgmmas issued one at a time between
 //               quarters of S_j's exponentials (then PV_j after the packing, as overlap_split)
+//   plain_split the plain loop with S_{j+1} issued right after P̂_j is packed, before the O update,
+//               and PV_j after it (plain_split): S queued a step's tail earlier
+//   plain_real_bb plain_real with the softmax in a basic block of its own, so that PV_{j-1}'s wait
+//               stays after it (in plain_real ptxas hoists it above 50 of the 64 exponentials)
+//   plain_waitall, pingpong_waitall (traced)  plain_real / pingpong_real with S_j and PV_{j-1} both
+//               waited for before the softmax: does a warp compute slower while its own wgmmas run?
+//   softmax_one wg1 traced, split_real_ss traced  warpgroup 1's real steps timed from inside (the
+//               traced window and the whole loop): alone, and under warpgroup 0's wgmmas with PV
+//               from shared memory (split_real traced: from registers, as the kernel's)
+//   probe X alone / under tensor  warpgroup 1 times steps of one kind of the softmax's work (exp:
+//               64 FFMA + ex2; fp32: two O updates, 128 FMUL + 128 FFMA; pack: two pack_p, 64
+//               F2FP + 32 PRMT) alone, and while warpgroup 0 runs wgmma blocks: which part of the
+//               step do the tensor cores slow down?
+//   plain_poly N  plain_real with N of a thread's 64 exponentials per block on the FMA pipe
+//               (poly_exp2, fast_exp2.cuh) instead of the SFU
 //   ..._ss      PV with A from shared memory (P̂ stored there by each warpgroup, 16 shared stores
 //               per thread, a proxy fence and the warpgroup's barrier) instead of registers: is
 //               it the register operand that holds a warp at its wgmma issue (the traces: 410-630
@@ -79,7 +94,7 @@ enum {
     M_BOTH_SS, M_PLAIN_SS, M_PINGPONG_SS, M_PINGPONG_SS_TRACE,
     M_SOFTMAX_ONE, M_SPLIT_REAL_TRACE, M_PP_S, M_PP_S_TRACE, M_PP_SM, M_MUFU_H2, M_MUFU_H2_PACK,
     M_OVERLAP_REAL, M_OVERLAP_SPLIT, M_ISSUE_ALONE, M_ISSUE_BOTH, M_ISSUE_S_ALONE,
-    M_PLAIN_INTERLEAVE, M_OVERLAP_INTERLEAVE, N_MODES
+    M_PLAIN_INTERLEAVE, M_OVERLAP_INTERLEAVE, M_PLAIN_SPLIT, M_PLAIN_SPLIT_TRACE, M_PLAIN_BB, M_PLAIN_WAITALL, M_PP_WAITALL, M_PP_WAITALL_TRACE, M_SOFTMAX_ONE1_TRACE, M_SPLIT_REAL_SS_TRACE, M_PROBE_EXP_ALONE, M_PROBE_EXP_TENSOR, M_PROBE_FP_ALONE, M_PROBE_FP_TENSOR, M_PROBE_PACK_ALONE, M_PROBE_PACK_TENSOR, M_PLAIN_POLY1, M_PLAIN_POLY2, M_PLAIN_POLY3, M_PLAIN_POLY4, M_PLAIN_POLY6, N_MODES
 };
 static const char *const mode_names[N_MODES] = {
     "tensor",   "mufu",       "both_wg",           "split_wg",   "both_poly",  "poly",
@@ -89,19 +104,7 @@ static const char *const mode_names[N_MODES] = {
     "both_ss", "plain_real_ss", "pingpong_real_ss", "pingpong_real_ss traced",
     "softmax_one", "split_real traced", "pingpong_at_s", "pingpong_at_s traced", "pingpong_at_softmax",
     "mufu_h2", "mufu_h2_pack", "overlap_real", "overlap_split", "issue_alone", "issue_both", "issue_s_alone",
-    "plain_interleave", "overlap_interleave"};
-
-// 2^x on the FMA pipe (x <= 0, |x| < 126): 2^floor(x) from the exponent bits, 2^frac by a
-// degree-5 polynomial (~2e-7 relative); about as many FMA-pipe instructions as FA4's emulation.
-__device__ __forceinline__ float poly_exp2(float x) {
-    const float fl = floorf(x), f = x - fl;
-    float p = fmaf(1.8775767e-3f, f, 8.9893397e-3f);
-    p = fmaf(p, f, 5.5826318e-2f);
-    p = fmaf(p, f, 2.4015361e-1f);
-    p = fmaf(p, f, 6.9315308e-1f);
-    p = fmaf(p, f, 1.0f);
-    return __int_as_float(__float_as_int(p) + ((int)fl << 23));
-}
+    "plain_interleave", "overlap_interleave", "plain_split", "plain_split traced", "plain_real_bb", "plain_waitall", "pingpong_waitall", "pingpong_waitall traced", "softmax_one wg1 traced", "split_real_ss traced", "probe exp alone", "probe exp under tensor", "probe fp32 alone", "probe fp32 under tensor", "probe pack alone", "probe pack under tensor", "plain_poly 4", "plain_poly 8", "plain_poly 12", "plain_poly 16", "plain_poly 24"};
 
 // 64 exponentials per thread, 64 independent chains (the softmax's FFMA then ex2 per element)
 template <bool POLY>
@@ -158,6 +161,20 @@ __device__ __forceinline__ void tensor_blocks(int n, float (&s)[64], float (&pv)
         reg_fence(pv);
         reg_fence(pa);
     }
+}
+
+
+// Warpgroup 1's part of the probe modes: iters steps of work(), timed from inside (the window's
+// steps and the whole loop, as softmax_alone's TRACE)
+template <class Work>
+__device__ __forceinline__ void traced_steps(int iters, long long *trace, Work work) {
+    const bool rec = blockIdx.x == 0 && (threadIdx.x & 127) == 0;
+    if (rec) trace[TRACE_LEN - 2] = clock64();
+    for (int it = 0; it < iters; it++) {
+        if (rec && it >= TRACE_FROM && it < TRACE_FROM + TRACE_LEN - 2) trace[it - TRACE_FROM] = clock64();
+        work();
+    }
+    if (rec) trace[TRACE_LEN - 1] = clock64();
 }
 
 template <int MODE>
@@ -230,6 +247,61 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
             exps_h2_pack(x, pa);
             reg_fence(pa);
         }
+    } else if (MODE >= M_PROBE_EXP_ALONE && MODE <= M_PROBE_PACK_TENSOR) {
+        constexpr bool under = (MODE - M_PROBE_EXP_ALONE) % 2 == 1;
+        constexpr int kind = (MODE - M_PROBE_EXP_ALONE) / 2;  // 0 exp, 1 fp32, 2 pack
+        if (wg == 0) {
+            if (under) tensor_blocks(2 * iters, s, pv, da, db, pa);
+        } else {
+            traced_steps(2 * iters, trace, [&] {
+                if (kind == 0) exps<false>(x);
+                if (kind == 1) {
+                    const float al[2] = {0.999f, 1.001f};
+                    reg_fence(pv);
+                    o_rescale_add(o, pv, al, 0.5f);
+                    reg_fence(o);
+                    o_rescale_add(o, pv, al, 0.25f);
+                    reg_fence(o);
+                }
+                if (kind == 2) {
+                    reg_fence(x);
+                    pack_p(pa, x);
+                    reg_fence(pa);
+                    reg_fence(s);
+                    pack_p(pa, s);
+                    reg_fence(pa);
+                }
+            });
+        }
+    } else if (MODE >= M_PLAIN_POLY1 && MODE <= M_PLAIN_POLY6) {
+        constexpr int np = MODE == M_PLAIN_POLY6 ? 6 : MODE - M_PLAIN_POLY1 + 1;  // n-tiles of 4
+        plain_real<true, 0, false, false, false, false, np>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+    } else if (MODE == M_SOFTMAX_ONE1_TRACE) {
+        if (wg == 1) softmax_alone<true, true>(2 * iters, a, s, o, pv, pa, m, l, trace);
+    } else if (MODE == M_SPLIT_REAL_SS_TRACE) {
+        if (wg == 0) {
+            for (int it = 0; it < 2 * iters; it++) {
+                issue_block<true, true>(s, pv, da, db, pa, kmajor_desc_lo(sp));
+                wgmma_wait<0>();
+                reg_fence(s);
+                reg_fence(pv);
+                reg_fence(pa);
+            }
+        } else {
+            softmax_alone<true, true>(2 * iters, a, s, o, pv, pa, m, l, trace);
+        }
+    } else if (MODE == M_PLAIN_WAITALL) {
+        plain_real<true, 0, false, false, false, true>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+    } else if (MODE == M_PP_WAITALL) {
+        plain_real<true, 1, false, false, false, true>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+    } else if (MODE == M_PP_WAITALL_TRACE) {
+        plain_real<true, 1, true, false, false, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, trace);
+    } else if (MODE == M_PLAIN_BB) {
+        plain_real<true, 0, false, false, true>(iters, a, da, db, wg, s, o, pv, pa, m, l);
+    } else if (MODE == M_PLAIN_SPLIT) {
+        plain_split(iters, a, da, db, s, o, pv, pa, m, l);
+    } else if (MODE == M_PLAIN_SPLIT_TRACE) {
+        plain_split<true>(iters, a, da, db, s, o, pv, pa, m, l, trace);
     } else if (MODE == M_PLAIN_INTERLEAVE) {
         plain_interleave(iters, a, da, db, s, o, pv, pa, m, l);
     } else if (MODE == M_OVERLAP_INTERLEAVE) {
@@ -307,14 +379,23 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
             }
         }
     }
-    __syncthreads();
-    const long long t1 = clock64();
+    // The CTA's time: the latest warp's end, each read once its own results are complete (the
+    // clock read takes the checksum as an input, so ptxas cannot schedule it before the work).
+    // Reading the clock after a __syncthreads is not enough: ptxas may sink a warpgroup's
+    // register-only work below the barrier (the split modes read ~half their real time so).
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < 64; i++) acc += s[i] + pv[i] + x[i] + o[i];
     acc += m[0] + m[1] + l[0] + l[1] + (float)(pa[0][0] ^ pa[3][3]);
+    long long t1;
+    asm volatile("{\n.reg .f32 dep;\nmov.f32 dep, %1;\nmov.u64 %0, %%clock64;\n}\n" : "=l"(t1) : "f"(acc) : "memory");
+    __shared__ unsigned long long t_end;
+    if (threadIdx.x == 0) t_end = 0;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) atomicMax(&t_end, (unsigned long long)t1);
     sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
-    if (threadIdx.x == 0) clocks[blockIdx.x] = t1 - t0;
+    __syncthreads();
+    if (threadIdx.x == 0) clocks[blockIdx.x] = (long long)t_end - t0;
 }
 
 template <int MODE>
@@ -328,40 +409,54 @@ static double run_mode(int iters, int n_sm, StepArgs a, float *sink, long long *
     for (int i = 0; i < n_sm; i++) sum += (double)h_clk[i];
     return sum / n_sm / iters;  // clocks per iteration, mean over SMs
 }
-static char trace_buf[6][4096];  // the traced modes' traces (run_modes), printed after the table
+static char trace_buf[16][8192];  // the traced modes' traces (run_modes), printed after the table
 template <int MODE>  // every mode from MODE on; a traced mode keeps its trace
 static void run_modes(double (&c)[N_MODES], int iters, int n_sm, StepArgs a, float *sink, long long *d_clk,
                       long long *h_clk, long long *d_trace) {
     c[MODE] = run_mode<MODE>(iters, n_sm, a, sink, d_clk, h_clk, d_trace);
-    if (MODE == M_PLAIN_TRACE || MODE == M_PINGPONG_TRACE || MODE == M_PINGPONG_SS_TRACE || MODE == M_PP_S_TRACE) {
-        long long t[2 * TRACE_N * TRACE_POINTS];
+    constexpr int trace_kind = MODE == M_PLAIN_TRACE ? 0 : MODE == M_PINGPONG_TRACE ? 1 : MODE == M_PINGPONG_SS_TRACE ? 2
+                               : MODE == M_PP_S_TRACE ? 3 : MODE == M_PLAIN_SPLIT_TRACE ? 6 : MODE == M_PP_WAITALL_TRACE ? 5 : -1;
+    if (trace_kind >= 0) {
+        // every warp for plain_real and plain_split (do the warps of a warpgroup reach its wgmmas
+        // together?), warps 0 and 4 (one scheduler) for the others
+        static long long t[TRACE_LEN];
         CUDA_OK(cudaMemcpy(t, d_trace, sizeof t, cudaMemcpyDeviceToHost));
-        char *b = trace_buf[MODE == M_PLAIN_TRACE ? 0 : MODE == M_PINGPONG_TRACE ? 1 : MODE == M_PP_S_TRACE ? 3 : 2];
-        int n = snprintf(b, 4096, "%s, CTA 0, clocks from warpgroup 0's first traced loop top "
-                         "(top / issued / S done / softmax done / PV done / packed):\n", mode_names[MODE]);
+        const bool all = trace_kind == 0 || trace_kind == 6 || trace_kind == 5;
+        char *b = trace_buf[trace_kind];
+        int n = snprintf(b, sizeof trace_buf[0], "%s, CTA 0, clocks from warp 0's first traced loop top (%s):\n", mode_names[MODE],
+                         trace_kind == 6 ? "top / S issued / S done / softmax done / PV done / packed"
+                                         : "top / issued / S done / softmax done / PV done / packed");
         for (int i = 0; i < TRACE_N; i++)
-            for (int w = 0; w < 2; w++) {
-                n += snprintf(b + n, 4096 - n, "  block %d wg %d:", TRACE_FROM + i, w);
+            for (int w = 0; w < TRACE_WARPS; w++) {
+                if (!all && w % 4 != 0) continue;
+                n += snprintf(b + n, sizeof trace_buf[0] - n, "  block %d wg %d warp %d:", TRACE_FROM + i, w / 4, w % 4);
                 for (int p = 0; p < TRACE_POINTS; p++)
-                    n += snprintf(b + n, 4096 - n, " %6lld", t[(w * TRACE_N + i) * TRACE_POINTS + p] - t[0]);
-                n += snprintf(b + n, 4096 - n, "\n");
+                    n += snprintf(b + n, sizeof trace_buf[0] - n, " %6lld", t[(w * TRACE_N + i) * TRACE_POINTS + p] - t[0]);
+                n += snprintf(b + n, sizeof trace_buf[0] - n, "\n");
             }
     }
     if (MODE == M_ISSUE_ALONE || MODE == M_ISSUE_BOTH || MODE == M_ISSUE_S_ALONE) {
         long long t[4] = {0, 0, 0, 0};
         CUDA_OK(cudaMemcpy(t, d_trace, sizeof t, cudaMemcpyDeviceToHost));
-        char *b = trace_buf[5];
+        char *b = trace_buf[7];
         const size_t n = strlen(b);
-        snprintf(b + n, 4096 - n, "%s: clocks per block, issue / wait: warpgroup 0 %lld / %lld, warpgroup 1 %lld / %lld\n",
+        snprintf(b + n, sizeof trace_buf[0] - n, "%s: clocks per block, issue / wait: warpgroup 0 %lld / %lld, warpgroup 1 %lld / %lld\n",
                  mode_names[MODE], t[0], t[1], MODE == M_ISSUE_BOTH ? t[2] : 0LL, MODE == M_ISSUE_BOTH ? t[3] : 0LL);
         CUDA_OK(cudaMemset(d_trace, 0, sizeof t));
     }
-    if (MODE == M_SPLIT_REAL_TRACE) {  // warpgroup 1's softmax steps' starts: their durations
-        long long t[2 * TRACE_N * TRACE_POINTS];
+    if (MODE == M_SPLIT_REAL_TRACE || MODE == M_SOFTMAX_ONE1_TRACE || MODE == M_SPLIT_REAL_SS_TRACE ||
+        (MODE >= M_PROBE_EXP_ALONE && MODE <= M_PROBE_PACK_TENSOR)) {
+        // warpgroup 1's softmax steps: the window's durations, their mean, the whole loop's mean
+        static long long t[TRACE_LEN];
         CUDA_OK(cudaMemcpy(t, d_trace, sizeof t, cudaMemcpyDeviceToHost));
-        int n = snprintf(trace_buf[4], 4096, "split_real traced: warpgroup 1's softmax steps (under warpgroup 0's wgmmas), clocks each:");
-        for (int i = 1; i < 2 * TRACE_N * TRACE_POINTS; i++) n += snprintf(trace_buf[4] + n, 4096 - n, " %lld", t[i] - t[i - 1]);
-        snprintf(trace_buf[4] + n, 4096 - n, "\n");
+        char *b = trace_buf[MODE == M_SPLIT_REAL_TRACE ? 4 : MODE == M_SOFTMAX_ONE1_TRACE ? 8 : MODE == M_SPLIT_REAL_SS_TRACE ? 9
+                            : 10 + MODE - M_PROBE_EXP_ALONE];
+        const int nw = TRACE_LEN - 2;
+        int n = snprintf(b, sizeof trace_buf[0], "%s: warpgroup 1's steps, mean clocks: window %.0f, whole loop %.0f; the first 16:",
+                         mode_names[MODE], (double)(t[nw - 1] - t[0]) / (nw - 1),
+                         (double)(t[TRACE_LEN - 1] - t[TRACE_LEN - 2]) / (2.0 * iters));
+        for (int i = 1; i <= 16; i++) n += snprintf(b + n, sizeof trace_buf[0] - n, " %lld", t[i] - t[i - 1]);
+        snprintf(b + n, sizeof trace_buf[0] - n, "\n");
     }
     if constexpr (MODE + 1 < N_MODES) run_modes<MODE + 1>(c, iters, n_sm, a, sink, d_clk, h_clk, d_trace);
 }
@@ -375,7 +470,7 @@ int main(int argc, char **argv) {
     CUDA_OK(cudaMalloc(&sink, sizeof(float) * n_sm * 256));
     CUDA_OK(cudaMalloc(&d_clk, sizeof(long long) * n_sm));
     long long *d_trace;
-    CUDA_OK(cudaMalloc(&d_trace, sizeof(long long) * 2 * TRACE_N * TRACE_POINTS));
+    CUDA_OK(cudaMalloc(&d_trace, sizeof(long long) * TRACE_LEN));
     // the real step's factors: S * tau_qk of a few units, p_scale 2^8 (the kernel's default), 1 / (p_scale s_v)
     const StepArgs a = {0.05f, 8.0f, 1.0f / 256.0f};
     double c[N_MODES];
@@ -390,7 +485,7 @@ int main(int argc, char **argv) {
            8.39e6 / c[M_TENSOR], 16384.0 / c[M_MUFU]);
     printf("verdict: the exponentials and the wgmmas %s (both_wg at %.2f of the sum, %.2f of the max)\n",
            c[M_BOTH] < 0.75 * sum ? "overlap" : "do NOT overlap", c[M_BOTH] / sum, c[M_BOTH] / mx);
-    for (int i = 0; i < 6; i++) printf("%s", trace_buf[i]);
+    for (int i = 0; i < 16; i++) printf("%s", trace_buf[i]);
     cudaFree(sink);
     cudaFree(d_clk);
     cudaFree(d_trace);
