@@ -25,9 +25,26 @@ struct StepArgs {
 // share scheduler w)
 constexpr int TRACE_FROM = 200, TRACE_N = 4, TRACE_POINTS = 6, TRACE_WARPS = 8;
 constexpr int TRACE_LEN = TRACE_WARPS * TRACE_N * TRACE_POINTS;
-// trace slot of warp (0..7) at loop iteration it, point p; -1 outside the traced iterations
-__device__ __forceinline__ int trace_slot(int warp, int it, int p) {
-    return it >= TRACE_FROM && it < TRACE_FROM + TRACE_N ? (warp * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + p : -1;
+// The loops' traces (TRACE): lane 0 of each warp of CTA 0 records clock64 at point p of loop
+// iteration it, for TRACE_N iterations from TRACE_FROM, at trace[(warp * TRACE_N + it - TRACE_FROM)
+// * TRACE_POINTS + p].
+template <bool TRACE>
+__device__ __forceinline__ void trace_point(long long *trace, int it, int p) {
+    if (TRACE && blockIdx.x == 0 && (threadIdx.x & 31) == 0 && it >= TRACE_FROM && it < TRACE_FROM + TRACE_N)
+        trace[((threadIdx.x >> 5) * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + p] = clock64();
+}
+// iters calls of step(), timed from inside one warpgroup (TRACE: its thread 0 in CTA 0): the start
+// of each step of the window from TRACE_FROM (trace[0 ..]), and the whole loop's start and end
+// (trace[TRACE_LEN - 2], trace[TRACE_LEN - 1]): the split and probe modes' warpgroup 1
+template <bool TRACE, class Step>
+__device__ __forceinline__ void timed_steps(int iters, long long *trace, Step step) {
+    const bool rec = TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0;
+    if (rec) trace[TRACE_LEN - 2] = clock64();
+    for (int it = 0; it < iters; it++) {
+        if (rec && it >= TRACE_FROM && it < TRACE_FROM + TRACE_LEN - 2) trace[it - TRACE_FROM] = clock64();
+        step();
+    }
+    if (rec) trace[TRACE_LEN - 1] = clock64();
 }
 
 // P̂ (pack_p's A fragments) into warpgroup tile sp (64 rows x 128 keys of E4M3, K-major, 128-byte
@@ -71,17 +88,13 @@ __device__ __forceinline__ void issue_block(float (&s)[64], float (&pv)[64], uin
 // The real step without the matmuls (softmax, softmax_norescale, split_real's warpgroup 1): the
 // kernel's softmax_block on fixed S values s0, the O update with fixed PV values, pack_p. The
 // fences make s0 and P̂ opaque to the compiler every iteration, so nothing leaves the loop.
+// TRACE: timed from inside (timed_steps).
 template <bool RESCALE, bool TRACE = false>
 __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, float (&s0)[64], float (&o)[64],
                                               float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2], float (&l)[2],
                                               long long *trace = nullptr) {
     const int lane = threadIdx.x & 31;
-    for (int it = 0; it < iters; it++) {
-        // TRACE (split_real traced): each step's start in the trace's points, warpgroup 1's rows
-        if (TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0) {
-            if (it >= TRACE_FROM && it < TRACE_FROM + TRACE_LEN - 2) trace[it - TRACE_FROM] = clock64();
-            if (it == 0) trace[TRACE_LEN - 2] = clock64();  // the whole loop: its start and end
-        }
+    timed_steps<TRACE>(iters, trace, [&] {
         reg_fence(s0);
         reg_fence(pv);
         float s[64], alpha[2];
@@ -92,8 +105,7 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
         else o_add(o, pv, a.fac);
         pack_p(pa, s);
         reg_fence(pa);
-    }
-    if (TRACE && blockIdx.x == 0 && (threadIdx.x & 127) == 0) trace[TRACE_LEN - 1] = clock64();
+    });
 }
 
 // The kernel's plain loop (PP: with ping-pong, the turn passed at point PP: 1 after the issue,
@@ -106,7 +118,7 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
 // BB: the softmax in a basic block of its own (nsmid_nonzero), so that ptxas cannot hoist PV_{j-1}'s
 // wait above its exponentials (it does in plain_real: after 14 of the 64).
 // TRACE: lane 0 of each consumer warp of CTA 0 records clock64 at the step's 6 points (loop top,
-// wgmmas issued, S done, softmax done, PV done, P̂ packed) at trace_slot.
+// wgmmas issued, S done, softmax done, PV done, P̂ packed), trace_point.
 template <bool RESCALE, int PP, bool TRACE = false, bool SS = false, bool BB = false, bool WAITALL = false,
           int NPOLY = 0>
 __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, int wg,
@@ -114,14 +126,10 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
                                            float (&m)[2], float (&l)[2], long long *trace = nullptr,
                                            uint32_t sp = 0) {
     const int lane = threadIdx.x & 31;
-    const bool rec = TRACE && blockIdx.x == 0 && lane == 0;
     float alpha[2], alpha_prev[2] = {1.f, 1.f};
     if (PP && wg == 1) pp_pass(1);  // warpgroup 0 goes first
     for (int it = 0; it < iters; it++) {
-        auto mark = [&](int point) {
-            const int k = trace_slot(threadIdx.x >> 5, it, point);
-            if (TRACE && rec && k >= 0) trace[k] = clock64();
-        };
+        auto mark = [&](int point) { trace_point<TRACE>(trace, it, point); };
         mark(0);
         if (PP) pp_sync(wg);
         reg_fence(s);
@@ -177,13 +185,9 @@ __device__ __forceinline__ void plain_split(int iters, const StepArgs &a, uint32
                                             float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4], float (&m)[2],
                                             float (&l)[2], long long *trace = nullptr) {
     const int lane = threadIdx.x & 31;
-    const bool rec = TRACE && blockIdx.x == 0 && lane == 0;
     float alpha[2] = {1.f, 1.f}, alpha_prev[2] = {1.f, 1.f};
     for (int it = 0; it < iters; it++) {
-        auto mark = [&](int point) {
-            const int k = trace_slot(threadIdx.x >> 5, it, point);
-            if (TRACE && rec && k >= 0) trace[k] = clock64();
-        };
+        auto mark = [&](int point) { trace_point<TRACE>(trace, it, point); };
         mark(0);
         reg_fence(s);
         reg_fence(pa);

@@ -164,19 +164,6 @@ __device__ __forceinline__ void tensor_blocks(int n, float (&s)[64], float (&pv)
 }
 
 
-// Warpgroup 1's part of the probe modes: iters steps of work(), timed from inside (the window's
-// steps and the whole loop, as softmax_alone's TRACE)
-template <class Work>
-__device__ __forceinline__ void traced_steps(int iters, long long *trace, Work work) {
-    const bool rec = blockIdx.x == 0 && (threadIdx.x & 127) == 0;
-    if (rec) trace[TRACE_LEN - 2] = clock64();
-    for (int it = 0; it < iters; it++) {
-        if (rec && it >= TRACE_FROM && it < TRACE_FROM + TRACE_LEN - 2) trace[it - TRACE_FROM] = clock64();
-        work();
-    }
-    if (rec) trace[TRACE_LEN - 1] = clock64();
-}
-
 template <int MODE>
 __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs a, float *sink, long long *clocks, long long *trace) {
     // A (2 warpgroups x 64 rows), B (128 rows), P̂ (2 warpgroups x 64 rows: the _ss modes)
@@ -253,7 +240,7 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
         if (wg == 0) {
             if (under) tensor_blocks(2 * iters, s, pv, da, db, pa);
         } else {
-            traced_steps(2 * iters, trace, [&] {
+            timed_steps<true>(2 * iters, trace, [&] {
                 if (kind == 0) exps<false>(x);
                 if (kind == 1) {
                     const float al[2] = {0.999f, 1.001f};
