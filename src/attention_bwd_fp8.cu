@@ -546,7 +546,7 @@ static float *bwd_fp8_dlt(const AttnFp8BwdArgs *a, int B, int H, int T, int d) {
 // starts off a 16-byte boundary is an illegal instruction) and aligned bases; the code rows
 // (B*H*Tp, and B*H*D < that) must fit the int coordinates of a TMA copy (b8_code_rows_fit_tma).
 static int bwd_fp8_test_tma_form = -1;  // attn_gpu_backward_fp8_test_tma
-extern "C" void attn_gpu_backward_fp8_test_tma(int on) { bwd_fp8_test_tma_form = on < 0 ? -1 : on != 0; }
+extern "C" void attn_gpu_backward_fp8_test_tma(int on) { bwd_fp8_test_tma_form = on; }  // attn_form_on reads it
 static bool bwd_fp8_tma(const AttnFp8BwdArgs *a, const float *dlt, int B, int H, int T, int d) {
     static const bool env = attn_env_switch("ATTN_FP8_BWD_TMA");
     return attn_form_on(bwd_fp8_test_tma_form, env) && d == 128 && b8_code_rows_fit_tma(B, H, T) &&

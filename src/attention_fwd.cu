@@ -451,7 +451,7 @@ extern "C" void attn_gpu_block_sizes(int d, int *block_q, int *block_k) {
 }
 
 static int fwd_test_o_tma_form = -1;  // attn_gpu_forward_test_o_tma
-extern "C" void attn_gpu_forward_test_o_tma(int on) { fwd_test_o_tma_form = on < 0 ? -1 : on != 0; }
+extern "C" void attn_gpu_forward_test_o_tma(int on) { fwd_test_o_tma_form = on; }  // attn_form_on reads it
 
 // (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x rows x 1.
 static CUtensorMap make_tmap(const bf16 *base, int B, int H, int T, int D, int stride, int rows) {

@@ -467,8 +467,8 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
     static FwdFp8Knobs k;
     static bool read = false;
     if (!read) {
-        const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *pers = getenv("ATTN_FP8_FWD_PERSISTENT"),
-                   *sched = getenv("ATTN_FP8_FWD_SCHED"), *loop = getenv("ATTN_FP8_FWD_LOOP");
+        const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *sched = getenv("ATTN_FP8_FWD_SCHED"),
+                   *loop = getenv("ATTN_FP8_FWD_LOOP");
         k.loop = pp && *pp ? (atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG) : -1;  // -1: the default
         if (loop && *loop) {
             if (strcmp(loop, "pingpong") == 0) k.loop = F8_LOOP_PINGPONG;
@@ -480,7 +480,7 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
                                  "overlap_pp, plain_fmax; using the default\n", loop);
         }
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
-        k.persistent = !(pers && *pers && atoi(pers) == 0);
+        k.persistent = attn_env_switch("ATTN_FP8_FWD_PERSISTENT");
         k.dynamic = !(sched && strcmp(sched, "static") == 0);
         if (sched && *sched && k.dynamic && strcmp(sched, "dynamic") != 0)
             fprintf(stderr, "attention: ATTN_FP8_FWD_SCHED=%s is neither static nor dynamic; using dynamic\n", sched);
@@ -534,7 +534,7 @@ extern "C" void attn_fp8_release_stream(cudaStream_t stream) {
 // The epilogue's O by TMA (store_o_tma; ATTN_FP8_FWD_O_TMA=0 or attn_gpu_forward_fp8_test_o_tma(0):
 // the fragments' own stores, fwd_store_rows): where O and its rows are 16-byte aligned.
 static int fwd_fp8_test_o_tma_form = -1;  // attn_gpu_forward_fp8_test_o_tma
-extern "C" void attn_gpu_forward_fp8_test_o_tma(int on) { fwd_fp8_test_o_tma_form = on < 0 ? -1 : on != 0; }
+extern "C" void attn_gpu_forward_fp8_test_o_tma(int on) { fwd_fp8_test_o_tma_form = on; }  // attn_form_on reads it
 static bool fwd_fp8_o_tma(const bf16 *o, int o_stride) {
     static const bool env = attn_env_switch("ATTN_FP8_FWD_O_TMA");
     return attn_form_on(fwd_fp8_test_o_tma_form, env) && tma_rows_aligned(o, 2L * o_stride);

@@ -153,8 +153,8 @@ static inline bool attn_env_switch(const char *name) {
     const char *v = getenv(name);
     return !v || !*v || atoi(v) != 0;
 }
-// A form's switch as a launcher applies it: a test hook's setting (0 or 1; < 0: none) before the
-// environment's (attn_env_switch).
+// A form's switch as a launcher applies it: a test hook's setting as the hook was given it (0 off,
+// > 0 on, < 0 none) before the environment's (attn_env_switch).
 static inline bool attn_form_on(int test_form, bool env_on) { return test_form >= 0 ? test_form != 0 : env_on; }
 // The number of SMs of the current device, once per process (one device per process: one GPU
 // per rank). The causal kernels' group sizes and the persistent FP8 forward's grid use it.
