@@ -119,12 +119,13 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
 // wait above its exponentials (it does in plain_real: after 14 of the 64).
 // TRACE: lane 0 of each consumer warp of CTA 0 records clock64 at the step's 6 points (loop top,
 // wgmmas issued, S done, softmax done, PV done, P̂ packed), trace_point.
+// QRS: S's A operand (Q̂) from registers qa (issue_s_rs) instead of shared memory.
 template <bool RESCALE, int PP, bool TRACE = false, bool SS = false, bool BB = false, bool WAITALL = false,
-          int NPOLY = 0>
+          int NPOLY = 0, bool QRS = false>
 __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, int wg,
                                            float (&s)[64], float (&o)[64], float (&pv)[64], uint32_t (&pa)[4][4],
                                            float (&m)[2], float (&l)[2], long long *trace = nullptr,
-                                           uint32_t sp = 0) {
+                                           uint32_t sp = 0, uint32_t (*qa)[4][4] = nullptr) {
     const int lane = threadIdx.x & 31;
     float alpha[2], alpha_prev[2] = {1.f, 1.f};
     if (PP && wg == 1) pp_pass(1);  // warpgroup 0 goes first
@@ -135,8 +136,10 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
         reg_fence(s);
         reg_fence(pv);
         reg_fence(pa);
+        if constexpr (QRS) reg_fence(*qa);
         wgmma_fence();
-        issue_s<128>(s, da, db);
+        if constexpr (QRS) issue_s_rs<128>(s, *qa, db);
+        else issue_s<128>(s, da, db);
         wgmma_commit();
         if (SS) issue_s<128>(pv, kmajor_desc_lo(sp), db);  // PV from the P̂ tile: the same wgmmas as S's
         else issue_pv<128>(pv, pa, db);

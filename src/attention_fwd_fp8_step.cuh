@@ -57,6 +57,13 @@ __device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint
 #pragma unroll
     for (int kk = 0; kk < D / 32; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
 }
+// The same with Q̂ from registers: qa holds the warpgroup's Q̂ rows as A fragments (wg_fp8_rs's
+// layout, k32 step kk = d bytes 32 kk .. 32 kk + 31), so that S reads only K̂ from shared memory.
+template <int D>
+__device__ __forceinline__ void issue_s_rs(float (&s)[F8_BK / 2], const uint32_t (&qa)[D / 32][4], uint32_t dk) {
+#pragma unroll
+    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs<128, 0>(s, qa[kk], kmajor_desc(dk + 2 * kk), kk > 0);
+}
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
 // dv: kmajor_desc_lo of the V̂^T stage.
 template <int D>
