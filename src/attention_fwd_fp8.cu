@@ -38,9 +38,9 @@
 //   current one computes) and each key block's K̂ and V̂^T tiles and scales with cp.async into a
 //   ring of F8_STAGES stages that runs on across tiles, and hand most of their registers to the
 //   consumers (setmaxnreg). Warpgroups 1 and 2 (64 query rows each) compute. Stages are paced
-//   by mbarriers (full: the producer's 128 threads landed their copies; empty: the 256 consumer
-//   threads are done with the stage), so there is no CTA-wide barrier in the loop and the two
-//   consumers drift freely.
+//   by mbarriers (full: the producer's 128 threads landed their copies; empty: the 8 consumer
+//   warps are done with the stage, one arrival each), so there is no CTA-wide barrier in the loop
+//   and the two consumers drift freely.
 // - P̂ goes from registers straight into the PV wgmma (A operand from registers), never through
 //   shared memory. The FP8 A fragment holds 4 consecutive keys per register (keys 4t..4t+3 and
 //   16+4t..16+4t+3 of each 32-key step), while the S accumulator gives a thread keys 2t, 2t+1
@@ -122,7 +122,7 @@ struct F8Smem {
     static constexpr int O = 64 * D * 2;  // a warpgroup's O rows in BF16, staged for the TMA store (stage_o_sw128)
     static constexpr int BARS = 2 * Q + F8_STAGES * (K + V) + 2 * O;
     static constexpr size_t BYTES =
-        (size_t)BARS + PersistentRing<F8_STAGES>::BYTES + (2 * F8_STAGES + 8 + 2) * sizeof(int) + 1024;
+        (size_t)BARS + PersistentRing<F8_STAGES, true>::BYTES + (2 * F8_STAGES + 8 + 2) * sizeof(int) + 1024;
 };
 
 // -DATTN_TIMELINE: the first consumer thread records, per tile (record = tile index), its start
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
     uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + F8_STAGES * L::K, *sO = sV + F8_STAGES * L::V;
-    const PersistentRing<F8_STAGES> ring(smem + L::BARS);
+    const PersistentRing<F8_STAGES, true> ring(smem + L::BARS);  // released by warps
     float *sKs = reinterpret_cast<float *>(ring.end()), *sVs = sKs + F8_STAGES;  // scales of stage st
     int *pp_sink = reinterpret_cast<int *>(sVs + F8_STAGES);  // (8 consumer warps) see the overlap loop
     float *sQs = reinterpret_cast<float *>(pp_sink + 8);       // the Q scale of each Q̂ buffer's tile

@@ -710,9 +710,12 @@ __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.
 // A CTA of 3 warpgroups: the producer (threads 0..127) copies each tile's fixed operands into
 // one of 2 tile buffers and each key block's operands into a ring of STAGES stages with cp.async;
 // the consumers (256 threads) compute. mbarriers pace them (PersistentRing::init): per stage `full` (the
-// producer's 128 threads, each once its copies landed) and `empty` (every consumer thread, after
-// its last read of the stage); per tile buffer `q_full` (the producer's thread 0, once it posted
-// the tile's number in tile_slot) and `q_empty` (every consumer thread, once done with the buffer).
+// producer's 128 threads, each once its copies landed) and `empty` (every consumer thread after its
+// last read of the stage; WARP_RELEASE: lane 0 of each of the 8 consumer warps once the warp's
+// lanes are past it, 8 arrivals per block instead of 256: the FP8 forward's, ~1% faster there, but
+// 2-3% slower in the delta pass at 1K-2K, docs/perf.md stop 32); per tile buffer `q_full` (the
+// producer's thread 0, once it posted the tile's number in tile_slot) and `q_empty` (every consumer
+// thread, once done with the buffer).
 // The ring runs on across the CTA's tiles: ring block `it` (key blocks counted over all its
 // tiles) goes into stage it % STAGES once the consumers released ring block it - STAGES
 // (acquire); a producer thread publishes ring block it-1 only after issuing block it's
@@ -724,7 +727,7 @@ __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.
 // PersistentRing carves the mbarriers and the 2 posted tile numbers from shared memory (BYTES at
 // an 8-byte aligned base; end(): the first byte after them) and keeps every parity of the
 // protocol to itself: the kernels name tiles (ti, the CTA's count) and ring blocks (it / rb).
-template <int STAGES>
+template <int STAGES, bool WARP_RELEASE = false>
 struct PersistentRing {
     static_assert(STAGES >= 3, "a producer publishes block it-1 only after refilling a stage for it");
     static constexpr int BYTES = (2 * STAGES + 4) * (int)sizeof(uint64_t) + 2 * (int)sizeof(int);
@@ -738,7 +741,7 @@ struct PersistentRing {
     __device__ __forceinline__ void init() const {
         for (int i = 0; i < STAGES; i++) {
             mbar_init(full + i, 128);
-            mbar_init(empty + i, 256);
+            mbar_init(empty + i, WARP_RELEASE ? 8 : 256);  // (release)
         }
         for (int i = 0; i < 2; i++) {
             mbar_init(q_full + i, 1);
@@ -812,9 +815,18 @@ struct PersistentRing {
             if (it > 0) mbar_arrive(full + (it - 1) % STAGES);
         }
     }
-    // Consumers: wait until ring block rb's stage holds it; release it after the last read.
+    // Consumers: wait until ring block rb's stage holds it; release it after the last read (every
+    // consumer thread calls it; with WARP_RELEASE its warp converged: the __syncwarp orders the
+    // other lanes' reads of the stage before lane 0's arrival, which releases them to the producer).
     __device__ __forceinline__ void wait_full(unsigned rb) const { mbar_wait(full + rb % STAGES, (rb / STAGES) & 1); }
-    __device__ __forceinline__ void release(unsigned rb) const { mbar_arrive(empty + rb % STAGES); }
+    __device__ __forceinline__ void release(unsigned rb) const {
+        if constexpr (WARP_RELEASE) {
+            __syncwarp();
+            if ((threadIdx.x & 31) == 0) mbar_arrive(empty + rb % STAGES);
+        } else {
+            mbar_arrive(empty + rb % STAGES);
+        }
+    }
 };
 // A persistent causal kernel's tile number -> (query block, head): heaviest first within groups
 // of heads (causal_item_grouped's rank 0 is the last query block, with the most key blocks).
