@@ -33,6 +33,22 @@ __device__ __forceinline__ void trace_point(long long *trace, int it, int p) {
     if (TRACE && blockIdx.x == 0 && (threadIdx.x & 31) == 0 && it >= TRACE_FROM && it < TRACE_FROM + TRACE_N)
         trace[((threadIdx.x >> 5) * TRACE_N + it - TRACE_FROM) * TRACE_POINTS + p] = clock64();
 }
+// The CTA's time, into clocks[blockIdx.x]: the latest warp's end, each read once its own results
+// are complete (the clock read takes the warp's checksum acc as an input, so ptxas cannot schedule
+// it before the work; reading the clock after a __syncthreads is not enough: ptxas may sink a
+// warpgroup's register-only work below the barrier, and the split modes read ~half their real
+// time so). acc goes to sink, so that nothing is optimized away. t0: the clock at the start.
+__device__ __forceinline__ void cta_time(float acc, long long t0, float *sink, long long *clocks) {
+    long long t1;
+    asm volatile("{\n.reg .f32 dep;\nmov.f32 dep, %1;\nmov.u64 %0, %%clock64;\n}\n" : "=l"(t1) : "f"(acc) : "memory");
+    __shared__ unsigned long long t_end;
+    if (threadIdx.x == 0) t_end = 0;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) atomicMax(&t_end, (unsigned long long)t1);
+    sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) clocks[blockIdx.x] = (long long)t_end - t0;
+}
 // iters calls of step(), timed from inside one warpgroup (TRACE: its thread 0 in CTA 0): the start
 // of each step of the window from TRACE_FROM (trace[0 ..]), and the whole loop's start and end
 // (trace[TRACE_LEN - 2], trace[TRACE_LEN - 1]): the split and probe modes' warpgroup 1

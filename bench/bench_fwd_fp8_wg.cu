@@ -29,7 +29,7 @@
 
 #include "attention_fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_block, pack_p, o_rescale_add
 #include "attention_gpu_common.cuh"    // wgmma fences, reg_fence, kmajor_desc_lo, smem_addr, CUDA_OK
-#include "bench_fwd_fp8_loops.cuh"     // StepArgs, plain_real
+#include "bench_fwd_fp8_loops.cuh"     // StepArgs, plain_real, cta_time
 
 enum { F_WG2_PLAIN, F_WG2_SERIAL, F_WG3_SERIAL, F_WG3_SERIAL160, F_WG2_PLAIN_QRS, F_WG3_SERIAL_QRS,
        F_WG2_PLAIN_NORESCALE, F_WG3_SERIAL_NORESCALE, N_FORMS };
@@ -101,20 +101,12 @@ __device__ __forceinline__ void body(int iters, StepArgs a, float *sink, long lo
         plain_real<true, 0, false, false, false, false, 0, true>(iters, a, da, db, wg, s, o, pv, pa, m, l, nullptr, 0, &qa);
     else if (FORM == F_WG2_PLAIN_NORESCALE) plain_real<false, 0>(iters, a, da, db, wg, s, o, pv, pa, m, l);
     else serial_loop<form_qrs(FORM), FORM != F_WG3_SERIAL_NORESCALE>(iters, a, da, db, s, o, pa, m, l, qa);
-    // the CTA's time: the latest warp's end, read with its checksum as an input (bench_mufu_qgmma.cu)
+    // the CTA's time: the latest warp's end, each read after its checksum (cta_time)
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < 64; i++) acc += s[i] + pv[i] + o[i];
     acc += m[0] + m[1] + l[0] + l[1] + (float)(pa[0][0] ^ pa[3][3]);
-    long long t1;
-    asm volatile("{\n.reg .f32 dep;\nmov.f32 dep, %1;\nmov.u64 %0, %%clock64;\n}\n" : "=l"(t1) : "f"(acc) : "memory");
-    __shared__ unsigned long long t_end;
-    if (threadIdx.x == 0) t_end = 0;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) atomicMax(&t_end, (unsigned long long)t1);
-    sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) clocks[blockIdx.x] = (long long)t_end - t0;
+    cta_time(acc, t0, sink, clocks);
 }
 template <int FORM>
 __global__ void __launch_bounds__(form_wgs(FORM) * 128, 1) wg_kernel(int iters, StepArgs a, float *sink, long long *clocks) {

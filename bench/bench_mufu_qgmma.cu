@@ -366,23 +366,12 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
             }
         }
     }
-    // The CTA's time: the latest warp's end, each read once its own results are complete (the
-    // clock read takes the checksum as an input, so ptxas cannot schedule it before the work).
-    // Reading the clock after a __syncthreads is not enough: ptxas may sink a warpgroup's
-    // register-only work below the barrier (the split modes read ~half their real time so).
+    // the CTA's time: the latest warp's end, each read after its checksum (cta_time)
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < 64; i++) acc += s[i] + pv[i] + x[i] + o[i];
     acc += m[0] + m[1] + l[0] + l[1] + (float)(pa[0][0] ^ pa[3][3]);
-    long long t1;
-    asm volatile("{\n.reg .f32 dep;\nmov.f32 dep, %1;\nmov.u64 %0, %%clock64;\n}\n" : "=l"(t1) : "f"(acc) : "memory");
-    __shared__ unsigned long long t_end;
-    if (threadIdx.x == 0) t_end = 0;
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) atomicMax(&t_end, (unsigned long long)t1);
-    sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) clocks[blockIdx.x] = (long long)t_end - t0;
+    cta_time(acc, t0, sink, clocks);
 }
 
 template <int MODE>
