@@ -21,7 +21,8 @@ run() {  # label, build dir, reuse the library
     bash scripts/gpu_fp8_attention_bench.sh > "$OUT/$1.log" 2>&1 || echo "== $1: the benchmark failed (see $OUT/$1.log)"
 }
 run a1 /tmp/gpu_patch_ab_a 0
-git apply -R "$patch" && run b /tmp/gpu_patch_ab_b 0
+git apply -R "$patch" || { echo "gpu_patch_ab.sh: could not reverse $patch" >&2; exit 1; }
+run b /tmp/gpu_patch_ab_b 0
 git apply "$patch" || { echo "gpu_patch_ab.sh: could not apply $patch again: the tree is B now" >&2; exit 1; }
 run a2 /tmp/gpu_patch_ab_a 1
 for s in a1 b a2; do
