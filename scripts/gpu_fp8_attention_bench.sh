@@ -68,9 +68,33 @@ args=(--lib "$BD/libattn_fp8.so" --summary-out "$OUT/summary.txt" --rounds "${RO
 [ -n "${HEAD_DIM:-}" ] && args+=(--d "$HEAD_DIM")
 [ -n "${HEADS:-}" ] && args+=(--H "$HEADS")
 t0=$(date +%s)
+# the GPU's clocks, power and clock-event reasons every 0.5 s while the benchmark runs ($OUT/gpu_state.csv):
+# calls whose FP8 forward at 8K runs ~8% slower with the same code (docs/perf.md, stop 32) can then
+# be told apart by the state the GPU was in
+state_q=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+nvidia-smi --query-gpu=$state_q --format=csv,noheader > /dev/null 2>&1 || state_q=${state_q/clocks_event/clocks_throttle}
+nvidia-smi --query-gpu=$state_q --format=csv,noheader,nounits -lms 500 > "$OUT/gpu_state.csv" 2>/dev/null &
+sampler=$!
 PYTHONUNBUFFERED=1 timeout -k 5 $left python3 bench/bench_attention_fp8.py "${args[@]}" > "$OUT/bench.txt" 2>&1
 rc=$?
+kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
 echo "   exit $rc after $(( $(date +%s) - t0 )) s (limit $left s); total $(( $(date +%s) - start )) s; logs in $OUT"
+# samples with the SMs busy (clock above 1 GHz): their median SM clock, the memory clock's range,
+# the highest power and temperature, and every clock-event reason seen (bit mask, nvidia-smi's)
+python3 - "$OUT/gpu_state.csv" <<'PYEOF' 2>/dev/null
+import sys
+rows = [[f.strip() for f in l.split(",")] for l in open(sys.argv[1]) if l.count(",") >= 4]
+busy = [r for r in rows if r[0].replace(".", "", 1).isdigit() and float(r[0]) > 1000]
+if not busy:
+    print("   GPU state: no busy samples")
+else:
+    sm = sorted(float(r[0]) for r in busy)
+    mem = [float(r[1]) for r in busy]
+    num = lambda x: float(x) if x.replace(".", "", 1).isdigit() else 0.0
+    print("   GPU state while busy (%d samples): SM clock median %.0f MHz, memory %.0f-%.0f MHz, power max %.0f W, "
+          "temperature max %.0f C, clock-event reasons: %s" % (len(busy), sm[len(sm) // 2], min(mem), max(mem),
+          max(num(r[2]) for r in busy), max(num(r[3]) for r in busy), " ".join(sorted(set(r[4] for r in busy)))))
+PYEOF
 if [ $rc != 0 ] || [ ! -s "$OUT/summary.txt" ]; then
   # the lines that say where it stopped: the last '# T=...: first call of <mode>' names the mode
   # a FATAL in src/ came from; MODES="..." reruns without it
