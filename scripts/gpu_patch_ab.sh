@@ -31,5 +31,5 @@ for s in a1 b a2; do
     awk -F'|' '{printf "%s FP8 fwd bare %s | dm bwd bare %s | delta kernel ms %s\n", $2, $4, $8, $11}'
   sed -n '/^| T | ours f | cuDNN/,/^$/p' "$OUT/$s.log" | grep "^| [0-9]" |
     awk -F'|' '{printf "%s ours f %s | dm f / ours f %s | dm f+b / ours f+b %s\n", $2, $3, $11, $12}'
-  grep -h "bare FP8 forward / ours" "$OUT/$s.log"
+  grep -h -e "bare FP8 forward / ours" -e "GPU state" "$OUT/$s.log"
 done
