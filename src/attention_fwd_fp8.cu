@@ -116,13 +116,13 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
 // tile numbers (PersistentRing) and each stage's K and V scale (copied with the stage's tiles, so
 // the consumers hold no pointers to the scale arrays); regions 1024-byte aligned (the swizzle's
 // period).
-template <int D>
+template <int D, int STAGES = F8_STAGES>
 struct F8Smem {
     static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
     static constexpr int O = 64 * D * 2;  // a warpgroup's O rows in BF16, staged for the TMA store (stage_o_sw128)
-    static constexpr int BARS = 2 * Q + F8_STAGES * (K + V) + 2 * O;
+    static constexpr int BARS = 2 * Q + STAGES * (K + V) + 2 * O;
     static constexpr size_t BYTES =
-        (size_t)BARS + PersistentRing<F8_STAGES, true>::BYTES + (2 * F8_STAGES + 8 + 2) * sizeof(int) + 1024;
+        (size_t)BARS + PersistentRing<STAGES, true>::BYTES + (2 * STAGES + 8 + 2) * sizeof(int) + 1024;
 };
 
 // -DATTN_TIMELINE: the first consumer thread records, per tile (record = tile index), its start
@@ -151,7 +151,13 @@ TL_DEFINE_SETTER(attn_gpu_forward_fp8_timeline, f8_timeline)
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
 // F8_LOOP_PLAIN_FMAX: the plain loop with the row max by FMNMX instead of integer bits
 // (softmax_block's IMAX), the same bits: the tests' check that the integer max is exact.
-enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_PLAIN_FMAX = 4 };
+// F8_LOOP_PLAIN5: the plain loop with a ring of 5 stages instead of F8_STAGES (d = 128: 225 KB of
+// shared memory, three key blocks in flight instead of two), to time in the calls whose K̂, V̂^T
+// loads run slow at 8K (docs/perf.md, stop 32); tested bit for bit, not yet timed.
+enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_PLAIN_FMAX = 4,
+       F8_LOOP_PLAIN5 = 5 };
+template <int LOOP>
+__host__ __device__ constexpr int f8_stages() { return LOOP == F8_LOOP_PLAIN5 ? 5 : F8_STAGES; }
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (persistent_next_tile), one after the other (persistent when G =
@@ -166,13 +172,14 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         float *__restrict__ lse, int H, int n_bh, int T, float tau,
                         unsigned *__restrict__ tile_counter, int heads_per_group,
                         const __grid_constant__ CUtensorMap tm_o, int o_tma) {
-    using L = F8Smem<D>;
+    constexpr int ST = f8_stages<LOOP>();  // ring stages
+    using L = F8Smem<D, ST>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
-    uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + F8_STAGES * L::K, *sO = sV + F8_STAGES * L::V;
-    const PersistentRing<F8_STAGES, true> ring(smem + L::BARS);  // released by warps
-    float *sKs = reinterpret_cast<float *>(ring.end()), *sVs = sKs + F8_STAGES;  // scales of stage st
-    int *pp_sink = reinterpret_cast<int *>(sVs + F8_STAGES);  // (8 consumer warps) see the overlap loop
+    uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + ST * L::K, *sO = sV + ST * L::V;
+    const PersistentRing<ST, true> ring(smem + L::BARS);  // released by warps
+    float *sKs = reinterpret_cast<float *>(ring.end()), *sVs = sKs + ST;  // scales of stage st
+    int *pp_sink = reinterpret_cast<int *>(sVs + ST);  // (8 consumer warps) see the overlap loop
     float *sQs = reinterpret_cast<float *>(pp_sink + 8);       // the Q scale of each Q̂ buffer's tile
 
     const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
@@ -273,17 +280,17 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     if (PP) pp_sync(wg);
                     reg_fence(sa);
                     wgmma_fence();
-                    issue_s<D>(sa, dq, dk0 + (it0 % F8_STAGES) * (L::K / 16));
+                    issue_s<D>(sa, dq, dk0 + (it0 % ST) * (L::K / 16));
                     wgmma_commit();
                     wgmma_wait<0>();
                     reg_fence(sa);
                 }
                 auto ostep = [&](int j, float(&sc)[F8_BK / 2], float(&sn)[F8_BK / 2], auto mask, auto has_next) {
-                    const unsigned rb = it0 + (unsigned)j, st = rb % F8_STAGES;
+                    const unsigned rb = it0 + (unsigned)j, st = rb % ST;
                     const float tau_qk = tau_q * pow2_recip(sKs[st]);
                     const float fac = inv_p * pow2_recip(sVs[st]);
                     if constexpr (decltype(has_next)::value) {
-                        const unsigned nst = (rb + 1) % F8_STAGES;
+                        const unsigned nst = (rb + 1) % ST;
                         ring.wait_full(rb + 1);
                         reg_fence(sn);
                         wgmma_fence();
@@ -347,12 +354,12 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     ring.wait_full(it0);
                     F8_TL_PROLOGUE(1);
                     tau_q = tau * pow2_recip(sQs[ti & 1]);
-                    const float tau_qk = tau_q * pow2_recip(sKs[it0 % F8_STAGES]);
-                    fac_prev = inv_p * pow2_recip(sVs[it0 % F8_STAGES]);
+                    const float tau_qk = tau_q * pow2_recip(sKs[it0 % ST]);
+                    fac_prev = inv_p * pow2_recip(sVs[it0 % ST]);
                     if (PP) pp_sync(wg);
                     reg_fence(s);
                     wgmma_fence();
-                    issue_s<D>(s, dq, dk0 + (it0 % F8_STAGES) * (L::K / 16));
+                    issue_s<D>(s, dq, dk0 + (it0 % ST) * (L::K / 16));
                     wgmma_commit();
                     if (PP) pp_pass(wg);
                     wgmma_wait<0>();
@@ -371,7 +378,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 // see that pa stays read by the tensor cores until the wait).
                 auto step = [&](int j, auto mask) {
                     const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
-                    const unsigned st = rb % F8_STAGES, pst = (rb - 1) % F8_STAGES;
+                    const unsigned st = rb % ST, pst = (rb - 1) % ST;
                     ring.wait_full(rb);
                     const float tau_qk = tau_q * pow2_recip(sKs[st]);
                     const float fac = inv_p * pow2_recip(sVs[st]);
@@ -404,7 +411,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 
                 // the last block's PV; then its stage and this tile's Q̂ buffer are free
                 {
-                    const unsigned lst = (it0 + (unsigned)n_kb - 1) % F8_STAGES;
+                    const unsigned lst = (it0 + (unsigned)n_kb - 1) % ST;
                     if (PP) pp_sync(wg);
                     reg_fence(pv);
                     reg_fence(pa);
@@ -450,7 +457,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 }
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|plain_fmax picks the consumers' block loop
+// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|plain_fmax|plain5 picks the consumers' block loop
 // (F8_LOOP_*; unset: plain, see forward_fp8_d;
 // ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
@@ -476,8 +483,9 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
             else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
             else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
             else if (strcmp(loop, "plain_fmax") == 0) k.loop = F8_LOOP_PLAIN_FMAX;
+            else if (strcmp(loop, "plain5") == 0) k.loop = F8_LOOP_PLAIN5;
             else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
-                                 "overlap_pp, plain_fmax; using the default\n", loop);
+                                 "overlap_pp, plain_fmax, plain5; using the default\n", loop);
         }
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = attn_env_switch("ATTN_FP8_FWD_PERSISTENT");
@@ -495,7 +503,7 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN_FMAX ? loop : -1;
+    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN5 ? loop : -1;
 }
 // The tile counters (persistent_next_tile: 2 words each), one per stream that launched the
 // FP8 forward or fp8_dm's delta pass and was not released since
@@ -544,7 +552,7 @@ template <int D, int LOOP>
 static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                                const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                                float *lse, int B, int H, int T, cudaStream_t stream) {
-    const size_t smem = F8Smem<D>::BYTES;
+    const size_t smem = F8Smem<D, f8_stages<LOOP>()>::BYTES;
     static bool attr_set = false;  // one device per process (one GPU per rank)
     if (!attr_set) {
         CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -582,7 +590,9 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
     // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
-    if (loop == F8_LOOP_PLAIN_FMAX)
+    if (loop == F8_LOOP_PLAIN5)
+        forward_fp8_launch<D, F8_LOOP_PLAIN5>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    else if (loop == F8_LOOP_PLAIN_FMAX)
         forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
     else if (loop == F8_LOOP_OVERLAP_PP)
         forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);

@@ -111,8 +111,8 @@ void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
 unsigned *attn_fp8_tile_counter(cudaStream_t stream);
 void attn_fp8_release_stream(cudaStream_t stream);
 // For tests: the consumers' block loop (0 ping-pong, 1 plain, 2 overlap: S_{j+1} issued before
-// the softmax of S_j, 3 overlap with ping-pong; < 0: the environment's, ATTN_FP8_FWD_LOOP); the
-// outputs must not change by a bit.
+// the softmax of S_j, 3 overlap with ping-pong, 4 plain with the float row max, 5 plain with 5
+// ring stages; < 0: the environment's, ATTN_FP8_FWD_LOOP); the outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_loop(int loop);
 // For tests: the epilogue's O by TMA from a shared staging area (1, the default where O's rows
 // are 16-byte aligned) or by each thread's stores from its fragments (0); < 0: the environment's,

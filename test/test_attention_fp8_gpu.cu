@@ -502,10 +502,11 @@ static void run_fwd_case(const Case &cs, int seed) {
         }
         // Every block loop of the consumers (ping-pong; plain: no ping-pong, the default; overlap:
         // S_{j+1} issued before the softmax of S_j, PV_j into S_j's registers; overlap with
-        // ping-pong; plain with the row max by FMNMX instead of the integer max): the same
+        // ping-pong; plain with the row max by FMNMX instead of the integer max; plain with a ring
+        // of 5 stages): the same
         // arithmetic in another order, so the same O and LSE bit for bit; on
         // the full grid and on 2 CTAs (several tiles per CTA).
-        for (int loop = 0; loop <= 4; loop++)
+        for (int loop = 0; loop <= 5; loop++)
             for (int cap = 0; cap <= 2; cap += 2) {
                 poison(d_o2, d_lse2, 0);
                 attn_gpu_forward_fp8_test_loop(loop);
@@ -519,7 +520,8 @@ static void run_fwd_case(const Case &cs, int seed) {
                          : loop == 1 ? "plain"
                          : loop == 2 ? "overlap"
                          : loop == 3 ? "overlap + ping-pong"
-                                     : "plain, float row max",
+                                     : loop == 4 ? "plain, float row max"
+                                                 : "plain, 5 ring stages",
                          cap ? " on 2 persistent CTAs" : "");
                 same_as_default(d_o2, d_lse2, what);
             }
