@@ -135,7 +135,7 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
 // wait above its exponentials (it does in plain_real: after 14 of the 64).
 // TRACE: lane 0 of each consumer warp of CTA 0 records clock64 at the step's 6 points (loop top,
 // wgmmas issued, S done, softmax done, PV done, P̂ packed), trace_point.
-// QRS: S's A operand (Q̂) from registers qa (issue_s_rs) instead of shared memory.
+// QRS: S's A operand (Q̂) from registers qa (wg_fp8_rs_tile) instead of shared memory.
 template <bool RESCALE, int PP, bool TRACE = false, bool SS = false, bool BB = false, bool WAITALL = false,
           int NPOLY = 0, bool QRS = false>
 __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_t da, uint32_t db, int wg,
@@ -154,7 +154,7 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
         reg_fence(pa);
         if constexpr (QRS) reg_fence(*qa);
         wgmma_fence();
-        if constexpr (QRS) issue_s_rs<128>(s, *qa, db);
+        if constexpr (QRS) wg_fp8_rs_tile<128, 0, 4>(s, *qa, db);
         else issue_s<128>(s, da, db);
         wgmma_commit();
         if (SS) issue_s<128>(pv, kmajor_desc_lo(sp), db);  // PV from the P̂ tile: the same wgmmas as S's

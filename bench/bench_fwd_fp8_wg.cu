@@ -11,7 +11,7 @@
 //          wg2_serial  the serial step, 2 warpgroups
 //          wg3_serial  the serial step, 3 warpgroups (at most 168 registers: ptxas -v says what it used)
 //          wg3_serial160  the same capped at 160 registers (what a producer warpgroup would leave)
-//          wg2_plain_qrs, wg3_serial_qrs  S's A operand (Q̂) from registers (issue_s_rs): the wgmmas
+//          wg2_plain_qrs, wg3_serial_qrs  S's A operand (Q̂) from registers (wg_fp8_rs_tile): the wgmmas
 //                      then read only K̂ and V̂^T from shared memory (is it shared memory's traffic
 //                      that slows the work beside the tensor cores?)
 //          wg2_plain_norescale, wg3_serial_norescale  the O update without the rescale (O + PV * fac:
@@ -53,7 +53,7 @@ __device__ __forceinline__ void serial_loop(int iters, const StepArgs &a, uint32
         reg_fence(s);
         if constexpr (QRS) reg_fence(qa);
         wgmma_fence();
-        if constexpr (QRS) issue_s_rs<128>(s, qa, db);
+        if constexpr (QRS) wg_fp8_rs_tile<128, 0, 4>(s, qa, db);
         else issue_s<128>(s, da, db);
         wgmma_commit();
         wgmma_wait<0>();

@@ -44,18 +44,6 @@ __device__ __forceinline__ void b8_load(uint8_t *s, const uint8_t *g, long pitch
     }
 }
 
-// d (64 x N) = A (64 x 32 STEPS) B (32 STEPS x N), both K-major swizzled tiles, in STEPS k32
-// steps into a fresh accumulator. a, b: the tiles' descriptor low words (kmajor_desc_lo); A in the
-// 128-byte swizzle, B too, or (B_SW64) in the 64-byte one (kmajor_desc_sw64, STEPS <= 2).
-template <int N, int AT, int BT, int STEPS, bool B_SW64 = false>
-__device__ __forceinline__ void wg_fp8_tile(float (&d)[N / 2], uint32_t a, uint32_t b) {
-    static_assert(!B_SW64 || STEPS <= 2, "a 64-byte row holds two k32 steps");
-#pragma unroll
-    for (int kk = 0; kk < STEPS; kk++)
-        wg_fp8<N, AT, BT>(d, kmajor_desc(a + 2 * kk), B_SW64 ? kmajor_desc_sw64(b + 2 * kk) : kmajor_desc(b + 2 * kk),
-                          kk > 0);
-}
-
 // Fragment map of a 64 x N wgmma accumulator (this thread's element i = 4n + e):
 // row (M) = warp*16 + g + 8*(e>>1) within the warpgroup's 64, column (N) = 8n + 2*t4 + (e&1).
 
@@ -179,11 +167,9 @@ __device__ __forceinline__ void delta_issue(float (&s)[64], float (&dp)[64], con
     reg_fence(s);
     reg_fence(dp);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs<128, 0>(s, aq[kk], kmajor_desc(dk + 2 * kk), kk > 0);
+    wg_fp8_rs_tile<128, 0, D / 32>(s, aq, dk);
     wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs<128, E5 ? 1 : 0>(dp, ado[kk], kmajor_desc(dv + 2 * kk), kk > 0);
+    wg_fp8_rs_tile<128, E5 ? 1 : 0, D / 32>(dp, ado, dv);
     wgmma_commit();
 }
 // s -> P (pdp_p; nl[r] = -LSE log2(e) of row r, rounded as tile_p_dp rounds it) once S is done,

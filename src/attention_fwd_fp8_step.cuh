@@ -51,28 +51,16 @@ __device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the tur
 // rebuilding every descriptor from its address (~40 uniform-datapath instructions per block).
 
 // s (64 x 128 raw code products) = Q̂_wg K̂^T: D/32 wgmmas (caller fences and commits). dq, dk:
-// kmajor_desc_lo of the warpgroup's Q̂ rows and of the K̂ stage; a k32 step is 32 bytes (+2).
+// kmajor_desc_lo of the warpgroup's Q̂ rows and of the K̂ stage (wg_fp8_tile).
 template <int D>
 __device__ __forceinline__ void issue_s(float (&s)[F8_BK / 2], uint32_t dq, uint32_t dk) {
-#pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wg_fp8<128, 0, 0>(s, kmajor_desc(dq + 2 * kk), kmajor_desc(dk + 2 * kk), kk > 0);
-}
-// The same with Q̂ from registers: qa holds the warpgroup's Q̂ rows as A fragments (wg_fp8_rs's
-// layout, k32 step kk = d bytes 32 kk .. 32 kk + 31), so that S reads only K̂ from shared memory.
-template <int D>
-__device__ __forceinline__ void issue_s_rs(float (&s)[F8_BK / 2], const uint32_t (&qa)[D / 32][4], uint32_t dk) {
-#pragma unroll
-    for (int kk = 0; kk < D / 32; kk++) wg_fp8_rs<128, 0>(s, qa[kk], kmajor_desc(dk + 2 * kk), kk > 0);
+    wg_fp8_tile<128, 0, 0, D / 32>(s, dq, dk);
 }
 // pv (64 x D) = P̂ (registers) V̂: 4 k32 steps into a fresh accumulator (caller fences, commits).
-// dv: kmajor_desc_lo of the V̂^T stage.
+// dv: kmajor_desc_lo of the V̂^T stage (wg_fp8_rs_tile).
 template <int D>
 __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[F8_BK / 32][4], uint32_t dv) {
-#pragma unroll
-    for (int kk = 0; kk < F8_BK / 32; kk++) {
-        const uint64_t db = kmajor_desc(dv + 2 * kk);
-        wg_fp8_rs<D, 0>(pv, pa[kk], db, kk > 0);
-    }
+    wg_fp8_rs_tile<D, 0, F8_BK / 32>(pv, pa, dv);
 }
 
 // P' (FP32, S accumulator layout) -> E4M3 A fragments: register q of k32 step kk holds row

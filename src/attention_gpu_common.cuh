@@ -562,6 +562,25 @@ WG_FP8_RS(64, 0, "e4m3", WG_REGS32, "{%32, %33, %34, %35}, %36", 37, WG_ACC8(0),
           WG_ACC8(24))  // the forward's PV, d = 64
 #undef WG_FP8_RS
 
+// The k32 steps of one tile product, into a fresh accumulator (the caller fences and commits):
+// d (64 x N) = A (64 x 32 STEPS) B (32 STEPS x N), B a K-major swizzled tile at descriptor low word
+// b (kmajor_desc_lo; a k32 step is 32 bytes further, + 2), A likewise at a (wg_fp8_tile: 128-byte
+// swizzle, B too or, B_SW64, in the 64-byte one, STEPS <= 2) or from registers (wg_fp8_rs_tile:
+// a[kk] the A fragments of step kk, wg_fp8_rs's layout).
+template <int N, int AT, int BT, int STEPS, bool B_SW64 = false>
+__device__ __forceinline__ void wg_fp8_tile(float (&d)[N / 2], uint32_t a, uint32_t b) {
+    static_assert(!B_SW64 || STEPS <= 2, "a 64-byte row holds two k32 steps");
+#pragma unroll
+    for (int kk = 0; kk < STEPS; kk++)
+        wg_fp8<N, AT, BT>(d, kmajor_desc(a + 2 * kk), B_SW64 ? kmajor_desc_sw64(b + 2 * kk) : kmajor_desc(b + 2 * kk),
+                          kk > 0);
+}
+template <int N, int AT, int STEPS>
+__device__ __forceinline__ void wg_fp8_rs_tile(float (&d)[N / 2], const uint32_t (&a)[STEPS][4], uint32_t b) {
+#pragma unroll
+    for (int kk = 0; kk < STEPS; kk++) wg_fp8_rs<N, AT>(d, a[kk], kmajor_desc(b + 2 * kk), kk > 0);
+}
+
 // FP32 accumulator layout (m64nN, N/2 values per thread) -> the BF16 A fragments of an RS wgmma
 // over the same N (k16 step kk: elements 8kk .. 8kk + 7, paired).
 template <int N>
