@@ -111,12 +111,12 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
 }
 
 // Shared memory: 2 x Q̂ (128 x 128 B: the tile being computed and the next one, loading),
-// F8_STAGES x K̂ (128 x 128 B), F8_STAGES x V̂^T (D x 128 B), 2 x O (each warpgroup's 64 rows of
+// STAGES x K̂ (128 x 128 B), STAGES x V̂^T (D x 128 B), 2 x O (each warpgroup's 64 rows of
 // BF16 O on their way out, stage_o_sw128), then the ring's mbarriers and posted
 // tile numbers (PersistentRing) and each stage's K and V scale (copied with the stage's tiles, so
 // the consumers hold no pointers to the scale arrays); regions 1024-byte aligned (the swizzle's
 // period).
-template <int D, int STAGES = F8_STAGES>
+template <int D, int STAGES>  // STAGES: the loop's (f8_stages)
 struct F8Smem {
     static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
     static constexpr int O = 64 * D * 2;  // a warpgroup's O rows in BF16, staged for the TMA store (stage_o_sw128)
@@ -155,7 +155,7 @@ TL_DEFINE_SETTER(attn_gpu_forward_fp8_timeline, f8_timeline)
 // shared memory, three key blocks in flight instead of two), to time in the calls whose K̂, V̂^T
 // loads run slow at 8K (docs/perf.md, stop 32); tested bit for bit, not yet timed.
 enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_PLAIN_FMAX = 4,
-       F8_LOOP_PLAIN5 = 5 };
+       F8_LOOP_PLAIN5 = 5, F8_N_LOOPS };
 template <int LOOP>
 __host__ __device__ constexpr int f8_stages() { return LOOP == F8_LOOP_PLAIN5 ? 5 : F8_STAGES; }
 
@@ -503,7 +503,7 @@ extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_order = order < 0 ? -1 : order != 0;
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= F8_LOOP_PINGPONG && loop <= F8_LOOP_PLAIN5 ? loop : -1;
+    fwd_fp8_test_loop_kind = loop >= 0 && loop < F8_N_LOOPS ? loop : -1;
 }
 // The tile counters (persistent_next_tile: 2 words each), one per stream that launched the
 // FP8 forward or fp8_dm's delta pass and was not released since
@@ -590,18 +590,14 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
     // loops are not faster.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
-    if (loop == F8_LOOP_PLAIN5)
-        forward_fp8_launch<D, F8_LOOP_PLAIN5>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_PLAIN_FMAX)
-        forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_OVERLAP_PP)
-        forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_OVERLAP)
-        forward_fp8_launch<D, F8_LOOP_OVERLAP>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else if (loop == F8_LOOP_PLAIN)
-        forward_fp8_launch<D, F8_LOOP_PLAIN>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
-    else
-        forward_fp8_launch<D, F8_LOOP_PINGPONG>(qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
+    // one launcher per loop, in the enum's order (F8_LOOP_*)
+    static void (*const launch[])(const uint8_t *, const uint8_t *, const uint8_t *, const float *, const float *,
+                                  const float *, float, bf16 *, int, float *, int, int, int, cudaStream_t) = {
+        forward_fp8_launch<D, F8_LOOP_PINGPONG>,   forward_fp8_launch<D, F8_LOOP_PLAIN>,
+        forward_fp8_launch<D, F8_LOOP_OVERLAP>,    forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>,
+        forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>, forward_fp8_launch<D, F8_LOOP_PLAIN5>};
+    static_assert(sizeof launch / sizeof launch[0] == F8_N_LOOPS, "a launcher for every F8_LOOP_*");
+    launch[loop](qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
 }
 
 extern "C" void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const uint8_t *vt_codes,
