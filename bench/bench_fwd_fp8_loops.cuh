@@ -13,7 +13,8 @@
 #include <stdint.h>  // uint32_t
 
 #include "attention_fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_max / softmax_exp / softmax_block, pack_p, o_*
-#include "attention_gpu_common.cuh"    // wgmma wrappers and fences, reg_fence, sw128, named barriers
+#include "attention_gpu_common.cuh"    // wgmma wrappers and fences, reg_fence, sw128, named barriers, CUDA_OK
+#include "common.h"                    // FATAL
 
 // The kernel's numbers for the real step: tau_qk (tau / (s_q s_k)), log2(p_scale), fac (1 / (p_scale s_v))
 struct StepArgs {
@@ -49,6 +50,38 @@ __device__ __forceinline__ void cta_time(float acc, long long t0, float *sink, l
     __syncthreads();
     if (threadIdx.x == 0) clocks[blockIdx.x] = (long long)t_end - t0;
 }
+// The host side both benchmarks share: one CTA of up to MAX_THREADS threads per SM, each thread's
+// checksum into sink and each CTA's clocks (cta_time) into d_clk. per_iter(iters, launch) runs
+// launch(n) (a launch of n iterations) as a warm-up of iters / 10, then timed, and returns the
+// clocks per iteration, the mean over the SMs.
+template <int MAX_THREADS>
+struct SmClocks {
+    cudaDeviceProp prop;
+    int n_sm;
+    float *sink;
+    long long *d_clk, h_clk[1024];
+    SmClocks() {
+        CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+        n_sm = prop.multiProcessorCount;
+        if (n_sm > 1024) FATAL("bench: %d SMs, at most 1024", n_sm);
+        CUDA_OK(cudaMalloc(&sink, sizeof(float) * n_sm * MAX_THREADS));
+        CUDA_OK(cudaMalloc(&d_clk, sizeof(long long) * n_sm));
+    }
+    ~SmClocks() {
+        cudaFree(sink);
+        cudaFree(d_clk);
+    }
+    template <class Launch>
+    double per_iter(int iters, Launch launch) {
+        launch(iters / 10);
+        launch(iters);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(h_clk, d_clk, sizeof(long long) * n_sm, cudaMemcpyDeviceToHost));
+        double sum = 0;
+        for (int i = 0; i < n_sm; i++) sum += (double)h_clk[i];
+        return sum / n_sm / iters;
+    }
+};
 // iters calls of step(), timed from inside one warpgroup (TRACE: its thread 0 in CTA 0): the start
 // of each step of the window from TRACE_FROM (trace[0 ..]), and the whole loop's start and end
 // (trace[TRACE_LEN - 2], trace[TRACE_LEN - 1]): the split and probe modes' warpgroup 1

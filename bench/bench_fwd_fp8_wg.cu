@@ -29,7 +29,7 @@
 
 #include "attention_fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_block, pack_p, o_rescale_add
 #include "attention_gpu_common.cuh"    // wgmma fences, reg_fence, kmajor_desc_lo, smem_addr, CUDA_OK
-#include "bench_fwd_fp8_loops.cuh"     // StepArgs, plain_real, cta_time
+#include "bench_fwd_fp8_loops.cuh"     // StepArgs, plain_real, cta_time, SmClocks
 
 enum { F_WG2_PLAIN, F_WG2_SERIAL, F_WG3_SERIAL, F_WG3_SERIAL160, F_WG2_PLAIN_QRS, F_WG3_SERIAL_QRS,
        F_WG2_PLAIN_NORESCALE, F_WG3_SERIAL_NORESCALE, N_FORMS };
@@ -118,47 +118,27 @@ __global__ void __maxnreg__(160) wg_kernel_160(int iters, StepArgs a, float *sin
     body<F_WG3_SERIAL160>(iters, a, sink, clocks);
 }
 
-template <int FORM>
-static double run_form(int iters, int n_sm, StepArgs a, float *sink, long long *d_clk, long long *h_clk) {
-    const int threads = form_wgs(FORM) * 128;
-    for (int rep = 0; rep < 2; rep++) {  // warm-up, then the timed launch
-        if (FORM == F_WG3_SERIAL160) wg_kernel_160<<<n_sm, threads>>>(rep ? iters : iters / 10, a, sink, d_clk);
-        else wg_kernel<FORM><<<n_sm, threads>>>(rep ? iters : iters / 10, a, sink, d_clk);
-    }
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(h_clk, d_clk, sizeof(long long) * n_sm, cudaMemcpyDeviceToHost));
-    double sum = 0;
-    for (int i = 0; i < n_sm; i++) sum += (double)h_clk[i];
-    return sum / n_sm / iters;
+template <int FORM>  // every form from FORM on
+static void run_forms(double (&c)[N_FORMS], SmClocks<384> &b, int iters, StepArgs a) {
+    c[FORM] = b.per_iter(iters, [&](int n) {
+        if (FORM == F_WG3_SERIAL160) wg_kernel_160<<<b.n_sm, 384>>>(n, a, b.sink, b.d_clk);
+        else wg_kernel<FORM><<<b.n_sm, form_wgs(FORM) * 128>>>(n, a, b.sink, b.d_clk);
+    });
+    if constexpr (FORM + 1 < N_FORMS) run_forms<FORM + 1>(c, b, iters, a);
 }
 
 int main(int argc, char **argv) {
     const int iters = argc > 1 ? atoi(argv[1]) : 4000;
-    cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    const int n_sm = prop.multiProcessorCount;
-    float *sink;
-    long long *d_clk, h_clk[1024];
-    CUDA_OK(cudaMalloc(&sink, sizeof(float) * n_sm * 384));
-    CUDA_OK(cudaMalloc(&d_clk, sizeof(long long) * n_sm));
+    SmClocks<384> b;
     const StepArgs a = {0.05f, 8.0f, 1.0f / 256.0f};  // as bench_mufu_qgmma.cu's
     double c[N_FORMS];
-    c[F_WG2_PLAIN] = run_form<F_WG2_PLAIN>(iters, n_sm, a, sink, d_clk, h_clk);
-    c[F_WG2_SERIAL] = run_form<F_WG2_SERIAL>(iters, n_sm, a, sink, d_clk, h_clk);
-    c[F_WG3_SERIAL] = run_form<F_WG3_SERIAL>(iters, n_sm, a, sink, d_clk, h_clk);
-    c[F_WG3_SERIAL160] = run_form<F_WG3_SERIAL160>(iters, n_sm, a, sink, d_clk, h_clk);
-    c[F_WG2_PLAIN_QRS] = run_form<F_WG2_PLAIN_QRS>(iters, n_sm, a, sink, d_clk, h_clk);
-    c[F_WG3_SERIAL_QRS] = run_form<F_WG3_SERIAL_QRS>(iters, n_sm, a, sink, d_clk, h_clk);
-    c[F_WG2_PLAIN_NORESCALE] = run_form<F_WG2_PLAIN_NORESCALE>(iters, n_sm, a, sink, d_clk, h_clk);
-    c[F_WG3_SERIAL_NORESCALE] = run_form<F_WG3_SERIAL_NORESCALE>(iters, n_sm, a, sink, d_clk, h_clk);
+    run_forms<0>(c, b, iters, a);
     printf("# %s, %d SMs, %d iterations; one iteration: every warpgroup one key block (64 rows x 128 keys)\n",
-           prop.name, n_sm, iters);
+           b.prop.name, b.n_sm, iters);
     printf("| form | warpgroups | clocks / iteration | clocks / 2 key blocks | vs wg2_plain |\n|---|---|---|---|---|\n");
     for (int f = 0; f < N_FORMS; f++) {
         const double per2 = c[f] * 2.0 / form_wgs(f);
         printf("| %s | %d | %.0f | %.0f | %.2f |\n", form_names[f], form_wgs(f), c[f], per2, per2 / c[F_WG2_PLAIN]);
     }
-    cudaFree(sink);
-    cudaFree(d_clk);
     return 0;
 }

@@ -84,7 +84,7 @@
 
 #include "attention_fwd_fp8_step.cuh"  // the FP8 forward's issue_s, issue_pv, softmax_block, pack_p
 #include "attention_gpu_common.cuh"    // wg_fp8, wg_fp8_rs, kmajor_desc(_lo), wgmma fences, CUDA_OK
-#include "bench_fwd_fp8_loops.cuh"     // StepArgs and the loop forms around the kernel's step
+#include "bench_fwd_fp8_loops.cuh"     // StepArgs, SmClocks and the loop forms around the kernel's step
 #include "fast_exp2.cuh"               // fast_exp2 (ex2.approx.ftz)
 
 enum {
@@ -374,22 +374,11 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
     cta_time(acc, t0, sink, clocks);
 }
 
-template <int MODE>
-static double run_mode(int iters, int n_sm, StepArgs a, float *sink, long long *d_clk, long long *h_clk,
-                       long long *d_trace) {
-    mufu_qgmma_kernel<MODE><<<n_sm, 256>>>(iters / 10, a, sink, d_clk, d_trace);  // warm-up
-    mufu_qgmma_kernel<MODE><<<n_sm, 256>>>(iters, a, sink, d_clk, d_trace);
-    CUDA_OK(cudaDeviceSynchronize());
-    CUDA_OK(cudaMemcpy(h_clk, d_clk, sizeof(long long) * n_sm, cudaMemcpyDeviceToHost));
-    double sum = 0;
-    for (int i = 0; i < n_sm; i++) sum += (double)h_clk[i];
-    return sum / n_sm / iters;  // clocks per iteration, mean over SMs
-}
 static char trace_buf[16][8192];  // the traced modes' traces (run_modes), printed after the table
 template <int MODE>  // every mode from MODE on; a traced mode keeps its trace
-static void run_modes(double (&c)[N_MODES], int iters, int n_sm, StepArgs a, float *sink, long long *d_clk,
-                      long long *h_clk, long long *d_trace) {
-    c[MODE] = run_mode<MODE>(iters, n_sm, a, sink, d_clk, h_clk, d_trace);
+static void run_modes(double (&c)[N_MODES], SmClocks<256> &b, int iters, StepArgs a, long long *d_trace) {
+    // clocks per iteration, mean over SMs
+    c[MODE] = b.per_iter(iters, [&](int n) { mufu_qgmma_kernel<MODE><<<b.n_sm, 256>>>(n, a, b.sink, b.d_clk, d_trace); });
     constexpr int trace_kind = MODE == M_PLAIN_TRACE ? 0 : MODE == M_PINGPONG_TRACE ? 1 : MODE == M_PINGPONG_SS_TRACE ? 2
                                : MODE == M_PP_S_TRACE ? 3 : MODE == M_PLAIN_SPLIT_TRACE ? 6 : MODE == M_PP_WAITALL_TRACE ? 5 : -1;
     if (trace_kind >= 0) {
@@ -434,25 +423,19 @@ static void run_modes(double (&c)[N_MODES], int iters, int n_sm, StepArgs a, flo
         for (int i = 1; i <= 16; i++) n += snprintf(b + n, sizeof trace_buf[0] - n, " %lld", t[i] - t[i - 1]);
         snprintf(b + n, sizeof trace_buf[0] - n, "\n");
     }
-    if constexpr (MODE + 1 < N_MODES) run_modes<MODE + 1>(c, iters, n_sm, a, sink, d_clk, h_clk, d_trace);
+    if constexpr (MODE + 1 < N_MODES) run_modes<MODE + 1>(c, b, iters, a, d_trace);
 }
 int main(int argc, char **argv) {
     const int iters = argc > 1 ? atoi(argv[1]) : 4000;
-    cudaDeviceProp prop;
-    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    const int n_sm = prop.multiProcessorCount;
-    float *sink;
-    long long *d_clk, h_clk[1024];
-    CUDA_OK(cudaMalloc(&sink, sizeof(float) * n_sm * 256));
-    CUDA_OK(cudaMalloc(&d_clk, sizeof(long long) * n_sm));
+    SmClocks<256> b;
     long long *d_trace;
     CUDA_OK(cudaMalloc(&d_trace, sizeof(long long) * TRACE_LEN));
     // the real step's factors: S * tau_qk of a few units, p_scale 2^8 (the kernel's default), 1 / (p_scale s_v)
     const StepArgs a = {0.05f, 8.0f, 1.0f / 256.0f};
     double c[N_MODES];
-    run_modes<0>(c, iters, n_sm, a, sink, d_clk, h_clk, d_trace);
+    run_modes<0>(c, b, iters, a, d_trace);
     printf("# %s, %d SMs, %d iterations; per iteration and SM: 2 x 8 m64n128k32 e4m3 wgmmas (8.4 MFLOP), "
-           "2 x 128 x 64 exponentials (16384)\n", prop.name, n_sm, iters);
+           "2 x 128 x 64 exponentials (16384)\n", b.prop.name, b.n_sm, iters);
     printf("| form | clocks / iteration | vs tensor + mufu | vs max(tensor, mufu) |\n|---|---|---|---|\n");
     const double sum = c[M_TENSOR] + c[M_MUFU], mx = c[M_TENSOR] > c[M_MUFU] ? c[M_TENSOR] : c[M_MUFU];
     for (int m = 0; m < N_MODES; m++)
@@ -462,8 +445,6 @@ int main(int argc, char **argv) {
     printf("verdict: the exponentials and the wgmmas %s (both_wg at %.2f of the sum, %.2f of the max)\n",
            c[M_BOTH] < 0.75 * sum ? "overlap" : "do NOT overlap", c[M_BOTH] / sum, c[M_BOTH] / mx);
     for (int i = 0; i < 16; i++) printf("%s", trace_buf[i]);
-    cudaFree(sink);
-    cudaFree(d_clk);
     cudaFree(d_trace);
     return 0;
 }
