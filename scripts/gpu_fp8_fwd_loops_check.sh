@@ -5,7 +5,7 @@
 #      serialized wgmma);
 #   2. test_attention_fp8_gpu (every loop gives the default loop's O and LSE bit for bit, on the
 #      full grid and on 2 CTAs; the "signed rows" cases make the integer row max take both paths);
-#   3. only if the loop cases passed: the attention benchmark (gpu_env_sweep.sh, MODES="bf16
+#   3. only if the loop cases passed (the test labels each loop by its ATTN_FP8_FWD_LOOP name): the attention benchmark (gpu_env_sweep.sh, MODES="bf16
 #      fp8_naive" unless set: our BF16 forward, the bare FP8 forward) with the default and the loop
 #      $CMP (default plain_fmax: the row max by FMNMX), alternated twice so that the drift shows;
 #   4. the tables last. Logs in $OUT (default /tmp/gpu_fp8_loops_out).
@@ -20,7 +20,7 @@ $NVCC -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xptxas -v -c s
   sed 's/.*attn_fwd_fp8_kernel\(ILi[0-9]*ELi[0-9]E\).*/\1/' | paste - - | head -12
 TEST_TIMEOUT=240 run_test test_attention_fp8_gpu
 echo "test: at $(elapsed) s"
-if grep -q "^ok .*with the plain, float row max loop on 2 persistent CTAs" \
+if grep -q "^ok .*with the $CMP loop on 2 persistent CTAs" \
      "$OUT/test_attention_fp8_gpu.log" 2>/dev/null &&
    ! grep -q "^FAIL" "$OUT/test_attention_fp8_gpu.log"; then
   OUT="$OUT/sweep" MODES="${MODES:-bf16 fp8_naive}" ROUNDS=${ROUNDS:-3} timeout -k 5 400 bash scripts/gpu_env_sweep.sh "" \

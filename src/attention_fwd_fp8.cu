@@ -124,6 +124,7 @@ struct F8Smem {
     static constexpr size_t BYTES =
         (size_t)BARS + PersistentRing<STAGES, true>::BYTES + (2 * STAGES + 8 + 2) * sizeof(int) + 1024;
 };
+static_assert(F8Smem<128, 5>::BYTES <= 227 * 1024, "plain5's ring fits Hopper's 227 KB of shared memory per block");
 
 // -DATTN_TIMELINE: the first consumer thread records, per tile (record = tile index), its start
 // (0), key block 0's stage in (1), block 0's softmax done (2), the block loop done (3), the last
@@ -158,6 +159,10 @@ enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVE
        F8_LOOP_PLAIN5 = 5, F8_N_LOOPS };
 template <int LOOP>
 __host__ __device__ constexpr int f8_stages() { return LOOP == F8_LOOP_PLAIN5 ? 5 : F8_STAGES; }
+// their names, in the enum's order: ATTN_FP8_FWD_LOOP's values and the tests' labels
+// (attn_gpu_forward_fp8_loop_name)
+static const char *const f8_loop_names[] = {"pingpong", "plain", "overlap", "overlap_pp", "plain_fmax", "plain5"};
+static_assert(sizeof f8_loop_names / sizeof f8_loop_names[0] == F8_N_LOOPS, "a name for every F8_LOOP_*");
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (persistent_next_tile), one after the other (persistent when G =
@@ -478,14 +483,16 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
                    *loop = getenv("ATTN_FP8_FWD_LOOP");
         k.loop = pp && *pp ? (atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG) : -1;  // -1: the default
         if (loop && *loop) {
-            if (strcmp(loop, "pingpong") == 0) k.loop = F8_LOOP_PINGPONG;
-            else if (strcmp(loop, "plain") == 0) k.loop = F8_LOOP_PLAIN;
-            else if (strcmp(loop, "overlap") == 0) k.loop = F8_LOOP_OVERLAP;
-            else if (strcmp(loop, "overlap_pp") == 0) k.loop = F8_LOOP_OVERLAP_PP;
-            else if (strcmp(loop, "plain_fmax") == 0) k.loop = F8_LOOP_PLAIN_FMAX;
-            else if (strcmp(loop, "plain5") == 0) k.loop = F8_LOOP_PLAIN5;
-            else fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of pingpong, plain, overlap, "
-                                 "overlap_pp, plain_fmax, plain5; using the default\n", loop);
+            int found = -1;
+            for (int i = 0; i < F8_N_LOOPS; i++)
+                if (strcmp(loop, f8_loop_names[i]) == 0) found = i;
+            if (found >= 0) {
+                k.loop = found;
+            } else {
+                fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of", loop);
+                for (int i = 0; i < F8_N_LOOPS; i++) fprintf(stderr, "%s %s", i ? "," : "", f8_loop_names[i]);
+                fprintf(stderr, "; using the default\n");
+            }
         }
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = attn_env_switch("ATTN_FP8_FWD_PERSISTENT");
@@ -500,10 +507,13 @@ static int fwd_fp8_test_max_ctas = 0, fwd_fp8_test_order = -1;  // attn_gpu_forw
 static int fwd_fp8_test_loop_kind = -1;                          // attn_gpu_forward_fp8_test_loop
 extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
     fwd_fp8_test_max_ctas = max_ctas > 0 ? max_ctas : 0;
-    fwd_fp8_test_order = order < 0 ? -1 : order != 0;
+    fwd_fp8_test_order = order;  // attn_form_on reads it (dynamic: on)
 }
 extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
     fwd_fp8_test_loop_kind = loop >= 0 && loop < F8_N_LOOPS ? loop : -1;
+}
+extern "C" const char *attn_gpu_forward_fp8_loop_name(int loop) {
+    return loop >= 0 && loop < F8_N_LOOPS ? f8_loop_names[loop] : NULL;
 }
 // The tile counters (persistent_next_tile: 2 words each), one per stream that launched the
 // FP8 forward or fp8_dm's delta pass and was not released since
@@ -563,7 +573,7 @@ static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8
     const long n_tiles = (long)nblk * B * H;
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
     const FwdFp8Knobs &k = fwd_fp8_env();
-    const bool dynamic = fwd_fp8_test_order >= 0 ? fwd_fp8_test_order != 0 : k.dynamic;
+    const bool dynamic = attn_form_on(fwd_fp8_test_order, k.dynamic);
     long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? attn_sm_count() : n_tiles;
     if (grid > n_tiles) grid = n_tiles;
     // heads per group: K̂ and V̂^T of a head are 2 Tp D bytes; two waves of CTAs per group

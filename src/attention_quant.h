@@ -113,7 +113,9 @@ void attn_fp8_release_stream(cudaStream_t stream);
 // For tests: the consumers' block loop (0 ping-pong, 1 plain, 2 overlap: S_{j+1} issued before
 // the softmax of S_j, 3 overlap with ping-pong, 4 plain with the float row max, 5 plain with 5
 // ring stages; < 0: the environment's, ATTN_FP8_FWD_LOOP); the outputs must not change by a bit.
+// attn_gpu_forward_fp8_loop_name: loop's name (ATTN_FP8_FWD_LOOP's value), NULL past the last.
 void attn_gpu_forward_fp8_test_loop(int loop);
+const char *attn_gpu_forward_fp8_loop_name(int loop);
 // For tests: the epilogue's O by TMA from a shared staging area (1, the default where O's rows
 // are 16-byte aligned) or by each thread's stores from its fragments (0); < 0: the environment's,
 // ATTN_FP8_FWD_O_TMA. The outputs must not change by a bit.

@@ -500,13 +500,12 @@ static void run_fwd_case(const Case &cs, int seed) {
             snprintf(what, sizeof what, "on %d persistent CTA(s), %s order", cap, dynamic ? "dynamic" : "static");
             same_as_default(d_o2, d_lse2, what);
         }
-        // Every block loop of the consumers (ping-pong; plain: no ping-pong, the default; overlap:
-        // S_{j+1} issued before the softmax of S_j, PV_j into S_j's registers; overlap with
-        // ping-pong; plain with the row max by FMNMX instead of the integer max; plain with a ring
-        // of 5 stages): the same
-        // arithmetic in another order, so the same O and LSE bit for bit; on
-        // the full grid and on 2 CTAs (several tiles per CTA).
-        for (int loop = 0; loop <= 5; loop++)
+        // Every block loop of the consumers, as many as the forward names (ping-pong; plain: no
+        // ping-pong, the default; overlap: S_{j+1} issued before the softmax of S_j, PV_j into
+        // S_j's registers; overlap with ping-pong; plain with the row max by FMNMX instead of the
+        // integer max; plain with a ring of 5 stages): the same arithmetic in another order, so
+        // the same O and LSE bit for bit; on the full grid and on 2 CTAs (several tiles per CTA).
+        for (int loop = 0; attn_gpu_forward_fp8_loop_name(loop); loop++)
             for (int cap = 0; cap <= 2; cap += 2) {
                 poison(d_o2, d_lse2, 0);
                 attn_gpu_forward_fp8_test_loop(loop);
@@ -515,13 +514,7 @@ static void run_fwd_case(const Case &cs, int seed) {
                 attn_gpu_forward_fp8_test_schedule(0, -1);
                 attn_gpu_forward_fp8_test_loop(-1);
                 char what[96];
-                snprintf(what, sizeof what, "with the %s loop%s",
-                         loop == 0   ? "ping-pong"
-                         : loop == 1 ? "plain"
-                         : loop == 2 ? "overlap"
-                         : loop == 3 ? "overlap + ping-pong"
-                                     : loop == 4 ? "plain, float row max"
-                                                 : "plain, 5 ring stages",
+                snprintf(what, sizeof what, "with the %s loop%s", attn_gpu_forward_fp8_loop_name(loop),
                          cap ? " on 2 persistent CTAs" : "");
                 same_as_default(d_o2, d_lse2, what);
             }
