@@ -184,7 +184,8 @@ void attn_quantize_operand(const AttnOptions *opt, AttnDelayedState *ds, AttnCas
     // Block scaling: one scale per 128-token block of the sequence, from that block's amax.
     for (int b = 0; b * ATTN_SCALE_BLOCK < T; b++) {
         int r0 = b * ATTN_SCALE_BLOCK, r1 = r0 + ATTN_SCALE_BLOCK < T ? r0 + ATTN_SCALE_BLOCK : T;
-        float s = fp8_scale_for_amax(fmt, amax_of(x + (size_t)r0 * d, (size_t)(r1 - r0) * d));
+        const float amax = amax_of(x + (size_t)r0 * d, (size_t)(r1 - r0) * d);
+        float s = fp8_scale_for_amax_within(fmt, amax, which == CAST_V ? ATTN_V_SCALE_MAX_EXP : FP8_SCALE_MAX_EXP);
         qdq_rows(fmt, s, r0, r1, d, x, xhat, st, which);
         if (scales) scales[b] = s;
     }

@@ -60,6 +60,14 @@ void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float
 // Block scaling: one scale per ATTN_SCALE_BLOCK tokens of the head's sequence for Q, K, V, dO,
 // independent of the kernel's block_q / block_k.
 #define ATTN_SCALE_BLOCK 128
+// V's block scales have their exponent clamped to [-40, 40] (fp8_scale_for_amax_within), not
+// [-126, 126]: a V block whose amax lies in [~2^-32, ~2^49] is quantized as any other operand;
+// smaller values lose bits (below 2^-49 they become 0), larger ones saturate at 448 * 2^40.
+// Why: the FP8 forward carries O in the units of each key block's V scale, so that a block's O
+// update is one FFMA (attention_fwd_fp8_step.cuh); those units move O by the ratio of two V
+// scales of the head, at most 2^80 here, which keeps it inside FP32 for any T up to 2^20
+// (docs/fp8-attention.md §2). Delayed scaling has one V scale per tensor (or head): no clamp.
+#define ATTN_V_SCALE_MAX_EXP 40
 
 // Counters a call adds to (callers zero them). FP8 casts only (BF16 roundings are not counted).
 // Q, K, V casts are counted by the forward (the backward re-derives the same values); P by both

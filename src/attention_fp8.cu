@@ -122,6 +122,7 @@ static AttnQuantTensor operand(const bf16 *x, int stride, Fp8Format fmt, uint8_t
     t.codes_t = codes_t;
     t.scales = scales;
     t.saturated = diag && diag->saturated ? diag->saturated + which : NULL;
+    if (which == CAST_V) t.max_scale_exp = ATTN_V_SCALE_MAX_EXP;  // the FP8 forward's O units need it
     return t;
 }
 
@@ -398,8 +399,9 @@ static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, 
         if (!saved) {
             AttnQuantTensor ts[3];
             const bf16 *x[3] = {q, k, v};
+            const AttnCast casts[3] = {CAST_Q, CAST_K, CAST_V};  // V's scales are clamped (operand)
             for (int i = 0; i < 3; i++) {
-                ts[i] = operand(x[i], qkv_stride, FP8_E4M3, NULL, NULL, NULL, NULL, CAST_Q);
+                ts[i] = operand(x[i], qkv_stride, FP8_E4M3, NULL, NULL, NULL, NULL, casts[i]);
                 ts[i].dequant = p.deq + (size_t)i * C;
                 ts[i].dequant_stride = 3 * C;
             }

@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(QTHREADS)
     float m = red[0];
 #pragma unroll
     for (int w = 1; w < QTHREADS / 32; w++) m = fmaxf(m, red[w]);
-    const float s = a.scale_in ? a.scale_in[a.scale_in_per_head ? bh : 0] : fp8_scale_for_amax(a.fmt, m);
+    const float s = a.scale_in ? a.scale_in[a.scale_in_per_head ? bh : 0]
+                               : fp8_scale_for_amax_within(a.fmt, m, a.max_scale_exp ? a.max_scale_exp : FP8_SCALE_MAX_EXP);
     if (tid == 0) {
         const long sidx = (long)bh * nblk + blk;
         if (a.scales) a.scales[sidx] = s;
@@ -248,6 +249,9 @@ static void check_tensor(const AttnQuantTensor *t, int i, int H, int d) {
               "(%d) that is a multiple of 8 and >= H*d = %d", i, t->dequant_stride, H * d);
     if (t->scale_in_per_head != 0 && t->scale_in_per_head != 1)
         FATAL("attn_gpu_quantize: tensor %d scale_in_per_head must be 0 or 1", i);
+    if (t->max_scale_exp < 0 || t->max_scale_exp > FP8_SCALE_MAX_EXP)
+        FATAL("attn_gpu_quantize: tensor %d max_scale_exp %d (0 for the default %d, or 1..%d; V: %d)", i,
+              t->max_scale_exp, FP8_SCALE_MAX_EXP, FP8_SCALE_MAX_EXP, ATTN_V_SCALE_MAX_EXP);
     if (t->rope && (uintptr_t)t->rope % 16)
         FATAL("attn_gpu_quantize: tensor %d RoPE table must be 16-byte aligned", i);
     if (t->rotated && (!t->rope || (uintptr_t)t->rotated % 16 || t->rotated_stride % 8 || t->rotated_stride < H * d))

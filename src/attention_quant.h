@@ -16,7 +16,8 @@
 //           quantized value = fp8_to_f32(code) / s (exact, s is a power of two).
 //
 // Scaling. Block (scale_in == NULL): s = fp8_scale_for_amax(fmt, amax of the block's current
-// values). Delayed (scale_in != NULL): s is read from device memory, one per tensor
+// values), with the exponent bound max_scale_exp when it is set (V: ATTN_V_SCALE_MAX_EXP, which
+// attn_gpu_forward_fp8 relies on). Delayed (scale_in != NULL): s is read from device memory, one per tensor
 // (scale_in[0]) or one per head (scale_in[b*H + h], the CPU's first step, whose scale comes from
 // the head's own amax); attn_gpu_amax_reduce turns amax histories or block amaxes into those
 // scales on the device, without a host round trip. Either way the block amax can be written
@@ -49,6 +50,8 @@ typedef struct {
     uint8_t *codes_t;               // (B, H, d, Tp) or NULL
     float *scales;                  // (B, H, nblk) or NULL
     float *block_amax;              // (B, H, nblk) or NULL: max |x| of each block
+    int max_scale_exp;              // block scaling: the scales' exponent bound, 0 = FP8_SCALE_MAX_EXP;
+                                    // V for the FP8 forward: ATTN_V_SCALE_MAX_EXP (attention_cpu.h)
     const float *scale_in;          // NULL: block scaling; else delayed: the scale(s) to use
     int scale_in_per_head;          // delayed: 0 = scale_in[0] for all, 1 = scale_in[b*H + h]
     unsigned long long *saturated;  // or NULL: += number of values with |x*s| > the format's max

@@ -115,8 +115,10 @@ FP8_FN float bf16_round(float x) { return bf16_to_f32(bf16_from_f32(x)); }
 // finite normal floats: a tiny amax (< ~2^-118) gets s = 2^126 and simply uses less of the FP8
 // range; no finite amax can need an exponent below -126 (FLT_MAX * 2^-113 < 448 already).
 // Quantize q = fp8(x * s); dequantize x_hat = fp8_to_f32(q) / s, exact.
+// fp8_scale_for_amax_within: the same with the exponent clamped to [-max_exp, max_exp] instead
+// (1 <= max_exp <= 126): attention's V block scales (ATTN_V_SCALE_MAX_EXP, attention_cpu.h).
 #define FP8_SCALE_MAX_EXP 126
-FP8_FN float fp8_scale_for_amax(Fp8Format f, float amax) {
+FP8_FN float fp8_scale_for_amax_within(Fp8Format f, float amax, int max_exp) {
     // Branch-free (it sits on the FP8 backward's critical path, once per dS tile): a float
     // subnormal amax (biased exponent 0) needs k >= emax + 127 - 1 > 126 with or without
     // normalising its fraction, so the clamp gives the same 2^126; amax 0, inf and NaN select
@@ -125,8 +127,11 @@ FP8_FN float fp8_scale_for_amax(Fp8Format f, float amax) {
     const uint32_t a = fp8_f32_bits(amax) & 0x7FFFFFFFu;
     const int emax = f == FP8_E4M3 ? 8 : 15;  // FMAX = 1.75 * 2^emax
     int k = emax + 127 - (int)(a >> 23) - ((a & 0x7FFFFFu) > 0x600000u);  // 0x600000: the fraction bits of 1.75
-    k = k > FP8_SCALE_MAX_EXP ? FP8_SCALE_MAX_EXP : k < -FP8_SCALE_MAX_EXP ? -FP8_SCALE_MAX_EXP : k;
+    k = k > max_exp ? max_exp : k < -max_exp ? -max_exp : k;
     return a == 0 || a >= 0x7F800000u ? 1.0f : fp8_bits_f32((uint32_t)(k + 127) << 23);
+}
+FP8_FN float fp8_scale_for_amax(Fp8Format f, float amax) {
+    return fp8_scale_for_amax_within(f, amax, FP8_SCALE_MAX_EXP);
 }
 
 // Quantize-dequantize with a power-of-two scale s: the value the FP8 matmul sees, in x's units.

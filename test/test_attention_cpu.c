@@ -311,6 +311,15 @@ int main(void) {
               "off grid %d, not idempotent %d, scale not tight %d", fmts_bad, not_idem, not_tight);
         CHECK(scales[0] != scales[1] && st.saturated[CAST_Q] == 0, "quantized operands: one scale per 128-token block",
               "scales %g %g %g", scales[0], scales[1], scales[2]);
+        // V's block scales are clamped to 2^+-ATTN_V_SCALE_MAX_EXP (the FP8 forward's O units need
+        // it), the other operands' are not: a block scaled by 2^-60 gets 2^40 as V, > 2^40 as K
+        for (size_t i = 0; i < (size_t)128 * c.d; i++) c.q[i] = ldexpf(c.q[i], -60);
+        float sk[3], sv[3];
+        attn_quantize_operand(&o, NULL, CAST_K, FP8_E4M3, c.T, c.d, c.q, xh, sk, NULL, 0);
+        attn_quantize_operand(&o, NULL, CAST_V, FP8_E4M3, c.T, c.d, c.q, xh, sv, NULL, 0);
+        CHECK(sv[0] == ldexpf(1.0f, ATTN_V_SCALE_MAX_EXP) && sk[0] > ldexpf(1.0f, ATTN_V_SCALE_MAX_EXP) && sv[1] == sk[1] && sv[2] == sk[2],
+              "quantized operands: V's block scales clamped to 2^+-ATTN_V_SCALE_MAX_EXP, K's not",
+              "V %g %g %g, K %g %g %g", sv[0], sv[1], sv[2], sk[0], sk[1], sk[2]);
         free(xh);
         case_free(&c);
     }

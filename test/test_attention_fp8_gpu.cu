@@ -50,8 +50,12 @@ struct Case {
     // and of the odd ones >= 0: the FP8 forward's integer row max takes its float path in the
     // even warps only (softmax_block)
     int signs;
-    // 1: V's 128-token blocks scaled by 1, 2^-100, 2^20, 2^-40 in turn (run_fwd_case): V scales
-    // 2^120 apart, so that the forward's per-block factor 1 / (p_scale s_v) spans that range too
+    // V's 128-token blocks scaled in turn (run_fwd_case), so that the forward's O units (O carried
+    // in the units of each block's V scale) move by large powers of two:
+    // 1: by 1, 2^-100, 2^20, 2^-40: the 2^-100 and 2^-40 blocks past ATTN_V_SCALE_MAX_EXP, whose
+    //    clamp keeps the V scales 2^80 apart at most (the 2^-100 block's values become 0);
+    // 2: by 1, 2^-33, 2^46, 2^-33: every V scale inside the clamp, 2^79 apart, the units of a small
+    //    block after a large one near their largest (O ~2^105 in them)
     int vspread;
 };
 // Case.signs 1 on the (B, T, H, d) tensor at off (row stride `stride`): which = 0 Q, 1 K.
@@ -102,6 +106,13 @@ static AttnQuantTensor qt(const uint16_t *x, int stride, Fp8Format fmt, const De
     t.saturated = o.sat;
     t.dequant = o.deq;
     t.dequant_stride = C;
+    return t;
+}
+// V as the layer quantizes it (attention_fp8.cu's operand): block scales within 2^±ATTN_V_SCALE_MAX_EXP,
+// which the FP8 forward's O units rely on
+static AttnQuantTensor qt_v(const uint16_t *x, int stride, const DevOut &o, int C) {
+    AttnQuantTensor t = qt(x, stride, FP8_E4M3, o, C);
+    t.max_scale_exp = ATTN_V_SCALE_MAX_EXP;
     return t;
 }
 
@@ -262,7 +273,7 @@ static void run_case(const Case &cs, int seed) {
     DevOut o[5];
     for (int i = 0; i < 5; i++) o[i] = dev_out_alloc(B, H, Tp, d, nblk);
     AttnQuantTensor ts[4] = {qt(d_qkv + offs(0), qs, FP8_E4M3, o[0], C), qt(d_qkv + offs(1), qs, FP8_E4M3, o[1], C),
-                             qt(d_qkv + offs(2), qs, FP8_E4M3, o[2], C), qt(d_do, C, FP8_E4M3, o[3], C)};
+                             qt_v(d_qkv + offs(2), qs, o[2], C), qt(d_do, C, FP8_E4M3, o[3], C)};
     attn_gpu_quantize(ts, 4, B, H, T, d, 0);
     AttnQuantTensor t5 = qt(d_do, C, FP8_E5M2, o[4], C);
     attn_gpu_quantize(&t5, 1, B, H, T, d, 0);
@@ -361,7 +372,8 @@ static void run_fwd_case(const Case &cs, int seed) {
     rng_state = 0xF8F0D000ull + (uint64_t)seed;
     char tag[160];
     snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f%s%s", B, H, T, d, cs.packed ? "packed" : "separate",
-             cs.qk_scale, cs.signs ? " signed rows" : "", cs.vspread ? " V blocks 2^-100..2^20" : "");
+             cs.qk_scale, cs.signs ? " signed rows" : "",
+             cs.vspread == 1 ? " V blocks 2^-100..2^20" : cs.vspread == 2 ? " V blocks 2^-33..2^46" : "");
     const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
     auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
     std::vector<uint16_t> hqkv(qkv_elems, 0);
@@ -372,8 +384,9 @@ static void run_fwd_case(const Case &cs, int seed) {
         apply_signs(hqkv, offs(0), qs, cs, 0);
         apply_signs(hqkv, offs(1), qs, cs, 1);
     }
-    if (cs.vspread == 1) {
-        const int e[4] = {0, -100, 20, -40};
+    if (cs.vspread) {
+        const int e1[4] = {0, -100, 20, -40}, e2[4] = {0, -33, 46, -33};
+        const int *e = cs.vspread == 1 ? e1 : e2;
         for (size_t r = 0; r < n_tok; r++)
             for (int c = 0; c < C; c++) {
                 uint16_t &u = hqkv[offs(2) + r * qs + c];
@@ -392,7 +405,7 @@ static void run_fwd_case(const Case &cs, int seed) {
     DevOut o[3];
     for (int i = 0; i < 3; i++) o[i] = dev_out_alloc(B, H, Tp, d, nblk);
     AttnQuantTensor ts[3] = {qt(d_qkv + offs(0), qs, FP8_E4M3, o[0], C), qt(d_qkv + offs(1), qs, FP8_E4M3, o[1], C),
-                             qt(d_qkv + offs(2), qs, FP8_E4M3, o[2], C)};
+                             qt_v(d_qkv + offs(2), qs, o[2], C)};
     ts[0].codes_t = ts[1].codes_t = NULL;  // the forward needs Q̂, K̂ as they are and V̂^T
     ts[2].codes = NULL;
     attn_gpu_quantize(ts, 3, B, H, T, d, 0);
@@ -409,6 +422,28 @@ static void run_fwd_case(const Case &cs, int seed) {
     for (uint16_t u : g_o) nonfinite += !isfinite(bf16_to_f32(u));
     for (float x : g_lse) nonfinite += !isfinite(x);
     CHECK(nonfinite == 0, "attn fp8 forward writes every output", "%s: %ld values not finite", tag, nonfinite);
+    {
+        // V's block scales: the quantize pass's, with the clamp to 2^±ATTN_V_SCALE_MAX_EXP that the
+        // CPU emulation applies too (vspread 1 has blocks past it)
+        const std::vector<float> sv = back(o[2].scales, (size_t)B * H * nblk);
+        long bad = 0, clamped = 0;
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int k = 0; k < nblk; k++) {
+                    float amax = 0.f;
+                    for (int t = k * ATTN_SCALE_BLOCK; t < T && t < (k + 1) * ATTN_SCALE_BLOCK; t++)
+                        for (int c = 0; c < d; c++)
+                            amax = fmaxf(amax, fabsf(bf16_to_f32(hqkv[offs(2) + ((size_t)b * T + t) * qs + (size_t)h * d + c])));
+                    const float want = fp8_scale_for_amax_within(FP8_E4M3, amax, ATTN_V_SCALE_MAX_EXP);
+                    bad += fp8_f32_bits(sv[((size_t)b * H + h) * nblk + k]) != fp8_f32_bits(want);
+                    clamped += want != fp8_scale_for_amax(FP8_E4M3, amax);
+                }
+        char nm[256];
+        snprintf(nm, sizeof nm, "attn fp8 forward: V's block scales clamped to 2^+-%d%s: %s", ATTN_V_SCALE_MAX_EXP,
+                 cs.vspread == 1 ? " (some blocks past it)" : "", tag);
+        CHECK(bad == 0 && (cs.vspread != 1 || clamped > 0), nm, "%ld of %d scales differ, %ld clamped", bad, B * H * nblk,
+              clamped);
+    }
 
     AttnOptions opt = block_options(ATTN_FP8_NAIVE, FP8_E4M3, ATTN_FP8_FWD_BLOCK_Q, ATTN_FP8_FWD_BLOCK_K);
     std::vector<int> heads;
@@ -669,7 +704,7 @@ static void bench_quant(void) {
     for (int i = 0; i < 3; i++) o[i] = dev_out_alloc(B, H, Tp, d, nblk);
     AttnQuantTensor ts[3];
     for (int i = 0; i < 3; i++) {
-        ts[i] = qt(x + (size_t)i * C, 3 * C, FP8_E4M3, o[i], C);
+        ts[i] = i == 2 ? qt_v(x + (size_t)i * C, 3 * C, o[i], C) : qt(x + (size_t)i * C, 3 * C, FP8_E4M3, o[i], C);
         ts[i].dequant = NULL;
     }
     const double ms = gpu_time_ms([&] { attn_gpu_quantize(ts, 3, B, H, T, d, 0); }, 1, 20);
@@ -766,7 +801,7 @@ static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
     DevOut o[4];
     for (int i = 0; i < 4; i++) o[i] = dev_out_alloc(B, H, Tp, d, nblk);
     AttnQuantTensor ts[4] = {qt(d_qkv + offs(0), qs, FP8_E4M3, o[0], C), qt(d_qkv + offs(1), qs, FP8_E4M3, o[1], C),
-                             qt(d_qkv + offs(2), qs, FP8_E4M3, o[2], C), qt(d_do, C, gfmt, o[3], C)};
+                             qt_v(d_qkv + offs(2), qs, o[2], C), qt(d_do, C, gfmt, o[3], C)};
     for (int i = 0; i < 4; i++) ts[i].dequant = NULL;
     attn_gpu_quantize(ts, 4, B, H, T, d, 0);
     attn_gpu_forward_fp8(o[0].codes, o[1].codes, o[2].codes_t, o[0].scales, o[1].scales, o[2].scales, 256.0f, d_o, C,
@@ -1020,6 +1055,7 @@ static void bench_bwd(void) {
     for (int i = 0; i < 4; i++) q[i] = dev_out_alloc(B, H, Tp, d, nblk);
     AttnQuantTensor ts[4];
     for (int i = 0; i < 3; i++) ts[i] = qt(x + (size_t)i * C, 3 * C, FP8_E4M3, q[i], C);
+    ts[2].max_scale_exp = ATTN_V_SCALE_MAX_EXP;
     ts[3] = qt(dout, C, FP8_E5M2, q[3], C);
     for (int i = 0; i < 4; i++) ts[i].dequant = NULL;
     attn_gpu_quantize(ts, 4, B, H, T, d, 0);
@@ -1177,7 +1213,7 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
         long bad = 0;
         for (int i = 0; i < 3; i++) {
             DevOut ref = dev_out_alloc(B, H, Tp, d, nblk);
-            AttnQuantTensor t = qt(d_qkv + offs(i), qs, FP8_E4M3, ref, C);
+            AttnQuantTensor t = i == 2 ? qt_v(d_qkv + offs(i), qs, ref, C) : qt(d_qkv + offs(i), qs, FP8_E4M3, ref, C);
             attn_gpu_quantize(&t, 1, B, H, T, d, 0);
             const uint8_t *kc, *kct;
             const float *ks;
@@ -1714,9 +1750,12 @@ int main(void) {
         // d = 128); at qk*2 (|S| ~ 30) it alone takes LSE past the tolerance (3.8e-2 measured)
         {1, 2, 640, 128, true, 1.0, 1},
         {1, 1, 300, 64, false, 1.0, 1},
-        // V scales 2^120 apart (blocks of values ~2^-100 beside ~2^20)
+        // V blocks of values ~2^-100 beside ~2^20 (scales clamped to 2^80 apart), then V scales 2^79
+        // apart inside the clamp: O's units (attention_fwd_fp8_step.cuh) near the top of their range
         {1, 2, 1024, 128, true, 2.0, 0, 1},
         {1, 1, 600, 64, false, 1.0, 0, 1},
+        {1, 2, 1024, 128, true, 2.0, 0, 2},
+        {2, 1, 640, 64, true, 1.0, 0, 2},
     };
     const int n_fwd = is_small ? 2 : (int)(sizeof fwd_cases / sizeof fwd_cases[0]);
     for (int i = 0; i < n_fwd && !bwd_only; i++) run_fwd_case(fwd_cases[i], i);

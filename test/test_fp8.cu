@@ -205,6 +205,32 @@ int main(void) {
                   fp8_scale_for_amax(f, 57344.0f), fp8_scale_for_amax(f, 60000.0f));
     }
 
+    // 3b. The scale with a narrower exponent bound (attention's V: ATTN_V_SCALE_MAX_EXP = 40): the
+    // default's value clamped to [2^-max_exp, 2^max_exp], and the default itself at 126.
+    {
+        long long n = 0, bad = 0;
+        uint32_t rng = 0x5CA1Eu, bad_amax = 0;
+        for (int i = 0; i < 200000; i++) {
+            rng ^= rng << 13; rng ^= rng >> 17; rng ^= rng << 5;
+            const uint32_t ua = rng & 0x7FFFFFFFu;
+            if (ua >= 0x7F800000u || ua == 0) continue;
+            n++;
+            const int me[3] = {1, 40, 126};
+            for (int f = 0; f < 2; f++)
+                for (int k = 0; k < 3; k++) {
+                    const Fp8Format fmt = f ? FP8_E5M2 : FP8_E4M3;
+                    const float s = fp8_scale_for_amax(fmt, f_of(ua)), lo = ldexpf(1.0f, -me[k]), hi = ldexpf(1.0f, me[k]);
+                    const float want = s < lo ? lo : s > hi ? hi : s;
+                    if (fp8_scale_for_amax_within(fmt, f_of(ua), me[k]) != want) { bad++; bad_amax = ua; }
+                }
+        }
+        CHECK(bad == 0 && fp8_scale_for_amax_within(FP8_E4M3, 0.0f, 40) == 1.0f &&
+                  fp8_scale_for_amax_within(FP8_E4M3, 1e-30f, 40) == ldexpf(1.0f, 40) &&
+                  fp8_scale_for_amax_within(FP8_E4M3, 1e30f, 40) == ldexpf(1.0f, -40),
+              "scale within 2^+-max_exp (1, 40, 126): the default's scale clamped, on random amax values",
+              "%lld of %lld differ (e.g. amax 0x%08x)", bad, n, bad_amax);
+    }
+
     // 4. BF16.
     Tally b = {0, 0, 0};
     for (uint64_t u = 0; u < (1ull << 32); u += 409) check_bf16(&b, (uint32_t)u);
