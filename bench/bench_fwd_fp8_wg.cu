@@ -14,8 +14,9 @@
 //          wg2_plain_qrs, wg3_serial_qrs  S's A operand (Q̂) from registers (wg_fp8_rs_tile): the wgmmas
 //                      then read only K̂ and V̂^T from shared memory (is it shared memory's traffic
 //                      that slows the work beside the tensor cores?)
-//          wg2_plain_norescale, wg3_serial_norescale  the O update without the rescale (O + PV * fac:
-//                      64 FFMA instead of 64 FMUL + 64 FFMA), timing only
+//          wg2_plain_norescale, wg3_serial_norescale  the O update without the rescale (O + PV:
+//                      64 FADD instead of 64 FFMA; until stop 33 64 FFMA instead of 64 FMUL + 64
+//                      FFMA), timing only
 // Prints clocks per iteration (every warpgroup one key block of 64 rows) and per two key blocks
 // (the unit of bench_mufu_qgmma.cu's table).
 //   build (GPU machine): nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xptxas -v
@@ -42,7 +43,7 @@ __host__ __device__ constexpr int form_wgs(int f) {
 __host__ __device__ constexpr bool form_qrs(int f) { return f == F_WG2_PLAIN_QRS || f == F_WG3_SERIAL_QRS; }
 
 // The serial step, iters times: S_j = A B (4 SS wgmmas, or QRS: A from registers qa; waited for), softmax_block, P̂_j packed,
-// PV_j = P̂_j B into S_j's registers (4 RS wgmmas, waited for), O = O * alpha + PV_j * fac.
+// PV_j = P̂_j B into S_j's registers (4 RS wgmmas, waited for), O = O * alpha + PV_j (o_rescale_add).
 template <bool QRS, bool RESCALE = true>
 __device__ __forceinline__ void serial_loop(int iters, const StepArgs &a, uint32_t da, uint32_t db, float (&s)[64],
                                             float (&o)[64], uint32_t (&pa)[4][4], float (&m)[2], float (&l)[2],
@@ -68,8 +69,8 @@ __device__ __forceinline__ void serial_loop(int iters, const StepArgs &a, uint32
         wgmma_wait<0>();
         reg_fence(s);
         reg_fence(pa);
-        if (RESCALE) o_rescale_add(o, s, alpha, a.fac);
-        else o_add(o, s, a.fac);
+        if (RESCALE) o_rescale_add(o, s, alpha);
+        else o_add(o, s);
     }
 }
 
@@ -130,7 +131,7 @@ static void run_forms(double (&c)[N_FORMS], SmClocks<384> &b, int iters, StepArg
 int main(int argc, char **argv) {
     const int iters = argc > 1 ? atoi(argv[1]) : 4000;
     SmClocks<384> b;
-    const StepArgs a = {0.05f, 8.0f, 1.0f / 256.0f};  // as bench_mufu_qgmma.cu's
+    const StepArgs a = {0.05f, 8.0f};  // as bench_mufu_qgmma.cu's
     double c[N_FORMS];
     run_forms<0>(c, b, iters, a);
     printf("# %s, %d SMs, %d iterations; one iteration: every warpgroup one key block (64 rows x 128 keys)\n",

@@ -22,9 +22,10 @@
 //   mufu_pack   the exponentials and their conversion to E4M3 (pack_p: 32 F2FP per thread) alone:
 //               whether the conversions share the exponentials' unit
 //   softmax     the kernel's whole softmax step alone: softmax_block (row max, exponentials, row
-//               sums, alpha), the O update (64 FMUL + 64 FFMA) and pack_p, on fixed S values
-//   softmax_norescale  the same with the O update of a block whose row maxima did not move
-//               (alpha = 1: 64 FFMA, O = O + PV * fac)
+//               sums, alpha), the O update (64 FFMA, O * a + PV) and pack_p, on fixed S values
+//   softmax_norescale  the same with the O update of a block whose row maxima and V scale did
+//               not move (a = 1: 64 FADD, O + PV; until stop 33 the update was 64 FMUL + 64 FFMA
+//               and this form its 64 FFMA)
 //   split_real  warpgroup 0 only the wgmmas, warpgroup 1 only the real softmax step (twice as
 //               many iterations each): one warp's softmax per scheduler under the other's matmuls
 //   plain_real  the plain loop with the real step: S_j and PV_{j-1} issued as two groups, the
@@ -245,9 +246,9 @@ __global__ void __launch_bounds__(256, 1) mufu_qgmma_kernel(int iters, StepArgs 
                 if (kind == 1) {
                     const float al[2] = {0.999f, 1.001f};
                     reg_fence(pv);
-                    o_rescale_add(o, pv, al, 0.5f);
+                    o_rescale_add(o, pv, al);
                     reg_fence(o);
-                    o_rescale_add(o, pv, al, 0.25f);
+                    o_rescale_add(o, pv, al);
                     reg_fence(o);
                 }
                 if (kind == 2) {
@@ -430,8 +431,8 @@ int main(int argc, char **argv) {
     SmClocks<256> b;
     long long *d_trace;
     CUDA_OK(cudaMalloc(&d_trace, sizeof(long long) * TRACE_LEN));
-    // the real step's factors: S * tau_qk of a few units, p_scale 2^8 (the kernel's default), 1 / (p_scale s_v)
-    const StepArgs a = {0.05f, 8.0f, 1.0f / 256.0f};
+    // the real step's factors: S * tau_qk of a few units, p_scale 2^8 (the kernel's default)
+    const StepArgs a = {0.05f, 8.0f};
     double c[N_MODES];
     run_modes<0>(c, b, iters, a, d_trace);
     printf("# %s, %d SMs, %d iterations; per iteration and SM: 2 x 8 m64n128k32 e4m3 wgmmas (8.4 MFLOP), "

@@ -8,8 +8,8 @@
 //   S = (Q̂code · K̂code) * (tau / (s_q s_k))                    (FP8 wgmma, FP32 accumulators;
 //       tau / (s_q s_k) = tau * inv_q * inv_k is tau times a power of two, so this is the one
 //       rounding of tau * ((s * inv_q) * inv_k), the emulation's S; the scales are powers of two
-//       in [2^-126, 2^126] (fp8_scale_for_amax), so inv_x = 1 / s_x is exact and is taken from
-//       the exponent bits, pow2_recip)
+//       in [2^-126, 2^126] (fp8_scale_for_amax; V's in [2^-40, 2^40], which O's units below need),
+//       so inv_x = 1 / s_x is exact and is taken from the exponent bits, pow2_recip)
 //   running max m advanced once per key block (the max of the dequantized S: the max of the raw
 //   accumulators times the positive factor above, rounding being monotone; the raw max is taken
 //   on the float bits as integers, exact, see softmax_max in attention_fwd_fp8_step.cuh),
@@ -20,7 +20,10 @@
 //       conversion that the host encoder fp8_e4m3_from_f32 is bit-exact with)
 //   O = O * alpha + (P̂code · V̂code) * (1 / (p_scale s_v))    (FP8 wgmma into a fresh FP32
 //       accumulator per key block, added in FP32 registers: the tensor cores' reduced-precision
-//       accumulation never runs over more than 128 keys, spec §3)
+//       accumulation never runs over more than 128 keys, spec §3; O carried in the units
+//       1 / (p_scale s_v) of the last block added, so that each block's update is one FFMA,
+//       fma(U, alpha * s_v,j / s_v,j-1, PV): one rounding a block, o_rescale_add in
+//       attention_fwd_fp8_step.cuh)
 //   O stored BF16 (acc / l), LSE = m + logf(l) FP32.
 // The exponentials of P use ex2.approx on the prescaled argument fma(s, tau_qk*log2e,
 // log2(p_scale) - m*log2e) instead of expf(S - m): the argument carries one extra rounding
@@ -59,8 +62,8 @@
 //   after it; so S_{j+1} runs during the softmax, and PV_j is waited for at once. The registers
 //   allow it because the fresh PV accumulator and S_j are never live together (the softmax turns
 //   S_j into P̂_j before PV_j is issued, into S_j's registers): O 64 + S_j 64 + S_{j+1} 64 + P̂ 16,
-//   as in the default loop (O 64 + S_j 64 + PV_{j-1} 64 + P̂ 16). Same arithmetic (O * alpha,
-//   then + PV * fac, in that order): O and LSE are the same bit for bit.
+//   as in the default loop (O 64 + S_j 64 + PV_{j-1} 64 + P̂ 16). Same arithmetic (O's one FFMA a
+//   block): O and LSE are the same bit for bit.
 // Both matmuls use K-major operands (the only FP8 wgmma form): rows of 128 bytes (128 FP8 values
 // along the reduction), 16-byte chunk c of row r at chunk c ^ (r % 8), regions 1024-byte aligned;
 // a k32 step advances the descriptor by 32 bytes. For d = 64 the Q and K rows use only the first
@@ -262,14 +265,17 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 #pragma unroll
             for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
             float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
+            // 1 / s_v of the last block whose PV the loop took into O: O is carried in that block's
+            // units (o_rescale_add; any finite value before the first, whose factor is 0)
+            float inv_sv_u = 1.f;
             uint32_t pa[F8_BK / 32][4];  // P̂ of a block: A operand of the PV wgmmas
             if constexpr (OVL) {
                 // Two S accumulators: block j's in sc (complete), block j+1's in sn (in flight
                 // during block j's softmax). Step j: wait for block j+1's stage, issue S_{j+1};
-                // softmax of S_j -> P̂_j; O *= alpha_j; issue PV_j into sc itself (64 x d = 64 x
-                // 128 FP32, S's own size: the fresh PV accumulator is sc's registers, so no third
-                // block of 64 is ever live); wait for both; release block j's stage; O += PV_j *
-                // fac_j. The loop runs two steps per turn so that the two accumulators swap roles
+                // softmax of S_j -> P̂_j; issue PV_j into sc itself (64 x d = 64 x 128 FP32, S's
+                // own size: the fresh PV accumulator is sc's registers, so no third block of 64 is
+                // ever live); wait for both; release block j's stage; O = O * a_j + PV_j
+                // (o_rescale_add). The loop runs two steps per turn so that the two accumulators swap roles
                 // without copies; the diagonal block (masked) is last. (At d = 64 the overlap loops
                 // are the plain / ping-pong ones: the PV accumulator is half of S's.)
                 // With ping-pong (F8_LOOP_OVERLAP_PP) a warpgroup's issue phase is PV_j, its wait,
@@ -293,7 +299,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 auto ostep = [&](int j, float(&sc)[F8_BK / 2], float(&sn)[F8_BK / 2], auto mask, auto has_next) {
                     const unsigned rb = it0 + (unsigned)j, st = rb % ST;
                     const float tau_qk = tau_q * pow2_recip(sKs[st]);
-                    const float fac = inv_p * pow2_recip(sVs[st]);
+                    const float sv = sVs[st];
                     if constexpr (decltype(has_next)::value) {
                         const unsigned nst = (rb + 1) % ST;
                         ring.wait_full(rb + 1);
@@ -304,8 +310,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     }
                     if (PP) pp_pass(wg);  // end of issue phase j
                     softmax_block<decltype(mask)::value, IMAX>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
-#pragma unroll
-                    for (int i = 0; i < D / 2; i++) oacc[i] = oacc[i] * alpha[(i >> 1) & 1];
+                    float a[2];
+                    o_unit_factor(a, alpha, sv, inv_sv_u);
                     pack_p(pa, sc);
                     if (PP) {
                         // Issue phase j + 1. Within one basic block ptxas moves the softmax below
@@ -329,7 +335,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pa);
                     reg_fence(sn);
                     ring.release(rb);  // K̂_j (S_j long done) and V̂_j are no longer read
-                    o_add(oacc, sc, fac);
+                    o_rescale_add(oacc, sc, a);
                 };
                 int j = 0;
                 for (; j + 2 < n_kb; j += 2) {
@@ -350,9 +356,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
 
                 // The K and V scales of key block j come with its stage (sKs, sVs): read after the
-                // stage's full wait, they are first needed once S_j is done (tau_qk) and in the next
-                // step (fac), so their shared-memory latency hides behind the wgmmas.
-                float fac_prev;  // 1 / (p_scale s_v) of the block in pa
+                // stage's full wait, they are first needed once S_j is done (tau_qk, and the V
+                // scale for O's factor, o_unit_factor), so their shared-memory latency hides behind the wgmmas.
 
                 // block 0: S_0 and its softmax (masked if it is the diagonal block)
                 {
@@ -360,7 +365,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     F8_TL_PROLOGUE(1);
                     tau_q = tau * pow2_recip(sQs[ti & 1]);
                     const float tau_qk = tau_q * pow2_recip(sKs[it0 % ST]);
-                    fac_prev = inv_p * pow2_recip(sVs[it0 % ST]);
+                    const float sv0 = sVs[it0 % ST];
                     if (PP) pp_sync(wg);
                     reg_fence(s);
                     wgmma_fence();
@@ -373,8 +378,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                     pack_p(pa, s);  // O is zero: nothing to rescale
                     F8_TL_PROLOGUE(2);
+                    o_unit_factor(alpha, alpha, sv0, inv_sv_u);  // alpha is 0: O takes PV_0 as it is
                 }
-                float alpha_prev[2] = {alpha[0], alpha[1]};  // rescale of O for the block in pa
+                float alpha_prev[2] = {alpha[0], alpha[1]};  // O's factor for the block in pa (o_unit_factor)
 
                 // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once
                 // the first retires, while the tensor cores work on the second; then O takes PV_{j-1}
@@ -386,7 +392,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     const unsigned st = rb % ST, pst = (rb - 1) % ST;
                     ring.wait_full(rb);
                     const float tau_qk = tau_q * pow2_recip(sKs[st]);
-                    const float fac = inv_p * pow2_recip(sVs[st]);
+                    const float sv = sVs[st];
                     if (PP) pp_sync(wg);
                     reg_fence(s);
                     reg_fence(pv);
@@ -404,11 +410,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pv);
                     reg_fence(pa);
                     ring.release(rb - 1);  // K̂_{j-1} and V̂_{j-1} are no longer read
-                    o_rescale_add(oacc, pv, alpha_prev, fac_prev);
+                    o_rescale_add(oacc, pv, alpha_prev);
                     pack_p(pa, s);
-                    alpha_prev[0] = alpha[0];
-                    alpha_prev[1] = alpha[1];
-                    fac_prev = fac;
+                    o_unit_factor(alpha_prev, alpha, sv, inv_sv_u);
                 };
                 for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
                 if (n_kb > 1) step(n_kb - 1, std::true_type());
@@ -429,13 +433,15 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                     reg_fence(pa);
                     ring.release(it0 + (unsigned)n_kb - 1);
                     ring.release_tile(ti);
-                    o_rescale_add(oacc, pv, alpha_prev, fac_prev);
+                    o_rescale_add(oacc, pv, alpha_prev);
                 }
                 TL_MARK_AT(f8_timeline, ctid == 0, tile, 4);
             }
             it0 += (unsigned)n_kb;
 
-            // epilogue: full row sums, O = acc / l in BF16, LSE natural log
+            // epilogue: O from the last block's units, full row sums, O = acc / l in BF16, LSE
+            // natural log
+            o_from_units(oacc, inv_p, inv_sv_u);
             quad_sum(l);
             l[0] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
             l[1] *= inv_p;

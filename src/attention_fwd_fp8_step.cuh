@@ -242,20 +242,41 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
     softmax_exp<MASKED, NPOLY>(s, l, alpha, bias, tau_qk);
 }
 
-// O = O * alpha + PV * fac for one key block (the kernel's order: O * alpha rounded, then the
-// FFMA): o_rescale_add; o_add is the same for a block that moved none of the rows' maxima (alpha =
-// ex2(0) = 1 exactly: O * alpha is O, one FFMA per element gives the same bits). Skipping the
-// rescale where a warp's alpha are all 1 measured no faster (docs/perf.md, stop 30); the
-// benchmark's softmax_norescale and plain_real_norescale time o_add.
+// O is carried in the units of the last key block added: U = O / fac_j, fac_j = 1 / (p_scale s_v,j)
+// (a power of two). Block j's update is then one FFMA per element,
+//   U_j = U_{j-1} * a_j + PV_j,   a_j = alpha_j * (s_v,j / s_v,j-1)   (o_unit_factor),
+// instead of O * alpha rounded and then PV * fac added (64 FMUL + 64 FFMA a thread a block): the
+// same value with one rounding fewer, since scaling by a power of two is exact (docs/perf.md,
+// stops 33-34). The epilogue takes O = U * fac_last (o_from_units). Range: U exceeds p_scale * O by
+// the ratio of two V scales of the head, which the quantize pass keeps within 2^80 by clamping V's
+// scale exponents to [-40, 40] (ATTN_V_SCALE_MAX_EXP, spec §2): |U| <= 2^8 * T * 448 * 2^80 <
+// 2^127 for T <= 2^20. Without the clamp, V blocks ~2^90 apart would overflow U.
+// o_add is the update of a block whose rows' maxima did not move and whose V scale is the
+// previous one's (a_j = 1): the benchmark's softmax_norescale and plain_real_norescale time it.
 template <int N>
-__device__ __forceinline__ void o_rescale_add(float (&o)[N], const float (&pv)[N], const float (&alpha)[2], float fac) {
+__device__ __forceinline__ void o_rescale_add(float (&o)[N], const float (&pv)[N], const float (&a)[2]) {
 #pragma unroll
-    for (int i = 0; i < N; i++) o[i] = fmaf(pv[i], fac, o[i] * alpha[(i >> 1) & 1]);
+    for (int i = 0; i < N; i++) o[i] = fmaf(o[i], a[(i >> 1) & 1], pv[i]);
 }
 template <int N>
-__device__ __forceinline__ void o_add(float (&o)[N], const float (&pv)[N], float fac) {
+__device__ __forceinline__ void o_add(float (&o)[N], const float (&pv)[N]) {
 #pragma unroll
-    for (int i = 0; i < N; i++) o[i] = fmaf(pv[i], fac, o[i]);
+    for (int i = 0; i < N; i++) o[i] += pv[i];
+}
+// a_j of o_rescale_add from block j's alpha and V scale sv and the previous block's 1 / s_v
+// (inv_sv_u, which then becomes 1 / sv): (alpha * sv) * inv_sv_u, exact (powers of two) and never
+// NaN (alpha = 0, block 0's, gives 0 for any finite inv_sv_u).
+__device__ __forceinline__ void o_unit_factor(float (&a)[2], const float (&alpha)[2], float sv, float &inv_sv_u) {
+    a[0] = alpha[0] * sv * inv_sv_u;
+    a[1] = alpha[1] * sv * inv_sv_u;
+    inv_sv_u = pow2_recip(sv);
+}
+// U (units of the last block, 1 / inv_sv_u) -> O (FP32, the unnormalised sum): once per tile
+template <int N>
+__device__ __forceinline__ void o_from_units(float (&o)[N], float inv_p, float inv_sv_u) {
+    const float fac = inv_p * inv_sv_u;  // 2^-8 * 2^-126 at the least: a float subnormal, exact
+#pragma unroll
+    for (int i = 0; i < N; i++) o[i] *= fac;
 }
 
 #endif  // ATTENTION_FWD_FP8_STEP_CUH
