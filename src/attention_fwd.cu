@@ -163,7 +163,8 @@ __device__ __forceinline__ void wg_store_output(const WgFwdCta &c, const float (
                                                 const float (&m)[2], float (&l)[2], bf16 *o,
                                                 int o_stride, float *lse, int T, float scale_log2) {
     quad_sum(l);
-    fwd_store_rows<D>(oacc, l, o + c.obase, o_stride, lse + (long)c.bh * T, c.row_w0 + c.g, T, c.t4,
+    const float inv_l[2] = {1.f / l[0], 1.f / l[1]};
+    fwd_store_rows<D>(oacc, inv_l, o + c.obase, o_stride, lse + (long)c.bh * T, c.row_w0 + c.g, T, c.t4,
                       [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });
 }
 
@@ -392,7 +393,8 @@ __global__ void __launch_bounds__(384, 1)
             // (named barriers 1, 2)
             const int wg = ctid >> 7;
             quad_sum(l);
-            store_o_tma<D, WG_BQ * 128, 1>(&tm_o, smem_addr(c.sQ) + wg * (64 * 128), oacc, l, wg, (ctid >> 5) & 3,
+            const float inv_l[2] = {1.f / l[0], 1.f / l[1]};
+            store_o_tma<D, WG_BQ * 128, 1>(&tm_o, smem_addr(c.sQ) + wg * (64 * 128), oacc, inv_l, wg, (ctid >> 5) & 3,
                                            (ctid & 127) == 0, c.h, c.q0 + wg * 64, c.b);
             fwd_store_lse(lse + (long)c.bh * T, c.row_w0 + c.g, T, c.t4,
                           [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });

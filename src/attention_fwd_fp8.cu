@@ -439,10 +439,10 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             }
             it0 += (unsigned)n_kb;
 
-            // epilogue: O from the last block's units, full row sums, O = acc / l in BF16, LSE
-            // natural log
-            o_from_units(oacc, inv_p, inv_sv_u);
+            // epilogue: full row sums, O = U / (p_scale s_v,last) / l in BF16 (o_inv_divisor: one
+            // multiply an element), LSE natural log
             quad_sum(l);
+            const float inv_l[2] = {o_inv_divisor(l[0], inv_sv_u), o_inv_divisor(l[1], inv_sv_u)};
             l[0] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
             l[1] *= inv_p;
             const int b = bh / H, h = bh % H;
@@ -454,11 +454,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 if (issuer) bulk_wait_read();
                 wg_bar_sync<4>(wg);
                 F8_TL_EPILOGUE(1);
-                store_o_tma<D, L::O / 2, 4>(&tm_o, smem_addr(sO + wg * L::O), oacc, l, wg, warp, issuer, h, q0 + wg * 64, b);
+                store_o_tma<D, L::O / 2, 4>(&tm_o, smem_addr(sO + wg * L::O), oacc, inv_l, wg, warp, issuer, h, q0 + wg * 64, b);
                 F8_TL_EPILOGUE(2);
                 fwd_store_lse(lse + (long)bh * T, row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
             } else {
-                fwd_store_rows<D>(oacc, l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
+                fwd_store_rows<D>(oacc, inv_l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
                                   row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
             }
             TL_END_AT(f8_timeline, ctid == 0, tile, 5, n_kb);

@@ -247,7 +247,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
 //   U_j = U_{j-1} * a_j + PV_j,   a_j = alpha_j * (s_v,j / s_v,j-1)   (o_unit_factor),
 // instead of O * alpha rounded and then PV * fac added (64 FMUL + 64 FFMA a thread a block): the
 // same value with one rounding fewer, since scaling by a power of two is exact (docs/perf.md,
-// stops 33-34). The epilogue takes O = U * fac_last (o_from_units). Range: U exceeds p_scale * O by
+// stops 33-34). The epilogue divides U by l * p_scale * s_v,last (o_inv_divisor). Range: U exceeds p_scale * O by
 // the ratio of two V scales of the head, which the quantize pass keeps within 2^80 by clamping V's
 // scale exponents to [-40, 40] (ATTN_V_SCALE_MAX_EXP, spec §2): |U| <= 2^8 * T * 448 * 2^80 <
 // 2^127 for T <= 2^20. Without the clamp, V blocks ~2^90 apart would overflow U.
@@ -271,12 +271,10 @@ __device__ __forceinline__ void o_unit_factor(float (&a)[2], const float (&alpha
     a[1] = alpha[1] * sv * inv_sv_u;
     inv_sv_u = pow2_recip(sv);
 }
-// U (units of the last block, 1 / inv_sv_u) -> O (FP32, the unnormalised sum): once per tile
-template <int N>
-__device__ __forceinline__ void o_from_units(float (&o)[N], float inv_p, float inv_sv_u) {
-    const float fac = inv_p * inv_sv_u;  // 2^-8 * 2^-126 at the least: a float subnormal, exact
-#pragma unroll
-    for (int i = 0; i < N; i++) o[i] *= fac;
-}
+// The factor that turns U (units of the last block, 1 / inv_sv_u) into the normalised O, from the
+// row sum lp of P' (P units times p_scale): U / (p_scale s_v) / (lp / p_scale) = U * (1 / lp) *
+// inv_sv_u. The product by inv_sv_u (a power of two) is exact, so O has the bits of the unit form's
+// (U * (1 / (p_scale s_v))) * (1 / l), with one multiply an element instead of two.
+__device__ __forceinline__ float o_inv_divisor(float lp, float inv_sv_u) { return (1.f / lp) * inv_sv_u; }
 
 #endif  // ATTENTION_FWD_FP8_STEP_CUH

@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, 1)
 
     // epilogue: full row sums, O = acc / l in BF16, LSE in natural log
     quad_sum(l);
-    fwd_store_rows<D>(reinterpret_cast<const float(&)[D / 2]>(oacc), l, o + (long)b * T * o_stride + (long)h * D,
+    const float inv_l[2] = {1.f / l[0], 1.f / l[1]};
+    fwd_store_rows<D>(reinterpret_cast<const float(&)[D / 2]>(oacc), inv_l, o + (long)b * T * o_stride + (long)h * D,
                       o_stride, lse + (long)bh * T, row_w0 + g, T, t4,
                       [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });
 }

@@ -343,7 +343,7 @@ __device__ __forceinline__ void mma_frag_rowtile(float (&acc)[N / 8][4], const f
 
 // Row statistics and the epilogue of the forward kernels. quad_sum / quad_max: a row's sum / max
 // over the 4 threads of a quad (the threads of one accumulator row), in all four. fwd_store_rows: this thread's two rows row0 and
-// row0 + 8 (those < T) of O = acc / l[r] in BF16, acc in the mma / wgmma fragment order (element
+// row0 + 8 (those < T) of O = acc * inv_l[r] in BF16 (inv_l = 1 / l, or the FP8 forward's factor), acc in the mma / wgmma fragment order (element
 // 4n + 2r + c is row r, column 8n + 2 t4 + c), o the head's first row, and from the quad's first
 // thread lse_head[row] = lse_of(r).
 __device__ __forceinline__ void quad_sum(float (&v)[2]) {
@@ -379,13 +379,13 @@ __device__ __forceinline__ void fwd_store_lse(float *lse_head, int row0, int T, 
             if (row0 + 8 * r < T) lse_head[row0 + 8 * r] = lse_of(r);
 }
 template <int D, class LseOf>
-__device__ __forceinline__ void fwd_store_rows(const float (&acc)[D / 2], const float (&l)[2], bf16 *o, int o_stride,
+__device__ __forceinline__ void fwd_store_rows(const float (&acc)[D / 2], const float (&inv_l)[2], bf16 *o, int o_stride,
                                                float *lse_head, int row0, int T, int t4, LseOf lse_of) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = row0 + r * 8;
         if (row >= T) continue;
-        const float inv = 1.f / l[r];
+        const float inv = inv_l[r];
         bf16 *orow = o + (long)row * o_stride;
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
@@ -699,17 +699,16 @@ __device__ __forceinline__ void wg_bar_sync(int wg) {
     if (wg == 0) named_bar_sync<BASE, 128>();
     else named_bar_sync<BASE + 1, 128>();
 }
-// The forwards' O epilogue by TMA for consumer warpgroup wg: O = acc / l into its staging area
+// The forwards' O epilogue by TMA for consumer warpgroup wg: O = acc * inv_l into its staging area
 // (stage_o_sw128: D / 64 boxes HALF bytes apart), then thread `issuer` stores the boxes as rows
 // t0 .. t0 + 63 of head h of sequence b (tm_o: tensor_map_bthd with 64 rows) in its bulk group.
 // A caller that reuses the area waits for the previous store's reads first (bulk_wait_read by
 // the issuer, then wg_bar_sync), and the issuer waits for the last one before the CTA ends.
 template <int D, int HALF, int BAR>
 __device__ __forceinline__ void store_o_tma(const void *tm_o, uint32_t area, const float (&acc)[D / 2],
-                                            const float (&l)[2], int wg, int warp, bool issuer, int h, int t0,
+                                            const float (&inv_l)[2], int wg, int warp, bool issuer, int h, int t0,
                                             int b) {
-    const float inv[2] = {1.f / l[0], 1.f / l[1]};
-    stage_o_sw128<D, HALF>(area, acc, inv, warp);
+    stage_o_sw128<D, HALF>(area, acc, inv_l, warp);
     fence_proxy_async();  // the stmatrix writes -> the bulk copy's reads
     wg_bar_sync<BAR>(wg);
     if (issuer) {
