@@ -141,7 +141,8 @@ float attn_delayed_amax(const AttnDelayedState *s, int tensor) {
 }
 
 static float delayed_scale(const AttnDelayedState *ds, int tensor, Fp8Format fmt, float own_amax) {
-    return fp8_scale_for_amax(fmt, ds->filled == 0 ? own_amax : attn_delayed_amax(ds, tensor));
+    return fp8_scale_for_amax_within(fmt, ds->filled == 0 ? own_amax : attn_delayed_amax(ds, tensor),
+                                     tensor == CAST_V ? ATTN_V_SCALE_MAX_EXP : FP8_SCALE_MAX_EXP);
 }
 
 void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]) {

@@ -53,7 +53,7 @@ void attn_delayed_commit(AttnDelayedState *s);
 AttnDelayedState *attn_delayed_save(const AttnDelayedState *s, int n);
 void attn_delayed_restore(AttnDelayedState *s, AttnDelayedState *saved, int n);
 // The four tensor scales of a step from a history that is not empty: scale[t] =
-// fp8_scale_for_amax(format of t, max of the history of t), Q, K, V in E4M3 and dO in
+// fp8_scale_for_amax(format of t, max of the history of t; V's within 2^±ATTN_V_SCALE_MAX_EXP), Q, K, V in E4M3 and dO in
 // grad_format: what attn_quantize_operand uses past the first step (the GPU model uploads them).
 void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]);
 
@@ -66,7 +66,9 @@ void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float
 // Why: the FP8 forward carries O in the units of each key block's V scale, so that a block's O
 // update is one FFMA (attention_fwd_fp8_step.cuh); those units move O by the ratio of two V
 // scales of the head, at most 2^80 here, which keeps it inside FP32 for any T up to 2^20
-// (docs/fp8-attention.md §2). Delayed scaling has one V scale per tensor (or head): no clamp.
+// (docs/fp8-attention.md §2). Delayed scaling clamps V's tensor (or head) scale alike: its
+// scales are all equal, so U stays within 2^8 * T * 448, but the epilogue's factor (1 / l) /
+// s_v must stay a normal float (s_v <= 2^40).
 #define ATTN_V_SCALE_MAX_EXP 40
 
 // Counters a call adds to (callers zero them). FP8 casts only (BF16 roundings are not counted).

@@ -174,7 +174,8 @@ static void quantize_scaled(const AttnOptions *opt, const AttnDelayedGpu *delaye
         }
         attn_gpu_quantize(probe, n, B, H, T, d, stream);
         for (int i = 0; i < n; i++)
-            attn_gpu_amax_reduce(p.amax[ops[i]], B * H, nblk, ts[i].fmt, NULL, p.heads[ops[i]], stream);
+            attn_gpu_amax_reduce(p.amax[ops[i]], B * H, nblk, ts[i].fmt, ops[i] == OP_V ? ATTN_V_SCALE_MAX_EXP : 0,
+                                 NULL, p.heads[ops[i]], stream);
     }
     AmaxFold fold;
     memset(&fold, 0, sizeof fold);

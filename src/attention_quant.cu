@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(QTHREADS)
 }
 
 // grid n_groups, block 256: max |in| over each group of group_len floats.
-__global__ void attn_amax_reduce_kernel(const float *__restrict__ in, int group_len, Fp8Format fmt,
+__global__ void attn_amax_reduce_kernel(const float *__restrict__ in, int group_len, Fp8Format fmt, int max_exp,
                                         float *__restrict__ amax_out, float *__restrict__ scale_out) {
     __shared__ float red[8];
     const long base = (long)blockIdx.x * group_len;
@@ -229,7 +229,7 @@ __global__ void attn_amax_reduce_kernel(const float *__restrict__ in, int group_
     if (threadIdx.x == 0) {
         for (int w = 1; w < 8; w++) m = fmaxf(m, red[w]);
         if (amax_out) amax_out[blockIdx.x] = m;
-        if (scale_out) scale_out[blockIdx.x] = fp8_scale_for_amax(fmt, m);
+        if (scale_out) scale_out[blockIdx.x] = fp8_scale_for_amax_within(fmt, m, max_exp);
     }
 }
 
@@ -278,10 +278,15 @@ extern "C" void attn_gpu_quantize(const AttnQuantTensor *tensors, int n, int B, 
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void attn_gpu_amax_reduce(const float *in, int n_groups, int group_len, Fp8Format fmt,
+extern "C" void attn_gpu_amax_reduce(const float *in, int n_groups, int group_len, Fp8Format fmt, int max_scale_exp,
                                      float *amax_out, float *scale_out, cudaStream_t stream) {
     if (n_groups <= 0 || group_len <= 0)
         FATAL("attn_gpu_amax_reduce: %d groups of %d (both must be positive)", n_groups, group_len);
-    attn_amax_reduce_kernel<<<n_groups, 256, 0, stream>>>(in, group_len, fmt, amax_out, scale_out);
+    if (max_scale_exp < 0 || max_scale_exp > FP8_SCALE_MAX_EXP)
+        FATAL("attn_gpu_amax_reduce: max_scale_exp %d (0 for the default %d, or 1..%d)", max_scale_exp,
+              FP8_SCALE_MAX_EXP, FP8_SCALE_MAX_EXP);
+    attn_amax_reduce_kernel<<<n_groups, 256, 0, stream>>>(in, group_len, fmt,
+                                                          max_scale_exp ? max_scale_exp : FP8_SCALE_MAX_EXP,
+                                                          amax_out, scale_out);
     CUDA_CHECK_LAUNCH();
 }

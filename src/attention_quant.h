@@ -17,7 +17,7 @@
 //
 // Scaling. Block (scale_in == NULL): s = fp8_scale_for_amax(fmt, amax of the block's current
 // values), with the exponent bound max_scale_exp when it is set (V: ATTN_V_SCALE_MAX_EXP, which
-// attn_gpu_forward_fp8 relies on). Delayed (scale_in != NULL): s is read from device memory, one per tensor
+// attn_gpu_forward_fp8 relies on; delayed scales of V are made within it too). Delayed (scale_in != NULL): s is read from device memory, one per tensor
 // (scale_in[0]) or one per head (scale_in[b*H + h], the CPU's first step, whose scale comes from
 // the head's own amax); attn_gpu_amax_reduce turns amax histories or block amaxes into those
 // scales on the device, without a host round trip. Either way the block amax can be written
@@ -79,9 +79,10 @@ void attn_gpu_quantize(const AttnQuantTensor *tensors, int n, int B, int H, int 
 
 // out[g] over n_groups groups of group_len consecutive floats of `in` (device pointers):
 // amax_out[g] = max_i |in[g*group_len + i]| (optional), scale_out[g] = fp8_scale_for_amax(fmt,
-// that max) (optional). Examples: per-head scales from block amaxes (group_len = nblk), the
-// tensor's amax (one group over everything), the delayed scale from an amax history.
-void attn_gpu_amax_reduce(const float *in, int n_groups, int group_len, Fp8Format fmt,
+// that max, within 2^±max_scale_exp; 0 = FP8_SCALE_MAX_EXP, V: ATTN_V_SCALE_MAX_EXP) (optional).
+// Examples: per-head scales from block amaxes (group_len = nblk), the tensor's amax (one group
+// over everything), the delayed scale from an amax history.
+void attn_gpu_amax_reduce(const float *in, int n_groups, int group_len, Fp8Format fmt, int max_scale_exp,
                           float *amax_out, float *scale_out, cudaStream_t stream);
 
 // fp8_hybrid's backward needs no kernel of its own: attn_gpu_backward (attention_gpu.h, BF16) run

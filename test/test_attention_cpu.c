@@ -278,6 +278,16 @@ int main(void) {
               "amax dO %g resid %.2e", ds.cur_amax[CAST_DO], st.resid_cancel_max);
         free(dq); free(dk); free(dv); free(xh);
         free(small); free(out); free(lse);
+        // V's delayed scale is clamped to 2^+-ATTN_V_SCALE_MAX_EXP as its block scales are, Q's is not
+        AttnDelayedState tiny;
+        attn_delayed_init(&tiny, 16);
+        for (int t = 0; t < 4; t++) tiny.hist[t][0] = 1e-30f;
+        tiny.filled = 1;
+        float sc[4];
+        attn_delayed_scales(&tiny, FP8_E4M3, sc);
+        CHECK(sc[CAST_V] == ldexpf(1.0f, ATTN_V_SCALE_MAX_EXP) && sc[CAST_Q] > ldexpf(1.0f, ATTN_V_SCALE_MAX_EXP) &&
+                  sc[CAST_Q] == fp8_scale_for_amax(FP8_E4M3, 1e-30f),
+              "delayed: V's scale clamped to 2^+-ATTN_V_SCALE_MAX_EXP, Q's not", "V %g Q %g", sc[CAST_V], sc[CAST_Q]);
         case_free(&c);
     }
 

@@ -306,8 +306,8 @@ static void run_case(const Case &cs, int seed) {
         AttnQuantTensor a = qt(d_do, C, gfmt, od, C);
         a.codes = NULL; a.codes_t = NULL; a.scales = NULL; a.saturated = NULL; a.dequant = NULL;  // amax only
         attn_gpu_quantize(&a, 1, B, H, T, d, 0);
-        attn_gpu_amax_reduce(od.bamax, B * H, nblk, gfmt, NULL, d_head_scale, 0);
-        attn_gpu_amax_reduce(od.bamax, 1, B * H * nblk, gfmt, d_amax, NULL, 0);
+        attn_gpu_amax_reduce(od.bamax, B * H, nblk, gfmt, 0, NULL, d_head_scale, 0);
+        attn_gpu_amax_reduce(od.bamax, 1, B * H * nblk, gfmt, 0, d_amax, NULL, 0);
         AttnQuantTensor c = qt(d_do, C, gfmt, od, C);
         c.scale_in = d_head_scale;
         c.scale_in_per_head = 1;
@@ -337,7 +337,7 @@ static void run_case(const Case &cs, int seed) {
     {
         DevOut od = dev_out_alloc(B, H, Tp, d, nblk);
         CU(cudaMemcpy(d_hist, ds.hist[CAST_DO], (size_t)ds.filled * 4, cudaMemcpyHostToDevice));
-        attn_gpu_amax_reduce(d_hist, 1, ds.filled, gfmt, NULL, d_scale, 0);
+        attn_gpu_amax_reduce(d_hist, 1, ds.filled, gfmt, 0, NULL, d_scale, 0);
         AttnQuantTensor c = qt(d_do, C, gfmt, od, C);
         c.scale_in = d_scale;
         c.scale_in_per_head = 0;
@@ -349,6 +349,26 @@ static void run_case(const Case &cs, int seed) {
         report(tag, gfmt == FP8_E5M2 ? "dO e5m2 delayed stale" : "dO e4m3 delayed stale", m, true);
         printf("#   delayed stale: %lld of %zu dO values saturated\n", m.gpu_sat, n_tok * C);
         dev_out_free(od);
+    }
+    // attn_gpu_amax_reduce's scales with V's exponent bound (the first step's head scales of V)
+    // and without it, against fp8_scale_for_amax_within on the host, on amaxes inside and past it
+    {
+        const float am[6] = {1e-30f, 3e-12f, 0.7f, 448.0f, 5e15f, 1e30f};
+        float *d_am, *d_sc;
+        CU(cudaMalloc(&d_am, sizeof am));
+        CU(cudaMalloc(&d_sc, 2 * sizeof am));
+        CU(cudaMemcpy(d_am, am, sizeof am, cudaMemcpyHostToDevice));
+        attn_gpu_amax_reduce(d_am, 6, 1, FP8_E4M3, ATTN_V_SCALE_MAX_EXP, NULL, d_sc, 0);
+        attn_gpu_amax_reduce(d_am, 6, 1, FP8_E4M3, 0, NULL, d_sc + 6, 0);
+        const std::vector<float> sc = back(d_sc, 12);
+        int bad = 0;
+        for (int i = 0; i < 6; i++) {
+            bad += sc[i] != fp8_scale_for_amax_within(FP8_E4M3, am[i], ATTN_V_SCALE_MAX_EXP);
+            bad += sc[6 + i] != fp8_scale_for_amax(FP8_E4M3, am[i]);
+        }
+        CHECK(bad == 0 && sc[0] == ldexpf(1.0f, ATTN_V_SCALE_MAX_EXP) && sc[5] == ldexpf(1.0f, -ATTN_V_SCALE_MAX_EXP),
+              "attn fp8 amax reduce: scales within 2^+-max_scale_exp (V's) and the default's", "%s: %d differ", tag, bad);
+        cudaFree(d_am); cudaFree(d_sc);
     }
     for (int i = 0; i < 5; i++) dev_out_free(o[i]);
     cudaFree(d_head_scale); cudaFree(d_amax); cudaFree(d_hist); cudaFree(d_scale);
