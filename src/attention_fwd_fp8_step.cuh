@@ -264,8 +264,10 @@ __device__ __forceinline__ void o_add(float (&o)[N], const float (&pv)[N]) {
     for (int i = 0; i < N; i++) o[i] += pv[i];
 }
 // a_j of o_rescale_add from block j's alpha and V scale sv and the previous block's 1 / s_v
-// (inv_sv_u, which then becomes 1 / sv): (alpha * sv) * inv_sv_u, exact (powers of two) and never
-// NaN (alpha = 0, block 0's, gives 0 for any finite inv_sv_u).
+// (inv_sv_u, which then becomes 1 / sv): (alpha * sv) * inv_sv_u, exact while alpha * sv is a
+// normal float (sv and inv_sv_u are powers of two within 2^±40: always but for alpha < 2^-86, a
+// block whose rows' maxima jumped by > 59, where the factor keeps fewer bits), and never NaN
+// (alpha = 0, block 0's, gives 0 for any finite inv_sv_u).
 __device__ __forceinline__ void o_unit_factor(float (&a)[2], const float (&alpha)[2], float sv, float &inv_sv_u) {
     a[0] = alpha[0] * sv * inv_sv_u;
     a[1] = alpha[1] * sv * inv_sv_u;
