@@ -195,7 +195,7 @@ static AttnQuantTensor tensor(int i, int with_codes, int with_t) {
     t.codes = with_codes ? S.codes[i] : NULL;
     t.codes_t = with_t ? S.codes_t[i] : NULL;
     t.scales = S.scales[i];
-    if (i == 2) t.max_scale_exp = ATTN_V_SCALE_MAX_EXP;  // V as the layer quantizes it (the forward relies on it)
+    t.max_scale_exp = attn_scale_max_exp((AttnCast)i);  // as the layer quantizes them (i: Q, K, V, dO)
     return t;
 }
 

@@ -142,7 +142,7 @@ float attn_delayed_amax(const AttnDelayedState *s, int tensor) {
 
 static float delayed_scale(const AttnDelayedState *ds, int tensor, Fp8Format fmt, float own_amax) {
     return fp8_scale_for_amax_within(fmt, ds->filled == 0 ? own_amax : attn_delayed_amax(ds, tensor),
-                                     tensor == CAST_V ? ATTN_V_SCALE_MAX_EXP : FP8_SCALE_MAX_EXP);
+                                     attn_scale_max_exp((AttnCast)tensor));
 }
 
 void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]) {
@@ -186,7 +186,7 @@ void attn_quantize_operand(const AttnOptions *opt, AttnDelayedState *ds, AttnCas
     for (int b = 0; b * ATTN_SCALE_BLOCK < T; b++) {
         int r0 = b * ATTN_SCALE_BLOCK, r1 = r0 + ATTN_SCALE_BLOCK < T ? r0 + ATTN_SCALE_BLOCK : T;
         const float amax = amax_of(x + (size_t)r0 * d, (size_t)(r1 - r0) * d);
-        float s = fp8_scale_for_amax_within(fmt, amax, which == CAST_V ? ATTN_V_SCALE_MAX_EXP : FP8_SCALE_MAX_EXP);
+        float s = fp8_scale_for_amax_within(fmt, amax, attn_scale_max_exp(which));
         qdq_rows(fmt, s, r0, r1, d, x, xhat, st, which);
         if (scales) scales[b] = s;
     }

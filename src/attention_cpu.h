@@ -70,6 +70,11 @@ void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float
 // scales are all equal, so U stays within 2^8 * T * 448, but the epilogue's factor (1 / l) /
 // s_v must stay a normal float (s_v <= 2^40).
 #define ATTN_V_SCALE_MAX_EXP 40
+// The exponent bound of an operand's scales (fp8_scale_for_amax_within), block or delayed: V's,
+// or the default. The one place that decides it, for the CPU emulation and the GPU layer alike.
+static inline int attn_scale_max_exp(AttnCast which) {
+    return which == CAST_V ? ATTN_V_SCALE_MAX_EXP : FP8_SCALE_MAX_EXP;
+}
 
 // Counters a call adds to (callers zero them). FP8 casts only (BF16 roundings are not counted).
 // Q, K, V casts are counted by the forward (the backward re-derives the same values); P by both

@@ -122,7 +122,7 @@ static AttnQuantTensor operand(const bf16 *x, int stride, Fp8Format fmt, uint8_t
     t.codes_t = codes_t;
     t.scales = scales;
     t.saturated = diag && diag->saturated ? diag->saturated + which : NULL;
-    if (which == CAST_V) t.max_scale_exp = ATTN_V_SCALE_MAX_EXP;  // the FP8 forward's O units need it
+    t.max_scale_exp = attn_scale_max_exp(which);  // V's bound: the FP8 forward's O units need it
     return t;
 }
 
@@ -174,8 +174,8 @@ static void quantize_scaled(const AttnOptions *opt, const AttnDelayedGpu *delaye
         }
         attn_gpu_quantize(probe, n, B, H, T, d, stream);
         for (int i = 0; i < n; i++)
-            attn_gpu_amax_reduce(p.amax[ops[i]], B * H, nblk, ts[i].fmt, ops[i] == OP_V ? ATTN_V_SCALE_MAX_EXP : 0,
-                                 NULL, p.heads[ops[i]], stream);
+            attn_gpu_amax_reduce(p.amax[ops[i]], B * H, nblk, ts[i].fmt, ts[i].max_scale_exp, NULL, p.heads[ops[i]],
+                                 stream);
     }
     AmaxFold fold;
     memset(&fold, 0, sizeof fold);

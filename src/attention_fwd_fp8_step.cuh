@@ -264,13 +264,14 @@ __device__ __forceinline__ void o_add(float (&o)[N], const float (&pv)[N]) {
     for (int i = 0; i < N; i++) o[i] += pv[i];
 }
 // a_j of o_rescale_add from block j's alpha and V scale sv and the previous block's 1 / s_v
-// (inv_sv_u, which then becomes 1 / sv): (alpha * sv) * inv_sv_u, exact while alpha * sv is a
-// normal float (sv and inv_sv_u are powers of two within 2^±40: always but for alpha < 2^-86, a
-// block whose rows' maxima jumped by > 59, where the factor keeps fewer bits), and never NaN
-// (alpha = 0, block 0's, gives 0 for any finite inv_sv_u).
+// (inv_sv_u, which then becomes 1 / sv): alpha * (sv * inv_sv_u). The ratio, one multiply for
+// both rows, is an exact power of two within 2^±80 (V's scales lie within 2^±40), so each a_j is
+// alpha times it, exact unless a_j itself falls below FP32's normal range; never NaN (alpha = 0,
+// block 0's, gives 0 for any finite inv_sv_u).
 __device__ __forceinline__ void o_unit_factor(float (&a)[2], const float (&alpha)[2], float sv, float &inv_sv_u) {
-    a[0] = alpha[0] * sv * inv_sv_u;
-    a[1] = alpha[1] * sv * inv_sv_u;
+    const float ratio = sv * inv_sv_u;
+    a[0] = alpha[0] * ratio;
+    a[1] = alpha[1] * ratio;
     inv_sv_u = pow2_recip(sv);
 }
 // The factor that turns U (units of the last block, 1 / inv_sv_u) into the normalised O, from the

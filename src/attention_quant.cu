@@ -129,8 +129,7 @@ __global__ void __launch_bounds__(QTHREADS)
     float m = red[0];
 #pragma unroll
     for (int w = 1; w < QTHREADS / 32; w++) m = fmaxf(m, red[w]);
-    const float s = a.scale_in ? a.scale_in[a.scale_in_per_head ? bh : 0]
-                               : fp8_scale_for_amax_within(a.fmt, m, a.max_scale_exp ? a.max_scale_exp : FP8_SCALE_MAX_EXP);
+    const float s = a.scale_in ? a.scale_in[a.scale_in_per_head ? bh : 0] : fp8_scale_for_amax_within(a.fmt, m, a.max_scale_exp);
     if (tid == 0) {
         const long sidx = (long)bh * nblk + blk;
         if (a.scales) a.scales[sidx] = s;
@@ -268,6 +267,7 @@ extern "C" void attn_gpu_quantize(const AttnQuantTensor *tensors, int n, int B, 
     for (int i = 0; i < n; i++) {
         check_tensor(&tensors[i], i, H, d);
         batch.t[i] = tensors[i];
+        if (!batch.t[i].max_scale_exp) batch.t[i].max_scale_exp = FP8_SCALE_MAX_EXP;  // the kernel reads it as is
     }
     const int nblk = attn_quant_n_blocks(T);
     const long n_cta = (long)B * H * nblk;

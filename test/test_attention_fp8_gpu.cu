@@ -112,7 +112,7 @@ static AttnQuantTensor qt(const uint16_t *x, int stride, Fp8Format fmt, const De
 // which the FP8 forward's O units rely on
 static AttnQuantTensor qt_v(const uint16_t *x, int stride, const DevOut &o, int C) {
     AttnQuantTensor t = qt(x, stride, FP8_E4M3, o, C);
-    t.max_scale_exp = ATTN_V_SCALE_MAX_EXP;
+    t.max_scale_exp = attn_scale_max_exp(CAST_V);
     return t;
 }
 
@@ -1074,8 +1074,8 @@ static void bench_bwd(void) {
     DevOut q[4];
     for (int i = 0; i < 4; i++) q[i] = dev_out_alloc(B, H, Tp, d, nblk);
     AttnQuantTensor ts[4];
-    for (int i = 0; i < 3; i++) ts[i] = qt(x + (size_t)i * C, 3 * C, FP8_E4M3, q[i], C);
-    ts[2].max_scale_exp = ATTN_V_SCALE_MAX_EXP;
+    for (int i = 0; i < 3; i++)
+        ts[i] = i == 2 ? qt_v(x + (size_t)i * C, 3 * C, q[i], C) : qt(x + (size_t)i * C, 3 * C, FP8_E4M3, q[i], C);
     ts[3] = qt(dout, C, FP8_E5M2, q[3], C);
     for (int i = 0; i < 4; i++) ts[i].dequant = NULL;
     attn_gpu_quantize(ts, 4, B, H, T, d, 0);
