@@ -33,7 +33,7 @@ from bench_attention import Ours, flops, time_interleaved, torch_setup
 MODES = {"bf16": 1, "fp8_naive": 2, "fp8_hybrid": 3, "fp8_dm": 4, "fp8_dm_approx": 5}  # AttnPrecision
 BARE_BWD = ("fp8_naive", "fp8_dm", "fp8_dm_approx")  # the modes attn_gpu_backward_fp8 runs
 # the FP8 forward's block loops (F8_LOOP_*); the default is one of them (plain)
-FWD_LOOPS = ((0, "pingpong"), (1, "plain"), (2, "overlap"), (3, "overlap_pp"))
+FWD_LOOPS = ((0, "pingpong"), (1, "plain"))
 SHORT = {"bf16": "bf16", "fp8_naive": "naive", "fp8_hybrid": "hybrid", "fp8_dm": "dm",
          "fp8_dm_approx": "dm_apx"}
 

@@ -266,8 +266,11 @@ void attn_cpu_forward(const AttnOptions *opt, AttnDelayedState *ds, int T, int d
                 float rowsum = 0.0f;
                 for (int j = 0; j < nvis; j++) {
                     float p = expf(srow[j] - m_new);
-                    rowsum += p;  // l sums the unquantized P
                     srow[j] = cast_p(pl.p_fwd, p, opt->p_scale, st);
+                    // l sums the P that multiplies V: the quantized P̂ in the FP8 forward (spec §3:
+                    // the weights of O sum to one; the GPU gets the sums from the PV matmul), the
+                    // unrounded P where P stays wider (bf16, fp32), as our BF16 kernel does
+                    rowsum += pl.p_fwd == OPND_FP8 ? srow[j] : p;
                 }
                 l = l * alpha + rowsum;
                 for (int c = 0; c < d; c++) acc[c] *= alpha;

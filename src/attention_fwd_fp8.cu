@@ -15,9 +15,11 @@
 //   on the float bits as integers, exact, see softmax_max in attention_fwd_fp8_step.cuh),
 //   alpha = e^(m_old - m) (see below)
 //   P' = p_scale * P = 2^(S*log2e - m*log2e + log2 p_scale)   (ex2.approx, FP32; see below)
-//   l sums the unquantized P' (l = l' / p_scale at the end, exact for a power-of-two p_scale)
 //   P̂ = E4M3(P')                                               (cvt.rn.satfinite: the hardware
 //       conversion that the host encoder fp8_e4m3_from_f32 is bit-exact with)
+//   l sums the quantized P̂ (spec §3), on the tensor cores: V̂^T's stages have 8 rows of E4M3
+//       ones after their D rows, so the PV wgmma (N = D + 8) returns each row's sum of P̂ beside
+//       P̂V̂ (l_add_ones; l = l' / p_scale at the end, exact for a power-of-two p_scale)
 //   O = O * alpha + (P̂code · V̂code) * (1 / (p_scale s_v))    (FP8 wgmma into a fresh FP32
 //       accumulator per key block, added in FP32 registers: the tensor cores' reduced-precision
 //       accumulation never runs over more than 128 keys, spec §3; O carried in the units
@@ -57,13 +59,6 @@
 // - Optionally (loop F8_LOOP_PINGPONG; the default is F8_LOOP_PLAIN) the two consumers take turns issuing their
 //   wgmmas (FA3's ping-pong: two named barriers), so that one warpgroup's softmax, bound by the
 //   special-function unit (16 ex2 per clock per SM), overlaps the other one's matmuls.
-// - Loop F8_LOOP_OVERLAP (ATTN_FP8_FWD_LOOP=overlap; overlap_pp adds the ping-pong) orders a
-//   consumer's work the other way round: S_{j+1} is issued before the softmax of S_j, and PV_j
-//   after it; so S_{j+1} runs during the softmax, and PV_j is waited for at once. The registers
-//   allow it because the fresh PV accumulator and S_j are never live together (the softmax turns
-//   S_j into P̂_j before PV_j is issued, into S_j's registers): O 64 + S_j 64 + S_{j+1} 64 + P̂ 16,
-//   as in the default loop (O 64 + S_j 64 + PV_{j-1} 64 + P̂ 16). Same arithmetic (O's one FFMA a
-//   block): O and LSE are the same bit for bit.
 // Both matmuls use K-major operands (the only FP8 wgmma form): rows of 128 bytes (128 FP8 values
 // along the reduction), 16-byte chunk c of row r at chunk c ^ (r % 8), regions 1024-byte aligned;
 // a k32 step advances the descriptor by 32 bytes. For d = 64 the Q and K rows use only the first
@@ -86,6 +81,7 @@
 
 #define F8_BQ 128     // query rows per CTA (2 consumer warpgroups x 64)
 #define F8_STAGES 4   // K̂ / V̂^T ring depth (>= 3: see the producer)
+#define F8_VONES 8    // rows of E4M3 ones after each V̂^T stage's D rows (an n8 tile of PV: the row sums)
 #define F8_THREADS 384
 static_assert(F8_BK == ATTN_SCALE_BLOCK, "a key block must be one scale block");
 static_assert(F8_BQ == F8_BK, "only the diagonal key block is masked");
@@ -114,20 +110,21 @@ __device__ __forceinline__ void load_vt_tile(uint8_t *s, const uint8_t *g, int T
 }
 
 // Shared memory: 2 x Q̂ (128 x 128 B: the tile being computed and the next one, loading),
-// STAGES x K̂ (128 x 128 B), STAGES x V̂^T (D x 128 B), 2 x O (each warpgroup's 64 rows of
+// STAGES x K̂ (128 x 128 B), STAGES x V̂^T ((D + F8_VONES) x 128 B), 2 x O (each warpgroup's 64 rows of
 // BF16 O on their way out, stage_o_sw128), then the ring's mbarriers and posted
 // tile numbers (PersistentRing) and each stage's K and V scale (copied with the stage's tiles, so
 // the consumers hold no pointers to the scale arrays); regions 1024-byte aligned (the swizzle's
 // period).
-template <int D, int STAGES>  // STAGES: the loop's (f8_stages)
+template <int D, int STAGES>
 struct F8Smem {
-    static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = D * 128;
+    // a V̂^T stage: D rows of codes, then F8_VONES rows of E4M3 ones (the row sums' columns of PV)
+    static constexpr int Q = F8_BQ * 128, K = F8_BK * 128, V = (D + F8_VONES) * 128;
     static constexpr int O = 64 * D * 2;  // a warpgroup's O rows in BF16, staged for the TMA store (stage_o_sw128)
     static constexpr int BARS = 2 * Q + STAGES * (K + V) + 2 * O;
     static constexpr size_t BYTES =
-        (size_t)BARS + PersistentRing<STAGES, true>::BYTES + (2 * STAGES + 8 + 2) * sizeof(int) + 1024;
+        (size_t)BARS + PersistentRing<STAGES, true>::BYTES + (2 * STAGES + 2) * sizeof(int) + 1024;
 };
-static_assert(F8Smem<128, 5>::BYTES <= 227 * 1024, "plain5's ring fits Hopper's 227 KB of shared memory per block");
+static_assert(F8Smem<128, F8_STAGES>::BYTES <= 227 * 1024, "the ring fits Hopper's 227 KB of shared memory per block");
 
 // -DATTN_TIMELINE: the first consumer thread records, per tile (record = tile index), its start
 // (0), key block 0's stage in (1), block 0's softmax done (2), the block loop done (3), the last
@@ -155,16 +152,15 @@ TL_DEFINE_SETTER(attn_gpu_forward_fp8_timeline, f8_timeline)
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
 // F8_LOOP_PLAIN_FMAX: the plain loop with the row max by FMNMX instead of integer bits
 // (softmax_block's IMAX), the same bits: the tests' check that the integer max is exact.
-// F8_LOOP_PLAIN5: the plain loop with a ring of 5 stages instead of F8_STAGES (d = 128: 225 KB of
-// shared memory, three key blocks in flight instead of two), to time in the calls whose K̂, V̂^T
-// loads run slow at 8K (docs/perf.md, stop 32); tested bit for bit, not yet timed.
-enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_OVERLAP = 2, F8_LOOP_OVERLAP_PP = 3, F8_LOOP_PLAIN_FMAX = 4,
-       F8_LOOP_PLAIN5 = 5, F8_N_LOOPS };
-template <int LOOP>
-__host__ __device__ constexpr int f8_stages() { return LOOP == F8_LOOP_PLAIN5 ? 5 : F8_STAGES; }
+// Removed at stop 35, when l moved onto the tensor cores (the last commit with them: 5475cea):
+// plain5 (a ring of 5 stages: no faster, and no longer fits in shared memory at d = 128 with the
+// ones rows of V̂^T) and the overlap loops overlap / overlap_pp (S_{j+1} issued before the softmax
+// of S_j, PV_j into S_j's registers: 8-12% slower than the plain loop, and with PV's row-sum
+// registers in both S accumulators ptxas spilled 560-908 bytes).
+enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_PLAIN_FMAX = 2, F8_N_LOOPS };
 // their names, in the enum's order: ATTN_FP8_FWD_LOOP's values and the tests' labels
 // (attn_gpu_forward_fp8_loop_name)
-static const char *const f8_loop_names[] = {"pingpong", "plain", "overlap", "overlap_pp", "plain_fmax", "plain5"};
+static const char *const f8_loop_names[] = {"pingpong", "plain", "plain_fmax"};
 static_assert(sizeof f8_loop_names / sizeof f8_loop_names[0] == F8_N_LOOPS, "a name for every F8_LOOP_*");
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
@@ -180,20 +176,29 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                         float *__restrict__ lse, int H, int n_bh, int T, float tau,
                         unsigned *__restrict__ tile_counter, int heads_per_group,
                         const __grid_constant__ CUtensorMap tm_o, int o_tma) {
-    constexpr int ST = f8_stages<LOOP>();  // ring stages
+    constexpr int ST = F8_STAGES;  // ring stages
     using L = F8Smem<D, ST>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint8_t *smem = smem_align1024(smem_raw);
     uint8_t *sQ = smem, *sK = smem + 2 * L::Q, *sV = sK + ST * L::K, *sO = sV + ST * L::V;
     const PersistentRing<ST, true> ring(smem + L::BARS);  // released by warps
     float *sKs = reinterpret_cast<float *>(ring.end()), *sVs = sKs + ST;  // scales of stage st
-    int *pp_sink = reinterpret_cast<int *>(sVs + ST);  // (8 consumer warps) see the overlap loop
-    float *sQs = reinterpret_cast<float *>(pp_sink + 8);       // the Q scale of each Q̂ buffer's tile
+    float *sQs = sVs + ST;  // the Q scale of each Q̂ buffer's tile
 
     const int nblk = (T + F8_BK - 1) / F8_BK, Tp = nblk * F8_BK;
     const int n_tiles = nblk * n_bh;
 
     if (threadIdx.x == 0) ring.init();
+    {
+        // V̂^T rows D .. D + 7 of every stage: E4M3 1.0 (0x38), never overwritten (the producer
+        // copies rows 0 .. D - 1), so PV's columns D .. D + 7 are P̂'s row sums (l_add_ones);
+        // written by the generic proxy, read by wgmma (the async proxy)
+        constexpr int CHUNKS = F8_VONES * 128 / 16;  // 16-byte chunks of a stage's ones rows
+        for (int i = threadIdx.x; i < ST * CHUNKS; i += F8_THREADS)
+            *reinterpret_cast<uint4 *>(sV + (i / CHUNKS) * L::V + D * 128 + (i % CHUNKS) * 16) =
+                make_uint4(0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u);
+        fence_proxy_async();
+    }
     __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
@@ -225,12 +230,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63 of each tile.
         setmaxnreg_inc<240>();
-        // ping-pong (default loop, and the overlap loop's _PP form); the overlap loop (d = 128)
-        constexpr bool PP = LOOP == F8_LOOP_PINGPONG || LOOP == F8_LOOP_OVERLAP_PP;
-        constexpr bool OVL = (LOOP == F8_LOOP_OVERLAP || LOOP == F8_LOOP_OVERLAP_PP) && D == 128;
+        constexpr bool PP = LOOP == F8_LOOP_PINGPONG;
         // the row max through the integer bits (softmax_block); plain_fmax: the FMNMX chains (the
         // tests' reference for its bits, and a timing knob)
         constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX;
+        constexpr int NPV = D + F8_VONES;  // PV's columns: O's, then the row sums'
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
         // descriptor low words (kmajor_desc_lo): stage 0 of the K̂ and V̂^T rings (stage st:
@@ -261,190 +265,111 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             // warpgroup 0 grants only after that sync.)
             if (PP && wg == 1) pp_pass(1);
 
-            float oacc[D / 2], pv[D / 2];  // O (FP32), one block's P̂V̂: wgmma layouts
+            float oacc[D / 2], pv[NPV / 2];  // O (FP32), one block's P̂V̂ (and its row sums): wgmma layouts
 #pragma unroll
-            for (int i = 0; i < D / 2; i++) oacc[i] = pv[i] = 0.f;
+            for (int i = 0; i < D / 2; i++) oacc[i] = 0.f;
+#pragma unroll
+            for (int i = 0; i < NPV / 2; i++) pv[i] = 0.f;
             float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
             // 1 / s_v of the last block whose PV the loop took into O: O is carried in that block's
             // units (o_rescale_add; any finite value before the first, whose factor is 0)
             float inv_sv_u = 1.f;
             uint32_t pa[F8_BK / 32][4];  // P̂ of a block: A operand of the PV wgmmas
-            if constexpr (OVL) {
-                // Two S accumulators: block j's in sc (complete), block j+1's in sn (in flight
-                // during block j's softmax). Step j: wait for block j+1's stage, issue S_{j+1};
-                // softmax of S_j -> P̂_j; issue PV_j into sc itself (64 x d = 64 x 128 FP32, S's
-                // own size: the fresh PV accumulator is sc's registers, so no third block of 64 is
-                // ever live); wait for both; release block j's stage; O = O * a_j + PV_j
-                // (o_rescale_add). The loop runs two steps per turn so that the two accumulators swap roles
-                // without copies; the diagonal block (masked) is last. (At d = 64 the overlap loops
-                // are the plain / ping-pong ones: the PV accumulator is half of S's.)
-                // With ping-pong (F8_LOOP_OVERLAP_PP) a warpgroup's issue phase is PV_j, its wait,
-                // the O update and the issue of S_{j+2}; phase 0 is S_0 and S_1. So it holds the
-                // turn while PV_j runs, and the other one's softmax fills that time. n_kb + 1
-                // phases per tile, as in the default loop (same barrier accounting).
-                float sa[F8_BK / 2], sb[F8_BK / 2];
+            float s[F8_BK / 2];  // S of the current block
 #pragma unroll
-                for (int i = 0; i < F8_BK / 2; i++) sa[i] = sb[i] = 0.f;
-                {  // S_0
-                    ring.wait_full(it0);
-                    tau_q = tau * pow2_recip(sQs[ti & 1]);
-                    if (PP) pp_sync(wg);
-                    reg_fence(sa);
-                    wgmma_fence();
-                    issue_s<D>(sa, dq, dk0 + (it0 % ST) * (L::K / 16));
-                    wgmma_commit();
-                    wgmma_wait<0>();
-                    reg_fence(sa);
-                }
-                auto ostep = [&](int j, float(&sc)[F8_BK / 2], float(&sn)[F8_BK / 2], auto mask, auto has_next) {
-                    const unsigned rb = it0 + (unsigned)j, st = rb % ST;
-                    const float tau_qk = tau_q * pow2_recip(sKs[st]);
-                    const float sv = sVs[st];
-                    if constexpr (decltype(has_next)::value) {
-                        const unsigned nst = (rb + 1) % ST;
-                        ring.wait_full(rb + 1);
-                        reg_fence(sn);
-                        wgmma_fence();
-                        issue_s<D>(sn, dq, dk0 + nst * (L::K / 16));
-                        wgmma_commit();
-                    }
-                    if (PP) pp_pass(wg);  // end of issue phase j
-                    softmax_block<decltype(mask)::value, IMAX>(sc, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
-                    float a[2];
-                    o_unit_factor(a, alpha, sv, inv_sv_u);
-                    pack_p(pa, sc);
-                    if (PP) {
-                        // Issue phase j + 1. Within one basic block ptxas moves the softmax below
-                        // this barrier (the warpgroup would compute it holding the turn); one
-                        // shared store of all of P̂_j, which the barrier must order, keeps it above.
-                        uint32_t x = 0;
-#pragma unroll
-                        for (int kk = 0; kk < F8_BK / 32; kk++)
-#pragma unroll
-                            for (int q = 0; q < 4; q++) x ^= pa[kk][q];
-                        sts_b32(smem_addr(pp_sink + (ctid >> 5)), x);
-                        pp_sync(wg);
-                    }
-                    reg_fence(sc);
-                    reg_fence(pa);
-                    wgmma_fence();
-                    issue_pv<D>(sc, pa, dv0 + st * (L::V / 16));
-                    wgmma_commit();
-                    wgmma_wait<0>();
-                    reg_fence(sc);
-                    reg_fence(pa);
-                    reg_fence(sn);
-                    ring.release(rb);  // K̂_j (S_j long done) and V̂_j are no longer read
-                    o_rescale_add(oacc, sc, a);
-                };
-                int j = 0;
-                for (; j + 2 < n_kb; j += 2) {
-                    ostep(j, sa, sb, std::false_type(), std::true_type());
-                    ostep(j + 1, sb, sa, std::false_type(), std::true_type());
-                }
-                if (n_kb - j == 2) {
-                    ostep(j, sa, sb, std::false_type(), std::true_type());
-                    ostep(j + 1, sb, sa, std::true_type(), std::false_type());
-                } else {
-                    ostep(j, sa, sb, std::true_type(), std::false_type());
-                }
-                if (PP && wg == 0) pp_pass(wg);  // the last phase (warpgroup 1 arrived up front)
-                ring.release_tile(ti);  // this tile's Q̂ buffer is free
-            } else {
-                float s[F8_BK / 2];  // S of the current block
-#pragma unroll
-                for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
+            for (int i = 0; i < F8_BK / 2; i++) s[i] = 0.f;
 
-                // The K and V scales of key block j come with its stage (sKs, sVs): read after the
-                // stage's full wait, they are first needed once S_j is done (tau_qk, and the V
-                // scale for O's factor, o_unit_factor), so their shared-memory latency hides behind the wgmmas.
+            // The K and V scales of key block j come with its stage (sKs, sVs): read after the
+            // stage's full wait, they are first needed once S_j is done (tau_qk, and the V
+            // scale for O's factor, o_unit_factor), so their shared-memory latency hides behind the wgmmas.
 
-                // block 0: S_0 and its softmax (masked if it is the diagonal block)
-                {
-                    ring.wait_full(it0);
-                    F8_TL_PROLOGUE(1);
-                    tau_q = tau * pow2_recip(sQs[ti & 1]);
-                    const float tau_qk = tau_q * pow2_recip(sKs[it0 % ST]);
-                    const float sv0 = sVs[it0 % ST];
-                    if (PP) pp_sync(wg);
-                    reg_fence(s);
-                    wgmma_fence();
-                    issue_s<D>(s, dq, dk0 + (it0 % ST) * (L::K / 16));
-                    wgmma_commit();
-                    if (PP) pp_pass(wg);
-                    wgmma_wait<0>();
-                    reg_fence(s);
-                    if (n_kb == 1) softmax_block<true, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    else softmax_block<false, IMAX>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                    pack_p(pa, s);  // O is zero: nothing to rescale
-                    F8_TL_PROLOGUE(2);
-                    o_unit_factor(alpha, alpha, sv0, inv_sv_u);  // alpha is 0: O takes PV_0 as it is
-                }
-                float alpha_prev[2] = {alpha[0], alpha[1]};  // O's factor for the block in pa (o_unit_factor)
-
-                // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once
-                // the first retires, while the tensor cores work on the second; then O takes PV_{j-1}
-                // and P̂_j replaces P̂_{j-1} in pa. Every issue and wait in a step is unconditional and
-                // the diagonal block is a separate instantiation (as in attention_fwd.cu: ptxas must
-                // see that pa stays read by the tensor cores until the wait).
-                auto step = [&](int j, auto mask) {
-                    const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
-                    const unsigned st = rb % ST, pst = (rb - 1) % ST;
-                    ring.wait_full(rb);
-                    const float tau_qk = tau_q * pow2_recip(sKs[st]);
-                    const float sv = sVs[st];
-                    if (PP) pp_sync(wg);
-                    reg_fence(s);
-                    reg_fence(pv);
-                    reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
-                    wgmma_fence();
-                    issue_s<D>(s, dq, dk0 + st * (L::K / 16));
-                    wgmma_commit();
-                    issue_pv<D>(pv, pa, dv0 + pst * (L::V / 16));
-                    wgmma_commit();
-                    if (PP) pp_pass(wg);
-                    wgmma_wait<1>();
-                    reg_fence(s);
-                    softmax_block<decltype(mask)::value, IMAX>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
-                    wgmma_wait<0>();
-                    reg_fence(pv);
-                    reg_fence(pa);
-                    ring.release(rb - 1);  // K̂_{j-1} and V̂_{j-1} are no longer read
-                    o_rescale_add(oacc, pv, alpha_prev);
-                    pack_p(pa, s);
-                    o_unit_factor(alpha_prev, alpha, sv, inv_sv_u);
-                };
-                for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
-                if (n_kb > 1) step(n_kb - 1, std::true_type());
-                TL_MARK_AT(f8_timeline, ctid == 0, tile, 3);
-
-                // the last block's PV; then its stage and this tile's Q̂ buffer are free
-                {
-                    const unsigned lst = (it0 + (unsigned)n_kb - 1) % ST;
-                    if (PP) pp_sync(wg);
-                    reg_fence(pv);
-                    reg_fence(pa);
-                    wgmma_fence();
-                    issue_pv<D>(pv, pa, dv0 + lst * (L::V / 16));
-                    wgmma_commit();
-                    if (PP && wg == 0) pp_pass(wg);
-                    wgmma_wait<0>();
-                    reg_fence(pv);
-                    reg_fence(pa);
-                    ring.release(it0 + (unsigned)n_kb - 1);
-                    ring.release_tile(ti);
-                    o_rescale_add(oacc, pv, alpha_prev);
-                }
-                TL_MARK_AT(f8_timeline, ctid == 0, tile, 4);
+            // block 0: S_0 and its softmax (masked if it is the diagonal block)
+            {
+                ring.wait_full(it0);
+                F8_TL_PROLOGUE(1);
+                tau_q = tau * pow2_recip(sQs[ti & 1]);
+                const float tau_qk = tau_q * pow2_recip(sKs[it0 % ST]);
+                const float sv0 = sVs[it0 % ST];
+                if (PP) pp_sync(wg);
+                reg_fence(s);
+                wgmma_fence();
+                issue_s<D>(s, dq, dk0 + (it0 % ST) * (L::K / 16));
+                wgmma_commit();
+                if (PP) pp_pass(wg);
+                wgmma_wait<0>();
+                reg_fence(s);
+                if (n_kb == 1) softmax_block<true, IMAX, 0, false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                else softmax_block<false, IMAX, 0, false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                pack_p(pa, s);  // O is zero: nothing to rescale
+                F8_TL_PROLOGUE(2);
+                o_unit_factor(alpha, alpha, sv0, inv_sv_u);  // alpha is 0: O takes PV_0 as it is
             }
+            float alpha_prev[2] = {alpha[0], alpha[1]};  // O's factor for the block in pa (o_unit_factor)
+
+            // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once
+            // the first retires, while the tensor cores work on the second; then O takes PV_{j-1}
+            // and P̂_j replaces P̂_{j-1} in pa. Every issue and wait in a step is unconditional and
+            // the diagonal block is a separate instantiation (as in attention_fwd.cu: ptxas must
+            // see that pa stays read by the tensor cores until the wait).
+            auto step = [&](int j, auto mask) {
+                const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
+                const unsigned st = rb % ST, pst = (rb - 1) % ST;
+                ring.wait_full(rb);
+                const float tau_qk = tau_q * pow2_recip(sKs[st]);
+                const float sv = sVs[st];
+                if (PP) pp_sync(wg);
+                reg_fence(s);
+                reg_fence(pv);
+                reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
+                wgmma_fence();
+                issue_s<D>(s, dq, dk0 + st * (L::K / 16));
+                wgmma_commit();
+                issue_pv<NPV>(pv, pa, dv0 + pst * (L::V / 16));
+                wgmma_commit();
+                if (PP) pp_pass(wg);
+                wgmma_wait<1>();
+                reg_fence(s);
+                softmax_block<decltype(mask)::value, IMAX, 0, false>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0,
+                                                                   T, g, t4);
+                wgmma_wait<0>();
+                reg_fence(pv);
+                reg_fence(pa);
+                ring.release(rb - 1);  // K̂_{j-1} and V̂_{j-1} are no longer read
+                o_rescale_add(oacc, pv, alpha_prev);
+                l_add_ones<D>(l, alpha_prev, pv, pow2_recip(inv_sv_u));
+                pack_p(pa, s);
+                o_unit_factor(alpha_prev, alpha, sv, inv_sv_u);
+            };
+            for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
+            if (n_kb > 1) step(n_kb - 1, std::true_type());
+            TL_MARK_AT(f8_timeline, ctid == 0, tile, 3);
+
+            // the last block's PV; then its stage and this tile's Q̂ buffer are free
+            {
+                const unsigned lst = (it0 + (unsigned)n_kb - 1) % ST;
+                if (PP) pp_sync(wg);
+                reg_fence(pv);
+                reg_fence(pa);
+                wgmma_fence();
+                issue_pv<NPV>(pv, pa, dv0 + lst * (L::V / 16));
+                wgmma_commit();
+                if (PP && wg == 0) pp_pass(wg);
+                wgmma_wait<0>();
+                reg_fence(pv);
+                reg_fence(pa);
+                ring.release(it0 + (unsigned)n_kb - 1);
+                ring.release_tile(ti);
+                o_rescale_add(oacc, pv, alpha_prev);
+                l_add_ones<D>(l, alpha_prev, pv, pow2_recip(inv_sv_u));
+            }
+            TL_MARK_AT(f8_timeline, ctid == 0, tile, 4);
             it0 += (unsigned)n_kb;
 
-            // epilogue: full row sums, O = U / (p_scale s_v,last) / l in BF16 (o_inv_divisor: one
-            // multiply an element), LSE natural log
-            quad_sum(l);
-            const float inv_l[2] = {o_inv_divisor(l[0], inv_sv_u), o_inv_divisor(l[1], inv_sv_u)};
-            l[0] *= inv_p;  // P' units -> P units (exact for a power-of-two p_scale)
-            l[1] *= inv_p;
+            // epilogue: O = U / l in BF16, LSE natural log. l holds l' s_v,last for whole rows, in
+            // U's own units (l_add_ones: no quad sum); l' = l inv_sv_u (exact: a power of two)
+            const float inv_l[2] = {1.f / l[0], 1.f / l[1]};
+            l[0] *= inv_sv_u * inv_p;  // -> P units (exact for a power-of-two p_scale)
+            l[1] *= inv_sv_u * inv_p;
             const int b = bh / H, h = bh % H;
             if (o_tma) {
                 // O by TMA (store_o_tma, attention_gpu_common.cuh; named barriers 4, 5): thread 0
@@ -468,7 +393,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
 }
 
 // Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|overlap|overlap_pp|plain_fmax|plain5 picks the consumers' block loop
+// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|plain_fmax picks the consumers' block loop
 // (F8_LOOP_*; unset: plain, see forward_fp8_d;
 // ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
 // ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
@@ -568,7 +493,7 @@ template <int D, int LOOP>
 static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
                                const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
                                float *lse, int B, int H, int T, cudaStream_t stream) {
-    const size_t smem = F8Smem<D, f8_stages<LOOP>()>::BYTES;
+    const size_t smem = F8Smem<D, F8_STAGES>::BYTES;
     static bool attr_set = false;  // one device per process (one GPU per rank)
     if (!attr_set) {
         CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -602,16 +527,14 @@ static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *v
                           float *lse, int B, int H, int T, cudaStream_t stream) {
     // The default loop, measured (docs/perf.md, "the FP8 forward's block loops"): the plain loop
     // is 1-4% faster than ping-pong at d = 128 since the shared memory keeps its address space
-    // (fewer spills, 569 instead of 582 instructions per block), 1-2% at d = 64, and the overlap
-    // loops are not faster.
+    // (fewer spills, 569 instead of 582 instructions per block), 1-2% at d = 64.
     int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
     if (loop < 0) loop = F8_LOOP_PLAIN;
     // one launcher per loop, in the enum's order (F8_LOOP_*)
     static void (*const launch[])(const uint8_t *, const uint8_t *, const uint8_t *, const float *, const float *,
                                   const float *, float, bf16 *, int, float *, int, int, int, cudaStream_t) = {
-        forward_fp8_launch<D, F8_LOOP_PINGPONG>,   forward_fp8_launch<D, F8_LOOP_PLAIN>,
-        forward_fp8_launch<D, F8_LOOP_OVERLAP>,    forward_fp8_launch<D, F8_LOOP_OVERLAP_PP>,
-        forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>, forward_fp8_launch<D, F8_LOOP_PLAIN5>};
+        forward_fp8_launch<D, F8_LOOP_PINGPONG>, forward_fp8_launch<D, F8_LOOP_PLAIN>,
+        forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>};
     static_assert(sizeof launch / sizeof launch[0] == F8_N_LOOPS, "a launcher for every F8_LOOP_*");
     launch[loop](qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
 }

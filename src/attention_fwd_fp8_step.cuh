@@ -127,8 +127,8 @@ __device__ __forceinline__ void fmax_rows(const float (&s)[F8_BK / 2], float (&m
 // Online-softmax step on one (64 x 128) S tile of raw code products (accumulator layout:
 // s[4n + e] = row g + 8(e/2), column 8n + 2t + e%2 = key k0 + key_of_row(column)). tau_qk =
 // tau * inv_q * inv_k. MASKED: the diagonal block (keys past the row or past T become -inf).
-// Updates m (natural-log units, the max of the dequantized S), l (this thread's part, in units
-// of P' = p_scale P), alpha (the factor for O), and replaces s by P'. In two halves, which a loop
+// Updates m (natural-log units, the max of the dequantized S), l (with ROWSUM: this thread's part,
+// in units of P' = p_scale P), alpha (the factor for O), and replaces s by P'. In two halves, which a loop
 // may run apart: softmax_max (the mask, the row maxima, m, alpha and the exponent bias of each
 // row) and softmax_exp (P' and the row sums).
 template <bool MASKED, bool IMAX>
@@ -137,13 +137,18 @@ __device__ __forceinline__ void softmax_max(float (&s)[F8_BK / 2], float (&m)[2]
                                             int T, int g, int t4) {
     constexpr float LOG2E = 1.4426950408889634f;
     if (MASKED) {
+        // Element (n, e) is key k0 + 4 t4 + c (key_of_row, c = 16 (n / 2) + 2 (n % 2) + e % 2, a
+        // constant): masked past its row (row_w0 + g + 8 (e / 2)) or past T, i.e. where c exceeds
+        // one limit per row. One compare with a constant an element, where the key and row
+        // arithmetic per element made ptxas keep 64 predicates in registers and spill.
+        int lim[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) lim[r] = min(row_w0 + g + 8 * r, T - 1) - k0 - 4 * t4;
 #pragma unroll
         for (int n = 0; n < F8_BK / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + key_of_row(8 * n + 2 * t4 + (e & 1)), row = row_w0 + g + (e >> 1) * 8;
-                if (key > row || key >= T) s[4 * n + e] = -INFINITY;
-            }
+            for (int e = 0; e < 4; e++)
+                if (16 * (n >> 1) + 2 * (n & 1) + (e & 1) > lim[e >> 1]) s[4 * n + e] = -INFINITY;
     }
     float mx[2];
     if (IMAX) {
@@ -183,7 +188,9 @@ __device__ __forceinline__ void softmax_max(float (&s)[F8_BK / 2], float (&m)[2]
 // NPOLY: n-tiles 16 - NPOLY .. 15 take their exponentials on the FMA pipe (poly_exp2) instead of
 // the special-function unit. 0 in the kernel: on the benchmark every NPOLY > 0 is slower (4..24
 // exponentials per thread: 1889..2289 clocks per block against 1875; docs/perf.md, stop 31).
-template <bool MASKED, int N0, int N1, int NPOLY = 0>
+// ROWSUM false: no row sums, l untouched: the kernel takes them from PV's ones columns
+// (l_add_ones); the benchmarks' loop forms (bench/) keep the FP32 sums of stops 30-34.
+template <bool MASKED, int N0, int N1, int NPOLY = 0, bool ROWSUM = true>
 __device__ __forceinline__ void softmax_exp_part(float (&s)[F8_BK / 2], float (&rs)[2], const float (&bias)[2], float c2) {
 #pragma unroll
     for (int n = N0; n < N1; n++) {
@@ -194,21 +201,23 @@ __device__ __forceinline__ void softmax_exp_part(float (&s)[F8_BK / 2], float (&
             // masked: -inf gives 0 through ex2 too, but not if tau_qk underflowed to 0
             s[4 * n + e] = MASKED && s[4 * n + e] == -INFINITY ? 0.0f : p;
         }
-        rs[0] += s[4 * n + 0] + s[4 * n + 1];
-        rs[1] += s[4 * n + 2] + s[4 * n + 3];
+        if (ROWSUM) {
+            rs[0] += s[4 * n + 0] + s[4 * n + 1];
+            rs[1] += s[4 * n + 2] + s[4 * n + 3];
+        }
     }
 }
 __device__ __forceinline__ void softmax_exp_sums(float (&l)[2], const float (&alpha)[2], const float (&rs)[2]) {
     l[0] = l[0] * alpha[0] + rs[0];
     l[1] = l[1] * alpha[1] + rs[1];
 }
-template <bool MASKED, int NPOLY = 0>
+template <bool MASKED, int NPOLY = 0, bool ROWSUM = true>
 __device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
                                             const float (&bias)[2], float tau_qk) {
     constexpr float LOG2E = 1.4426950408889634f;
     float rs[2] = {0.f, 0.f};
-    softmax_exp_part<MASKED, 0, F8_BK / 8, NPOLY>(s, rs, bias, tau_qk * LOG2E);
-    softmax_exp_sums(l, alpha, rs);
+    softmax_exp_part<MASKED, 0, F8_BK / 8, NPOLY, ROWSUM>(s, rs, bias, tau_qk * LOG2E);
+    if (ROWSUM) softmax_exp_sums(l, alpha, rs);
 }
 // softmax_exp with a wgmma k-step issued before each quarter of the exponentials: issue(kk) for
 // kk = 0..3 (the caller's wgmmas, fenced before and committed by the caller, e.g. in issue(3)),
@@ -233,13 +242,13 @@ __device__ __forceinline__ void softmax_exp_interleaved(float (&s)[F8_BK / 2], f
     if (nsmid_nonzero()) softmax_exp_part<MASKED, 12, 16>(s, rs, bias, c2);
     softmax_exp_sums(l, alpha, rs);
 }
-template <bool MASKED, bool IMAX, int NPOLY = 0>
+template <bool MASKED, bool IMAX, int NPOLY = 0, bool ROWSUM = true>
 __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
                                               float (&alpha)[2], float tau_qk, float log2_ps, int k0,
                                               int row_w0, int T, int g, int t4) {
     float bias[2];
     softmax_max<MASKED, IMAX>(s, m, alpha, bias, tau_qk, log2_ps, k0, row_w0, T, g, t4);
-    softmax_exp<MASKED, NPOLY>(s, l, alpha, bias, tau_qk);
+    softmax_exp<MASKED, NPOLY, ROWSUM>(s, l, alpha, bias, tau_qk);
 }
 
 // O is carried in the units of the last key block added: U = O / fac_j, fac_j = 1 / (p_scale s_v,j)
@@ -247,16 +256,31 @@ __device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[
 //   U_j = U_{j-1} * a_j + PV_j,   a_j = alpha_j * (s_v,j / s_v,j-1)   (o_unit_factor),
 // instead of O * alpha rounded and then PV * fac added (64 FMUL + 64 FFMA a thread a block): the
 // same value with one rounding fewer, since scaling by a power of two is exact (docs/perf.md,
-// stops 33-34). The epilogue divides U by l * p_scale * s_v,last (o_inv_divisor). Range: U exceeds p_scale * O by
+// stops 33-34). The epilogue divides U by l, kept in U's units (l_add_ones). Range: U exceeds p_scale * O by
 // the ratio of two V scales of the head, which the quantize pass keeps within 2^80 by clamping V's
 // scale exponents to [-40, 40] (ATTN_V_SCALE_MAX_EXP, spec §2): |U| <= 2^8 * T * 448 * 2^80 <
 // 2^127 for T <= 2^20. Without the clamp, V blocks ~2^90 apart would overflow U.
 // o_add is the update of a block whose rows' maxima did not move and whose V scale is the
 // previous one's (a_j = 1): the benchmark's softmax_norescale and plain_real_norescale time it.
-template <int N>
-__device__ __forceinline__ void o_rescale_add(float (&o)[N], const float (&pv)[N], const float (&a)[2]) {
+// (pv may be longer than o: the kernel's PV has the row sums' columns after O's, l_add_ones)
+template <int N, int M>
+__device__ __forceinline__ void o_rescale_add(float (&o)[N], const float (&pv)[M], const float (&a)[2]) {
+    static_assert(M >= N, "PV holds O's columns first");
 #pragma unroll
     for (int i = 0; i < N; i++) o[i] = fmaf(o[i], a[(i >> 1) & 1], pv[i]);
+}
+// The row sums l, on the tensor cores (spec §3: l sums the quantized P̂): each V̂^T stage has 8
+// rows of E4M3 ones after its D rows, so PV (N = D + 8) has in its columns D .. D + 7 the block's
+// row sums R of P̂ (P' units, the codes' own sum), and every thread holds its two rows' whole
+// sums: no quad sum, and none of the 64 FADD a thread a block that summing P' took (+6% at 8K,
+// docs/perf.md stop 35). l is kept in U's units, l = l a_j + R s_v,j (sv: the V scale of the
+// block being added, a power of two, so the product is exact): l' s_v,last at the end, U's exact
+// divisor, O = U / l.
+template <int D, int M>
+__device__ __forceinline__ void l_add_ones(float (&l)[2], const float (&a)[2], const float (&pv)[M], float sv) {
+    static_assert(M == D / 2 + 4, "PV with its row-sum columns");
+    l[0] = fmaf(l[0], a[0], pv[D / 2] * sv);
+    l[1] = fmaf(l[1], a[1], pv[D / 2 + 2] * sv);
 }
 template <int N>
 __device__ __forceinline__ void o_add(float (&o)[N], const float (&pv)[N]) {
@@ -274,10 +298,5 @@ __device__ __forceinline__ void o_unit_factor(float (&a)[2], const float (&alpha
     a[1] = alpha[1] * ratio;
     inv_sv_u = pow2_recip(sv);
 }
-// The factor that turns U (units of the last block, 1 / inv_sv_u) into the normalised O, from the
-// row sum lp of P' (P units times p_scale): U / (p_scale s_v) / (lp / p_scale) = U * (1 / lp) *
-// inv_sv_u. The product by inv_sv_u (a power of two) is exact, so O has the bits of the unit form's
-// (U * (1 / (p_scale s_v))) * (1 / l), with one multiply an element instead of two.
-__device__ __forceinline__ float o_inv_divisor(float lp, float inv_sv_u) { return (1.f / lp) * inv_sv_u; }
 
 #endif  // ATTENTION_FWD_FP8_STEP_CUH

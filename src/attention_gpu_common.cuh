@@ -477,6 +477,10 @@ __device__ __forceinline__ uint64_t kmajor_desc_sw64(uint32_t lo) { return (uint
                   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define WG_REGS64 WG_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, " \
                   "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+// N = D + 8 (the FP8 forward's PV with its row-sum columns, F8_LOOP_TCSUM): 4 more accumulators
+#define WG_ACC4(b) "+f"(d[(b) + 0]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3])
+#define WG_REGS36 WG_REGS32 ", %32, %33, %34, %35"
+#define WG_REGS68 WG_REGS64 ", %64, %65, %66, %67"
 
 // BF16 wgmma with both operands in shared memory: d (64 x N, FP32) (+)= A (64 x 16) * B (16 x N);
 // accumulate = 0 starts a fresh accumulator. TA / TB: 0 = the operand is K-major, 1 = transposed
@@ -560,6 +564,10 @@ WG_FP8_RS(128, 1, "e5m2", WG_REGS64, "{%64, %65, %66, %67}, %68", 69, WG_ACC8(0)
           WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56))  // the delta pass's dP, E5M2 dO
 WG_FP8_RS(64, 0, "e4m3", WG_REGS32, "{%32, %33, %34, %35}, %36", 37, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16),
           WG_ACC8(24))  // the forward's PV, d = 64
+WG_FP8_RS(136, 0, "e4m3", WG_REGS68, "{%68, %69, %70, %71}, %72", 73, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16),
+          WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56), WG_ACC4(64))  // PV and row sums, d = 128
+WG_FP8_RS(72, 0, "e4m3", WG_REGS36, "{%36, %37, %38, %39}, %40", 41, WG_ACC8(0), WG_ACC8(8), WG_ACC8(16),
+          WG_ACC8(24), WG_ACC4(32))  // PV and row sums, d = 64
 #undef WG_FP8_RS
 
 // The k32 steps of one tile product, into a fresh accumulator (the caller fences and commits):

@@ -354,6 +354,33 @@ int main(void) {
         }
     }
 
+    // (j) The FP8 forward's weights sum to one (spec §3: l sums the quantized P̂ that multiplies V):
+    // with every column of V constant over the rows and a power of two (±2^e, e in [-6, 0], so
+    // its codes are exact), O must be V itself, BF16 bit for bit, in every row. Summing the
+    // unquantized P' instead (the rule before stop 35) misses it by P̂'s rounding, ~1e-2 in the
+    // sharp rows of this case.
+    {
+        const int T = 384, d = 64;
+        Case c = case_make(T, d, 91, 3.0f);
+        float *vc = xmalloc((size_t)T * d * sizeof(float));
+        for (int col = 0; col < d; col++) {
+            const float x = ldexpf(col % 2 ? -1.0f : 1.0f, -(col * 5 % 7));
+            for (int t = 0; t < T; t++) vc[(size_t)t * d + col] = x;
+        }
+        memcpy(c.v, vc, (size_t)T * d * sizeof(float));
+        const AttnPrecision fp8_modes[] = {ATTN_FP8_NAIVE, ATTN_FP8_HYBRID, ATTN_FP8_DM, ATTN_FP8_DM_APPROX};
+        long off = 0;
+        for (int m = 0; m < 4; m++) {
+            Run r = run(&c, opts(fp8_modes[m], FP8_E4M3, 128, 128));
+            for (size_t i = 0; i < (size_t)T * d; i++) off += r.o[i] != vc[i];
+            run_free(&r);
+        }
+        CHECK(off == 0, "fp8 forward: O = V exactly where V's columns are constant powers of two (l sums P-hat)",
+              "%ld of %ld values differ", off, 4L * T * d);
+        free(vc);
+        case_free(&c);
+    }
+
     printf("# test_attention_cpu: %.1f s\n", now_seconds() - t0);
     return test_summary("test_attention_cpu");
 }

@@ -56,6 +56,8 @@ struct Case {
     //    clamp keeps the V scales 2^80 apart at most (the 2^-100 block's values become 0);
     // 2: by 1, 2^-33, 2^46, 2^-33: every V scale inside the clamp, 2^79 apart, the units of a small
     //    block after a large one near their largest (O ~2^105 in them)
+    // 3: every column of V constant over the tokens and a power of two (±2^-e, e in 0..6): the
+    //    forward's weights sum to one (l sums P̂, spec §3), so O must be V, bit for bit
     int vspread;
 };
 // Case.signs 1 on the (B, T, H, d) tensor at off (row stride `stride`): which = 0 Q, 1 K.
@@ -393,7 +395,10 @@ static void run_fwd_case(const Case &cs, int seed) {
     char tag[160];
     snprintf(tag, sizeof tag, "B=%d H=%d T=%d d=%d %s qk*%.0f%s%s", B, H, T, d, cs.packed ? "packed" : "separate",
              cs.qk_scale, cs.signs ? " signed rows" : "",
-             cs.vspread == 1 ? " V blocks 2^-100..2^20" : cs.vspread == 2 ? " V blocks 2^-33..2^46" : "");
+             cs.vspread == 1   ? " V blocks 2^-100..2^20"
+             : cs.vspread == 2 ? " V blocks 2^-33..2^46"
+             : cs.vspread == 3 ? " V columns constant powers of two"
+                               : "");
     const size_t qkv_elems = cs.packed ? n_tok * qs : 3 * n_tok * C;
     auto offs = [&](int which) -> size_t { return cs.packed ? (size_t)which * C : (size_t)which * n_tok * C; };
     std::vector<uint16_t> hqkv(qkv_elems, 0);
@@ -404,7 +409,11 @@ static void run_fwd_case(const Case &cs, int seed) {
         apply_signs(hqkv, offs(0), qs, cs, 0);
         apply_signs(hqkv, offs(1), qs, cs, 1);
     }
-    if (cs.vspread) {
+    auto const_v = [&](int c) { return ldexpf(c % 2 ? -1.0f : 1.0f, -(c * 5 % 7)); };  // vspread 3's V
+    if (cs.vspread == 3) {
+        for (size_t r = 0; r < n_tok; r++)
+            for (int c = 0; c < C; c++) hqkv[offs(2) + r * qs + c] = f2bf(const_v(c % d));
+    } else if (cs.vspread) {
         const int e1[4] = {0, -100, 20, -40}, e2[4] = {0, -33, 46, -33};
         const int *e = cs.vspread == 1 ? e1 : e2;
         for (size_t r = 0; r < n_tok; r++)
@@ -442,6 +451,17 @@ static void run_fwd_case(const Case &cs, int seed) {
     for (uint16_t u : g_o) nonfinite += !isfinite(bf16_to_f32(u));
     for (float x : g_lse) nonfinite += !isfinite(x);
     CHECK(nonfinite == 0, "attn fp8 forward writes every output", "%s: %ld values not finite", tag, nonfinite);
+    if (cs.vspread == 3) {
+        // O's weights sum to one: U and l run the same recurrence (l_add_ones) with V's exact
+        // power-of-two codes, so O = V in every row; with l summing P' (before stop 35) O was V
+        // scaled by sum P̂ / sum P', off by up to ~2^-4 in sharp rows
+        long off = 0;
+        for (size_t r = 0; r < n_tok; r++)
+            for (int c = 0; c < C; c++) off += g_o[r * C + c] != f2bf(const_v(c % d));
+        char nm[256];
+        snprintf(nm, sizeof nm, "attn fp8 forward: O = V exactly where V's columns are constant powers of two: %s", tag);
+        CHECK(off == 0, nm, "%ld of %zu values differ", off, n_tok * C);
+    }
     {
         // V's block scales: the quantize pass's, with the clamp to 2^±ATTN_V_SCALE_MAX_EXP that the
         // CPU emulation applies too (vspread 1 has blocks past it)
@@ -556,9 +576,8 @@ static void run_fwd_case(const Case &cs, int seed) {
             same_as_default(d_o2, d_lse2, what);
         }
         // Every block loop of the consumers, as many as the forward names (ping-pong; plain: no
-        // ping-pong, the default; overlap: S_{j+1} issued before the softmax of S_j, PV_j into
-        // S_j's registers; overlap with ping-pong; plain with the row max by FMNMX instead of the
-        // integer max; plain with a ring of 5 stages): the same arithmetic in another order, so
+        // ping-pong, the default; plain with the row max by FMNMX instead of the integer max):
+        // the same arithmetic in another order, so
         // the same O and LSE bit for bit; on the full grid and on 2 CTAs (several tiles per CTA).
         for (int loop = 0; attn_gpu_forward_fp8_loop_name(loop); loop++)
             for (int cap = 0; cap <= 2; cap += 2) {
@@ -1776,6 +1795,10 @@ int main(void) {
         {1, 1, 600, 64, false, 1.0, 0, 1},
         {1, 2, 1024, 128, true, 2.0, 0, 2},
         {2, 1, 640, 64, true, 1.0, 0, 2},
+        // V's columns constant powers of two: O = V exactly (the weights sum to one), sharp and
+        // diffuse, T ragged, both head sizes
+        {1, 2, 517, 128, false, 3.0, 0, 3},
+        {2, 2, 300, 64, true, 1.0, 0, 3},
     };
     const int n_fwd = is_small ? 2 : (int)(sizeof fwd_cases / sizeof fwd_cases[0]);
     for (int i = 0; i < n_fwd && !bwd_only; i++) run_fwd_case(fwd_cases[i], i);
