@@ -383,7 +383,8 @@ static void run_case(const Case &cs, int seed) {
 // kernel's) on the same BF16 inputs per head. O and LSE agree up to the accumulation order and
 // Hopper's reduced-precision FP8 accumulation (spec §3: ~2^-12 relative to the partial sums,
 // i.e. up to ~1e-2 absolute in S for sharp attention, which also flips some P̂ codes): the
-// tolerances (O rel L2 1e-2, LSE 2e-2) are set from that estimate, far below what a wrong scale,
+// tolerances (O rel L2 1e-2; LSE, which sums P̂, see below: 1.2e-1 in any row, 1e-2 on average;
+// it was 2e-2 everywhere while l summed P') are set from that estimate, far below what a wrong scale,
 // mask or layout gives (O errors of order 1). The error of both against exact FP64 attention is
 // printed, and the GPU's must not exceed the emulation's by more than 10%.
 static void run_fwd_case(const Case &cs, int seed) {
@@ -492,7 +493,8 @@ static void run_fwd_case(const Case &cs, int seed) {
     std::vector<float> x[3], co((size_t)T * d), clse(T);
     std::vector<double> xd[3], ro((size_t)T * d), rlse(T);
     for (int i = 0; i < 3; i++) { x[i].resize((size_t)T * d); xd[i].resize((size_t)T * d); }
-    double num = 0, den = 0, maxabs = 0, maxref = 0, lse_err = 0, num64 = 0, den64 = 0, numcpu64 = 0;
+    double num = 0, den = 0, maxabs = 0, maxref = 0, lse_err = 0, lse_sum = 0, num64 = 0, den64 = 0, numcpu64 = 0;
+    long lse_n = 0;
     for (int bh : heads) {
         const int b = bh / H, h = bh % H;
         for (int i = 0; i < 3; i++)
@@ -507,7 +509,10 @@ static void run_fwd_case(const Case &cs, int seed) {
         attn_cpu_forward(&opt, NULL, T, d, x[0].data(), x[1].data(), x[2].data(), co.data(), clse.data(), &st);
         attn_ref_forward_f64(T, d, xd[0].data(), xd[1].data(), xd[2].data(), ro.data(), rlse.data());
         for (int t = 0; t < T; t++) {
-            lse_err = nan_max(lse_err, fabs((double)g_lse[(size_t)bh * T + t] - clse[t]));
+            const double le = fabs((double)g_lse[(size_t)bh * T + t] - clse[t]);
+            lse_err = nan_max(lse_err, le);
+            lse_sum += le;
+            lse_n++;
             for (int c = 0; c < d; c++) {
                 const double got = bf16_to_f32(g_o[((size_t)b * T + t) * C + (size_t)h * d + c]);
                 const double ref = co[(size_t)t * d + c], exact = ro[(size_t)t * d + c];
@@ -526,12 +531,18 @@ static void run_fwd_case(const Case &cs, int seed) {
     char name[256];
     snprintf(name, sizeof name, "attn fp8 forward O vs CPU emulation (rel L2 < 1e-2, max < 1e-1): %s", tag);
     CHECK(rel < 1e-2 && relmax < 1e-1, name, "rel L2 %.3e, max abs %.3e (max |ref| %.3e)", rel, maxabs, maxref);
-    snprintf(name, sizeof name, "attn fp8 forward LSE vs CPU emulation (max abs < 2e-2): %s", tag);
-    CHECK(lse_err < 2e-2, name, "max abs %.3e", lse_err);
+    // LSE = m + log(sum P̂) (spec §3) is a step function of S: where the GPU's S (another
+    // accumulation order, ex2.approx) puts a P' on the other side of an E4M3 rounding boundary
+    // than the emulation's, that code differs by one step, which moves a sharp row's l by up to
+    // 2^-4 (a key next to the row max). So: every row within two such flips, and the mean small
+    // (measured at stop 35: max 3.2e-2..4.0e-2 in the sharp cases, where summing P' gave 1.2e-2).
+    const double lse_mean = lse_sum / (lse_n > 0 ? lse_n : 1);
+    snprintf(name, sizeof name, "attn fp8 forward LSE vs CPU emulation (max abs < 1.2e-1, mean < 1e-2): %s", tag);
+    CHECK(lse_err < 1.2e-1 && lse_mean < 1e-2, name, "max abs %.3e, mean abs %.3e", lse_err, lse_mean);
     snprintf(name, sizeof name, "attn fp8 forward O vs f64 no worse than the emulation's (+10%%): %s", tag);
     CHECK(rel64 < 1.1 * relcpu64 + 1e-3, name, "gpu %.3e, cpu emulation %.3e", rel64, relcpu64);
-    printf("#   fwd O vs emul rel L2 %.3e max %.3e | LSE max abs %.3e | O vs f64: gpu %.3e emul %.3e\n", rel, relmax,
-           lse_err, rel64, relcpu64);
+    printf("#   fwd O vs emul rel L2 %.3e max %.3e | LSE max abs %.3e mean %.2e | O vs f64: gpu %.3e emul %.3e\n", rel,
+           relmax, lse_err, lse_mean, rel64, relcpu64);
 
     // The same tiles walked by fewer persistent CTAs (1: one CTA runs every tile, its K̂/V̂^T ring
     // and Q̂ buffers wrapping across tiles; 2, 3: odd and even tile counts per CTA), in the fixed
