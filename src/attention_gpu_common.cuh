@@ -477,7 +477,7 @@ __device__ __forceinline__ uint64_t kmajor_desc_sw64(uint32_t lo) { return (uint
                   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define WG_REGS64 WG_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, " \
                   "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-// N = D + 8 (the FP8 forward's PV with its row-sum columns, F8_LOOP_TCSUM): 4 more accumulators
+// N = D + 8 (the FP8 forward's PV with its row-sum columns, l_add_ones): 4 more accumulators
 #define WG_ACC4(b) "+f"(d[(b) + 0]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3])
 #define WG_REGS36 WG_REGS32 ", %32, %33, %34, %35"
 #define WG_REGS68 WG_REGS64 ", %64, %65, %66, %67"
