@@ -128,7 +128,7 @@ static_assert(F8Smem<128, F8_STAGES>::BYTES <= 227 * 1024, "the ring fits Hopper
 
 // -DATTN_TIMELINE: the first consumer thread records, per tile (record = tile index), its start
 // (0), key block 0's stage in (1), block 0's softmax done (2), the block loop done (3), the last
-// PV added (4) and the epilogue done (5) (the plain loop; the others record 0 and 5 only)
+// PV added (4) and the epilogue done (5) (every loop)
 // (cta_timeline.cuh; bench/attn_timeline.py)
 TL_DECLARE(f8_timeline);
 // -DATTN_TIMELINE_EPI (with -DATTN_TIMELINE): marks 1 and 2 move from the first key block into the
