@@ -81,7 +81,6 @@
 
 #define F8_BQ 128     // query rows per CTA (2 consumer warpgroups x 64)
 #define F8_STAGES 4   // K̂ / V̂^T ring depth (>= 3: see the producer)
-#define F8_VONES 8    // rows of E4M3 ones after each V̂^T stage's D rows (an n8 tile of PV: the row sums)
 #define F8_THREADS 384
 static_assert(F8_BK == ATTN_SCALE_BLOCK, "a key block must be one scale block");
 static_assert(F8_BQ == F8_BK, "only the diagonal key block is masked");

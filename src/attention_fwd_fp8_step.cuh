@@ -13,6 +13,7 @@
 #include "attention_gpu_common.cuh"  // wg_fp8, wg_fp8_rs, kmajor_desc, quad_max, fast_exp2, named barriers
 
 #define F8_BK 128  // keys per block = ATTN_SCALE_BLOCK (one key block = one scale block)
+#define F8_VONES 8  // rows of E4M3 ones after each V̂^T stage's D rows: PV's n8 tile of row sums (l_add_ones)
 
 // Four FP32 values -> four E4M3 codes in one register (x0 in the low byte), round to nearest
 // even, saturating: the hardware conversion (__nv_cvt_float_to_fp8's own instruction).
@@ -278,7 +279,7 @@ __device__ __forceinline__ void o_rescale_add(float (&o)[N], const float (&pv)[M
 // divisor, O = U / l.
 template <int D, int M>
 __device__ __forceinline__ void l_add_ones(float (&l)[2], const float (&a)[2], const float (&pv)[M], float sv) {
-    static_assert(M == D / 2 + 4, "PV with its row-sum columns");
+    static_assert(M == (D + F8_VONES) / 2, "PV with its row-sum columns");
     l[0] = fmaf(l[0], a[0], pv[D / 2] * sv);
     l[1] = fmaf(l[1], a[1], pv[D / 2 + 2] * sv);
 }

@@ -588,8 +588,8 @@ static void run_fwd_case(const Case &cs, int seed) {
         }
         // Every block loop of the consumers, as many as the forward names (ping-pong; plain: no
         // ping-pong, the default; plain with the row max by FMNMX instead of the integer max):
-        // the same arithmetic in another order, so
-        // the same O and LSE bit for bit; on the full grid and on 2 CTAs (several tiles per CTA).
+        // the same arithmetic in another order, so the same O and LSE bit for bit; on the full
+        // grid and on 2 CTAs (several tiles per CTA).
         for (int loop = 0; attn_gpu_forward_fp8_loop_name(loop); loop++)
             for (int cap = 0; cap <= 2; cap += 2) {
                 poison(d_o2, d_lse2, 0);
