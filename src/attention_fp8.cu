@@ -37,6 +37,17 @@ extern "C" void attn_mode_block_sizes(const AttnOptions *opt, int d, int *block_
     }
 }
 
+extern "C" AttnOptions attn_block_options(AttnPrecision p, Fp8Format grad_format, int d) {
+    AttnOptions o;
+    memset(&o, 0, sizeof o);
+    o.precision = p;
+    o.grad_format = grad_format;
+    o.scaling = SCALING_BLOCK;
+    o.p_scale = 256.0f;
+    attn_mode_block_sizes(&o, d, &o.block_q, &o.block_k);
+    return o;
+}
+
 extern "C" size_t attn_mode_workspace_bytes(const AttnOptions *opt, int B, int H, int T, int d) {
     return gpu_attn_mode_workspace_bytes(opt->precision, (size_t)B, (size_t)H, (size_t)T, (size_t)d);
 }
@@ -197,6 +208,14 @@ static void quantize_scaled(const AttnOptions *opt, const AttnDelayedGpu *delaye
     }
 }
 
+// The kept-codes buffer checked for this shape and mode (as forward_mode checks it).
+static void check_saved_buffer(const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T, int d) {
+    const size_t need = attn_saved_codes_bytes(opt, B, H, T, d);
+    if (!s || !s->buf || s->bytes < need || ((uintptr_t)s->buf) % 256)
+        FATAL("attention: kept codes need a 256-byte aligned buffer of %zu bytes (have %zu at %p)", need,
+              s ? s->bytes : 0, s ? s->buf : NULL);
+}
+
 // Both forwards. rope: NULL, or the RoPE table for q and k, which are then unrotated on entry
 // (attn_mode_forward_rope) and rotated in place if rotate_in_place.
 static void forward_mode(const AttnOptions *opt, bf16 *q, bf16 *k, const bf16 *v, int qkv_stride,
@@ -212,10 +231,7 @@ static void forward_mode(const AttnOptions *opt, bf16 *q, bf16 *k, const bf16 *v
     }
     Parts p = carve_parts(opt, workspace, B, H, T, d);
     if (saved) {
-        size_t need = attn_saved_codes_bytes(opt, B, H, T, d);
-        if (!saved->buf || saved->bytes < need || ((uintptr_t)saved->buf) % 256)
-            FATAL("attention: kept codes need a 256-byte aligned buffer of %zu bytes (have %zu at %p)", need,
-                  saved->bytes, saved->buf);
+        check_saved_buffer(opt, saved, B, H, T, d);
         carve_saved(&p, opt->precision, saved->buf, B, H, T, d);
     }
     // S = Q̂ K̂^T reduces over d (codes), O = P̂ V̂ over tokens (V's transposed codes). Kept for an
@@ -274,6 +290,47 @@ extern "C" void attn_mode_forward_rope(const AttnOptions *opt, bf16 *qkv, const 
     const int C = H * d;
     forward_mode(opt, qkv, qkv + C, qkv + 2 * C, 3 * C, cos_sin, rotate_in_place, o, o_stride, lse, B, H, T, d, saved,
                  delayed, workspace, diag, stream);
+}
+
+// --- Q, K, V quantized upstream (the QKV projection's epilogue) ---------------------------------
+
+extern "C" int attn_mode_codes_upstream(const AttnOptions *opt, int d, int T) {
+    return attn_precision_is_fp8(opt->precision) && opt->precision != ATTN_FP8_HYBRID &&
+           opt->scaling == SCALING_BLOCK && attn_mode_supported(opt, d, NULL) == 0 && T % ATTN_SCALE_BLOCK == 0;
+}
+
+// The parts of a kept-codes buffer that a producer upstream fills, checked for this mode and shape.
+static Parts upstream_parts(const char *who, const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T,
+                            int d) {
+    if (!attn_mode_codes_upstream(opt, d, T))
+        FATAL("%s: attention %s (d %d, T %d) does not take codes quantized upstream (hint: fp8_naive, fp8_dm or "
+              "fp8_dm_approx with block scaling and T a multiple of %d)", who, attn_precision_name(opt->precision), d, T,
+              ATTN_SCALE_BLOCK);
+    check_saved_buffer(opt, s, B, H, T, d);
+    Parts p;
+    memset(&p, 0, sizeof p);
+    carve_saved(&p, opt->precision, s->buf, B, H, T, d);
+    return p;
+}
+
+extern "C" void attn_saved_codes_parts(const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T, int d,
+                                       uint8_t *codes[3], uint8_t *codes_t[3], float *scales[3]) {
+    const Parts p = upstream_parts("attn_saved_codes_parts", opt, s, B, H, T, d);
+    for (int i = 0; i < 3; i++) {
+        codes[i] = p.codes[i];
+        codes_t[i] = p.codes_t[i];
+        scales[i] = p.scales[i];
+    }
+}
+
+extern "C" void attn_mode_forward_codes(const AttnOptions *opt, AttnSavedCodes *saved, bf16 *o, int o_stride,
+                                        float *lse, int B, int H, int T, int d, cudaStream_t stream) {
+    const Parts p = upstream_parts("attn_mode_forward_codes", opt, saved, B, H, T, d);
+    saved->valid = 1;
+    saved->precision = opt->precision;
+    saved->B = B, saved->H = H, saved->T = T, saved->d = d;
+    attn_gpu_forward_fp8(p.codes[OP_Q], p.codes[OP_K], p.codes_t[OP_V], p.scales[OP_Q], p.scales[OP_K],
+                         p.scales[OP_V], opt->p_scale, o, o_stride, lse, B, H, T, d, stream);
 }
 
 static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,

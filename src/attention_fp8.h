@@ -40,6 +40,11 @@
 extern "C" {
 #endif
 
+// The options of precision p as the trainer runs it on the GPU with block scaling at head dim d:
+// gradient format grad_format, P's static scale 256, the tiles of attn_mode_block_sizes (tests and
+// benchmarks; the trainer fills its own from the config, attn_options_from_config).
+AttnOptions attn_block_options(AttnPrecision p, Fp8Format grad_format, int d);
+
 // 0 when opt can run on the GPU; else -1 with a one-line reason in why (may be NULL):
 // fp32 attention is CPU-only.
 int attn_mode_supported(const AttnOptions *opt, int d, const char **why);
@@ -140,6 +145,21 @@ void attn_mode_forward_rope(const AttnOptions *opt, uint16_t *qkv, const float *
                             uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
                             const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
                             cudaStream_t stream);
+
+// Q, K, V quantized upstream: the QKV projection's epilogue (qkv_gemm.h) can write the kept codes
+// itself, straight from its FP32 sums, so that no pass reads q, k, v again. For the modes where
+// those codes are all the forward and backward read (fp8_naive, fp8_dm, fp8_dm_approx with block
+// scaling: attn_mode_codes_upstream returns 1; fp8_hybrid keeps dequantized BF16 copies and
+// delayed scaling needs the history's scale first, so they quantize here), attn_saved_codes_parts
+// gives where a kept-codes buffer of this shape holds operand i's codes (B, H, T, d), transposed
+// codes (B, H, d, T) and scales (B, H, T/128), and attn_mode_forward_codes runs the FP8 forward on
+// them and marks them valid for attn_mode_backward. Its O and LSE are attn_mode_forward's for
+// q, k, v whose quantization gives those codes (T a multiple of 128: no padding rows).
+int attn_mode_codes_upstream(const AttnOptions *opt, int d, int T);
+void attn_saved_codes_parts(const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T, int d,
+                            uint8_t *codes[3], uint8_t *codes_t[3], float *scales[3]);
+void attn_mode_forward_codes(const AttnOptions *opt, AttnSavedCodes *saved, uint16_t *o, int o_stride, float *lse,
+                             int B, int H, int T, int d, cudaStream_t stream);
 
 // dq, dk, dv are overwritten. o and lse: what attn_mode_forward wrote for the same q, k, v.
 // saved: NULL (Q, K, V quantized again from q, k, v), or what that forward filled (ignored in

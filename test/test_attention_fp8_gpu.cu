@@ -210,12 +210,7 @@ static void report(const char *tag, const char *what, const Mismatch &m, bool ex
 
 // The options every GPU case runs with: block scaling, P's static scale 256, the kernels' tiles.
 static AttnOptions block_options(AttnPrecision precision, Fp8Format gfmt, int block_q, int block_k) {
-    AttnOptions opt;
-    memset(&opt, 0, sizeof opt);
-    opt.precision = precision;
-    opt.grad_format = gfmt;
-    opt.scaling = SCALING_BLOCK;
-    opt.p_scale = 256.0f;
+    AttnOptions opt = attn_block_options(precision, gfmt, 128);
     opt.block_q = block_q;
     opt.block_k = block_k;
     return opt;
