@@ -1,0 +1,119 @@
+// bench_qkv_gemm.cu: the attention block's forward up to O, the three ways the trainer can run
+// it, against cuBLASLt in the same process on the same GPU (random inputs, never zeros):
+//   bf16      cuBLASLt QKV GEMM, rope_forward_gpu, our BF16 flash forward
+//   fp8 pass  cuBLASLt QKV GEMM, then fp8_dm's forward with RoPE in its quantize pass
+//             (attn_mode_forward_rope, kept codes): the trainer's FP8 path before qkv_gemm
+//   fp8 epi   qkv_gemm_quant (our GEMM, quantizing epilogue, RoPE in it), then the FP8 forward on
+//             its codes (attn_mode_forward_codes)
+// and the parts: the GEMM alone (cuBLASLt BF16 out, ours quantizing), the quantize pass alone, the
+// two attention forwards alone. Interleaved rounds (each variant once per round, median of 10 runs
+// each), the median over rounds printed. Shapes: B T = 16384 tokens, head dim 128.
+//
+//   bench_qkv_gemm [rounds=5] [C=2048] [T list, default 1024 2048 4096 8192]
+#include <stdio.h>   // printf
+#include <stdlib.h>  // atoi
+#include <string.h>  // memset
+#include <algorithm>
+#include <vector>
+
+#include "attention_fp8.h"    // attn_mode_forward*, kept codes
+#include "attention_gpu.h"    // attn_gpu_forward (BF16)
+#include "attention_quant.h"  // attn_gpu_quantize
+#include "bench_gpu.cuh"      // CU, random_bf16, bench_time_ms
+#include "layers.h"           // rope_table_gpu, rope_forward_gpu
+#include "matmul.h"           // matmul_forward_gpu (cuBLASLt)
+#include "qkv_gemm.h"         // qkv_gemm_quant
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    const int rounds = argc > 1 ? atoi(argv[1]) : 5, C = argc > 2 ? atoi(argv[2]) : 2048;
+    std::vector<int> Ts;
+    for (int i = 3; i < argc; i++) Ts.push_back(atoi(argv[i]));
+    if (Ts.empty()) Ts = {1024, 2048, 4096, 8192};
+    const char *why;
+    for (int T : Ts)
+        if (rounds < 1 || T <= 0 || 16384 % T || qkv_gemm_quant_supported(16384, T, C, 128, &why)) {
+            fprintf(stderr, "bench_qkv_gemm: rounds >= 1, T dividing 16384 and the quantizing GEMM's shapes (C %d, T %d)\n", C, T);
+            return 2;
+        }
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    matmul_gpu_init();
+    const int M = 16384, H = C / 128, d = 128, N = 3 * C;
+    printf("# bench_qkv_gemm on %s: B T = %d, C = %d (H %d, d 128), %d rounds, ms (median)\n", prop.name, M, C, H, rounds);
+    uint16_t *x = random_bf16((size_t)M * C, 1), *w = random_bf16((size_t)N * C, 2), *qkv, *o;
+    CU(cudaMalloc(&qkv, (size_t)M * N * 2));
+    CU(cudaMalloc(&o, (size_t)M * C * 2));
+    float *lse, *rope;
+    CU(cudaMalloc(&lse, (size_t)M * H * 4));
+    const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
+    printf("| T | cuBLASLt GEMM | ours GEMM+quant | TFLOP/s cuBLASLt / ours | quant pass | bf16 attn | fp8 attn "
+           "(codes) | bf16 layer | fp8 pass layer | fp8 epi layer | epi / pass | bf16 / epi |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int T : Ts) {
+        const int B = M / T;
+        CU(cudaMalloc(&rope, (size_t)T * 64 * 2 * 4));
+        rope_table_gpu(rope, T, d, 10000.0, 0);
+        AttnSavedCodes kc;
+        memset(&kc, 0, sizeof kc);
+        kc.bytes = attn_saved_codes_bytes(&dm, B, H, T, d);
+        CU(cudaMalloc(&kc.buf, kc.bytes));
+        void *ws;
+        CU(cudaMalloc(&ws, attn_mode_workspace_bytes(&dm, B, H, T, d)));
+        QkvQuantOut qo;
+        attn_saved_codes_parts(&dm, &kc, B, H, T, d, qo.codes, qo.codes_t, qo.scales);
+        qo.rope = rope;
+        AttnQuantTensor ts[3];
+        memset(ts, 0, sizeof ts);
+        for (int i = 0; i < 3; i++) {
+            ts[i].x = qkv + i * C;
+            ts[i].stride = N;
+            ts[i].fmt = FP8_E4M3;
+            ts[i].codes = qo.codes[i];
+            ts[i].codes_t = qo.codes_t[i];
+            ts[i].scales = qo.scales[i];
+            ts[i].max_scale_exp = attn_scale_max_exp(i == 2 ? CAST_V : CAST_Q);
+            ts[i].rope = i < 2 ? rope : NULL;
+        }
+        matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);  // qkv for the parts that read it
+        auto gemm = [&] { matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0); };
+        auto ours = [&] { qkv_gemm_quant(&qo, x, w, M, T, C, 0); };
+        auto quant = [&] { attn_gpu_quantize(ts, 3, B, H, T, d, 0); };
+        auto attn_bf = [&] { attn_gpu_forward(qkv, qkv + C, qkv + 2 * C, N, o, C, lse, B, H, T, d, 0); };
+        auto attn_f8 = [&] { attn_mode_forward_codes(&dm, &kc, o, C, lse, B, H, T, d, 0); };
+        auto layer_bf = [&] {
+            matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
+            rope_forward_gpu(qkv, rope, B, T, H, d, 0);
+            attn_gpu_forward(qkv, qkv + C, qkv + 2 * C, N, o, C, lse, B, H, T, d, 0);
+        };
+        auto layer_pass = [&] {
+            matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
+            attn_mode_forward_rope(&dm, qkv, rope, 0, o, C, lse, B, H, T, d, &kc, NULL, ws, NULL, 0);
+        };
+        auto layer_epi = [&] {
+            qkv_gemm_quant(&qo, x, w, M, T, C, 0);
+            attn_mode_forward_codes(&dm, &kc, o, C, lse, B, H, T, d, 0);
+        };
+        const std::function<void()> fs[] = {gemm, ours, quant, attn_bf, attn_f8, layer_bf, layer_pass, layer_epi};
+        const int nf = sizeof fs / sizeof fs[0];
+        std::vector<std::vector<double>> t(nf);
+        for (int r = 0; r < rounds; r++)
+            for (int i = 0; i < nf; i++) t[i].push_back(bench_time_ms(fs[i], 3, 10));
+        double m[8];
+        for (int i = 0; i < nf; i++) m[i] = median(t[i]);
+        const double gflop = 2.0 * M * N * C * 1e-9;
+        printf("| %d | %.4f | %.4f | %.0f / %.0f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.3f | %.3f |\n", T, m[0],
+               m[1], gflop / m[0], gflop / m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[6] / m[7], m[5] / m[7]);
+        fflush(stdout);
+        CU(cudaFree(rope));
+        CU(cudaFree(kc.buf));
+        CU(cudaFree(ws));
+    }
+    printf("# epi / pass: the fp8 pass layer's time over the fp8 epi layer's (> 1: the epilogue is faster); "
+           "bf16 / epi: our BF16 layer's time over the fp8 epi layer's\n");
+    return 0;
+}
