@@ -77,6 +77,7 @@
 #include "linear_fp8.h"     // linear_precision_of, Fp8Grouping
 #include "linear_fp8_gpu.h" // fp8_quantize_gpu, linear_fp8_forward/dgrad/wgrad_gpu
 #include "matmul.h"         // MATMUL_WORKSPACE_BYTES
+#include "qkv_gemm.h"       // qkv_gemm_quant: the QKV projection writing FP8 attention's codes
 
 static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
     const ModelConfig *mc = &c->model;
@@ -363,6 +364,9 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
         // FP8 attention: RoPE inside the quantize pass, unless TRAIN_GPT_ATTN_ROPE_FUSE=0 (A/B timing)
         env = getenv("TRAIN_GPT_ATTN_ROPE_FUSE");
         d->attn_rope_fuse = !(env && strcmp(env, "0") == 0);
+        // FP8 attention: the QKV projection's epilogue writes the codes, unless TRAIN_GPT_QKV_EPILOGUE=0
+        env = getenv("TRAIN_GPT_QKV_EPILOGUE");
+        d->qkv_epilogue = !(env && strcmp(env, "0") == 0);
     }
     matmul_gpu_init();
     if (c->precision.linear != LINEAR_BF16) linear_fp8_gpu_init();
@@ -522,6 +526,37 @@ static const bf16 *attention_inputs(GpuModel *m, int l, bf16 *dst, int B, int T)
     return dst;
 }
 
+// Layer l's attention forward on the BF16 qkv its projection wrote (RoPE / QK-norm first, or RoPE
+// inside an FP8 mode's quantize pass when fused_rope): o, lse and, in a training forward with kept
+// codes, the Q, K, V codes for the backward.
+static void attention_forward(GpuModel *m, int l, int B, int T, int fused_rope) {
+    Dev *d = dev_of(m);
+    const ModelConfig *mc = &m->cfg.model;
+    const int C = mc->d_model, H = mc->n_head, hd = mc->head_dim;
+    cudaStream_t s = d->stream;
+    LayerBufs *lb = &d->L[l];
+    const bf16 *qkv = lb->qkv;
+    if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
+    else if (mc->position == POS_ROPE && !fused_rope) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
+    prof_mark(d, PH_FWD_ROPE);
+    // Q, K, V codes kept for the backward when one follows (an evaluation forward leaves them)
+    AttnSavedCodes *keep = d->save_xt && lb->attn_codes.buf ? &lb->attn_codes : NULL;
+    if (!keep) lb->attn_codes.valid = 0;
+    const AttnDelayedGpu dl = attn_delayed_of(d, l, d->save_xt);  // a training forward counts its amaxes
+    if (fused_rope) {
+        // The rotated BF16 q, k are written back only for a backward that reads them: one
+        // without kept codes, or with the diagnostics' local reference (attn_mode_backward);
+        // otherwise lb->qkv keeps the unrotated q, k, which nothing reads again.
+        const int rotate = d->save_xt && (!keep || attn_diag(d, l) != NULL);
+        attn_mode_forward_rope(&d->attn, lb->qkv, d->rope, rotate, lb->o, C, lb->lse, B, H, T, hd, keep,
+                               d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
+        d->attn_rope_fused++;
+    } else {
+        attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, keep,
+                          d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
+    }
+}
+
 // Embedding and every block for the uploaded tokens (B, T); leaves x_final and hf = final norm.
 static void forward_blocks(GpuModel *m, int B, int T) {
     Dev *d = dev_of(m);
@@ -548,30 +583,29 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     // (attn_mode_forward_rope), one read of q, k, v instead of two
     const int fused_rope = d->attn_rope_fuse && !mc->qk_norm && mc->position == POS_ROPE &&
                            attn_precision_is_fp8(d->attn.precision);
+    // FP8 attention on codes from the QKV projection's epilogue (qkv_gemm.h; layers below also need
+    // kept codes, BF16 linears and no probe this forward)
+    const int epi_shape = d->qkv_epilogue && d->save_xt && !mc->qk_norm &&
+                          (mc->position == POS_ROPE || mc->position == POS_NONE) &&
+                          attn_mode_codes_upstream(&d->attn, hd, T) && qkv_gemm_quant_supported(BT, T, C, hd, NULL) == 0;
     for (int l = 0; l < L; l++) {
         LayerBufs *lb = &d->L[l];
         bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
-        lin_forward(m, P_QKV, l, lb->qkv, h1, BT, 3 * C, C);                       // (BT, 3C)
-        prof_mark(d, PH_FWD_LINEAR);
-        const bf16 *qkv = lb->qkv;
-        if (mc->qk_norm) qkv = attention_inputs(m, l, d->buf1, B, T);
-        else if (mc->position == POS_ROPE && !fused_rope) rope_forward_gpu(lb->qkv, d->rope, B, T, H, hd, s);
-        prof_mark(d, PH_FWD_ROPE);
-        // Q, K, V codes kept for the backward when one follows (an evaluation forward leaves them)
-        AttnSavedCodes *keep = d->save_xt && lb->attn_codes.buf ? &lb->attn_codes : NULL;
-        if (!keep) lb->attn_codes.valid = 0;
-        const AttnDelayedGpu dl = attn_delayed_of(d, l, d->save_xt);  // a training forward counts its amaxes
-        if (fused_rope) {
-            // The rotated BF16 q, k are written back only for a backward that reads them: one
-            // without kept codes, or with the diagnostics' local reference (attn_mode_backward);
-            // otherwise lb->qkv keeps the unrotated q, k, which nothing reads again.
-            const int rotate = d->save_xt && (!keep || attn_diag(d, l) != NULL);
-            attn_mode_forward_rope(&d->attn, lb->qkv, d->rope, rotate, lb->o, C, lb->lse, B, H, T, hd, keep,
-                                   d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
-            d->attn_rope_fused++;
+        if (epi_shape && lb->attn_codes.buf && !attn_diag(d, l) &&
+            linear_precision_of(&m->cfg.precision, L, l) == LINEAR_BF16) {
+            // q, k, v exist only as the codes in lb->attn_codes (lb->qkv is not written: with kept
+            // codes and no probe the backward reads no q, k, v)
+            QkvQuantOut qo;
+            attn_saved_codes_parts(&d->attn, &lb->attn_codes, B, H, T, hd, qo.codes, qo.codes_t, qo.scales);
+            qo.rope = mc->position == POS_ROPE ? d->rope : NULL;
+            qkv_gemm_quant(&qo, h1, W(m, P_QKV, l), BT, T, C, s);                  // (BT, 3C) -> codes
+            prof_mark(d, PH_FWD_LINEAR);
+            attn_mode_forward_codes(&d->attn, &lb->attn_codes, lb->o, C, lb->lse, B, H, T, hd, s);
+            d->qkv_epilogue_runs++;
         } else {
-            attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, keep,
-                              d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
+            lin_forward(m, P_QKV, l, lb->qkv, h1, BT, 3 * C, C);                   // (BT, 3C)
+            prof_mark(d, PH_FWD_LINEAR);
+            attention_forward(m, l, B, T, fused_rope);
         }
         prof_mark(d, PH_FWD_ATTN);
         lin_forward(m, P_ATTN_PROJ, l, d->buf2, lb->o, BT, C, C);                  // (BT, C)
@@ -898,6 +932,8 @@ void gpu_model_set_fp8_fusion(GpuModel *m, int on) {
 }
 long long gpu_model_fp8_fused_count(GpuModel *m) { return dev_of(m)->fp8_fused; }
 void gpu_model_set_attn_rope_fusion(GpuModel *m, int on) { dev_of(m)->attn_rope_fuse = on ? 1 : 0; }
+void gpu_model_set_qkv_epilogue(GpuModel *m, int on) { dev_of(m)->qkv_epilogue = on ? 1 : 0; }
+long long gpu_model_qkv_epilogue_count(GpuModel *m) { return dev_of(m)->qkv_epilogue_runs; }
 long long gpu_model_attn_rope_fused_count(GpuModel *m) { return dev_of(m)->attn_rope_fused; }
 void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v) {
     Dev *d = dev_of(m);

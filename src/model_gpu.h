@@ -225,6 +225,17 @@ long long gpu_model_fp8_fused_count(GpuModel *m);
 // bit (for A/B timing and tests). The count: layer forwards that ran the fused pass so far.
 void gpu_model_set_attn_rope_fusion(GpuModel *m, int on);
 long long gpu_model_attn_rope_fused_count(GpuModel *m);
+// FP8 precision.attention whose forward keeps its codes for the backward (fp8_naive, fp8_dm,
+// fp8_dm_approx with block scaling and precision.attention_keep_codes), BF16 linears, head dim
+// 128, no QK-norm, seq_len a multiple of 128: on = 1 (the default, unless the environment has
+// TRAIN_GPT_QKV_EPILOGUE=0) runs the QKV projection as qkv_gemm_quant (qkv_gemm.h), whose epilogue
+// rotates q, k and writes the Q, K, V codes the attention reads, instead of cuBLASLt's BF16 qkv and
+// the attention's quantize pass; on = 0 always takes the BF16 GEMM. The same bits wherever the
+// two GEMMs' sums agree (on the H200 in every shape measured, qkv_gemm.h; test_model_gpu_fp8 also
+// bounds the difference, should a GEMM sum in another order). Training forwards with a diagnostics probe on the layer, and evaluation
+// forwards (no codes kept), take the BF16 GEMM. The count: layer forwards that ran the epilogue.
+void gpu_model_set_qkv_epilogue(GpuModel *m, int on);
+long long gpu_model_qkv_epilogue_count(GpuModel *m);
 
 #ifdef __cplusplus
 }

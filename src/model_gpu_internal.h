@@ -103,6 +103,8 @@ typedef struct {
     long long fp8_fused;             // producer kernels that wrote codes (for tests)
     int attn_rope_fuse;              // FP8 attention: RoPE inside its quantize pass (gpu_model_set_attn_rope_fusion)
     long long attn_rope_fused;       // forwards of a layer that ran it so (for tests)
+    int qkv_epilogue;                // FP8 attention: the QKV projection writes Q, K, V codes (gpu_model_set_qkv_epilogue)
+    long long qkv_epilogue_runs;     // layer forwards that ran it so (for tests)
     long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
     long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)
     struct ProfState *prof;          // phase profile (model_gpu_profile.cu), NULL when off

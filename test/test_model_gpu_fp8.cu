@@ -631,7 +631,10 @@ struct KeepRun {
     float loss;
     std::vector<float> g;
 };
-static KeepRun keep_run(const Config &c, const std::vector<int32_t> &tok, const std::vector<int32_t> &tgt) {
+// epilogue: gpu_model_set_qkv_epilogue's switch (the QKV projection writing the codes; off for the
+// keep_codes checks, whose runs with and without kept codes must then be the same bit for bit)
+static KeepRun keep_run(const Config &c, const std::vector<int32_t> &tok, const std::vector<int32_t> &tgt,
+                        int epilogue = 0, long long *epilogue_runs = NULL) {
     KeepRun r = {NAN, {}};
     GpuModel m;
     ErrBuf e;
@@ -639,11 +642,13 @@ static KeepRun keep_run(const Config &c, const std::vector<int32_t> &tok, const 
         CHECK(0, "keep_codes: gpu_model_init", "%s", e.msg);
         return r;
     }
+    gpu_model_set_qkv_epilogue(&m, epilogue);
     gpu_model_zero_grad(&m);
     r.loss = gpu_model_forward(&m, tok.data(), tgt.data());
     gpu_model_backward(&m, 1.0f);
     r.g.resize(m.table.total);
     gpu_model_get_grads(&m, r.g.data());
+    if (epilogue_runs) *epilogue_runs = gpu_model_qkv_epilogue_count(&m);
     gpu_model_free(&m);
     return r;
 }
@@ -712,6 +717,54 @@ static void keep_codes_check(void) {
         snprintf(name, sizeof name, "keep_codes %s: the others differ by dQ's atomics order only (rel L2 < %.1e)",
                  cs.label, bound);
         CHECK(r < bound, name, "rel L2 %.3e, run-to-run %.3e", r, rn);
+    }
+}
+
+// --- the QKV projection writing the attention's codes (qkv_gemm.h) --------------------------------
+// gpu_model_set_qkv_epilogue 1 (qkv_gemm_quant: our GEMM, RoPE and the codes in its epilogue)
+// against 0 (cuBLASLt's BF16 qkv, then the quantize pass), same seed and batch, heads of 128 and
+// kept codes. Not promised bit for bit (cuBLASLt could sum in another order, moving a BF16 qkv value
+// by an ulp and a code by a step; on the H200 they agree and so does everything here). Bounds: the loss within 1e-3 relative, and the
+// gradients' difference within max(4x the run-to-run distance, a third of what FP8 attention
+// itself changes: the same model with bf16 attention). The epilogue ran once per layer (the
+// training forward) and not in the evaluation forwards the runs make (which keep no codes).
+static void qkv_epilogue_check(void) {
+    struct { const char *label; std::vector<const char *> ov; } cases[] = {
+        {"fp8_dm d128 T 256 B 2", {"precision.attention=\"fp8_dm\"", "model.d_model=256", "model.seq_len=256",
+                                   "train.micro_batch=2"}},
+        {"fp8_naive d128 T 384 B 2 recompute", {"precision.attention=\"fp8_naive\"", "model.d_model=256",
+                                                "model.seq_len=384", "train.micro_batch=2", "train.recompute=true"}},
+        {"fp8_dm_approx d128 T 128 B 3 no positions", {"precision.attention=\"fp8_dm_approx\"", "model.d_model=256",
+                                                       "model.seq_len=128", "train.micro_batch=3", "model.position=\"none\""}},
+    };
+    for (auto &cs : cases) {
+        std::vector<const char *> ov = cs.ov, ovb = cs.ov;
+        ov.push_back("precision.attention_keep_codes=true");
+        ovb.push_back("precision.attention=\"bf16\"");
+        const Config c = make_config(TINY_JSON, ov.data(), (int)ov.size());
+        const Config cb = make_config(TINY_JSON, ovb.data(), (int)ovb.size());
+        const int B = c.train.micro_batch, T = c.model.seq_len;
+        std::vector<int32_t> tok((size_t)B * T), tgt((size_t)B * T);
+        make_batch(tok.data(), tgt.data(), B, T, c.model.vocab_size);
+        long long runs_on = 0, runs_off = 0;
+        const KeepRun on = keep_run(c, tok, tgt, 1, &runs_on), off = keep_run(c, tok, tgt, 0, &runs_off);
+        const KeepRun off2 = keep_run(c, tok, tgt, 0), bf = keep_run(cb, tok, tgt, 0);
+        if (on.g.empty() || off.g.empty() || off2.g.empty() || bf.g.empty()) continue;
+        const size_t P = on.g.size();
+        const double r = rel_l2(on.g.data(), off.g.data(), P, NULL), noise = rel_l2(off2.g.data(), off.g.data(), P, NULL);
+        const double fp8 = rel_l2(off.g.data(), bf.g.data(), P, NULL), dl = fabs((double)on.loss - off.loss) / fabs(off.loss);
+        const double bound = std::max(4 * noise, fp8 / 3);
+        printf("# qkv epilogue %s: loss %.7f / %.7f (rel %.2e); gradients on vs off rel L2 %.3e, run to run %.3e, "
+               "fp8 vs bf16 attention %.3e; epilogue runs %lld / %lld\n", cs.label, on.loss, off.loss, dl, r, noise, fp8,
+               runs_on, runs_off);
+        char name[220];
+        snprintf(name, sizeof name, "qkv epilogue %s: ran in each layer's training forward, never when off", cs.label);
+        CHECK(runs_on == c.model.n_layer && runs_off == 0, name, "%lld / %lld runs", runs_on, runs_off);
+        snprintf(name, sizeof name, "qkv epilogue %s: the loss within 1e-3 of the BF16 GEMM's", cs.label);
+        CHECK(isfinite(on.loss) && dl < 1e-3, name, "%.9g vs %.9g", on.loss, off.loss);
+        snprintf(name, sizeof name, "qkv epilogue %s: gradients within max(4x run to run, FP8 effect / 3) = %.2e", cs.label,
+                 bound);
+        CHECK(r < bound, name, "rel L2 %.3e (run to run %.3e, FP8 effect %.3e)", r, noise, fp8);
     }
 }
 
@@ -1086,6 +1139,7 @@ int main(void) {
     run_mode("attn fp8_dm + fp8_block", make_config(TINY_JSON, ov_all, 2), bt, STEPS, 3e-2, &ref);
     invariant_check(bt);
     keep_codes_check();
+    qkv_epilogue_check();
     const char *ov_fb[] = {"precision.linear=\"fp8_block\"", "train.recompute=true"};
     fusion_check(bt, "fp8_block", ov_fb, 1);
     fusion_check(bt, "fp8_block recompute", ov_fb, 2);
