@@ -288,6 +288,17 @@ static void dev_free_host(Dev *d) {
     free(d);
 }
 
+// Whether this config's attention, at micro-batch B x T, can take its Q, K, V codes from the QKV
+// projection's epilogue (qkv_gemm.h): a mode whose forward and backward read only those codes
+// (attn_mode_codes_upstream), kept codes, RoPE or no positions but no QK-norm, and the GEMM's
+// shapes. Per layer and forward the model also needs a BF16 linear, a training forward and no probe.
+static int qkv_epilogue_fits(const Config *c, const AttnOptions *attn, int B, int T) {
+    const ModelConfig *mc = &c->model;
+    return c->precision.attention_keep_codes && !mc->qk_norm && (mc->position == POS_ROPE || mc->position == POS_NONE) &&
+           attn_mode_codes_upstream(attn, mc->head_dim, T) &&
+           qkv_gemm_quant_supported(B * T, T, mc->d_model, mc->head_dim, NULL) == 0;
+}
+
 int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
                    FILE *plan_out, ErrBuf *e) {
     return gpu_model_init_sharded(m, c, B, T, seed, 0, 1, plan_out, e);
@@ -374,6 +385,9 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     d->host_logits = (bf16 *)xcalloc((size_t)c->model.padded_vocab_size, sizeof(bf16));
     attn_options_from_config(&d->attn, &c->precision);
     m->priv = d;
+    if (plan_out && d->qkv_epilogue && qkv_epilogue_fits(c, &d->attn, B, T))
+        fprintf(plan_out, "FP8 attention: Q, K, V codes from the QKV projection's epilogue (qkv_gemm.h) in layers with "
+                          "BF16 linears; TRAIN_GPT_QKV_EPILOGUE=0 for cuBLASLt and the quantize pass\n");
 
     // parameters: host init (the same values as the CPU backend), then FP32 masters + BF16 copy
     float *host = (float *)xmalloc(sizeof(float) * P);
@@ -585,9 +599,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
                            attn_precision_is_fp8(d->attn.precision);
     // FP8 attention on codes from the QKV projection's epilogue (qkv_gemm.h; layers below also need
     // kept codes, BF16 linears and no probe this forward)
-    const int epi_shape = d->qkv_epilogue && d->save_xt && !mc->qk_norm &&
-                          (mc->position == POS_ROPE || mc->position == POS_NONE) &&
-                          attn_mode_codes_upstream(&d->attn, hd, T) && qkv_gemm_quant_supported(BT, T, C, hd, NULL) == 0;
+    const int epi_shape = d->qkv_epilogue && d->save_xt && qkv_epilogue_fits(&m->cfg, &d->attn, B, T);
     for (int l = 0; l < L; l++) {
         LayerBufs *lb = &d->L[l];
         bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
