@@ -99,11 +99,11 @@ int main(int argc, char **argv) {
             attn_mode_forward_codes(&dm, &kc, o, C, lse, B, H, T, d, 0);
         };
         const std::function<void()> fs[] = {gemm, ours, quant, attn_bf, attn_f8, layer_bf, layer_pass, layer_epi};
-        const int nf = sizeof fs / sizeof fs[0];
+        constexpr int nf = sizeof fs / sizeof fs[0];
         std::vector<std::vector<double>> t(nf);
         for (int r = 0; r < rounds; r++)
             for (int i = 0; i < nf; i++) t[i].push_back(bench_time_ms(fs[i], 3, 10));
-        double m[8];
+        double m[nf];
         for (int i = 0; i < nf; i++) m[i] = median(t[i]);
         const double gflop = 2.0 * M * N * C * 1e-9;
         printf("| %d | %.4f | %.4f | %.0f / %.0f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.3f | %.3f |\n", T, m[0],

@@ -38,8 +38,7 @@
 #include <cuda.h>          // CUtensorMap (types only)
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <stdint.h>        // uint8_t, uint32_t, uintptr_t
-#include <stdlib.h>        // getenv
-#include <string.h>        // memset, strcmp
+#include <string.h>        // memset
 
 #include "attention_cpu.h"           // attn_scale_max_exp (V's scale bound), CAST_*
 #include "attention_gpu_common.cuh"  // wgmma, descriptors, mbarriers, TMA, named barriers, setmaxnreg, CUDA_OK
@@ -311,21 +310,16 @@ static void check_gemm(const char *who, const void *x, const void *w, int M, int
         FATAL("%s: x and W must be 16-byte aligned device pointers", who);
 }
 
-// The form a launch uses: the test hook's, else QKV_GEMM_FORM (pingpong | coop), else the default.
+// The form a launch uses: the test hook's (qkv_gemm_test_form), else the environment's
+// (QKV_GEMM_COOP=0: ping-pong), else cooperative, the default, measured (docs/perf.md, stop 36:
+// 592-635 TFLOP/s with the quantizing epilogue against ping-pong's 569-602, C 1536 / 2048 / 3072).
+// attn_form_on / attn_env_switch: the attention kernels' switches, the same precedence.
 static int qkv_gemm_test_form_kind = -1;
 extern "C" void qkv_gemm_test_form(int form) { qkv_gemm_test_form_kind = form; }
 static int form_of(int M) {
-    static int env = -2;
-    if (env == -2) {
-        const char *v = getenv("QKV_GEMM_FORM");
-        env = !v || !*v ? -1 : !strcmp(v, "coop") ? QG_FORM_COOP : !strcmp(v, "pingpong") ? QG_FORM_PINGPONG : -3;
-        if (env == -3) FATAL("QKV_GEMM_FORM=%s: expected pingpong or coop", v);
-    }
-    // the default, measured (docs/perf.md, bench_qkv_gemm): cooperative 592-635 TFLOP/s with the
-    // quantizing epilogue, ping-pong 569-602 (C 1536 / 2048 / 3072, H200)
-    int f = qkv_gemm_test_form_kind >= 0 ? qkv_gemm_test_form_kind : env >= 0 ? env : QG_FORM_COOP;
-    if (f == QG_FORM_COOP && M % (2 * QG_TILE)) f = QG_FORM_PINGPONG;  // 256-row CTA tiles need M % 256 == 0
-    return f;
+    static const bool env_coop = attn_env_switch("QKV_GEMM_COOP");
+    const bool coop = attn_form_on(qkv_gemm_test_form_kind, env_coop);
+    return coop && M % (2 * QG_TILE) == 0 ? QG_FORM_COOP : QG_FORM_PINGPONG;  // 256-row CTA tiles need M % 256 == 0
 }
 
 template <bool QUANT, int FORM>
@@ -361,7 +355,7 @@ static void launch(QgArgs a, const uint16_t *x, const uint16_t *w, int M, int N,
 extern "C" int qkv_gemm_quant_supported(int M, int T, int C, int d, const char **why) {
     const char *w = NULL;
     if (d != QG_TILE) w = "the quantizing QKV GEMM needs head_dim 128 (one head per 128-column tile)";
-    else if (C <= 0 || C % QG_TILE || C % QG_BK) w = "the quantizing QKV GEMM needs d_model a multiple of 128";
+    else if (C <= 0 || C % QG_TILE) w = "the quantizing QKV GEMM needs d_model a multiple of 128";
     else if (T <= 0 || T % QG_TILE) w = "the quantizing QKV GEMM needs seq_len a multiple of 128 (whole scale blocks)";
     else if (M <= 0 || M % T) w = "the quantizing QKV GEMM needs whole sequences";
     if (why) *why = w;

@@ -56,7 +56,8 @@ void qkv_gemm_quant(const QkvQuantOut *out, const uint16_t *x, const uint16_t *w
                     cudaStream_t stream);
 
 // The kernel's form (qkv_gemm.cu): 0 ping-pong, 1 cooperative (256-row CTA tiles, used where M is a
-// multiple of 256, else ping-pong); < 0: QKV_GEMM_FORM (pingpong | coop) or the default. The
+// multiple of 256, else ping-pong); < 0: the environment's (QKV_GEMM_COOP=0: ping-pong) or the
+// default (cooperative). The
 // outputs must not change by a bit. For tests and timing.
 void qkv_gemm_test_form(int form);
 
