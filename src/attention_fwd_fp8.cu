@@ -409,21 +409,10 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
     static FwdFp8Knobs k;
     static bool read = false;
     if (!read) {
-        const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *sched = getenv("ATTN_FP8_FWD_SCHED"),
-                   *loop = getenv("ATTN_FP8_FWD_LOOP");
+        const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *sched = getenv("ATTN_FP8_FWD_SCHED");
         k.loop = pp && *pp ? (atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG) : -1;  // -1: the default
-        if (loop && *loop) {
-            int found = -1;
-            for (int i = 0; i < F8_N_LOOPS; i++)
-                if (strcmp(loop, f8_loop_names[i]) == 0) found = i;
-            if (found >= 0) {
-                k.loop = found;
-            } else {
-                fprintf(stderr, "attention: ATTN_FP8_FWD_LOOP=%s is none of", loop);
-                for (int i = 0; i < F8_N_LOOPS; i++) fprintf(stderr, "%s %s", i ? "," : "", f8_loop_names[i]);
-                fprintf(stderr, "; using the default\n");
-            }
-        }
+        const int named = attn_env_choice("ATTN_FP8_FWD_LOOP", f8_loop_names, F8_N_LOOPS);
+        if (named >= 0) k.loop = named;
         k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = attn_env_switch("ATTN_FP8_FWD_PERSISTENT");
         k.dynamic = !(sched && strcmp(sched, "static") == 0);

@@ -16,7 +16,9 @@
 #include <cuda_bf16.h>     // __nv_bfloat16, __floats2bfloat162_rn
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
-#include <stdlib.h>        // getenv, atoi (attn_env_group_heads, attn_env_switch)
+#include <stdio.h>         // fprintf (attn_env_choice's unknown value)
+#include <stdlib.h>        // getenv, atoi (attn_env_group_heads, attn_env_switch, attn_env_choice)
+#include <string.h>        // strcmp (attn_env_choice)
 
 #include "common.h"  // FATAL
 #include "fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
@@ -152,6 +154,19 @@ static inline int attn_env_group_heads(const char *name) {
 static inline bool attn_env_switch(const char *name) {
     const char *v = getenv(name);
     return !v || !*v || atoi(v) != 0;
+}
+// A kernel's form chosen by name (ATTN_FP8_FWD_LOOP=plain, QKV_GEMM_FORM=wide): the index of the
+// variable's value in names[0 .. n - 1], or -1 when unset or unknown (then a line on stderr naming
+// the choices; the caller takes its default). Launchers read it once.
+static inline int attn_env_choice(const char *var, const char *const *names, int n) {
+    const char *v = getenv(var);
+    if (!v || !*v) return -1;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) return i;
+    fprintf(stderr, "%s=%s is none of", var, v);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
+    fprintf(stderr, "; using the default\n");
+    return -1;
 }
 // A form's switch as a launcher applies it: a test hook's setting as the hook was given it (0 off,
 // > 0 on, < 0 none) before the environment's (attn_env_switch).
@@ -493,6 +508,26 @@ __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t desc_a
         : WG_ACC8(0), WG_ACC8(8), WG_ACC8(16), WG_ACC8(24), WG_ACC8(32), WG_ACC8(40), WG_ACC8(48), WG_ACC8(56)
         : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(TA), "n"(TB));
 }
+// N = 256 with both operands K-major, the accumulators in two halves: lo holds columns 0..127
+// (d[4 j + 2 rr + e] for column 8 j + 2 t4 + e, j < 16), hi columns 128..255 in the same layout,
+// so each half is exactly an m64n128 accumulator (the QKV GEMM's two heads of a 256-wide tile).
+#define WG_REGS128 WG_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, " \
+                   "%79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, " \
+                   "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, " \
+                   "%114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_ACC8_H(h, b) "+f"(h[(b) + 0]), "+f"(h[(b) + 1]), "+f"(h[(b) + 2]), "+f"(h[(b) + 3]), \
+                        "+f"(h[(b) + 4]), "+f"(h[(b) + 5]), "+f"(h[(b) + 6]), "+f"(h[(b) + 7])
+__device__ __forceinline__ void wgmma_m64n256_ss(float (&lo)[64], float (&hi)[64], uint64_t desc_a, uint64_t desc_b,
+                                                 int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_REGS128 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : WG_ACC8_H(lo, 0), WG_ACC8_H(lo, 8), WG_ACC8_H(lo, 16), WG_ACC8_H(lo, 24), WG_ACC8_H(lo, 32),
+          WG_ACC8_H(lo, 40), WG_ACC8_H(lo, 48), WG_ACC8_H(lo, 56), WG_ACC8_H(hi, 0), WG_ACC8_H(hi, 8),
+          WG_ACC8_H(hi, 16), WG_ACC8_H(hi, 24), WG_ACC8_H(hi, 32), WG_ACC8_H(hi, 40), WG_ACC8_H(hi, 48),
+          WG_ACC8_H(hi, 56)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
 template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
@@ -659,6 +694,35 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const void *tmap, uint64_
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
             smem_addr(dst)),
         "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+        : "memory");
+}
+// TMA multicast within a thread block cluster: the box at (c0, c1) lands at dst in every CTA of
+// cta_mask (bit r: cluster rank r), each completing on its own mbarrier at bar's offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void *dst, const void *tmap, uint64_t *bar, int c0, int c1,
+                                                      uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
+        "l"((uint64_t)tmap), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(cta_mask)
+        : "memory");
+}
+// Thread block clusters: this CTA's rank, a barrier over every thread of the cluster (orders
+// shared-memory writes, mbarrier inits included, before the peers' reads), and one arrival on the
+// mbarrier at bar's offset in the shared memory of the CTA of rank cta (release at CTA scope, the
+// default, as CUTLASS's cluster barriers arrive).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t cta) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_addr(bar)),
+        "r"(cta)
         : "memory");
 }
 // TMA: box at coordinates (c0 innermost .. c3) of the 4-D tensor map -> shared memory at dst;
