@@ -5,10 +5,10 @@
 // Why a GEMM of our own: cuBLASLt writes y in BF16; FP8 attention then reads y again to rotate q
 // and k (RoPE), find each (128-token block, head)'s amax and cast Q, K, V to E4M3 with that block's
 // power-of-two scale (attention_quant.h), a pass over 3 BT C BF16 values that costs 12-43% of the
-// FP8 forward (docs/perf.md). No cuBLASLt epilogue makes per-(128 x 128) block scales. Here one
-// consumer warpgroup owns one 128-token x 128-column output tile, which is exactly one scale
-// block of one head of q, k or v (N = 3 C, C = H 128: column n is operand n / C, head (n % C) / 128),
-// so its epilogue can do the whole quantization in registers and shared memory: round to BF16 (the
+// FP8 forward (docs/perf.md). No cuBLASLt epilogue makes per-(128 x 128) block scales. Here every
+// 128-token x 128-column output block, which is exactly one scale block of one head of q, k or v
+// (N = 3 C, C = H 128: column n is operand n / C, head (n % C) / 128), is computed by one CTA, so
+// its epilogue can do the whole quantization in registers and shared memory: round to BF16 (the
 // value cuBLASLt's y would hold), RoPE on q and k (rope_forward_gpu's arithmetic), the tile's amax,
 // the scale (fp8_scale_for_amax_within, V within 2^±ATTN_V_SCALE_MAX_EXP) and the casts, written as
 // attn_gpu_quantize writes them: codes (B, H, T, 128), transposed codes (B, H, 128, T), scales
@@ -55,11 +55,25 @@ void qkv_gemm_bf16(uint16_t *y, const uint16_t *x, const uint16_t *w, int M, int
 void qkv_gemm_quant(const QkvQuantOut *out, const uint16_t *x, const uint16_t *w, int M, int T, int C,
                     cudaStream_t stream);
 
-// The kernel's form (qkv_gemm.cu): 0 ping-pong, 1 cooperative (256-row CTA tiles, used where M is a
-// multiple of 256, else ping-pong); < 0: the environment's (QKV_GEMM_COOP=0: ping-pong) or the
-// default (cooperative). The
-// outputs must not change by a bit. For tests and timing.
+// The kernel's form (qkv_gemm.cu): 0 ping-pong, 1 cooperative (256-row CTA tiles, where M is a
+// multiple of 256), 2 wide (256-column CTA tiles, where N and C are multiples of 256), 3 wide2; a
+// form the shape does not allow falls back (wide2 -> wide -> cooperative -> ping-pong); < 0: the environment's
+// (QKV_GEMM_FORM=pingpong|coop|wide|wide2) or the default (wide2: the wide form in clusters of 2
+// CTAs sharing W's tile, where M is a multiple of 256, else wide). The outputs must not change by a
+// bit. For tests and timing.
 void qkv_gemm_test_form(int form);
+// The quantizing epilogue's code stores deferred into the next tile's mainloop (1, the default) or
+// done at once (0); < 0: the environment's (QKV_GEMM_DEFER=0: at once). For tests and timing.
+void qkv_gemm_test_defer(int on);
+// The tiles' order: groups of `rows` unit rows (a unit: a CTA's tile, or a cluster's tiles), column
+// by column; 0 row by row; < 0: the environment's (QKV_GEMM_GROUP_ROWS=N) or the default. For
+// tests and timing (the outputs do not depend on it).
+void qkv_gemm_test_group_rows(int rows);
+// The form a projection of this shape runs in (C = 0 for a plain GEMM without RoPE): its
+// QKV_GEMM_FORM name, for logs and benchmarks.
+const char *qkv_gemm_form_name(int M, int N, int C);
+// The number of CTAs the last launch ran (one per SM at most; whole clusters resident at once).
+int qkv_gemm_last_grid(void);
 
 #ifdef __cplusplus
 }
