@@ -8,12 +8,18 @@
 // and the parts: the GEMM alone (cuBLASLt BF16 out, ours quantizing), the quantize pass alone, the
 // two attention forwards alone. Interleaved rounds (each variant once per round, median of 10 runs
 // each), the median over rounds printed. Shapes: B T = 16384 tokens, head dim 128.
+// "prep + attn" is each attention's forward with what it needs beyond a plain cuBLASLt projection:
+// BF16 rope_forward_gpu, FP8 the time our quantizing GEMM takes over cuBLASLt's; their ratio is the
+// FP8 forward's speedup with its operands' preparation paid.
+// First, the GEMM alone in every form of qkv_gemm.cu (QKV_GEMM_FORM), BF16 out and quantizing,
+// with the quantizing epilogue's stores deferred or not (QKV_GEMM_DEFER), against cuBLASLt.
 //
 //   bench_qkv_gemm [rounds=5] [C=2048] [T list, default 1024 2048 4096 8192]
 #include <stdio.h>   // printf
 #include <stdlib.h>  // atoi
 #include <string.h>  // memset
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "attention_fp8.h"    // attn_mode_forward*, kept codes
@@ -27,6 +33,74 @@
 static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
+}
+
+// Each variant once per round, the median of its 10 timed runs; returns the medians over rounds.
+static std::vector<double> time_rounds(const std::vector<std::function<void()>> &fs, int rounds) {
+    std::vector<std::vector<double>> t(fs.size());
+    for (int r = 0; r < rounds; r++)
+        for (size_t i = 0; i < fs.size(); i++) t[i].push_back(bench_time_ms(fs[i], 3, 10));
+    std::vector<double> m;
+    for (auto &v : t) m.push_back(median(v));
+    return m;
+}
+
+// The GEMM alone: cuBLASLt, then ours in every form, BF16 out (no RoPE) and quantizing (RoPE on q, k),
+// at T = 4096 (the quantizing epilogue's blocks; the GEMM's time does not depend on T).
+static void bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int M, int C, int rounds) {
+    const int T = 4096, B = M / T, H = C / 128, d = 128, N = 3 * C;
+    float *rope;
+    CU(cudaMalloc(&rope, (size_t)T * 64 * 2 * 4));
+    rope_table_gpu(rope, T, d, 10000.0, 0);
+    const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
+    AttnSavedCodes kc;
+    memset(&kc, 0, sizeof kc);
+    kc.bytes = attn_saved_codes_bytes(&dm, B, H, T, d);
+    CU(cudaMalloc(&kc.buf, kc.bytes));
+    QkvQuantOut qo;
+    attn_saved_codes_parts(&dm, &kc, B, H, T, d, qo.codes, qo.codes_t, qo.scales);
+    qo.rope = rope;
+    std::vector<std::function<void()>> fs;
+    std::vector<std::string> names;
+    fs.push_back([=] { matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0); });
+    names.push_back("cuBLASLt (BF16 out)");
+    static const char *const form_names[] = {"pingpong", "coop", "wide", "wide2"};
+    QkvQuantOut qo_norope = qo;  // an ablation: the quantizing epilogue without RoPE
+    qo_norope.rope = NULL;
+    // (form, quantizing (2: without RoPE), deferred stores, group rows)
+    struct V {
+        int form, quant, defer, group;
+    };
+    const V vs[] = {{0, 0, 1, 0}, {1, 0, 1, 0}, {3, 0, 1, 0}, {0, 1, 1, 0}, {1, 1, 1, 0}, {2, 1, 1, 0}, {3, 1, 1, 0},
+                    {3, 1, 1, 8}, {3, 1, 1, 16}, {1, 1, 0, 0}, {3, 1, 0, 0}, {0, 2, 1, 0}, {1, 2, 1, 0}, {3, 2, 1, 0}};
+    for (const V v : vs) {
+        fs.push_back([=] {
+            qkv_gemm_test_form(v.form);
+            qkv_gemm_test_defer(v.defer);
+            qkv_gemm_test_group_rows(v.group);
+            if (v.quant) qkv_gemm_quant(v.quant == 2 ? &qo_norope : &qo, x, w, M, T, C, 0);
+            else qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0);
+        });
+        names.push_back(std::string("ours ") + form_names[v.form] + (v.quant ? ", quantizing" : ", BF16 out") +
+                        (v.quant == 2 ? " without RoPE" : "") + (v.quant && !v.defer ? ", stores not deferred" : "") +
+                        (v.group ? ", groups of " + std::to_string(v.group) + " rows" : ""));
+    }
+    std::vector<int> grids;  // each variant's CTAs
+    for (auto &f : fs) {
+        f();
+        grids.push_back(qkv_gemm_last_grid());
+    }
+    const std::vector<double> m = time_rounds(fs, rounds);
+    qkv_gemm_test_form(-1);
+    qkv_gemm_test_defer(-1);
+    qkv_gemm_test_group_rows(-1);
+    const double gflop = 2.0 * M * N * C * 1e-9;
+    printf("| GEMM %d x %d x %d | CTAs | ms | TFLOP/s | / cuBLASLt's time |\n|---|---|---|---|---|\n", M, N, C);
+    for (size_t i = 0; i < fs.size(); i++)
+        printf("| %s | %d | %.4f | %.0f | %.3f |\n", names[i].c_str(), i ? grids[i] : 0, m[i], gflop / m[i], m[i] / m[0]);
+    fflush(stdout);
+    CU(cudaFree(rope));
+    CU(cudaFree(kc.buf));
 }
 
 int main(int argc, char **argv) {
@@ -51,9 +125,11 @@ int main(int argc, char **argv) {
     float *lse, *rope;
     CU(cudaMalloc(&lse, (size_t)M * H * 4));
     const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
-    printf("| T | cuBLASLt GEMM | ours GEMM+quant | TFLOP/s cuBLASLt / ours | quant pass | bf16 attn | fp8 attn "
-           "(codes) | bf16 layer | fp8 pass layer | fp8 epi layer | epi / pass | bf16 / epi |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    bench_forms(x, w, qkv, M, C, rounds);
+    printf("\nlayers with the default form (%s):\n", qkv_gemm_form_name(M, N, C));
+    printf("| T | cuBLASLt GEMM | ours GEMM+quant | TFLOP/s cuBLASLt / ours | quant pass | rope | bf16 attn | fp8 attn "
+           "(codes) | bf16 layer | fp8 pass layer | fp8 epi layer | epi / pass | bf16 / epi | prep + attn bf16 / fp8 |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int T : Ts) {
         const int B = M / T;
         CU(cudaMalloc(&rope, (size_t)T * 64 * 2 * 4));
@@ -98,22 +174,22 @@ int main(int argc, char **argv) {
             qkv_gemm_quant(&qo, x, w, M, T, C, 0);
             attn_mode_forward_codes(&dm, &kc, o, C, lse, B, H, T, d, 0);
         };
-        const std::function<void()> fs[] = {gemm, ours, quant, attn_bf, attn_f8, layer_bf, layer_pass, layer_epi};
-        constexpr int nf = sizeof fs / sizeof fs[0];
-        std::vector<std::vector<double>> t(nf);
-        for (int r = 0; r < rounds; r++)
-            for (int i = 0; i < nf; i++) t[i].push_back(bench_time_ms(fs[i], 3, 10));
-        double m[nf];
-        for (int i = 0; i < nf; i++) m[i] = median(t[i]);
+        auto rope_only = [&] { rope_forward_gpu(qkv, rope, B, T, H, d, 0); };
+        const std::vector<double> m =
+            time_rounds({gemm, ours, quant, rope_only, attn_bf, attn_f8, layer_bf, layer_pass, layer_epi}, rounds);
         const double gflop = 2.0 * M * N * C * 1e-9;
-        printf("| %d | %.4f | %.4f | %.0f / %.0f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.3f | %.3f |\n", T, m[0],
-               m[1], gflop / m[0], gflop / m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[6] / m[7], m[5] / m[7]);
+        // prep + attn: BF16 rope + its forward; FP8 (ours - cuBLASLt) + its forward on the codes
+        const double prep_bf = m[3] + m[4], prep_f8 = (m[1] - m[0]) + m[5];
+        printf("| %d | %.4f | %.4f | %.0f / %.0f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.3f | %.3f | %.3f |\n",
+               T, m[0], m[1], gflop / m[0], gflop / m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[7] / m[8],
+               m[6] / m[8], prep_bf / prep_f8);
         fflush(stdout);
         CU(cudaFree(rope));
         CU(cudaFree(kc.buf));
         CU(cudaFree(ws));
     }
     printf("# epi / pass: the fp8 pass layer's time over the fp8 epi layer's (> 1: the epilogue is faster); "
-           "bf16 / epi: our BF16 layer's time over the fp8 epi layer's\n");
+           "bf16 / epi: our BF16 layer's time over the fp8 epi layer's; prep + attn bf16 / fp8: (rope + bf16 attn) / "
+           "(ours GEMM+quant - cuBLASLt GEMM + fp8 attn)\n");
     return 0;
 }

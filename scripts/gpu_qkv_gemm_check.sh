@@ -5,10 +5,10 @@
 #   2. test_qkv_gemm_gpu (the GEMM against the CPU and cuBLASLt, its codes against
 #      attn_gpu_quantize's, the FP8 forward and backward on them), and the same under
 #      compute-sanitizer (SANITIZE=0 skips it);
-#   3. bench_qkv_gemm: the attention block's forward up to O as bf16 / fp8 with the quantize pass /
-#      fp8 with the epilogue, at H 16 for T = 1K..8K (the attention benchmark's shape) and at the
-#      paper models' widths (C 1536, 3072) at T = 4096, for each of the kernel's FORMS (QKV_GEMM_COOP
-#      values, default 0 1: ping-pong, cooperative); ROUNDS rounds (default 5);
+#   3. bench_qkv_gemm: the GEMM alone in every form against cuBLASLt, then the attention block's
+#      forward up to O as bf16 / fp8 with the quantize pass / fp8 with the epilogue, at H 16 for
+#      T = 1K..8K (the attention benchmark's shape) and at the paper models' widths (C 1536, 3072) at
+#      T = 4096; ROUNDS rounds (default 5);
 #   4. the tests' counts and the benchmark tables last.
 # Logs in $OUT (default /tmp/gpu_qkv_gemm_out).
 #   usage: bash scripts/gpu_qkv_gemm_check.sh   (NO_TEST=1 to time only)
@@ -26,11 +26,9 @@ if [ "${NO_TEST:-0}" != 1 ]; then
 fi
 R=${ROUNDS:-5}
 : >"$OUT/bench.md"
-for coop in ${FORMS:-0 1}; do  # QKV_GEMM_COOP: 0 ping-pong, 1 cooperative
-  echo "## QKV_GEMM_COOP=$coop" >>"$OUT/bench.md"
-  QKV_GEMM_COOP=$coop build/bench/bench_qkv_gemm "$R" 2048 >>"$OUT/bench.md" 2>&1
-  QKV_GEMM_COOP=$coop build/bench/bench_qkv_gemm "$R" 1536 4096 >>"$OUT/bench.md" 2>&1
-  QKV_GEMM_COOP=$coop build/bench/bench_qkv_gemm "$R" 3072 4096 >>"$OUT/bench.md" 2>&1
+for shape in "2048" "1536 4096" "3072 4096"; do
+  echo "## C $shape" >>"$OUT/bench.md"
+  timeout -k 5 "$(left 200)" build/bench/bench_qkv_gemm "$R" $shape >>"$OUT/bench.md" 2>&1
 done
 echo "== summary ($(elapsed) s)"
 print_summary
