@@ -16,7 +16,7 @@
 // (deferred stores, store_codes_chunk): in the cooperative and wide forms both consumers'
 // epilogues run at once with the tensor cores idle, and the global stores were the part of that
 // time that need not wait (3-5% of the GEMM, stop 37).
-// What the forms measured (docs/perf.md, stops 36-37): the quantizing GEMM at 81-92% of
+// What the forms measured (docs/perf.md, stops 36-37): the quantizing GEMM at 81-94% of
 // cuBLASLt's BF16 rate. The multicast halves W's L2 reads yet gains ~1% over wide: L2 bandwidth
 // is not the limit. The epilogue is: the same GEMM without RoPE runs 8-10% faster, and with BF16
 // output the ping-pong form (whose epilogue is hidden) runs at 0.95-1.1x cuBLASLt's time.
@@ -129,8 +129,8 @@ __device__ __forceinline__ float qg_bf16(float x) { return __bfloat162float(lm_f
 // The tile's FP32 sums as BF16 values (as a BF16 GEMM would output them), then RoPE on q and k:
 // half h holds tokens t0 + ROW_STEP h + 16 warp + g + 8 rr, column pair (i, i + 64) of its head
 // for i = 8 j + 2 t4 + e < 64. cs_of(h, rr, j): the (cos, sin) of pairs 8 j + 2 t4 and the next
-// one for that half's row rr (rope_rows: from the table; the wide form's are in registers already,
-// rope_preload).
+// one for that half's row rr (rope_pairs: from the table; the wide form's first rows are in
+// registers already, rope_preload).
 template <class CsOf>
 __device__ __forceinline__ void round_and_rotate(float (&acc)[2][64], bool rotate, CsOf cs_of) {
 #pragma unroll
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
         };
         // ping-pong: consumer cw takes the CTA's tiles k = cw, cw + 2, ..; the others: every tile
         for (int k = F::PINGPONG ? cw : 0;; k += F::PINGPONG ? 2 : 1) {
-            const int u = cid + k * n_clusters;  // the unit (ping-pong, wide: the tile)
+            const int u = cid + k * n_clusters;  // the unit (without clusters: the tile)
             if (u >= n_units) break;
             const unsigned q0 = (unsigned)k * a.nk;
             const UnitPos p = unit_pos(u, a.n_tn, n_rows, a.group_rows);
@@ -422,11 +422,11 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
                 wgmma_wait<1>();  // the previous block's matmuls are done: its stage is free
                 if (kb > 0) release((q - 1) % S);
             }
+            if (F::PINGPONG && u + n_clusters < n_units) order_release(cw);  // the other consumer's tile k + 1 may start
             if (QUANT && pend.codes) {  // pieces the mainloop had no K block for
                 for (int c = a.nk; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
                 pend.codes = nullptr;
             }
-            if (F::PINGPONG && u + n_clusters < n_units) order_release(cw);  // the other consumer's tile k + 1 may start
             // the wide form's RoPE pairs of this consumer's first rows (64 cw .. of the token block),
             // loaded while the last K block's matmuls run (rope_preload; inside the loop, a conditional
             // load kept them live across it and ptxas spilled)
