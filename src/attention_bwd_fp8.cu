@@ -528,7 +528,7 @@ extern "C" void attn_gpu_backward_fp8_test_group_heads(int heads_per_group) {
 // on one H200 (docs/perf.md, the backward order sweep): groups of 8-16 heads 2-4% faster than the
 // natural order at every T; more than a wave per group gained nothing.
 static int bwd_fp8_main_heads_per_group(int n_bh, int T, int d) {
-    static const int env = attn_env_group_heads("ATTN_FP8_BWD_GROUP_HEADS");
+    static const int env = attn_env_count("ATTN_FP8_BWD_GROUP_HEADS");
     const int forced = bwd_fp8_test_group_heads > 0 ? bwd_fp8_test_group_heads : env;
     return causal_group_heads(forced, n_bh, causal_heads_per_group(4L * T * d, attn_quant_n_blocks(T), n_bh, attn_sm_count()));
 }

@@ -324,7 +324,7 @@ static void bwd_wgmma_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_str
     // at T = 1K-2K (where the CTAs running at once then share each head's Q and dO in L2), the same
     // at 4K-8K. ATTN_BF16_BWD_GROUP_HEADS=N overrides (a timing knob: dK, dV are the same in any
     // order; 0: all heads, the order before head groups).
-    static const int forced = attn_env_group_heads("ATTN_BF16_BWD_GROUP_HEADS");
+    static const int forced = attn_env_count("ATTN_BF16_BWD_GROUP_HEADS");
     const int n_kb = (T + BW_BC - 1) / BW_BC;
     const int hg = causal_group_heads(forced, B * H, causal_heads_per_group(4L * T * D, n_kb, B * H, attn_sm_count()));
     attn_bwd_wgmma_kernel<D><<<(unsigned)n_cta, 384, C::SMEM, stream>>>(tq, tk, tv, tdo, lse, dlt, dq_acc, dk, dv,

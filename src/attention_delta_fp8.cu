@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
 // forward's, two waves of CTAs whose heads' K̂ and V̂ (2 Tp d bytes per head) fit in L2. Measured
 // (docs/perf.md, stop 25): over all heads 9-19% slower at T = 1K-2K, groups of 4 heads the same.
 static int delta_heads_per_group(int n_bh, int nblk, int d) {
-    static const int env = attn_env_group_heads("ATTN_FP8_DELTA_GROUP_HEADS");
+    static const int env = attn_env_count("ATTN_FP8_DELTA_GROUP_HEADS");
     return causal_group_heads(env, n_bh, causal_heads_per_group(2L * nblk * DL_BK * d, nblk, n_bh, 2 * attn_sm_count()));
 }
 

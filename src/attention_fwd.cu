@@ -474,7 +474,7 @@ static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, c
     // one wave of CTAs with K, V in 16 MiB; two waves per group (the FP8 persistent forward's
     // rule) took 5-9% of that back at 4K-8K. ATTN_BF16_FWD_GROUP_HEADS=N overrides (0: all heads,
     // the order before head groups).
-    static const int forced = attn_env_group_heads("ATTN_BF16_FWD_GROUP_HEADS");
+    static const int forced = attn_env_count("ATTN_BF16_FWD_GROUP_HEADS");
     const int hg = causal_group_heads(
         forced, B * H, causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, attn_sm_count()));
     // V's descriptor offsets: next 64-column region (leading), next 8 keys (stride).

@@ -413,7 +413,7 @@ static const FwdFp8Knobs &fwd_fp8_env(void) {
         k.loop = pp && *pp ? (atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG) : -1;  // -1: the default
         const int named = attn_env_choice("ATTN_FP8_FWD_LOOP", f8_loop_names, F8_N_LOOPS);
         if (named >= 0) k.loop = named;
-        k.group_heads = attn_env_group_heads("ATTN_FP8_FWD_GROUP_HEADS");
+        k.group_heads = attn_env_count("ATTN_FP8_FWD_GROUP_HEADS");
         k.persistent = attn_env_switch("ATTN_FP8_FWD_PERSISTENT");
         k.dynamic = !(sched && strcmp(sched, "static") == 0);
         if (sched && *sched && k.dynamic && strcmp(sched, "dynamic") != 0)

@@ -17,7 +17,7 @@
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
 #include <stdio.h>         // fprintf (attn_env_choice's unknown value)
-#include <stdlib.h>        // getenv, atoi (attn_env_group_heads, attn_env_switch, attn_env_choice)
+#include <stdlib.h>        // getenv, atoi (attn_env_count, attn_env_switch, attn_env_choice)
 #include <string.h>        // strcmp (attn_env_choice)
 
 #include "common.h"  // FATAL
@@ -138,13 +138,14 @@ static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, i
 }
 // The heads per group a causal kernel launches with: forced > 0 that many (at most n_bh), 0 all
 // heads (heaviest first over all of them), < 0 the kernel's own choice `automatic` (usually
-// causal_heads_per_group's). forced comes from the kernel's timing knob, attn_env_group_heads.
+// causal_heads_per_group's). forced comes from the kernel's timing knob, attn_env_count.
 static inline int causal_group_heads(int forced, int n_bh, int automatic) {
     return forced > 0 ? (forced < n_bh ? forced : n_bh) : forced == 0 ? n_bh : automatic;
 }
-// A heads-per-group timing knob (ATTN_*_GROUP_HEADS=N): -1 when unset (the kernel's own choice),
-// 0 for N <= 0 (all heads), else N. Launchers read it once: static const int k = attn_env_group_heads(..).
-static inline int attn_env_group_heads(const char *name) {
+// A count timing knob (ATTN_*_GROUP_HEADS=N heads per group, QKV_GEMM_GROUP_ROWS=N rows per tile
+// group): -1 when unset (the kernel's own choice), 0 for N <= 0 (none: all heads, no groups), else
+// N. Launchers read it once: static const int k = attn_env_count(..).
+static inline int attn_env_count(const char *name) {
     const char *v = getenv(name);
     if (!v || !*v) return -1;
     return atoi(v) > 0 ? atoi(v) : 0;

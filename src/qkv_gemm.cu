@@ -505,7 +505,7 @@ static void launch_form(QgArgs a, const uint16_t *x, const uint16_t *w, int M, i
     a.nk = K / QG_BK;
     static const bool env_defer = attn_env_switch("QKV_GEMM_DEFER");
     a.defer = attn_form_on(qkv_gemm_test_defer_kind, env_defer) ? 1 : 0;
-    static const int env_group = attn_env_group_heads("QKV_GEMM_GROUP_ROWS");  // -1 unset, 0 none, else rows
+    static const int env_group = attn_env_count("QKV_GEMM_GROUP_ROWS");
     a.group_rows = qkv_gemm_test_group >= 0 ? qkv_gemm_test_group : env_group >= 0 ? env_group : 0;
     // one CTA per SM; ping-pong CTAs work on two tiles at a time
     int grid = F::PINGPONG ? (a.n_tiles + 1) / 2 : a.n_tiles;

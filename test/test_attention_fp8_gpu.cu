@@ -1685,16 +1685,16 @@ static void check_causal_orders(void) {
         snprintf(name, sizeof name, "heads per group for %ld B per head, %d blocks, %d heads", c.kv, c.nb, c.nh);
         CHECK(hg == c.want, name, "got %d, expected %d", hg, c.want);
     }
-    // the timing knobs' override (causal_group_heads) and their reading (attn_env_group_heads)
+    // the timing knobs' override (causal_group_heads) and their reading (attn_env_count)
     CHECK(causal_group_heads(-1, 64, 9) == 9 && causal_group_heads(0, 64, 9) == 64 &&
               causal_group_heads(4, 64, 9) == 4 && causal_group_heads(100, 64, 9) == 64,
           "group heads: unset -> the kernel's own, 0 -> all heads, N -> N (at most all)", "override rule differs");
     setenv("ATTN_TEST_GROUP_HEADS", "12", 1);
-    const int e12 = attn_env_group_heads("ATTN_TEST_GROUP_HEADS");
+    const int e12 = attn_env_count("ATTN_TEST_GROUP_HEADS");
     setenv("ATTN_TEST_GROUP_HEADS", "-3", 1);
-    const int eneg = attn_env_group_heads("ATTN_TEST_GROUP_HEADS");
+    const int eneg = attn_env_count("ATTN_TEST_GROUP_HEADS");
     unsetenv("ATTN_TEST_GROUP_HEADS");
-    const int eun = attn_env_group_heads("ATTN_TEST_GROUP_HEADS");
+    const int eun = attn_env_count("ATTN_TEST_GROUP_HEADS");
     CHECK(e12 == 12 && eneg == 0 && eun == -1, "group heads knob: 12 -> 12, -3 -> 0 (all heads), unset -> -1",
           "got %d %d %d", e12, eneg, eun);
 }
