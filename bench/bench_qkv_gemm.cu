@@ -97,7 +97,8 @@ static void bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int
     const double gflop = 2.0 * M * N * C * 1e-9;
     printf("| GEMM %d x %d x %d | CTAs | ms | TFLOP/s | / cuBLASLt's time |\n|---|---|---|---|---|\n", M, N, C);
     for (size_t i = 0; i < fs.size(); i++)
-        printf("| %s | %d | %.4f | %.0f | %.3f |\n", names[i].c_str(), i ? grids[i] : 0, m[i], gflop / m[i], m[i] / m[0]);
+        printf("| %s | %s | %.4f | %.0f | %.3f |\n", names[i].c_str(), i ? std::to_string(grids[i]).c_str() : "-", m[i],
+               gflop / m[i], m[i] / m[0]);
     fflush(stdout);
     CU(cudaFree(rope));
     CU(cudaFree(kc.buf));

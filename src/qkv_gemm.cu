@@ -469,7 +469,8 @@ static void check_gemm(const char *who, const void *x, const void *w, int M, int
 // 575 / 588 / 612 TFLOP/s, cooperative 556 / 571 / 594 with deferred stores and 532 / 557 / 608
 // without (stop 36's default), ping-pong 542 / 544 / 556, wide 581 / 583 / 613; cuBLASLt's BF16
 // GEMM 696 / 693 / 650.
-// The deferred code stores likewise: qkv_gemm_test_defer, else QKV_GEMM_DEFER=0 turns them off.
+// The deferred code stores likewise: qkv_gemm_test_defer, else QKV_GEMM_DEFER=0 turns them off
+// (ping-pong never defers, launch_form).
 static int qkv_gemm_test_form_kind = -1, qkv_gemm_test_defer_kind = -1, qkv_gemm_test_group = -1;
 extern "C" void qkv_gemm_test_form(int form) { qkv_gemm_test_form_kind = form < QG_N_FORMS ? form : -1; }
 extern "C" void qkv_gemm_test_defer(int on) { qkv_gemm_test_defer_kind = on; }
@@ -503,8 +504,10 @@ static void launch_form(QgArgs a, const uint16_t *x, const uint16_t *w, int M, i
     a.n_tn = N / F::BN;
     a.n_tiles = M / F::BM * a.n_tn;
     a.nk = K / QG_BK;
+    // ping-pong stores at once: its epilogue already runs under the other consumer's matmuls, and
+    // deferring moved the stores into its own mainloop, 2-4% slower (stop 37, two calls, 3 widths)
     static const bool env_defer = attn_env_switch("QKV_GEMM_DEFER");
-    a.defer = attn_form_on(qkv_gemm_test_defer_kind, env_defer) ? 1 : 0;
+    a.defer = !F::PINGPONG && attn_form_on(qkv_gemm_test_defer_kind, env_defer) ? 1 : 0;
     static const int env_group = attn_env_count("QKV_GEMM_GROUP_ROWS");
     a.group_rows = qkv_gemm_test_group >= 0 ? qkv_gemm_test_group : env_group >= 0 ? env_group : 0;
     // one CTA per SM; ping-pong CTAs work on two tiles at a time

@@ -63,7 +63,8 @@ void qkv_gemm_quant(const QkvQuantOut *out, const uint16_t *x, const uint16_t *w
 // bit. For tests and timing.
 void qkv_gemm_test_form(int form);
 // The quantizing epilogue's code stores deferred into the next tile's mainloop (1, the default) or
-// done at once (0); < 0: the environment's (QKV_GEMM_DEFER=0: at once). For tests and timing.
+// done at once (0); < 0: the environment's (QKV_GEMM_DEFER=0: at once). The ping-pong form always
+// stores at once (its epilogue overlaps the other consumer's matmuls). For tests and timing.
 void qkv_gemm_test_defer(int on);
 // The tiles' order: groups of `rows` unit rows (a unit: a CTA's tile, or a cluster's tiles), column
 // by column; 0 row by row; < 0: the environment's (QKV_GEMM_GROUP_ROWS=N) or the default. For

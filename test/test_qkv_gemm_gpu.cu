@@ -8,7 +8,7 @@
 //      same BF16 qkv, and the backward on the kept codes identical too;
 //   5. what the quantizing form refuses (qkv_gemm_quant_supported, attn_mode_codes_upstream).
 // Every form of the kernel (ping-pong, cooperative, wide, wide2), with the code stores deferred into the
-// next mainloop (the default) and done at once. Shapes cover a ring that wraps mid-tile (K / 64
+// next mainloop (the default; ping-pong always stores at once) and done at once. Shapes cover a ring that wraps mid-tile (K / 64
 // not a multiple of the stages), CTAs with many tiles, a grid smaller than its consumers, M not
 // a multiple of 256 and C not a multiple of 256 (the forms' fallbacks), and K blocks fewer and more
 // than the deferred stores' pieces. Inputs are fresh random values with
