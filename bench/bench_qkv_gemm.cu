@@ -15,6 +15,10 @@
 // with the quantizing epilogue's stores deferred or not (QKV_GEMM_DEFER), against cuBLASLt.
 //
 //   bench_qkv_gemm [rounds=5] [C=2048] [T list, default 1024 2048 4096 8192]
+//   bench_qkv_gemm profile VARIANT [C=2048]   one GEMM launched twice, nothing else after the inputs'
+//     fill, for a profiler (scripts/gpu_qkv_gemm_profile.sh): VARIANT cublas, or FORM[_bf16|_norope]
+//     with FORM one of pingpong, coop, wide, wide2 (quantizing with RoPE; _bf16: BF16 out without RoPE,
+//     _norope: quantizing without RoPE)
 #include <stdio.h>   // printf
 #include <stdlib.h>  // atoi
 #include <string.h>  // memset
@@ -104,7 +108,54 @@ static void bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int
     CU(cudaFree(kc.buf));
 }
 
+// The profile mode: the named variant twice (a profiler skips the first launch), T = 4096.
+static int profile_variant(const char *variant, int C) {
+    static const char *const form_names[] = {"pingpong", "coop", "wide", "wide2"};
+    const int M = 16384, T = 4096, B = M / T, H = C / 128, d = 128, N = 3 * C;
+    int form = -1, quant = 1;
+    for (int f = 0; f < 4; f++) {
+        const size_t n = strlen(form_names[f]);
+        if (strncmp(variant, form_names[f], n)) continue;
+        const char *rest = variant + n;
+        if (!*rest) form = f, quant = 1;
+        else if (!strcmp(rest, "_bf16")) form = f, quant = 0;
+        else if (!strcmp(rest, "_norope")) form = f, quant = 2;
+    }
+    const bool cublas = !strcmp(variant, "cublas");
+    const char *why;
+    if ((!cublas && form < 0) || qkv_gemm_quant_supported(M, T, C, d, &why)) {
+        fprintf(stderr, "bench_qkv_gemm profile: VARIANT cublas or FORM[_bf16|_norope] (FORM pingpong, coop, wide, "
+                        "wide2), C a multiple of 128; got '%s', C %d\n", variant, C);
+        return 2;
+    }
+    matmul_gpu_init();
+    uint16_t *x = random_bf16((size_t)M * C, 1), *w = random_bf16((size_t)N * C, 2), *qkv;
+    CU(cudaMalloc(&qkv, (size_t)M * N * 2));
+    float *rope;
+    CU(cudaMalloc(&rope, (size_t)T * 64 * 2 * 4));
+    rope_table_gpu(rope, T, d, 10000.0, 0);
+    const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
+    AttnSavedCodes kc;
+    memset(&kc, 0, sizeof kc);
+    kc.bytes = attn_saved_codes_bytes(&dm, B, H, T, d);
+    CU(cudaMalloc(&kc.buf, kc.bytes));
+    QkvQuantOut qo;
+    attn_saved_codes_parts(&dm, &kc, B, H, T, d, qo.codes, qo.codes_t, qo.scales);
+    qo.rope = quant == 2 ? NULL : rope;
+    if (!cublas) qkv_gemm_test_form(form);
+    for (int i = 0; i < 2; i++) {
+        if (cublas) matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
+        else if (quant) qkv_gemm_quant(&qo, x, w, M, T, C, 0);
+        else qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0);  // as bench_forms: BF16 out, no RoPE
+    }
+    CU(cudaDeviceSynchronize());
+    printf("bench_qkv_gemm profile: %s, C %d, launched twice (form %s)\n", variant, C,
+           cublas ? "cuBLASLt" : qkv_gemm_form_name(M, N, C));
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "profile")) return profile_variant(argv[2], argc > 3 ? atoi(argv[3]) : 2048);
     const int rounds = argc > 1 ? atoi(argv[1]) : 5, C = argc > 2 ? atoi(argv[2]) : 2048;
     std::vector<int> Ts;
     for (int i = 3; i < argc; i++) Ts.push_back(atoi(argv[i]));
