@@ -123,14 +123,17 @@ __device__ __forceinline__ UnitPos unit_pos(int u, int n_tn, int n_rows, int gro
     return {first + r % rows, r / rows};
 }
 
-// BF16 rounding by the hardware conversion (fp8.h's bf16_round is the same RNE in integer steps)
+// BF16 rounding by the hardware conversion (F2F, one per value; fp8.h's bf16_round is the same RNE
+// in integer steps). A packed conversion (two values per F2FP, off the XU pipe the F2Fs share) made
+// ptxas serialize the mainloop's wgmmas of the cooperative, ping-pong and BF16-out forms (C7511,
+// C7520; stop 38), and did not measurably speed up the wide forms.
 __device__ __forceinline__ float qg_bf16(float x) { return __bfloat162float(lm_f2bf(x)); }
 
 // The tile's FP32 sums as BF16 values (as a BF16 GEMM would output them), then RoPE on q and k:
 // half h holds tokens t0 + ROW_STEP h + 16 warp + g + 8 rr, column pair (i, i + 64) of its head
 // for i = 8 j + 2 t4 + e < 64. cs_of(h, rr, j): the (cos, sin) of pairs 8 j + 2 t4 and the next
-// one for that half's row rr (rope_pairs: from the table; the wide form's first rows are in
-// registers already, rope_preload).
+// one for that half's row rr (rope_pairs: from the table; the wide forms' first row from registers,
+// rope_preload, their second from shared memory, rope_to_smem).
 template <class CsOf>
 __device__ __forceinline__ void round_and_rotate(float (&acc)[2][64], bool rotate, CsOf cs_of) {
 #pragma unroll
@@ -166,6 +169,23 @@ __device__ __forceinline__ float4 rope_pairs(const float *rope, int t, int j, in
 __device__ __forceinline__ void rope_preload(float4 (&cs)[8], const float *rope, int t0, int warp, int g, int t4) {
 #pragma unroll
     for (int j = 0; j < 8; j++) cs[j] = rope_pairs(rope, t0 + 16 * warp + g, j, t4);
+}
+// The other 8 (rr = 1, row t0 + 16 warp + g + 8) go to shared memory by cp.async during the
+// mainloop, once the deferred stores have read the consumer's staged block (`own`, 16 KB: float4 j
+// of thread wtid at j * 2048 + 16 wtid, so a warp's reads of one j are 512 contiguous bytes), and
+// are read from there in the epilogue (rope_smem_pairs) instead of from L2 with the tensor cores
+// idle. The block is free for them until the epilogue's first barrier (after RoPE), past which
+// the consumers stage their codes in it.
+__device__ __forceinline__ void rope_to_smem(uint8_t *own, const float *rope, int cw, int t0, int wtid) {
+    const int warp = wtid >> 5, lane = wtid & 31;
+    wg_bar_sync<1>(cw);  // every thread of this consumer has done its deferred stores' reads of `own`
+    const float *src = rope + ((size_t)(t0 + 16 * warp + (lane >> 2) + 8) * 64 + 2 * (lane & 3)) * 2;
+#pragma unroll
+    for (int j = 0; j < 8; j++) cp_async16(own + j * 2048 + 16 * wtid, src + 16 * j, true);
+    cp_async_commit();
+}
+__device__ __forceinline__ float4 rope_smem_pairs(const uint8_t *own, int j, int wtid) {
+    return *reinterpret_cast<const float4 *>(own + j * 2048 + 16 * wtid);
 }
 
 // The staging layout's swizzle of token row r (see the file comment), in 16-byte chunks.
@@ -220,8 +240,14 @@ __device__ __forceinline__ void epilogue_quant(float (&acc)[2][64], const QgArgs
     const int nblk = a.T / QG_TILE, blk = t0 / QG_TILE;
     const int rbase = F::WIDE ? 64 * cw : 0;  // the consumer's first row in the block
     const int tr = t0 + rbase + 16 * warp + g;  // the thread's first token row
+    if (F::WIDE && which < 2 && a.rope) {  // rope_to_smem's copies have landed (this thread's own)
+        cp_async_wait_all();
+        asm volatile("" ::: "memory");  // no read of them above the wait
+    }
+    const uint8_t *own = stg + cw * QG_STAGING_BYTES;
     round_and_rotate(acc, which < 2 && a.rope, [&](int h, int rr, int j) {
-        return F::WIDE && rr == 0 ? rcs[j] : rope_pairs(a.rope, tr + F::ROW_STEP * h + 8 * rr, j, t4);
+        if (F::WIDE) return rr == 0 ? rcs[j] : rope_smem_pairs(own, j, wtid);
+        return rope_pairs(a.rope, tr + F::ROW_STEP * h + 8 * rr, j, t4);
     });
 
     // the block's amax (max is exact in any order) -> its scale, the same in every thread
@@ -398,6 +424,9 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
             // ping-pong order: this tile's mainloop waits until the other consumer's tile k - 1 has
             // passed all its full barriers (see order_wait)
             if (F::PINGPONG && k > 0) order_wait(cw);
+            // the wide forms' RoPE: this consumer's first token row (t_own), whether the tile is q or k
+            const bool rot = F::WIDE && a.rope && n0 < 2 * a.C;
+            const int t_own = F::WIDE ? tm * F::BM % max(a.T, 1) + 64 * cw : 0;
             float acc[2][64];
             for (int kb = 0; kb < a.nk; kb++) {
                 const unsigned q = q0 + kb;
@@ -419,6 +448,8 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
                 wgmma_commit();
                 // the previous tile's deferred stores, a piece per K block, while the tensor cores work
                 if (QUANT && pend.codes && kb < QG_CHUNKS) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, kb, wtid);
+                if (QUANT && F::WIDE && rot && kb == QG_CHUNKS)  // the stores' reads are done: RoPE's row 1 in
+                    rope_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, cw, t_own, wtid);
                 wgmma_wait<1>();  // the previous block's matmuls are done: its stage is free
                 if (kb > 0) release((q - 1) % S);
             }
@@ -427,12 +458,13 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
                 for (int c = a.nk; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
                 pend.codes = nullptr;
             }
+            if (QUANT && F::WIDE && rot && a.nk <= QG_CHUNKS)  // (no K block after the stores' pieces)
+                rope_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, cw, t_own, wtid);
             // the wide form's RoPE pairs of this consumer's first rows (64 cw .. of the token block),
             // loaded while the last K block's matmuls run (rope_preload; inside the loop, a conditional
             // load kept them live across it and ptxas spilled)
             float4 rcs[8];
-            if (QUANT && F::WIDE && a.rope && n0 < 2 * a.C)
-                rope_preload(rcs, a.rope, tm * F::BM % a.T + 64 * cw, wtid >> 5, lane >> 2, lane & 3);
+            if (QUANT && F::WIDE && rot) rope_preload(rcs, a.rope, t_own, wtid >> 5, lane >> 2, lane & 3);
             wgmma_wait<0>();
             reg_fence(acc[0]);  // the epilogue reads acc only after the wait (no hoisting above it)
             reg_fence(acc[1]);
@@ -470,7 +502,8 @@ static void check_gemm(const char *who, const void *x, const void *w, int M, int
 // without (stop 36's default), ping-pong 542 / 544 / 556, wide 581 / 583 / 613; cuBLASLt's BF16
 // GEMM 696 / 693 / 650.
 // The deferred code stores likewise: qkv_gemm_test_defer, else QKV_GEMM_DEFER=0 turns them off
-// (ping-pong never defers, launch_form).
+// (ping-pong never defers, launch_form). Deferring the whole epilogue instead (run in slices under
+// the next tile's mainloop) was correct and 1-9% slower: docs/records/qkv-overlapped-epilogue-s38.patch.
 static int qkv_gemm_test_form_kind = -1, qkv_gemm_test_defer_kind = -1, qkv_gemm_test_group = -1;
 extern "C" void qkv_gemm_test_form(int form) { qkv_gemm_test_form_kind = form < QG_N_FORMS ? form : -1; }
 extern "C" void qkv_gemm_test_defer(int on) { qkv_gemm_test_defer_kind = on; }

@@ -256,6 +256,15 @@ int main(void) {
         check_quant(2, 1024, 1024, ATTN_FP8_DM, 1, 26 + 10 * form);
         check_quant(2, 1024, 1280, ATTN_FP8_NAIVE, 1, 27 + 10 * form);
     }
+    // the wide forms with K blocks beyond the deferred stores' 16 pieces (24 and 32): RoPE's second
+    // row copied to shared memory inside the mainloop (rope_to_smem), after the stores' last piece
+    for (int form = 2; form < 4; form++) {
+        qkv_gemm_test_form(form);
+        printf("# form %s, 24 and 32 K blocks\n", forms[form]);
+        check_quant(2, 1024, 1536, ATTN_FP8_DM, 1, 161 + 10 * form);
+        check_quant(1, 2048, 2048, ATTN_FP8_NAIVE, 1, 162 + 10 * form);
+        check_quant(2, 512, 1536, ATTN_FP8_DM, 0, 163 + 10 * form);  // no RoPE
+    }
     qkv_gemm_test_defer(0);  // the stores at once, after each tile's staging
     for (int form = 0; form < 4; form++) {
         qkv_gemm_test_form(form);
