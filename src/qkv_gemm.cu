@@ -16,10 +16,13 @@
 // (deferred stores, store_codes_chunk): in the cooperative and wide forms both consumers'
 // epilogues run at once with the tensor cores idle, and the global stores were the part of that
 // time that need not wait (3-5% of the GEMM, stop 37).
-// What the forms measured (docs/perf.md, stops 36-37): the quantizing GEMM at 81-94% of
+// What the forms measured (docs/perf.md, stops 36-38): the quantizing GEMM at 84-94% of
 // cuBLASLt's BF16 rate. The multicast halves W's L2 reads yet gains ~1% over wide: L2 bandwidth
-// is not the limit. The epilogue is: the same GEMM without RoPE runs 8-10% faster, and with BF16
-// output the ping-pong form (whose epilogue is hidden) runs at 0.95-1.1x cuBLASLt's time.
+// is not the limit. The epilogue is: Nsight Compute puts it at ~20% of the consumers' time with
+// the tensor pipe idle (80% active, cuBLASLt 93%). Run in slices under the next tile's mainloop it
+// was 1-9% slower (arithmetic beside the wgmmas slows them; docs/records/qkv-overlapped-epilogue-
+// s38.patch), so it stays serial with only its stores deferred, and RoPE's table is staged in
+// shared memory (rope_to_smem; RoPE now 5.5-6% of the GEMM at C 1536-2048, from 8-9%).
 //
 // Accumulator layout (m64n128k16, per 64-row half h): thread (warp w, lane 4 g + t4) holds rows
 // 64 h + 16 w + g + 8 rr (rr = 0, 1) and columns 8 j + 2 t4 + e (j = 0..15, e = 0, 1) in
