@@ -75,8 +75,11 @@ static void bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int
     struct V {
         int form, quant, defer, group;
     };
-    const V vs[] = {{0, 0, 1, 0}, {1, 0, 1, 0}, {3, 0, 1, 0}, {0, 1, 1, 0}, {1, 1, 1, 0}, {2, 1, 1, 0}, {3, 1, 1, 0},
-                    {3, 1, 1, 8}, {3, 1, 1, 16}, {1, 1, 0, 0}, {3, 1, 0, 0}, {0, 2, 1, 0}, {1, 2, 1, 0}, {3, 2, 1, 0}};
+    // defer: 2 the wide forms' overlapped epilogue (their default), 1 the serial epilogue with its
+    // code stores deferred (the others' default), 0 the serial epilogue storing at once
+    const V vs[] = {{0, 0, 1, 0}, {1, 0, 1, 0}, {3, 0, 1, 0}, {0, 1, 1, 0}, {1, 1, 1, 0}, {2, 1, 1, 0},
+                    {3, 1, 1, 0}, {2, 1, 2, 0}, {3, 1, 2, 0}, {3, 1, 2, 8}, {1, 1, 0, 0}, {3, 1, 0, 0},
+                    {0, 2, 1, 0}, {1, 2, 1, 0}, {3, 2, 1, 0}, {3, 2, 2, 0}};
     for (const V v : vs) {
         fs.push_back([=] {
             qkv_gemm_test_form(v.form);
@@ -87,6 +90,7 @@ static void bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int
         });
         names.push_back(std::string("ours ") + form_names[v.form] + (v.quant ? ", quantizing" : ", BF16 out") +
                         (v.quant == 2 ? " without RoPE" : "") + (v.quant && !v.defer ? ", stores not deferred" : "") +
+                        (v.quant && v.defer == 2 ? ", epilogue overlapped" : "") +
                         (v.group ? ", groups of " + std::to_string(v.group) + " rows" : ""));
     }
     std::vector<int> grids;  // each variant's CTAs

@@ -16,13 +16,11 @@
 // (deferred stores, store_codes_chunk): in the cooperative and wide forms both consumers'
 // epilogues run at once with the tensor cores idle, and the global stores were the part of that
 // time that need not wait (3-5% of the GEMM, stop 37).
-// What the forms measured (docs/perf.md, stops 36-38): the quantizing GEMM at 84-94% of
-// cuBLASLt's BF16 rate. The multicast halves W's L2 reads yet gains ~1% over wide: L2 bandwidth
-// is not the limit. The epilogue is: Nsight Compute puts it at ~20% of the consumers' time with
-// the tensor pipe idle (80% active, cuBLASLt 93%). Run in slices under the next tile's mainloop it
-// was 1-9% slower (arithmetic beside the wgmmas slows them; docs/records/qkv-overlapped-epilogue-
-// s38.patch), so it stays serial with only its stores deferred, and RoPE's table is staged in
-// shared memory (rope_to_smem; RoPE now 5.5-6% of the GEMM at C 1536-2048, from 8-9%).
+// What the forms measured (docs/perf.md, stops 36-38): the multicast halves W's L2 reads yet gains
+// ~1% over wide: L2 bandwidth is not the limit. The epilogue was: Nsight Compute put it at ~20% of
+// the consumers' time with the tensor pipe idle (80% active, cuBLASLt 93%). Since stop 38 the wide
+// forms run all of it under the next tile's mainloop (qkv_gemm_overlap.cuh): 600-630 TFLOP/s,
+// 0.88-0.94x cuBLASLt's rate, 3-7% faster than the serial epilogue with deferred stores.
 //
 // Accumulator layout (m64n128k16, per 64-row half h): thread (warp w, lane 4 g + t4) holds rows
 // 64 h + 16 w + g + 8 rr (rr = 0, 1) and columns 8 j + 2 t4 + e (j = 0..15, e = 0, 1) in
@@ -127,10 +125,18 @@ __device__ __forceinline__ UnitPos unit_pos(int u, int n_tn, int n_rows, int gro
 }
 
 // BF16 rounding by the hardware conversion (F2F, one per value; fp8.h's bf16_round is the same RNE
-// in integer steps). A packed conversion (two values per F2FP, off the XU pipe the F2Fs share) made
-// ptxas serialize the mainloop's wgmmas of the cooperative, ping-pong and BF16-out forms (C7511,
-// C7520; stop 38), and did not measurably speed up the wide forms.
+// in integer steps). The serial epilogue's: a packed conversion there (qg_bf16x2) made ptxas
+// serialize the mainloop's wgmmas of the cooperative, ping-pong and BF16-out forms (C7511, C7520;
+// stop 38), and did not measurably speed up the wide forms.
 __device__ __forceinline__ float qg_bf16(float x) { return __bfloat162float(lm_f2bf(x)); }
+// BF16 rounding of two values by one packed hardware conversion (F2FP: the same RNE), widened again
+// by two integer ops; the overlapped epilogue keeps its values packed this way.
+__device__ __forceinline__ void qg_bf16x2(float &a, float &b) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);  // .x = a (low half), .y = b
+    const uint32_t u = *reinterpret_cast<const uint32_t *>(&p);
+    a = __uint_as_float(u << 16);
+    b = __uint_as_float(u & 0xffff0000u);
+}
 
 // The tile's FP32 sums as BF16 values (as a BF16 GEMM would output them), then RoPE on q and k:
 // half h holds tokens t0 + ROW_STEP h + 16 warp + g + 8 rr, column pair (i, i + 64) of its head
@@ -220,6 +226,8 @@ __device__ __forceinline__ void store_codes_chunk(const uint8_t *stg, uint8_t *c
 #pragma unroll
     for (int k = 0; k < 4; k++) *reinterpret_cast<uint32_t *>(codes_t + r0 + (long)(4 * w + k) * T) = out[k];
 }
+
+#include "qkv_gemm_overlap.cuh"  // OverlapEpi: the wide forms' epilogue under the next mainloop (uses the above)
 
 // The stores a consumer owes for its last staged block (store_codes_chunk): none while codes is null.
 struct PendingCodes {
@@ -351,7 +359,62 @@ __device__ __forceinline__ void order_release(int cw) {
     else named_bar_arrive<3, 256>();
 }
 
-template <bool QUANT, int FORM>
+// The wide forms' consumer loop with the overlapped epilogue (qkv_gemm_overlap.cuh): tile k's
+// mainloop runs one slice of tile k - 1's epilogue per K block, then the slices it had no K block
+// for; after the CTA's last tile, that tile's slices run on their own. (One loop with a pass
+// without a mainloop for the last tile made ptxas serialize every wgmma, C7518.)
+template <int FORM>
+__device__ __forceinline__ void consumer_overlapped(const QgArgs &a, uint8_t *smem, uint64_t *full,
+                                                    uint64_t *empty, float *red, int cid, int n_clusters,
+                                                    int n_units, int n_rows, int rank, int cw, int wtid) {
+    using F = QgForm<FORM>;
+    constexpr int S = F::STAGES, CL = F::CLUSTER;
+    const int lane = wtid & 31;
+    const uint32_t d0 = kmajor_desc_lo(smem_addr(smem + cw * F::CONSUMER_ROWS * 128));
+    const uint32_t dw0 = kmajor_desc_lo(smem_addr(smem + F::X_BYTES));
+    uint8_t *stg = smem + F::RING_BYTES;
+    auto release = [&](int s) {
+        if (lane != 0) return;
+        mbar_arrive(&empty[s]);
+        for (int r = 1; r < CL; r++) mbar_arrive_cluster(&empty[s], (uint32_t)((rank + r) % CL));
+    };
+    OverlapEpi ep;
+    for (int k = 0;; k++) {
+        const int u = cid + k * n_clusters;
+        if (u >= n_units) break;
+        const unsigned q0 = (unsigned)k * a.nk;
+        const UnitPos p = unit_pos(u, a.n_tn, n_rows, a.group_rows);
+        const int tm = p.row * CL + rank, n0 = p.col * F::BN;
+        float acc[2][64];
+        for (int kb = 0; kb < a.nk; kb++) {
+            const unsigned q = q0 + kb;
+            const int s = q % S;
+            mbar_wait(&full[s], (q / S) & 1);
+            const uint32_t da = d0 + s * (F::STAGE_BYTES / 16), db = dw0 + s * (F::STAGE_BYTES / 16);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < QG_BK / 16; kk++)
+                wgmma_m64n256_ss(acc[0], acc[1], kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), kb > 0 || kk > 0);
+            wgmma_commit();
+            if (ep.mt >= 0 && kb < QG_OVL_SLICES) ep.slice(kb, a, cw, wtid, stg, red);
+            wgmma_wait<1>();  // the previous block's matmuls are done: its stage is free
+            if (kb > 0) release((q - 1) % S);
+        }
+        // the slices the mainloop had no K block for, under its last block's matmuls
+        if (ep.mt >= 0)
+            for (int sl = a.nk; sl < QG_OVL_SLICES; sl++) ep.slice(sl, a, cw, wtid, stg, red);
+        wgmma_wait<0>();
+        reg_fence(acc[0]);
+        reg_fence(acc[1]);
+        release((q0 + a.nk - 1) % S);
+        ep.pack(acc, tm * F::BM);
+        ep.locate(a, n0, cw, wtid);
+    }
+    if (ep.mt >= 0)  // the CTA's last tile: its whole epilogue, with no mainloop to run under
+        for (int sl = 0; sl < QG_OVL_SLICES; sl++) ep.slice(sl, a, cw, wtid, stg, red);
+}
+
+template <bool QUANT, int FORM, bool OVL = false>
 __global__ void __launch_bounds__(QG_THREADS, 1)
     qkv_gemm_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                     const QgArgs a) {
@@ -404,6 +467,10 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
         // ---- consumers
         setmaxnreg_inc<232>();
         const int cw = ((int)threadIdx.x - 128) >> 7, wtid = threadIdx.x & 127, lane = wtid & 31;
+        if constexpr (OVL) {
+            static_assert(QUANT && F::WIDE, "the overlapped epilogue is the wide forms' quantizing one");
+            consumer_overlapped<FORM>(a, smem, full, empty, red, cid, n_clusters, n_units, n_rows, rank, cw, wtid);
+        } else {
         // descriptor low words of stage 0: this consumer's rows of x (ping-pong: all 128), W's tile
         const uint32_t d0 = kmajor_desc_lo(smem_addr(smem + (F::PINGPONG ? 0 : cw * F::CONSUMER_ROWS * 128)));
         const uint32_t dw0 = kmajor_desc_lo(smem_addr(smem + F::X_BYTES));
@@ -481,6 +548,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
         }
         if (QUANT && pend.codes)  // the last tile's stores
             for (int c = 0; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
+        }
     }
     if (CL > 1) cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers
 }
@@ -504,12 +572,13 @@ static void check_gemm(const char *who, const void *x, const void *w, int M, int
 // 575 / 588 / 612 TFLOP/s, cooperative 556 / 571 / 594 with deferred stores and 532 / 557 / 608
 // without (stop 36's default), ping-pong 542 / 544 / 556, wide 581 / 583 / 613; cuBLASLt's BF16
 // GEMM 696 / 693 / 650.
-// The deferred code stores likewise: qkv_gemm_test_defer, else QKV_GEMM_DEFER=0 turns them off
-// (ping-pong never defers, launch_form). Deferring the whole epilogue instead (run in slices under
-// the next tile's mainloop) was correct and 1-9% slower: docs/records/qkv-overlapped-epilogue-s38.patch.
+// What runs under the next mainloop likewise (qkv_gemm_test_defer, else QKV_GEMM_DEFER=0|1|2, else
+// 2): the wide forms' whole epilogue at 2, the code stores at 1 and 2 in the others (ping-pong never
+// defers, launch_form). Measured (stop 38, C 2048 / 1536 / 3072): wide2 603 / 609 / 626 TFLOP/s at
+// 2, 581 / 589 / 598 at 1.
 static int qkv_gemm_test_form_kind = -1, qkv_gemm_test_defer_kind = -1, qkv_gemm_test_group = -1;
 extern "C" void qkv_gemm_test_form(int form) { qkv_gemm_test_form_kind = form < QG_N_FORMS ? form : -1; }
-extern "C" void qkv_gemm_test_defer(int on) { qkv_gemm_test_defer_kind = on; }
+extern "C" void qkv_gemm_test_defer(int level) { qkv_gemm_test_defer_kind = level; }
 extern "C" void qkv_gemm_test_group_rows(int rows) { qkv_gemm_test_group = rows; }
 static int form_of(int M, int N, int C) {
     static const int env = attn_env_choice("QKV_GEMM_FORM", qg_form_names, QG_N_FORMS);
@@ -526,9 +595,12 @@ extern "C" int qkv_gemm_last_grid(void) { return qg_last_grid; }
 template <bool QUANT, int FORM>
 static void launch_form(QgArgs a, const uint16_t *x, const uint16_t *w, int M, int N, int K, cudaStream_t stream) {
     using F = QgForm<FORM>;
+    constexpr bool CAN_OVL = QUANT && F::WIDE;  // the overlapped epilogue: the wide forms' quantizing one
     static bool attr_set = false;
     if (!attr_set) {
         CUDA_OK(cudaFuncSetAttribute(qkv_gemm_kernel<QUANT, FORM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     F::SMEM_BYTES));
+        CUDA_OK(cudaFuncSetAttribute(qkv_gemm_kernel<QUANT, FORM, CAN_OVL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      F::SMEM_BYTES));
         attr_set = true;
     }
@@ -542,8 +614,12 @@ static void launch_form(QgArgs a, const uint16_t *x, const uint16_t *w, int M, i
     a.nk = K / QG_BK;
     // ping-pong stores at once: its epilogue already runs under the other consumer's matmuls, and
     // deferring moved the stores into its own mainloop, 2-4% slower (stop 37, two calls, 3 widths)
-    static const bool env_defer = attn_env_switch("QKV_GEMM_DEFER");
-    a.defer = !F::PINGPONG && attn_form_on(qkv_gemm_test_defer_kind, env_defer) ? 1 : 0;
+    static const int env_defer = attn_env_count("QKV_GEMM_DEFER");
+    const int level = qkv_gemm_test_defer_kind >= 0 ? qkv_gemm_test_defer_kind : env_defer >= 0 ? env_defer : 2;
+    a.defer = !F::PINGPONG && level >= 1 ? 1 : 0;
+    const bool ovl = CAN_OVL && level >= 2;
+    void (*const kernel)(CUtensorMap, CUtensorMap, QgArgs) =
+        ovl ? qkv_gemm_kernel<QUANT, FORM, CAN_OVL> : qkv_gemm_kernel<QUANT, FORM>;
     static const int env_group = attn_env_count("QKV_GEMM_GROUP_ROWS");
     a.group_rows = qkv_gemm_test_group >= 0 ? qkv_gemm_test_group : env_group >= 0 ? env_group : 0;
     // one CTA per SM; ping-pong CTAs work on two tiles at a time
@@ -564,7 +640,7 @@ static void launch_form(QgArgs a, const uint16_t *x, const uint16_t *w, int M, i
         if (max_ctas == 0) {
             int n_clusters = 0;
             cfg.gridDim = dim3(attn_sm_count() / F::CLUSTER * F::CLUSTER);
-            CUDA_OK(cudaOccupancyMaxActiveClusters(&n_clusters, qkv_gemm_kernel<QUANT, FORM>, &cfg));
+            CUDA_OK(cudaOccupancyMaxActiveClusters(&n_clusters, kernel, &cfg));
             if (n_clusters < 1) FATAL("qkv_gemm: no cluster of %d CTAs fits the device", F::CLUSTER);
             max_ctas = n_clusters * F::CLUSTER;
         }
@@ -574,7 +650,7 @@ static void launch_form(QgArgs a, const uint16_t *x, const uint16_t *w, int M, i
     if (grid > max_ctas) grid = max_ctas;
     cfg.gridDim = dim3((unsigned)grid);
     qg_last_grid = grid;
-    CUDA_OK(cudaLaunchKernelEx(&cfg, qkv_gemm_kernel<QUANT, FORM>, tm_x, tm_w, a));
+    CUDA_OK(cudaLaunchKernelEx(&cfg, kernel, tm_x, tm_w, a));
 }
 
 template <bool QUANT>

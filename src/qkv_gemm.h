@@ -62,10 +62,12 @@ void qkv_gemm_quant(const QkvQuantOut *out, const uint16_t *x, const uint16_t *w
 // CTAs sharing W's tile, where M is a multiple of 256, else wide). The outputs must not change by a
 // bit. For tests and timing.
 void qkv_gemm_test_form(int form);
-// The quantizing epilogue's code stores deferred into the next tile's mainloop (1, the default) or
-// done at once (0); < 0: the environment's (QKV_GEMM_DEFER=0: at once). The ping-pong form always
-// stores at once (its epilogue overlaps the other consumer's matmuls). For tests and timing.
-void qkv_gemm_test_defer(int on);
+// How much of the quantizing epilogue runs under the next tile's mainloop: 2 (the default) all of
+// it in the wide forms (qkv_gemm_overlap.cuh), the code stores only in the others; 1 the code
+// stores only; 0 none. < 0: the environment's (QKV_GEMM_DEFER=0|1|2) or the default. The ping-pong
+// form always stores at once (its epilogue overlaps the other consumer's matmuls). The outputs do
+// not change by a bit. For tests and timing.
+void qkv_gemm_test_defer(int level);
 // The tiles' order: groups of `rows` unit rows (a unit: a CTA's tile, or a cluster's tiles), column
 // by column; 0 row by row; < 0: the environment's (QKV_GEMM_GROUP_ROWS=N) or the default. For
 // tests and timing (the outputs do not depend on it).

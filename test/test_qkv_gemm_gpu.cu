@@ -7,11 +7,13 @@
 //   4. attn_mode_forward_codes on those codes: O and LSE bit for bit attn_mode_forward_rope's on the
 //      same BF16 qkv, and the backward on the kept codes identical too;
 //   5. what the quantizing form refuses (qkv_gemm_quant_supported, attn_mode_codes_upstream).
-// Every form of the kernel (ping-pong, cooperative, wide, wide2), with the code stores deferred into the
-// next mainloop (the default; ping-pong always stores at once) and done at once. Shapes cover a ring that wraps mid-tile (K / 64
-// not a multiple of the stages), CTAs with many tiles, a grid smaller than its consumers, M not
-// a multiple of 256 and C not a multiple of 256 (the forms' fallbacks), and K blocks fewer and more
-// than the deferred stores' pieces. Inputs are fresh random values with
+// Every form of the kernel (ping-pong, cooperative, wide, wide2) with each of its epilogues: the wide
+// forms' overlapped one (the default: all of it under the next tile's mainloop), the serial one with
+// its code stores deferred into the next mainloop (the other forms' default; ping-pong always
+// stores at once) and done at once. Shapes cover a ring that wraps mid-tile (K / 64 not a multiple
+// of the stages), CTAs with many tiles, a grid smaller than its consumers, M not a multiple of 256
+// and C not a multiple of 256 (the forms' fallbacks), and K blocks fewer and more than the deferred
+// stores' pieces and the overlapped epilogue's slices. Inputs are fresh random values with
 // per-token and per-output-row magnitudes spread over 2^-4 .. 2^4, so the blocks' scales differ.
 #include <math.h>
 #include <stdio.h>
@@ -256,14 +258,21 @@ int main(void) {
         check_quant(2, 1024, 1024, ATTN_FP8_DM, 1, 26 + 10 * form);
         check_quant(2, 1024, 1280, ATTN_FP8_NAIVE, 1, 27 + 10 * form);
     }
-    // the wide forms with K blocks beyond the deferred stores' 16 pieces (24 and 32): RoPE's second
-    // row copied to shared memory inside the mainloop (rope_to_smem), after the stores' last piece
+    // the wide forms' whole epilogue under the next mainloop (the default) with K blocks beyond its
+    // 23 slices: every slice inside the next mainloop, none left for after it
     for (int form = 2; form < 4; form++) {
         qkv_gemm_test_form(form);
-        printf("# form %s, 24 and 32 K blocks\n", forms[form]);
+        printf("# form %s, epilogue overlapped, 24 and 32 K blocks\n", forms[form]);
         check_quant(2, 1024, 1536, ATTN_FP8_DM, 1, 161 + 10 * form);
         check_quant(1, 2048, 2048, ATTN_FP8_NAIVE, 1, 162 + 10 * form);
-        check_quant(2, 512, 1536, ATTN_FP8_DM, 0, 163 + 10 * form);  // no RoPE
+        check_quant(2, 512, 1536, ATTN_FP8_DM, 0, 163 + 10 * form);  // no RoPE: v's amax path for q and k too
+    }
+    qkv_gemm_test_defer(1);  // the wide forms' serial epilogue with its code stores deferred (stop 37's)
+    for (int form = 2; form < 4; form++) {
+        qkv_gemm_test_form(form);
+        printf("# form %s, serial epilogue, stores deferred\n", forms[form]);
+        check_quant(4, 1024, 768, ATTN_FP8_DM, 1, 181 + 10 * form);
+        check_quant(2, 1024, 1536, ATTN_FP8_DM, 1, 182 + 10 * form);
     }
     qkv_gemm_test_defer(0);  // the stores at once, after each tile's staging
     for (int form = 0; form < 4; form++) {

@@ -1,0 +1,221 @@
+// qkv_gemm_overlap.cuh: the wide forms' quantizing epilogue run under the next tile's mainloop (a
+// part of qkv_gemm.cu, included there after QgArgs, rope_pairs, qg_bf16x2, stage_swz and
+// store_codes_chunk; not a header of its own).
+//
+// Why: Nsight Compute on stop 37's GEMM (wide2, C 2048, stop 38) showed its consumer warps ~20% of
+// their time in the epilogue, with the tensor pipe idle for all of it (80% active against
+// cuBLASLt's 93%): the epilogue is ~1240 instructions a warp per tile, latency-bound with two
+// consumer warps per scheduler, and both consumers run it at once. Deferring only the code stores
+// (stop 37) moved 16 of its pieces into the next mainloop; this moves all of it. Measured (stop 38,
+// wide2 at C 2048 / 1536 / 3072): 603 / 609 / 626 TFLOP/s against 581 / 589 / 598 serial. Its
+// first form recomputed the tile's addresses (integer divisions by T and C) in every slice: 69
+// instructions a K block, and it ran 1-9% *slower* than the serial epilogue; `locate` computes
+// them once a tile.
+//
+// How: once a tile's last K block is waited for, its sums are rounded to BF16 and packed two to a
+// register (p: 64 registers; the 128 accumulators are then free for the next tile's wgmmas). The
+// rest is cut into slices, one run per K block of the next tile between its wgmma issue and wait
+// (as the deferred stores were), and after the loop where the next mainloop has fewer K blocks
+// than slices (and for the CTA's last tile):
+//   0      q, k: the (cos, sin) of the thread's row rr = 0 by cp.async into its consumer's staged
+//          block (free until slice 5; a consumer barrier first, the previous tile's stores read it)
+//   1, 2   q, k: RoPE on row 0's pairs j = 0..3, 4..7 for both heads; after 2, row 1's (cos, sin)
+//          into the same slots (a barrier first); v: the amax of rows 0, 1
+//   3, 4   q, k: RoPE on row 1's pairs. RoPE keeps the thread's amax of the unrounded results (RNE
+//          is monotonic and symmetric: max |bf16(v)| = bf16(max |v|))
+//   5      the amax over the block (warp shuffles, 16 warp maxima across both consumers, barrier),
+//          the scales, head 0's codes staged
+//   6      head 1's codes staged; barrier (the staged blocks complete)
+//   7..22  the global stores of this consumer's staged block (store_codes_chunk pieces 0..15)
+// The outputs are bit for bit the serial epilogue's (epilogue_quant); test_qkv_gemm_gpu compares
+// both against attn_gpu_quantize.
+// Registers: 128 accumulators + 64 packed values + the tile's addresses, within the consumers'
+// 232 (ptxas: 36 bytes of spills in wide2, outside the mainloop); the (cos, sin) table goes
+// through shared memory because 16 more registers for it made ptxas spill and serialize the
+// wgmmas (C7518).
+#ifndef QKV_GEMM_OVERLAP_CUH
+#define QKV_GEMM_OVERLAP_CUH
+
+#define QG_OVL_SLICES (7 + QG_CHUNKS)  // the slices of one tile's overlapped epilogue
+
+struct OverlapEpi {
+    uint32_t p[2][32];  // head h, pair (j, rr): p[h][2 j + rr] = BF16 columns 8 j + 2 t4 (low), + 1 (high) of row rr
+    float mx[2];        // head h's amax so far (slices 1-4), then its scale (slice 5 on)
+    int mt = -1;        // the pending tile's first token row (M index); < 0: none pending
+    int which = 0;      // its operand (0 q, 1 k, 2 v), + 4 when RoPE applies
+    int tr = 0;         // the thread's row rr = 0, as a position in its sequence
+    uint8_t *codes = nullptr, *codes_t = nullptr;  // this consumer's block of it (head head0 + cw)
+    float *scale = nullptr;                         // and that block's scale
+
+    // The tile's sums (mainloop done) rounded to BF16 and packed; the tile becomes pending.
+    __device__ __forceinline__ void pack(const float (&acc)[2][64], int mt_) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                const __nv_bfloat162 v = __floats2bfloat162_rn(acc[h][2 * i], acc[h][2 * i + 1]);
+                p[h][i] = *reinterpret_cast<const uint32_t *>(&v);
+            }
+        mx[0] = mx[1] = 0.0f;
+        mt = mt_;
+    }
+    // The tile's addresses, once (integer divisions by runtime sizes cost ~20 instructions each;
+    // recomputed in every slice they were 69 instructions a K block, 12% of the consumers' time).
+    __device__ __forceinline__ void locate(const QgArgs &a, int n0, int cw, int wtid) {
+        const int w = n0 / a.C, t0 = mt % a.T, b = mt / a.T, head = (n0 % a.C) / QG_TILE + cw;
+        const long bh = (long)b * a.H + head;
+        which = w + (w < 2 && a.rope ? 4 : 0);
+        tr = t0 + 64 * cw + 16 * (wtid >> 5) + ((wtid & 31) >> 2);
+        codes = a.codes[w] + (bh * a.T + t0) * QG_TILE;
+        codes_t = a.codes_t[w] + bh * QG_TILE * a.T + t0;
+        scale = a.scales[w] + bh * (a.T / QG_TILE) + t0 / QG_TILE;
+    }
+
+    // Slice s (0 .. QG_OVL_SLICES - 1) of the pending tile's epilogue, consumer cw (rows 64 cw .. of
+    // the tile), thread wtid of its 128. stg: both staged blocks; red: 16 floats.
+    __device__ __forceinline__ void slice(int s, const QgArgs &a, int cw, int wtid, uint8_t *stg, float *red) {
+        const int t4 = wtid & 3;
+        const bool rot = which >= 4;
+        // every index into p must be a constant (else p goes to local memory): one case per slice
+        switch (s) {
+        case 0:
+            if (rot) {  // the previous tile's stores have read this consumer's block: (cos, sin) of row 0 into it
+                wg_bar_sync<1>(cw);
+                cs_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, tr, t4, wtid);
+            }
+            break;
+        case 1:
+            if (rot) {
+                cp_async_wait_all();
+                asm volatile("" ::: "memory");  // no read of the copies above the wait
+                rotate(stg + cw * QG_STAGING_BYTES, wtid, 0, 0);
+            } else {
+                amax_rows(0);
+            }
+            break;
+        case 2:
+            if (rot) {  // row 0's pairs 4..7, then row 1's (cos, sin) into the same slots once all are read
+                rotate(stg + cw * QG_STAGING_BYTES, wtid, 0, 4);
+                wg_bar_sync<1>(cw);
+                cs_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, tr + 8, t4, wtid);
+            } else {
+                amax_rows(1);
+            }
+            break;
+        case 3:
+            if (rot) {
+                cp_async_wait_all();
+                asm volatile("" ::: "memory");  // no read of the copies above the wait
+                rotate(stg + cw * QG_STAGING_BYTES, wtid, 1, 0);
+            }
+            break;
+        case 4:
+            if (rot) rotate(stg + cw * QG_STAGING_BYTES, wtid, 1, 4);
+            break;
+        case 5:
+            block_scales(a, which & 3, rot, cw, wtid, red);
+            stage(0, cw, wtid, stg);
+            break;
+        case 6:
+            stage(1, cw, wtid, stg);
+            named_bar_sync<5, 256>();  // both staged blocks complete: the stores may read them
+            break;
+        default:
+            store_codes_chunk(stg + cw * QG_STAGING_BYTES, codes, codes_t, a.T, s - 7, wtid);
+        }
+    }
+
+  private:
+    __device__ __forceinline__ static float lo_of(uint32_t u) { return __uint_as_float(u << 16); }
+    __device__ __forceinline__ static float hi_of(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+    // The (cos, sin) float4 of pairs j = 0..7 of row t (rope_pairs) by cp.async into the consumer's
+    // staged block `own`: float4 j of thread wtid at j * 2048 + 16 wtid (a warp's reads of one j are
+    // 512 contiguous bytes). Through shared memory rather than registers: beside the 128 accumulators
+    // of the next tile and the 64 packed values, 16 more registers made ptxas spill and serialize the
+    // wgmmas (C7518).
+    __device__ __forceinline__ static void cs_to_smem(uint8_t *own, const float *rope, int t, int t4, int wtid) {
+        const float *src = rope + ((size_t)t * 64 + 2 * t4) * 2;
+#pragma unroll
+        for (int j = 0; j < 8; j++) cp_async16(own + j * 2048 + 16 * wtid, src + 16 * j, true);
+        cp_async_commit();
+    }
+    // RoPE on pairs j = jb .. jb + 3 of row rr, both heads (column i < 64 with i + 64: j with j + 8),
+    // rope_forward_gpu's arithmetic, rounded to BF16; the unrounded results' maxima into mx.
+    __device__ __forceinline__ void rotate(const uint8_t *own, int wtid, int rr, int jb) {
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            const float4 cs = *reinterpret_cast<const float4 *>(own + (jb + jj) * 2048 + 16 * wtid);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = jb + jj;
+                const uint32_t px = p[h][2 * j + rr], py = p[h][2 * (j + 8) + rr];
+                const float x[2] = {lo_of(px), hi_of(px)}, y[2] = {lo_of(py), hi_of(py)};
+                const float c[2] = {cs.x, cs.z}, sn[2] = {cs.y, cs.w};
+                float lo[2], hi[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    lo[e] = lm_rope_lo(x[e], y[e], c[e], sn[e]);
+                    hi[e] = lm_rope_hi(x[e], y[e], c[e], sn[e]);
+                    mx[h] = fmaxf(mx[h], fmaxf(fabsf(lo[e]), fabsf(hi[e])));
+                }
+                const __nv_bfloat162 vl = __floats2bfloat162_rn(lo[0], lo[1]), vh = __floats2bfloat162_rn(hi[0], hi[1]);
+                p[h][2 * j + rr] = *reinterpret_cast<const uint32_t *>(&vl);
+                p[h][2 * (j + 8) + rr] = *reinterpret_cast<const uint32_t *>(&vh);
+            }
+        }
+    }
+    // v (no RoPE): the amax of row rr's values, both heads
+    __device__ __forceinline__ void amax_rows(int rr) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                mx[h] = fmaxf(mx[h], fmaxf(fabsf(lo_of(p[h][2 * j + rr])), fabsf(hi_of(p[h][2 * j + rr]))));
+    }
+    // The block amax of each head (rows of both consumers) -> its scale, in mx; head cw's scale stored.
+    __device__ __forceinline__ void block_scales(const QgArgs &a, int which, bool rot, int cw, int wtid, float *red) {
+        const int warp = wtid >> 5, lane = wtid & 31;
+        if (rot) {  // the maxima of unrounded values -> the maxima of the rounded ones
+            float m0 = mx[0], m1 = mx[1];
+            qg_bf16x2(m0, m1);
+            mx[0] = m0, mx[1] = m1;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], o));
+        if (lane == 0) red[4 * cw + warp] = mx[0], red[8 + 4 * cw + warp] = mx[1];
+        // both consumers' maxima; also: every thread is done reading the staged blocks for the
+        // previous tile's stores (all its pieces ran before this tile was packed)
+        named_bar_sync<5, 256>();
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float m = red[8 * h];
+#pragma unroll
+            for (int i = 1; i < 8; i++) m = fmaxf(m, red[8 * h + i]);
+            mx[h] = fp8_scale_for_amax_within(FP8_E4M3, m, a.max_exp[which]);
+        }
+        if (wtid == 0) *scale = cw ? mx[1] : mx[0];
+    }
+    // Head h's codes (scale mx[h]) into staged block h, rows 64 cw + 16 warp + g + 8 rr: two codes
+    // (columns 8 j + 2 t4, + 1) per 2-byte store, the serial epilogue's layout.
+    __device__ __forceinline__ void stage(int h, int cw, int wtid, uint8_t *stg) {
+        const int warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t4 = lane & 3;
+        const uint32_t sbase = smem_addr(stg + h * QG_STAGING_BYTES);
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int r = 64 * cw + 16 * warp + g + 8 * rr, sw = 4 * stage_swz(r);
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const uint32_t v = p[h][2 * j + rr];
+                const uint32_t u = cvt_e4m3x2(lo_of(v) * mx[h], hi_of(v) * mx[h]);
+                const int w = 2 * j + (t4 >> 1);
+                const uint32_t addr = sbase + r * 128 + ((w ^ sw) << 2) + 2 * (t4 & 1);
+                asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"((uint16_t)u) : "memory");
+            }
+        }
+    }
+};
+
+#endif  // QKV_GEMM_OVERLAP_CUH
