@@ -12,7 +12,8 @@
 // BF16 rope_forward_gpu, FP8 the time our quantizing GEMM takes over cuBLASLt's; their ratio is the
 // FP8 forward's speedup with its operands' preparation paid.
 // First, the GEMM alone in every form of qkv_gemm.cu (QKV_GEMM_FORM), BF16 out and quantizing,
-// with the quantizing epilogue's stores deferred or not (QKV_GEMM_DEFER), against cuBLASLt.
+// with the quantizing epilogue overlapped with the next mainloop (the wide forms' default), its
+// stores only deferred, or neither (QKV_GEMM_DEFER=2, 1, 0), against cuBLASLt.
 //
 //   bench_qkv_gemm [rounds=5] [C=2048] [T list, default 1024 2048 4096 8192]
 //   bench_qkv_gemm profile VARIANT [C=2048]   one GEMM launched twice, nothing else after the inputs'
