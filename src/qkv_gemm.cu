@@ -574,8 +574,8 @@ static void check_gemm(const char *who, const void *x, const void *w, int M, int
 // GEMM 696 / 693 / 650.
 // What runs under the next mainloop likewise (qkv_gemm_test_defer, else QKV_GEMM_DEFER=0|1|2, else
 // 2): the wide forms' whole epilogue at 2, the code stores at 1 and 2 in the others (ping-pong never
-// defers, launch_form). Measured (stop 38, C 2048 / 1536 / 3072): wide2 603 / 609 / 626 TFLOP/s at
-// 2, 581 / 589 / 598 at 1.
+// defers, launch_form). Measured (stop 38, C 2048 / 1536 / 3072, two calls): wide2 601-603 /
+// 606-609 / 618-626 TFLOP/s at 2, 576-581 / 574-589 / 591-598 at 1.
 static int qkv_gemm_test_form_kind = -1, qkv_gemm_test_defer_kind = -1, qkv_gemm_test_group = -1;
 extern "C" void qkv_gemm_test_form(int form) { qkv_gemm_test_form_kind = form < QG_N_FORMS ? form : -1; }
 extern "C" void qkv_gemm_test_defer(int level) { qkv_gemm_test_defer_kind = level; }

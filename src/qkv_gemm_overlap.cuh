@@ -7,7 +7,8 @@
 // cuBLASLt's 93%): the epilogue is ~1240 instructions a warp per tile, latency-bound with two
 // consumer warps per scheduler, and both consumers run it at once. Deferring only the code stores
 // (stop 37) moved 16 of its pieces into the next mainloop; this moves all of it. Measured (stop 38,
-// wide2 at C 2048 / 1536 / 3072): 603 / 609 / 626 TFLOP/s against 581 / 589 / 598 serial. Its
+// wide2 at C 2048 / 1536 / 3072, two calls): 601-603 / 606-609 / 618-626 TFLOP/s against 576-581 /
+// 574-589 / 591-598 serial, 0.88-0.95x cuBLASLt's rate. Its
 // first form recomputed the tile's addresses (integer divisions by T and C) in every slice: 69
 // instructions a K block, and it ran 1-9% *slower* than the serial epilogue; `locate` computes
 // them once a tile.
