@@ -20,7 +20,7 @@
 // ~1% over wide: L2 bandwidth is not the limit. The epilogue was: Nsight Compute put it at ~20% of
 // the consumers' time with the tensor pipe idle (80% active, cuBLASLt 93%). Since stop 38 the wide
 // forms run all of it under the next tile's mainloop (qkv_gemm_overlap.cuh): 600-630 TFLOP/s,
-// 0.88-0.94x cuBLASLt's rate, 3-7% faster than the serial epilogue with deferred stores.
+// 0.88-0.95x cuBLASLt's rate, 3-7% faster than the serial epilogue with deferred stores.
 //
 // Accumulator layout (m64n128k16, per 64-row half h): thread (warp w, lane 4 g + t4) holds rows
 // 64 h + 16 w + g + 8 rr (rr = 0, 1) and columns 8 j + 2 t4 + e (j = 0..15, e = 0, 1) in
@@ -185,16 +185,20 @@ __device__ __forceinline__ void rope_preload(float4 (&cs)[8], const float *rope,
 // are read from there in the epilogue (rope_smem_pairs) instead of from L2 with the tensor cores
 // idle. The block is free for them until the epilogue's first barrier (after RoPE), past which
 // the consumers stage their codes in it.
-__device__ __forceinline__ void rope_to_smem(uint8_t *own, const float *rope, int cw, int t0, int wtid) {
-    const int warp = wtid >> 5, lane = wtid & 31;
-    wg_bar_sync<1>(cw);  // every thread of this consumer has done its deferred stores' reads of `own`
-    const float *src = rope + ((size_t)(t0 + 16 * warp + (lane >> 2) + 8) * 64 + 2 * (lane & 3)) * 2;
+// The copies of token t's 8 float4 (pairs 8 j + 2 t4, + 1 for j = 0..7) and their reads.
+__device__ __forceinline__ void rope_row_to_smem(uint8_t *own, const float *rope, int t, int t4, int wtid) {
+    const float *src = rope + ((size_t)t * 64 + 2 * t4) * 2;
 #pragma unroll
     for (int j = 0; j < 8; j++) cp_async16(own + j * 2048 + 16 * wtid, src + 16 * j, true);
     cp_async_commit();
 }
 __device__ __forceinline__ float4 rope_smem_pairs(const uint8_t *own, int j, int wtid) {
     return *reinterpret_cast<const float4 *>(own + j * 2048 + 16 * wtid);
+}
+__device__ __forceinline__ void rope_to_smem(uint8_t *own, const float *rope, int cw, int t0, int wtid) {
+    const int warp = wtid >> 5, lane = wtid & 31;
+    wg_bar_sync<1>(cw);  // every thread of this consumer has done its deferred stores' reads of `own`
+    rope_row_to_smem(own, rope, t0 + 16 * warp + (lane >> 2) + 8, lane & 3, wtid);
 }
 
 // The staging layout's swizzle of token row r (see the file comment), in 16-byte chunks.

@@ -1,6 +1,6 @@
 // qkv_gemm_overlap.cuh: the wide forms' quantizing epilogue run under the next tile's mainloop (a
-// part of qkv_gemm.cu, included there after QgArgs, rope_pairs, qg_bf16x2, stage_swz and
-// store_codes_chunk; not a header of its own).
+// part of qkv_gemm.cu, included there after QgArgs, qg_bf16x2, rope_row_to_smem, rope_smem_pairs,
+// stage_swz and store_codes_chunk; not a header of its own).
 //
 // Why: Nsight Compute on stop 37's GEMM (wide2, C 2048, stop 38) showed its consumer warps ~20% of
 // their time in the epilogue, with the tensor pipe idle for all of it (80% active against
@@ -82,7 +82,7 @@ struct OverlapEpi {
         case 0:
             if (rot) {  // the previous tile's stores have read this consumer's block: (cos, sin) of row 0 into it
                 wg_bar_sync<1>(cw);
-                cs_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, tr, t4, wtid);
+                rope_row_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, tr, t4, wtid);
             }
             break;
         case 1:
@@ -98,7 +98,7 @@ struct OverlapEpi {
             if (rot) {  // row 0's pairs 4..7, then row 1's (cos, sin) into the same slots once all are read
                 rotate(stg + cw * QG_STAGING_BYTES, wtid, 0, 4);
                 wg_bar_sync<1>(cw);
-                cs_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, tr + 8, t4, wtid);
+                rope_row_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, tr + 8, t4, wtid);
             } else {
                 amax_rows(1);
             }
@@ -130,23 +130,12 @@ struct OverlapEpi {
     __device__ __forceinline__ static float lo_of(uint32_t u) { return __uint_as_float(u << 16); }
     __device__ __forceinline__ static float hi_of(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 
-    // The (cos, sin) float4 of pairs j = 0..7 of row t (rope_pairs) by cp.async into the consumer's
-    // staged block `own`: float4 j of thread wtid at j * 2048 + 16 wtid (a warp's reads of one j are
-    // 512 contiguous bytes). Through shared memory rather than registers: beside the 128 accumulators
-    // of the next tile and the 64 packed values, 16 more registers made ptxas spill and serialize the
-    // wgmmas (C7518).
-    __device__ __forceinline__ static void cs_to_smem(uint8_t *own, const float *rope, int t, int t4, int wtid) {
-        const float *src = rope + ((size_t)t * 64 + 2 * t4) * 2;
-#pragma unroll
-        for (int j = 0; j < 8; j++) cp_async16(own + j * 2048 + 16 * wtid, src + 16 * j, true);
-        cp_async_commit();
-    }
     // RoPE on pairs j = jb .. jb + 3 of row rr, both heads (column i < 64 with i + 64: j with j + 8),
     // rope_forward_gpu's arithmetic, rounded to BF16; the unrounded results' maxima into mx.
     __device__ __forceinline__ void rotate(const uint8_t *own, int wtid, int rr, int jb) {
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
-            const float4 cs = *reinterpret_cast<const float4 *>(own + (jb + jj) * 2048 + 16 * wtid);
+            const float4 cs = rope_smem_pairs(own, jb + jj, wtid);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int j = jb + jj;
