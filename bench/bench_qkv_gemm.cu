@@ -50,21 +50,29 @@ static std::vector<double> time_rounds(const std::vector<std::function<void()>> 
     return m;
 }
 
+// fp8_dm's kept codes for B sequences of T tokens (kc, a new device buffer) as the quantizing GEMM's
+// outputs, with a new RoPE table of T positions (*rope).
+static QkvQuantOut quant_outputs(int B, int H, int T, AttnSavedCodes *kc, float **rope) {
+    const int d = 128;
+    CU(cudaMalloc(rope, (size_t)T * 64 * 2 * 4));
+    rope_table_gpu(*rope, T, d, 10000.0, 0);
+    const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
+    memset(kc, 0, sizeof *kc);
+    kc->bytes = attn_saved_codes_bytes(&dm, B, H, T, d);
+    CU(cudaMalloc(&kc->buf, kc->bytes));
+    QkvQuantOut qo;
+    attn_saved_codes_parts(&dm, kc, B, H, T, d, qo.codes, qo.codes_t, qo.scales);
+    qo.rope = *rope;
+    return qo;
+}
+
 // The GEMM alone: cuBLASLt, then ours in every form, BF16 out (no RoPE) and quantizing (RoPE on q, k),
 // at T = 4096 (the quantizing epilogue's blocks; the GEMM's time does not depend on T).
 static void bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int M, int C, int rounds) {
-    const int T = 4096, B = M / T, H = C / 128, d = 128, N = 3 * C;
+    const int T = 4096, B = M / T, H = C / 128, N = 3 * C;
     float *rope;
-    CU(cudaMalloc(&rope, (size_t)T * 64 * 2 * 4));
-    rope_table_gpu(rope, T, d, 10000.0, 0);
-    const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
     AttnSavedCodes kc;
-    memset(&kc, 0, sizeof kc);
-    kc.bytes = attn_saved_codes_bytes(&dm, B, H, T, d);
-    CU(cudaMalloc(&kc.buf, kc.bytes));
-    QkvQuantOut qo;
-    attn_saved_codes_parts(&dm, &kc, B, H, T, d, qo.codes, qo.codes_t, qo.scales);
-    qo.rope = rope;
+    const QkvQuantOut qo = quant_outputs(B, H, T, &kc, &rope);
     std::vector<std::function<void()>> fs;
     std::vector<std::string> names;
     fs.push_back([=] { matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0); });
@@ -137,16 +145,9 @@ static int profile_variant(const char *variant, int C) {
     uint16_t *x = random_bf16((size_t)M * C, 1), *w = random_bf16((size_t)N * C, 2), *qkv;
     CU(cudaMalloc(&qkv, (size_t)M * N * 2));
     float *rope;
-    CU(cudaMalloc(&rope, (size_t)T * 64 * 2 * 4));
-    rope_table_gpu(rope, T, d, 10000.0, 0);
-    const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
     AttnSavedCodes kc;
-    memset(&kc, 0, sizeof kc);
-    kc.bytes = attn_saved_codes_bytes(&dm, B, H, T, d);
-    CU(cudaMalloc(&kc.buf, kc.bytes));
-    QkvQuantOut qo;
-    attn_saved_codes_parts(&dm, &kc, B, H, T, d, qo.codes, qo.codes_t, qo.scales);
-    qo.rope = quant == 2 ? NULL : rope;
+    QkvQuantOut qo = quant_outputs(B, H, T, &kc, &rope);
+    if (quant == 2) qo.rope = NULL;
     if (!cublas) qkv_gemm_test_form(form);
     for (int i = 0; i < 2; i++) {
         if (cublas) matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
@@ -189,17 +190,10 @@ int main(int argc, char **argv) {
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int T : Ts) {
         const int B = M / T;
-        CU(cudaMalloc(&rope, (size_t)T * 64 * 2 * 4));
-        rope_table_gpu(rope, T, d, 10000.0, 0);
         AttnSavedCodes kc;
-        memset(&kc, 0, sizeof kc);
-        kc.bytes = attn_saved_codes_bytes(&dm, B, H, T, d);
-        CU(cudaMalloc(&kc.buf, kc.bytes));
+        QkvQuantOut qo = quant_outputs(B, H, T, &kc, &rope);
         void *ws;
         CU(cudaMalloc(&ws, attn_mode_workspace_bytes(&dm, B, H, T, d)));
-        QkvQuantOut qo;
-        attn_saved_codes_parts(&dm, &kc, B, H, T, d, qo.codes, qo.codes_t, qo.scales);
-        qo.rope = rope;
         AttnQuantTensor ts[3];
         memset(ts, 0, sizeof ts);
         for (int i = 0; i < 3; i++) {

@@ -363,6 +363,29 @@ __device__ __forceinline__ void order_release(int cw) {
     else named_bar_arrive<3, 256>();
 }
 
+// K block q of a consumer's mainloop issued: the stage's full barrier waited for, its 4 k16 steps
+// (m64n256k16 once, or m64n128k16 for each 64-row half) into acc as one commit group. d0, dw0: the
+// descriptors' low words of this consumer's x rows and of W's tile in stage 0.
+template <class F>
+__device__ __forceinline__ void issue_k_block(float (&acc)[2][64], uint64_t *full, uint32_t d0, uint32_t dw0,
+                                              unsigned q, int kb) {
+    const int s = q % F::STAGES;
+    mbar_wait(&full[s], (q / F::STAGES) & 1);
+    const uint32_t da = d0 + s * (F::STAGE_BYTES / 16), db = dw0 + s * (F::STAGE_BYTES / 16);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < QG_BK / 16; kk++) {  // 32 bytes per k16 step
+        const int accum = kb > 0 || kk > 0;
+        if constexpr (F::WIDE) {
+            wgmma_m64n256_ss(acc[0], acc[1], kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), accum);
+        } else {
+            wgmma_m64n128_ss(acc[0], kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), accum);
+            wgmma_m64n128_ss(acc[1], kmajor_desc(da + 64 * 128 / 16 + 2 * kk), kmajor_desc(db + 2 * kk), accum);
+        }
+    }
+    wgmma_commit();
+}
+
 // The wide forms' consumer loop with the overlapped epilogue (qkv_gemm_overlap.cuh): tile k's
 // mainloop runs one slice of tile k - 1's epilogue per K block, then the slices it had no K block
 // for; after the CTA's last tile, that tile's slices run on their own. (One loop with a pass
@@ -392,14 +415,7 @@ __device__ __forceinline__ void consumer_overlapped(const QgArgs &a, uint8_t *sm
         float acc[2][64];
         for (int kb = 0; kb < a.nk; kb++) {
             const unsigned q = q0 + kb;
-            const int s = q % S;
-            mbar_wait(&full[s], (q / S) & 1);
-            const uint32_t da = d0 + s * (F::STAGE_BYTES / 16), db = dw0 + s * (F::STAGE_BYTES / 16);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < QG_BK / 16; kk++)
-                wgmma_m64n256_ss(acc[0], acc[1], kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), kb > 0 || kk > 0);
-            wgmma_commit();
+            issue_k_block<F>(acc, full, d0, dw0, q, kb);
             if (ep.mt >= 0 && kb < QG_OVL_SLICES) ep.slice(kb, a, cw, wtid, stg, red);
             wgmma_wait<1>();  // the previous block's matmuls are done: its stage is free
             if (kb > 0) release((q - 1) % S);
@@ -504,22 +520,7 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
             float acc[2][64];
             for (int kb = 0; kb < a.nk; kb++) {
                 const unsigned q = q0 + kb;
-                const int s = q % S;
-                mbar_wait(&full[s], (q / S) & 1);
-                const uint32_t da = d0 + s * (F::STAGE_BYTES / 16), db = dw0 + s * (F::STAGE_BYTES / 16);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < QG_BK / 16; kk++) {  // 32 bytes per k16 step
-                    const int accum = kb > 0 || kk > 0;
-                    if constexpr (F::WIDE) {
-                        wgmma_m64n256_ss(acc[0], acc[1], kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), accum);
-                    } else {
-                        wgmma_m64n128_ss(acc[0], kmajor_desc(da + 2 * kk), kmajor_desc(db + 2 * kk), accum);
-                        wgmma_m64n128_ss(acc[1], kmajor_desc(da + 64 * 128 / 16 + 2 * kk), kmajor_desc(db + 2 * kk),
-                                         accum);
-                    }
-                }
-                wgmma_commit();
+                issue_k_block<F>(acc, full, d0, dw0, q, kb);
                 // the previous tile's deferred stores, a piece per K block, while the tensor cores work
                 if (QUANT && pend.codes && kb < QG_CHUNKS) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, kb, wtid);
                 if (QUANT && F::WIDE && rot && kb == QG_CHUNKS)  // the stores' reads are done: RoPE's row 1 in

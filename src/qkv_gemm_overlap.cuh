@@ -86,11 +86,7 @@ struct OverlapEpi {
             }
             break;
         case 1:
-            if (rot) {
-                cp_async_wait_all();
-                asm volatile("" ::: "memory");  // no read of the copies above the wait
-                rotate(stg + cw * QG_STAGING_BYTES, wtid, 0, 0);
-            } else {
+            if (rot) rotate_landed(stg + cw * QG_STAGING_BYTES, wtid, 0); else {
                 amax_rows(0);
             }
             break;
@@ -104,11 +100,7 @@ struct OverlapEpi {
             }
             break;
         case 3:
-            if (rot) {
-                cp_async_wait_all();
-                asm volatile("" ::: "memory");  // no read of the copies above the wait
-                rotate(stg + cw * QG_STAGING_BYTES, wtid, 1, 0);
-            }
+            if (rot) rotate_landed(stg + cw * QG_STAGING_BYTES, wtid, 1);
             break;
         case 4:
             if (rot) rotate(stg + cw * QG_STAGING_BYTES, wtid, 1, 4);
@@ -154,6 +146,12 @@ struct OverlapEpi {
                 p[h][2 * (j + 8) + rr] = *reinterpret_cast<const uint32_t *>(&vh);
             }
         }
+    }
+    // The first half of row rr's pairs once this thread's copies of its (cos, sin) have landed.
+    __device__ __forceinline__ void rotate_landed(const uint8_t *own, int wtid, int rr) {
+        cp_async_wait_all();
+        asm volatile("" ::: "memory");  // no read of the copies above the wait
+        rotate(own, wtid, rr, 0);
     }
     // v (no RoPE): the amax of row rr's values, both heads
     __device__ __forceinline__ void amax_rows(int rr) {
