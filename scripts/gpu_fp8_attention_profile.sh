@@ -15,6 +15,7 @@
 #          REUSE_LIB=1 skips step 1 when the benchmark script just built $BD/libattn_fp8.so)
 set -u
 cd "$(dirname "$0")/.." || exit 1
+. scripts/gpu_lib.sh  # ncu_pages
 OUT=${OUT:-/tmp/gpu_fp8_profile_out}
 BD=${BD:-/tmp/gpu_fp8_bench_build}
 KERNELS=${KERNELS:-"attn_fwd_fp8_kernel attn_bwd_fp8_kernel attn_fp8_delta_kernel"}
@@ -44,9 +45,6 @@ for k in $KERNELS; do
   if [ $rc != 0 ] || [ ! -f "$OUT/$k.ncu-rep" ]; then
     echo "   ncu exit $rc"; grep -E "==PROF==|==ERROR==|==WARNING==" "$OUT/ncu_$k.log" | head -5; continue
   fi
-  "$NCU" --import "$OUT/$k.ncu-rep" --page details --csv > "$OUT/${k}_details.csv" 2>/dev/null
-  "$NCU" --import "$OUT/$k.ncu-rep" --page raw --csv > "$OUT/${k}_raw.csv" 2>/dev/null
-  "$NCU" --import "$OUT/$k.ncu-rep" --page source --csv --print-source sass > "$OUT/${k}_sass.csv" 2>/dev/null
-  python3 scripts/ncu_summary.py "$OUT/${k}_details.csv" "$OUT/${k}_raw.csv" "$OUT/${k}_sass.csv"
+  ncu_pages "$NCU" "$OUT" "$k"
 done
 echo "== reports: $OUT/*.ncu-rep (open with ncu-ui), CSV pages alongside"

@@ -35,3 +35,13 @@ run_test() {
   summary+=("$1: exit $r, $(tail -1 "$OUT/$1.log")")
 }
 print_summary() { local l; for l in "${summary[@]}"; do echo "  $l"; done; }
+#   ncu_pages NCU DIR NAME   an Nsight Compute report DIR/NAME.ncu-rep exported as the three CSV pages
+#                      scripts/ncu_summary.py reads (DIR/NAME_details.csv, _raw.csv, _sass.csv),
+#                      then that summary printed
+ncu_pages() {
+  local ncu=$1 dir=$2 name=$3
+  "$ncu" --import "$dir/$name.ncu-rep" --page details --csv >"$dir/${name}_details.csv" 2>/dev/null
+  "$ncu" --import "$dir/$name.ncu-rep" --page raw --csv >"$dir/${name}_raw.csv" 2>/dev/null
+  "$ncu" --import "$dir/$name.ncu-rep" --page source --csv --print-source sass >"$dir/${name}_sass.csv" 2>/dev/null
+  python3 scripts/ncu_summary.py "$dir/${name}_details.csv" "$dir/${name}_raw.csv" "$dir/${name}_sass.csv"
+}

@@ -14,7 +14,7 @@
 #   usage: bash scripts/gpu_qkv_gemm_profile.sh   (VARIANTS="wide2 cublas", C=1536)
 set -u
 cd "$(dirname "$0")/.." || exit 1
-. scripts/gpu_lib.sh
+. scripts/gpu_lib.sh  # gpu_start, left, build_or_die, ncu_pages
 gpu_start /tmp/gpu_qkv_gemm_profile_out
 VARIANTS=${VARIANTS:-"cublas wide2 wide2_norope pingpong pingpong_bf16"}
 C=${C:-2048}
@@ -31,11 +31,7 @@ for v in $VARIANTS; do
   if [ $rc != 0 ] || [ ! -f "$OUT/$v.ncu-rep" ]; then
     echo "   ncu exit $rc"; grep -E "==PROF==|==ERROR==|==WARNING==|bench_qkv" "$OUT/ncu_$v.log" | head -5; continue
   fi
-  "$NCU" --import "$OUT/$v.ncu-rep" --page details --csv >"$OUT/${v}_details.csv" 2>/dev/null
-  "$NCU" --import "$OUT/$v.ncu-rep" --page raw --csv >"$OUT/${v}_raw.csv" 2>/dev/null
-  "$NCU" --import "$OUT/$v.ncu-rep" --page source --csv --print-source sass >"$OUT/${v}_sass.csv" 2>/dev/null
-  { grep -m1 "==PROF== Profiling" "$OUT/ncu_$v.log" | cut -c1-160
-    python3 scripts/ncu_summary.py "$OUT/${v}_details.csv" "$OUT/${v}_raw.csv" "$OUT/${v}_sass.csv"; } >"$OUT/summary_$v.txt"
+  { grep -m1 "==PROF== Profiling" "$OUT/ncu_$v.log" | cut -c1-160; ncu_pages "$NCU" "$OUT" "$v"; } >"$OUT/summary_$v.txt"
   rm -f "$OUT/$v.ncu-rep"
 done
 # few files come back from a device call: the CSV pages in one archive, the summaries in one file
