@@ -179,13 +179,9 @@ __device__ __forceinline__ void rope_preload(float4 (&cs)[8], const float *rope,
 #pragma unroll
     for (int j = 0; j < 8; j++) cs[j] = rope_pairs(rope, t0 + 16 * warp + g, j, t4);
 }
-// The other 8 (rr = 1, row t0 + 16 warp + g + 8) go to shared memory by cp.async during the
-// mainloop, once the deferred stores have read the consumer's staged block (`own`, 16 KB: float4 j
-// of thread wtid at j * 2048 + 16 wtid, so a warp's reads of one j are 512 contiguous bytes), and
-// are read from there in the epilogue (rope_smem_pairs) instead of from L2 with the tensor cores
-// idle. The block is free for them until the epilogue's first barrier (after RoPE), past which
-// the consumers stage their codes in it.
-// The copies of token t's 8 float4 (pairs 8 j + 2 t4, + 1 for j = 0..7) and their reads.
+// Token t's 8 (cos, sin) float4 (pairs 8 j + 2 t4, + 1 for j = 0..7) by cp.async into a consumer's
+// staged block `own` (16 KB: float4 j of thread wtid at j * 2048 + 16 wtid, so a warp's reads of
+// one j are 512 contiguous bytes), and their reads (rope_smem_pairs). Both epilogues use them.
 __device__ __forceinline__ void rope_row_to_smem(uint8_t *own, const float *rope, int t, int t4, int wtid) {
     const float *src = rope + ((size_t)t * 64 + 2 * t4) * 2;
 #pragma unroll
@@ -195,10 +191,23 @@ __device__ __forceinline__ void rope_row_to_smem(uint8_t *own, const float *rope
 __device__ __forceinline__ float4 rope_smem_pairs(const uint8_t *own, int j, int wtid) {
     return *reinterpret_cast<const float4 *>(own + j * 2048 + 16 * wtid);
 }
+// The serial epilogue's other 8 (rr = 1, row t0 + 16 warp + g + 8) go to shared memory during the
+// mainloop, once the deferred stores have read the consumer's staged block, and are read from there
+// in the epilogue instead of from L2 with the tensor cores idle. The block is free for them until
+// the epilogue's first barrier (after RoPE), past which the consumers stage their codes in it.
 __device__ __forceinline__ void rope_to_smem(uint8_t *own, const float *rope, int cw, int t0, int wtid) {
     const int warp = wtid >> 5, lane = wtid & 31;
     wg_bar_sync<1>(cw);  // every thread of this consumer has done its deferred stores' reads of `own`
     rope_row_to_smem(own, rope, t0 + 16 * warp + (lane >> 2) + 8, lane & 3, wtid);
+}
+
+// The wide forms' scale of head h's block: the amax over its 8 warp maxima in red (both consumers'
+// warps: red[8 h + 4 cw + warp]), read after the barrier that published them.
+__device__ __forceinline__ float wide_block_scale(const float *red, int h, int max_exp) {
+    float m = red[8 * h];
+#pragma unroll
+    for (int i = 1; i < 8; i++) m = fmaxf(m, red[8 * h + i]);
+    return fp8_scale_for_amax_within(FP8_E4M3, m, max_exp);
 }
 
 // The staging layout's swizzle of token row r (see the file comment), in 16-byte chunks.
@@ -229,6 +238,14 @@ __device__ __forceinline__ void store_codes_chunk(const uint8_t *stg, uint8_t *c
     transpose4x4(x[0], x[1], x[2], x[3], out);  // out[k]: column 4 w + k, rows r0 .. r0 + 3
 #pragma unroll
     for (int k = 0; k < 4; k++) *reinterpret_cast<uint32_t *>(codes_t + r0 + (long)(4 * w + k) * T) = out[k];
+}
+
+// Two codes (columns 8 j + 2 t4, + 1 of token row r; u's low 16 bits) into a staged block at sbase,
+// one 2-byte store in the staging layout (both epilogues).
+__device__ __forceinline__ void stage_code_pair(uint32_t sbase, int r, int j, int t4, uint32_t u) {
+    const int w = 2 * j + (t4 >> 1);
+    const uint32_t addr = sbase + r * 128 + ((w ^ (4 * stage_swz(r))) << 2) + 2 * (t4 & 1);
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"((uint16_t)u) : "memory");
 }
 
 #include "qkv_gemm_overlap.cuh"  // OverlapEpi: the wide forms' epilogue under the next mainloop (uses the above)
@@ -281,12 +298,7 @@ __device__ __forceinline__ void epilogue_quant(float (&acc)[2][64], const QgArgs
         if (lane == 0) red[4 * cw + warp] = mx[0], red[8 + 4 * cw + warp] = mx[1];
         named_bar_sync<5, 256>();  // both consumers; also: the previous tile's staging reads are done
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float m = red[8 * h];
-#pragma unroll
-            for (int i = 1; i < 8; i++) m = fmaxf(m, red[8 * h + i]);
-            s[h] = fp8_scale_for_amax_within(FP8_E4M3, m, a.max_exp[which]);
-        }
+        for (int h = 0; h < 2; h++) s[h] = wide_block_scale(red, h, a.max_exp[which]);
     } else {
         if (lane == 0) red[4 * cw + warp] = mx[0];
         wg_bar_sync<1>(cw);  // also: the previous tile's staging reads are done
@@ -303,14 +315,11 @@ __device__ __forceinline__ void epilogue_quant(float (&acc)[2][64], const QgArgs
         const uint32_t sbase = smem_addr(stg + (F::WIDE ? h : cw) * QG_STAGING_BYTES);
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
-            const int r = rbase + F::ROW_STEP * h + 16 * warp + g + 8 * rr, sw = 4 * stage_swz(r);
+            const int r = rbase + F::ROW_STEP * h + 16 * warp + g + 8 * rr;
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const uint32_t u = cvt_e4m3x2(acc[h][4 * j + 2 * rr] * s[h], acc[h][4 * j + 2 * rr + 1] * s[h]);
-                const int w = 2 * j + (t4 >> 1);
-                const uint32_t addr = sbase + r * 128 + ((w ^ sw) << 2) + 2 * (t4 & 1);
-                asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"((uint16_t)u) : "memory");
-            }
+            for (int j = 0; j < 16; j++)
+                stage_code_pair(sbase, r, j, t4,
+                                cvt_e4m3x2(acc[h][4 * j + 2 * rr] * s[h], acc[h][4 * j + 2 * rr + 1] * s[h]));
         }
     }
     if constexpr (F::WIDE) named_bar_sync<5, 256>();
@@ -320,7 +329,6 @@ __device__ __forceinline__ void epilogue_quant(float (&acc)[2][64], const QgArgs
     pend.codes = a.codes[which] + (bh * a.T + t0) * QG_TILE;
     pend.codes_t = a.codes_t[which] + bh * QG_TILE * a.T + t0;
     if (!a.defer) {
-        const uint8_t *own = stg + cw * QG_STAGING_BYTES;
         for (int c = 0; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
         pend.codes = nullptr;
     }
@@ -363,6 +371,15 @@ __device__ __forceinline__ void order_release(int cw) {
     else named_bar_arrive<3, 256>();
 }
 
+// A stage's release by a consumer warp: one arrival (lane 0) on the stage's empty barrier in every
+// CTA of the cluster (their producers' multicasts write this CTA's copy of the stage too).
+template <int CL>
+__device__ __forceinline__ void release_stage(uint64_t *empty, int s, int lane, int rank) {
+    if (lane != 0) return;
+    mbar_arrive(&empty[s]);
+    for (int r = 1; r < CL; r++) mbar_arrive_cluster(&empty[s], (uint32_t)((rank + r) % CL));
+}
+
 // K block q of a consumer's mainloop issued: the stage's full barrier waited for, its 4 k16 steps
 // (m64n256k16 once, or m64n128k16 for each 64-row half) into acc as one commit group. d0, dw0: the
 // descriptors' low words of this consumer's x rows and of W's tile in stage 0.
@@ -400,11 +417,7 @@ __device__ __forceinline__ void consumer_overlapped(const QgArgs &a, uint8_t *sm
     const uint32_t d0 = kmajor_desc_lo(smem_addr(smem + cw * F::CONSUMER_ROWS * 128));
     const uint32_t dw0 = kmajor_desc_lo(smem_addr(smem + F::X_BYTES));
     uint8_t *stg = smem + F::RING_BYTES;
-    auto release = [&](int s) {
-        if (lane != 0) return;
-        mbar_arrive(&empty[s]);
-        for (int r = 1; r < CL; r++) mbar_arrive_cluster(&empty[s], (uint32_t)((rank + r) % CL));
-    };
+    auto release = [&](int s) { release_stage<CL>(empty, s, lane, rank); };
     OverlapEpi ep;
     for (int k = 0;; k++) {
         const int u = cid + k * n_clusters;
@@ -432,6 +445,74 @@ __device__ __forceinline__ void consumer_overlapped(const QgArgs &a, uint8_t *sm
     }
     if (ep.mt >= 0)  // the CTA's last tile: its whole epilogue, with no mainloop to run under
         for (int sl = 0; sl < QG_OVL_SLICES; sl++) ep.slice(sl, a, cw, wtid, stg, red);
+}
+
+// The consumer loop with the serial epilogue (every form; the wide forms' with QKV_GEMM_DEFER < 2):
+// each tile's mainloop, then its epilogue, whose code stores are deferred into the next mainloop
+// unless a.defer is 0.
+template <bool QUANT, int FORM>
+__device__ __forceinline__ void consumer_serial(const QgArgs &a, uint8_t *smem, uint64_t *full, uint64_t *empty,
+                                                float *red, int cid, int n_clusters, int n_units, int n_rows, int rank,
+                                                int cw, int wtid) {
+    using F = QgForm<FORM>;
+    constexpr int S = F::STAGES, CL = F::CLUSTER;
+    const int lane = wtid & 31;
+    // descriptor low words of stage 0: this consumer's rows of x (ping-pong: all 128), W's tile
+    const uint32_t d0 = kmajor_desc_lo(smem_addr(smem + (F::PINGPONG ? 0 : cw * F::CONSUMER_ROWS * 128)));
+    const uint32_t dw0 = kmajor_desc_lo(smem_addr(smem + F::X_BYTES));
+    uint8_t *stg = smem + F::RING_BYTES;  // 2 staged blocks; this consumer stores block cw
+    const uint8_t *own = stg + cw * QG_STAGING_BYTES;
+    PendingCodes pend;  // the previous tile's code stores, when deferred (a.defer)
+    auto release = [&](int s) { release_stage<CL>(empty, s, lane, rank); };
+    // ping-pong: consumer cw takes the CTA's tiles k = cw, cw + 2, ..; the others: every tile
+    for (int k = F::PINGPONG ? cw : 0;; k += F::PINGPONG ? 2 : 1) {
+        const int u = cid + k * n_clusters;  // the unit (without clusters: the tile)
+        if (u >= n_units) break;
+        const unsigned q0 = (unsigned)k * a.nk;
+        const UnitPos p = unit_pos(u, a.n_tn, n_rows, a.group_rows);
+        const int tm = p.row * CL + rank, n0 = p.col * F::BN;
+        // ping-pong order: this tile's mainloop waits until the other consumer's tile k - 1 has
+        // passed all its full barriers (see order_wait)
+        if (F::PINGPONG && k > 0) order_wait(cw);
+        // the wide forms' RoPE: this consumer's first token row (t_own), whether the tile is q or k
+        const bool rot = F::WIDE && a.rope && n0 < 2 * a.C;
+        const int t_own = F::WIDE ? tm * F::BM % max(a.T, 1) + 64 * cw : 0;
+        float acc[2][64];
+        for (int kb = 0; kb < a.nk; kb++) {
+            const unsigned q = q0 + kb;
+            issue_k_block<F>(acc, full, d0, dw0, q, kb);
+            // the previous tile's deferred stores, a piece per K block, while the tensor cores work
+            if (QUANT && pend.codes && kb < QG_CHUNKS) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, kb, wtid);
+            if (QUANT && F::WIDE && rot && kb == QG_CHUNKS)  // the stores' reads are done: RoPE's row 1 in
+                rope_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, cw, t_own, wtid);
+            wgmma_wait<1>();  // the previous block's matmuls are done: its stage is free
+            if (kb > 0) release((q - 1) % S);
+        }
+        if (F::PINGPONG && u + n_clusters < n_units) order_release(cw);  // the other consumer's tile k + 1 may start
+        if (QUANT && pend.codes) {  // pieces the mainloop had no K block for
+            for (int c = a.nk; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
+            pend.codes = nullptr;
+        }
+        if (QUANT && F::WIDE && rot && a.nk <= QG_CHUNKS)  // (no K block after the stores' pieces)
+            rope_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, cw, t_own, wtid);
+        // the wide form's RoPE pairs of this consumer's first rows (64 cw .. of the token block),
+        // loaded while the last K block's matmuls run (rope_preload; inside the loop, a conditional
+        // load kept them live across it and ptxas spilled)
+        float4 rcs[8];
+        if (QUANT && F::WIDE && rot) rope_preload(rcs, a.rope, t_own, wtid >> 5, lane >> 2, lane & 3);
+        wgmma_wait<0>();
+        reg_fence(acc[0]);  // the epilogue reads acc only after the wait (no hoisting above it)
+        reg_fence(acc[1]);
+        release((q0 + a.nk - 1) % S);
+        if constexpr (QUANT) {
+            epilogue_quant<FORM>(acc, a, tm * F::BM + (FORM == QG_FORM_COOP ? cw * QG_TILE : 0), n0, cw, wtid, stg,
+                                 red, pend, rcs);
+        } else {
+            epilogue_bf16<FORM>(acc, a, tm * F::BM + cw * (F::PINGPONG ? 0 : F::CONSUMER_ROWS), n0, wtid);
+        }
+    }
+    if (QUANT && pend.codes)  // the last tile's stores
+        for (int c = 0; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
 }
 
 template <bool QUANT, int FORM, bool OVL = false>
@@ -486,73 +567,12 @@ __global__ void __launch_bounds__(QG_THREADS, 1)
     } else {
         // ---- consumers
         setmaxnreg_inc<232>();
-        const int cw = ((int)threadIdx.x - 128) >> 7, wtid = threadIdx.x & 127, lane = wtid & 31;
+        const int cw = ((int)threadIdx.x - 128) >> 7, wtid = threadIdx.x & 127;
         if constexpr (OVL) {
             static_assert(QUANT && F::WIDE, "the overlapped epilogue is the wide forms' quantizing one");
             consumer_overlapped<FORM>(a, smem, full, empty, red, cid, n_clusters, n_units, n_rows, rank, cw, wtid);
         } else {
-        // descriptor low words of stage 0: this consumer's rows of x (ping-pong: all 128), W's tile
-        const uint32_t d0 = kmajor_desc_lo(smem_addr(smem + (F::PINGPONG ? 0 : cw * F::CONSUMER_ROWS * 128)));
-        const uint32_t dw0 = kmajor_desc_lo(smem_addr(smem + F::X_BYTES));
-        uint8_t *stg = smem + F::RING_BYTES;  // 2 staged blocks; this consumer stores block cw
-        const uint8_t *own = stg + cw * QG_STAGING_BYTES;
-        PendingCodes pend;  // the previous tile's code stores, when deferred (a.defer)
-        // a stage's release: one arrival per warp on the stage's empty barrier in every CTA of the
-        // cluster (their producers' multicasts write this CTA's copy of the stage too)
-        auto release = [&](int s) {
-            if (lane != 0) return;
-            mbar_arrive(&empty[s]);
-            for (int r = 1; r < CL; r++) mbar_arrive_cluster(&empty[s], (uint32_t)((rank + r) % CL));
-        };
-        // ping-pong: consumer cw takes the CTA's tiles k = cw, cw + 2, ..; the others: every tile
-        for (int k = F::PINGPONG ? cw : 0;; k += F::PINGPONG ? 2 : 1) {
-            const int u = cid + k * n_clusters;  // the unit (without clusters: the tile)
-            if (u >= n_units) break;
-            const unsigned q0 = (unsigned)k * a.nk;
-            const UnitPos p = unit_pos(u, a.n_tn, n_rows, a.group_rows);
-            const int tm = p.row * CL + rank, n0 = p.col * F::BN;
-            // ping-pong order: this tile's mainloop waits until the other consumer's tile k - 1 has
-            // passed all its full barriers (see order_wait)
-            if (F::PINGPONG && k > 0) order_wait(cw);
-            // the wide forms' RoPE: this consumer's first token row (t_own), whether the tile is q or k
-            const bool rot = F::WIDE && a.rope && n0 < 2 * a.C;
-            const int t_own = F::WIDE ? tm * F::BM % max(a.T, 1) + 64 * cw : 0;
-            float acc[2][64];
-            for (int kb = 0; kb < a.nk; kb++) {
-                const unsigned q = q0 + kb;
-                issue_k_block<F>(acc, full, d0, dw0, q, kb);
-                // the previous tile's deferred stores, a piece per K block, while the tensor cores work
-                if (QUANT && pend.codes && kb < QG_CHUNKS) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, kb, wtid);
-                if (QUANT && F::WIDE && rot && kb == QG_CHUNKS)  // the stores' reads are done: RoPE's row 1 in
-                    rope_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, cw, t_own, wtid);
-                wgmma_wait<1>();  // the previous block's matmuls are done: its stage is free
-                if (kb > 0) release((q - 1) % S);
-            }
-            if (F::PINGPONG && u + n_clusters < n_units) order_release(cw);  // the other consumer's tile k + 1 may start
-            if (QUANT && pend.codes) {  // pieces the mainloop had no K block for
-                for (int c = a.nk; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
-                pend.codes = nullptr;
-            }
-            if (QUANT && F::WIDE && rot && a.nk <= QG_CHUNKS)  // (no K block after the stores' pieces)
-                rope_to_smem(stg + cw * QG_STAGING_BYTES, a.rope, cw, t_own, wtid);
-            // the wide form's RoPE pairs of this consumer's first rows (64 cw .. of the token block),
-            // loaded while the last K block's matmuls run (rope_preload; inside the loop, a conditional
-            // load kept them live across it and ptxas spilled)
-            float4 rcs[8];
-            if (QUANT && F::WIDE && rot) rope_preload(rcs, a.rope, t_own, wtid >> 5, lane >> 2, lane & 3);
-            wgmma_wait<0>();
-            reg_fence(acc[0]);  // the epilogue reads acc only after the wait (no hoisting above it)
-            reg_fence(acc[1]);
-            release((q0 + a.nk - 1) % S);
-            if constexpr (QUANT) {
-                epilogue_quant<FORM>(acc, a, tm * F::BM + (FORM == QG_FORM_COOP ? cw * QG_TILE : 0), n0, cw, wtid, stg,
-                                     red, pend, rcs);
-            } else {
-                epilogue_bf16<FORM>(acc, a, tm * F::BM + cw * (F::PINGPONG ? 0 : F::CONSUMER_ROWS), n0, wtid);
-            }
-        }
-        if (QUANT && pend.codes)  // the last tile's stores
-            for (int c = 0; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
+            consumer_serial<QUANT, FORM>(a, smem, full, empty, red, cid, n_clusters, n_units, n_rows, rank, cw, wtid);
         }
     }
     if (CL > 1) cluster_sync();  // no CTA leaves while its peer may still arrive on its barriers

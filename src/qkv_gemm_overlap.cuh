@@ -1,6 +1,6 @@
 // qkv_gemm_overlap.cuh: the wide forms' quantizing epilogue run under the next tile's mainloop (a
 // part of qkv_gemm.cu, included there after QgArgs, qg_bf16x2, rope_row_to_smem, rope_smem_pairs,
-// stage_swz and store_codes_chunk; not a header of its own).
+// store_codes_chunk, wide_block_scale and stage_code_pair; not a header of its own).
 //
 // Why: Nsight Compute on stop 37's GEMM (wide2, C 2048, stop 38) showed its consumer warps ~20% of
 // their time in the epilogue, with the tensor pipe idle for all of it (80% active against
@@ -178,12 +178,7 @@ struct OverlapEpi {
         // previous tile's stores (all its pieces ran before this tile was packed)
         named_bar_sync<5, 256>();
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float m = red[8 * h];
-#pragma unroll
-            for (int i = 1; i < 8; i++) m = fmaxf(m, red[8 * h + i]);
-            mx[h] = fp8_scale_for_amax_within(FP8_E4M3, m, a.max_exp[which]);
-        }
+        for (int h = 0; h < 2; h++) mx[h] = wide_block_scale(red, h, a.max_exp[which]);
         if (wtid == 0) *scale = cw ? mx[1] : mx[0];
     }
     // Head h's codes (scale mx[h]) into staged block h, rows 64 cw + 16 warp + g + 8 rr: two codes
@@ -193,14 +188,11 @@ struct OverlapEpi {
         const uint32_t sbase = smem_addr(stg + h * QG_STAGING_BYTES);
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
-            const int r = 64 * cw + 16 * warp + g + 8 * rr, sw = 4 * stage_swz(r);
+            const int r = 64 * cw + 16 * warp + g + 8 * rr;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const uint32_t v = p[h][2 * j + rr];
-                const uint32_t u = cvt_e4m3x2(lo_of(v) * mx[h], hi_of(v) * mx[h]);
-                const int w = 2 * j + (t4 >> 1);
-                const uint32_t addr = sbase + r * 128 + ((w ^ sw) << 2) + 2 * (t4 & 1);
-                asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"((uint16_t)u) : "memory");
+                stage_code_pair(sbase, r, j, t4, cvt_e4m3x2(lo_of(v) * mx[h], hi_of(v) * mx[h]));
             }
         }
     }
