@@ -232,8 +232,9 @@ long long gpu_model_attn_rope_fused_count(GpuModel *m);
 // rotates q, k and writes the Q, K, V codes the attention reads, instead of cuBLASLt's BF16 qkv and
 // the attention's quantize pass; on = 0 always takes the BF16 GEMM. The same bits wherever the
 // two GEMMs' sums agree (on the H200 in every shape measured, qkv_gemm.h; test_model_gpu_fp8 also
-// bounds the difference, should a GEMM sum in another order). Training forwards with a diagnostics probe on the layer, and evaluation
-// forwards (no codes kept), take the BF16 GEMM. The count: layer forwards that ran the epilogue.
+// bounds the difference, should a GEMM sum in another order). Training forwards with a diagnostics
+// probe on the layer, and evaluation forwards (no codes kept), take the BF16 GEMM. The count: layer
+// forwards that ran the epilogue.
 void gpu_model_set_qkv_epilogue(GpuModel *m, int on);
 long long gpu_model_qkv_epilogue_count(GpuModel *m);
 

@@ -724,9 +724,9 @@ static void keep_codes_check(void) {
 // gpu_model_set_qkv_epilogue 1 (qkv_gemm_quant: our GEMM, RoPE and the codes in its epilogue)
 // against 0 (cuBLASLt's BF16 qkv, then the quantize pass), same seed and batch, heads of 128 and
 // kept codes. Not promised bit for bit (cuBLASLt could sum in another order, moving a BF16 qkv value
-// by an ulp and a code by a step; on the H200 they agree and so does everything here). Bounds: the loss within 1e-3 relative, and the
-// gradients' difference within max(4x the run-to-run distance, a third of what FP8 attention
-// itself changes: the same model with bf16 attention). The epilogue ran once per layer (the
+// by an ulp and a code by a step; on the H200 they agree and so does everything here). Bounds: the
+// loss within 1e-3 relative, and the gradients' difference within max(4x the run-to-run distance, a
+// third of what FP8 attention itself changes: the same model with bf16 attention). The epilogue ran once per layer (the
 // training forward) and not in the evaluation forwards the runs make (which keep no codes).
 static void qkv_epilogue_check(void) {
     struct { const char *label; std::vector<const char *> ov; } cases[] = {
