@@ -125,18 +125,11 @@ __device__ __forceinline__ UnitPos unit_pos(int u, int n_tn, int n_rows, int gro
 }
 
 // BF16 rounding by the hardware conversion (F2F, one per value; fp8.h's bf16_round is the same RNE
-// in integer steps). The serial epilogue's: a packed conversion there (qg_bf16x2) made ptxas
-// serialize the mainloop's wgmmas of the cooperative, ping-pong and BF16-out forms (C7511, C7520;
-// stop 38), and did not measurably speed up the wide forms.
+// in integer steps). The serial epilogue's: a packed conversion there (F2FP, two values, widened
+// again by two integer ops) made ptxas serialize the mainloop's wgmmas of the cooperative,
+// ping-pong and BF16-out forms (C7511, C7520; stop 38), and did not measurably speed up the wide
+// forms. The overlapped epilogue keeps its values packed (qkv_gemm_overlap.cuh).
 __device__ __forceinline__ float qg_bf16(float x) { return __bfloat162float(lm_f2bf(x)); }
-// BF16 rounding of two values by one packed hardware conversion (F2FP: the same RNE), widened again
-// by two integer ops; the overlapped epilogue keeps its values packed this way.
-__device__ __forceinline__ void qg_bf16x2(float &a, float &b) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(a, b);  // .x = a (low half), .y = b
-    const uint32_t u = *reinterpret_cast<const uint32_t *>(&p);
-    a = __uint_as_float(u << 16);
-    b = __uint_as_float(u & 0xffff0000u);
-}
 
 // The tile's FP32 sums as BF16 values (as a BF16 GEMM would output them), then RoPE on q and k:
 // half h holds tokens t0 + ROW_STEP h + 16 warp + g + 8 rr, column pair (i, i + 64) of its head
@@ -419,32 +412,39 @@ __device__ __forceinline__ void consumer_overlapped(const QgArgs &a, uint8_t *sm
     uint8_t *stg = smem + F::RING_BYTES;
     auto release = [&](int s) { release_stage<CL>(empty, s, lane, rank); };
     OverlapEpi ep;
+    // the pending tile's position and addresses, before its slice 0 (the mainloop needs neither)
+    auto locate = [&] {
+        const UnitPos p = unit_pos(ep.unit, a.n_tn, n_rows, a.group_rows);
+        ep.locate(a, (p.row * CL + rank) * F::BM, p.col * F::BN, cw, wtid);
+    };
     for (int k = 0;; k++) {
         const int u = cid + k * n_clusters;
         if (u >= n_units) break;
         const unsigned q0 = (unsigned)k * a.nk;
-        const UnitPos p = unit_pos(u, a.n_tn, n_rows, a.group_rows);
-        const int tm = p.row * CL + rank, n0 = p.col * F::BN;
         float acc[2][64];
         for (int kb = 0; kb < a.nk; kb++) {
             const unsigned q = q0 + kb;
             issue_k_block<F>(acc, full, d0, dw0, q, kb);
-            if (ep.mt >= 0 && kb < QG_OVL_SLICES) ep.slice(kb, a, cw, wtid, stg, red);
+            if (ep.unit >= 0 && kb < QG_OVL_SLICES) {
+                if (kb == 0) locate();
+                ep.slice(kb, a, cw, wtid, stg, red);
+            }
             wgmma_wait<1>();  // the previous block's matmuls are done: its stage is free
             if (kb > 0) release((q - 1) % S);
         }
         // the slices the mainloop had no K block for, under its last block's matmuls
-        if (ep.mt >= 0)
+        if (ep.unit >= 0)
             for (int sl = a.nk; sl < QG_OVL_SLICES; sl++) ep.slice(sl, a, cw, wtid, stg, red);
         wgmma_wait<0>();
         reg_fence(acc[0]);
         reg_fence(acc[1]);
         release((q0 + a.nk - 1) % S);
-        ep.pack(acc, tm * F::BM);
-        ep.locate(a, n0, cw, wtid);
+        ep.pack(acc, u);
     }
-    if (ep.mt >= 0)  // the CTA's last tile: its whole epilogue, with no mainloop to run under
+    if (ep.unit >= 0) {  // the CTA's last tile: its whole epilogue, with no mainloop to run under
+        locate();
         for (int sl = 0; sl < QG_OVL_SLICES; sl++) ep.slice(sl, a, cw, wtid, stg, red);
+    }
 }
 
 // The consumer loop with the serial epilogue (every form; the wide forms' with QKV_GEMM_DEFER < 2):
@@ -592,11 +592,14 @@ static void check_gemm(const char *who, const void *x, const void *w, int M, int
 // (QKV_GEMM_FORM=pingpong|coop|wide|wide2), else the default; a form the shape does not allow falls
 // back (wide2: M a multiple of 256, whole pairs of token blocks, else wide; wide: N and C multiples
 // of 256, so that a tile's two heads are one operand's, else cooperative; cooperative: M a
-// multiple of 256, else ping-pong, which takes every shape). The default, wide2, measured against
-// the others in the same calls (docs/perf.md, stop 37; quantizing, C 1536 / 2048 / 3072, B T 16384):
-// 575 / 588 / 612 TFLOP/s, cooperative 556 / 571 / 594 with deferred stores and 532 / 557 / 608
-// without (stop 36's default), ping-pong 542 / 544 / 556, wide 581 / 583 / 613; cuBLASLt's BF16
-// GEMM 696 / 693 / 650.
+// multiple of 256, else ping-pong, which takes every shape). Measured against the others in the
+// same calls (docs/perf.md, stop 37; quantizing, C 1536 / 2048 / 3072, B T 16384): wide2 575 / 588 /
+// 612 TFLOP/s, cooperative 556 / 571 / 594 with deferred stores and 532 / 557 / 608 without (stop
+// 36's default), ping-pong 542 / 544 / 556, wide 581 / 583 / 613; cuBLASLt's BF16 GEMM 696 / 693 /
+// 650. The default is wide2. With stop 38's overlapped epilogue wide was 0.3-1.9% faster in nine
+// comparisons; with stop 39's (the tile's addresses and position under the next mainloop, the
+// amax packed) wide2 is ahead again at C 2048 and 3072 (0.933 / 0.993 of cuBLASLt's rate against
+// 0.920 / 0.982) and behind at C 1536 (0.903 against 0.910), one call, two passes each.
 // What runs under the next mainloop likewise (qkv_gemm_test_defer, else QKV_GEMM_DEFER=0|1|2, else
 // 2): the wide forms' whole epilogue at 2, the code stores at 1 and 2 in the others (ping-pong never
 // defers, launch_form). Measured (stop 38, C 2048 / 1536 / 3072, two calls): wide2 601-603 /

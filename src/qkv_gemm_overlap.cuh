@@ -1,5 +1,5 @@
 // qkv_gemm_overlap.cuh: the wide forms' quantizing epilogue run under the next tile's mainloop (a
-// part of qkv_gemm.cu, included there after QgArgs, qg_bf16x2, rope_row_to_smem, rope_smem_pairs,
+// part of qkv_gemm.cu, included there after QgArgs, rope_row_to_smem, rope_smem_pairs,
 // store_codes_chunk, wide_block_scale and stage_code_pair; not a header of its own).
 //
 // Why: Nsight Compute on stop 37's GEMM (wide2, C 2048, stop 38) showed its consumer warps ~20% of
@@ -18,12 +18,13 @@
 // rest is cut into slices, one run per K block of the next tile between its wgmma issue and wait
 // (as the deferred stores were), and after the loop where the next mainloop has fewer K blocks
 // than slices (and for the CTA's last tile):
-//   0      q, k: the (cos, sin) of the thread's row rr = 0 by cp.async into its consumer's staged
+//   0      (after the tile's position and addresses, unit_pos and locate: their integer divisions
+//          run under the first K block's matmuls, not between the two mainloops) q, k: the (cos, sin) of the thread's row rr = 0 by cp.async into its consumer's staged
 //          block (free until slice 5; a consumer barrier first, the previous tile's stores read it)
 //   1, 2   q, k: RoPE on row 0's pairs j = 0..3, 4..7 for both heads; after 2, row 1's (cos, sin)
 //          into the same slots (a barrier first); v: the amax of rows 0, 1
-//   3, 4   q, k: RoPE on row 1's pairs. RoPE keeps the thread's amax of the unrounded results (RNE
-//          is monotonic and symmetric: max |bf16(v)| = bf16(max |v|))
+//   3, 4   q, k: RoPE on row 1's pairs. The amax is kept packed, of the rounded values, one
+//          max.xorsign.abs.bf16x2 per pair (absmax_bf16x2)
 //   5      the amax over the block (warp shuffles, 16 warp maxima across both consumers, barrier),
 //          the scales, head 0's codes staged
 //   6      head 1's codes staged; barrier (the staged blocks complete)
@@ -41,15 +42,16 @@
 
 struct OverlapEpi {
     uint32_t p[2][32];  // head h, pair (j, rr): p[h][2 j + rr] = BF16 columns 8 j + 2 t4 (low), + 1 (high) of row rr
-    float mx[2];        // head h's amax so far (slices 1-4), then its scale (slice 5 on)
-    int mt = -1;        // the pending tile's first token row (M index); < 0: none pending
+    uint32_t mx[2];     // head h's amax so far (slices 1-4: a BF16 pair whose larger magnitude it is), then
+                        // its scale's bits (slice 5 on)
+    int unit = -1;      // the pending tile's unit (qkv_gemm.cu's unit_pos); < 0: none pending
     int which = 0;      // its operand (0 q, 1 k, 2 v), + 4 when RoPE applies
     int tr = 0;         // the thread's row rr = 0, as a position in its sequence
     uint8_t *codes = nullptr, *codes_t = nullptr;  // this consumer's block of it (head head0 + cw)
     float *scale = nullptr;                         // and that block's scale
 
     // The tile's sums (mainloop done) rounded to BF16 and packed; the tile becomes pending.
-    __device__ __forceinline__ void pack(const float (&acc)[2][64], int mt_) {
+    __device__ __forceinline__ void pack(const float (&acc)[2][64], int unit_) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -57,12 +59,15 @@ struct OverlapEpi {
                 const __nv_bfloat162 v = __floats2bfloat162_rn(acc[h][2 * i], acc[h][2 * i + 1]);
                 p[h][i] = *reinterpret_cast<const uint32_t *>(&v);
             }
-        mx[0] = mx[1] = 0.0f;
-        mt = mt_;
+        mx[0] = mx[1] = 0u;
+        unit = unit_;
     }
-    // The tile's addresses, once (integer divisions by runtime sizes cost ~20 instructions each;
-    // recomputed in every slice they were 69 instructions a K block, 12% of the consumers' time).
-    __device__ __forceinline__ void locate(const QgArgs &a, int n0, int cw, int wtid) {
+    // The pending tile's addresses, once, before its slice 0 (under the next tile's first matmuls,
+    // not between the two mainloops, where the tensor cores wait): from its first token row mt (M
+    // index) and column n0 (N index). Integer divisions by runtime sizes cost ~20 instructions
+    // each; recomputed in every slice they were 69 instructions a K block, 12% of the consumers'
+    // time (stop 38).
+    __device__ __forceinline__ void locate(const QgArgs &a, int mt, int n0, int cw, int wtid) {
         const int w = n0 / a.C, t0 = mt % a.T, b = mt / a.T, head = (n0 % a.C) / QG_TILE + cw;
         const long bh = (long)b * a.H + head;
         which = w + (w < 2 && a.rope ? 4 : 0);
@@ -73,7 +78,7 @@ struct OverlapEpi {
     }
 
     // Slice s (0 .. QG_OVL_SLICES - 1) of the pending tile's epilogue, consumer cw (rows 64 cw .. of
-    // the tile), thread wtid of its 128. stg: both staged blocks; red: 16 floats.
+    // the tile), thread wtid of its 128. stg: both staged blocks; red: 16 floats. Slice 0 after locate.
     __device__ __forceinline__ void slice(int s, const QgArgs &a, int cw, int wtid, uint8_t *stg, float *red) {
         const int t4 = wtid & 3;
         const bool rot = which >= 4;
@@ -106,7 +111,7 @@ struct OverlapEpi {
             if (rot) rotate(stg + cw * QG_STAGING_BYTES, wtid, 1, 4);
             break;
         case 5:
-            block_scales(a, which & 3, rot, cw, wtid, red);
+            block_scales(a, which & 3, cw, wtid, red);
             stage(0, cw, wtid, stg);
             break;
         case 6:
@@ -119,11 +124,18 @@ struct OverlapEpi {
     }
 
   private:
+    // m's larger magnitude and v's two: one max.xorsign.abs (the result's magnitude is the larger of
+    // its operands', per half; its sign, which nothing reads, their signs' xor)
+    __device__ __forceinline__ static uint32_t absmax_bf16x2(uint32_t m, uint32_t v) {
+        uint32_t d;
+        asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(m), "r"(v));
+        return d;
+    }
     __device__ __forceinline__ static float lo_of(uint32_t u) { return __uint_as_float(u << 16); }
     __device__ __forceinline__ static float hi_of(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 
     // RoPE on pairs j = jb .. jb + 3 of row rr, both heads (column i < 64 with i + 64: j with j + 8),
-    // rope_forward_gpu's arithmetic, rounded to BF16; the unrounded results' maxima into mx.
+    // rope_forward_gpu's arithmetic, rounded to BF16; the rounded values' magnitudes into mx.
     __device__ __forceinline__ void rotate(const uint8_t *own, int wtid, int rr, int jb) {
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
@@ -139,11 +151,11 @@ struct OverlapEpi {
                 for (int e = 0; e < 2; e++) {
                     lo[e] = lm_rope_lo(x[e], y[e], c[e], sn[e]);
                     hi[e] = lm_rope_hi(x[e], y[e], c[e], sn[e]);
-                    mx[h] = fmaxf(mx[h], fmaxf(fabsf(lo[e]), fabsf(hi[e])));
                 }
                 const __nv_bfloat162 vl = __floats2bfloat162_rn(lo[0], lo[1]), vh = __floats2bfloat162_rn(hi[0], hi[1]);
                 p[h][2 * j + rr] = *reinterpret_cast<const uint32_t *>(&vl);
                 p[h][2 * (j + 8) + rr] = *reinterpret_cast<const uint32_t *>(&vh);
+                mx[h] = absmax_bf16x2(absmax_bf16x2(mx[h], p[h][2 * j + rr]), p[h][2 * (j + 8) + rr]);
             }
         }
     }
@@ -159,40 +171,39 @@ struct OverlapEpi {
         for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int j = 0; j < 16; j++)
-                mx[h] = fmaxf(mx[h], fmaxf(fabsf(lo_of(p[h][2 * j + rr])), fabsf(hi_of(p[h][2 * j + rr]))));
+                mx[h] = absmax_bf16x2(mx[h], p[h][2 * j + rr]);
     }
     // The block amax of each head (rows of both consumers) -> its scale, in mx; head cw's scale stored.
-    __device__ __forceinline__ void block_scales(const QgArgs &a, int which, bool rot, int cw, int wtid, float *red) {
+    __device__ __forceinline__ void block_scales(const QgArgs &a, int which, int cw, int wtid, float *red) {
         const int warp = wtid >> 5, lane = wtid & 31;
-        if (rot) {  // the maxima of unrounded values -> the maxima of the rounded ones
-            float m0 = mx[0], m1 = mx[1];
-            qg_bf16x2(m0, m1);
-            mx[0] = m0, mx[1] = m1;
+        float m[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            m[h] = fmaxf(fabsf(lo_of(mx[h])), fabsf(hi_of(mx[h])));
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], o));
         }
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], o));
-        if (lane == 0) red[4 * cw + warp] = mx[0], red[8 + 4 * cw + warp] = mx[1];
+        if (lane == 0) red[4 * cw + warp] = m[0], red[8 + 4 * cw + warp] = m[1];
         // both consumers' maxima; also: every thread is done reading the staged blocks for the
         // previous tile's stores (all its pieces ran before this tile was packed)
         named_bar_sync<5, 256>();
 #pragma unroll
-        for (int h = 0; h < 2; h++) mx[h] = wide_block_scale(red, h, a.max_exp[which]);
-        if (wtid == 0) *scale = cw ? mx[1] : mx[0];
+        for (int h = 0; h < 2; h++) mx[h] = __float_as_uint(wide_block_scale(red, h, a.max_exp[which]));
+        if (wtid == 0) *scale = __uint_as_float(cw ? mx[1] : mx[0]);
     }
-    // Head h's codes (scale mx[h]) into staged block h, rows 64 cw + 16 warp + g + 8 rr: two codes
+    // Head h's codes (scale bits mx[h]) into staged block h, rows 64 cw + 16 warp + g + 8 rr: two codes
     // (columns 8 j + 2 t4, + 1) per 2-byte store, the serial epilogue's layout.
     __device__ __forceinline__ void stage(int h, int cw, int wtid, uint8_t *stg) {
         const int warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t4 = lane & 3;
         const uint32_t sbase = smem_addr(stg + h * QG_STAGING_BYTES);
+        const float sc = __uint_as_float(mx[h]);
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const int r = 64 * cw + 16 * warp + g + 8 * rr;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const uint32_t v = p[h][2 * j + rr];
-                stage_code_pair(sbase, r, j, t4, cvt_e4m3x2(lo_of(v) * mx[h], hi_of(v) * mx[h]));
+                stage_code_pair(sbase, r, j, t4, cvt_e4m3x2(lo_of(v) * sc, hi_of(v) * sc));
             }
         }
     }
