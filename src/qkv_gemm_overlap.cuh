@@ -18,9 +18,11 @@
 // rest is cut into slices, one run per K block of the next tile between its wgmma issue and wait
 // (as the deferred stores were), and after the loop where the next mainloop has fewer K blocks
 // than slices (and for the CTA's last tile):
-//   0      (after the tile's position and addresses, unit_pos and locate: their integer divisions
-//          run under the first K block's matmuls, not between the two mainloops) q, k: the (cos, sin) of the thread's row rr = 0 by cp.async into its consumer's staged
-//          block (free until slice 5; a consumer barrier first, the previous tile's stores read it)
+//   0      first the tile's position and addresses (unit_pos, locate: integer divisions, run under
+//          the first K block's matmuls rather than between two mainloops, where they held the
+//          next wgmma issue: stop 39); q, k: the (cos, sin) of the thread's row rr = 0 by cp.async
+//          into its consumer's staged block (free until slice 5; a consumer barrier first, the
+//          previous tile's stores read it)
 //   1, 2   q, k: RoPE on row 0's pairs j = 0..3, 4..7 for both heads; after 2, row 1's (cos, sin)
 //          into the same slots (a barrier first); v: the amax of rows 0, 1
 //   3, 4   q, k: RoPE on row 1's pairs. The amax is kept packed, of the rounded values, one
@@ -32,7 +34,7 @@
 // The outputs are bit for bit the serial epilogue's (epilogue_quant); test_qkv_gemm_gpu compares
 // both against attn_gpu_quantize.
 // Registers: 128 accumulators + 64 packed values + the tile's addresses, within the consumers'
-// 232 (ptxas: 36 bytes of spills in wide2, outside the mainloop); the (cos, sin) table goes
+// 232 (ptxas: 8 bytes of spills in wide2, 4 in wide, outside the mainloop); the (cos, sin) table goes
 // through shared memory because 16 more registers for it made ptxas spill and serialize the
 // wgmmas (C7518).
 #ifndef QKV_GEMM_OVERLAP_CUH
