@@ -260,7 +260,8 @@ int main(int argc, char **argv) {
     // The GEMM is the same in every row (M = B T = 16384), so its FP8 prep is one number per width:
     // the median over the GEMM table's default row and the layer rows. A single row's difference of
     // two ~0.6 ms GEMMs moves by several % between rows (the GPU's clocks), which is most of the
-    // spread of the per-row ratio above.
+    // spread of the per-row ratio above. (With an even count, median takes the upper middle: the
+    // larger difference, which counts against FP8.)
     const double prep = median(prep_f8);
     printf("\nprep + attn with the FP8 prep pooled: %.4f ms, the median of %zu (ours - cuBLASLt) differences\n",
            prep, prep_f8.size());
