@@ -11,9 +11,31 @@
 #ifndef FP8_CVT_CUH
 #define FP8_CVT_CUH
 
-#include <stdint.h>  // uint16_t, uint32_t
+#include <cuda_bf16.h>  // __nv_bfloat162, __hmax2, __habs2 (the packed amaxes)
+#include <stdint.h>     // uint16_t, uint32_t
 
 #include "fp8.h"  // Fp8Format
+
+// The packed amaxes of BF16 pairs, as the quantize kernels take them (fp8_quant.cuh, layers_fp8.cu,
+// qkv_gemm_overlap.cuh): max(|acc|, |w|) per BF16 half, NaN ignored (acc must not be NaN: it is an
+// amax so far, starting at 0).
+static __device__ __forceinline__ uint32_t amax2(uint32_t acc, uint32_t w) {
+    const __nv_bfloat162 r = __hmax2(*reinterpret_cast<const __nv_bfloat162 *>(&acc),
+                                     __habs2(*reinterpret_cast<const __nv_bfloat162 *>(&w)));
+    return *reinterpret_cast<const uint32_t *>(&r);
+}
+// The larger of the two halves of a non-negative BF16 pair, as bits (on non-negative BF16 the
+// order of values is the order of bits).
+static __device__ __forceinline__ unsigned amax_of_pair(uint32_t p) { return max(p & 0xFFFFu, p >> 16); }
+// amax2's magnitudes in one instruction (max.xorsign.abs.bf16x2, HMNMX2; amax2 compiles to two on
+// sm_90, HFMA2 for the |w| and VHMNMX): per half, the larger of |acc| and |w|, NaN ignored, with the
+// xor of their signs as its sign, so the result must be read through |.| (not amax_of_pair). The
+// QKV GEMM's overlapped epilogue keeps its amaxes so (qkv_gemm_overlap.cuh).
+static __device__ __forceinline__ uint32_t amax2_xorsign(uint32_t acc, uint32_t w) {
+    uint32_t d;
+    asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(acc), "r"(w));
+    return d;
+}
 
 // Codes of two finite-or-infinite floats (NaN: see fp8x2_from_f32): lo's in bits 0-7, hi's in
 // bits 8-15 (PTX: operand a goes to the upper byte).

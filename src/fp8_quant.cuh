@@ -16,12 +16,11 @@
 #ifndef FP8_QUANT_CUH
 #define FP8_QUANT_CUH
 
-#include <cuda_bf16.h>     // __nv_bfloat162, __hmax2, __habs2 (the packed amaxes)
 #include <cuda_runtime.h>  // __reduce_max_sync, __syncthreads
 #include <stdint.h>        // uint8_t, uint16_t, uint32_t, uintptr_t
 
 #include "fp8.h"         // fp8_scale_for_amax, bf16_to_f32, fp8_max, Fp8Format
-#include "fp8_cvt.cuh"   // fp8x2_from_f32 (fp8_from_f32's codes from the hardware conversion), transpose4x4
+#include "fp8_cvt.cuh"   // fp8x2_from_f32 (fp8_from_f32's codes from the hardware conversion), transpose4x4, amax2
 #include "linear_fp8.h"  // FP8_GROUP
 
 #define FQ_G FP8_GROUP  // 128: slice length, tile side
@@ -190,15 +189,6 @@ struct Vec128Tile {
     uint32_t part[FQ_NT / 32][FQ_G / 2]; // column amax pairs (BF16x2, same layout) per warp's 16 rows
     unsigned wmax[FQ_NT / 32];           // the amax of each warp's 16 rows (qt in 128x128 blocks)
 };
-
-// max(|a|, |b|) per BF16 half, NaN ignored (a must not be NaN: it is an amax so far).
-static __device__ __forceinline__ uint32_t amax2(uint32_t acc, uint32_t w) {
-    const __nv_bfloat162 r = __hmax2(*reinterpret_cast<const __nv_bfloat162 *>(&acc),
-                                     __habs2(*reinterpret_cast<const __nv_bfloat162 *>(&w)));
-    return *reinterpret_cast<const uint32_t *>(&r);
-}
-// The larger of the two halves of a non-negative BF16 pair, as bits.
-static __device__ __forceinline__ unsigned amax_of_pair(uint32_t p) { return max(p & 0xFFFFu, p >> 16); }
 
 // A producer's loads: N groups of eight BF16 (and one float, e.g. a row's rstd).
 template <int N>

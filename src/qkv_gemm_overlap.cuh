@@ -26,7 +26,7 @@
 //   1, 2   q, k: RoPE on row 0's pairs j = 0..3, 4..7 for both heads; after 2, row 1's (cos, sin)
 //          into the same slots (a barrier first); v: the amax of rows 0, 1
 //   3, 4   q, k: RoPE on row 1's pairs. The amax is kept packed, of the rounded values, one
-//          max.xorsign.abs.bf16x2 per pair (absmax_bf16x2)
+//          HMNMX2 per pair (amax2_xorsign, fp8_cvt.cuh)
 //   5      the amax over the block (warp shuffles, 16 warp maxima across both consumers, barrier),
 //          the scales, head 0's codes staged
 //   6      head 1's codes staged; barrier (the staged blocks complete)
@@ -126,13 +126,6 @@ struct OverlapEpi {
     }
 
   private:
-    // m's larger magnitude and v's two: one max.xorsign.abs (the result's magnitude is the larger of
-    // its operands', per half; its sign, which nothing reads, their signs' xor)
-    __device__ __forceinline__ static uint32_t absmax_bf16x2(uint32_t m, uint32_t v) {
-        uint32_t d;
-        asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(m), "r"(v));
-        return d;
-    }
     __device__ __forceinline__ static float lo_of(uint32_t u) { return __uint_as_float(u << 16); }
     __device__ __forceinline__ static float hi_of(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
 
@@ -157,7 +150,7 @@ struct OverlapEpi {
                 const __nv_bfloat162 vl = __floats2bfloat162_rn(lo[0], lo[1]), vh = __floats2bfloat162_rn(hi[0], hi[1]);
                 p[h][2 * j + rr] = *reinterpret_cast<const uint32_t *>(&vl);
                 p[h][2 * (j + 8) + rr] = *reinterpret_cast<const uint32_t *>(&vh);
-                mx[h] = absmax_bf16x2(absmax_bf16x2(mx[h], p[h][2 * j + rr]), p[h][2 * (j + 8) + rr]);
+                mx[h] = amax2_xorsign(amax2_xorsign(mx[h], p[h][2 * j + rr]), p[h][2 * (j + 8) + rr]);
             }
         }
     }
@@ -173,7 +166,7 @@ struct OverlapEpi {
         for (int h = 0; h < 2; h++)
 #pragma unroll
             for (int j = 0; j < 16; j++)
-                mx[h] = absmax_bf16x2(mx[h], p[h][2 * j + rr]);
+                mx[h] = amax2_xorsign(mx[h], p[h][2 * j + rr]);
     }
     // The block amax of each head (rows of both consumers) -> its scale, in mx; head cw's scale stored.
     __device__ __forceinline__ void block_scales(const QgArgs &a, int which, int cw, int wtid, float *red) {
@@ -181,7 +174,7 @@ struct OverlapEpi {
         float m[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            m[h] = fmaxf(fabsf(lo_of(mx[h])), fabsf(hi_of(mx[h])));
+            m[h] = fmaxf(fabsf(lo_of(mx[h])), fabsf(hi_of(mx[h])));  // (amax2_xorsign: signs not kept)
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], o));
         }
