@@ -179,7 +179,7 @@ static __device__ __forceinline__ void load8_tile(uint32_t w[4], const uint16_t 
 // loaded before the first is made (BATCH * sizeof(Raw) registers). Both get a FullTag first:
 // FullTag<true> when the whole tile lies inside x (no bounds checks needed).
 //
-// The amaxes are maxima of |x| over BF16 pairs (HMNMX2): max(a, NaN) = a, so NaN is ignored as
+// The amaxes are maxima of |x| over BF16 pairs (amax2, fp8_cvt.cuh): max(a, NaN) = a, so NaN is ignored as
 // abs_bits ignores it, and on non-negative BF16 the order of values is the order of bits: the
 // same amax bits as abs_bits / max_abs8.
 #define FQ_NT 256

@@ -203,6 +203,23 @@ __device__ __forceinline__ float wide_block_scale(const float *red, int h, int m
     return fp8_scale_for_amax_within(FP8_E4M3, m, max_exp);
 }
 
+// The scale block of a tile's head: from the tile's first token row mt (M index) and column n0
+// (N index), the operand (0 q, 1 k, 2 v), the block's first token in its sequence, the batch x
+// head row (head_off: the head within the tile), and where its row-major codes (16 KB contiguous
+// in (B, H, T, 128)), transposed codes (rows of pitch T in (B, H, 128, T)) and scale go. Both
+// epilogues (epilogue_quant, OverlapEpi::locate).
+struct QgBlock {
+    int which, t0;
+    uint8_t *codes, *codes_t;
+    float *scale;
+};
+__device__ __forceinline__ QgBlock qg_block(const QgArgs &a, int mt, int n0, int head_off) {
+    const int which = n0 / a.C, t0 = mt % a.T, b = mt / a.T, head = (n0 % a.C) / QG_TILE + head_off;
+    const long bh = (long)b * a.H + head;
+    return {which, t0, a.codes[which] + (bh * a.T + t0) * QG_TILE, a.codes_t[which] + bh * QG_TILE * a.T + t0,
+            a.scales[which] + bh * (a.T / QG_TILE) + t0 / QG_TILE};
+}
+
 // The staging layout's swizzle of token row r (see the file comment), in 16-byte chunks.
 __device__ __forceinline__ int stage_swz(int r) { return (r ^ (r >> 3)) & 7; }
 
@@ -261,8 +278,8 @@ __device__ __forceinline__ void epilogue_quant(float (&acc)[2][64], const QgArgs
                                                const float4 (&rcs)[8]) {
     using F = QgForm<FORM>;
     const int warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t4 = lane & 3;
-    const int which = n0 / a.C, head0 = (n0 % a.C) / QG_TILE, b = mt / a.T, t0 = mt % a.T;
-    const int nblk = a.T / QG_TILE, blk = t0 / QG_TILE;
+    const QgBlock blk = qg_block(a, mt, n0, F::WIDE ? cw : 0);  // the block this consumer stores
+    const int which = blk.which, t0 = blk.t0;
     const int rbase = F::WIDE ? 64 * cw : 0;  // the consumer's first row in the block
     const int tr = t0 + rbase + 16 * warp + g;  // the thread's first token row
     if (F::WIDE && which < 2 && a.rope) {  // rope_to_smem's copies have landed (this thread's own)
@@ -298,9 +315,7 @@ __device__ __forceinline__ void epilogue_quant(float (&acc)[2][64], const QgArgs
         mx[0] = fmaxf(fmaxf(red[4 * cw], red[4 * cw + 1]), fmaxf(red[4 * cw + 2], red[4 * cw + 3]));
         s[0] = s[1] = fp8_scale_for_amax_within(FP8_E4M3, mx[0], a.max_exp[which]);
     }
-    const int head = head0 + (F::WIDE ? cw : 0);  // the head whose block this consumer stores
-    const long bh = (long)b * a.H + head;
-    if (wtid == 0) a.scales[which][bh * nblk + blk] = cw && F::WIDE ? s[1] : s[0];
+    if (wtid == 0) *blk.scale = cw && F::WIDE ? s[1] : s[0];
 
     // the codes into the staging area: two codes (columns 8 j + 2 t4, + 1) per 2-byte store
 #pragma unroll
@@ -318,9 +333,9 @@ __device__ __forceinline__ void epilogue_quant(float (&acc)[2][64], const QgArgs
     if constexpr (F::WIDE) named_bar_sync<5, 256>();
     else wg_bar_sync<1>(cw);
 
-    // the block's stores: row-major codes (16 KB contiguous in (B, H, T, 128)), transposed codes
-    pend.codes = a.codes[which] + (bh * a.T + t0) * QG_TILE;
-    pend.codes_t = a.codes_t[which] + bh * QG_TILE * a.T + t0;
+    // the block's stores: row-major codes, transposed codes
+    pend.codes = blk.codes;
+    pend.codes_t = blk.codes_t;
     if (!a.defer) {
         for (int c = 0; c < QG_CHUNKS; c++) store_codes_chunk(own, pend.codes, pend.codes_t, a.T, c, wtid);
         pend.codes = nullptr;

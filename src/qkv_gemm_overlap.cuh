@@ -1,5 +1,5 @@
 // qkv_gemm_overlap.cuh: the wide forms' quantizing epilogue run under the next tile's mainloop (a
-// part of qkv_gemm.cu, included there after QgArgs, rope_row_to_smem, rope_smem_pairs,
+// part of qkv_gemm.cu, included there after QgArgs, qg_block, rope_row_to_smem, rope_smem_pairs,
 // store_codes_chunk, wide_block_scale and stage_code_pair; not a header of its own).
 //
 // Why: Nsight Compute on stop 37's GEMM (wide2, C 2048, stop 38) showed its consumer warps ~20% of
@@ -70,13 +70,12 @@ struct OverlapEpi {
     // each; recomputed in every slice they were 69 instructions a K block, 12% of the consumers'
     // time (stop 38).
     __device__ __forceinline__ void locate(const QgArgs &a, int mt, int n0, int cw, int wtid) {
-        const int w = n0 / a.C, t0 = mt % a.T, b = mt / a.T, head = (n0 % a.C) / QG_TILE + cw;
-        const long bh = (long)b * a.H + head;
-        which = w + (w < 2 && a.rope ? 4 : 0);
-        tr = t0 + 64 * cw + 16 * (wtid >> 5) + ((wtid & 31) >> 2);
-        codes = a.codes[w] + (bh * a.T + t0) * QG_TILE;
-        codes_t = a.codes_t[w] + bh * QG_TILE * a.T + t0;
-        scale = a.scales[w] + bh * (a.T / QG_TILE) + t0 / QG_TILE;
+        const QgBlock blk = qg_block(a, mt, n0, cw);
+        which = blk.which + (blk.which < 2 && a.rope ? 4 : 0);
+        tr = blk.t0 + 64 * cw + 16 * (wtid >> 5) + ((wtid & 31) >> 2);
+        codes = blk.codes;
+        codes_t = blk.codes_t;
+        scale = blk.scale;
     }
 
     // Slice s (0 .. QG_OVL_SLICES - 1) of the pending tile's epilogue, consumer cw (rows 64 cw .. of
