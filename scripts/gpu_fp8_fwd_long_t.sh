@@ -5,10 +5,12 @@
 # to 1.23-1.33 at 8K, and an ablation (docs/perf.md, stop 32) put the 8K spread between calls in
 # its K̂, V̂^T loads. V̂^T is stored (B, H, d, T): each key block's 128 rows lie T bytes apart, a
 # power of two at 8192 (where L2 sets or memory channels could alias) and not at 7936 or 8320.
-#   1. the attention library (scripts/gpu_fp8_attention_bench.sh BUILD_ONLY=1);
+#   1. the attention library (scripts/gpu_fp8_attention_bench.sh BUILD_ONLY=1; with REUSE_LIB=1 the
+#      one an earlier run of that script left in $BD);
 #   2. bench/bench_attention_fp8.py for each T (modes bf16 and fp8_dm, ROUNDS rounds, default 10);
-#   3. per T the rows of our BF16 forward and the bare FP8 forward, TFLOP/s, and their ratio.
-#   usage: bash scripts/gpu_fp8_fwd_long_t.sh   [T_LIST="7936 8192 8320"] [ROUNDS=10]
+#   3. each T's summary: the bare FP8 forward's TFLOP/s (the quantize-pass table), ours (the mode
+#      table) and the line "the bare FP8 forward / ours".
+#   usage: bash scripts/gpu_fp8_fwd_long_t.sh   [T_LIST="7936 8192 8320"] [ROUNDS=10] [REUSE_LIB=1]
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_fwd_long_t_out}

@@ -19,8 +19,9 @@
 // What the forms measured (docs/perf.md, stops 36-38): the multicast halves W's L2 reads yet gains
 // ~1% over wide: L2 bandwidth is not the limit. The epilogue was: Nsight Compute put it at ~20% of
 // the consumers' time with the tensor pipe idle (80% active, cuBLASLt 93%). Since stop 38 the wide
-// forms run all of it under the next tile's mainloop (qkv_gemm_overlap.cuh): 600-630 TFLOP/s,
-// 0.88-0.95x cuBLASLt's rate, 3-7% faster than the serial epilogue with deferred stores.
+// forms run all of it under the next tile's mainloop (qkv_gemm_overlap.cuh), 3-7% faster than the
+// serial epilogue with deferred stores; since stop 39 the tile's position and addresses are
+// computed there too, not between two mainloops: 0.90-1.00x cuBLASLt's rate (tensor pipe 84%).
 //
 // Accumulator layout (m64n128k16, per 64-row half h): thread (warp w, lane 4 g + t4) holds rows
 // 64 h + 16 w + g + 8 rr (rr = 0, 1) and columns 8 j + 2 t4 + e (j = 0..15, e = 0, 1) in
