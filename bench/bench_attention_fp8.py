@@ -407,7 +407,9 @@ def main():
     bare_fwd = [f"{label(r['T'])} {r['tf']['ours'] / r['tf']['fp8_fwd_bare']:.2f}" for r in rows
                 if "ours" in r["tf"] and "fp8_fwd_bare" in r["tf"]]
     if bare_fwd:  # what the forward would be with Q, K, V codes from their producers (not the target's measure)
-        out(f"  ... the bare FP8 forward / ours (Q, K, V codes given, no quantize pass): {', '.join(bare_fwd)}")
+        out(f"  ... the bare FP8 forward / ours (Q, K, V codes given, no quantize pass): {', '.join(bare_fwd)}"
+            " (these rounds run in and out of the board's power cap: bench_attention_sustained.py times the forwards"
+            " with every kernel at a cool board's clock and at the cap)")
     rope_fwd = [f"{label(r['T'])} {r['tf']['bf16_rope'] / r['tf']['fp8_dm_rope']:.2f}" for r in rows
                 if "bf16_rope" in r["tf"] and "fp8_dm_rope" in r["tf"]]
     if rope_fwd:  # the forward as the model runs it: RoPE counted on both sides, in fp8_dm's quantize pass

@@ -1,14 +1,16 @@
 #!/bin/bash
-# gpu_fp8_attention_bench.sh: on a GPU machine, in one go (< 4 minutes on an H200): build a shared
+# gpu_fp8_attention_bench.sh: on a GPU machine, in one go (< 6 minutes on an H200): build a shared
 # library of the attention kernels, the mode dispatcher (src/attention_fp8.cu) and the benchmark
 # shim (bench/attn_bench_shim*.cu) with explicit nvcc commands (no Makefile, no cJSON), then run
 # bench/bench_attention_fp8.py: every attention precision mode, forward and backward, against our
 # BF16 kernels and cuDNN, plus the quantize passes, the bare FP8 kernels and fp8_dm's delta
-# kernel alone. Prints the summary table (with the issue's targets marked) last; the per-T
-# timings with min/max are in $OUT/bench.txt. Logs go to $OUT (or /tmp/gpu_fp8_bench_out).
+# kernel alone. Prints the summary table (with the issue's targets marked), then the forwards
+# under two clean clock regimes (bench/bench_attention_sustained.py: after 1 s idle, and at the
+# board's power cap); the per-T timings with min/max are in $OUT/bench.txt. Logs go to $OUT (or /tmp/gpu_fp8_bench_out).
 #   usage: [MODES="bf16 fp8_dm"] [ROUNDS=30] [GRAD_FORMAT=e4m3] [HEAD_DIM=128] [HEADS=16] [BUDGET=230]
 #          [REUSE_LIB=1 (skip the build: $BD/libattn_fp8.so of an earlier run)] [BUILD_ONLY=1]
-#          [EXTRA_NVF="-D..." (more nvcc flags; use another BD)] bash scripts/gpu_fp8_attention_bench.sh
+#          [EXTRA_NVF="-D..." (more nvcc flags; use another BD)] [SUSTAINED=0 (skip the two-regime table)]
+#          bash scripts/gpu_fp8_attention_bench.sh
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_fp8_bench_out}
@@ -104,4 +106,12 @@ if [ $rc != 0 ] || [ ! -s "$OUT/summary.txt" ]; then
 fi
 # the checks and the tables, without the long per-T timing lines (in bench.txt); summary last
 grep -v -e " ms median " -e ": first call of " "$OUT/bench.txt"
+# the forwards under two clean clock regimes (bench/bench_attention_sustained.py, ~20 s per T; SUSTAINED=0
+# skips it): the rounds above run in and out of the board's 700 W power cap (docs/perf.md, stop 40)
+if [ "${SUSTAINED:-1}" != 0 ] && [ "${HEAD_DIM:-128}" = 128 ]; then
+  echo
+  timeout -k 5 200 python3 bench/bench_attention_sustained.py --lib "$BD/libattn_fp8.so" ${HEADS:+--H $HEADS} \
+    > "$OUT/sustained.txt" 2>&1 || echo "== sustained: exit $? (log sustained.txt)"
+  tail -7 "$OUT/sustained.txt"
+fi
 exit 0
