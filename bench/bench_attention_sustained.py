@@ -32,6 +32,7 @@ from torch.nn.attention import SDPBackend
 
 from bench_attention import Ours, flops, torch_setup
 from bench_attention_fp8 import Shim
+from fwd_fp8_series import series  # single launches, each timed alone
 
 
 class Smi:
@@ -71,15 +72,7 @@ def cool(fn):
     time.sleep(1.0)
     for _ in range(3):
         fn()
-    ev = []
-    for _ in range(20):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        ev.append((e0, e1))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in ev)
+    return statistics.median(series(fn, 20))
 
 
 def sustained(fn, warm, secs, chunk=10):
