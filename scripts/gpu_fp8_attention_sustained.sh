@@ -14,11 +14,9 @@
 #   usage: bash scripts/gpu_fp8_attention_sustained.sh   [T_LIST="1024 2048 4096 8192"] [SERIES=1] [REUSE_LIB=1]
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_sustained_out}
-BD=${BD:-/tmp/gpu_fp8_bench_build}
-mkdir -p "$OUT"
-OUT=$OUT BD=$BD BUILD_ONLY=1 bash scripts/gpu_fp8_attention_bench.sh >"$OUT/build.log" 2>&1 ||
-  { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
+. scripts/gpu_lib.sh  # gpu_start, attn_lib_or_die
+gpu_start /tmp/gpu_fp8_sustained_out
+attn_lib_or_die  # sets BD
 if [ "${SERIES:-0}" = 1 ]; then
   timeout -k 5 120 python3 bench/fwd_fp8_series.py --lib "$BD/libattn_fp8.so" --T 8192 --n 60 --n-long 4000 \
     >"$OUT/series.txt" 2>&1 || echo "series: exit $?"

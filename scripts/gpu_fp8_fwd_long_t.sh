@@ -13,11 +13,9 @@
 #   usage: bash scripts/gpu_fp8_fwd_long_t.sh   [T_LIST="7936 8192 8320"] [ROUNDS=10] [REUSE_LIB=1]
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/gpu_fp8_fwd_long_t_out}
-BD=${BD:-/tmp/gpu_fp8_bench_build}
-mkdir -p "$OUT"
-OUT=$OUT BD=$BD BUILD_ONLY=1 bash scripts/gpu_fp8_attention_bench.sh >"$OUT/build.log" 2>&1 ||
-  { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
+. scripts/gpu_lib.sh  # gpu_start, attn_lib_or_die
+gpu_start /tmp/gpu_fp8_fwd_long_t_out
+attn_lib_or_die  # sets BD
 for T in ${T_LIST:-7936 8192 8320}; do
   timeout -k 5 200 python3 bench/bench_attention_fp8.py --lib "$BD/libattn_fp8.so" --modes bf16 fp8_dm \
     --tokens $((2 * T)) --T "$T" --rounds "${ROUNDS:-10}" --summary-out "$OUT/summary_$T.txt" >"$OUT/bench_$T.txt" 2>&1 ||

@@ -27,6 +27,14 @@ build_or_die() {
     { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
   echo "build done at $(elapsed) s"
 }
+#   attn_lib_or_die    the attention benchmark library $BD/libattn_fp8.so (BD defaults to
+#                      /tmp/gpu_fp8_bench_build), as scripts/gpu_fp8_attention_bench.sh builds it (BUILD_ONLY=1;
+#                      with REUSE_LIB=1 an earlier one), into $OUT/build.log; on failure its tail, exit 1
+attn_lib_or_die() {
+  BD=${BD:-/tmp/gpu_fp8_bench_build}
+  OUT=$OUT BD=$BD BUILD_ONLY=1 bash scripts/gpu_fp8_attention_bench.sh >"$OUT/build.log" 2>&1 ||
+    { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
+}
 summary=()
 run_test() {
   timeout -k 5 "${TEST_TIMEOUT:-300}" "build/tests/$1" >"$OUT/$1.log" 2>&1
