@@ -21,8 +21,11 @@ import argparse
 import ctypes
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import torch
 import torch.nn.functional as F
@@ -101,6 +104,53 @@ def torch_setup(backend, qkv, dout_bhtd):
     fwd()
     bwd()  # fails here, not mid-timing, if the backend cannot run this shape
     return fwd, bwd
+
+
+def time_each(fn, n, before=None):
+    """ms of each of n launches of fn, each between its own CUDA events; before() runs first each
+    time (untimed). Back to back unless before() makes a gap."""
+    ev = []
+    for _ in range(n):
+        if before:
+            before()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        ev.append((e0, e1))
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in ev]
+
+
+class GpuSampler:
+    """nvidia-smi every 20 ms in the background while a benchmark runs: samples (time, SM MHz, W,
+    clock-event reasons), each stamped with nvidia-smi's own timestamp (not the time its line reached
+    us through the pipe), for the clock a kernel ran at (bench_attention_sustained.py,
+    fwd_fp8_series.py). between(t0, t1): the samples taken within host times t0 .. t1 (time.time())."""
+
+    def __init__(self):
+        self.samples = []
+        self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
+                                   "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            parts = [x.strip() for x in line.split(",")]
+            try:  # "2026/12/02 03:30:01.123, 1980, 690.12, 0x0000000000000004" (local time)
+                day, frac = parts[0].split(".")
+                ts = time.mktime(time.strptime(day, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
+                self.samples.append((ts, float(parts[1]), float(parts[2]), parts[3] if len(parts) > 3 else ""))
+            except (ValueError, IndexError):
+                pass  # a header or a field nvidia-smi could not read ("[N/A]")
+
+    def between(self, t0, t1):
+        return [x for x in self.samples if t0 <= x[0] <= t1]
+
+    def stop(self):
+        self.p.terminate()
+        self.t.join(timeout=2)
 
 
 def time_interleaved(fns, rounds, warmup=3):

@@ -23,47 +23,22 @@ QKV projection) and cuDNN's BF16 forward (PyTorch SDPA). Two passes, the kernels
 """
 import argparse
 import statistics
-import subprocess
-import threading
 import time
 
 import torch
 from torch.nn.attention import SDPBackend
 
-from bench_attention import Ours, flops, torch_setup
+from bench_attention import GpuSampler, Ours, flops, time_each, torch_setup
 from bench_attention_fp8 import Shim
-from fwd_fp8_series import series  # single launches, each timed alone
 
 
-class Smi:
-    """nvidia-smi sampling every 20 ms in the background: (time, SM MHz, W, reasons)."""
-
-    def __init__(self):
-        self.samples = []
-        self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,clocks_event_reasons.active",
-                                   "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
-        self.t = threading.Thread(target=self._read, daemon=True)
-        self.t.start()
-
-    def _read(self):
-        for line in self.p.stdout:
-            parts = [x.strip() for x in line.split(",")]
-            try:
-                self.samples.append((time.time(), float(parts[0]), float(parts[1]), parts[2]))
-            except (ValueError, IndexError):
-                pass
-
-    def between(self, t0, t1):
-        s = [x for x in self.samples if t0 <= x[0] <= t1]
-        if not s:
-            return "-", "-", "-"
-        clk = statistics.median(x[1] for x in s)
-        pw = statistics.median(x[2] for x in s)
-        capped = sum(int(x[3], 16) & 0x4 != 0 for x in s if x[3].startswith("0x")) / len(s)
-        return f"{clk:.0f}", f"{pw:.0f}", f"{capped:.0%}"
-
-    def stop(self):
-        self.p.terminate()
+def clock_power(samples):
+    """SM MHz median, W median and the share of samples power-capped (reason bit 0x4), as strings."""
+    if not samples:
+        return "-", "-", "-"
+    capped = sum(x[3].startswith("0x") and int(x[3], 16) & 0x4 != 0 for x in samples) / len(samples)
+    return (f"{statistics.median(x[1] for x in samples):.0f}", f"{statistics.median(x[2] for x in samples):.0f}",
+            f"{capped:.0%}")
 
 
 def cool(fn):
@@ -72,7 +47,7 @@ def cool(fn):
     time.sleep(1.0)
     for _ in range(3):
         fn()
-    return statistics.median(series(fn, 20))
+    return statistics.median(time_each(fn, 20))
 
 
 def sustained(fn, warm, secs, chunk=10):
@@ -107,7 +82,7 @@ def main():
     a = ap.parse_args()
     shim, ours = Shim(a.lib), Ours(a.lib, None)
     lib, d = shim.lib, 128
-    smi = Smi()
+    smi = GpuSampler()
     rows = []
     for T in a.T:
         B, H = max(a.tokens // T, 1), a.H
@@ -134,7 +109,7 @@ def main():
                 res[n]["cool"].append(cool(fn))
                 t0 = time.time()
                 res[n]["sus"].append(sustained(fn, a.warm, a.secs))
-                clk, w, cap = smi.between(t0 + a.warm, time.time())
+                clk, w, cap = clock_power(smi.between(t0 + a.warm, time.time()))
                 res[n]["clk"].append(clk), res[n]["w"].append(w), res[n]["cap"].append(cap)
         print(f"# T={T} B={B}: " + "; ".join(f"{n} cool {r['cool']} ms, sustained {r['sus']} ms at {r['clk']} MHz "
                                                f"{r['w']} W, capped {r['cap']}" for n, r in res.items()), flush=True)

@@ -16,28 +16,12 @@ sampled by nvidia-smi every 20 ms meanwhile (its min / median / max per arrangem
 """
 import argparse
 import ctypes
-import subprocess
 import time
 
 import torch
 
-from bench_attention import Ours
+from bench_attention import GpuSampler, Ours, time_each
 from bench_attention_fp8 import Shim
-
-
-def series(fn, n, before=None):
-    """n launches of fn, each timed alone; before() runs first each time (untimed)."""
-    times = []
-    for _ in range(n):
-        if before:
-            before()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        times.append((e0, e1))
-    torch.cuda.synchronize()
-    return [a.elapsed_time(b) for a, b in times]
 
 
 def main():
@@ -72,8 +56,7 @@ def main():
     for _ in range(5):
         fp8(), ours_fwd()
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
-                            "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
+    smi = GpuSampler()
     time.sleep(0.5)
     marks, res = [], {}
     arr = [("dyn", fp8, None, (-1, -1)), ("static", fp8, None, (0, 0)), ("alt_ours", fp8, ours_fwd, (-1, -1)),
@@ -83,19 +66,11 @@ def main():
     for name, fn, before, (mc, order) in arr:
         sched(mc, order)
         t0 = time.time()
-        res[name] = series(fn, a.n_long if name.endswith("_long") else a.n, before)
+        res[name] = time_each(fn, a.n_long if name.endswith("_long") else a.n, before)
         marks.append((name, t0, time.time()))
         sched(0, -1)
         time.sleep(0.2)
-    smi.terminate()
-    samples = []
-    for line in smi.stdout.read().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            ts = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float("0." + parts[0].split(".")[1])
-            samples.append((ts, float(parts[1]), float(parts[2]), parts[3] if len(parts) > 3 else ""))
-        except (ValueError, IndexError):
-            pass
+    smi.stop()
     print(f"# T={T} B={B} H={H} d={d}, {a.n} launches per arrangement; {torch.cuda.get_device_name()}")
     print("| arrangement | min ms | median ms | max ms | TFLOP/s at median | > 1.04 min | SM MHz min/med/max | W max | first 12 launches (ms) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -103,8 +78,8 @@ def main():
         t = sorted(res[name])
         med = t[len(t) // 2]
         slow = sum(x > 1.04 * t[0] for x in t) / len(t)
-        clk = sorted(s[1] for s in samples if t0 <= s[0] <= t1)
-        pw = [s[2] for s in samples if t0 <= s[0] <= t1]
+        clk = sorted(sp[1] for sp in smi.between(t0, t1))
+        pw = [sp[2] for sp in smi.between(t0, t1)]
         clks = f"{clk[0]:.0f}/{clk[len(clk) // 2]:.0f}/{clk[-1]:.0f}" if clk else "-"
         print(f"| {name} | {t[0]:.3f} | {med:.3f} | {t[-1]:.3f} | {flop / med / 1e9:.1f} | {slow:.0%} | {clks} | "
               f"{max(pw) if pw else 0:.0f} | " + " ".join(f"{x:.3f}" for x in res[name][:12]) + " |")
@@ -118,7 +93,7 @@ def main():
         for k in range(10):
             part = sorted(x[k * n // 10:(k + 1) * n // 10])
             ta, tb = t0 + (t1 - t0) * k / 10, t0 + (t1 - t0) * (k + 1) / 10
-            sm = [sp for sp in samples if ta <= sp[0] <= tb]
+            sm = smi.between(ta, tb)
             clk = sorted(sp[1] for sp in sm)
             pw = sorted(sp[2] for sp in sm)
             rs = sorted(set(sp[3] for sp in sm))
