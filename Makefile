@@ -47,19 +47,22 @@ endif
 
 # --- flags -------------------------------------------------------------------------------------
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc \
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -I. \
             -I$(CUDA_HOME)/include $(CJSON_CFLAGS) $(MPI_CFLAGS)
 NVFLAGS  ?= -O3 -lineinfo
-NVFLAGS  += -std=c++17 $(GPU_ARCH) -Isrc $(CJSON_CFLAGS) -Xcompiler -fopenmp
+NVFLAGS  += -std=c++17 $(GPU_ARCH) -I. $(CJSON_CFLAGS) -Xcompiler -fopenmp
 LDLIBS   := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lnccl \
             $(CJSON_LIBS) $(MPI_LIBS) -fopenmp -lm -lpthread -ldl
 
 # --- sources -----------------------------------------------------------------------------------
-C_SRCS   := $(filter-out src/train_gpt.c,$(wildcard src/*.c))
-CU_SRCS  := $(wildcard src/*.cu)
-OBJS     := $(C_SRCS:src/%.c=$(BUILD)/obj/%.o) $(CU_SRCS:src/%.cu=$(BUILD)/obj/%.cu.o)
+# The design's four files at the root (train_gpt.c holds main), the rest in one folder per concern
+# (docs/architecture.md). Everything but train_gpt.c is archived into the library the tests link.
+SRC_DIRS := core cpu gpu attention comm tokenizer eval
+C_SRCS   := dataloader.c optimizer.c $(wildcard $(SRC_DIRS:%=%/*.c))
+CU_SRCS  := attention_fp8.cu $(wildcard $(SRC_DIRS:%=%/*.cu))
+OBJS     := $(C_SRCS:%.c=$(BUILD)/obj/%.o) $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
 LIB      := $(BUILD)/libtraingpt.a
-HEADERS  := $(wildcard src/*.h) $(wildcard src/*.cuh)
+HEADERS  := $(wildcard *.h $(SRC_DIRS:%=%/*.h) $(SRC_DIRS:%=%/*.cuh) gpu/ptx/*.cuh)
 
 TEST_C   := $(wildcard test/test_*.c)
 TEST_CU  := $(wildcard test/test_*.cu)
@@ -68,17 +71,19 @@ TESTS    := $(TEST_C:test/%.c=$(BUILD)/tests/%) $(TEST_CU:test/%.cu=$(BUILD)/tes
 .PHONY: all train test tests bench clean print-nvflags print-ldlibs
 all: train_gpt
 
-$(BUILD)/obj/%.o: src/%.c $(HEADERS) | $(BUILD)/obj
+$(BUILD)/obj/%.o: %.c $(HEADERS)
+	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: src/%.cu $(HEADERS) | $(BUILD)/obj
+$(BUILD)/obj/%.cu.o: %.cu $(HEADERS)
+	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 $(LIB): $(OBJS)
 	rm -f $@ && ar rcs $@ $^
 
-train_gpt: src/train_gpt.c $(LIB) $(HEADERS)
-	$(CC) $(CFLAGS) src/train_gpt.c $(LIB) $(LDLIBS) -lstdc++ -o $@
+train_gpt: train_gpt.c $(LIB) $(HEADERS)
+	$(CC) $(CFLAGS) train_gpt.c $(LIB) $(LDLIBS) -lstdc++ -o $@
 
 $(BUILD)/tests/%: test/%.c $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
 	$(CC) $(CFLAGS) -Itest $< $(LIB) $(LDLIBS) -lstdc++ -o $@
@@ -90,13 +95,13 @@ $(BUILD)/tests/%: test/%.cu $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
 	$(CC) $@.o $(LIB) $(LDLIBS) -lstdc++ -o $@ && rm -f $@.o
 
 # CPU benchmarks (GPU benchmarks are built on the GPU machine by scripts/gpu_*_check.sh).
-BENCH_C  := $(wildcard bench/bench_*.c)
-bench: $(BENCH_C:bench/%.c=$(BUILD)/bench/%)
-$(BUILD)/bench/%: bench/%.c $(LIB) $(HEADERS) | $(BUILD)/bench
+BENCH_C  := $(wildcard dev/bench/bench_*.c)
+bench: $(BENCH_C:dev/bench/%.c=$(BUILD)/bench/%)
+$(BUILD)/bench/%: dev/bench/%.c $(LIB) $(HEADERS) | $(BUILD)/bench
 	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -lstdc++ -o $@
 
 # GPU benchmarks that link the library (bench_fp8_quant); built on the GPU machine by its script.
-$(BUILD)/bench/%: bench/%.cu $(LIB) $(HEADERS) | $(BUILD)/bench
+$(BUILD)/bench/%: dev/bench/%.cu $(LIB) $(HEADERS) | $(BUILD)/bench
 	$(NVCC) $(NVFLAGS) -c $< -o $@.o
 	$(CC) $@.o $(LIB) $(LDLIBS) -lstdc++ -o $@ && rm -f $@.o
 
@@ -106,7 +111,7 @@ print-nvflags:
 print-ldlibs:
 	@echo $(LDLIBS)
 
-$(BUILD)/obj $(BUILD)/tests $(BUILD)/bench:
+$(BUILD)/tests $(BUILD)/bench:
 	mkdir -p $@
 
 tests: train_gpt $(TESTS)

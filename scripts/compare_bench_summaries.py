@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """compare_bench_summaries.py: one table per measure, a column per run, from the summary.txt
-files of bench/bench_attention_fp8.py (scripts/gpu_ab_refs.sh: one run per version of the code;
+files of dev/bench/bench_attention_fp8.py (scripts/gpu_ab_refs.sh: one run per version of the code;
 scripts/gpu_env_sweep.sh: one run per setting of the timing knobs). Reads the API table
 ("| T | ours f ..."), the bare-kernel table ("| T | quant fwd ms ...") and, when a run has it, the
 FP8 forward's loops table.

@@ -1,16 +1,16 @@
 #!/usr/bin/env node
-// gen_unicode_tables.js: writes src/unicode_classes.c, the code point classes that GPT-2's
+// gen_unicode_tables.js: writes tokenizer/unicode_classes.c, the code point classes that GPT-2's
 // pre-tokenization regex needs (\p{L}, \p{N}, \s), as sorted ranges.
 //
 // The tables are made by asking Node's own regex engine about every code point, so they agree
 // exactly with the JS reference encoder (js-tiktoken) that test/data/tokenizer_vectors.txt comes
 // from, whatever Unicode version that Node ships. Run from the repo root:
-//   node scripts/gen_unicode_tables.js            (rewrites src/unicode_classes.c)
+//   node scripts/gen_unicode_tables.js            (rewrites tokenizer/unicode_classes.c)
 'use strict';
 const fs = require('fs');   // writing the generated file
 const path = require('path');  // locating the repo root from this script
 
-// Class codes; must match enum UnicodeClass in src/unicode_classes.h.
+// Class codes; must match enum UnicodeClass in tokenizer/unicode_classes.h.
 const OTHER = 0, LETTER = 1, NUMBER = 2, SPACE = 3;
 const reLetter = /^\p{L}$/u, reNumber = /^\p{N}$/u, reSpace = /^\s$/u;
 

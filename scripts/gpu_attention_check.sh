@@ -1,7 +1,7 @@
 #!/bin/bash
 # gpu_attention_check.sh: on a GPU machine, in one go: build the fused attention kernels
-# (src/attention_fwd.cu, src/attention_fwd_mma.cu, src/attention_bwd.cu), their test, their
-# benchmark binary and a shared library for bench/bench_attention.py with explicit nvcc commands
+# (attention/fwd_bf16.cu, attention/fwd_bf16_mma.cu, attention/bwd_bf16.cu), their test, their
+# benchmark binary and a shared library for dev/bench/bench_attention.py with explicit nvcc commands
 # (no Makefile, no cJSON); show the register/spill report, the SASS instruction mix and a check that no instruction overwrites
 # the registers an in-flight wgmma reads; run test/test_attention_gpu with every forward kernel
 # and with each backward kernel (ATTN_GPU_BWD: wgmma, the default, and mma); then the benchmark
@@ -19,7 +19,7 @@ for a in "$@"; do
 done
 . scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
 ARCH="-gencode arch=compute_90a,code=sm_90a"
-NVF="-std=c++17 -O3 -lineinfo $ARCH -Isrc -Itest"
+NVF="-std=c++17 -O3 -lineinfo $ARCH -I. -Itest"
 IMPLS="wgmma_tma wgmma_pipe mma"  # ATTN_GPU_FWD values (attention_fwd.cu)
 BWD_IMPLS="wgmma mma"              # ATTN_GPU_BWD values (attention_bwd.cu; the first is the default)
 SRCS="attention_fwd attention_fwd_mma attention_bwd"
@@ -27,7 +27,7 @@ SRCS="attention_fwd attention_fwd_mma attention_bwd"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 echo "== build"
 t0=$(date +%s)
-gcc -std=c11 -D_GNU_SOURCE -O2 -fPIC -Isrc -c src/common.c -o "$BD/common.o" || exit 1
+gcc -std=c11 -D_GNU_SOURCE -O2 -fPIC -I. -c core/common.c -o "$BD/common.o" || exit 1
 pids=""
 for f in $SRCS; do
   $NVCC $NVF -Xcompiler -fPIC -Xptxas -v -c src/$f.cu -o "$BD/$f.o" 2> "$BD/ptxas_$f.txt" &
@@ -41,7 +41,7 @@ grep -E "Compiling entry|registers|spill" "$OUT/ptxas.txt" | sed -E 's/_Z[0-9]+(
 OBJS="$(for f in $SRCS; do printf '%s ' "$BD/$f.o"; done)$BD/common.o"
 $NVCC $NVF -Xcompiler -fopenmp test/test_attention_gpu.cu $OBJS -o "$BD/test_attention_gpu" &
 p1=$!
-$NVCC $NVF bench/bench_attention.cu $OBJS -o "$BD/bench_attention" &
+$NVCC $NVF dev/bench/bench_attention.cu $OBJS -o "$BD/bench_attention" &
 p2=$!
 $NVCC $ARCH -shared $OBJS -o "$BD/libattn.so" || exit 1
 wait $p1 || exit 1
@@ -150,7 +150,7 @@ if [ $do_bench = 1 ]; then
   echo "== bench: interleaved with PyTorch SDPA"
   status="passed test_attention_gpu"; [ $do_test = 1 ] && [ $rc != 0 ] && status="FAILED test_attention_gpu"
   [ $do_test = 0 ] && status="not tested in this run"
-  PYTHONUNBUFFERED=1 timeout 150 python3 bench/bench_attention.py --lib "$BD/libattn.so" --impls $passed \
+  PYTHONUNBUFFERED=1 timeout 150 python3 dev/bench/bench_attention.py --lib "$BD/libattn.so" --impls $passed \
     --default-status "$status" 2>&1 |
     tee "$OUT/bench.txt"
 fi

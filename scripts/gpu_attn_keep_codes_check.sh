@@ -1,7 +1,7 @@
 #!/bin/bash
 # gpu_attn_keep_codes_check.sh: on a GPU machine, validate precision.attention_keep_codes (the
-# forward's quantized Q, K, V kept for the attention backward, src/attention_fp8.cu) and the
-# rewritten quantize kernel (src/attention_quant.cu: transposed codes built in registers, stored
+# forward's quantized Q, K, V kept for the attention backward, attention_fp8.cu) and the
+# rewritten quantize kernel (attention/quant_fp8.cu: transposed codes built in registers, stored
 # to a swizzled shared tile in 4- or 8-byte units), in one go, in under 5 minutes on an H200:
 #   1. build with the Makefile (make -j16 SETUP=0 [CJSON_PREFIX=.deps/cjson]);
 #   2. test_attention_fp8_gpu: the quantize kernel's codes, transposed codes, scales, dequantized
@@ -37,7 +37,7 @@ else
   echo "== build FAILED"
   exit 1
 fi
-$NVCC -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xptxas -v -c src/attention_quant.cu \
+$NVCC -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -Xptxas -v -c attention/quant_fp8.cu \
   -o "$OUT/ptxas_quant.o" > "$OUT/ptxas_quant.txt" 2>&1
 summary+=("quantize kernel (ptxas, D=128 then D=64): $(grep -E 'registers' "$OUT/ptxas_quant.txt" | head -2 |
   sed -E 's/.*Used ([0-9]+) registers.*/\1 regs/' | paste -sd, -), $(grep -E 'spill' "$OUT/ptxas_quant.txt" | head -2 |

@@ -1,6 +1,6 @@
 #!/bin/bash
 # gpu_e2e_bench.sh: on a GPU machine, in one go, the end-to-end speed of train_gpt against the
-# PyTorch baseline of the same architecture (bench/bench_e2e.py: torch.compile, BF16 autocast,
+# PyTorch baseline of the same architecture (dev/bench/bench_e2e.py: torch.compile, BF16 autocast,
 # the fastest SDPA backend, fused AdamW) on the same GPU, for configs/small_125m.json (16 x 1024)
 # and configs/paper_569m.json (MB569 x 4096, default 4), gradient accumulation 1 for both:
 #   1. build train_gpt in the background (make, cJSON from .deps/cjson when present);
@@ -30,7 +30,7 @@ echo "== 1. build train_gpt in the background ($(elapsed) s)"
 build_pid=$!
 
 echo "== 2. PyTorch baseline (timing waits for the build) ($(elapsed) s)"
-timeout -k 5 "$(left $(( BUDGET - 80 )))" python3 bench/bench_e2e.py --config configs/small_125m.json --micro-batch 16 \
+timeout -k 5 "$(left $(( BUDGET - 80 )))" python3 dev/bench/bench_e2e.py --config configs/small_125m.json --micro-batch 16 \
   --config configs/paper_569m.json --micro-batch "$MB569" --warmup 5 --steps 20 --profile \
   --wait-for "$WORK/build.done" --wait-max 200 >"$OUT/torch.log" 2>&1
 echo "bench_e2e exit $? at $(elapsed) s"

@@ -1,8 +1,8 @@
 #!/bin/bash
 # gpu_fp8_attention_check.sh: on a GPU machine, build and run the FP8 attention tests
-# (test/test_attention_fp8_gpu.cu: the quantize kernels of src/attention_quant.cu against the CPU
-# emulation, code for code; src/attention_fwd_fp8.cu's forward, fp8_hybrid's backward and
-# src/attention_bwd_fp8.cu's FP8 backward; ATTN_FP8_TEST_BWD_ONLY=1 runs only the latter), show
+# (test/test_attention_fp8_gpu.cu: the quantize kernels of attention/quant_fp8.cu against the CPU
+# emulation, code for code; attention/fwd_fp8.cu's forward, fp8_hybrid's backward and
+# attention/bwd_fp8.cu's FP8 backward; ATTN_FP8_TEST_BWD_ONLY=1 runs only the latter), show
 # the register/spill report and the SASS instruction mix of the FP8 kernels (QGMMA = FP8 wgmma),
 # and print a summary last. Builds with the Makefile (build/); if that fails (e.g. another
 # module of the tree does not compile), falls back to explicit nvcc commands for just the files
@@ -15,13 +15,13 @@ BD=${BD:-/tmp/gpu_fp8_attn_build}
 mkdir -p "$OUT" "$BD"
 . scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
 CUOBJDUMP=$(command -v cuobjdump || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump")
-NVF="-std=c++17 -O3 -lineinfo -gencode arch=compute_90a,code=sm_90a -Isrc -Xcompiler -fopenmp"  # the Makefile's NVFLAGS
+NVF="-std=c++17 -O3 -lineinfo -gencode arch=compute_90a,code=sm_90a -I. -Xcompiler -fopenmp"  # the Makefile's NVFLAGS
 CU_SRCS="attention_quant"
-[ -f src/attention_fwd_fp8.cu ] && CU_SRCS="$CU_SRCS attention_fwd_fp8"
-[ -f src/attention_bwd_fp8.cu ] && CU_SRCS="$CU_SRCS attention_bwd_fp8"
-[ -f src/attention_delta_fp8.cu ] && CU_SRCS="$CU_SRCS attention_delta_fp8"
+[ -f attention/fwd_fp8.cu ] && CU_SRCS="$CU_SRCS attention_fwd_fp8"
+[ -f attention/bwd_fp8.cu ] && CU_SRCS="$CU_SRCS attention_bwd_fp8"
+[ -f attention/delta_fp8.cu ] && CU_SRCS="$CU_SRCS attention_delta_fp8"
 BF16_SRCS="attention_fwd attention_bwd"  # the BF16 kernels (fp8_hybrid's backward runs on them)
-[ -f src/attention_fwd_mma.cu ] && BF16_SRCS="$BF16_SRCS attention_fwd_mma"
+[ -f attention/fwd_bf16_mma.cu ] && BF16_SRCS="$BF16_SRCS attention_fwd_mma"
 summary=()
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null
 
@@ -39,7 +39,7 @@ else
   ok=1
   objs=""
   for f in common attention_cpu attention_ref; do  # the CPU emulation and the FP64 reference
-    gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -Isrc -I"${CUDA_HOME:-/usr/local/cuda}/include" -c src/$f.c -o "$BD/$f.o" || ok=0
+    gcc -std=c11 -D_GNU_SOURCE -O2 -fopenmp -I. -I"${CUDA_HOME:-/usr/local/cuda}/include" -c src/$f.c -o "$BD/$f.o" || ok=0
     objs="$objs $BD/$f.o"
   done
   # + the BF16 kernels (fp8_hybrid's backward runs on them)

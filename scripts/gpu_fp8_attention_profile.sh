@@ -39,7 +39,7 @@ for k in $KERNELS; do
   [ "$k" = attn_fp8_delta_kernel ] && mode=fp8_dm
   echo "== 2. $k ($mode, T 4096)"
   timeout -k 5 150 "$NCU" --clock-control none --set full -k "regex:^${k}" -c 1 -f -o "$OUT/$k" \
-    python3 bench/bench_attention_fp8.py --lib "$BD/libattn_fp8.so" --modes "$mode" --T 4096 --rounds 1 \
+    python3 dev/bench/bench_attention_fp8.py --lib "$BD/libattn_fp8.so" --modes "$mode" --T 4096 --rounds 1 \
     > "$OUT/ncu_$k.log" 2>&1
   rc=$?
   if [ $rc != 0 ] || [ ! -f "$OUT/$k.ncu-rep" ]; then

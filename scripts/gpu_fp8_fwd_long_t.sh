@@ -7,7 +7,7 @@
 # power of two at 8192 (where L2 sets or memory channels could alias) and not at 7936 or 8320.
 #   1. the attention library (scripts/gpu_fp8_attention_bench.sh BUILD_ONLY=1; with REUSE_LIB=1 the
 #      one an earlier run of that script left in $BD);
-#   2. bench/bench_attention_fp8.py for each T (modes bf16 and fp8_dm, ROUNDS rounds, default 10);
+#   2. dev/bench/bench_attention_fp8.py for each T (modes bf16 and fp8_dm, ROUNDS rounds, default 10);
 #   3. each T's summary: the bare FP8 forward's TFLOP/s (the quantize-pass table), ours (the mode
 #      table) and the line "the bare FP8 forward / ours".
 #   usage: bash scripts/gpu_fp8_fwd_long_t.sh   [T_LIST="7936 8192 8320"] [ROUNDS=10] [REUSE_LIB=1]
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.." || exit 1
 gpu_start /tmp/gpu_fp8_fwd_long_t_out
 attn_lib_or_die  # sets BD
 for T in ${T_LIST:-7936 8192 8320}; do
-  timeout -k 5 200 python3 bench/bench_attention_fp8.py --lib "$BD/libattn_fp8.so" --modes bf16 fp8_dm \
+  timeout -k 5 200 python3 dev/bench/bench_attention_fp8.py --lib "$BD/libattn_fp8.so" --modes bf16 fp8_dm \
     --tokens $((2 * T)) --T "$T" --rounds "${ROUNDS:-10}" --summary-out "$OUT/summary_$T.txt" >"$OUT/bench_$T.txt" 2>&1 ||
     { echo "T $T: exit $?"; tail -5 "$OUT/bench_$T.txt"; }
 done

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.." || exit 1
 gpu_start /tmp/gpu_fp8_loops_out
 CMP=${CMP:-plain_fmax}
 build_or_die build/tests/test_attention_fp8_gpu
-$NVCC -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xptxas -v -c src/attention_fwd_fp8.cu \
+$NVCC -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -Xptxas -v -c attention/fwd_fp8.cu \
   -o /tmp/loops_ptxas.o 2>&1 | grep -E "C75|Compiling entry|spill" |
   sed 's/.*attn_fwd_fp8_kernel\(ILi[0-9]*ELi[0-9]E\).*/\1/' | paste - - | head -12
 TEST_TIMEOUT=240 run_test test_attention_fp8_gpu

@@ -17,7 +17,7 @@
 #      (median of metrics.jsonl over the steps after SKIP, default 5);
 #   4. a table last: mode, tok/s, ratio to bf16, final train / val loss, val loss - bf16's, and
 #      the seed noise.
-# TORCH=1 also times the PyTorch BF16 baseline of $CONFIG at MB x seq_len (bench/bench_e2e.py) after
+# TORCH=1 also times the PyTorch BF16 baseline of $CONFIG at MB x seq_len (dev/bench/bench_e2e.py) after
 # the build and adds it to the table (its ratio to the first run in the last column).
 # Logs go to $OUT (default /tmp/gpu_fp8_e2e_out), runs to $WORK. About 5 minutes on one H200.
 #   usage (device tool, carry [".deps"]): bash scripts/gpu_fp8_linear_e2e.sh
@@ -99,7 +99,7 @@ run() {
 }
 if [ "${TORCH:-0}" = 1 ]; then
   echo "== 3a. PyTorch BF16 baseline of $CNAME, micro-batch $MB ($(elapsed) s)"
-  PYTHONUNBUFFERED=1 timeout -k 5 "$(left 200)" python3 bench/bench_e2e.py --config "$CONFIG" --micro-batch "$MB" \
+  PYTHONUNBUFFERED=1 timeout -k 5 "$(left 200)" python3 dev/bench/bench_e2e.py --config "$CONFIG" --micro-batch "$MB" \
     --warmup 5 --steps 20 >"$OUT/torch_$CNAME.log" 2>&1
   echo "bench_e2e exit $? at $(elapsed) s"
   grep -E "^torch-e2e " "$OUT/torch_$CNAME.log" | cut -c1-200

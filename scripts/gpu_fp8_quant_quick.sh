@@ -10,11 +10,11 @@ cd "$(dirname "$0")/.." || exit 1
 gpu_start /tmp/gpu_fp8_quant_quick
 CJ_INC="" CJ_LIB=""
 [ -d .deps/cjson ] && CJ_INC="-I.deps/cjson/include" CJ_LIB="-L.deps/cjson/lib -Xlinker -rpath -Xlinker $PWD/.deps/cjson/lib"
-FLAGS="-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc -Itest $CJ_INC"
-COMMON="src/linear_fp8_gpu.cu src/linear_fp8.c src/matmul.cu src/matmul_cpu.c src/common.c src/config.c src/config_validate.c"
+FLAGS="-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. -Itest $CJ_INC"
+COMMON="gpu/linear_fp8_gpu.cu cpu/linear_fp8.c gpu/matmul.cu cpu/matmul_cpu.c core/common.c core/config.c core/config_validate.c"
 LIBS="-lcublasLt -lcjson $CJ_LIB -Xcompiler -fopenmp"
 $NVCC $FLAGS test/test_linear_fp8_gpu.cu $COMMON -o "$OUT/test_linear_fp8_gpu" $LIBS >"$OUT/build_linear.log" 2>&1 &
-$NVCC $FLAGS test/test_layers_fp8_gpu.cu src/layers.cu src/layers_fp8.cu $COMMON -o "$OUT/test_layers_fp8_gpu" $LIBS \
+$NVCC $FLAGS test/test_layers_fp8_gpu.cu gpu/layers.cu gpu/layers_fp8.cu $COMMON -o "$OUT/test_layers_fp8_gpu" $LIBS \
   >"$OUT/build_layers.log" 2>&1 &
 wait
 echo "built at $(elapsed) s"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # gpu_fp8_quant_sweep.sh: on a GPU machine, bench_fp8_quant under several compile-time settings of
-# the FP8 quantization kernels (the -D knobs at the top of src/layers_fp8.cu and
-# vec128both_kernel's in src/linear_fp8_gpu.cu: NORM_TILE_BATCH, SWIGLU_BATCH, SWIGLU_BWD_BATCH,
+# the FP8 quantization kernels (the -D knobs at the top of gpu/layers_fp8.cu and
+# vec128both_kernel's in gpu/linear_fp8_gpu.cu: NORM_TILE_BATCH, SWIGLU_BATCH, SWIGLU_BWD_BATCH,
 # LAYERS_FP8_MIN_CTAS, VEC128_BATCH, VEC128_MIN_CTAS, and the per-tensor instances' own
 # NORM_TILE_TENSOR_BATCH, SWIGLU_TENSOR_BATCH, SWIGLU_BWD_PAIR_BATCH, ROPE_BWD_BATCH,
 # LAYERS_FP8_TENSOR_MIN_CTAS), one library build. Each setting compiles
@@ -19,7 +19,7 @@ gpu_start /tmp/gpu_fp8_quant_sweep
 timeout 300 make -j16 SETUP=0 $CJ build/libtraingpt.a build/bench/bench_fp8_quant >"$OUT/build.log" 2>&1 ||
   { tail -20 "$OUT/build.log"; echo "== build FAILED"; exit 1; }
 NVFLAGS=$(make -s -f Makefile print-nvflags SETUP=0 $CJ 2>/dev/null)
-[ -n "$NVFLAGS" ] || NVFLAGS="-O3 -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -Isrc"
+[ -n "$NVFLAGS" ] || NVFLAGS="-O3 -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -I."
 LDLIBS=$(make -s -f Makefile print-ldlibs SETUP=0 $CJ 2>/dev/null)
 i=0
 for setting in "$@"; do
@@ -27,9 +27,9 @@ for setting in "$@"; do
   for kv in $setting; do
     case "$kv" in SRC=*) src="${kv#SRC=}/src" ;; *) defs="$defs -D$kv" ;; esac
   done
-  ( $NVCC $NVFLAGS $defs -c "$src/layers_fp8.cu" -o "$d/layers_fp8.o" &&
-    $NVCC $NVFLAGS $defs -c "$src/linear_fp8_gpu.cu" -o "$d/linear_fp8_gpu.o" &&
-    $NVCC $NVFLAGS -c bench/bench_fp8_quant.cu -o "$d/bench.o" &&
+  ( $NVCC $NVFLAGS $defs -c "$gpu/layers_fp8.cu" -o "$d/layers_fp8.o" &&
+    $NVCC $NVFLAGS $defs -c "$gpu/linear_fp8_gpu.cu" -o "$d/linear_fp8_gpu.o" &&
+    $NVCC $NVFLAGS -c dev/bench/bench_fp8_quant.cu -o "$d/bench.o" &&
     ${CC:-cc} "$d/bench.o" "$d/layers_fp8.o" "$d/linear_fp8_gpu.o" build/libtraingpt.a $LDLIBS -lstdc++ -o "$d/bench" ) \
     >"$d/build.log" 2>&1 &
   i=$((i + 1))

@@ -1,12 +1,12 @@
 #!/bin/bash
 # gpu_layers_bench.sh: on a GPU machine, the BF16 row kernels that every precision runs (the LM
 # head's cross-entropy, the RMSNorm backward) checked and timed in one call (carry .deps):
-#   1. build (make: test_layers_gpu and bench/bench_layers; cJSON from .deps/cjson when present);
+#   1. build (make: test_layers_gpu and dev/bench/bench_layers; cJSON from .deps/cjson when present);
 #   2. test_layers_gpu (every layer kernel against its host reference, the cross-entropy on its
 #      row-in-registers paths and the scalar one) unless NO_TEST=1;
 #   3. bench_layers at paper_569m's shapes with the default kernels, then with CE_SCALAR=1 (the
 #      scalar cross-entropy), the RMSNorm backward at C 2048 and 3072 too, and PyTorch's F.cross_entropy forward + backward on the same logits
-#      (bench/bench_layers_torch.py) as the peer; the tables last.
+#      (dev/bench/bench_layers_torch.py) as the peer; the tables last.
 # Logs in $OUT (default /tmp/gpu_layers_bench_out). About a minute on one H200 after the build.
 #   usage: bash scripts/gpu_layers_bench.sh
 set -u
@@ -27,7 +27,7 @@ CE_SCALAR=1 build/bench/bench_layers 2>&1 | grep -E "^# bench|cross-entropy" >>"
 for c in 2048 3072; do  # paper_1p67b's and paper_5p29b's width (the RMSNorm backward at 1 block per SM)
   build/bench/bench_layers 16384 $c 2>&1 | grep -E "^# bench|rmsnorm" >>"$OUT/bench.md"
 done
-python3 bench/bench_layers_torch.py >>"$OUT/bench.md" 2>&1
+python3 dev/bench/bench_layers_torch.py >>"$OUT/bench.md" 2>&1
 echo "== summary ($(elapsed) s)"
 for l in "${summary[@]}"; do echo "  $l"; done
 cat "$OUT/bench.md"

@@ -3,7 +3,7 @@
 # commands (no Makefile, no cJSON), then print a summary last. Logs go to $OUT (or
 # /tmp/gpu_layers_out), binaries to $BD (or /tmp/gpu_layers_build).
 #   usage: bash scripts/gpu_layers_check.sh [--compile-only] [--sanitize] [--timing]
-#     --compile-only  only check that src/layers.cu, embedding.cu, matmul.cu, adamw_gpu.cu compile with the
+#     --compile-only  only check that gpu/layers.cu, embedding.cu, matmul.cu, adamw_gpu.cu compile with the
 #                     Makefile's CI flags and that the tests build (works without a GPU)
 #     --sanitize      also run the layer test under compute-sanitizer memcheck
 #     --timing        also time every kernel and GEMM at training sizes (GPU_LAYERS_TIMING=1)
@@ -18,14 +18,14 @@ for a in "$@"; do
 done
 . scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
 ARCH="-gencode arch=compute_90a,code=sm_90a"
-CI_NVF="-std=c++17 -O3 -lineinfo $ARCH -Isrc -Xcompiler -fopenmp"   # the Makefile's NVFLAGS
-CFL="-std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc"
+CI_NVF="-std=c++17 -O3 -lineinfo $ARCH -I. -Xcompiler -fopenmp"   # the Makefile's NVFLAGS
+CFL="-std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Wno-unused-parameter -fopenmp -I."
 summary=()
 
 echo "== build"
 t0=$(date +%s)
 build_ok=1
-gcc $CFL -c src/common.c -o "$BD/common.o" && gcc $CFL -c src/optimizer.c -o "$BD/optimizer.o" || build_ok=0
+gcc $CFL -c core/common.c -o "$BD/common.o" && gcc $CFL -c optimizer.c -o "$BD/optimizer.o" || build_ok=0
 pids=()
 for f in layers embedding matmul adamw_gpu; do  # CI flags, in parallel; ptxas report for the record
   ( $NVCC $CI_NVF -Xptxas -v -c src/$f.cu -o "$BD/$f.o" > "$OUT/build_$f.txt" 2>&1 ) & pids+=($!)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# gpu_qkv_gemm_ab.sh: on a GPU machine, the QKV projection GEMM (src/qkv_gemm.cu) of several
+# gpu_qkv_gemm_ab.sh: on a GPU machine, the QKV projection GEMM (gpu/qkv_gemm.cu) of several
 # versions timed against each other in one call, so that a change of ~1% is judged against its
 # base minutes apart on the same GPU rather than across calls (whose GPUs differ by several %):
 #   1. bench_qkv_gemm built in each version's directory (a snapshot from scripts/snapshot_refs.sh,

@@ -1,6 +1,6 @@
 #!/bin/bash
 # gpu_qkv_gemm_check.sh: on a GPU machine, the QKV projection with its quantizing epilogue
-# (src/qkv_gemm.cu) checked and timed in one call (carry .deps):
+# (gpu/qkv_gemm.cu) checked and timed in one call (carry .deps):
 #   1. build (make, cJSON from .deps/cjson when present);
 #   2. test_qkv_gemm_gpu (the GEMM against the CPU and cuBLASLt, its codes against
 #      attn_gpu_quantize's, the FP8 forward and backward on them), and the same under

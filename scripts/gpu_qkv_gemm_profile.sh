@@ -1,6 +1,6 @@
 #!/bin/bash
 # gpu_qkv_gemm_profile.sh: on a GPU machine with hardware counters, one Nsight Compute profile of
-# the QKV GEMM (src/qkv_gemm.cu) in each variant of VARIANTS, and of cuBLASLt's GEMM of the same
+# the QKV GEMM (gpu/qkv_gemm.cu) in each variant of VARIANTS, and of cuBLASLt's GEMM of the same
 # shape, to see where the quantizing GEMM loses against cuBLASLt (docs/perf.md, stops 37-38): the
 # share of the consumer warps' stall samples in the epilogue's lines against the mainloop's, the
 # tensor pipe's utilization, the issue activity.

@@ -39,7 +39,7 @@ if [ -z "$NVDISASM" ]; then
 fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-"$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Xptxas -v -cubin "$@" \
+"$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -Xptxas -v -cubin "$@" \
   -o "$out/k.cubin" "$src" > "$out/ptxas.txt" 2>&1 || { tail -20 "$out/ptxas.txt"; exit 1; }
 "$NVDISASM" -c "$out/k.cubin" > "$out/k.sass" 2>/dev/null
 found=0

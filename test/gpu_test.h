@@ -50,7 +50,7 @@ static inline int gpu_test_have_gpu(const char *name) {
 #ifdef __cplusplus
 #include <vector>  // host copies of device buffers
 
-#include "fp8.h"  // bf16_from_f32 (host and device)
+#include "core/fp8.h"  // bf16_from_f32 (host and device)
 
 // Device buffers: dnew allocates n elements poisoned with 0xFF bytes (NaN for float and BF16),
 // so an output a kernel forgot to write shows up; dup copies a host vector to the device; back

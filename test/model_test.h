@@ -10,10 +10,10 @@
 #include <stdio.h>   // printf
 #include <stdlib.h>  // exit
 
-#include "common.h"     // ErrBuf, now_seconds
-#include "config.h"     // Config, config_parse
-#include "model_cpu.h"  // CpuModel, for the paired training steps
-#include "model_gpu.h"  // GpuModel, for the paired and timed training steps
+#include "core/common.h"     // ErrBuf, now_seconds
+#include "core/config.h"     // Config, config_parse
+#include "cpu/model_cpu.h"  // CpuModel, for the paired training steps
+#include "gpu/model_gpu.h"  // GpuModel, for the paired and timed training steps
 #include "optimizer.h"  // AdamW, adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
 #include "test.h"       // CHECK
 

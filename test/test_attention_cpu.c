@@ -4,8 +4,8 @@
 #include <math.h>    // fabs, sqrt
 #include <string.h>  // memcpy, memcmp
 
-#include "attention_cpu.h"  // the code under test
-#include "common.h"         // xmalloc
+#include "cpu/attention_cpu.h"  // the code under test
+#include "core/common.h"         // xmalloc
 #include "test.h"           // CHECK, test_summary
 
 // One input set with its FP64 reference.

@@ -4,7 +4,7 @@
 // V̂ dÔ^T with the keys as M (m64n64 wgmmas, a warpgroup per 64 keys), the delta pass's
 // delta_issue / delta_p / delta_mask take S = Q̂ K̂^T and dP = dÔ V̂^T with the queries as M
 // (m64n128, Q̂ and dÔ as A fragments from registers). Both are the device routines of
-// src/attention_bwd_fp8_tile.cuh that the kernels run.
+// attention/bwd_fp8_tile.cuh that the kernels run.
 // One CTA loads one 64-query x 128-key tile of fresh random codes and runs both forms on it:
 //   - every P and dP element of the two forms has the same bits (masked ones included);
 //   - and both are attention's values: P against exp(tau S - LSE) and dP against dÔ · V̂, in
@@ -18,8 +18,8 @@
 #include <stdio.h>   // printf, snprintf
 #include <vector>    // host tiles
 
-#include "attention_bwd_fp8_tile.cuh"  // tile_p_dp, delta_a_frags, delta_issue, delta_p, delta_mask, sw128
-#include "fp8.h"                       // fp8_from_f32, fp8_to_f32, fp8_scale_for_amax
+#include "attention/bwd_fp8_tile.cuh"  // tile_p_dp, delta_a_frags, delta_issue, delta_p, delta_mask, sw128
+#include "core/fp8.h"                       // fp8_from_f32, fp8_to_f32, fp8_scale_for_amax
 #include "gpu_test.h"                  // CU, dnew, dup, back, rng_normal, gpu_test_have_gpu
 #include "test.h"                      // CHECK, test_summary
 

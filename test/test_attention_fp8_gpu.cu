@@ -24,13 +24,13 @@
 #include <string.h>        // memcpy, memset
 #include <vector>          // host buffers
 
-#include "attention_cpu.h"    // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
+#include "cpu/attention_cpu.h"    // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
 #include "attention_fp8.h"    // attn_mode_forward / attn_mode_backward with and without kept codes
-#include "attention_gpu_common.cuh"  // causal_item_grouped, causal_heads_per_group (host-side checks); fast_exp2, poly_exp2
-#include "attention_gpu.h"    // attn_gpu_backward (BF16; fp8_hybrid's backward)
-#include "attention_quant.h"  // the kernels under test
-#include "layers.h"           // rope_table_gpu, rope_forward_gpu: the reference of the fused RoPE
-#include "fp8.h"              // fp8_from_f32, bf16_to_f32
+#include "attention/common.cuh"  // causal_item_grouped, causal_heads_per_group (host-side checks); fast_exp2, poly_exp2
+#include "attention/kernels_bf16.h"    // attn_gpu_backward (BF16; fp8_hybrid's backward)
+#include "attention/kernels_fp8.h"  // the kernels under test
+#include "gpu/layers.h"           // rope_table_gpu, rope_forward_gpu: the reference of the fused RoPE
+#include "core/fp8.h"              // fp8_from_f32, bf16_to_f32
 #include "gpu_test.h"         // CU, rng_*, gpu_test_have_gpu
 #include "test.h"             // CHECK, test_summary
 

@@ -16,7 +16,7 @@
 #include <string.h>        // memcpy, memset
 #include <vector>          // host buffers
 
-#include "attention_gpu.h"  // the kernels under test
+#include "attention/kernels_bf16.h"  // the kernels under test
 #include "gpu_test.h"  // CU, rng_uniform/rng_normal, gpu_test_have_gpu
 #include "test.h"           // CHECK, test_summary
 

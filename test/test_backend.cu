@@ -21,13 +21,13 @@
 #include <stdlib.h>  // malloc, free
 #include <string.h>  // memcmp, strstr
 
-#include "backend.h"    // the facade under test
-#include "common.h"     // ErrBuf
-#include "config.h"     // config_parse
-#include "gpu_info.h"   // is there a GPU
-#include "model.h"      // memory_plan
-#include "model_cpu.h"  // the reference the CPU path must equal
-#include "model_gpu.h"  // gpu_model_plan
+#include "core/backend.h"    // the facade under test
+#include "core/common.h"     // ErrBuf
+#include "core/config.h"     // config_parse
+#include "gpu/gpu_info.h"   // is there a GPU
+#include "core/model.h"      // memory_plan
+#include "cpu/model_cpu.h"  // the reference the CPU path must equal
+#include "gpu/model_gpu.h"  // gpu_model_plan
 #include "model_test.h" // make_config
 #include "optimizer.h"  // adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
 #include "test.h"       // CHECK, test_summary

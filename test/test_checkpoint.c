@@ -5,9 +5,9 @@
 #include <sys/stat.h>  // mkdir
 #include <unistd.h>    // getpid, unlink
 
-#include "checkpoint.h"  // the module under test
-#include "config.h"      // config_parse for real model configs
-#include "model.h"       // param_table_build
+#include "core/checkpoint.h"  // the module under test
+#include "core/config.h"      // config_parse for real model configs
+#include "core/model.h"       // param_table_build
 #include "test.h"        // CHECK
 
 static char dir[256];

@@ -17,7 +17,7 @@
 
 #include <cuda_runtime.h>  // the two-GPU section (device buffers)
 
-#include "comm.h"  // the module under test
+#include "comm/comm.h"  // the module under test
 #include "test.h"  // CHECK
 
 static const char *comm_vars[] = {

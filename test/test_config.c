@@ -9,7 +9,7 @@
 #include <sys/stat.h>     // stat of the written file
 #include <unistd.h>       // unlink, rmdir
 
-#include "config.h"
+#include "core/config.h"
 #include "test.h"
 
 // A minimal valid document with room for one extra section body appended by the caller.

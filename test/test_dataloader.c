@@ -6,7 +6,7 @@
 #include <sys/stat.h>  // stat, mkdir
 #include <unistd.h>    // unlink, rmdir
 
-#include "common.h"      // ErrBuf, xmalloc
+#include "core/common.h"      // ErrBuf, xmalloc
 #include "dataloader.h"  // the module under test
 #include "test.h"        // CHECK, test_summary
 

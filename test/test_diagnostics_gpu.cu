@@ -14,11 +14,11 @@
 #include <string.h>  // memcmp
 #include <vector>    // buffers
 
-#include "config.h"       // Config
-#include "diagnostics.h"  // the module under test
+#include "core/config.h"       // Config
+#include "eval/diagnostics.h"  // the module under test
 #include "gpu_test.h"     // gpu_test_have_gpu
-#include "model_cpu.h"    // CpuModel
-#include "model_gpu.h"    // GpuModel, gpu_model_probe
+#include "cpu/model_cpu.h"    // CpuModel
+#include "gpu/model_gpu.h"    // GpuModel, gpu_model_probe
 #include "model_test.h"   // make_config, make_batch
 #include "test.h"         // CHECK, test_summary
 

@@ -16,7 +16,7 @@
 #include <stdint.h>  // uint32_t
 #include <string.h>  // memcpy
 
-#include "fp8.h"   // the code under test
+#include "core/fp8.h"   // the code under test
 #include "test.h"  // CHECK, test_summary
 
 static float f_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

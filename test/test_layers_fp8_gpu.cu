@@ -21,11 +21,11 @@
 #include <string.h>        // memcmp, strlen
 #include <vector>          // host buffers
 
-#include "fp8.h"             // bf16_from_f32, bf16_to_f32
-#include "layers.h"          // the unfused kernels
-#include "layers_fp8.h"      // under test
-#include "linear_fp8.h"      // fp8_quantize: the contract on the host
-#include "linear_fp8_gpu.h"  // fp8_quantize_gpu: the unfused quantization
+#include "core/fp8.h"             // bf16_from_f32, bf16_to_f32
+#include "gpu/layers.h"          // the unfused kernels
+#include "gpu/layers_fp8.h"      // under test
+#include "cpu/linear_fp8.h"      // fp8_quantize: the contract on the host
+#include "gpu/linear_fp8_gpu.h"  // fp8_quantize_gpu: the unfused quantization
 #include "gpu_test.h"        // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back
 #include "test.h"            // CHECK, test_summary
 

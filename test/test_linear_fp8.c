@@ -8,9 +8,9 @@
 #include <stdlib.h>  // malloc, free
 #include <string.h>  // memcpy
 
-#include "fp8.h"         // fp8_to_f32 (decoding the codes under test), FP8 maxima
-#include "linear_fp8.h"  // fp8_quantize, linear_*
-#include "matmul_cpu.h"  // the FP32 products the BF16 path must equal
+#include "core/fp8.h"         // fp8_to_f32 (decoding the codes under test), FP8 maxima
+#include "cpu/linear_fp8.h"  // fp8_quantize, linear_*
+#include "cpu/matmul_cpu.h"  // the FP32 products the BF16 path must equal
 #include "test.h"        // CHECK
 
 static unsigned long long rng = 0x243F6A8885A308D3ull;

@@ -11,8 +11,8 @@
 #include <stdio.h>         // printf, snprintf
 #include <vector>          // host buffers
 
-#include "fp8.h"     // bf16_from_f32, bf16_to_f32
-#include "matmul.h"  // the GEMMs under test
+#include "core/fp8.h"     // bf16_from_f32, bf16_to_f32
+#include "gpu/matmul.h"  // the GEMMs under test
 #include "gpu_test.h"  // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
 #include "test.h"    // CHECK, test_summary
 

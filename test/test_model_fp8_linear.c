@@ -10,8 +10,8 @@
 #include <stdlib.h>  // malloc, free
 #include <string.h>  // memcmp, memcpy
 
-#include "config.h"     // Config, config_defaults
-#include "model_cpu.h"  // CpuModel
+#include "core/config.h"     // Config, config_defaults
+#include "cpu/model_cpu.h"  // CpuModel
 #include "optimizer.h"  // AdamW
 #include "test.h"       // CHECK
 

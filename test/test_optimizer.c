@@ -5,7 +5,7 @@
 #include <omp.h>     // omp_set_num_threads: results must not depend on the thread count
 #include <string.h>  // memcpy, memcmp, memset
 
-#include "common.h"     // xmalloc
+#include "core/common.h"     // xmalloc
 #include "optimizer.h"  // the module under test
 #include "test.h"       // CHECK, test_summary
 

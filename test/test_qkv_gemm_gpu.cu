@@ -1,4 +1,4 @@
-// test_qkv_gemm_gpu: the QKV projection GEMM with its quantizing epilogue (src/qkv_gemm.h).
+// test_qkv_gemm_gpu: the QKV projection GEMM with its quantizing epilogue (gpu/qkv_gemm.h).
 //   1. qkv_gemm_bf16 against a CPU reference of x W^T (FP64 sums of the BF16 inputs) and against
 //      cuBLASLt (matmul_forward_gpu): within BF16 output rounding and FP32 summation order;
 //   2. qkv_gemm_bf16 with RoPE: bit for bit its own unrotated output through rope_forward_gpu;
@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "attention_fp8.h"
-#include "attention_quant.h"
+#include "attention/kernels_fp8.h"
 #include "gpu_test.h"
-#include "layers.h"
-#include "matmul.h"
-#include "qkv_gemm.h"
+#include "gpu/layers.h"
+#include "gpu/matmul.h"
+#include "gpu/qkv_gemm.h"
 #include "test.h"
 
 typedef std::vector<uint16_t> Bf;

@@ -10,9 +10,9 @@
 #include <sys/wait.h>  // waitpid
 #include <unistd.h>    // fork, dup2, chdir, getcwd
 
-#include "common.h"     // ErrBuf, read_file_text, xmalloc
+#include "core/common.h"     // ErrBuf, read_file_text, xmalloc
 #include "test.h"       // CHECK, test_summary
-#include "tokenizer.h"  // the module under test
+#include "tokenizer/tokenizer.h"  // the module under test
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.

@@ -21,12 +21,12 @@
 #include <vector>  // host copies
 
 #include "gpu_test.h"   // CU, gpu_test_have_gpu
-#include "model.h"      // memory_plan
-#include "model_gpu.h"  // gpu_model_init_sharded, gpu_model_step_slice, gpu_model_plan_sharded
+#include "core/model.h"      // memory_plan
+#include "gpu/model_gpu.h"  // gpu_model_init_sharded, gpu_model_step_slice, gpu_model_plan_sharded
 #include "model_test.h" // TINY_JSON, make_config, make_batch
 #include "optimizer.h"  // grad_clip_factor
 #include "test.h"       // CHECK, test_summary
-#include "zero1_gpu.h"  // zero1_gpu_full_norm
+#include "gpu/zero1_gpu.h"  // zero1_gpu_full_norm
 
 // --- host: the per-rank plan ---------------------------------------------------------------------
 static void plan_tests(void) {

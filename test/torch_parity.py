@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """torch_parity.py: an independent check of train_gpt's GPU backend against PyTorch.
 
-Builds the GPT of src/model.h in PyTorch from its definition (not from our code): RMSNorm
+Builds the GPT of core/model.h in PyTorch from its definition (not from our code): RMSNorm
 y = x * rsqrt(mean(x^2) + eps) * g; QK-RMSNorm per head (gains of size head_dim) when qk_norm;
 RoPE rotate-half (pairs (i, i + hd/2) rotated by pos * theta^(-2i/hd), the cos/sin table in
-float64 rounded to float32, as src/layers_cpu.c and src/layers.cu do); causal softmax
+float64 rounded to float32, as cpu/layers_cpu.c and gpu/layers.cu do); causal softmax
 attention with scale 1/sqrt(hd); SwiGLU with fc rows [gate | up]; no biases; untied or tied
 LM head over the padded vocabulary with the padded columns left out of the cross-entropy;
 targets < 0 ignored. It loads a dump written by `test_model_gpu --dump PREFIX` (initial FP32
 weights, the batches, our GPU's loss, gradients and 10-step losses), computes the loss and
 every gradient in FP32 (TF32 off) and under BF16 autocast, prints a table per tensor and
 PASS/FAIL, then runs 10 AdamW steps (torch.optim.AdamW, decay on 2-D tensors only, constant
-LR, global-norm clipping as src/optimizer.c: factor min(1, clip / norm)) on the same batches and
+LR, global-norm clipping as optimizer.c: factor min(1, clip / norm)) on the same batches and
 compares the loss curve with ours.
 
 Dump format (little endian): b"TGPTDMP1", uint32 n_entries, then per entry: uint32 name_len,
@@ -67,7 +67,7 @@ def read_dump(path):
 
 
 class GPT:
-    """The architecture of src/model.h as plain functions of a dict of parameter tensors."""
+    """The architecture of core/model.h as plain functions of a dict of parameter tensors."""
 
     def __init__(self, meta, device):
         i = lambda k: int(meta[k])

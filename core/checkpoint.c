@@ -1,0 +1,401 @@
+// checkpoint.c: save and load of the full training state (layout in checkpoint.h), the
+// `latest` pointer, and pruning to the last N checkpoints.
+#include "core/checkpoint.h"
+
+#include <dirent.h>    // opendir/readdir to list step_*.ckpt
+#include <errno.h>     // errno for messages
+#include <stdlib.h>    // qsort, strtoll
+#include <string.h>    // memcpy, strcmp, strerror
+#include <unistd.h>    // unlink
+
+// ---------------------------------------------------------------------------------------------
+// FNV-1a 64: a simple checksum that catches any flipped byte of a stored file.
+static uint64_t fnv1a64(const unsigned char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A growing byte buffer for the writer.
+typedef struct {
+    unsigned char *buf;
+    size_t len, cap;
+} ByteWriter;
+
+static void put(ByteWriter *w, const void *p, size_t n) {
+    if (w->len + n > w->cap) {
+        size_t cap = w->cap ? w->cap : 4096;
+        while (cap < w->len + n) cap *= 2;
+        w->buf = xrealloc(w->buf, cap);
+        w->cap = cap;
+    }
+    memcpy(w->buf + w->len, p, n);
+    w->len += n;
+}
+static void put_u32(ByteWriter *w, uint32_t x) { put(w, &x, sizeof x); }
+static void put_i32(ByteWriter *w, int32_t x) { put(w, &x, sizeof x); }
+static void put_u64(ByteWriter *w, uint64_t x) { put(w, &x, sizeof x); }
+static void put_i64(ByteWriter *w, int64_t x) { put(w, &x, sizeof x); }
+static void put_f64(ByteWriter *w, double x) { put(w, &x, sizeof x); }
+
+// A bounds-checked reader over a loaded file (the size was validated before reading).
+typedef struct {
+    const unsigned char *buf;
+    size_t len, pos;
+} ByteReader;
+
+static void get(ByteReader *r, void *p, size_t n) {
+    // The header's file size was checked against the real size, and every count is bounded
+    // by it below, so running past the end means this code is wrong, not the file.
+    if (r->pos + n > r->len) FATAL("checkpoint reader ran past the end (%zu + %zu > %zu)", r->pos, n, r->len);
+    memcpy(p, r->buf + r->pos, n);
+    r->pos += n;
+}
+static uint32_t get_u32(ByteReader *r) { uint32_t x; get(r, &x, sizeof x); return x; }
+static int32_t get_i32(ByteReader *r) { int32_t x; get(r, &x, sizeof x); return x; }
+static uint64_t get_u64(ByteReader *r) { uint64_t x; get(r, &x, sizeof x); return x; }
+static int64_t get_i64(ByteReader *r) { int64_t x; get(r, &x, sizeof x); return x; }
+static double get_f64(ByteReader *r) { double x; get(r, &x, sizeof x); return x; }
+
+// ---------------------------------------------------------------------------------------------
+// The shape fields, in file order, with the config key each one corresponds to.
+#define N_SHAPE_FIELDS 12
+static const char *const shape_field_names[N_SHAPE_FIELDS] = {
+    "model.vocab_size", "model.padded_vocab_size", "model.d_model", "model.n_layer",
+    "model.n_head", "model.ffn_hidden", "model.seq_len", "model.qk_norm",
+    "model.tied_embeddings", "model.position", "number of parameter tensors", "total parameters"};
+
+static void shape_fields_of(const ModelConfig *m, const ParamTable *t, int64_t f[N_SHAPE_FIELDS]) {
+    f[0] = m->vocab_size;
+    f[1] = m->padded_vocab_size;
+    f[2] = m->d_model;
+    f[3] = m->n_layer;
+    f[4] = m->n_head;
+    f[5] = m->ffn_hidden;
+    f[6] = m->seq_len;
+    f[7] = m->qk_norm;
+    f[8] = m->tied_embeddings;
+    f[9] = m->position;
+    f[10] = t->n;
+    f[11] = (int64_t)t->total;
+}
+
+#define HEADER_BYTES (4 + 4 + 8 + 8 * N_SHAPE_FIELDS + 8)  // up to and including the config length
+#define TENSOR_NAME_BYTES 64
+#define DELAYED_BYTES (3 * 4 + 4 * ATTN_MAX_AMAX_HISTORY * 4 + 4 * 4)
+
+int checkpoint_save(const char *path, const CheckpointState *s, ErrBuf *e) {
+    const ParamTable *t = s->table;
+    ByteWriter w = {0};
+    put_u32(&w, CKPT_MAGIC);
+    put_u32(&w, CKPT_VERSION);
+    put_u64(&w, 0);  // file size, patched below
+    int64_t f[N_SHAPE_FIELDS];
+    shape_fields_of(s->model, t, f);
+    for (int i = 0; i < N_SHAPE_FIELDS; i++) put_i64(&w, f[i]);
+    const char *cfg = s->config_json ? s->config_json : "";
+    put_u64(&w, strlen(cfg));
+    put(&w, cfg, strlen(cfg));
+    for (int i = 0; i < t->n; i++) {
+        char name[TENSOR_NAME_BYTES] = {0};
+        snprintf(name, sizeof name, "%s", t->p[i].name);
+        put(&w, name, sizeof name);
+        put_i64(&w, t->p[i].rows);
+        put_i64(&w, t->p[i].cols);
+    }
+    put(&w, s->params, t->total * sizeof(float));
+    put(&w, s->adam_m, t->total * sizeof(float));
+    put(&w, s->adam_v, t->total * sizeof(float));
+    put_i64(&w, s->adam_step);
+    put_i64(&w, s->train_step);
+    put_f64(&w, s->elapsed_s);
+    put_u64(&w, s->sample_rng);
+    put_u64(&w, s->data.seed);
+    put_i64(&w, s->data.epoch);
+    put_i64(&w, s->data.shard_pos);
+    put_i64(&w, s->data.window_pos);
+    int n_delayed = s->delayed ? s->n_delayed : 0;
+    put_u64(&w, (uint64_t)n_delayed);
+    for (int l = 0; l < n_delayed; l++) {
+        const AttnDelayedState *d = &s->delayed[l];
+        put_i32(&w, d->len);
+        put_i32(&w, d->pos);
+        put_i32(&w, d->filled);
+        put(&w, d->hist, sizeof d->hist);
+        put(&w, d->cur_amax, sizeof d->cur_amax);
+    }
+    uint64_t size = w.len + 8;
+    memcpy(w.buf + 8, &size, sizeof size);
+    put_u64(&w, fnv1a64(w.buf, w.len));
+    int rc = write_file_atomic(path, w.buf, w.len, e);
+    free(w.buf);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads the file and validates what needs no model: magic, version, size, checksum. Returns
+// the bytes (caller frees) with the reader positioned after the header's file-size field.
+static unsigned char *read_validated(const char *path, ByteReader *r, ErrBuf *e) {
+    size_t len = 0;
+    char *text = read_file_text(path, &len, e);
+    if (!text) return NULL;
+    unsigned char *buf = (unsigned char *)text;
+    *r = (ByteReader){buf, len, 0};
+    if (len < 8) {
+        free(buf);
+        errf(e, "checkpoint %s: truncated: %zu bytes, shorter than the 8-byte magic and version", path, len);
+        return NULL;
+    }
+    uint32_t magic = get_u32(r), version = get_u32(r);
+    if (magic != CKPT_MAGIC) {
+        free(buf);
+        errf(e, "checkpoint %s: not a train_gpt checkpoint (magic 0x%08x, expected 0x%08x \"TGPT\")", path, magic, CKPT_MAGIC);
+        return NULL;
+    }
+    if (version != CKPT_VERSION) {
+        free(buf);
+        errf(e, "checkpoint %s: format version %u, this build reads version %d", path, version, CKPT_VERSION);
+        return NULL;
+    }
+    if (len < HEADER_BYTES) {
+        free(buf);
+        errf(e, "checkpoint %s: truncated: %zu bytes, shorter than its %d-byte header", path, len, HEADER_BYTES);
+        return NULL;
+    }
+    uint64_t expected = get_u64(r);
+    if (expected != len) {
+        free(buf);
+        errf(e, "checkpoint %s: %s: the header says %llu bytes but the file has %zu (an interrupted copy?)", path,
+             len < expected ? "truncated" : "wrong size", (unsigned long long)expected, len);
+        return NULL;
+    }
+    uint64_t stored;
+    memcpy(&stored, buf + len - 8, sizeof stored);
+    if (fnv1a64(buf, len - 8) != stored) {
+        free(buf);
+        errf(e, "checkpoint %s: corrupt: the checksum does not match its contents", path);
+        return NULL;
+    }
+    r->len = len - 8;  // the checksum is not content
+    return buf;
+}
+
+// Reads the config text that follows the shape fields (its length is bounded by the file).
+static char *read_config_text(const char *path, ByteReader *r, ErrBuf *e) {
+    uint64_t n = get_u64(r);
+    if (n > r->len - r->pos) {
+        errf(e, "checkpoint %s: corrupt: config length %llu exceeds the file", path, (unsigned long long)n);
+        return NULL;
+    }
+    char *cfg = xmalloc(n + 1);
+    get(r, cfg, n);
+    cfg[n] = '\0';
+    return cfg;
+}
+
+char *checkpoint_read_config(const char *path, ErrBuf *e) {
+    ByteReader r;
+    unsigned char *buf = read_validated(path, &r, e);
+    if (!buf) return NULL;
+    for (int i = 0; i < N_SHAPE_FIELDS; i++) get_i64(&r);
+    char *cfg = read_config_text(path, &r, e);
+    free(buf);
+    if (cfg && !cfg[0]) {
+        free(cfg);
+        errf(e, "checkpoint %s: holds no config text", path);
+        return NULL;
+    }
+    return cfg;
+}
+
+int checkpoint_load(const char *path, CheckpointState *s, ErrBuf *e) {
+    ByteReader r;
+    unsigned char *buf = read_validated(path, &r, e);
+    if (!buf) return -1;
+    int rc = -1;
+    const ParamTable *t = s->table;
+    int64_t want[N_SHAPE_FIELDS], have[N_SHAPE_FIELDS];
+    shape_fields_of(s->model, t, want);
+    for (int i = 0; i < N_SHAPE_FIELDS; i++) have[i] = get_i64(&r);
+    for (int i = 0; i < N_SHAPE_FIELDS; i++) {
+        if (have[i] != want[i]) {
+            errf(e, "checkpoint %s: %s is %lld in the checkpoint but %lld in the config", path,
+                 shape_field_names[i], (long long)have[i], (long long)want[i]);
+            goto done;
+        }
+    }
+    char *cfg = read_config_text(path, &r, e);
+    if (!cfg) goto done;
+    free(cfg);
+    // The tensor table: the same names and shapes in the same order. The size check above
+    // guarantees the table and buffers fit, since the file size equals what they need.
+    size_t need = (size_t)t->n * (TENSOR_NAME_BYTES + 16) + 3 * t->total * sizeof(float) + 8 * 9;
+    if (r.len - r.pos < need) {
+        errf(e, "checkpoint %s: corrupt: %zu bytes left for tensors and state, need at least %zu", path, r.len - r.pos, need);
+        goto done;
+    }
+    for (int i = 0; i < t->n; i++) {
+        char name[TENSOR_NAME_BYTES + 1] = {0};
+        get(&r, name, TENSOR_NAME_BYTES);
+        int64_t rows = get_i64(&r), cols = get_i64(&r);
+        const ParamDesc *d = &t->p[i];
+        if (strcmp(name, d->name) != 0) {
+            errf(e, "checkpoint %s: tensor %d is %s in the checkpoint but %s in the model", path, i, name, d->name);
+            goto done;
+        }
+        if (rows != d->rows || cols != d->cols) {
+            errf(e, "checkpoint %s: %s: checkpoint has shape (%lld, %lld), model has (%ld, %ld)", path, d->name,
+                 (long long)rows, (long long)cols, d->rows, d->cols);
+            goto done;
+        }
+    }
+    size_t bytes = t->total * sizeof(float);
+    get(&r, s->params, bytes);
+    if (s->adam_m) get(&r, s->adam_m, bytes); else r.pos += bytes;
+    if (s->adam_v) get(&r, s->adam_v, bytes); else r.pos += bytes;
+    s->adam_step = get_i64(&r);
+    s->train_step = get_i64(&r);
+    s->elapsed_s = get_f64(&r);
+    s->sample_rng = get_u64(&r);
+    s->data.seed = get_u64(&r);
+    s->data.epoch = get_i64(&r);
+    s->data.shard_pos = get_i64(&r);
+    s->data.window_pos = get_i64(&r);
+    uint64_t n_delayed = get_u64(&r);
+    if (n_delayed > (r.len - r.pos) / DELAYED_BYTES || r.len - r.pos != n_delayed * DELAYED_BYTES) {
+        errf(e, "checkpoint %s: corrupt: %llu delayed-scaling states do not fit the %zu bytes left", path,
+             (unsigned long long)n_delayed, r.len - r.pos);
+        goto done;
+    }
+    int restore = s->delayed && (int)n_delayed == s->n_delayed;
+    for (uint64_t l = 0; l < n_delayed; l++) {
+        AttnDelayedState d;
+        d.len = get_i32(&r);
+        d.pos = get_i32(&r);
+        d.filled = get_i32(&r);
+        get(&r, d.hist, sizeof d.hist);
+        get(&r, d.cur_amax, sizeof d.cur_amax);
+        if (d.len < 0 || d.len > ATTN_MAX_AMAX_HISTORY) {
+            errf(e, "checkpoint %s: corrupt: layer %llu's delayed-scaling history length %d is outside [0, %d]", path,
+                 (unsigned long long)l, d.len, ATTN_MAX_AMAX_HISTORY);
+            goto done;
+        }
+        if (restore) s->delayed[l] = d;
+    }
+    rc = 0;
+done:
+    free(buf);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Directory helpers.
+
+void checkpoint_dir_of(const Config *c, char *out, size_t out_len) {
+    if (c->checkpoint.dir[0]) snprintf(out, out_len, "%s", c->checkpoint.dir);
+    else snprintf(out, out_len, "%s/checkpoints", c->log.dir);
+}
+
+void checkpoint_path_for_step(const char *dir, long long step, char *out, size_t out_len) {
+    snprintf(out, out_len, "%s/step_%06lld.ckpt", dir, step);
+}
+
+int checkpoint_mark_latest(const char *dir, const char *path, ErrBuf *e) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    char text[1024], latest[4096];
+    int n = snprintf(text, sizeof text, "%s\n", base);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    return write_file_atomic(latest, text, (size_t)n, e);
+}
+
+// Parses "step_<digits>.ckpt"; returns the step or -1.
+static long long step_of_name(const char *name) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    char *end;
+    long long step = strtoll(name + 5, &end, 10);
+    if (end == name + 5 || strcmp(end, ".ckpt") != 0 || step < 0) return -1;
+    return step;
+}
+
+// Steps of every step_*.ckpt in dir, ascending; returns the count (0 if dir is missing).
+static int list_steps(const char *dir, long long **steps_out) {
+    *steps_out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    long long *steps = NULL;
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        long long s = step_of_name(ent->d_name);
+        if (s < 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            steps = xrealloc(steps, (size_t)cap * sizeof *steps);
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)  // insertion sort: a handful of files
+        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
+            long long tmp = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = tmp;
+        }
+    *steps_out = steps;
+    return n;
+}
+
+int checkpoint_find_latest(const char *dir, char *out, size_t out_len, ErrBuf *e) {
+    char latest[4096];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    if (file_exists(latest)) {
+        char *text = read_file_text(latest, NULL, e);
+        if (!text) return -1;
+        text[strcspn(text, "\r\n")] = '\0';
+        if (text[0]) {
+            snprintf(out, out_len, "%s/%s", dir, text);
+            int ok = file_exists(out);
+            free(text);
+            if (ok) return 0;
+            // fall through to the newest step file when `latest` names a deleted file
+        } else {
+            free(text);
+        }
+    }
+    long long *steps;
+    int n = list_steps(dir, &steps);
+    if (n == 0) return errf(e, "no checkpoint to resume from in %s (no 'latest' file and no step_*.ckpt)", dir);
+    checkpoint_path_for_step(dir, steps[n - 1], out, out_len);
+    free(steps);
+    return 0;
+}
+
+int checkpoint_dir_has_any(const char *dir) {
+    char latest[4096];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    if (file_exists(latest)) return 1;
+    long long *steps;
+    int n = list_steps(dir, &steps);
+    free(steps);
+    return n > 0;
+}
+
+int checkpoint_prune(const char *dir, int keep) {
+    if (keep <= 0) return 0;
+    long long *steps;
+    int n = list_steps(dir, &steps);
+    int deleted = 0;
+    for (int i = 0; i + keep < n; i++) {
+        char path[4096];
+        checkpoint_path_for_step(dir, steps[i], path, sizeof path);
+        if (unlink(path) == 0) deleted++;
+        else fprintf(stderr, "train_gpt: warning: could not delete old checkpoint %s: %s\n", path, strerror(errno));
+    }
+    free(steps);
+    return deleted;
+}

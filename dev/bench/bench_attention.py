@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""bench_attention.py: our fused causal BF16 attention (attention_gpu.h) against PyTorch SDPA's
+cuDNN and FlashAttention-2 backends, forward and backward timed separately, B*T fixed, H=16,
+d=128, T = 1K, 2K, 4K, 8K. TFLOP/s with forward 4*B*H*T^2*d/2 and backward 2.5x that (causal).
+
+Our kernels are called in this process through ctypes from a shared library built from
+attention/fwd_bf16.cu, attention/bwd_bf16.cu and core/common.c (scripts/gpu_attention_check.sh
+builds it), so every implementation runs on the same tensors and the timings interleave: each
+round times one call of every implementation, in a rotating order, between its own CUDA events;
+the table gives the median over the rounds. Interleaving spreads clock and thermal drift evenly
+over the implementations instead of letting the one timed last run on a hotter, slower chip.
+
+"ours" is the library's default forward kernel, named in the header line. --impls adds other
+forward kernels (ATTN_GPU_FWD values: wgmma_tma, wgmma_pipe, mma), each from its own copy of
+the library (the choice is read once per process, per library copy), as extra forward columns.
+
+  python3 dev/bench/bench_attention.py --lib /tmp/gpu_attn_build/libattn.so [--impls wgmma_pipe mma]
+                                   [--tokens 16384] [--T 1024 2048] [--rounds 30]
+"""
+import argparse
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def flops(B, H, T, d):
+    fwd = 4.0 * B * H * T * T * d / 2.0
+    return fwd, 2.5 * fwd
+
+
+class Ours:
+    """One copy of the attention library with its forward kernel fixed to `impl` (None: default)."""
+
+    def __init__(self, lib_path, impl):
+        tmp = tempfile.mkdtemp(prefix="attn_bench_")
+        path = os.path.join(tmp, f"libattn_{impl or 'default'}.so")
+        shutil.copy(lib_path, path)  # a separate copy: its own static state (the impl choice)
+        saved = os.environ.pop("ATTN_GPU_FWD", None)
+        if impl:
+            os.environ["ATTN_GPU_FWD"] = impl
+        self.lib = ctypes.CDLL(path)
+        self.lib.attn_gpu_forward_impl_name.restype = ctypes.c_char_p
+        self.name = self.lib.attn_gpu_forward_impl_name().decode()  # latches the choice now
+        os.environ.pop("ATTN_GPU_FWD", None)
+        if saved is not None:
+            os.environ["ATTN_GPU_FWD"] = saved
+        self.lib.attn_gpu_backward_workspace_bytes.restype = ctypes.c_size_t
+        P, I = ctypes.c_void_p, ctypes.c_int
+        self.lib.attn_gpu_forward.argtypes = [P, P, P, I, P, I, P, I, I, I, I, P]
+        self.lib.attn_gpu_backward.argtypes = [P, P, P, I, P, P, I, P, P, P, P, I, P, I, I, I, I, P]
+        self.lib.attn_gpu_backward_workspace_bytes.argtypes = [I, I, I, I]
+
+    def setup(self, qkv, dout, B, H, T, d):
+        """Closures (fwd, bwd) over packed qkv (B, T, 3, H, d) and dout (B, T, H, d), and the
+        forward's output tensors (o, lse)."""
+        C = H * d
+        o = torch.empty(B, T, H, d, device="cuda", dtype=torch.bfloat16)
+        lse = torch.empty(B, H, T, device="cuda", dtype=torch.float32)
+        dqkv = torch.empty_like(qkv)
+        ws = torch.empty(self.lib.attn_gpu_backward_workspace_bytes(B, H, T, d), device="cuda",
+                         dtype=torch.uint8)
+        q, k, v = (qkv.data_ptr() + i * C * 2 for i in range(3))
+        dq, dk, dv = (dqkv.data_ptr() + i * C * 2 for i in range(3))
+        stream = torch.cuda.current_stream().cuda_stream
+        lib = self.lib
+
+        def fwd():
+            lib.attn_gpu_forward(q, k, v, 3 * C, o.data_ptr(), C, lse.data_ptr(), B, H, T, d, stream)
+
+        def bwd():
+            lib.attn_gpu_backward(q, k, v, 3 * C, o.data_ptr(), dout.data_ptr(), C, lse.data_ptr(),
+                                  dq, dk, dv, 3 * C, ws.data_ptr(), B, H, T, d, stream)
+
+        fwd()  # the backward needs this forward's o and lse
+        return fwd, bwd, (o, lse)
+
+
+def torch_setup(backend, qkv, dout_bhtd):
+    """Closures (fwd, bwd) of SDPA with one backend on (B, H, T, d) views of the packed qkv."""
+    leaf = qkv.detach().requires_grad_(True)
+    q, k, v = (leaf[:, :, i].transpose(1, 2) for i in range(3))
+
+    def fwd():
+        with sdpa_kernel(backend), torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    with sdpa_kernel(backend):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def bwd():
+        # autograd.grad returns fresh gradients (no accumulation into .grad)
+        with sdpa_kernel(backend):
+            torch.autograd.grad(out, (leaf,), dout_bhtd, retain_graph=True)
+
+    fwd()
+    bwd()  # fails here, not mid-timing, if the backend cannot run this shape
+    return fwd, bwd
+
+
+def time_each(fn, n, before=None):
+    """ms of each of n launches of fn, each between its own CUDA events; before() runs first each
+    time (untimed). Back to back unless before() makes a gap."""
+    ev = []
+    for _ in range(n):
+        if before:
+            before()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        ev.append((e0, e1))
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in ev]
+
+
+class GpuSampler:
+    """nvidia-smi every 20 ms in the background while a benchmark runs: samples (time, SM MHz, W,
+    clock-event reasons), each stamped with nvidia-smi's own timestamp (not the time its line reached
+    us through the pipe), for the clock a kernel ran at (bench_attention_sustained.py,
+    fwd_fp8_series.py). between(t0, t1): the samples taken within host times t0 .. t1 (time.time())."""
+
+    def __init__(self):
+        self.samples = []
+        self.p = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active",
+                                   "--format=csv,noheader,nounits", "-lms", "20"], stdout=subprocess.PIPE, text=True)
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            parts = [x.strip() for x in line.split(",")]
+            try:  # "2026/12/02 03:30:01.123, 1980, 690.12, 0x0000000000000004" (local time)
+                day, frac = parts[0].split(".")
+                ts = time.mktime(time.strptime(day, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
+                self.samples.append((ts, float(parts[1]), float(parts[2]), parts[3] if len(parts) > 3 else ""))
+            except (ValueError, IndexError):
+                pass  # a header or a field nvidia-smi could not read ("[N/A]")
+
+    def between(self, t0, t1):
+        return [x for x in self.samples if t0 <= x[0] <= t1]
+
+    def stop(self):
+        self.p.terminate()
+        self.t.join(timeout=2)
+
+
+def time_interleaved(fns, rounds, warmup=3):
+    """Median ms of each fn in fns (dict name -> fn): every round runs each once, rotating order."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    torch.cuda.synchronize()
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU spin: the queue stays ahead of the host
+        ev = []
+        for n in order:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fns[n]()
+            e1.record()
+            ev.append((n, e0, e1))
+        torch.cuda.synchronize()
+        for n, e0, e1 in ev:
+            times[n].append(e0.elapsed_time(e1))
+    out = {}
+    for n in names:
+        t = sorted(times[n])
+        out[n] = (t[len(t) // 2], t[0], t[-1])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True, help="shared library with attention_gpu.h's functions")
+    ap.add_argument("--impls", nargs="*", default=[], help="other forward kernels to time too")
+    ap.add_argument("--tokens", type=int, default=16384, help="B*T")
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--T", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--default-status", default="", help="the default kernel's test result, for the header")
+    a = ap.parse_args()
+
+    ours = Ours(a.lib, None)
+    extra = [Ours(a.lib, impl) for impl in a.impls]
+    extra = [e for e in extra if e.name != ours.name]
+    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)]
+    rows = []
+    for T in a.T:
+        B = max(a.tokens // T, 1)
+        ff, fb = flops(B, a.H, T, a.d)
+        qkv = torch.rand(B, T, 3, a.H, a.d, device="cuda", dtype=torch.bfloat16) * 4 - 2
+        dout = torch.rand(B, T, a.H, a.d, device="cuda", dtype=torch.bfloat16) * 4 - 2
+        fwds, bwds = {}, {}
+        outs = {}
+        fwds["ours"], bwds["ours"], outs["ours"] = ours.setup(qkv, dout, B, a.H, T, a.d)
+        for e in extra:
+            fwds[e.name], _, outs[e.name] = e.setup(qkv, dout, B, a.H, T, a.d)
+        for name, be in backends:
+            try:
+                fwds[name], bwds[name] = torch_setup(be, qkv, dout.transpose(1, 2))
+            except Exception as ex:  # a backend PyTorch cannot run here is reported, not fatal
+                print(f"# {name} T={T}: {type(ex).__name__}: {str(ex).splitlines()[0][:120]}",
+                      file=sys.stderr)
+        tf = time_interleaved(fwds, a.rounds)
+        tb = time_interleaved(bwds, a.rounds)
+        r = {"T": T, "B": B, "f": {n: ff / v[0] / 1e9 for n, v in tf.items()},
+             "b": {n: fb / v[0] / 1e9 for n, v in tb.items()}, "tf": tf, "tb": tb}
+        rows.append(r)
+        print(f"# T={T} B={B} ms median [min, max] over {a.rounds} rounds: fwd "
+              + ", ".join(f"{n} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for n, v in tf.items())
+              + "; bwd " + ", ".join(f"{n} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for n, v in tb.items()),
+              flush=True)
+        # same inputs, so the forward kernels must agree (the same algorithm bit for bit; the
+        # mma.sync kernel's 64-key blocks round P differently): a check at the timed sizes
+        # (every |O| <= max |V| = 2: O rows are convex combinations of V rows)
+        o0, l0 = (x.float() for x in outs["ours"])
+        for n in outs:
+            o1, l1 = (x.float() for x in outs[n])
+            bad = int((o1.abs() > 2.02).sum().item())
+            msg = f"# T={T}: {n}: {bad} elements with |O| > max |V|"
+            if n != "ours":
+                diff = (o1 - o0).abs()
+                i = int(diff.argmax().item())
+                where = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), diff.shape))
+                msg += (f"; vs {ours.name}: O max |diff| {diff.max().item():.3e} at (b, t, h, c) = "
+                        f"{where} ({o1.flatten()[i].item():.4g} vs {o0.flatten()[i].item():.4g}), "
+                        f"LSE max |diff| {(l1 - l0).abs().max().item():.3e}")
+            print(msg, flush=True)
+        del fwds, bwds, outs, qkv, dout
+        torch.cuda.empty_cache()
+
+    def cell(d, n):
+        return f"{d[n]:7.1f}" if n in d else "    n/a"
+
+    def ratio(d, n):
+        return f"{d['ours'] / d[n]:5.2f}" if n in d and "ours" in d else "  n/a"
+
+    print(f"causal attention, BF16, H={a.H}, d={a.d}, B*T={a.tokens}; TFLOP/s (fwd 4BHT^2d/2, "
+          f"bwd 2.5x), medians of {a.rounds} interleaved rounds; torch {torch.__version__}, "
+          f"cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}")
+    status = f"; {a.default_status}" if a.default_status else ""
+    print(f"ours = forward kernel '{ours.name}' (the default{status}); backward: mma.sync kernel")
+    xh = "".join(f" {e.name[:12]:>12}" for e in extra)
+    print(f"    T    B |  ours_f{xh} cudnn_f   fa2_f |  ours_b cudnn_b   fa2_b |"
+          f" f/cud f/fa2 b/cud b/fa2")
+    for r in rows:
+        f, b = r["f"], r["b"]
+        xs = "".join(f" {f[e.name]:12.1f}" if e.name in f else "          n/a" for e in extra)
+        print(f"{r['T']:5d} {r['B']:4d} | {cell(f, 'ours')}{xs} {cell(f, 'cudnn')} {cell(f, 'fa2')} | "
+              f"{cell(b, 'ours')} {cell(b, 'cudnn')} {cell(b, 'fa2')} | "
+              f"{ratio(f, 'cudnn')} {ratio(f, 'fa2')} {ratio(b, 'cudnn')} {ratio(b, 'fa2')}")
+    if extra:
+        for e in extra:
+            print(f"   {e.name} fwd / cuDNN fwd: "
+                  + " ".join(f"T={r['T']}: {r['f'][e.name] / r['f']['cudnn']:.2f}"
+                             for r in rows if e.name in r["f"] and "cudnn" in r["f"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+// bench_qkv_gemm.cu: the attention block's forward up to O, the three ways the trainer can run
+// it, against cuBLASLt in the same process on the same GPU (random inputs, never zeros):
+//   bf16      cuBLASLt QKV GEMM, rope_forward_gpu, our BF16 flash forward
+//   fp8 pass  cuBLASLt QKV GEMM, then fp8_dm's forward with RoPE in its quantize pass
+//             (attn_mode_forward_rope, kept codes): the trainer's FP8 path before qkv_gemm
+//   fp8 epi   qkv_gemm_quant (our GEMM, quantizing epilogue, RoPE in it), then the FP8 forward on
+//             its codes (attn_mode_forward_codes)
+// and the parts: the GEMM alone (cuBLASLt BF16 out, ours quantizing), the quantize pass alone, the
+// two attention forwards alone. Interleaved rounds (each variant once per round, median of 10 runs
+// each), the median over rounds printed. Shapes: B T = 16384 tokens, head dim 128.
+// "prep + attn" is each attention's forward with what it needs beyond a plain cuBLASLt projection:
+// BF16 rope_forward_gpu, FP8 the time our quantizing GEMM takes over cuBLASLt's; their ratio is the
+// FP8 forward's speedup with its operands' preparation paid. The GEMM is the same in every row
+// (B T = 16384), so a last table pools the FP8 prep over the rows (the median of the differences):
+// one row's difference of two ~0.6 ms GEMMs moves by several % with the GPU's clocks.
+// First, the GEMM alone in every form of qkv_gemm.cu (QKV_GEMM_FORM), BF16 out and quantizing,
+// with the quantizing epilogue overlapped with the next mainloop (the wide forms' default), its
+// stores only deferred, or neither (QKV_GEMM_DEFER=2, 1, 0), against cuBLASLt; the default form
+// and epilogue last (what the trainer runs).
+//
+//   bench_qkv_gemm [rounds=5] [C=2048] [T list, default 1024 2048 4096 8192]
+//   bench_qkv_gemm profile VARIANT [C=2048]   one GEMM launched twice, nothing else after the inputs'
+//     fill, for a profiler (scripts/gpu_qkv_gemm_profile.sh): VARIANT cublas, or FORM[_bf16|_norope]
+//     with FORM one of pingpong, coop, wide, wide2 (quantizing with RoPE; _bf16: BF16 out without RoPE,
+//     _norope: quantizing without RoPE)
+#include <stdio.h>   // printf
+#include <stdlib.h>  // atoi
+#include <string.h>  // memset
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attention_fp8.h"    // attn_mode_forward*, kept codes
+#include "attention/kernels_bf16.h"    // attn_gpu_forward (BF16)
+#include "attention/kernels_fp8.h"  // attn_gpu_quantize
+#include "bench_gpu.cuh"      // CU, random_bf16, bench_time_ms
+#include "gpu/layers.h"           // rope_table_gpu, rope_forward_gpu
+#include "gpu/matmul.h"           // matmul_forward_gpu (cuBLASLt)
+#include "gpu/qkv_gemm.h"         // qkv_gemm_quant
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Each variant once per round, the median of its 10 timed runs; returns the medians over rounds.
+static std::vector<double> time_rounds(const std::vector<std::function<void()>> &fs, int rounds) {
+    std::vector<std::vector<double>> t(fs.size());
+    for (int r = 0; r < rounds; r++)
+        for (size_t i = 0; i < fs.size(); i++) t[i].push_back(bench_time_ms(fs[i], 3, 10));
+    std::vector<double> m;
+    for (auto &v : t) m.push_back(median(v));
+    return m;
+}
+
+// fp8_dm's kept codes for B sequences of T tokens (kc, a new device buffer) as the quantizing GEMM's
+// outputs, with a new RoPE table of T positions (*rope).
+static QkvQuantOut quant_outputs(int B, int H, int T, AttnSavedCodes *kc, float **rope) {
+    const int d = 128;
+    CU(cudaMalloc(rope, (size_t)T * 64 * 2 * 4));
+    rope_table_gpu(*rope, T, d, 10000.0, 0);
+    const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
+    memset(kc, 0, sizeof *kc);
+    kc->bytes = attn_saved_codes_bytes(&dm, B, H, T, d);
+    CU(cudaMalloc(&kc->buf, kc->bytes));
+    QkvQuantOut qo;
+    attn_saved_codes_parts(&dm, kc, B, H, T, d, qo.codes, qo.codes_t, qo.scales);
+    qo.rope = *rope;
+    return qo;
+}
+
+// The GEMM alone: cuBLASLt, then ours in every form, BF16 out (no RoPE) and quantizing (RoPE on q, k),
+// at T = 4096 (the quantizing epilogue's blocks; the GEMM's time does not depend on T), and the
+// default form last. Returns the default form's time over cuBLASLt's, ms (the "prep" of FP8).
+static double bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int M, int C, int rounds) {
+    const int T = 4096, B = M / T, H = C / 128, N = 3 * C;
+    float *rope;
+    AttnSavedCodes kc;
+    const QkvQuantOut qo = quant_outputs(B, H, T, &kc, &rope);
+    std::vector<std::function<void()>> fs;
+    std::vector<std::string> names;
+    fs.push_back([=] { matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0); });
+    names.push_back("cuBLASLt (BF16 out)");
+    static const char *const form_names[] = {"pingpong", "coop", "wide", "wide2"};
+    QkvQuantOut qo_norope = qo;  // an ablation: the quantizing epilogue without RoPE
+    qo_norope.rope = NULL;
+    // (form, quantizing (2: without RoPE), deferred stores, group rows)
+    struct V {
+        int form, quant, defer, group;
+    };
+    // defer: 2 the wide forms' overlapped epilogue (their default), 1 the serial epilogue with its
+    // code stores deferred (the others' default), 0 the serial epilogue storing at once
+    const V vs[] = {{0, 0, 1, 0}, {1, 0, 1, 0}, {3, 0, 1, 0}, {0, 1, 1, 0}, {1, 1, 1, 0}, {2, 1, 1, 0},
+                    {3, 1, 1, 0}, {2, 1, 2, 0}, {3, 1, 2, 0}, {2, 1, 2, 8}, {1, 1, 0, 0}, {2, 1, 0, 0},
+                    {0, 2, 1, 0}, {1, 2, 1, 0}, {2, 2, 1, 0}, {2, 2, 2, 0}, {-1, 1, -1, -1}};
+    for (const V v : vs) {
+        fs.push_back([=] {
+            qkv_gemm_test_form(v.form);
+            qkv_gemm_test_defer(v.defer);
+            qkv_gemm_test_group_rows(v.group);
+            if (v.quant) qkv_gemm_quant(v.quant == 2 ? &qo_norope : &qo, x, w, M, T, C, 0);
+            else qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0);
+        });
+        if (v.form < 0) {  // the default form and epilogue, as the trainer runs them
+            names.push_back(std::string("ours, the default (") + qkv_gemm_form_name(M, N, C) + "), quantizing");
+            continue;
+        }
+        names.push_back(std::string("ours ") + form_names[v.form] + (v.quant ? ", quantizing" : ", BF16 out") +
+                        (v.quant == 2 ? " without RoPE" : "") + (v.quant && !v.defer ? ", stores not deferred" : "") +
+                        (v.quant && v.defer == 2 ? ", epilogue overlapped" : "") +
+                        (v.group ? ", groups of " + std::to_string(v.group) + " rows" : ""));
+    }
+    std::vector<int> grids;  // each variant's CTAs
+    for (auto &f : fs) {
+        f();
+        grids.push_back(qkv_gemm_last_grid());
+    }
+    const std::vector<double> m = time_rounds(fs, rounds);
+    qkv_gemm_test_form(-1);
+    qkv_gemm_test_defer(-1);
+    qkv_gemm_test_group_rows(-1);
+    const double gflop = 2.0 * M * N * C * 1e-9;
+    printf("| GEMM %d x %d x %d | CTAs | ms | TFLOP/s | / cuBLASLt's time |\n|---|---|---|---|---|\n", M, N, C);
+    for (size_t i = 0; i < fs.size(); i++)
+        printf("| %s | %s | %.4f | %.0f | %.3f |\n", names[i].c_str(), i ? std::to_string(grids[i]).c_str() : "-", m[i],
+               gflop / m[i], m[i] / m[0]);
+    fflush(stdout);
+    CU(cudaFree(rope));
+    CU(cudaFree(kc.buf));
+    return m.back() - m[0];
+}
+
+// The profile mode: the named variant twice (a profiler skips the first launch), T = 4096.
+static int profile_variant(const char *variant, int C) {
+    static const char *const form_names[] = {"pingpong", "coop", "wide", "wide2"};
+    const int M = 16384, T = 4096, B = M / T, H = C / 128, d = 128, N = 3 * C;
+    int form = -1, quant = 1;
+    for (int f = 0; f < 4; f++) {
+        const size_t n = strlen(form_names[f]);
+        if (strncmp(variant, form_names[f], n)) continue;
+        const char *rest = variant + n;
+        if (!*rest) form = f, quant = 1;
+        else if (!strcmp(rest, "_bf16")) form = f, quant = 0;
+        else if (!strcmp(rest, "_norope")) form = f, quant = 2;
+    }
+    const bool cublas = !strcmp(variant, "cublas");
+    const char *why;
+    if ((!cublas && form < 0) || qkv_gemm_quant_supported(M, T, C, d, &why)) {
+        fprintf(stderr, "bench_qkv_gemm profile: VARIANT cublas or FORM[_bf16|_norope] (FORM pingpong, coop, wide, "
+                        "wide2), C a multiple of 128; got '%s', C %d\n", variant, C);
+        return 2;
+    }
+    matmul_gpu_init();
+    uint16_t *x = random_bf16((size_t)M * C, 1), *w = random_bf16((size_t)N * C, 2), *qkv;
+    CU(cudaMalloc(&qkv, (size_t)M * N * 2));
+    float *rope;
+    AttnSavedCodes kc;
+    QkvQuantOut qo = quant_outputs(B, H, T, &kc, &rope);
+    if (quant == 2) qo.rope = NULL;
+    if (!cublas) qkv_gemm_test_form(form);
+    for (int i = 0; i < 2; i++) {
+        if (cublas) matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
+        else if (quant) qkv_gemm_quant(&qo, x, w, M, T, C, 0);
+        else qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0);  // as bench_forms: BF16 out, no RoPE
+    }
+    CU(cudaDeviceSynchronize());
+    printf("bench_qkv_gemm profile: %s, C %d, launched twice (form %s)\n", variant, C,
+           cublas ? "cuBLASLt" : qkv_gemm_form_name(M, N, C));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "profile")) return profile_variant(argv[2], argc > 3 ? atoi(argv[3]) : 2048);
+    const int rounds = argc > 1 ? atoi(argv[1]) : 5, C = argc > 2 ? atoi(argv[2]) : 2048;
+    std::vector<int> Ts;
+    for (int i = 3; i < argc; i++) Ts.push_back(atoi(argv[i]));
+    if (Ts.empty()) Ts = {1024, 2048, 4096, 8192};
+    const char *why;
+    for (int T : Ts)
+        if (rounds < 1 || T <= 0 || 16384 % T || qkv_gemm_quant_supported(16384, T, C, 128, &why)) {
+            fprintf(stderr, "bench_qkv_gemm: rounds >= 1, T dividing 16384 and the quantizing GEMM's shapes (C %d, T %d)\n", C, T);
+            return 2;
+        }
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    matmul_gpu_init();
+    const int M = 16384, H = C / 128, d = 128, N = 3 * C;
+    printf("# bench_qkv_gemm on %s: B T = %d, C = %d (H %d, d 128), %d rounds, ms (median)\n", prop.name, M, C, H, rounds);
+    uint16_t *x = random_bf16((size_t)M * C, 1), *w = random_bf16((size_t)N * C, 2), *qkv, *o;
+    CU(cudaMalloc(&qkv, (size_t)M * N * 2));
+    CU(cudaMalloc(&o, (size_t)M * C * 2));
+    float *lse, *rope;
+    CU(cudaMalloc(&lse, (size_t)M * H * 4));
+    const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
+    // the FP8 prep (our quantizing GEMM's time over cuBLASLt's): one per timed set, pooled below
+    std::vector<double> prep_f8 = {bench_forms(x, w, qkv, M, C, rounds)};
+    std::vector<std::pair<int, double>> bf_side;  // (T, rope + BF16 attention), and FP8 attention:
+    std::vector<double> f8_attn;
+    printf("\nlayers with the default form (%s):\n", qkv_gemm_form_name(M, N, C));
+    printf("| T | cuBLASLt GEMM | ours GEMM+quant | TFLOP/s cuBLASLt / ours | quant pass | rope | bf16 attn | fp8 attn "
+           "(codes) | bf16 layer | fp8 pass layer | fp8 epi layer | epi / pass | bf16 / epi | prep + attn bf16 / fp8 |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int T : Ts) {
+        const int B = M / T;
+        AttnSavedCodes kc;
+        QkvQuantOut qo = quant_outputs(B, H, T, &kc, &rope);
+        void *ws;
+        CU(cudaMalloc(&ws, attn_mode_workspace_bytes(&dm, B, H, T, d)));
+        AttnQuantTensor ts[3];
+        memset(ts, 0, sizeof ts);
+        for (int i = 0; i < 3; i++) {
+            ts[i].x = qkv + i * C;
+            ts[i].stride = N;
+            ts[i].fmt = FP8_E4M3;
+            ts[i].codes = qo.codes[i];
+            ts[i].codes_t = qo.codes_t[i];
+            ts[i].scales = qo.scales[i];
+            ts[i].max_scale_exp = attn_scale_max_exp(i == 2 ? CAST_V : CAST_Q);
+            ts[i].rope = i < 2 ? rope : NULL;
+        }
+        matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);  // qkv for the parts that read it
+        auto gemm = [&] { matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0); };
+        auto ours = [&] { qkv_gemm_quant(&qo, x, w, M, T, C, 0); };
+        auto quant = [&] { attn_gpu_quantize(ts, 3, B, H, T, d, 0); };
+        auto attn_bf = [&] { attn_gpu_forward(qkv, qkv + C, qkv + 2 * C, N, o, C, lse, B, H, T, d, 0); };
+        auto attn_f8 = [&] { attn_mode_forward_codes(&dm, &kc, o, C, lse, B, H, T, d, 0); };
+        auto layer_bf = [&] {
+            matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
+            rope_forward_gpu(qkv, rope, B, T, H, d, 0);
+            attn_gpu_forward(qkv, qkv + C, qkv + 2 * C, N, o, C, lse, B, H, T, d, 0);
+        };
+        auto layer_pass = [&] {
+            matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
+            attn_mode_forward_rope(&dm, qkv, rope, 0, o, C, lse, B, H, T, d, &kc, NULL, ws, NULL, 0);
+        };
+        auto layer_epi = [&] {
+            qkv_gemm_quant(&qo, x, w, M, T, C, 0);
+            attn_mode_forward_codes(&dm, &kc, o, C, lse, B, H, T, d, 0);
+        };
+        auto rope_only = [&] { rope_forward_gpu(qkv, rope, B, T, H, d, 0); };
+        const std::vector<double> m =
+            time_rounds({gemm, ours, quant, rope_only, attn_bf, attn_f8, layer_bf, layer_pass, layer_epi}, rounds);
+        const double gflop = 2.0 * M * N * C * 1e-9;
+        // prep + attn: BF16 rope + its forward; FP8 (ours - cuBLASLt) + its forward on the codes
+        const double bf = m[3] + m[4], f8 = (m[1] - m[0]) + m[5];
+        prep_f8.push_back(m[1] - m[0]);
+        bf_side.push_back({T, bf});
+        f8_attn.push_back(m[5]);
+        printf("| %d | %.4f | %.4f | %.0f / %.0f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.4f | %.3f | %.3f | %.3f |\n",
+               T, m[0], m[1], gflop / m[0], gflop / m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[7] / m[8],
+               m[6] / m[8], bf / f8);
+        fflush(stdout);
+        CU(cudaFree(rope));
+        CU(cudaFree(kc.buf));
+        CU(cudaFree(ws));
+    }
+    printf("# epi / pass: the fp8 pass layer's time over the fp8 epi layer's (> 1: the epilogue is faster); "
+           "bf16 / epi: our BF16 layer's time over the fp8 epi layer's; prep + attn bf16 / fp8: (rope + bf16 attn) / "
+           "(ours GEMM+quant - cuBLASLt GEMM + fp8 attn)\n");
+    // The GEMM is the same in every row (M = B T = 16384), so its FP8 prep is one number per width:
+    // the median over the GEMM table's default row and the layer rows. A single row's difference of
+    // two ~0.6 ms GEMMs moves by several % between rows (the GPU's clocks), which is most of the
+    // spread of the per-row ratio above. (With an even count, median takes the upper middle: the
+    // larger difference, which counts against FP8.)
+    const double prep = median(prep_f8);
+    printf("\nprep + attn with the FP8 prep pooled: %.4f ms, the median of %zu (ours - cuBLASLt) differences\n",
+           prep, prep_f8.size());
+    printf("| T | rope + bf16 attn | prep + fp8 attn | bf16 / fp8 |\n|---|---|---|---|\n");
+    for (size_t i = 0; i < bf_side.size(); i++)
+        printf("| %d | %.4f | %.4f | %.3f |\n", bf_side[i].first, bf_side[i].second, prep + f8_attn[i],
+               bf_side[i].second / (prep + f8_attn[i]));
+    return 0;
+}
