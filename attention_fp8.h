@@ -34,7 +34,7 @@
 #include <stdint.h>            // uint16_t (BF16 bits)
 #include <cuda_runtime_api.h>  // cudaStream_t
 
-#include "cpu/attention_cpu.h"  // AttnOptions (precision, grad_format, scaling, p_scale), AttnCast
+#include "core/precision.h"  // AttnOptions (precision, grad_format, scaling, p_scale), AttnCast
 
 #ifdef __cplusplus
 extern "C" {

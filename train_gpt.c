@@ -43,7 +43,7 @@
 #include "eval/diagnostics.h" // FP8-attention diagnostics on probe batches (diagnostics section)
 #include "eval/sample.h"      // sample_generate for the periodic samples, cmd_sample
 #include "gpu/gpu_info.h"     // GpuInfo: device name and peak for MFU
-#include "cpu/linear_fp8.h"   // linear_delayed_on: the run log names the linear scaling
+#include "core/precision.h"   // linear_delayed_on: the run log names the linear scaling
 #include "optimizer.h"        // lr_at_step, grad_clip_factor
 #include "tokenizer/tokenizer.h"  // decoding samples, cmd_encode, cmd_decode, cmd_tokenize
 

@@ -28,7 +28,7 @@
 #include <stdint.h>            // uint8_t, uint16_t
 #include <cuda_runtime_api.h>  // cudaStream_t
 
-#include "cpu/attention_cpu.h"  // ATTN_SCALE_BLOCK (128 tokens per scale)
+#include "core/precision.h"  // ATTN_SCALE_BLOCK (128 tokens per scale), AttnCast
 #include "core/fp8.h"            // Fp8Format
 
 #ifdef __cplusplus

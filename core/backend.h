@@ -31,7 +31,7 @@
 #include <stdint.h>  // int32_t tokens
 #include <stdio.h>   // FILE for the memory plan
 
-#include "cpu/attention_cpu.h"  // AttnDelayedState
+#include "core/precision.h"    // AttnDelayedState
 #include "core/common.h"         // ErrBuf
 #include "core/config.h"         // Config, DeviceKind, TrainConfig
 #include "gpu/gpu_info.h"       // GpuInfo

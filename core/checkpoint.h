@@ -23,7 +23,7 @@
 
 #include <stddef.h>  // size_t
 
-#include "cpu/attention_cpu.h"  // AttnDelayedState
+#include "core/precision.h"  // AttnDelayedState
 #include "core/common.h"         // ErrBuf
 #include "core/config.h"         // ModelConfig
 #include "dataloader.h"     // DataLoaderState

@@ -36,7 +36,8 @@
 #ifndef CONFIG_H
 #define CONFIG_H
 
-#include "core/common.h"  // ErrBuf
+#include "core/common.h"     // ErrBuf
+#include "core/precision.h"  // the precision section: PrecisionConfig and its enums
 
 #ifdef __cplusplus
 extern "C" {
@@ -45,37 +46,6 @@ extern "C" {
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_GPU } DeviceKind;
 typedef enum { POS_ROPE = 0, POS_NONE } PositionKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_WSD, SCHED_CONSTANT } ScheduleKind;
-
-// Attention precisions of ../shared/design/fp8-attention.md section 3 (plus fp32, the exact
-// CPU reference, and fp8_dm_approx, the ablation).
-typedef enum {
-    ATTN_FP32 = 0,
-    ATTN_BF16,
-    ATTN_FP8_NAIVE,
-    ATTN_FP8_HYBRID,
-    ATTN_FP8_DM,
-    ATTN_FP8_DM_APPROX,
-    ATTN_N_PRECISIONS
-} AttnPrecision;
-// The FP8 modes (quantized Q, K, V and an FP8 forward), and among them those whose backward is
-// the FP8 kernel (fp8_hybrid's backward is the BF16 one on the dequantized operands).
-static inline int attn_precision_is_fp8(AttnPrecision p) {
-    return p == ATTN_FP8_NAIVE || p == ATTN_FP8_HYBRID || p == ATTN_FP8_DM || p == ATTN_FP8_DM_APPROX;
-}
-static inline int attn_precision_fp8_backward(AttnPrecision p) { return attn_precision_is_fp8(p) && p != ATTN_FP8_HYBRID; }
-typedef enum { GRADFMT_E4M3 = 0, GRADFMT_E5M2 } GradFormat;
-typedef enum { SCALING_BLOCK = 0, SCALING_DELAYED } ScalingKind;
-typedef enum { LINEAR_BF16 = 0, LINEAR_FP8_TENSOR, LINEAR_FP8_BLOCK } LinearPrecision;
-// fp8_block's weight-gradient operands: both in 1x128 slices along the tokens (none, DeepSeek-V3's
-// choice), or x^T (activation) or dy^T (gradient) in 128x128 blocks, which cuBLASLt multiplies
-// 1.25-1.5x faster against the other's 1x128 slices (docs/perf.md).
-typedef enum { WGRAD_BLOCKS_NONE = 0, WGRAD_BLOCKS_ACTIVATION, WGRAD_BLOCKS_GRADIENT } WgradBlocks;
-// fp8_tensor's activation and gradient scales: from the tensor itself (current), or from the
-// amax history of the previous micro-batches (delayed, Transformer Engine's DelayedScaling).
-typedef enum { LINEAR_SCALING_CURRENT = 0, LINEAR_SCALING_DELAYED } LinearScaling;
-// Which fp8_tensor GEMMs accumulate without cuBLASLt's periodic promotion to FP32 (FAST_ACCUM):
-// none, the forward only (Transformer Engine's default), or all three.
-typedef enum { FAST_ACCUM_NONE = 0, FAST_ACCUM_FORWARD, FAST_ACCUM_ALL } FastAccum;
 
 typedef struct {
     int vocab_size;         // real vocabulary (GPT-2: 50257)
@@ -111,25 +81,6 @@ typedef struct {
     double comm_timeout_s;   // a collective or rendezvous waiting longer than this is an error
     int overlap_comm;        // GPU data parallelism: reduce gradients during the last backward
 } TrainConfig;
-
-typedef struct {
-    AttnPrecision attention;
-    GradFormat attention_grad_format;
-    ScalingKind attention_scaling;
-    double attention_p_scale;
-    int attention_amax_history;
-    int attention_block_q, attention_block_k;
-    int attention_keep_codes;          // GPU, FP8 attention: keep the forward's Q, K, V codes for the backward
-    LinearPrecision linear;
-    GradFormat linear_grad_format;     // of output gradients with fp8_tensor (fp8_block: E4M3)
-    int linear_keep_lm_head_bf16;      // the LM head GEMMs stay in BF16 when linear is FP8
-    int linear_bf16_first_layers;      // this many first blocks keep BF16 linears
-    int linear_bf16_last_layers;       // this many last blocks keep BF16 linears
-    WgradBlocks linear_wgrad_blocks;   // fp8_block: which wgrad operand is quantized in 128x128 blocks
-    LinearScaling linear_scaling;      // fp8_tensor: current or delayed scales for x and dy
-    int linear_amax_history;           // delayed: micro-batches of amax history per tensor
-    FastAccum linear_fast_accum;       // fp8_tensor, GPU: GEMMs with fast (unpromoted) accumulation
-} PrecisionConfig;
 
 typedef struct {
     int interval, batches, sample_interval, sample_tokens;

@@ -1,5 +1,5 @@
 // gpu_sizes.h: the byte counts of the GPU kernels' scratch buffers, as plain C. The kernels'
-// launchers (layers.cu, attention_bwd.cu, linear_fp8_gpu.cu) and the memory plan (model.c, which
+// launchers (gpu/layers.cu, attention/bwd_bf16.cu, gpu/linear_fp8_gpu.cu) and the memory plan (core/model.c, which
 // links no GPU code so that --dry-run needs no CUDA runtime) both use these, so the plan cannot
 // drift from what the kernels need.
 #ifndef GPU_SIZES_H
@@ -9,7 +9,7 @@
 #include <stdint.h>  // int32_t
 
 #include "core/config.h"      // AttnPrecision, attn_precision_is_fp8
-#include "cpu/linear_fp8.h"  // Fp8Grouping and the FP8 linears' groupings (linear_act_grouping, ...)
+#include "core/precision.h"  // Fp8Grouping and the FP8 linears' groupings (linear_act_grouping, ...)
 
 // RMSNorm and QK-norm backward: the gain gradient is summed in FP32 partials over row chunks:
 // at most 1024 chunks of at least 32 rows, each giving one partial row of `dim` floats.
@@ -27,6 +27,12 @@ static inline size_t gpu_norm_scratch_bytes(long long n_rows, size_t dim) {
     gpu_norm_chunks(n_rows, &nc, &cr);
     return sizeof(float) * (size_t)nc * dim;
 }
+
+// Gradient norm: the number of FP64 partial sums (a fixed partition: the result never depends on
+// the GPU, the launch or the run).
+#define GRAD_NORM_PARTIALS 1024
+// cuBLASLt's workspace (matmul.cu allocates it outside the arena).
+#define MATMUL_WORKSPACE_BYTES ((size_t)32 << 20)
 
 static inline size_t gpu_align256(size_t n) { return (n + 255) / 256 * 256; }
 

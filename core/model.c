@@ -9,9 +9,7 @@
 #include <string.h>  // memset, snprintf
 
 #include "core/common.h"  // xcalloc, FATAL
-#include "cpu/linear_fp8.h"  // linear_precision_of: which blocks run FP8 linears
-#include "gpu/layers.h"  // GRAD_NORM_PARTIALS (a constant; model.c links no GPU code)
-#include "gpu/matmul.h"  // MATMUL_WORKSPACE_BYTES (likewise)
+#include "core/precision.h"  // linear_precision_of: which blocks run FP8 linears
 #include "core/rng.h"     // splitmix64_next for the seeded init
 
 // --- parameter table -----------------------------------------------------------------------------

@@ -25,46 +25,6 @@
 #include "core/common.h"  // xmalloc, FATAL
 
 // ---------------------------------------------------------------------------------------------
-// Options and delayed-scaling state.
-
-void attn_options_from_config(AttnOptions *opt, const PrecisionConfig *p) {
-    opt->precision = p->attention;
-    opt->grad_format = p->attention_grad_format == GRADFMT_E5M2 ? FP8_E5M2 : FP8_E4M3;
-    opt->scaling = p->attention_scaling;
-    opt->p_scale = (float)p->attention_p_scale;
-    opt->block_q = p->attention_block_q;
-    opt->block_k = p->attention_block_k;
-}
-
-void attn_delayed_init(AttnDelayedState *s, int history_len) {
-    memset(s, 0, sizeof *s);
-    if (history_len < 1) history_len = 1;
-    if (history_len > ATTN_MAX_AMAX_HISTORY) history_len = ATTN_MAX_AMAX_HISTORY;
-    s->len = history_len;
-}
-
-void attn_delayed_commit(AttnDelayedState *s) {
-    if (s->len < 1 || s->len > ATTN_MAX_AMAX_HISTORY)
-        FATAL("attn_delayed_commit: history length %d (hint: call attn_delayed_init first)", s->len);
-    for (int t = 0; t < 4; t++) {
-        s->hist[t][s->pos] = s->cur_amax[t];
-        s->cur_amax[t] = 0.0f;
-    }
-    s->pos = (s->pos + 1) % s->len;
-    if (s->filled < s->len) s->filled++;
-}
-
-AttnDelayedState *attn_delayed_save(const AttnDelayedState *s, int n) {
-    AttnDelayedState *c = xmalloc((size_t)(n > 0 ? n : 1) * sizeof *c);
-    if (n > 0) memcpy(c, s, (size_t)n * sizeof *c);
-    return c;
-}
-void attn_delayed_restore(AttnDelayedState *s, AttnDelayedState *saved, int n) {
-    if (n > 0) memcpy(s, saved, (size_t)n * sizeof *s);
-    free(saved);
-}
-
-// ---------------------------------------------------------------------------------------------
 // What each precision does with each operand.
 
 typedef enum { OPND_F32 = 0, OPND_BF16, OPND_FP8 } OperandKind;
@@ -131,24 +91,9 @@ static float amax_of(const float *x, size_t n) {
 
 // Scale of one tensor under delayed scaling: from the max of the amax history of previous
 // steps; while the history is empty (the first step), from this head's own amax.
-float attn_delayed_amax(const AttnDelayedState *s, int tensor) {
-    if (s->filled < 1 || s->filled > ATTN_MAX_AMAX_HISTORY || tensor < 0 || tensor > 3)
-        FATAL("attn_delayed_amax: a history of %d entries, tensor %d (hint: an empty history has no maximum: the "
-              "first step scales from the tensor itself)", s->filled, tensor);
-    float h = 0.0f;
-    for (int i = 0; i < s->filled; i++) h = fmaxf(h, s->hist[tensor][i]);
-    return h;
-}
-
 static float delayed_scale(const AttnDelayedState *ds, int tensor, Fp8Format fmt, float own_amax) {
     return fp8_scale_for_amax_within(fmt, ds->filled == 0 ? own_amax : attn_delayed_amax(ds, tensor),
                                      attn_scale_max_exp((AttnCast)tensor));
-}
-
-void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]) {
-    if (s->filled < 1 || s->filled > ATTN_MAX_AMAX_HISTORY)
-        FATAL("attn_delayed_scales: a history of %d entries (hint: the first step takes per-head scales)", s->filled);
-    for (int t = 0; t < 4; t++) scale[t] = delayed_scale(s, t, t == CAST_DO ? grad_format : FP8_E4M3, 0.0f);
 }
 
 // x_hat = fp8(x*s)/s over rows [r0, r1) with one scale, counting casts and saturations.

@@ -115,28 +115,6 @@
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-void linear_delayed_slot(int site, int role, int *state, int *tensor) {
-    if (site < 0 || (role != LINEAR_ROLE_X && role != LINEAR_ROLE_DY))
-        FATAL("linear_delayed_slot: site %d role %d (hint: a block's linear has site 4 * layer + i, role 0 or 1)",
-              site, role);
-    *state = site / 2;
-    *tensor = 2 * (site % 2) + role;
-}
-
-int linear_delayed_on(const PrecisionConfig *p) {
-    return p->linear == LINEAR_FP8_TENSOR && p->linear_scaling == LINEAR_SCALING_DELAYED;
-}
-
-AttnDelayedState *delayed_states_new(const PrecisionConfig *p, int n_layer, int with_attention, int *n) {
-    const int lin = linear_delayed_on(p);
-    *n = (with_attention || lin ? n_layer : 0) + (lin ? 2 * n_layer : 0);
-    if (*n == 0) return NULL;
-    AttnDelayedState *s = xcalloc((size_t)*n, sizeof(AttnDelayedState));
-    for (int j = 0; j < *n; j++)
-        attn_delayed_init(&s[j], j < LINEAR_DELAYED_FIRST(n_layer) ? p->attention_amax_history : p->linear_amax_history);
-    return s;
-}
-
 void linear_fp8_site(LinearFp8 *L, int layer, int i) {
     if (layer >= 0 && (i < 0 || i > 3)) FATAL("linear_fp8_site: linear %d of layer %d (expected 0..3)", i, layer);
     L->site = layer < 0 ? -1 : 4 * layer + i;
@@ -146,15 +124,6 @@ void linear_fp8_site(LinearFp8 *L, int layer, int i) {
 void linear_fp8_forward_begin(LinearFp8 *L, int n_layer) {
     if (!L->delayed) return;
     for (int j = 0; j < 2 * n_layer; j++) memset(L->delayed[j].cur_amax, 0, sizeof L->delayed[j].cur_amax);
-}
-
-long fp8_group_count(Fp8Grouping g, int rows, int cols) {
-    switch (g) {
-    case FP8_GROUP_TENSOR: return 1;
-    case FP8_GROUP_1x128: return (long)rows * ceil_div(cols, FP8_GROUP);
-    case FP8_GROUP_128x128: return (long)ceil_div(rows, FP8_GROUP) * ceil_div(cols, FP8_GROUP);
-    }
-    FATAL("fp8_group_count: unknown grouping %d", (int)g);
 }
 
 // max |x| over rows [r0, r0 + nr) x cols [c0, c0 + nc) of x (row stride ld); NaN ignored.
@@ -282,34 +251,7 @@ static void quantize_tensor(LinearFp8 *L, float *out, const float *x, int rows, 
     add_stats(stats, (long long)rows * cols, sat, n_nan);
 }
 
-LinearPrecision linear_precision_of(const PrecisionConfig *p, int n_layer, int layer) {
-    if (p->linear == LINEAR_BF16) return LINEAR_BF16;
-    if (layer < 0) return p->linear_keep_lm_head_bf16 ? LINEAR_BF16 : p->linear;
-    if (layer < p->linear_bf16_first_layers || layer >= n_layer - p->linear_bf16_last_layers)
-        return LINEAR_BF16;
-    return p->linear;
-}
-
 // --- the three GEMMs ---------------------------------------------------------------------------
-
-Fp8Grouping linear_act_grouping(LinearPrecision p) {
-    return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_1x128;
-}
-Fp8Grouping linear_weight_grouping(LinearPrecision p) {
-    return p == LINEAR_FP8_TENSOR ? FP8_GROUP_TENSOR : FP8_GROUP_128x128;
-}
-Fp8Grouping linear_dyt_grouping(LinearPrecision p, WgradBlocks b) {
-    if (p == LINEAR_FP8_TENSOR) return FP8_GROUP_TENSOR;
-    return b == WGRAD_BLOCKS_GRADIENT ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
-}
-Fp8Grouping linear_xt_grouping(LinearPrecision p, WgradBlocks b) {
-    if (p == LINEAR_FP8_TENSOR) return FP8_GROUP_TENSOR;
-    return b == WGRAD_BLOCKS_ACTIVATION ? FP8_GROUP_128x128 : FP8_GROUP_1x128;
-}
-void linear_wgrad_groupings(LinearPrecision p, WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt) {
-    *dyt = linear_dyt_grouping(p, b);
-    *xt = linear_xt_grouping(p, b);
-}
 
 void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p) {
     memset(L, 0, sizeof *L);

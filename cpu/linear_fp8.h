@@ -8,25 +8,11 @@
 #include <stddef.h>  // size_t
 #include <stdint.h>  // uint8_t codes
 
-#include "cpu/attention_cpu.h"  // AttnDelayedState: also the FP8 linears' amax histories
-#include "core/config.h"         // LinearPrecision, PrecisionConfig
-#include "core/fp8.h"            // Fp8Format
+#include "core/precision.h"  // PrecisionConfig, Fp8Grouping, AttnDelayedState (the amax histories)
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-// How a (rows, cols) row-major matrix is cut into groups that share one scale. Slices always
-// run along cols, the contiguous dimension, which is the reduction dimension of the GEMM that
-// consumes the operand (the GPU's FP8 GEMMs exist only in the "TN" layout: both operands
-// K-contiguous).
-typedef enum {
-    FP8_GROUP_TENSOR = 0,  // one scale for the whole matrix
-    FP8_GROUP_1x128,       // per row, cols [128j, 128j + 128) (the last slice may be shorter)
-    FP8_GROUP_128x128,     // rows [128i, ...) x cols [128j, ...) (edge blocks may be smaller)
-} Fp8Grouping;
-
-#define FP8_GROUP 128  // slice length and block side
 
 // Counters of one or more quantizations (summed, never reset by the quantizer).
 typedef struct {
@@ -34,10 +20,6 @@ typedef struct {
     long long saturated;  // elements clamped to +-FMAX (|x * s| beyond it; +-inf inputs)
     long long nans;       // NaN inputs (they become the NaN code 0x7F)
 } Fp8QuantStats;
-
-// Number of scales of a (rows, cols) matrix: 1; rows * ceil(cols/128); ceil(rows/128) *
-// ceil(cols/128). Scales are stored row-major over the group grid: scales[gr * n_gc + gc].
-long fp8_group_count(Fp8Grouping g, int rows, int cols);
 
 // Quantize-dequantize x (rows, cols) group by group: amax = max |x| over the group (NaN ignored,
 // as fmaxf does), s = fp8_scale_for_amax(fmt, amax) (a power of two), code = fp8(x * s) with
@@ -47,10 +29,6 @@ long fp8_group_count(Fp8Grouping g, int rows, int cols);
 // stats (may be NULL) is added to.
 void fp8_quantize(float *out, uint8_t *codes, float *scales, const float *x, int rows, int cols,
                   Fp8Grouping g, Fp8Format fmt, Fp8QuantStats *stats);
-
-// What one linear layer runs in: the config's precision.linear, or LINEAR_BF16 for the blocks
-// and the LM head kept in BF16 (layer = block index, or -1 for the LM head).
-LinearPrecision linear_precision_of(const PrecisionConfig *p, int n_layer, int layer);
 
 // State of the FP8 linears: formats, quantization counters and scratch (reused across calls).
 typedef struct {
@@ -71,25 +49,6 @@ typedef struct {
 
 enum { LINEAR_X = 0, LINEAR_W = 1, LINEAR_DY = 2 };  // indices of LinearFp8.stats
 
-// Delayed scaling's bookkeeping (the contract in linear_fp8.c). A block's FP8 linear i (0 qkv,
-// 1 attention projection, 2 MLP in, 3 MLP out) of layer l is site 4 l + i; its input x is role
-// 0, its output gradient dy role 1. Their histories are tensor `tensor` of state `state` of the
-// model's linear states (AttnDelayedState keeps 4 tensors: two sites per state), which is also
-// the GPU's amax word 2 * site + role = 4 * state + tensor.
-#define LINEAR_ROLE_X 0
-#define LINEAR_ROLE_DY 1
-void linear_delayed_slot(int site, int role, int *state, int *tensor);
-// Delayed linear scaling is on: fp8_tensor with precision.linear_scaling "delayed".
-int linear_delayed_on(const PrecisionConfig *p);
-// A backend's delayed-scaling states, one array (checkpoints, probes and evaluations keep it
-// whole), laid out alike on both backends so that a checkpoint's states mean the same on either:
-// attention's n_layer first (attention_amax_history; kept when with_attention, or when the
-// linears' follow), then with delayed linear scaling the FP8 linears' 2 n_layer
-// (linear_amax_history, linear_delayed_slot's states) from index LINEAR_DELAYED_FIRST(n_layer).
-// Returns the initialised array (NULL when *n is 0; free() it) and its length in *n.
-#define LINEAR_DELAYED_FIRST(n_layer) (n_layer)
-AttnDelayedState *delayed_states_new(const PrecisionConfig *p, int n_layer, int with_attention, int *n);
-// (The amax a history gives its scale: attention_cpu.h's attn_delayed_amax.)
 // The site of the next linear_forward / dgrad / wgrad calls: layer's linear i, or none (layer <
 // 0: the LM head, current scaling; fp8_tensor's training head takes linear_fp8_head_scales instead).
 void linear_fp8_site(LinearFp8 *L, int layer, int i);
@@ -104,16 +63,6 @@ void linear_fp8_head_scales(LinearFp8 *L, const float *hf, int rows, int cols, f
 void linear_fp8_forward_begin(LinearFp8 *L, int n_layer);
 
 void linear_fp8_init(LinearFp8 *L, const PrecisionConfig *p);
-// The contract's groupings in FP8 precision p (fp8_tensor or fp8_block); both backends and the
-// GPU memory plan take them from here. Activations and output gradients: per tensor, or 1x128
-// slices along the reduction; weights: per tensor, or 128x128 blocks; the wgrad operands dy^T
-// (M, N) and x^T (K, N): per tensor, or (fp8_block) 1x128 slices along the tokens N, one of them
-// in 128x128 blocks with precision.linear_wgrad_blocks (x^T for "activation", dy^T for "gradient").
-Fp8Grouping linear_act_grouping(LinearPrecision p);
-Fp8Grouping linear_weight_grouping(LinearPrecision p);
-Fp8Grouping linear_dyt_grouping(LinearPrecision p, WgradBlocks b);
-Fp8Grouping linear_xt_grouping(LinearPrecision p, WgradBlocks b);
-void linear_wgrad_groupings(LinearPrecision p, WgradBlocks b, Fp8Grouping *dyt, Fp8Grouping *xt);  // both
 void linear_fp8_free(LinearFp8 *L);
 
 // The three GEMMs of y = x W^T, x (N, K), W (M, K), y (N, M), in precision prec. LINEAR_BF16

@@ -5,7 +5,7 @@
 #ifndef ATTN_CHECK_GPU_H
 #define ATTN_CHECK_GPU_H
 
-#include "cpu/attention_cpu.h"  // AttnOptions, AttnPrecision
+#include "core/precision.h"  // AttnOptions, AttnPrecision
 
 #ifdef __cplusplus
 extern "C" {

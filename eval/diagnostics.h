@@ -25,7 +25,7 @@
 #include <stdint.h>  // int32_t tokens
 #include <stdio.h>   // FILE
 
-#include "cpu/attention_cpu.h"  // AttnStats, ATTN_N_CASTS
+#include "core/precision.h"    // AttnStats, ATTN_N_CASTS
 #include "core/common.h"         // ErrBuf
 #include "core/config.h"         // Config, AttnPrecision
 #include "cpu/model_cpu.h"      // CpuModel, ModelProbe

@@ -8,7 +8,7 @@
 #include <stdlib.h>  // free
 #include <string.h>  // memset
 
-#include "cpu/attention_cpu.h"  // AttnStats
+#include "core/precision.h"  // AttnStats
 #include "core/config.h"         // AttnPrecision
 
 #ifdef __cplusplus

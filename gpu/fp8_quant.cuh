@@ -21,7 +21,7 @@
 
 #include "core/fp8.h"         // fp8_scale_for_amax, bf16_to_f32, fp8_max, Fp8Format
 #include "gpu/fp8_cvt.cuh"   // fp8x2_from_f32 (fp8_from_f32's codes from the hardware conversion), transpose4x4, amax2
-#include "cpu/linear_fp8.h"  // FP8_GROUP
+#include "core/precision.h"  // FP8_GROUP
 
 #define FQ_G FP8_GROUP  // 128: slice length, tile side
 

@@ -19,7 +19,8 @@
 #include <stdint.h>            // uint16_t (BF16 bits), int32_t tokens
 #include <cuda_runtime_api.h>  // cudaStream_t
 
-#include "core/fp8.h"  // Fp8Format (the cross-entropy's FP8 codes)
+#include "core/fp8.h"        // Fp8Format (the cross-entropy's FP8 codes)
+#include "core/gpu_sizes.h"  // GRAD_NORM_PARTIALS
 
 #ifdef __cplusplus
 extern "C" {
@@ -139,9 +140,6 @@ void cross_entropy_fp8_gpu(const uint16_t *logits, float *loss, const int32_t *t
 int cross_entropy_fp8_supported(int Vp, const void *logits, const void *codes);
 
 // --- gradient norm -----------------------------------------------------------------------------
-// Number of FP64 partial sums the norm uses (a fixed partition: the result never depends on the
-// GPU, the launch or the run).
-#define GRAD_NORM_PARTIALS 1024
 // *sumsq_out (device, FP64) = sum of g[i]^2 over g (n) FP32, accumulated in FP64 over a fixed
 // partition (GRAD_NORM_PARTIALS blocks, grid-stride) and reduced in a fixed tree: bitwise
 // reproducible. partials: GRAD_NORM_PARTIALS doubles of scratch. Sum across ranks/shards, then

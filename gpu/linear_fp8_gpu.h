@@ -33,7 +33,7 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 
 #include "core/fp8.h"         // Fp8Format
-#include "cpu/linear_fp8.h"  // Fp8Grouping, FP8_GROUP
+#include "core/precision.h"  // Fp8Grouping, FP8_GROUP
 
 #ifdef __cplusplus
 extern "C" {

@@ -19,11 +19,11 @@
 #include <stdint.h>            // uint16_t
 #include <cuda_runtime_api.h>  // cudaStream_t
 
+#include "core/gpu_sizes.h"  // MATMUL_WORKSPACE_BYTES
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define MATMUL_WORKSPACE_BYTES ((size_t)32 << 20)
 
 // Creates the handle and the workspace (idempotent); frees everything (and the plan cache).
 void matmul_gpu_init(void);

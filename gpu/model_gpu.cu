@@ -74,7 +74,7 @@
 #include "core/common.h"         // FATAL, errf, xcalloc
 #include "gpu/cuda_check.h"     // CUDA_CHECK
 #include "gpu/layers.h"         // norms, RoPE, SwiGLU, cross-entropy, embedding, casts, grad norm
-#include "cpu/linear_fp8.h"     // linear_precision_of, Fp8Grouping
+#include "core/precision.h"    // linear_precision_of, Fp8Grouping
 #include "gpu/linear_fp8_gpu.h" // fp8_quantize_gpu, linear_fp8_forward/dgrad/wgrad_gpu
 #include "gpu/matmul.h"         // MATMUL_WORKSPACE_BYTES
 #include "gpu/qkv_gemm.h"       // qkv_gemm_quant: the QKV projection writing FP8 attention's codes

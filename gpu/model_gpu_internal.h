@@ -11,7 +11,7 @@
 #include "attention_fp8.h"   // AttnOptions, AttnModeDiag
 #include "core/common.h"          // FATAL
 #include "core/gpu_sizes.h"       // gpu_head_chunk, gpu_fp8_slot_size (shared with model.c's plan)
-#include "cpu/linear_fp8.h"      // LinearPrecision, Fp8Grouping
+#include "core/precision.h"     // LinearPrecision, Fp8Grouping
 #include "gpu/linear_fp8_gpu.h"  // Fp8Operand
 #include "gpu/model_gpu.h"       // GpuModel
 

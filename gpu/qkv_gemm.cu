@@ -44,7 +44,7 @@
 #include <stdint.h>        // uint8_t, uint32_t, uintptr_t
 #include <string.h>        // memset
 
-#include "cpu/attention_cpu.h"           // attn_scale_max_exp (V's scale bound), CAST_*
+#include "core/precision.h"             // attn_scale_max_exp (V's scale bound), CAST_*
 #include "attention/common.cuh"  // wgmma, descriptors, mbarriers, TMA, named barriers, setmaxnreg, CUDA_OK
 #include "core/common.h"                  // FATAL
 #include "core/fp8.h"                     // fp8_scale_for_amax_within

@@ -9,6 +9,7 @@
 #include <string.h>  // memcpy
 
 #include "core/fp8.h"         // fp8_to_f32 (decoding the codes under test), FP8 maxima
+#include "core/config.h"      // linear_precision_name
 #include "cpu/linear_fp8.h"  // fp8_quantize, linear_*
 #include "cpu/matmul_cpu.h"  // the FP32 products the BF16 path must equal
 #include "test.h"        // CHECK
