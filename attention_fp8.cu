@@ -1,17 +1,17 @@
 // attention_fp8.cu: one layer's attention in any precision mode (attention_fp8.h): which
 // quantize passes run, into which parts of the workspace, and which forward and backward kernels
 // consume them. No kernel of its own; the kernels are in attention_fwd*.cu, attention_bwd*.cu and
-// attention_quant.cu.
+// attention/quant_fp8.cu.
 #include "attention_fp8.h"
 
 #include <string.h>  // memset
 
-#include "attention/kernels_bf16.h"    // attn_gpu_forward / attn_gpu_backward (BF16)
-#include "attention/kernels_fp8.h"  // attn_gpu_quantize, attn_gpu_forward_fp8, attn_gpu_backward_fp8
-#include "core/common.h"           // FATAL
-#include "gpu/cuda_check.h"       // CUDA_CHECK
-#include "core/gpu_sizes.h"        // gpu_attn_mode_workspace_bytes (shared with model.c's memory plan)
-#include "gpu/layers.h"           // rope_forward_gpu: attn_mode_forward_rope's BF16 path
+#include "attention/kernels_bf16.h"  // attn_gpu_forward / attn_gpu_backward (BF16)
+#include "attention/kernels_fp8.h"   // attn_gpu_quantize, attn_gpu_forward_fp8, attn_gpu_backward_fp8
+#include "core/common.h"             // FATAL
+#include "gpu/cuda_check.h"          // CUDA_CHECK
+#include "core/gpu_sizes.h"          // gpu_attn_mode_workspace_bytes (shared with model.c's memory plan)
+#include "gpu/layers.h"              // rope_forward_gpu: attn_mode_forward_rope's BF16 path
 
 typedef uint16_t bf16;
 
@@ -251,7 +251,7 @@ static void forward_mode(const AttnOptions *opt, bf16 *q, bf16 *k, const bf16 *v
             ts[i].dequant = p.deq + (size_t)i * C;
             ts[i].dequant_stride = 3 * C;
         }
-    if (rope) {  // the quantize pass is the RoPE pass too (attention_quant.h)
+    if (rope) {  // the quantize pass is the RoPE pass too (attention/kernels_fp8.h)
         bf16 *qk[2] = {q, k};
         for (int i = 0; i < 2; i++) {
             ts[i].rope = rope;

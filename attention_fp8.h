@@ -1,6 +1,6 @@
 // attention_fp8.h: attention of one layer in any precision of docs/fp8-attention.md on the GPU:
 // the dispatcher the model, `attn-check --device gpu` and the benchmarks call. It strings the
-// kernels together per mode (attention_gpu.h for BF16, attention_quant.h for the FP8 quantize,
+// kernels together per mode (attention/kernels_bf16.h for BF16, attention/kernels_fp8.h for the FP8 quantize,
 // forward and backward kernels):
 //
 //   mode           forward                                  backward
@@ -23,7 +23,7 @@
 // layer's amax history (AttnDelayedGpu below; dS and P as in block scaling), as
 // attention_cpu.c emulates it.
 //
-// Layouts as in attention_gpu.h: q, k, v (B, T, H, d) BF16 with row stride qkv_stride (views
+// Layouts as in attention/kernels_bf16.h: q, k, v (B, T, H, d) BF16 with row stride qkv_stride (views
 // of the packed QKV buffer), o and dout (B, T, H, d) with row stride o_stride, lse (B, H, T)
 // FP32, dq/dk/dv with row stride dqkv_stride. The CPU emulation of the same mode
 // (attention_cpu.h) must run with the tiles attn_mode_block_sizes gives.
@@ -136,7 +136,7 @@ void attn_mode_forward(const AttnOptions *opt, const uint16_t *q, const uint16_t
 // attn_mode_forward after RoPE: qkv is the packed (B, T, 3, H, d) buffer (row stride 3 H d) with q
 // and k not yet rotated; cos_sin the (T, d/2, 2) table of rope_table_gpu (layers.h). Every output
 // is the same bit for bit as rope_forward_gpu(qkv) followed by attn_mode_forward on its q, k, v.
-// In the FP8 modes the quantize pass rotates q and k as it reads them (attention_quant.h,
+// In the FP8 modes the quantize pass rotates q and k as it reads them (attention/kernels_fp8.h,
 // AttnQuantTensor.rope), so one pass over q, k, v does the work of two; with rotate_in_place it
 // also writes the rotated q, k back into qkv (as rope_forward_gpu would), without it qkv is left as
 // it was: for callers that need no BF16 q, k after the forward (kept codes, no diagnostics' local

@@ -32,19 +32,19 @@
 #include <string.h>       // memcpy, strcmp, strncmp
 #include <unistd.h>       // write (async-signal-safe) in the signal handler
 
-#include "core/backend.h"     // Backend: the model and its optimizer on the CPU or the GPU
-#include "core/checkpoint.h"  // CheckpointState, checkpoint_save/load, latest, prune
-#include "core/common.h"      // ErrBuf, die_user
-#include "core/config.h"      // config_load
-#include "core/model.h"       // param_table_build, model_flops_per_token, model_print_summary (--dry-run)
-#include "comm/comm.h"        // the process group of data parallelism
-#include "dataloader.h"       // DataLoader
-#include "eval/attn_check.h"  // cmd_attn_check
-#include "eval/diagnostics.h" // FP8-attention diagnostics on probe batches (diagnostics section)
-#include "eval/sample.h"      // sample_generate for the periodic samples, cmd_sample
-#include "gpu/gpu_info.h"     // GpuInfo: device name and peak for MFU
-#include "core/precision.h"   // linear_delayed_on: the run log names the linear scaling
-#include "optimizer.h"        // lr_at_step, grad_clip_factor
+#include "core/backend.h"         // Backend: the model and its optimizer on the CPU or the GPU
+#include "core/checkpoint.h"      // CheckpointState, checkpoint_save/load, latest, prune
+#include "core/common.h"          // ErrBuf, die_user
+#include "core/config.h"          // config_load
+#include "core/model.h"           // param_table_build, model_flops_per_token, model_print_summary (--dry-run)
+#include "comm/comm.h"            // the process group of data parallelism
+#include "dataloader.h"           // DataLoader
+#include "eval/attn_check.h"      // cmd_attn_check
+#include "eval/diagnostics.h"     // FP8-attention diagnostics on probe batches (diagnostics section)
+#include "eval/sample.h"          // sample_generate for the periodic samples, cmd_sample
+#include "gpu/gpu_info.h"         // GpuInfo: device name and peak for MFU
+#include "core/precision.h"       // linear_delayed_on: the run log names the linear scaling
+#include "optimizer.h"            // lr_at_step, grad_clip_factor
 #include "tokenizer/tokenizer.h"  // decoding samples, cmd_encode, cmd_decode, cmd_tokenize
 
 typedef struct {

@@ -1,10 +1,10 @@
-// attention_bwd.cu: fused causal flash attention, backward (../shared/design/fp8-attention.md).
+// bwd_bf16.cu: fused causal flash attention, backward (docs/fp8-attention.md).
 // This first version is the BF16 mode; the FP8 modes reuse its tiling and pass order: a
 // preprocess kernel for D (and the zeroed dQ accumulator), then one key block per CTA walking the
-// query blocks from the diagonal down, then the dQ conversion. Interface: attention_gpu.h; shared
-// device helpers: attention_gpu_common.cuh.
+// query blocks from the diagonal down, then the dQ conversion. Interface: attention/kernels_bf16.h; shared
+// device helpers: attention/common.cuh.
 //   attn_bwd_preprocess_kernel (D, zero dQ accumulator), then the main kernel, one of:
-//     attn_bwd_wgmma_kernel (default; attention_bwd_wgmma.cuh: wgmma, 128 keys per CTA, TMA
+//     attn_bwd_wgmma_kernel (default; attention/bwd_bf16_wgmma.cuh: wgmma, 128 keys per CTA, TMA
 //       producer warpgroup + 2 consumer warpgroups, dQ by FP32 atomics), or
 //     attn_bwd_kernel (ATTN_GPU_BWD=mma: mma.sync, 64x64 tiles, dQ by FP32 atomics);
 //   then attn_bwd_convert_dq_kernel. Both main kernels compute the same thing in the same
@@ -18,10 +18,10 @@
 #include <stdlib.h>        // getenv
 #include <string.h>        // strcmp
 
-#include "attention/common.cuh"  // PTX wrappers, tile loaders, check_args
-#include "core/common.h"                  // FATAL
-#include "core/gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (shared with the memory plan)
-#include "attention/bwd_bf16_wgmma.cuh"   // attn_bwd_wgmma_launch (the default main kernel)
+#include "attention/common.cuh"          // PTX wrappers, tile loaders, check_args
+#include "core/common.h"                 // FATAL
+#include "core/gpu_sizes.h"              // gpu_attn_bwd_workspace_bytes (shared with the memory plan)
+#include "attention/bwd_bf16_wgmma.cuh"  // attn_bwd_wgmma_launch (the default main kernel)
 
 // Tile sizes: 64 keys per CTA (4 warps x 16 keys), query blocks of 64.
 #define BWD_BQ 64
@@ -260,7 +260,7 @@ struct BwdImpl {
     BwdKernel kernel;
 };
 static const BwdImpl bwd_impls[] = {
-    {"wgmma", BK_WGMMA},  // wgmma, TMA producer, 128 keys per CTA (attention_bwd_wgmma.cuh)
+    {"wgmma", BK_WGMMA},  // wgmma, TMA producer, 128 keys per CTA (attention/bwd_bf16_wgmma.cuh)
     {"mma", BK_MMA},      // mma.sync, 64 x 64 tiles (the first version; fallback)
 };
 #define N_BWD_IMPLS (int)(sizeof bwd_impls / sizeof bwd_impls[0])
@@ -275,7 +275,7 @@ static const BwdImpl &bwd_impl(void) {
                 if (strcmp(e, bwd_impls[i].name) == 0) found = i;
             if (found < 0)
                 fprintf(stderr, "attention: ATTN_GPU_BWD=%s is not a backward kernel of "
-                                "attention_bwd.cu; using %s\n", e, bwd_impls[0].name);
+                                "attention/bwd_bf16.cu; using %s\n", e, bwd_impls[0].name);
             else
                 impl = found;
         }
@@ -284,7 +284,7 @@ static const BwdImpl &bwd_impl(void) {
 }
 
 // Name of the backward main kernel in use ("wgmma" or "mma"), for benchmarks and logs. Not in
-// attention_gpu.h (its API is fixed); callers declare it themselves.
+// attention/kernels_bf16.h (its API is fixed); callers declare it themselves.
 extern "C" const char *attn_gpu_backward_impl_name(void) { return bwd_impl().name; }
 
 extern "C" size_t attn_gpu_backward_workspace_bytes(int B, int H, int T, int d) {

@@ -1,8 +1,8 @@
-// attention_bwd_wgmma.cuh: the wgmma (sm_90a) main kernel of the BF16 flash-attention backward
-// (FlashAttention-3 style), launched by attn_gpu_backward (attention_bwd.cu) between its
+// bwd_bf16_wgmma.cuh: the wgmma (sm_90a) main kernel of the BF16 flash-attention backward
+// (FlashAttention-3 style), launched by attn_gpu_backward (attention/bwd_bf16.cu) between its
 // preprocess kernel (D = rowsum(dO*O), zeroed FP32 dQ accumulator) and its dQ conversion; the
-// mma.sync kernel there stays selectable (ATTN_GPU_BWD=mma). Included by attention_bwd.cu only
-// (a header, not a .cu: the build scripts that list attention_bwd.cu need no new object file);
+// mma.sync kernel there stays selectable (ATTN_GPU_BWD=mma). Included by attention/bwd_bf16.cu only
+// (a header, not a .cu: the build scripts that list attention/bwd_bf16.cu need no new object file);
 // everything here is static or a template.
 //
 // One CTA per key block of BW_BC = 128 keys, 384 threads: warpgroup 0 is the producer (one
@@ -35,10 +35,10 @@
 #include <stdint.h>        // uint32_t, uint64_t
 #include <type_traits>     // std::true_type, std::false_type
 
-#include "attention/common.cuh"  // PTX wrappers (wgmma, TMA, mbarrier), CUDA_OK
-#include "gpu/tensor_map.h"              // tensor_map_tiled (Q, K, V, dO maps)
-#include "core/common.h"                  // FATAL
-#include "attention/cta_timeline.cuh"          // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
+#include "attention/common.cuh"        // PTX wrappers (wgmma, TMA, mbarrier), CUDA_OK
+#include "gpu/tensor_map.h"            // tensor_map_tiled (Q, K, V, dO maps)
+#include "core/common.h"               // FATAL
+#include "attention/cta_timeline.cuh"  // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
 
 #define BW_BC 128  // keys per CTA: 2 consumer warpgroups x 64
 
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(384, 1)
 
         // epilogue: dV and tau dK in BF16, staged in the K and V tiles' shared memory (free once
         // both consumers are past their last wgmma), then copied out in 16-byte chunks
-        // (dkdv_stage, attention_gpu_common.cuh)
+        // (dkdv_stage, attention/common.cuh)
         static_assert(2 * BW_BC * 2 * D <= 2 * C::K_BYTES, "dK and dV fit where K and V were");
         // (the thread indices read again here: kept live through the loop, one of them spilled)
         const int etid = (int)threadIdx.x - 128;

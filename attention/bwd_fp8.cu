@@ -1,6 +1,6 @@
-// attention_bwd_fp8.cu: fused causal flash attention backward in FP8 (docs/fp8-attention.md §3:
+// bwd_fp8.cu: fused causal flash attention backward in FP8 (docs/fp8-attention.md §3:
 // fp8_naive, fp8_dm, fp8_dm_approx) on FP8 wgmma (QGMMA in SASS). Interface and operand layouts:
-// attention_quant.h. Numerics, as attn_cpu_backward emulates them with block_q = 64,
+// attention/kernels_fp8.h. Numerics, as attn_cpu_backward emulates them with block_q = 64,
 // block_k = 128 (ATTN_FP8_BWD_BLOCK_Q/K; a query block lies in one 128-token scale block, a key
 // block is one scale block, so every tile has one scale per operand):
 //   S^T = K̂ Q̂^T (codes) / (s_k s_q) * tau,  P = exp(S - LSE)   FP32, against the final LSE
@@ -14,22 +14,22 @@
 // in the emulation.
 //
 // D (spec "Computing the matched D"): fp8_naive rowsum(dO ∘ O) with the BF16 dO and stored O;
-// fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the delta pass (attention_delta_fp8.cu), which gets P and
+// fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the delta pass (attention/delta_fp8.cu), which gets P and
 // dP bit for bit as this kernel's tile_p_dp does (the same codes, the same k32 steps of FP8
 // wgmma, the same FP32 element arithmetic: pdp_p and the scale constants of
-// attention_bwd_fp8_tile.cuh, explicitly rounded intrinsics that the compiler may not contract or
+// attention/bwd_fp8_tile.cuh, explicitly rounded intrinsics that the compiler may not contract or
 // reorder; exp as ex2.approx of a prescaled argument), in tiles of its own shape, so sum_j dS_ij = 0
 // up to FP32 rounding.
 //
 // Kernels: attn_bwd_fp8_pre_kernel (D for naive/approx; zeroes the dQ accumulator and the row
-// diagnostics), attn_fp8_delta_kernel (fp8_dm, attention_delta_fp8.cu; zeroes them too),
+// diagnostics), attn_fp8_delta_kernel (fp8_dm, attention/delta_fp8.cu; zeroes them too),
 // attn_bwd_fp8_kernel (main), and
-// attention_bwd.cu's attn_bwd_convert_dq (dQ = BF16(tau * acc), shared with the BF16 backward).
+// attention/bwd_bf16.cu's attn_bwd_convert_dq (dQ = BF16(tau * acc), shared with the BF16 backward).
 //
 // Layout of the main kernel: 256 threads = 2 warpgroups; warpgroup w owns keys k0+64w..+63 of
 // the CTA's 128-key block (M = keys for S^T, dP^T, dK, dV, so dK and dV stay in registers), the
 // query block (64) is N. All FP8 wgmma operands are K-major tiles in shared memory with the
-// forward's conventions (attention_fwd_fp8.cu): 128-byte rows, 128-byte swizzle (16-byte chunk
+// forward's conventions (attention/fwd_fp8.cu): 128-byte rows, 128-byte swizzle (16-byte chunk
 // c of row r at c ^ (r % 8)), regions 1024-byte aligned, a k32 step = +32 bytes of the
 // descriptor; a tile whose reduction is 64 long (queries) uses the first 64 bytes of each row.
 // The K-major operands for the reductions over tokens come from the transposed codes of the
@@ -59,19 +59,19 @@
 #include <string.h>        // memset
 
 #include "attention/common.cuh"  // bf16, CUDA_OK, cp.async, wgmma fences/descriptors, check_args
-#include "core/common.h"                  // FATAL
-#include "core/fp8.h"                     // fp8_scale_for_amax, fp8_to_f32 (the encoders: see cvt_e4m3x2)
-#include "core/gpu_sizes.h"               // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
-#include "gpu/tensor_map.h"              // tensor_map_tiled (the dQ accumulator's map), tensor_map_2d (the TMA form's maps)
+#include "core/common.h"         // FATAL
+#include "core/fp8.h"            // fp8_scale_for_amax, fp8_to_f32 (the encoders: see cvt_e4m3x2)
+#include "core/gpu_sizes.h"      // gpu_attn_bwd_workspace_bytes (same scratch as the BF16 backward)
+#include "gpu/tensor_map.h"      // tensor_map_tiled (the dQ accumulator's map), tensor_map_2d (the TMA form's maps)
 
 #include "attention/bwd_fp8_tile.cuh"  // B8_*, wg_fp8_tile, b8_load, tile_p_dp: shared with the delta pass
-#include "attention/cta_timeline.cuh"            // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
+#include "attention/cta_timeline.cuh"  // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
 
 namespace {
 // Scale blocks of a sequence of T tokens (attn_quant_n_blocks, for device code).
 __device__ __forceinline__ int b8_nblk(int T) { return (T + ATTN_SCALE_BLOCK - 1) / ATTN_SCALE_BLOCK; }
 
-// cvt_e4m3x2 / cvt_e5m2x2 (attention_gpu_common.cuh): two FP8 codes per hardware conversion.
+// cvt_e4m3x2 / cvt_e5m2x2 (attention/common.cuh): two FP8 codes per hardware conversion.
 template <bool E5>
 __device__ __forceinline__ uint32_t grad_code2(float lo, float hi) {
     return E5 ? cvt_e5m2x2(lo, hi) : cvt_e4m3x2(lo, hi);
@@ -503,7 +503,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     TL_MARK(b8_timeline, tid == 0, 4);
 
     // epilogue: dV and tau dK in BF16, staged in the stages' shared memory (free now: every
-    // wgmma is done), then copied out in 16-byte chunks (dkdv_stage, attention_gpu_common.cuh)
+    // wgmma is done), then copied out in 16-byte chunks (dkdv_stage, attention/common.cuh)
     static_assert(2 * B8_BK * 2 * D <= 2 * L::STAGE, "dK and dV fit in the two stages");
     dkdv_stage<D>(smem_addr(stage0), dka, dva, tau, wg * 64 + warp * 16);
     __syncthreads();
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 // reads them (N: groups of N heads, 0: all heads, unset: the kernel's own):
 // ATTN_FP8_BWD_GROUP_HEADS the main backward's (1: the natural order, each head's key blocks in
 // turn; its own: about one wave of CTAs per group); ATTN_FP8_DELTA_GROUP_HEADS the delta pass's
-// (attention_delta_fp8.cu).
+// (attention/delta_fp8.cu).
 static int bwd_fp8_test_group_heads = 0;  // attn_gpu_backward_fp8_test_group_heads
 extern "C" void attn_gpu_backward_fp8_test_group_heads(int heads_per_group) {
     bwd_fp8_test_group_heads = heads_per_group > 0 ? heads_per_group : 0;
@@ -582,7 +582,7 @@ static void backward_fp8_d(const AttnFp8BwdArgs *a, float *dlt, int B, int H, in
             (int)a->precision, dlt, dq_acc, a->row_ds_sum, a->row_cancel, B, H, T);
         CUDA_OK(cudaGetLastError());
     } else {
-        attn_fp8_delta_pass(a, dlt, dq_acc, B, H, T, D, stream);  // attention_delta_fp8.cu
+        attn_fp8_delta_pass(a, dlt, dq_acc, B, H, T, D, stream);  // attention/delta_fp8.cu
     }
 
     // dQ accumulator (B*H, T, D) FP32 as a 3-D tensor (d, t, bh); box 32 x 64 x 1, 128-byte

@@ -1,7 +1,7 @@
-// attention_bwd_fp8_tile.cuh: the device routines that the FP8 backward's main kernel
-// (attention_bwd_fp8.cu) and fp8_dm's delta pass (attention_delta_fp8.cu) share: the tile shapes,
+// bwd_fp8_tile.cuh: the device routines that the FP8 backward's main kernel
+// (attention/bwd_fp8.cu) and fp8_dm's delta pass (attention/delta_fp8.cu) share: the tile shapes,
 // the swizzled tile loader, a whole-tile FP8 wgmma (the wrappers themselves, wg_fp8 and wg_fp8_rs,
-// are attention_gpu_common.cuh's), and THE recomputation of P and dP (pdp_s_scale, pdp_dp_scale,
+// are attention/common.cuh's), and THE recomputation of P and dP (pdp_s_scale, pdp_dp_scale,
 // pdp_p, tile_p_dp, and the delta pass's form of it). Delta-Matching needs both kernels to get P
 // and dP bit for bit the same from the same codes: every FP32 operation of that recomputation is
 // defined here once, by explicitly rounded intrinsics, and test_attention_delta_fp8_gpu checks
@@ -12,8 +12,8 @@
 
 #include <stdint.h>  // uint8_t, uint32_t, uint64_t
 
-#include "attention/common.cuh"  // wgmma fences/descriptors, cp.async, reg_fence, fast_exp2
-#include "attention/kernels_fp8.h"         // ATTN_FP8_BWD_BLOCK_Q/K, ATTN_SCALE_BLOCK
+#include "attention/common.cuh"     // wgmma fences/descriptors, cp.async, reg_fence, fast_exp2
+#include "attention/kernels_fp8.h"  // ATTN_FP8_BWD_BLOCK_Q/K, ATTN_SCALE_BLOCK
 
 #define B8_BQ ATTN_FP8_BWD_BLOCK_Q  // 64 queries per tile
 #define B8_BK ATTN_FP8_BWD_BLOCK_K  // 128 keys per tile = per CTA
@@ -79,7 +79,7 @@ __device__ __forceinline__ float pdp_p(float acc, float cs, float nl) {
 // contracted or reordered by the compiler), so they get bitwise the same p and dp from the same
 // codes. Tiles entirely below the diagonal and inside the sequence (the vast majority) skip the
 // mask (a branch, see below); the unmasked values are the same instructions either way.
-// fp8_dm's delta pass (attention_delta_fp8.cu) gets the same values in tiles of its own shape.
+// fp8_dm's delta pass (attention/delta_fp8.cu) gets the same values in tiles of its own shape.
 template <int D, bool E5>
 __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t dQ, uint32_t ddO, const float *sLse,
                                           float cs, float cdp, int key0, int q0, int T, float (&p)[32],
@@ -134,7 +134,7 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
     }
 }
 
-// --- the delta pass's form (attention_delta_fp8.cu): the same values, queries as M -------------
+// --- the delta pass's form (attention/delta_fp8.cu): the same values, queries as M -------------
 // A warpgroup's 64 queries against a whole 128-key block: s = Q̂ K̂^T and dp = dÔ V̂^T (m64n128,
 // raw code products; element 4n + e is query row warp*16 + g + 8 (e >> 1), key 8n + 2 t4 + (e & 1)).
 // Each element is the sum of the same exact FP8 products in the same k32 steps over d as tile_p_dp's

@@ -1,5 +1,5 @@
-// attention_gpu_common.cuh: device helpers shared by the fused attention kernels
-// (attention_fwd.cu, attention_bwd.cu): PTX wrappers (cp.async, ldmatrix, mma.sync, wgmma and its
+// common.cuh: device helpers shared by the fused attention kernels
+// (attention/fwd_bf16.cu, attention/bwd_bf16.cu): PTX wrappers (cp.async, ldmatrix, mma.sync, wgmma and its
 // fences), the 128-byte-swizzle wgmma descriptors, shared-memory tile loaders, and the host-side
 // argument check. Everything here is inline/static: each .cu that includes it gets its own copy.
 //
@@ -20,10 +20,10 @@
 #include <stdlib.h>        // getenv, atoi (attn_env_count, attn_env_switch, attn_env_choice)
 #include <string.h>        // strcmp (attn_env_choice)
 
-#include "core/common.h"  // FATAL
-#include "core/fp8.h"     // FP8_SCALE_MAX_EXP: the range of the quantization scales
+#include "core/common.h"          // FATAL
+#include "core/fp8.h"             // FP8_SCALE_MAX_EXP: the range of the quantization scales
 #include "gpu/ptx/fast_exp2.cuh"  // fast_exp2: the softmax exponentials (inputs <= 0 or -inf)
-#include "gpu/fp8_cvt.cuh"  // cvt_e4m3x2 / cvt_e5m2x2: the hardware FP8 conversion (finite inputs here)
+#include "gpu/fp8_cvt.cuh"        // cvt_e4m3x2 / cvt_e5m2x2: the hardware FP8 conversion (finite inputs here)
 
 typedef __nv_bfloat16 bf16;
 
@@ -100,7 +100,7 @@ __device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
 // end (every CTA fetches once more than its tiles); the last of them sets both back to 0, so
 // every launch starts from 0 without a memset, also when replayed from a CUDA graph. Launches on
 // one stream follow each other, so the kernels on one stream share its counter
-// (attn_fp8_tile_counter, attention_quant.h); launches on different streams may overlap.
+// (attn_fp8_tile_counter, attention/kernels_fp8.h); launches on different streams may overlap.
 // With counter NULL (ATTN_FP8_FWD_SCHED=static, for timing comparisons) the order is fixed
 // instead: CTA c of G takes tiles r G + c on even rounds r and r G + G - 1 - c on odd ones (a
 // snake, so that the CTAs get about the same amount of work). Called by one thread.
@@ -194,7 +194,7 @@ __device__ __forceinline__ uint32_t opaque_u32(uint32_t x) {
 // under `if (nsmid_nonzero())` lies in a basic block of its own, and ptxas moves no instruction
 // of the code after it (a wgmma wait, say) up into it or above it. The kernels use it where
 // ptxas's scheduler would otherwise hoist a wait for a wgmma group above the work meant to
-// overlap that group. Measure each use: in tile_p_dp (attention_bwd_fp8_tile.cuh) it made the
+// overlap that group. Measure each use: in tile_p_dp (attention/bwd_fp8_tile.cuh) it made the
 // main FP8 backward 2-5% faster; the same fence in the delta pass made it 5% slower (not used).
 __device__ __forceinline__ bool nsmid_nonzero(void) {
     uint32_t n;
@@ -261,7 +261,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// --- the dK, dV epilogue of the backward kernels (attention_bwd_fp8.cu, attention_bwd_wgmma.cuh) ---
+// --- the dK, dV epilogue of the backward kernels (attention/bwd_fp8.cu, attention/bwd_bf16_wgmma.cuh) ---
 // A CTA's 128 keys x D of dV and tau dK go from the two consumer warpgroups' wgmma accumulators
 // (FP32, rows = keys) to BF16 rows of dv and dk through a staging area of 2 x 128 rows of 2D bytes
 // in shared memory: stmatrix writes the fragments as 8 x 8 tiles (a tile row is one 16-byte
@@ -308,7 +308,7 @@ __device__ __forceinline__ void dkdv_copy_out(const unsigned char *area, bf16 *d
     }
 }
 
-// --- the forwards' O epilogue by TMA (attention_fwd.cu, attention_fwd_fp8.cu) --------------------
+// --- the forwards' O epilogue by TMA (attention/fwd_bf16.cu, attention/fwd_fp8.cu) --------------------
 // A warpgroup's 64 rows of O = acc / l in BF16 go to a staging area with stmatrix, as D / 64 boxes
 // of 64 rows x 128 bytes in TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): the 8
 // rows of an 8 x 8 tile fall in 8 different bank quads), HALF bytes apart, which one thread then
@@ -932,7 +932,7 @@ __device__ __forceinline__ CausalTile causal_tile(int tile, int n_blocks, int n_
 // --- host side -----------------------------------------------------------------------------
 // dq[b,t,h,:] = BF16(tau * dq_acc[b,h,t,:]) for head dim d (64 or 128): the last step of the BF16
 // and the FP8 backward alike, which both accumulate dQ in FP32 in the workspace's (B, H, T, d)
-// layout (gpu_attn_bwd_workspace_bytes). Defined in attention_bwd.cu.
+// layout (gpu_attn_bwd_workspace_bytes). Defined in attention/bwd_bf16.cu.
 void attn_bwd_convert_dq(const float *dq_acc, bf16 *dq, int dqkv_stride, int B, int H, int T, int d, float tau,
                          cudaStream_t stream);
 
@@ -955,7 +955,7 @@ static inline void check_args(const char *what, const void *const *ptrs, int npt
 #define FWD_BK 64
 #define FWD_WARPS 8
 
-// The mma.sync forward (attention_fwd_mma.cu) for head dim d, launched by attn_gpu_forward.
+// The mma.sync forward (attention/fwd_bf16_mma.cu) for head dim d, launched by attn_gpu_forward.
 void attn_fwd_mma_launch(int d, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o,
                          int o_stride, float *lse, int B, int H, int T, cudaStream_t stream);
 

@@ -1,6 +1,6 @@
-// attention_delta_fp8.cu: fp8_dm's delta pass (docs/fp8-attention.md §3, "Computing the matched
+// delta_fp8.cu: fp8_dm's delta pass (docs/fp8-attention.md §3, "Computing the matched
 // D"): for every query row i, D_i = sum_j P_ij dP_ij / sum_j P_ij over its keys j <= i, with P and
-// dP bit for bit the values the main FP8 backward (attention_bwd_fp8.cu) forms its dS from, so
+// dP bit for bit the values the main FP8 backward (attention/bwd_fp8.cu) forms its dS from, so
 // that every row of dS = P (dP - D) sums to 0 up to FP32 rounding.
 //
 // Same values, other tiles. The main kernel computes S^T = K̂ Q̂^T and dP^T = V̂ dÔ^T in 64-key x
@@ -12,12 +12,12 @@
 // FP32; a step adds its 32 products to the accumulator), and P comes from it through pdp_p with
 // the same scale constants (pdp_s_scale, -LSE log2(e) rounded once), so P and dP get the same
 // bits; test_attention_delta_fp8_gpu checks that on the GPU for both tile forms, both gradient
-// formats and both head dims, masked tiles included (attention_bwd_fp8_tile.cuh has both forms).
+// formats and both head dims, masked tiles included (attention/bwd_fp8_tile.cuh has both forms).
 // Rows as M give each thread whole rows: its two rows' LSE sit in two registers and its sums in
 // a few (the key-major form loaded 16 LSE values from shared memory per tile and kept 32 column
 // sums).
 //
-// Structure (the FP8 forward's, attention_fwd_fp8.cu): persistent CTAs (one per SM) of three
+// Structure (the FP8 forward's, attention/fwd_fp8.cu): persistent CTAs (one per SM) of three
 // warpgroups take (128-query block, b, h) tiles heaviest first from the stream's tile counter
 // (persistent_next_tile). Warpgroup 0 is the producer: it copies each tile's Q̂ and dÔ blocks
 // and LSE (two buffers: the next tile's load while the current one computes; the consumers
@@ -42,9 +42,9 @@
 #include <type_traits>     // std::true_type, std::false_type (the diagonal block's instantiation)
 
 #include "attention/bwd_fp8_tile.cuh"  // b8_load, delta_a_frags, delta_issue, delta_p, delta_mask, pdp_*
-#include "attention/common.cuh"    // mbarriers, setmaxnreg, persistent_next_tile, quad_sum, pow2_recip
-#include "core/common.h"                    // FATAL
-#include "gpu/tensor_map.h"                // tensor_map_2d: K̂, V̂ by TMA (d 128)
+#include "attention/common.cuh"        // mbarriers, setmaxnreg, persistent_next_tile, quad_sum, pow2_recip
+#include "core/common.h"               // FATAL
+#include "gpu/tensor_map.h"            // tensor_map_2d: K̂, V̂ by TMA (d 128)
 
 #include <string.h>  // memset
 
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
     __syncthreads();      // from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
-        // ---- producer: the ring of attention_gpu_common.cuh (PersistentRing), as the forward's; a
+        // ---- producer: the ring of attention/common.cuh (PersistentRing), as the forward's; a
         // tile's Q̂, dÔ, scales and LSE copies land with its first key block (its cp.async group,
         // or with KV_TMA its asynchronous arrivals). The consumers release a tile buffer
         // (release_tile) as soon as they hold its contents in registers.

@@ -1,11 +1,11 @@
-// attention_fwd.cu: fused causal flash attention, forward (../shared/design/fp8-attention.md).
+// fwd_bf16.cu: fused causal flash attention, forward (docs/fp8-attention.md).
 // This first version is the BF16 mode; the FP8 modes reuse its tiling and pass order: one query
-// block per CTA walking the key blocks upward with an online softmax. Interface: attention_gpu.h;
-// shared device helpers: attention_gpu_common.cuh.
+// block per CTA walking the key blocks upward with an online softmax. Interface: attention/kernels_bf16.h;
+// shared device helpers: attention/common.cuh.
 //   attn_fwd_wgmma_tma_kernel (default; wgmma m64nNk16, 128x128 tiles, sm_90a, softmax
 //     overlapped with P V, tiles by TMA from a producer warpgroup), attn_fwd_wgmma_pipe_kernel
 //     (the same with cp.async loads), attn_fwd_kernel (mma.sync m16n8k16, 128x64 tiles, in
-//     attention_fwd_mma.cu).
+//     attention/fwd_bf16_mma.cu).
 //     ATTN_GPU_FWD picks one (table fwd_impls at the end).
 #include "attention/kernels_bf16.h"
 
@@ -18,10 +18,10 @@
 #include <string.h>        // strcmp, memset
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
-#include "attention/common.cuh"  // PTX wrappers, tile loaders, check_args
-#include "gpu/tensor_map.h"              // tensor_map_bthd (the TMA kernel's Q, K, V and O maps)
-#include "core/common.h"                  // FATAL
-#include "attention/cta_timeline.cuh"          // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
+#include "attention/common.cuh"        // PTX wrappers, tile loaders, check_args
+#include "gpu/tensor_map.h"            // tensor_map_bthd (the TMA kernel's Q, K, V and O maps)
+#include "core/common.h"               // FATAL
+#include "attention/cta_timeline.cuh"  // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
 
 // Tile sizes of the wgmma kernel: 128 query rows (2 warpgroups x 64), key blocks of 128.
 #define WG_BQ 128
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(384, 1)
         reg_fence(pa);
         TL_MARK(bf_timeline, ctid == 0, 4);
         if (o_tma) {
-            // O by TMA (store_o_tma, attention_gpu_common.cuh), staged where this warpgroup's
+            // O by TMA (store_o_tma, attention/common.cuh), staged where this warpgroup's
             // Q rows were (every S is done): the D / 64 regions of Q are 128 rows x 128 bytes in
             // the same swizzle, the warpgroup's 64 rows 8 KB into each
             // (named barriers 1, 2)
@@ -433,7 +433,7 @@ static const FwdImpl &fwd_impl(void) {
                 if (strcmp(e, fwd_impls[i].name) == 0) found = i;
             if (found < 0)
                 fprintf(stderr, "attention: ATTN_GPU_FWD=%s is not a forward kernel of "
-                                "attention_fwd.cu; using %s\n", e, fwd_impls[FWD_DEFAULT].name);
+                                "attention/fwd_bf16.cu; using %s\n", e, fwd_impls[FWD_DEFAULT].name);
             else
                 impl = found;
         }
@@ -442,7 +442,7 @@ static const FwdImpl &fwd_impl(void) {
 }
 
 // Name of the forward kernel in use ("wgmma_pipe", ...), for benchmarks and logs. Not in
-// attention_gpu.h (its API is fixed); bench/bench_attention.{cu,py} declare it themselves.
+// attention/kernels_bf16.h (its API is fixed); bench/bench_attention.{cu,py} declare it themselves.
 extern "C" const char *attn_gpu_forward_impl_name(void) { return fwd_impl().name; }
 
 extern "C" void attn_gpu_block_sizes(int d, int *block_q, int *block_k) {

@@ -1,5 +1,5 @@
-// attention_fwd_mma.cu: the FlashAttention-2-style forward on mma.sync (m16n8k16 BF16, 128x64
-// tiles), kept beside the default wgmma forward of attention_fwd.cu for comparisons and as a
+// fwd_bf16_mma.cu: the FlashAttention-2-style forward on mma.sync (m16n8k16 BF16, 128x64
+// tiles), kept beside the default wgmma forward of attention/fwd_bf16.cu for comparisons and as a
 // fallback (ATTN_GPU_FWD=mma). Same math and pass order: one query block per CTA walking the key
 // blocks upward with an online softmax.
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
@@ -7,7 +7,7 @@
 #include <stdint.h>        // uint32_t
 
 #include "attention/common.cuh"  // PTX wrappers, tile loaders, FWD_* tile sizes
-#include "core/common.h"                  // FATAL
+#include "core/common.h"         // FATAL
 
 // --- forward -----------------------------------------------------------------------------------
 // grid (ceil(T/FWD_BQ), B*H), block FWD_WARPS*32. Warp w owns query rows q0+16w .. q0+16w+15.

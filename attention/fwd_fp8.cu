@@ -1,7 +1,7 @@
-// attention_fwd_fp8.cu: fused causal flash attention forward in FP8 (docs/fp8-attention.md §3:
+// fwd_fp8.cu: fused causal flash attention forward in FP8 (docs/fp8-attention.md §3:
 // the forward of fp8_naive, fp8_hybrid and fp8_dm), on FP8 wgmma (QGMMA in SASS). Inputs are
-// the quantized operands of attention_quant.cu: Q̂, K̂ codes (B, H, Tp, d), V̂^T codes
-// (B, H, d, Tp) and their per-(b, h, 128-token block) scales. Interface: attention_quant.h.
+// the quantized operands of attention/quant_fp8.cu: Q̂, K̂ codes (B, H, Tp, d), V̂^T codes
+// (B, H, d, Tp) and their per-(b, h, 128-token block) scales. Interface: attention/kernels_fp8.h.
 //
 // Numerics, as attn_cpu_forward emulates them with block_q = block_k = 128 (one key block = one
 // scale block, so every S tile has one Q scale and one K scale and every PV step one V scale):
@@ -12,7 +12,7 @@
 //       so inv_x = 1 / s_x is exact and is taken from the exponent bits, pow2_recip)
 //   running max m advanced once per key block (the max of the dequantized S: the max of the raw
 //   accumulators times the positive factor above, rounding being monotone; the raw max is taken
-//   on the float bits as integers, exact, see softmax_max in attention_fwd_fp8_step.cuh),
+//   on the float bits as integers, exact, see softmax_max in attention/fwd_fp8_step.cuh),
 //   alpha = e^(m_old - m) (see below)
 //   P' = p_scale * P = 2^(S*log2e - m*log2e + log2 p_scale)   (ex2.approx, FP32; see below)
 //   P̂ = E4M3(P')                                               (cvt.rn.satfinite: the hardware
@@ -25,7 +25,7 @@
 //       accumulation never runs over more than 128 keys, spec §3; O carried in the units
 //       1 / (p_scale s_v) of the last block added, so that each block's update is one FFMA,
 //       fma(U, alpha * s_v,j / s_v,j-1, PV): one rounding a block, o_rescale_add in
-//       attention_fwd_fp8_step.cuh)
+//       attention/fwd_fp8_step.cuh)
 //   O stored BF16 (acc / l), LSE = m + logf(l) FP32.
 // The exponentials of P use ex2.approx on the prescaled argument fma(s, tau_qk*log2e,
 // log2(p_scale) - m*log2e) instead of expf(S - m): the argument carries one extra rounding
@@ -50,7 +50,7 @@
 //   shared memory. The FP8 A fragment holds 4 consecutive keys per register (keys 4t..4t+3 and
 //   16+4t..16+4t+3 of each 32-key step), while the S accumulator gives a thread keys 2t, 2t+1
 //   of every 8. Instead of shuffling bytes between threads (FA3's permute), the producer stores
-//   the K̂ rows of each 16-key group permuted (key_of_row, attention_fwd_fp8_step.cuh): S's
+//   the K̂ rows of each 16-key group permuted (key_of_row, attention/fwd_fp8_step.cuh): S's
 //   column c then holds key key_of_row(c), and the accumulators of two neighbouring n-tiles are
 //   exactly 4 consecutive keys: P̂ packs into the A fragments in place. V̂^T stays in natural key
 //   order.
@@ -74,10 +74,10 @@
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
 #include "attention/fwd_fp8_step.cuh"  // F8_BK, issue_s, issue_pv, softmax_block, pack_p, key_of_row, pp_*
-#include "attention/common.cuh"    // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
-#include "core/common.h"                    // FATAL
-#include "attention/cta_timeline.cuh"            // TL_*: per-tile timestamps, only with -DATTN_TIMELINE
-#include "gpu/tensor_map.h"                // tensor_map_bthd (O's map for the TMA store)
+#include "attention/common.cuh"        // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
+#include "core/common.h"               // FATAL
+#include "attention/cta_timeline.cuh"  // TL_*: per-tile timestamps, only with -DATTN_TIMELINE
+#include "gpu/tensor_map.h"            // tensor_map_bthd (O's map for the TMA store)
 
 #define F8_BQ 128     // query rows per CTA (2 consumer warpgroups x 64)
 #define F8_STAGES 4   // K̂ / V̂^T ring depth (>= 3: see the producer)
@@ -146,7 +146,7 @@ TL_DEFINE_SETTER(attn_gpu_forward_fp8_timeline, f8_timeline)
 // heads_per_group heads (causal_item_grouped: rank r is query block nblk - 1 - r; the group's K̂
 // and V̂^T stay in L2 while its tiles run, causal_heads_per_group; measured 2-5% faster than
 // heaviest first over all heads), taken by the CTAs from the stream's tile counter
-// (persistent_next_tile, attention_gpu_common.cuh).
+// (persistent_next_tile, attention/common.cuh).
 
 // The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
 // F8_LOOP_PLAIN_FMAX: the plain loop with the row max by FMNMX instead of integer bits
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     __syncthreads();  // the last CTA-wide barrier: from here on the warpgroups meet on mbarriers only
 
     if (threadIdx.x < 128) {
-        // ---- producer: the ring of attention_gpu_common.cuh (PersistentRing: its accounting and
+        // ---- producer: the ring of attention/common.cuh (PersistentRing: its accounting and
         // why it cannot deadlock). The tile's Q̂ copies join its first key block's cp.async group,
         // so that block's full barrier covers them.
         setmaxnreg_dec<24>();
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             // Key block j >= 1: S_j and PV_{j-1} are two wgmma groups; the softmax of S_j runs once
             // the first retires, while the tensor cores work on the second; then O takes PV_{j-1}
             // and P̂_j replaces P̂_{j-1} in pa. Every issue and wait in a step is unconditional and
-            // the diagonal block is a separate instantiation (as in attention_fwd.cu: ptxas must
+            // the diagonal block is a separate instantiation (as in attention/fwd_bf16.cu: ptxas must
             // see that pa stays read by the tensor cores until the wait).
             auto step = [&](int j, auto mask) {
                 const unsigned rb = it0 + (unsigned)j;  // ring block of key block j (>= 1)
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             l[1] *= inv_sv_u * inv_p;
             const int b = bh / H, h = bh % H;
             if (o_tma) {
-                // O by TMA (store_o_tma, attention_gpu_common.cuh; named barriers 4, 5): thread 0
+                // O by TMA (store_o_tma, attention/common.cuh; named barriers 4, 5): thread 0
                 // of the warpgroup waits for its previous tile's store to have read the staging
                 // area (long done); the store runs on under the next tile
                 const bool issuer = (ctid & 127) == 0;

@@ -1,5 +1,5 @@
-// attention_fwd_fp8_step.cuh: one key block's work of a consumer warpgroup of the FP8 forward
-// (attention_fwd_fp8.cu, whose header comment gives the numerics and the structure): the S and PV
+// fwd_fp8_step.cuh: one key block's work of a consumer warpgroup of the FP8 forward
+// (attention/fwd_fp8.cu, whose header comment gives the numerics and the structure): the S and PV
 // wgmmas, ping-pong's turn, the online-softmax step on S (whole, or as its max half and its
 // exponentials in parts, for loops that issue wgmmas in between), the packing of P̂ into the PV wgmma's A fragments and
 // the O update. In a header of its own so that bench/bench_mufu_qgmma.cu (and its loop forms,
@@ -47,7 +47,7 @@ __device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the tur
     else named_bar_arrive<1, 256>();
 }
 
-// Descriptors of the K-major tiles as low words (kmajor_desc_lo, attention_gpu_common.cuh): the
+// Descriptors of the K-major tiles as low words (kmajor_desc_lo, attention/common.cuh): the
 // key loop keeps one per region (Q̂ rows, K̂ ring, V̂^T ring) and adds constants, instead of
 // rebuilding every descriptor from its address (~40 uniform-datapath instructions per block).
 

@@ -1,7 +1,7 @@
-// attention_gpu.h: fused causal flash attention on the GPU (BF16 now; the FP8 modes of
+// kernels_bf16.h: fused causal flash attention on the GPU (BF16 now; the FP8 modes of
 // docs/fp8-attention.md slot into the same kernels: same tiles, same pass order, D computed in
-// the same preprocess step). Kernels: attention_fwd.cu (forward), attention_bwd.cu (backward),
-// attention_gpu_common.cuh (PTX wrappers and tile loaders shared by both).
+// the same preprocess step). Kernels: attention/fwd_bf16.cu (forward), attention/bwd_bf16.cu (backward),
+// attention/common.cuh (PTX wrappers and tile loaders shared by both).
 //
 // Layout. Every BF16 tensor is token-major, (B, T, H, d) with a row stride: element
 // (b, t, h, c) of q lives at q[(b*T + t)*stride + h*d + c]. So q, k, v may be views of the

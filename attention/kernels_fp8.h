@@ -1,10 +1,10 @@
-// attention_quant.h: FP8 quantization of the attention operands on the GPU (Q, K, V in E4M3 for
+// kernels_fp8.h: FP8 quantization of the attention operands on the GPU (Q, K, V in E4M3 for
 // the forward, dO in the gradient format for the backward), docs/fp8-attention.md §2, and the
-// FP8 forward that consumes them (attention_fwd_fp8.cu). The codes
+// FP8 forward that consumes them (attention/fwd_fp8.cu). The codes
 // and scales are bit-identical to the CPU emulation's attn_quantize_operand (attention_cpu.h):
 // same power-of-two scale rule (fp8_scale_for_amax), same encoder (fp8.h), same granularity.
 //
-// Layouts. Input: BF16 (B, T, H, d) with a row stride, as in attention_gpu.h (q/k/v may be views
+// Layouts. Input: BF16 (B, T, H, d) with a row stride, as in attention/kernels_bf16.h (q/k/v may be views
 // of the packed QKV buffer). Outputs are head-major and padded to whole 128-token blocks,
 // Tp = attn_quant_padded_len(T), padding rows written as code 0 (so FP8 kernels load whole
 // tiles without bounds checks, and zeros add nothing to a matmul):
@@ -29,7 +29,7 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 
 #include "core/precision.h"  // ATTN_SCALE_BLOCK (128 tokens per scale), AttnCast
-#include "core/fp8.h"            // Fp8Format
+#include "core/fp8.h"        // Fp8Format
 
 #ifdef __cplusplus
 extern "C" {
@@ -72,7 +72,7 @@ typedef struct {
 // Quantizes n (1..4) tensors of the same shape in one launch: one CTA per (tensor, b, h,
 // 128-token block) reads the block once, reduces its amax, casts, and writes both layouts (the
 // transposed one through shared memory, so that its global writes are coalesced). d is 64 or
-// 128; strides and pointers as attention_gpu.h requires (16-byte aligned rows); codes/codes_t
+// 128; strides and pointers as attention/kernels_bf16.h requires (16-byte aligned rows); codes/codes_t
 // 16-byte aligned. Checked; FATAL on violation.
 void attn_gpu_quantize(const AttnQuantTensor *tensors, int n, int B, int H, int T, int d,
                        cudaStream_t stream);
@@ -85,11 +85,11 @@ void attn_gpu_quantize(const AttnQuantTensor *tensors, int n, int B, int H, int 
 void attn_gpu_amax_reduce(const float *in, int n_groups, int group_len, Fp8Format fmt, int max_scale_exp,
                           float *amax_out, float *scale_out, cudaStream_t stream);
 
-// fp8_hybrid's backward needs no kernel of its own: attn_gpu_backward (attention_gpu.h, BF16) run
+// fp8_hybrid's backward needs no kernel of its own: attn_gpu_backward (attention/kernels_bf16.h, BF16) run
 // on the `dequant` copies of Q̂, K̂, V̂, the FP8 forward's O and LSE and the BF16 dO is exactly
 // what the CPU emulation's fp8_hybrid does (test/test_attention_fp8_gpu.cu checks it).
 //
-// FP8 forward (attention_fwd_fp8.cu): the forward of fp8_naive / fp8_hybrid / fp8_dm on the
+// FP8 forward (attention/fwd_fp8.cu): the forward of fp8_naive / fp8_hybrid / fp8_dm on the
 // operands quantized above: q_codes, k_codes (B, H, Tp, d) E4M3 and vt_codes (B, H, d, Tp) E4M3
 // with their scales (B, H, nblk), powers of two as the quantize kernels write them (the kernel
 // inverts them by exponent arithmetic); p_scale: the static scale of P before its E4M3 cast (256).
@@ -125,7 +125,7 @@ const char *attn_gpu_forward_fp8_loop_name(int loop);
 // ATTN_FP8_FWD_O_TMA. The outputs must not change by a bit.
 void attn_gpu_forward_fp8_test_o_tma(int on);
 
-// FP8 backward (attention_bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
+// FP8 backward (attention/bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
 // (docs/fp8-attention.md §3) on the quantized operands above and the FP8 forward's O and LSE.
 // Tiles: ATTN_FP8_BWD_BLOCK_Q queries x ATTN_FP8_BWD_BLOCK_K keys (the block sizes
 // attn_cpu_backward must be run with: dS gets one power-of-two scale per tile; the forward's
@@ -135,7 +135,7 @@ void attn_gpu_forward_fp8_test_o_tma(int on);
 // format with the tile's scale, P̂ = E4M3(P p_scale); dV += P̂^T dÔ, dK += dŜ^T Q̂, dQ += dŜ K̂
 // (each tile's product in a fresh FP32 accumulator, added in FP32 registers / FP32 atomics).
 // D: fp8_naive rowsum(dO ∘ O) (BF16 dO, stored O); fp8_dm_approx rowsum(dÔ ∘ O); fp8_dm the
-// delta pass (attention_delta_fp8.cu: per query block it walks the key blocks and recomputes P
+// delta pass (attention/delta_fp8.cu: per query block it walks the key blocks and recomputes P
 // and dP bit for bit as the main kernel does, D = sum P dP / sum P).
 #define ATTN_FP8_BWD_BLOCK_Q 64
 #define ATTN_FP8_BWD_BLOCK_K 128
@@ -161,7 +161,7 @@ typedef struct {
 } AttnFp8BwdArgs;
 size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d);
 void attn_gpu_backward_fp8(const AttnFp8BwdArgs *args, int B, int H, int T, int d, cudaStream_t stream);
-// fp8_dm's delta pass (attention_delta_fp8.cu), launched by attn_gpu_backward_fp8: D into dlt
+// fp8_dm's delta pass (attention/delta_fp8.cu), launched by attn_gpu_backward_fp8: D into dlt
 // (B, H, T) from the codes, scales and LSE of *args; zeroes dq_acc (B, H, T, d) and the row
 // diagnostics (if given) for the main kernel.
 void attn_fp8_delta_pass(const AttnFp8BwdArgs *args, float *dlt, float *dq_acc, int B, int H, int T, int d,

@@ -1,5 +1,5 @@
-// attention_quant.cu: FP8 quantization of the attention operands (interface and layouts:
-// attention_quant.h). One CTA per (tensor, b, h, 128-token block): the block is read from
+// quant_fp8.cu: FP8 quantization of the attention operands (interface and layouts:
+// attention/kernels_fp8.h). One CTA per (tensor, b, h, 128-token block): the block is read from
 // global memory once into registers (16-byte loads), its amax reduced, the scale derived with
 // fp8.h's fp8_scale_for_amax and every value cast with fp8.h's encoder, so that codes and
 // scales equal the CPU emulation's (attention_cpu.c, attn_quantize_operand) bit for bit. With a
@@ -14,11 +14,11 @@
 #include <stdint.h>        // uint8_t, uint32_t, uintptr_t
 
 #include "attention/common.cuh"  // cvt_e4m3x2 / cvt_e5m2x2 (hardware FP8 conversion)
-#include "gpu/fp8_cvt.cuh"    // transpose4x4: the transposed tile from the codes
-#include "core/common.h"      // FATAL
-#include "gpu/cuda_check.h"  // CUDA_CHECK_LAUNCH
-#include "core/fp8.h"         // fp8_from_f32, fp8_scale_for_amax, bf16_to_f32, fp8_max
-#include "gpu/layers_math.cuh"  // lm_rope_lo / lm_rope_hi, lm_f2bits: rope_forward_gpu's own element math
+#include "gpu/fp8_cvt.cuh"       // transpose4x4: the transposed tile from the codes
+#include "core/common.h"         // FATAL
+#include "gpu/cuda_check.h"      // CUDA_CHECK_LAUNCH
+#include "core/fp8.h"            // fp8_from_f32, fp8_scale_for_amax, bf16_to_f32, fp8_max
+#include "gpu/layers_math.cuh"   // lm_rope_lo / lm_rope_hi, lm_f2bits: rope_forward_gpu's own element math
 
 #define QB ATTN_SCALE_BLOCK  // tokens per CTA = tokens per scale (128)
 #define QTHREADS 256

@@ -6,8 +6,8 @@
 #include <math.h>    // sqrt
 #include <string.h>  // memcpy, memset
 
-#include "comm/comm.h"       // collectives for data parallelism
-#include "optimizer.h"  // adamw_step, adamw_update_slice, grad_global_norm
+#include "comm/comm.h"      // collectives for data parallelism
+#include "optimizer.h"      // adamw_step, adamw_update_slice, grad_global_norm
 #include "gpu/zero1_gpu.h"  // ZeRO-1 and the data-parallel norm on the GPU
 
 // --- device choice ---------------------------------------------------------------------------------

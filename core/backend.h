@@ -31,14 +31,14 @@
 #include <stdint.h>  // int32_t tokens
 #include <stdio.h>   // FILE for the memory plan
 
-#include "core/precision.h"    // AttnDelayedState
-#include "core/common.h"         // ErrBuf
-#include "core/config.h"         // Config, DeviceKind, TrainConfig
-#include "gpu/gpu_info.h"       // GpuInfo
-#include "core/model.h"          // ParamTable
-#include "cpu/model_cpu.h"      // CpuModel
-#include "gpu/model_gpu.h"      // GpuModel
-#include "optimizer.h"      // AdamW
+#include "core/precision.h"  // AttnDelayedState
+#include "core/common.h"     // ErrBuf
+#include "core/config.h"     // Config, DeviceKind, TrainConfig
+#include "gpu/gpu_info.h"    // GpuInfo
+#include "core/model.h"      // ParamTable
+#include "cpu/model_cpu.h"   // CpuModel
+#include "gpu/model_gpu.h"   // GpuModel
+#include "optimizer.h"       // AdamW
 
 struct Comm;  // comm.h
 

@@ -2,11 +2,11 @@
 // `latest` pointer, and pruning to the last N checkpoints.
 #include "core/checkpoint.h"
 
-#include <dirent.h>    // opendir/readdir to list step_*.ckpt
-#include <errno.h>     // errno for messages
-#include <stdlib.h>    // qsort, strtoll
-#include <string.h>    // memcpy, strcmp, strerror
-#include <unistd.h>    // unlink
+#include <dirent.h>  // opendir/readdir to list step_*.ckpt
+#include <errno.h>   // errno for messages
+#include <stdlib.h>  // qsort, strtoll
+#include <string.h>  // memcpy, strcmp, strerror
+#include <unistd.h>  // unlink
 
 // ---------------------------------------------------------------------------------------------
 // FNV-1a 64: a simple checksum that catches any flipped byte of a stored file.

@@ -24,10 +24,10 @@
 #include <stddef.h>  // size_t
 
 #include "core/precision.h"  // AttnDelayedState
-#include "core/common.h"         // ErrBuf
-#include "core/config.h"         // ModelConfig
-#include "dataloader.h"     // DataLoaderState
-#include "core/model.h"          // ParamTable
+#include "core/common.h"     // ErrBuf
+#include "core/config.h"     // ModelConfig
+#include "dataloader.h"      // DataLoaderState
+#include "core/model.h"      // ParamTable
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,11 +9,11 @@
 #ifndef COMMON_H
 #define COMMON_H
 
-#include <stdarg.h>   // va_list for the message helpers
-#include <stddef.h>   // size_t
-#include <stdint.h>   // fixed-width integers in binary formats
-#include <stdio.h>    // FILE, fprintf
-#include <stdlib.h>   // exit, malloc
+#include <stdarg.h>  // va_list for the message helpers
+#include <stddef.h>  // size_t
+#include <stdint.h>  // fixed-width integers in binary formats
+#include <stdio.h>   // FILE, fprintf
+#include <stdlib.h>  // exit, malloc
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,5 +1,5 @@
 // fp8.h: FP8 (E4M3 "fn" and E5M2) and BF16 conversions and the power-of-two scale rule,
-// usable from host C, host C++ and CUDA device code (../shared/design/fp8-attention.md §2).
+// usable from host C, host C++ and CUDA device code (docs/fp8-attention.md §2).
 //
 // Conversion from FP32 is round-to-nearest-even with saturation to the largest finite value
 // (CUDA's __NV_SATFINITE): every value whose rounding would exceed the max, +-inf included,

@@ -8,7 +8,7 @@
 #include <stddef.h>  // size_t
 #include <stdint.h>  // int32_t
 
-#include "core/config.h"      // AttnPrecision, attn_precision_is_fp8
+#include "core/config.h"     // AttnPrecision, attn_precision_is_fp8
 #include "core/precision.h"  // Fp8Grouping and the FP8 linears' groupings (linear_act_grouping, ...)
 
 // RMSNorm and QK-norm backward: the gain gradient is summed in FP32 partials over row chunks:

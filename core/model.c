@@ -8,9 +8,9 @@
 #include <stdint.h>  // uint64_t for the generator
 #include <string.h>  // memset, snprintf
 
-#include "core/common.h"  // xcalloc, FATAL
+#include "core/common.h"     // xcalloc, FATAL
 #include "core/precision.h"  // linear_precision_of: which blocks run FP8 linears
-#include "core/rng.h"     // splitmix64_next for the seeded init
+#include "core/rng.h"        // splitmix64_next for the seeded init
 
 // --- parameter table -----------------------------------------------------------------------------
 

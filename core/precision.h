@@ -115,7 +115,7 @@ void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float
 // [-126, 126]: a V block whose amax lies in [~2^-32, ~2^49] is quantized as any other operand;
 // smaller values lose bits (below 2^-49 they become 0), larger ones saturate at 448 * 2^40.
 // Why: the FP8 forward carries O in the units of each key block's V scale, so that a block's O
-// update is one FFMA (attention_fwd_fp8_step.cuh); those units move O by the ratio of two V
+// update is one FFMA (attention/fwd_fp8_step.cuh); those units move O by the ratio of two V
 // scales of the head, at most 2^80 here, which keeps it inside FP32 for any T up to 2^20
 // (docs/fp8-attention.md §2). Delayed scaling clamps V's tensor (or head) scale alike: its
 // scales are all equal, so U stays within 2^8 * T * 448, but the epilogue's factor (1 / l) /

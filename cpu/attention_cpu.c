@@ -1,5 +1,5 @@
 // attention_cpu.c: causal attention for one head on the CPU in every precision of
-// ../shared/design/fp8-attention.md, tiled and cast exactly like the GPU kernels.
+// docs/fp8-attention.md, tiled and cast exactly like the GPU kernels.
 //
 // One code path serves every mode: a ModePlan says how each operand is cast (FP32, BF16, FP8)
 // and how D is formed; the tile loops below are shared. Casts are emulated by quantize-

@@ -1,5 +1,5 @@
 // attention_cpu.h: causal attention for one head on the CPU, in every precision of
-// ../shared/design/fp8-attention.md, emulating the GPU kernels' tiling and FP8 casts bit-exactly,
+// docs/fp8-attention.md, emulating the GPU kernels' tiling and FP8 casts bit-exactly,
 // plus an FP64 reference. This is the oracle the GPU kernels are tested against.
 //
 // Layout: one head at a time, row-major (T, d) float arrays. tau = 1/sqrt(d). The kernels walk

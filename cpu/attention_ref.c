@@ -1,5 +1,5 @@
 // attention_ref.c: the FP64 reference of causal attention for one head (no tiling, no casts),
-// the yardstick of spec §4 (../shared/design/fp8-attention.md). Plain textbook formulas:
+// the yardstick of spec §4 (docs/fp8-attention.md). Plain textbook formulas:
 //   S = tau Q K^T (j <= i), P = softmax_row(S), O = P V, LSE_i = log sum_j exp(S_ij)
 //   D_i = dO_i · O_i, dS = P ∘ (dP − D), dP = dO V^T,
 //   dQ = tau dS K, dK = tau dS^T Q, dV = P^T dO

@@ -106,7 +106,7 @@
 #include <stdlib.h>  // free
 #include <string.h>  // memset
 
-#include "core/common.h"      // xrealloc, FATAL
+#include "core/common.h"     // xrealloc, FATAL
 #include "cpu/matmul_cpu.h"  // matmul_nt, matmul_nn, matmul_tn
 
 // Below this many elements a quantization runs on one thread: an OpenMP region costs more than

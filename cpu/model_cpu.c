@@ -19,7 +19,7 @@
 #include <stdlib.h>  // free
 #include <string.h>  // memcpy, memset
 
-#include "core/common.h"      // xmalloc, xcalloc, FATAL
+#include "core/common.h"     // xmalloc, xcalloc, FATAL
 #include "cpu/layers_cpu.h"  // rmsnorm, rope, swiglu, cross-entropy
 #include "cpu/linear_fp8.h"  // linear_forward / dgrad / wgrad in the linear precision of a layer
 

@@ -8,9 +8,9 @@
 #include <stdint.h>  // int32_t tokens
 
 #include "cpu/attention_cpu.h"  // AttnOptions, AttnDelayedState, AttnStats
-#include "core/config.h"         // Config
-#include "core/model.h"          // ParamTable
-#include "eval/probe.h"          // ModelProbe
+#include "core/config.h"        // Config
+#include "core/model.h"         // ParamTable
+#include "eval/probe.h"         // ModelProbe
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,4 +1,4 @@
-// attn_check.c: `train_gpt attn-check`, spec §4 (../shared/design/fp8-attention.md) on the CPU
+// attn_check.c: `train_gpt attn-check`, spec §4 (docs/fp8-attention.md) on the CPU
 // emulation or (--device gpu) on the GPU kernels: for attention from diffuse to sharp (Q and K
 // scaled by 1, 2, 3), every precision's row-sum residual of dS and relative L2 errors of O, dQ,
 // dK, dV against the FP64 reference on the same unquantized inputs; on the GPU each mode also
@@ -12,12 +12,12 @@
 #include <stdlib.h>  // strtol, qsort
 #include <string.h>  // strcmp, strncmp
 
-#include "attention_fp8.h"   // attn_mode_supported, attn_mode_block_sizes (--device gpu)
+#include "attention_fp8.h"        // attn_mode_supported, attn_mode_block_sizes (--device gpu)
 #include "eval/attn_check_gpu.h"  // attn_eval_mode_gpu, AttnGpuEval
 #include "core/common.h"          // xmalloc
 #include "core/config.h"          // attn_precision_name, grad_format_name, scaling_name
 #include "core/fp8.h"             // bf16_round: the GPU's inputs and outputs are BF16
-#include "gpu/gpu_info.h"        // gpu_info_query: is there a GPU for --device gpu
+#include "gpu/gpu_info.h"         // gpu_info_query: is there a GPU for --device gpu
 #include "core/rng.h"             // splitmix64_next for the seeded inputs
 
 #define ATTN_INVARIANT_TOL 1e-5
@@ -88,7 +88,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: train_gpt attn-check [--T N] [--d N] [--seed N] [--grad-format e4m3|e5m2]\n"
             "                            [--block-q N] [--block-k N] [--device cpu|gpu]\n"
-            "Runs the FP8 attention checks of shared/design/fp8-attention.md section 4 on the CPU\n"
+            "Runs the FP8 attention checks of docs/fp8-attention.md section 4 on the CPU\n"
             "emulation (one causal head): row-sum residual of dS and relative L2 error of O, dQ,\n"
             "dK, dV against an FP64 reference, for every attention precision. Defaults: --T 1024\n"
             "--d 64 --seed 1 --grad-format e4m3 --block-q 128 --block-k 128 --device cpu.\n"

@@ -10,9 +10,9 @@
 #include <algorithm>       // std::sort (median)
 #include <vector>          // host buffers
 
-#include "attention_fp8.h"  // attn_mode_forward, attn_mode_backward, attn_mode_workspace_bytes, AttnModeDiag
-#include "gpu/cuda_check.h"     // CUDA_CHECK
-#include "core/fp8.h"            // bf16_from_f32, bf16_to_f32
+#include "attention_fp8.h"   // attn_mode_forward, attn_mode_backward, attn_mode_workspace_bytes, AttnModeDiag
+#include "gpu/cuda_check.h"  // CUDA_CHECK
+#include "core/fp8.h"        // bf16_from_f32, bf16_to_f32
 
 // Relative L2 error of x against ref (absolute when ref is all zero); NaN if x has a NaN.
 static double rel_l2(const std::vector<float> &x, const double *ref) {

@@ -25,11 +25,11 @@
 #include <stdint.h>  // int32_t tokens
 #include <stdio.h>   // FILE
 
-#include "core/precision.h"    // AttnStats, ATTN_N_CASTS
-#include "core/common.h"         // ErrBuf
-#include "core/config.h"         // Config, AttnPrecision
-#include "cpu/model_cpu.h"      // CpuModel, ModelProbe
-#include "gpu/model_gpu.h"      // GpuModel, gpu_model_probe
+#include "core/precision.h"  // AttnStats, ATTN_N_CASTS
+#include "core/common.h"     // ErrBuf
+#include "core/config.h"     // Config, AttnPrecision
+#include "cpu/model_cpu.h"   // CpuModel, ModelProbe
+#include "gpu/model_gpu.h"   // GpuModel, gpu_model_probe
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,7 +9,7 @@
 #include <string.h>  // memset
 
 #include "core/precision.h"  // AttnStats
-#include "core/config.h"         // AttnPrecision
+#include "core/config.h"     // AttnPrecision
 
 #ifdef __cplusplus
 extern "C" {

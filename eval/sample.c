@@ -1,10 +1,10 @@
 // sample.c: sampling from a model on either backend, and the `sample` command.
 #include "eval/sample.h"
 
-#include <math.h>     // exp
-#include <stdlib.h>   // qsort, strtol, strtod
-#include <string.h>   // strcmp
-#include <sys/stat.h> // stat: is --checkpoint a directory
+#include <math.h>      // exp
+#include <stdlib.h>    // qsort, strtol, strtod
+#include <string.h>    // strcmp
+#include <sys/stat.h>  // stat: is --checkpoint a directory
 
 #include "core/checkpoint.h"  // checkpoint_read_config, checkpoint_load, checkpoint_find_latest
 #include "core/config.h"      // config_parse

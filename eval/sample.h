@@ -5,7 +5,7 @@
 
 #include <stdint.h>  // int32_t tokens
 
-#include "core/backend.h"    // Backend
+#include "core/backend.h"         // Backend
 #include "tokenizer/tokenizer.h"  // Tokenizer
 
 #ifdef __cplusplus

@@ -5,7 +5,7 @@
 #include <cuda_runtime.h>  // kernel launch
 #include <math.h>          // pow
 
-#include "core/common.h"      // FATAL
+#include "core/common.h"     // FATAL
 #include "gpu/cuda_check.h"  // CUDA_CHECK_LAUNCH
 
 // The float coefficients of one update, computed exactly as optimizer.c computes them.

@@ -24,9 +24,9 @@
 #include <math.h>                            // NAN
 #include <stdint.h>                          // int32_t, uint32_t, uintptr_t
 
-#include "core/common.h"      // FATAL
-#include "gpu/cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
-#include "core/gpu_sizes.h"   // gpu_embedding_scratch_bytes, EMB_TILE: the memory plan sizes it too
+#include "core/common.h"        // FATAL
+#include "gpu/cuda_check.h"     // CUDA_CHECK, CUDA_CHECK_LAUNCH
+#include "core/gpu_sizes.h"     // gpu_embedding_scratch_bytes, EMB_TILE: the memory plan sizes it too
 #include "gpu/layers_math.cuh"  // Bf16x8, aligned16
 
 typedef __nv_bfloat16 bf16;

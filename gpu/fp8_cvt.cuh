@@ -62,7 +62,7 @@ __device__ __forceinline__ uint32_t fp8x2_from_f32(float lo, float hi) {
 }
 
 // The 4 x 4 byte transpose of four rows' words of codes: byte k of out[j] = byte j of row k
-// (PRMT only). Transposed FP8 operands are made this way from their codes (attention_quant.cu,
+// (PRMT only). Transposed FP8 operands are made this way from their codes (attention/quant_fp8.cu,
 // fp8_quant.cuh's emit_qt_codes) wherever one scale covers the whole tile.
 __device__ __forceinline__ void transpose4x4(uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3, uint32_t out[4]) {
     const uint32_t lo01 = __byte_perm(r0, r1, 0x5140), hi01 = __byte_perm(r0, r1, 0x7362);  // r0.b0 r1.b0 r0.b1 r1.b1

@@ -19,7 +19,7 @@
 #include <cuda_runtime.h>  // __reduce_max_sync, __syncthreads
 #include <stdint.h>        // uint8_t, uint16_t, uint32_t, uintptr_t
 
-#include "core/fp8.h"         // fp8_scale_for_amax, bf16_to_f32, fp8_max, Fp8Format
+#include "core/fp8.h"        // fp8_scale_for_amax, bf16_to_f32, fp8_max, Fp8Format
 #include "gpu/fp8_cvt.cuh"   // fp8x2_from_f32 (fp8_from_f32's codes from the hardware conversion), transpose4x4, amax2
 #include "core/precision.h"  // FP8_GROUP
 

@@ -18,12 +18,12 @@
 #include <stdlib.h>        // getenv, atoi (CE_SCALAR)
 #include <type_traits>     // std::integral_constant (the chunk count of the vectorized row kernels)
 
-#include "core/common.h"      // FATAL
-#include "gpu/cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH
-#include "gpu/ptx/fast_exp2.cuh"    // fast_exp2: the cross-entropy's exponentials
-#include "gpu/fp8_quant.cuh"    // max_abs8, abs_bits, publish_amax: the outputs' amax for per-tensor FP8
-#include "core/gpu_sizes.h"   // gpu_norm_chunks and the scratch sizes the memory plan uses too
-#include "gpu/layers_math.cuh"  // the RMSNorm / SwiGLU arithmetic, shared with layers_fp8.cu
+#include "core/common.h"          // FATAL
+#include "gpu/cuda_check.h"       // CUDA_CHECK, CUDA_CHECK_LAUNCH
+#include "gpu/ptx/fast_exp2.cuh"  // fast_exp2: the cross-entropy's exponentials
+#include "gpu/fp8_quant.cuh"      // max_abs8, abs_bits, publish_amax: the outputs' amax for per-tensor FP8
+#include "core/gpu_sizes.h"       // gpu_norm_chunks and the scratch sizes the memory plan uses too
+#include "gpu/layers_math.cuh"    // the RMSNorm / SwiGLU arithmetic, shared with layers_fp8.cu
 
 typedef __nv_bfloat16 bf16;
 

@@ -1,6 +1,6 @@
 // layers.h: the element-wise and row-wise layers of the GPU backend (kernels in layers.cu).
 //
-// Storage is BF16 (uint16_t bit patterns in this C interface, like attention_gpu.h), arithmetic
+// Storage is BF16 (uint16_t bit patterns in this C interface, like attention/kernels_bf16.h), arithmetic
 // and every reduction is FP32 (the gradient norm: FP64). Weights passed in are the BF16 working
 // copies; weight gradients are FP32 and are always ADDED to (micro-batch accumulation), never
 // overwritten. Every launcher is asynchronous on `stream`, checks its launch (cuda_check.h) and

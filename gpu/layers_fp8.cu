@@ -25,11 +25,11 @@
 #include <stdint.h>        // uintptr_t
 #include <stdlib.h>        // getenv (the pair kernel's timing knob)
 
-#include "core/common.h"           // FATAL
-#include "gpu/cuda_check.h"       // CUDA_CHECK_LAUNCH
-#include "gpu/fp8_quant.cuh"      // Vec128Tile, vec128_tile, load8 (shared with linear_fp8_gpu.cu)
-#include "gpu/layers.h"           // the RMSNorm's rows (rstd, residual): rmsnorm_forward_gpu
-#include "gpu/layers_math.cuh"    // the RMSNorm / SwiGLU arithmetic (shared with layers.cu)
+#include "core/common.h"        // FATAL
+#include "gpu/cuda_check.h"     // CUDA_CHECK_LAUNCH
+#include "gpu/fp8_quant.cuh"    // Vec128Tile, vec128_tile, load8 (shared with linear_fp8_gpu.cu)
+#include "gpu/layers.h"         // the RMSNorm's rows (rstd, residual): rmsnorm_forward_gpu
+#include "gpu/layers_math.cuh"  // the RMSNorm / SwiGLU arithmetic (shared with layers.cu)
 
 typedef __nv_bfloat16 bf16;
 

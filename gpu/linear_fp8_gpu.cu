@@ -26,12 +26,12 @@
 #include <string.h>        // memset
 
 #include "core/common.h"      // FATAL
-#include "gpu/cuda_check.h"  // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
+#include "gpu/cuda_check.h"   // CUDA_CHECK, CUDA_CHECK_LAUNCH, CUBLASLT_CHECK
 #include "gpu/fp8_quant.cuh"  // the device quantization shared with layers_fp8.cu (abs_bits, quant,
                           // quant8, vec128_tile)
 #include "gpu/gemm_plan_cache.h"  // GemmPlanCache: the plans cached per shape
-#include "core/gpu_sizes.h"   // the scale-buffer sizes (shared with the memory plan)
-#include "gpu/matmul.h"      // the shared cuBLASLt handle and workspace
+#include "core/gpu_sizes.h"       // the scale-buffer sizes (shared with the memory plan)
+#include "gpu/matmul.h"           // the shared cuBLASLt handle and workspace
 
 #define THREADS 256   // every kernel; flush_counts needs whole warps
 #define G FP8_GROUP   // 128

@@ -32,7 +32,7 @@
 #include <stdint.h>            // uint8_t codes, uint16_t BF16 bits
 #include <cuda_runtime_api.h>  // cudaStream_t
 
-#include "core/fp8.h"         // Fp8Format
+#include "core/fp8.h"        // Fp8Format
 #include "core/precision.h"  // Fp8Grouping, FP8_GROUP
 
 #ifdef __cplusplus

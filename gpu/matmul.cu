@@ -13,8 +13,8 @@
 #include <stdint.h>        // uintptr_t
 #include <string.h>        // memset
 
-#include "core/common.h"      // FATAL
-#include "gpu/cuda_check.h"  // CUDA_CHECK, CUBLASLT_CHECK
+#include "core/common.h"          // FATAL
+#include "gpu/cuda_check.h"       // CUDA_CHECK, CUBLASLT_CHECK
 #include "gpu/gemm_plan_cache.h"  // GemmPlanCache: the plans cached per shape
 
 // Everything that selects a plan. Pointer alignment is part of it because the heuristic only

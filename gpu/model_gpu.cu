@@ -68,16 +68,16 @@
 #include <stdlib.h>        // free, getenv
 #include <string.h>        // memset, memcpy, strcmp
 
-#include "gpu/adamw_gpu.h"      // adamw_update_gpu
-#include "attention_fp8.h"  // attn_mode_forward/backward: attention in precision.attention
+#include "gpu/adamw_gpu.h"          // adamw_update_gpu
+#include "attention_fp8.h"          // attn_mode_forward/backward: attention in precision.attention
 #include "attention/kernels_fp8.h"  // attn_fp8_release_stream (gpu_model_free)
-#include "core/common.h"         // FATAL, errf, xcalloc
-#include "gpu/cuda_check.h"     // CUDA_CHECK
-#include "gpu/layers.h"         // norms, RoPE, SwiGLU, cross-entropy, embedding, casts, grad norm
-#include "core/precision.h"    // linear_precision_of, Fp8Grouping
-#include "gpu/linear_fp8_gpu.h" // fp8_quantize_gpu, linear_fp8_forward/dgrad/wgrad_gpu
-#include "gpu/matmul.h"         // MATMUL_WORKSPACE_BYTES
-#include "gpu/qkv_gemm.h"       // qkv_gemm_quant: the QKV projection writing FP8 attention's codes
+#include "core/common.h"            // FATAL, errf, xcalloc
+#include "gpu/cuda_check.h"         // CUDA_CHECK
+#include "gpu/layers.h"             // norms, RoPE, SwiGLU, cross-entropy, embedding, casts, grad norm
+#include "core/precision.h"         // linear_precision_of, Fp8Grouping
+#include "gpu/linear_fp8_gpu.h"     // fp8_quantize_gpu, linear_fp8_forward/dgrad/wgrad_gpu
+#include "gpu/matmul.h"             // MATMUL_WORKSPACE_BYTES
+#include "gpu/qkv_gemm.h"           // qkv_gemm_quant: the QKV projection writing FP8 attention's codes
 
 static int check_supported(const Config *c, int B, int T, ErrBuf *e) {
     const ModelConfig *mc = &c->model;

@@ -1,6 +1,6 @@
 // model_gpu.h: the GPU backend: the whole GPT of model.h with BF16 storage and FP32
 // accumulation (kernels of layers.h, cuBLASLt GEMMs of matmul.h, flash attention of
-// attention_gpu.h), FP32 master weights, FP32 gradients and AdamW (adamw_gpu.h) on the device.
+// attention/kernels_bf16.h), FP32 master weights, FP32 gradients and AdamW (adamw_gpu.h) on the device.
 // The same shape of API as the CPU reference (model_cpu.h), plus host copies of parameters,
 // gradients and optimizer state for checkpoints and tests.
 //
@@ -41,10 +41,10 @@
 #include <stdio.h>   // FILE for the plan printer
 
 #include "attention_fp8.h"  // AttnModeDiag
-#include "core/common.h"  // ErrBuf
-#include "core/config.h"  // Config, TrainConfig
-#include "core/model.h"   // ParamTable, MemoryPlan
-#include "eval/probe.h"   // ModelProbe
+#include "core/common.h"    // ErrBuf
+#include "core/config.h"    // Config, TrainConfig
+#include "core/model.h"     // ParamTable, MemoryPlan
+#include "eval/probe.h"     // ModelProbe
 
 #ifdef __cplusplus
 extern "C" {

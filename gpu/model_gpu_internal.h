@@ -8,10 +8,10 @@
 #include <cuda_runtime.h>  // cudaStream_t
 #include <stdint.h>        // uint8_t, int32_t
 
-#include "attention_fp8.h"   // AttnOptions, AttnModeDiag
-#include "core/common.h"          // FATAL
-#include "core/gpu_sizes.h"       // gpu_head_chunk, gpu_fp8_slot_size (shared with model.c's plan)
-#include "core/precision.h"     // LinearPrecision, Fp8Grouping
+#include "attention_fp8.h"       // AttnOptions, AttnModeDiag
+#include "core/common.h"         // FATAL
+#include "core/gpu_sizes.h"      // gpu_head_chunk, gpu_fp8_slot_size (shared with model.c's plan)
+#include "core/precision.h"      // LinearPrecision, Fp8Grouping
 #include "gpu/linear_fp8_gpu.h"  // Fp8Operand
 #include "gpu/model_gpu.h"       // GpuModel
 

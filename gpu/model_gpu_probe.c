@@ -10,9 +10,9 @@
 #include <math.h>              // fabs, NAN
 #include <string.h>            // memset
 
-#include "attention_fp8.h"  // AttnModeDiag, attn_options_from_config
-#include "core/common.h"         // FATAL, xcalloc, xmalloc
-#include "gpu/cuda_check.h"     // CUDA_CHECK
+#include "attention_fp8.h"   // AttnModeDiag, attn_options_from_config
+#include "core/common.h"     // FATAL, xcalloc, xmalloc
+#include "gpu/cuda_check.h"  // CUDA_CHECK
 
 // Device buffers of one probe, one allocation carved per layer.
 typedef struct {

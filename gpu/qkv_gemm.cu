@@ -44,13 +44,13 @@
 #include <stdint.h>        // uint8_t, uint32_t, uintptr_t
 #include <string.h>        // memset
 
-#include "core/precision.h"             // attn_scale_max_exp (V's scale bound), CAST_*
+#include "core/precision.h"      // attn_scale_max_exp (V's scale bound), CAST_*
 #include "attention/common.cuh"  // wgmma, descriptors, mbarriers, TMA, named barriers, setmaxnreg, CUDA_OK
-#include "core/common.h"                  // FATAL
-#include "core/fp8.h"                     // fp8_scale_for_amax_within
-#include "gpu/fp8_cvt.cuh"               // cvt_e4m3x2, transpose4x4
-#include "gpu/layers_math.cuh"           // lm_rope_lo / lm_rope_hi, lm_f2bf: rope_forward_gpu's element math
-#include "gpu/tensor_map.h"              // tensor_map_2d
+#include "core/common.h"         // FATAL
+#include "core/fp8.h"            // fp8_scale_for_amax_within
+#include "gpu/fp8_cvt.cuh"       // cvt_e4m3x2, transpose4x4
+#include "gpu/layers_math.cuh"   // lm_rope_lo / lm_rope_hi, lm_f2bf: rope_forward_gpu's element math
+#include "gpu/tensor_map.h"      // tensor_map_2d
 
 #define QG_TILE 128                        // a scale block: rows (tokens) = columns = head dim
 #define QG_BK 64                           // K per stage: one 128-byte swizzled row of BF16

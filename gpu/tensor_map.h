@@ -8,7 +8,7 @@
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
 
 #include "attention/common.cuh"  // CUDA_OK
-#include "core/common.h"                  // FATAL
+#include "core/common.h"         // FATAL
 
 typedef CUresult (*TensorMapEncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
                                            const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,

@@ -28,9 +28,9 @@
 #ifndef ZERO1_GPU_H
 #define ZERO1_GPU_H
 
-#include "comm/comm.h"       // Comm
-#include "core/common.h"     // ErrBuf
-#include "core/config.h"     // TrainConfig
+#include "comm/comm.h"      // Comm
+#include "core/common.h"    // ErrBuf
+#include "core/config.h"    // TrainConfig
 #include "gpu/model_gpu.h"  // GpuModel
 
 #ifdef __cplusplus

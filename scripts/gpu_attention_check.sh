@@ -20,8 +20,8 @@ done
 . scripts/gpu_lib.sh  # NVCC, CJ, t_start, elapsed, left
 ARCH="-gencode arch=compute_90a,code=sm_90a"
 NVF="-std=c++17 -O3 -lineinfo $ARCH -I. -Itest"
-IMPLS="wgmma_tma wgmma_pipe mma"  # ATTN_GPU_FWD values (attention_fwd.cu)
-BWD_IMPLS="wgmma mma"              # ATTN_GPU_BWD values (attention_bwd.cu; the first is the default)
+IMPLS="wgmma_tma wgmma_pipe mma"  # ATTN_GPU_FWD values (attention/fwd_bf16.cu)
+BWD_IMPLS="wgmma mma"              # ATTN_GPU_BWD values (attention/bwd_bf16.cu; the first is the default)
 SRCS="attention_fwd attention_fwd_mma attention_bwd"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader

@@ -10,12 +10,12 @@
 #include <stdio.h>   // printf
 #include <stdlib.h>  // exit
 
-#include "core/common.h"     // ErrBuf, now_seconds
-#include "core/config.h"     // Config, config_parse
+#include "core/common.h"    // ErrBuf, now_seconds
+#include "core/config.h"    // Config, config_parse
 #include "cpu/model_cpu.h"  // CpuModel, for the paired training steps
 #include "gpu/model_gpu.h"  // GpuModel, for the paired and timed training steps
-#include "optimizer.h"  // AdamW, adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
-#include "test.h"       // CHECK
+#include "optimizer.h"      // AdamW, adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
+#include "test.h"           // CHECK
 
 static const char *TINY_JSON =
     "{\"model\": {\"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 352, \"seq_len\": 64},"

@@ -1,12 +1,12 @@
 // test_attention_cpu.c: the CPU attention emulation (attention_cpu.h) against an FP64 reference
-// and against the properties spec ../shared/design/fp8-attention.md §2-§4 demands, on seeded
+// and against the properties spec docs/fp8-attention.md §2-§4 demands, on seeded
 // N(0,1) inputs (never zeros).
 #include <math.h>    // fabs, sqrt
 #include <string.h>  // memcpy, memcmp
 
 #include "cpu/attention_cpu.h"  // the code under test
-#include "core/common.h"         // xmalloc
-#include "test.h"           // CHECK, test_summary
+#include "core/common.h"        // xmalloc
+#include "test.h"               // CHECK, test_summary
 
 // One input set with its FP64 reference.
 typedef struct {
@@ -357,8 +357,7 @@ int main(void) {
     // (j) The FP8 forward's weights sum to one (spec §3: l sums the quantized P̂ that multiplies V):
     // with every column of V constant over the rows and a power of two (±2^e, e in [-6, 0], so
     // its codes are exact), O must be V itself, BF16 bit for bit, in every row. Summing the
-    // unquantized P' instead (the rule before stop 35) misses it by P̂'s rounding, ~1e-2 in the
-    // sharp rows of this case.
+    // unquantized P' instead misses it by P̂'s rounding, ~1e-2 in the sharp rows of this case.
     {
         const int T = 384, d = 64;
         Case c = case_make(T, d, 91, 3.0f);

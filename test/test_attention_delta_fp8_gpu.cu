@@ -19,7 +19,7 @@
 #include <vector>    // host tiles
 
 #include "attention/bwd_fp8_tile.cuh"  // tile_p_dp, delta_a_frags, delta_issue, delta_p, delta_mask, sw128
-#include "core/fp8.h"                       // fp8_from_f32, fp8_to_f32, fp8_scale_for_amax
+#include "core/fp8.h"                  // fp8_from_f32, fp8_to_f32, fp8_scale_for_amax
 #include "gpu_test.h"                  // CU, dnew, dup, back, rng_normal, gpu_test_have_gpu
 #include "test.h"                      // CHECK, test_summary
 

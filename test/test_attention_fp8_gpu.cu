@@ -1,7 +1,7 @@
 // test_attention_fp8_gpu.cu: the FP8 quantize kernels of the attention operands
-// (attention_quant.h) against the CPU emulation's attn_quantize_operand (attention_cpu.h), which
+// (attention/kernels_fp8.h) against the CPU emulation's attn_quantize_operand (attention_cpu.h), which
 // the FP8 attention kernels must reproduce code for code (docs/fp8-attention.md §4.3), and the
-// FP8 forward (attention_fwd_fp8.cu) against attn_cpu_forward in the same mode, and fp8_hybrid's
+// FP8 forward (attention/fwd_fp8.cu) against attn_cpu_forward in the same mode, and fp8_hybrid's
 // BF16 backward on the quantize kernel's BF16 copies of Q̂, K̂, V̂ (see run_fwd_case).
 // Fresh seeded random BF16 inputs (Q, K scaled by 1..3; some 128-token blocks scaled up or down
 // by large powers so scales below and far above 1 occur), several shapes (T not a multiple of
@@ -10,7 +10,7 @@
 // zero, the (B, H, d, Tp) copy equal to the transpose, every scale and block amax identical,
 // saturation counts equal; delayed scaling on the first step (per-head scale from the head's
 // own amax) and on a later step with a stale history (values saturate; counts compared).
-// Appended: the FP8 backward (attention_bwd_fp8.cu) in fp8_naive, fp8_dm and fp8_dm_approx against
+// Appended: the FP8 backward (attention/bwd_fp8.cu) in fp8_naive, fp8_dm and fp8_dm_approx against
 // attn_cpu_backward of the same mode, D, and the row-sum invariant on the GPU (see run_bwd_case).
 // Then the layer API (attention_fp8.h) with the forward's codes kept for the backward against
 // the same without (see run_keep_case): the same results bit for bit but dQ's atomics order.
@@ -24,15 +24,15 @@
 #include <string.h>        // memcpy, memset
 #include <vector>          // host buffers
 
-#include "cpu/attention_cpu.h"    // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
-#include "attention_fp8.h"    // attn_mode_forward / attn_mode_backward with and without kept codes
-#include "attention/common.cuh"  // causal_item_grouped, causal_heads_per_group (host-side checks); fast_exp2, poly_exp2
-#include "attention/kernels_bf16.h"    // attn_gpu_backward (BF16; fp8_hybrid's backward)
-#include "attention/kernels_fp8.h"  // the kernels under test
-#include "gpu/layers.h"           // rope_table_gpu, rope_forward_gpu: the reference of the fused RoPE
-#include "core/fp8.h"              // fp8_from_f32, bf16_to_f32
-#include "gpu_test.h"         // CU, rng_*, gpu_test_have_gpu
-#include "test.h"             // CHECK, test_summary
+#include "cpu/attention_cpu.h"       // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
+#include "attention_fp8.h"           // attn_mode_forward / attn_mode_backward with and without kept codes
+#include "attention/common.cuh"      // causal_item_grouped, causal_heads_per_group (host-side checks); fast_exp2, poly_exp2
+#include "attention/kernels_bf16.h"  // attn_gpu_backward (BF16; fp8_hybrid's backward)
+#include "attention/kernels_fp8.h"   // the kernels under test
+#include "gpu/layers.h"              // rope_table_gpu, rope_forward_gpu: the reference of the fused RoPE
+#include "core/fp8.h"                // fp8_from_f32, bf16_to_f32
+#include "gpu_test.h"                // CU, rng_*, gpu_test_have_gpu
+#include "test.h"                    // CHECK, test_summary
 
 static uint16_t f2bf(float x) {
     __nv_bfloat16 b = __float2bfloat16(x);
@@ -372,7 +372,7 @@ static void run_case(const Case &cs, int seed) {
     cudaFree(d_qkv); cudaFree(d_do);
 }
 
-// --- FP8 forward (attention_fwd_fp8.cu) against attn_cpu_forward in the same mode -------------
+// --- FP8 forward (attention/fwd_fp8.cu) against attn_cpu_forward in the same mode -------------
 // Q, K, V quantized on the GPU (block scaling; V also transposed), the FP8 forward run on them;
 // the CPU emulation (fp8_naive's forward = fp8_hybrid's = fp8_dm's; block_q = block_k = 128, the
 // kernel's) on the same BF16 inputs per head. O and LSE agree up to the accumulation order and
@@ -672,7 +672,7 @@ static void run_fwd_case(const Case &cs, int seed) {
         CU(cudaFree(d_lse2));
     }
 
-    // fp8_hybrid's backward: the BF16 kernels (attention_gpu.h) on the dequantized Q̂, K̂, V̂ that
+    // fp8_hybrid's backward: the BF16 kernels (attention/kernels_bf16.h) on the dequantized Q̂, K̂, V̂ that
     // the quantize kernel wrote in BF16 (exact), the FP8 forward's O and LSE, BF16 dO; against
     // attn_cpu_backward(fp8_hybrid) fed the same stored O and LSE. Tolerance: BF16 roundings of
     // P, dS and the outputs (the GPU's outputs are BF16, the emulation's FP32).
@@ -760,7 +760,7 @@ static void bench_quant(void) {
     cudaFree(x);
 }
 
-// --- FP8 backward (attention_bwd_fp8.cu) against attn_cpu_backward in the same mode ------------
+// --- FP8 backward (attention/bwd_fp8.cu) against attn_cpu_backward in the same mode ------------
 // Fresh Q, K, V, dO (BF16), quantized on the GPU (Q, K, V E4M3, dO in the grad format; both
 // layouts), the FP8 forward's O and LSE, then attn_gpu_backward_fp8 in fp8_naive, fp8_dm and
 // fp8_dm_approx. Per mode, against attn_cpu_backward of that mode (block_q x block_k = the
@@ -1796,7 +1796,7 @@ int main(void) {
         {1, 2, 640, 128, true, 1.0, 1},
         {1, 1, 300, 64, false, 1.0, 1},
         // V blocks of values ~2^-100 beside ~2^20 (scales clamped to 2^80 apart), then V scales 2^79
-        // apart inside the clamp: O's units (attention_fwd_fp8_step.cuh) near the top of their range
+        // apart inside the clamp: O's units (attention/fwd_fp8_step.cuh) near the top of their range
         {1, 2, 1024, 128, true, 2.0, 0, 1},
         {1, 1, 600, 64, false, 1.0, 0, 1},
         {1, 2, 1024, 128, true, 2.0, 0, 2},

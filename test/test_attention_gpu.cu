@@ -1,4 +1,4 @@
-// test_attention_gpu.cu: the fused BF16 attention kernels (attention_gpu.h) against two CPU
+// test_attention_gpu.cu: the fused BF16 attention kernels (attention/kernels_bf16.h) against two CPU
 // references computed here in FP64 on the same BF16 inputs:
 //   - "f64":  exact attention (no rounding inside), tolerance of BF16 arithmetic (rel L2 < 1e-2);
 //   - "emul": the kernels' own numerics (P rounded to BF16 against the running max of each key
@@ -17,10 +17,10 @@
 #include <vector>          // host buffers
 
 #include "attention/kernels_bf16.h"  // the kernels under test
-#include "gpu_test.h"  // CU, rng_uniform/rng_normal, gpu_test_have_gpu
-#include "test.h"           // CHECK, test_summary
+#include "gpu_test.h"                // CU, rng_uniform/rng_normal, gpu_test_have_gpu
+#include "test.h"                    // CHECK, test_summary
 
-// Defined in attention_fwd.cu, not part of attention_gpu.h: the forward kernel's name.
+// Defined in attention/fwd_bf16.cu, not part of attention/kernels_bf16.h: the forward kernel's name.
 
 static uint16_t f2bf(float x) {
     __nv_bfloat16 b = __float2bfloat16(x);

@@ -21,16 +21,16 @@
 #include <stdlib.h>  // malloc, free
 #include <string.h>  // memcmp, strstr
 
-#include "core/backend.h"    // the facade under test
-#include "core/common.h"     // ErrBuf
-#include "core/config.h"     // config_parse
+#include "core/backend.h"   // the facade under test
+#include "core/common.h"    // ErrBuf
+#include "core/config.h"    // config_parse
 #include "gpu/gpu_info.h"   // is there a GPU
-#include "core/model.h"      // memory_plan
+#include "core/model.h"     // memory_plan
 #include "cpu/model_cpu.h"  // the reference the CPU path must equal
 #include "gpu/model_gpu.h"  // gpu_model_plan
-#include "model_test.h" // make_config
-#include "optimizer.h"  // adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
-#include "test.h"       // CHECK, test_summary
+#include "model_test.h"     // make_config
+#include "optimizer.h"      // adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
+#include "test.h"           // CHECK, test_summary
 
 static const char *BACKEND_JSON =
     "{\"model\": {\"vocab_size\": 512, \"d_model\": 128, \"n_layer\": 2, \"n_head\": 2, \"ffn_hidden\": 352,"

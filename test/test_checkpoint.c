@@ -8,7 +8,7 @@
 #include "core/checkpoint.h"  // the module under test
 #include "core/config.h"      // config_parse for real model configs
 #include "core/model.h"       // param_table_build
-#include "test.h"        // CHECK
+#include "test.h"             // CHECK
 
 static char dir[256];
 

@@ -18,7 +18,7 @@
 #include <cuda_runtime.h>  // the two-GPU section (device buffers)
 
 #include "comm/comm.h"  // the module under test
-#include "test.h"  // CHECK
+#include "test.h"       // CHECK
 
 static const char *comm_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

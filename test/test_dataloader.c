@@ -6,9 +6,9 @@
 #include <sys/stat.h>  // stat, mkdir
 #include <unistd.h>    // unlink, rmdir
 
-#include "core/common.h"      // ErrBuf, xmalloc
-#include "dataloader.h"  // the module under test
-#include "test.h"        // CHECK, test_summary
+#include "core/common.h"  // ErrBuf, xmalloc
+#include "dataloader.h"   // the module under test
+#include "test.h"         // CHECK, test_summary
 
 static char tmpdir[256];
 

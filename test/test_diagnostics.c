@@ -14,10 +14,10 @@
 #include <unistd.h>       // getpid for scratch paths
 
 #include "core/config.h"       // Config, config_defaults
-#include "dataloader.h"   // shard_write for the probe-data test
+#include "dataloader.h"        // shard_write for the probe-data test
 #include "eval/diagnostics.h"  // the module under test
-#include "cpu/model_cpu.h"    // CpuModel, cpu_model_probe
-#include "test.h"         // CHECK
+#include "cpu/model_cpu.h"     // CpuModel, cpu_model_probe
+#include "test.h"              // CHECK
 
 enum { B = 2, T = 128, L = 2, N_BIAS = 4, V = 300 };
 

@@ -16,11 +16,11 @@
 
 #include "core/config.h"       // Config
 #include "eval/diagnostics.h"  // the module under test
-#include "gpu_test.h"     // gpu_test_have_gpu
-#include "cpu/model_cpu.h"    // CpuModel
-#include "gpu/model_gpu.h"    // GpuModel, gpu_model_probe
-#include "model_test.h"   // make_config, make_batch
-#include "test.h"         // CHECK, test_summary
+#include "gpu_test.h"          // gpu_test_have_gpu
+#include "cpu/model_cpu.h"     // CpuModel
+#include "gpu/model_gpu.h"     // GpuModel, gpu_model_probe
+#include "model_test.h"        // make_config, make_batch
+#include "test.h"              // CHECK, test_summary
 
 enum { B = 2, T = 128, N_BIAS = 4 };
 static const char *JSON =

@@ -16,8 +16,8 @@
 #include <stdint.h>  // uint32_t
 #include <string.h>  // memcpy
 
-#include "core/fp8.h"   // the code under test
-#include "test.h"  // CHECK, test_summary
+#include "core/fp8.h"  // the code under test
+#include "test.h"      // CHECK, test_summary
 
 static float f_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t u_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

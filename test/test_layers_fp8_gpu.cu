@@ -21,13 +21,13 @@
 #include <string.h>        // memcmp, strlen
 #include <vector>          // host buffers
 
-#include "core/fp8.h"             // bf16_from_f32, bf16_to_f32
+#include "core/fp8.h"            // bf16_from_f32, bf16_to_f32
 #include "gpu/layers.h"          // the unfused kernels
 #include "gpu/layers_fp8.h"      // under test
 #include "cpu/linear_fp8.h"      // fp8_quantize: the contract on the host
 #include "gpu/linear_fp8_gpu.h"  // fp8_quantize_gpu: the unfused quantization
-#include "gpu_test.h"        // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back
-#include "test.h"            // CHECK, test_summary
+#include "gpu_test.h"            // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back
+#include "test.h"                // CHECK, test_summary
 
 typedef std::vector<uint16_t> Bf;
 

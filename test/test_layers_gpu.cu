@@ -18,11 +18,11 @@
 #include <vector>          // host buffers
 
 #include "gpu/adamw_gpu.h"  // adamw_update_gpu
-#include "core/fp8.h"        // bf16_from_f32, bf16_to_f32 (host reference conversions)
+#include "core/fp8.h"       // bf16_from_f32, bf16_to_f32 (host reference conversions)
 #include "gpu/layers.h"     // the kernels under test
-#include "optimizer.h"  // adamw_update_range (the CPU AdamW the kernel must match)
-#include "gpu_test.h"  // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
-#include "test.h"       // CHECK, test_summary
+#include "optimizer.h"      // adamw_update_range (the CPU AdamW the kernel must match)
+#include "gpu_test.h"       // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
+#include "test.h"           // CHECK, test_summary
 
 typedef std::vector<uint16_t> Bf;
 typedef std::vector<double> Dv;

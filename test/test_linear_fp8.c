@@ -8,11 +8,11 @@
 #include <stdlib.h>  // malloc, free
 #include <string.h>  // memcpy
 
-#include "core/fp8.h"         // fp8_to_f32 (decoding the codes under test), FP8 maxima
-#include "core/config.h"      // linear_precision_name
+#include "core/fp8.h"        // fp8_to_f32 (decoding the codes under test), FP8 maxima
+#include "core/config.h"     // linear_precision_name
 #include "cpu/linear_fp8.h"  // fp8_quantize, linear_*
 #include "cpu/matmul_cpu.h"  // the FP32 products the BF16 path must equal
-#include "test.h"        // CHECK
+#include "test.h"            // CHECK
 
 static unsigned long long rng = 0x243F6A8885A308D3ull;
 static double urand(void) {

@@ -22,13 +22,13 @@
 #include <string.h>        // memset, memcmp
 #include <vector>          // host buffers
 
-#include "core/config.h"          // PrecisionConfig, LinearPrecision
-#include "core/fp8.h"             // bf16_from_f32, bf16_to_f32
+#include "core/config.h"         // PrecisionConfig, LinearPrecision
+#include "core/fp8.h"            // bf16_from_f32, bf16_to_f32
 #include "cpu/linear_fp8.h"      // fp8_quantize, linear_forward/dgrad/wgrad: the CPU emulation
 #include "gpu/linear_fp8_gpu.h"  // under test
 #include "gpu/matmul.h"          // the BF16 GEMMs timed for comparison
-#include "gpu_test.h"        // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
-#include "test.h"            // CHECK, test_summary
+#include "gpu_test.h"            // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
+#include "test.h"                // CHECK, test_summary
 
 typedef std::vector<uint16_t> Bf;
 typedef std::vector<float> Fv;

@@ -11,10 +11,10 @@
 #include <stdio.h>         // printf, snprintf
 #include <vector>          // host buffers
 
-#include "core/fp8.h"     // bf16_from_f32, bf16_to_f32
+#include "core/fp8.h"    // bf16_from_f32, bf16_to_f32
 #include "gpu/matmul.h"  // the GEMMs under test
-#include "gpu_test.h"  // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
-#include "test.h"    // CHECK, test_summary
+#include "gpu_test.h"    // CU, rng_normal, gpu_test_have_gpu, dnew/dup/back, Err
+#include "test.h"        // CHECK, test_summary
 
 typedef std::vector<uint16_t> Bf;
 typedef std::vector<double> Dv;

@@ -7,13 +7,13 @@
 #include <stdlib.h>  // malloc, free
 #include <string.h>  // memcmp, strstr
 
-#include "core/common.h"      // file_exists, ErrBuf
-#include "core/config.h"      // Config, config_defaults, config_load
+#include "core/common.h"     // file_exists, ErrBuf
+#include "core/config.h"     // Config, config_defaults, config_load
 #include "cpu/layers_cpu.h"  // the CPU layers under test
 #include "cpu/matmul_cpu.h"  // the CPU matmuls under test
-#include "core/model.h"       // ParamTable, params_init, memory_plan
+#include "core/model.h"      // ParamTable, params_init, memory_plan
 #include "cpu/model_cpu.h"   // CpuModel
-#include "test.h"        // CHECK
+#include "test.h"            // CHECK
 
 // --- helpers --------------------------------------------------------------------------------------
 

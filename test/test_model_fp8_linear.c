@@ -10,10 +10,10 @@
 #include <stdlib.h>  // malloc, free
 #include <string.h>  // memcmp, memcpy
 
-#include "core/config.h"     // Config, config_defaults
+#include "core/config.h"    // Config, config_defaults
 #include "cpu/model_cpu.h"  // CpuModel
-#include "optimizer.h"  // AdamW
-#include "test.h"       // CHECK
+#include "optimizer.h"      // AdamW
+#include "test.h"           // CHECK
 
 enum { B = 4, T = 64, BT = B * T, V = 256, STEPS = 30 };
 

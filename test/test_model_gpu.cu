@@ -29,14 +29,14 @@
 #include <vector>          // host buffers
 
 #include "attention/kernels_bf16.h"  // attn_gpu_block_sizes (the CPU emulates those tiles)
-#include "core/common.h"      // ErrBuf, now_seconds
-#include "core/config.h"      // Config, config_parse
-#include "core/model.h"       // ParamTable, memory_plan
-#include "cpu/model_cpu.h"   // the reference backend
-#include "gpu/model_gpu.h"   // the backend under test
-#include "optimizer.h"   // AdamW, grad_global_norm, grad_clip_factor
-#include "model_test.h"  // TINY_JSON, make_config, make_batch, rel_l2
-#include "test.h"        // CHECK, test_summary
+#include "core/common.h"             // ErrBuf, now_seconds
+#include "core/config.h"             // Config, config_parse
+#include "core/model.h"              // ParamTable, memory_plan
+#include "cpu/model_cpu.h"           // the reference backend
+#include "gpu/model_gpu.h"           // the backend under test
+#include "optimizer.h"               // AdamW, grad_global_norm, grad_clip_factor
+#include "model_test.h"              // TINY_JSON, make_config, make_batch, rel_l2
+#include "test.h"                    // CHECK, test_summary
 
 
 // --- the dump ---------------------------------------------------------------------------------------

@@ -41,23 +41,23 @@
 #include <vector>          // host buffers
 #include <algorithm>       // std::max
 
-#include "attention_fp8.h"  // attn_mode_block_sizes (the CPU emulates those tiles), AttnModeDiag
-#include "gpu/cuda_check.h"     // CUDA_CHECK
+#include "attention_fp8.h"       // attn_mode_block_sizes (the CPU emulates those tiles), AttnModeDiag
+#include "gpu/cuda_check.h"      // CUDA_CHECK
 #include "core/common.h"         // ErrBuf, now_seconds
 #include "core/config.h"         // Config, config_parse
-#include "gpu_test.h"       // gpu_test_have_gpu
-#include "cpu/linear_fp8.h"     // linear_precision_of: which blocks run FP8
-#include "gpu/linear_fp8_gpu.h" // the timing breakdown's quantizations and FP8 GEMMs
-#include "gpu/layers.h"         // the timing breakdown's unfused producers
-#include "gpu/layers_fp8.h"     // ... and the fused ones
-#include "gpu/matmul.h"         // the timing breakdown's BF16 GEMMs
+#include "gpu_test.h"            // gpu_test_have_gpu
+#include "cpu/linear_fp8.h"      // linear_precision_of: which blocks run FP8
+#include "gpu/linear_fp8_gpu.h"  // the timing breakdown's quantizations and FP8 GEMMs
+#include "gpu/layers.h"          // the timing breakdown's unfused producers
+#include "gpu/layers_fp8.h"      // ... and the fused ones
+#include "gpu/matmul.h"          // the timing breakdown's BF16 GEMMs
 #include "core/model.h"          // memory_plan, model_flops_per_token
-#include "cpu/model_cpu.h"      // the reference backend
-#include "gpu/model_gpu.h"      // the backend under test
-#include "optimizer.h"      // AdamW, grad_global_norm, grad_clip_factor
+#include "cpu/model_cpu.h"       // the reference backend
+#include "gpu/model_gpu.h"       // the backend under test
+#include "optimizer.h"           // AdamW, grad_global_norm, grad_clip_factor
 #include "core/gpu_sizes.h"      // gpu_attn_saved_codes_bytes (the documented cost), GPU_HEAD_CHUNK_TOKENS
-#include "model_test.h"  // TINY_JSON, make_config, make_batch, rel_l2
-#include "test.h"           // CHECK, test_summary
+#include "model_test.h"          // TINY_JSON, make_config, make_batch, rel_l2
+#include "test.h"                // CHECK, test_summary
 
 
 // --- host-only: plans and user errors --------------------------------------------------------------

@@ -12,9 +12,9 @@
 #include <stdlib.h>  // malloc
 #include <string.h>  // memcpy
 
-#include "core/config.h"     // Config, config_defaults
+#include "core/config.h"    // Config, config_defaults
 #include "cpu/model_cpu.h"  // CpuModel
-#include "test.h"       // CHECK
+#include "test.h"           // CHECK
 
 enum { B = 2, T = 8, N_TOP = 3, N_RANDOM = 3 };
 

@@ -5,9 +5,9 @@
 #include <omp.h>     // omp_set_num_threads: results must not depend on the thread count
 #include <string.h>  // memcpy, memcmp, memset
 
-#include "core/common.h"     // xmalloc
-#include "optimizer.h"  // the module under test
-#include "test.h"       // CHECK, test_summary
+#include "core/common.h"  // xmalloc
+#include "optimizer.h"    // the module under test
+#include "test.h"         // CHECK, test_summary
 
 // ---------------------------------------------------------------------------------------------
 // Seeded random numbers (xorshift64*), independent of the code under test.

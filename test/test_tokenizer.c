@@ -10,8 +10,8 @@
 #include <sys/wait.h>  // waitpid
 #include <unistd.h>    // fork, dup2, chdir, getcwd
 
-#include "core/common.h"     // ErrBuf, read_file_text, xmalloc
-#include "test.h"       // CHECK, test_summary
+#include "core/common.h"          // ErrBuf, read_file_text, xmalloc
+#include "test.h"                 // CHECK, test_summary
 #include "tokenizer/tokenizer.h"  // the module under test
 
 // ---------------------------------------------------------------------------------------------

@@ -20,12 +20,12 @@
 
 #include <vector>  // host copies
 
-#include "gpu_test.h"   // CU, gpu_test_have_gpu
-#include "core/model.h"      // memory_plan
+#include "gpu_test.h"       // CU, gpu_test_have_gpu
+#include "core/model.h"     // memory_plan
 #include "gpu/model_gpu.h"  // gpu_model_init_sharded, gpu_model_step_slice, gpu_model_plan_sharded
-#include "model_test.h" // TINY_JSON, make_config, make_batch
-#include "optimizer.h"  // grad_clip_factor
-#include "test.h"       // CHECK, test_summary
+#include "model_test.h"     // TINY_JSON, make_config, make_batch
+#include "optimizer.h"      // grad_clip_factor
+#include "test.h"           // CHECK, test_summary
 #include "gpu/zero1_gpu.h"  // zero1_gpu_full_norm
 
 // --- host: the per-rank plan ---------------------------------------------------------------------

@@ -25,7 +25,7 @@
 #include <unistd.h>    // isatty: progress bar only on a terminal
 
 #include "dataloader.h"  // shard_write
-#include "core/rng.h"         // splitmix64_mix: the hash that splits documents
+#include "core/rng.h"    // splitmix64_mix: the hash that splits documents
 
 #define DEFAULT_SHARD_TOKENS 100000000LL
 #define DEFAULT_VAL_FRACTION 0.05

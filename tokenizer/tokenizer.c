@@ -24,7 +24,7 @@
 #include <stdlib.h>  // free
 #include <string.h>  // memcpy, memcmp, memset
 
-#include "core/common.h"              // ErrBuf, xmalloc
+#include "core/common.h"                   // ErrBuf, xmalloc
 #include "tokenizer/tokenizer_internal.h"  // struct Tokenizer, merge_lookup, utf8_next, vocabulary loading
 #include "tokenizer/unicode_classes.h"     // unicode_ranges: letter / number / space classes
 

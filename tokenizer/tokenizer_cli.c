@@ -10,7 +10,7 @@
 #include <stdlib.h>  // free
 #include <string.h>  // strcmp, strerror
 
-#include "core/common.h"     // ErrBuf, errf, xrealloc
+#include "core/common.h"          // ErrBuf, errf, xrealloc
 #include "tokenizer/tokenizer.h"  // Tokenizer, tokenizer_load, tokenizer_encode, tokenizer_token_bytes
 
 // Reads all of stdin into a heap buffer. Returns NULL with e filled if reading fails.

@@ -6,7 +6,7 @@
 #include <stddef.h>  // size_t
 #include <stdint.h>  // uint32_t, uint64_t
 
-#include "core/common.h"     // ErrBuf
+#include "core/common.h"          // ErrBuf
 #include "tokenizer/tokenizer.h"  // Tokenizer (opaque outside)
 
 #define UTF8_INVALID 0xFFFFFFFFu  // code point given to a byte that starts no valid UTF-8 char

@@ -8,7 +8,7 @@
 #include <string.h>       // memcpy, memcmp, memchr, strlen
 #include <unistd.h>       // readlink (/proc/self/exe)
 
-#include "core/common.h"              // ErrBuf, errf, xmalloc, read_file_text, file_exists
+#include "core/common.h"                   // ErrBuf, errf, xmalloc, read_file_text, file_exists
 #include "tokenizer/tokenizer_internal.h"  // struct Tokenizer, MergeMap, utf8_next, hash_bytes
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes are

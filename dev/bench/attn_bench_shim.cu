@@ -1,4 +1,4 @@
-// attn_bench_shim.cu: plain C entry points over attention_fp8.h and attention_quant.h for
+// attn_bench_shim.cu: plain C entry points over attention_fp8.h and attention/kernels_fp8.h for
 // dev/bench/bench_attention_fp8.py (ctypes), so that Python passes ints and pointers instead of
 // AttnOptions / AttnQuantTensor / AttnFp8BwdArgs structs. The shim owns what only the bare-kernel
 // timings need (the quantized operands and two scratch buffers); Python owns the inputs and every

@@ -1,9 +1,9 @@
-// bench_attention.cu: times our fused causal attention (attention_gpu.h), forward and backward
+// bench_attention.cu: times our fused causal attention (attention/kernels_bf16.h), forward and backward
 // separately, at a fixed B*T tokens. Prints one line per T:
 //   ours[<forward kernel>] T=<T> B=<B> H=<H> d=<d> fwd_ms=<ms> fwd_tflops=<x> bwd_ms=<ms> bwd_tflops=<x>
 // FLOPs (causal): forward 4*B*H*T^2*d/2, backward 2.5x that. Median of timed runs (CUDA events,
 // after warm-up), inputs random (not zeros), q/k/v views of a packed (B, T, 3, H, d) buffer as in
-// the model. ATTN_GPU_FWD picks the forward kernel (attention_fwd.cu). For the comparison with
+// the model. ATTN_GPU_FWD picks the forward kernel (attention/fwd_bf16.cu). For the comparison with
 // PyTorch SDPA (cuDNN, FA2), timed interleaved in one process, see dev/bench/bench_attention.py.
 //
 //   bench_attention [tokens=16384] [H=16] [d=128] [T list, default 1024 2048 4096 8192]
@@ -15,9 +15,9 @@
 #include <algorithm>       // sort
 
 #include "attention/kernels_bf16.h"  // the kernels
-#include "bench_gpu.cuh"     // CU, fill_random_bf16
+#include "bench_gpu.cuh"             // CU, fill_random_bf16
 
-// Defined in attention_fwd.cu, not part of attention_gpu.h: the forward kernel's name.
+// Defined in attention/fwd_bf16.cu, not part of attention/kernels_bf16.h: the forward kernel's name.
 
 static double median(std::vector<float> v) {
     std::sort(v.begin(), v.end());

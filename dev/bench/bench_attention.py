@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench_attention.py: our fused causal BF16 attention (attention_gpu.h) against PyTorch SDPA's
+"""bench_attention.py: our fused causal BF16 attention (attention/kernels_bf16.h) against PyTorch SDPA's
 cuDNN and FlashAttention-2 backends, forward and backward timed separately, B*T fixed, H=16,
 d=128, T = 1K, 2K, 4K, 8K. TFLOP/s with forward 4*B*H*T^2*d/2 and backward 2.5x that (causal).
 
@@ -183,7 +183,7 @@ def time_interleaved(fns, rounds, warmup=3):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True, help="shared library with attention_gpu.h's functions")
+    ap.add_argument("--lib", required=True, help="shared library with attention/kernels_bf16.h's functions")
     ap.add_argument("--impls", nargs="*", default=[], help="other forward kernels to time too")
     ap.add_argument("--tokens", type=int, default=16384, help="B*T")
     ap.add_argument("--H", type=int, default=16)

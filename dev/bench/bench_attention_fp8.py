@@ -7,7 +7,7 @@ backward 2.5x that.
 
 The modes run through attention_fp8.h (attn_mode_forward / attn_mode_backward: quantization
 included, what the trainer runs), via dev/bench/attn_bench_shim.cu in the same library. The bare
-FP8 kernels of attention_quant.h are timed too, on operands quantized beforehand, and the
+FP8 kernels of attention/kernels_fp8.h are timed too, on operands quantized beforehand, and the
 quantize passes on their own, so the quantize cost shows separately. Every FP8 mode also runs
 with the forward's Q, K, V codes kept for the backward (precision.attention_keep_codes, the
 trainer's default; columns "<mode>_keep"): checked to give the same O, LSE, dK, dV bit for bit,
@@ -89,7 +89,7 @@ def met(ok):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True, help="library with attention_fp8.h, attention_gpu.h and the shim")
+    ap.add_argument("--lib", required=True, help="library with attention_fp8.h, attention/kernels_bf16.h and the shim")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--tokens", type=int, default=16384, help="B*T")
     ap.add_argument("--H", type=int, default=16)

@@ -18,8 +18,8 @@
 #include <stdio.h>   // printf
 #include <stdlib.h>  // atoi
 
-#include "bench_gpu.cuh"      // CU, random_bf16, bench_time_ms (this folder)
-#include "core/gpu_sizes.h"       // GPU_HEAD_CHUNK_TOKENS: the LM head's chunk in the model
+#include "bench_gpu.cuh"         // CU, random_bf16, bench_time_ms (this folder)
+#include "core/gpu_sizes.h"      // GPU_HEAD_CHUNK_TOKENS: the LM head's chunk in the model
 #include "gpu/linear_fp8_gpu.h"  // Fp8Operand, fp8_quantize_gpu, fp8_gemm_gpu
 #include "gpu/matmul.h"          // the BF16 GEMMs
 

@@ -23,7 +23,7 @@
 #include <stdio.h>   // printf
 #include <stdlib.h>  // atoi
 
-#include "bench_gpu.cuh"      // CU, random_bf16, bench_time_ms (this folder)
+#include "bench_gpu.cuh"         // CU, random_bf16, bench_time_ms (this folder)
 #include "gpu/layers.h"          // the BF16 kernels
 #include "gpu/layers_fp8.h"      // the fused kernels
 #include "gpu/linear_fp8_gpu.h"  // fp8_quantize_gpu, Fp8Operand

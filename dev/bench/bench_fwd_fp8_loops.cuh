@@ -13,8 +13,8 @@
 #include <stdint.h>  // uint32_t
 
 #include "attention/fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_max / softmax_exp / softmax_block, pack_p, o_*
-#include "attention/common.cuh"    // wgmma wrappers and fences, reg_fence, sw128, named barriers, CUDA_OK
-#include "core/common.h"                    // FATAL
+#include "attention/common.cuh"        // wgmma wrappers and fences, reg_fence, sw128, named barriers, CUDA_OK
+#include "core/common.h"               // FATAL
 
 // The kernel's numbers for the real step: tau_qk (tau / (s_q s_k)), log2(p_scale) (O's factor is
 // alpha: every block of the benchmark has the same V scale, o_unit_factor's ratio 1)
@@ -151,7 +151,7 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
 #pragma unroll
         for (int i = 0; i < 64; i++) s[i] = s0[i];
         softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
-        if (RESCALE) o_rescale_add(o, pv, alpha);  // attention_fwd_fp8_step.cuh
+        if (RESCALE) o_rescale_add(o, pv, alpha);  // attention/fwd_fp8_step.cuh
         else o_add(o, pv);
         pack_p(pa, s);
         reg_fence(pa);

@@ -5,7 +5,7 @@
 // registers each, so the kernel's plain step (O 64 + S 64 + the PV accumulator 64 + P̂ 16) does
 // not fit; the serial step does: S_j issued and waited for, its softmax, P̂_j packed, PV_j issued
 // into S_j's own registers (S is dead once packed) and waited for, O updated: O 64 + S 64 + P̂ 16.
-// The same functions as the kernel (attention_fwd_fp8_step.cuh), on fixed shared tiles, one CTA
+// The same functions as the kernel (attention/fwd_fp8_step.cuh), on fixed shared tiles, one CTA
 // per SM, no ring (compare bench_mufu_qgmma.cu's plain_real: 1875 clocks per two key blocks).
 //   forms: wg2_plain   the kernel's plain step, 2 warpgroups (the reference)
 //          wg2_serial  the serial step, 2 warpgroups
@@ -29,7 +29,7 @@
 #include <stdlib.h>        // atoi
 
 #include "attention/fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_block, pack_p, o_rescale_add
-#include "attention/common.cuh"    // wgmma fences, reg_fence, kmajor_desc_lo, smem_addr, CUDA_OK
+#include "attention/common.cuh"        // wgmma fences, reg_fence, kmajor_desc_lo, smem_addr, CUDA_OK
 #include "bench_fwd_fp8_loops.cuh"     // StepArgs, plain_real, cta_time, SmClocks
 
 enum { F_WG2_PLAIN, F_WG2_SERIAL, F_WG3_SERIAL, F_WG3_SERIAL160, F_WG2_PLAIN_QRS, F_WG3_SERIAL_QRS,

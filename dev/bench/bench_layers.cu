@@ -20,7 +20,7 @@
 #include <vector>    // the rstd upload
 
 #include "bench_gpu.cuh"  // CU, random_bf16, bench_time_ms (this folder)
-#include "gpu/layers.h"       // cross_entropy_gpu, rmsnorm_backward_gpu
+#include "gpu/layers.h"   // cross_entropy_gpu, rmsnorm_backward_gpu
 
 // One table row; returns its GB/s. peer_gbs: the copy's GB/s (the last column is the fraction of it).
 static double row(const char *name, double ms, double bytes, double peer_gbs) {

@@ -17,7 +17,7 @@
 //               groups, the exponentials of S once S is done (while PV runs), then PV waited for
 //   pingpong_dep  the same with FA3's ping-pong: each warpgroup issues its two groups on its turn
 //               (named barriers), so one's exponentials can run under the other's matmuls
-// and, growing the skeleton into the kernel's real step (attention_fwd_fp8_step.cuh: the same
+// and, growing the skeleton into the kernel's real step (attention/fwd_fp8_step.cuh: the same
 // functions the FP8 forward runs, so the same instructions):
 //   mufu_pack   the exponentials and their conversion to E4M3 (pack_p: 32 F2FP per thread) alone:
 //               whether the conversions share the exponentials' unit
@@ -84,9 +84,9 @@
 #include <string.h>        // strlen
 
 #include "attention/fwd_fp8_step.cuh"  // the FP8 forward's issue_s, issue_pv, softmax_block, pack_p
-#include "attention/common.cuh"    // wg_fp8, wg_fp8_rs, kmajor_desc(_lo), wgmma fences, CUDA_OK
+#include "attention/common.cuh"        // wg_fp8, wg_fp8_rs, kmajor_desc(_lo), wgmma fences, CUDA_OK
 #include "bench_fwd_fp8_loops.cuh"     // StepArgs, SmClocks and the loop forms around the kernel's step
-#include "gpu/ptx/fast_exp2.cuh"               // fast_exp2 (ex2.approx.ftz)
+#include "gpu/ptx/fast_exp2.cuh"       // fast_exp2 (ex2.approx.ftz)
 
 enum {
     M_TENSOR, M_MUFU, M_BOTH, M_SPLIT, M_POLY, M_POLY_ALONE, M_PLAIN, M_PINGPONG,  // the skeleton

@@ -30,13 +30,13 @@
 #include <string>
 #include <vector>
 
-#include "attention_fp8.h"    // attn_mode_forward*, kept codes
-#include "attention/kernels_bf16.h"    // attn_gpu_forward (BF16)
-#include "attention/kernels_fp8.h"  // attn_gpu_quantize
-#include "bench_gpu.cuh"      // CU, random_bf16, bench_time_ms
-#include "gpu/layers.h"           // rope_table_gpu, rope_forward_gpu
-#include "gpu/matmul.h"           // matmul_forward_gpu (cuBLASLt)
-#include "gpu/qkv_gemm.h"         // qkv_gemm_quant
+#include "attention_fp8.h"           // attn_mode_forward*, kept codes
+#include "attention/kernels_bf16.h"  // attn_gpu_forward (BF16)
+#include "attention/kernels_fp8.h"   // attn_gpu_quantize
+#include "bench_gpu.cuh"             // CU, random_bf16, bench_time_ms
+#include "gpu/layers.h"              // rope_table_gpu, rope_forward_gpu
+#include "gpu/matmul.h"              // matmul_forward_gpu (cuBLASLt)
+#include "gpu/qkv_gemm.h"            // qkv_gemm_quant
 
 static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());

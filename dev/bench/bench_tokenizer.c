@@ -9,7 +9,7 @@
 #include <stdio.h>   // printf
 #include <stdlib.h>  // atoi, free
 
-#include "core/common.h"     // ErrBuf, read_file_text, now_seconds, die_user
+#include "core/common.h"          // ErrBuf, read_file_text, now_seconds, die_user
 #include "tokenizer/tokenizer.h"  // tokenizer_load, tokenizer_encode
 
 int main(int argc, char **argv) {
