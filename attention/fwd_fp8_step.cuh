@@ -224,7 +224,7 @@ __device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2]
 // kk = 0..3 (the caller's wgmmas, fenced before and committed by the caller, e.g. in issue(3)),
 // then the exponentials of n-tiles 4 kk .. 4 kk + 3, each quarter a basic block of its own
 // (nsmid_nonzero): else ptxas gathers the wgmmas, may serialize them and hoists the wait for them
-// above the exponentials (read in the SASS with scripts/sass_schedule.sh). The same values as
+// above the exponentials (read in the SASS with dev/sass.sh schedule). The same values as
 // softmax_exp.
 template <bool MASKED, class Issue>
 __device__ __forceinline__ void softmax_exp_interleaved(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],

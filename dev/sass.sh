@@ -1,20 +1,37 @@
 #!/bin/bash
-# sass_schedule.sh: read a kernel's schedule on the CPU machine, without a GPU: compile one .cu
-# to a cubin with the Makefile's device flags, disassemble it, and print for each kernel whose
-# name contains PATTERN the order of its wgmmas, wgmma waits and fences, exponentials, barriers
-# and mbarrier waits (runs of the same instruction counted), its local-memory instructions
-# (spills) and its registers. What it is for: ptxas moves wgmma waits and issues (a wait hoisted
-# above the exponentials, wgmmas gathered or serialized with WARPGROUP.ARRIVE, C7519); this shows
-# where they ended up before a GPU call is spent on it (docs/fp8-attention-kernels.md §8.18).
-#   usage: bash scripts/sass_schedule.sh SRC.cu PATTERN [nvcc flags, e.g. -DATTN_TIMELINE]
+# sass.sh: read the GPU kernels' SASS on the CPU machine, without a GPU (nvdisasm).
+#
+#   bash dev/sass.sh schedule SRC.cu PATTERN [nvcc flags]
+#       for each kernel of SRC whose name contains PATTERN: the order of its wgmmas, wgmma waits
+#       and fences, exponentials, barriers and mbarrier waits (runs counted), its local-memory
+#       instructions (spills) and registers. ptxas moves wgmma waits and issues (a wait hoisted
+#       above the exponentials, wgmmas serialized with WARPGROUP.ARRIVE, C7519); this shows where
+#       they ended up before a GPU call is spent on it.
+#   bash dev/sass.sh dump DIR [SRC.cu ...]
+#       every kernel of the library's .cu files (or of the ones named) into DIR/<mangled name>.sass,
+#       addresses stripped: two dumps diff to the kernels whose code changed.
+#   bash dev/sass.sh diff DIR_BEFORE DIR_AFTER
+#       the kernels added, removed and changed between two dumps.
 # The CUDA 13.0 toolkit here has no disassembler; the first run extracts nvdisasm 12.4 from
 # Debian trixie's non-free nvidia-cuda-toolkit package (it decodes sm_90a cubins of CUDA 13) into
 # .deps/nvdisasm, without installing it.
 set -eu
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { echo "usage: bash scripts/sass_schedule.sh SRC.cu PATTERN [nvcc flags]" >&2; exit 2; }
-src=$1 pattern=$2
-shift 2
+usage() { sed -n '3,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 1 ] || usage
+cmd=$1; shift
+if [ "$cmd" = diff ]; then
+  [ $# -eq 2 ] || usage
+  a=$1 b=$2 changed=0
+  for f in "$a"/*.sass; do
+    n=$(basename "$f")
+    if [ ! -f "$b/$n" ]; then echo "removed: ${n%.sass}"
+    elif ! cmp -s "$f" "$b/$n"; then echo "changed: ${n%.sass}"; changed=1; fi
+  done
+  for f in "$b"/*.sass; do n=$(basename "$f"); if [ ! -f "$a/$n" ]; then echo "added:   ${n%.sass}"; fi; done
+  if [ $changed = 0 ]; then echo "no kernel present in both dumps changed"; fi
+  exit 0
+fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NVDISASM=$(command -v nvdisasm || true)
 [ -n "$NVDISASM" ] || [ ! -x "$CUDA_HOME/bin/nvdisasm" ] || NVDISASM=$CUDA_HOME/bin/nvdisasm
@@ -37,6 +54,36 @@ if [ -z "$NVDISASM" ]; then
     rm -rf "$tmp"
   fi
 fi
+NVFLAGS="-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -Xcompiler -fopenmp"
+if [ "$cmd" = dump ]; then
+  [ $# -ge 1 ] || usage
+  dir=$1; shift
+  srcs=("$@")
+  [ ${#srcs[@]} -gt 0 ] || srcs=(attention_fp8.cu $(ls core/*.cu cpu/*.cu gpu/*.cu attention/*.cu eval/*.cu 2>/dev/null))
+  mkdir -p "$dir"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  for src in "${srcs[@]}"; do
+    b=$(echo "$src" | tr / _)
+    "$CUDA_HOME/bin/nvcc" $NVFLAGS -cubin -o "$tmp/$b.cubin" "$src" 2> "$tmp/$b.err" || { cat "$tmp/$b.err" >&2; exit 1; }
+    "$NVDISASM" -c "$tmp/$b.cubin" > "$tmp/$b.sass" 2>/dev/null
+    n=0
+    for fn in $(grep -o '^\.text\.[A-Za-z0-9_]*:' "$tmp/$b.sass" | sed 's/^\.text\.//; s/:$//' | sort -u); do
+      awk -v f=".text.$fn:" '$1 == f {on=1; next} on && (/^\/\/---/ || /^[[:space:]]*\.section/) {on=0} on' \
+        "$tmp/$b.sass" | grep -v '^[[:space:]]*$' | sed 's@/\*[0-9a-f]*\*/@@' > "$tmp/fn"
+      # a kernel of a header may be compiled in several files: the same code, or a note
+      if [ -f "$dir/$fn.sass" ] && ! cmp -s "$tmp/fn" "$dir/$fn.sass"; then echo "note: $fn differs in $src" >&2; fi
+      cp "$tmp/fn" "$dir/$fn.sass"
+      n=$((n + 1))
+    done
+    echo "$src: $n kernels"
+  done
+  exit 0
+fi
+[ "$cmd" = schedule ] || usage
+[ $# -ge 2 ] || usage
+src=$1 pattern=$2
+shift 2
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -Xptxas -v -cubin "$@" \
