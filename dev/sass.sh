@@ -59,7 +59,7 @@ if [ "$cmd" = dump ]; then
   [ $# -ge 1 ] || usage
   dir=$1; shift
   srcs=("$@")
-  [ ${#srcs[@]} -gt 0 ] || srcs=(attention_fp8.cu $(ls core/*.cu cpu/*.cu gpu/*.cu attention/*.cu eval/*.cu 2>/dev/null))
+  [ ${#srcs[@]} -gt 0 ] || srcs=(attention_fp8.cu $(ls core/*.cu cpu/*.cu gpu/*.cu attention/*.cu eval/*.cu 2>/dev/null || true))
   mkdir -p "$dir"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
