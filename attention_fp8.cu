@@ -1,7 +1,8 @@
-// attention_fp8.cu: one layer's attention in any precision mode (attention_fp8.h): which
-// quantize passes run, into which parts of the workspace, and which forward and backward kernels
-// consume them. No kernel of its own; the kernels are in attention_fwd*.cu, attention_bwd*.cu and
-// attention/quant_fp8.cu.
+// attention_fp8.cu: one layer's attention in any precision mode (attention_fp8.h): the mode's
+// plan (attn_mode_plan) decides which quantize passes run, into which parts of the workspace, and
+// which forward and backward kernels consume them. Read attn_forward and attn_backward first; the
+// kernels are in attention/ (fwd_bf16.cu, bwd_bf16.cu, quant_fp8.cu, fwd_fp8.cu, bwd_fp8.cu,
+// delta_fp8.cu). Its own two small kernels serve delayed scaling and the diagnostics.
 #include "attention_fp8.h"
 
 #include <string.h>  // memset
@@ -11,7 +12,7 @@
 #include "core/common.h"             // FATAL
 #include "gpu/cuda_check.h"          // CUDA_CHECK
 #include "core/gpu_sizes.h"          // gpu_attn_mode_workspace_bytes (shared with model.c's memory plan)
-#include "gpu/layers.h"              // rope_forward_gpu: attn_mode_forward_rope's BF16 path
+#include "gpu/layers.h"              // rope_forward_gpu: the BF16 forward with RoPE first
 
 typedef uint16_t bf16;
 
@@ -216,87 +217,88 @@ static void check_saved_buffer(const AttnOptions *opt, const AttnSavedCodes *s, 
               s ? s->bytes : 0, s ? s->buf : NULL);
 }
 
-// Both forwards. rope: NULL, or the RoPE table for q and k, which are then unrotated on entry
-// (attn_mode_forward_rope) and rotated in place if rotate_in_place.
-static void forward_mode(const AttnOptions *opt, bf16 *q, bf16 *k, const bf16 *v, int qkv_stride,
-                         const float *rope, int rotate_in_place, bf16 *o, int o_stride, float *lse, int B,
-                         int H, int T, int d, AttnSavedCodes *saved, const AttnDelayedGpu *delayed,
-                         void *workspace, const AttnModeDiag *diag, cudaStream_t stream) {
+// The FP8 forward on Q, K, V's codes in p (the kept ones or the workspace's).
+static void fp8_forward(const AttnCall *c, const Parts &p) {
+    attn_gpu_forward_fp8(p.codes[OP_Q], p.codes[OP_K], p.codes_t[OP_V], p.scales[OP_Q], p.scales[OP_K],
+                         p.scales[OP_V], c->opt->p_scale, c->o, c->o_stride, c->lse, c->B, c->H, c->T, c->d,
+                         c->stream);
+}
+
+static void mark_saved(const AttnCall *c) {
+    AttnSavedCodes *s = c->saved;
+    s->valid = 1;
+    s->precision = c->opt->precision;
+    s->B = c->B, s->H = c->H, s->T = c->T, s->d = c->d;
+}
+
+static Parts upstream_parts(const char *who, const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T,
+                            int d);
+
+extern "C" void attn_forward(const AttnCall *c) {
+    const AttnOptions *opt = c->opt;
+    const int B = c->B, H = c->H, T = c->T, d = c->d;
     check_mode(opt, d);
-    if (saved) saved->valid = 0;
-    if (!attn_precision_is_fp8(opt->precision)) {
-        if (rope) rope_forward_gpu(q, rope, B, T, H, d, stream);  // q: the packed qkv (checked by the caller)
-        attn_gpu_forward(q, k, v, qkv_stride, o, o_stride, lse, B, H, T, d, stream);
+    const AttnModePlan plan = attn_mode_plan(opt->precision);
+    if (c->saved) c->saved->valid = 0;
+    if (c->codes_ready) {  // Q, K, V's codes came from the QKV projection's epilogue
+        const Parts p = upstream_parts("attn_forward (codes_ready)", opt, c->saved, B, H, T, d);
+        mark_saved(c);
+        fp8_forward(c, p);
         return;
     }
-    Parts p = carve_parts(opt, workspace, B, H, T, d);
-    if (saved) {
-        check_saved_buffer(opt, saved, B, H, T, d);
-        carve_saved(&p, opt->precision, saved->buf, B, H, T, d);
+    // q and k are written only with a RoPE table and rotate_in_place
+    bf16 *q = const_cast<bf16 *>(c->q), *k = const_cast<bf16 *>(c->k);
+    if (c->rope && (!q || c->qkv_stride != 3 * H * d || k != q + H * d || c->v != q + 2 * H * d))
+        FATAL("attn_forward with RoPE: q, k, v must be the packed (B, T, 3, H, d) qkv (row stride 3 H d)");
+    if (!plan.fp8_forward) {
+        if (c->rope) {
+            if (!c->rotate_in_place)
+                FATAL("attn_forward: %s rotates q and k in place (rope_forward_gpu); rotate_in_place must be 1",
+                      attn_precision_name(opt->precision));
+            rope_forward_gpu(q, c->rope, B, T, H, d, c->stream);
+        }
+        attn_gpu_forward(q, k, c->v, c->qkv_stride, c->o, c->o_stride, c->lse, B, H, T, d, c->stream);
+        return;
+    }
+    Parts p = carve_parts(opt, c->workspace, B, H, T, d);
+    if (c->saved) {
+        check_saved_buffer(opt, c->saved, B, H, T, d);
+        carve_saved(&p, opt->precision, c->saved->buf, B, H, T, d);
     }
     // S = Q̂ K̂^T reduces over d (codes), O = P̂ V̂ over tokens (V's transposed codes). Kept for an
     // FP8 backward: also Q^T, K^T (dK = dŜ^T Q̂, dQ = dŜ K̂ reduce over tokens) and V's codes
     // (dP^T = V̂ dÔ^T reduces over d); for fp8_hybrid's BF16 backward the dequantized Q̂, K̂, V̂.
-    const int keep = saved != NULL, keep_codes = keep && opt->precision != ATTN_FP8_HYBRID;
-    const int C = H * d;
+    const int keep = c->saved != NULL, keep_codes = keep && plan.fp8_backward;
+    const int C = H * d, qs = c->qkv_stride;
+    const AttnModeDiag *diag = c->diag;
     AttnQuantTensor ts[3] = {
-        operand(q, qkv_stride, FP8_E4M3, p.codes[OP_Q], keep_codes ? p.codes_t[OP_Q] : NULL, p.scales[OP_Q], diag,
-                CAST_Q),
-        operand(k, qkv_stride, FP8_E4M3, p.codes[OP_K], keep_codes ? p.codes_t[OP_K] : NULL, p.scales[OP_K], diag,
-                CAST_K),
-        operand(v, qkv_stride, FP8_E4M3, keep_codes ? p.codes[OP_V] : NULL, p.codes_t[OP_V], p.scales[OP_V], diag,
+        operand(q, qs, FP8_E4M3, p.codes[OP_Q], keep_codes ? p.codes_t[OP_Q] : NULL, p.scales[OP_Q], diag, CAST_Q),
+        operand(k, qs, FP8_E4M3, p.codes[OP_K], keep_codes ? p.codes_t[OP_K] : NULL, p.scales[OP_K], diag, CAST_K),
+        operand(c->v, qs, FP8_E4M3, keep_codes ? p.codes[OP_V] : NULL, p.codes_t[OP_V], p.scales[OP_V], diag,
                 CAST_V)};
     if (keep && !keep_codes)
         for (int i = 0; i < 3; i++) {
             ts[i].dequant = p.deq + (size_t)i * C;
             ts[i].dequant_stride = 3 * C;
         }
-    if (rope) {  // the quantize pass is the RoPE pass too (attention/kernels_fp8.h)
+    if (c->rope) {  // the quantize pass is the RoPE pass too (attention/kernels_fp8.h)
         bf16 *qk[2] = {q, k};
         for (int i = 0; i < 2; i++) {
-            ts[i].rope = rope;
-            ts[i].rotated = rotate_in_place ? qk[i] : NULL;
-            ts[i].rotated_stride = qkv_stride;
+            ts[i].rope = c->rope;
+            ts[i].rotated = c->rotate_in_place ? qk[i] : NULL;
+            ts[i].rotated_stride = qs;
         }
     }
     const int ops[3] = {OP_Q, OP_K, OP_V}, track[3] = {1, 1, 1};  // the forward counts Q, K, V
-    quantize_scaled(opt, delayed, ts, ops, track, 3, p, B, H, T, d, stream);
-    if (saved) {
-        saved->valid = 1;
-        saved->precision = opt->precision;
-        saved->B = B, saved->H = H, saved->T = T, saved->d = d;
-    }
-    attn_gpu_forward_fp8(p.codes[OP_Q], p.codes[OP_K], p.codes_t[OP_V], p.scales[OP_Q], p.scales[OP_K],
-                         p.scales[OP_V], opt->p_scale, o, o_stride, lse, B, H, T, d, stream);
-}
-
-extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
-                                  bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
-                                  const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
-                                  cudaStream_t stream) {
-    // q and k are only read without a RoPE table
-    forward_mode(opt, const_cast<bf16 *>(q), const_cast<bf16 *>(k), v, qkv_stride, NULL, 0, o, o_stride, lse, B, H,
-                 T, d, saved, delayed, workspace, diag, stream);
-}
-
-extern "C" void attn_mode_forward_rope(const AttnOptions *opt, bf16 *qkv, const float *cos_sin, int rotate_in_place,
-                                       bf16 *o, int o_stride, float *lse, int B, int H, int T, int d,
-                                       AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
-                                       const AttnModeDiag *diag, cudaStream_t stream) {
-    if (!qkv || !cos_sin) FATAL("attn_mode_forward_rope: no %s", qkv ? "RoPE table" : "qkv buffer");
-    if (!rotate_in_place && !attn_precision_is_fp8(opt->precision))
-        FATAL("attn_mode_forward_rope: %s rotates q and k in place (rope_forward_gpu); rotate_in_place must be 1",
-              attn_precision_name(opt->precision));
-    const int C = H * d;
-    forward_mode(opt, qkv, qkv + C, qkv + 2 * C, 3 * C, cos_sin, rotate_in_place, o, o_stride, lse, B, H, T, d, saved,
-                 delayed, workspace, diag, stream);
+    quantize_scaled(opt, c->delayed, ts, ops, track, 3, p, B, H, T, d, c->stream);
+    if (c->saved) mark_saved(c);
+    fp8_forward(c, p);
 }
 
 // --- Q, K, V quantized upstream (the QKV projection's epilogue) ---------------------------------
 
 extern "C" int attn_mode_codes_upstream(const AttnOptions *opt, int d, int T) {
-    return attn_precision_is_fp8(opt->precision) && opt->precision != ATTN_FP8_HYBRID &&
-           opt->scaling == SCALING_BLOCK && attn_mode_supported(opt, d, NULL) == 0 && T % ATTN_SCALE_BLOCK == 0;
+    return attn_mode_plan(opt->precision).fp8_backward && opt->scaling == SCALING_BLOCK && attn_mode_supported(opt, d, NULL) == 0 && T % ATTN_SCALE_BLOCK == 0;
 }
 
 // The parts of a kept-codes buffer that a producer upstream fills, checked for this mode and shape.
@@ -322,22 +324,6 @@ extern "C" void attn_saved_codes_parts(const AttnOptions *opt, const AttnSavedCo
         scales[i] = p.scales[i];
     }
 }
-
-extern "C" void attn_mode_forward_codes(const AttnOptions *opt, AttnSavedCodes *saved, bf16 *o, int o_stride,
-                                        float *lse, int B, int H, int T, int d, cudaStream_t stream) {
-    const Parts p = upstream_parts("attn_mode_forward_codes", opt, saved, B, H, T, d);
-    saved->valid = 1;
-    saved->precision = opt->precision;
-    saved->B = B, saved->H = H, saved->T = T, saved->d = d;
-    attn_gpu_forward_fp8(p.codes[OP_Q], p.codes[OP_K], p.codes_t[OP_V], p.scales[OP_Q], p.scales[OP_K],
-                         p.scales[OP_V], opt->p_scale, o, o_stride, lse, B, H, T, d, stream);
-}
-
-static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
-                          const bf16 *o, const bf16 *dout, int o_stride, const float *lse, bf16 *dq, bf16 *dk,
-                          bf16 *dv, int dqkv_stride, int B, int H, int T, int d, const AttnSavedCodes *saved,
-                          const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
-                          cudaStream_t stream);
 
 // sq[2i] += sum (x_i - r_i)^2, sq[2i+1] += sum r_i^2 over (rows, C) for i = dq, dk, dv: x_i is
 // the i-th of the strided views xs[i] (row stride x_stride), r_i is (rows, 3, C) packed. FP64
@@ -378,66 +364,70 @@ static void diff_sq(const bf16 *dq, const bf16 *dk, const bf16 *dv, int stride, 
     CUDA_CHECK_LAUNCH();
 }
 
-// The probe outputs of AttnModeDiag: the kept copy, the comparison, the local reference.
-static void probe_outputs(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, const bf16 *dout,
-                          int o_stride, const bf16 *dq, const bf16 *dk, const bf16 *dv, int dqkv_stride, int B,
-                          int H, int T, int d, const AttnDelayedGpu *delayed, void *workspace,
-                          const AttnModeDiag *diag, cudaStream_t stream) {
-    const int C = H * d;
-    const size_t row = (size_t)C * sizeof(bf16), rows = (size_t)B * T;
+static void backward(const AttnCall *c);
+
+// The probe outputs of AttnModeDiag, after the backward c: the kept copy, the comparison, the
+// local reference.
+static void probe_outputs(const AttnCall *c) {
+    const AttnModeDiag *diag = c->diag;
+    const int C = c->H * c->d;
+    const size_t row = (size_t)C * sizeof(bf16), rows = (size_t)c->B * c->T;
     if (diag->dqkv_keep) {
-        const bf16 *src[3] = {dq, dk, dv};
+        const bf16 *src[3] = {c->dq, c->dk, c->dv};
         for (int i = 0; i < 3; i++)
             CUDA_CHECK(cudaMemcpy2DAsync(diag->dqkv_keep + (size_t)i * C, 3 * row, src[i],
-                                         (size_t)dqkv_stride * sizeof(bf16), row, rows, cudaMemcpyDeviceToDevice,
-                                         stream));
+                                         (size_t)c->dqkv_stride * sizeof(bf16), row, rows, cudaMemcpyDeviceToDevice,
+                                         c->stream));
     }
     if (diag->dqkv_cmp) {
         if (!diag->cmp_sq) FATAL("attention diagnostics: dqkv_cmp needs cmp_sq");
-        diff_sq(dq, dk, dv, dqkv_stride, diag->dqkv_cmp, rows, C, diag->cmp_sq, stream);
+        diff_sq(c->dq, c->dk, c->dv, c->dqkv_stride, diag->dqkv_cmp, rows, C, diag->cmp_sq, c->stream);
     }
     if (diag->local_ref) {
-        const AttnOptions *r = diag->local_ref;
         if (!diag->ref_o || !diag->ref_lse || !diag->ref_dqkv || !diag->local_sq)
             FATAL("attention diagnostics: local_ref needs ref_o, ref_lse, ref_dqkv and local_sq");
+        if (attn_mode_workspace_bytes(diag->local_ref, c->B, c->H, c->T, c->d) >
+            attn_mode_workspace_bytes(c->opt, c->B, c->H, c->T, c->d))
+            FATAL("attention diagnostics: the local reference %s needs more workspace than %s",
+                  attn_precision_name(diag->local_ref->precision), attn_precision_name(c->opt->precision));
         // a reference in delayed scaling takes the layer's scales, without counting its amaxes
         AttnDelayedGpu rd;
         memset(&rd, 0, sizeof rd);
-        if (delayed) rd = *delayed;
+        if (c->delayed) rd = *c->delayed;
         rd.cur_amax = NULL;
-        const AttnDelayedGpu *rdp = delayed ? &rd : NULL;
-        attn_mode_forward(r, q, k, v, qkv_stride, diag->ref_o, C, diag->ref_lse, B, H, T, d, NULL, rdp, workspace,
-                          NULL, stream);
-        backward_mode(r, q, k, v, qkv_stride, diag->ref_o, dout, o_stride, diag->ref_lse, diag->ref_dqkv,
-                      diag->ref_dqkv + C, diag->ref_dqkv + 2 * C, 3 * C, B, H, T, d, NULL, rdp, workspace, NULL,
-                      stream);
-        diff_sq(dq, dk, dv, dqkv_stride, diag->ref_dqkv, rows, C, diag->local_sq, stream);
+        // the same q, k, v and dO in the reference precision, into the reference buffers
+        AttnCall r = *c;
+        r.opt = diag->local_ref;
+        r.o = diag->ref_o, r.o_stride = C, r.lse = diag->ref_lse;
+        r.dq = diag->ref_dqkv, r.dk = diag->ref_dqkv + C, r.dv = diag->ref_dqkv + 2 * C, r.dqkv_stride = 3 * C;
+        r.rope = NULL, r.codes_ready = 0, r.saved = NULL, r.diag = NULL;
+        r.delayed = c->delayed ? &rd : NULL;
+        attn_forward(&r);
+        backward(&r);
+        diff_sq(c->dq, c->dk, c->dv, c->dqkv_stride, diag->ref_dqkv, rows, C, diag->local_sq, c->stream);
     }
 }
 
-extern "C" void attn_mode_backward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v,
-                                   int qkv_stride, const bf16 *o, const bf16 *dout, int o_stride, const float *lse,
-                                   bf16 *dq, bf16 *dk, bf16 *dv, int dqkv_stride, int B, int H, int T, int d,
-                                   const AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
-                                   const AttnModeDiag *diag, cudaStream_t stream) {
-    backward_mode(opt, q, k, v, qkv_stride, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride, B, H, T, d, saved,
-                  delayed, workspace, diag, stream);
-    if (diag && diag->local_ref &&
-        attn_mode_workspace_bytes(diag->local_ref, B, H, T, d) > attn_mode_workspace_bytes(opt, B, H, T, d))
-        FATAL("attention diagnostics: the local reference %s needs more workspace than %s",
-              attn_precision_name(diag->local_ref->precision), attn_precision_name(opt->precision));
-    if (diag) probe_outputs(q, k, v, qkv_stride, dout, o_stride, dq, dk, dv, dqkv_stride, B, H, T, d, delayed,
-                            workspace, diag, stream);
+extern "C" void attn_backward(const AttnCall *c) {
+    backward(c);
+    if (c->diag) probe_outputs(c);
 }
 
-static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
-                          const bf16 *o, const bf16 *dout, int o_stride, const float *lse, bf16 *dq, bf16 *dk,
-                          bf16 *dv, int dqkv_stride, int B, int H, int T, int d, const AttnSavedCodes *saved,
-                          const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
-                          cudaStream_t stream) {
+static void backward(const AttnCall *c) {
+    const AttnOptions *opt = c->opt;
+    const int B = c->B, H = c->H, T = c->T, d = c->d;
+    const bf16 *q = c->q, *k = c->k, *v = c->v, *o = c->o, *dout = c->dout;
+    const int qkv_stride = c->qkv_stride, o_stride = c->o_stride, dqkv_stride = c->dqkv_stride;
+    const float *lse = c->lse;
+    bf16 *dq = c->dq, *dk = c->dk, *dv = c->dv;
+    const AttnSavedCodes *saved = c->saved;
+    const AttnDelayedGpu *delayed = c->delayed;
+    const AttnModeDiag *diag = c->diag;
+    cudaStream_t stream = c->stream;
     check_mode(opt, d);
-    Parts p = carve_parts(opt, workspace, B, H, T, d);
-    if (opt->precision == ATTN_BF16) {
+    const AttnModePlan plan = attn_mode_plan(opt->precision);
+    Parts p = carve_parts(opt, c->workspace, B, H, T, d);
+    if (!plan.fp8_forward) {
         attn_gpu_backward(q, k, v, qkv_stride, o, dout, o_stride, lse, dq, dk, dv, dqkv_stride, p.bwd, B, H, T, d,
                           stream);
         return;
@@ -450,7 +440,7 @@ static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, 
         carve_saved(&p, opt->precision, saved->buf, B, H, T, d);
     }
     const int C = H * d;
-    if (opt->precision == ATTN_FP8_HYBRID) {
+    if (!plan.fp8_backward) {
         // The BF16 backward on Q̂, K̂, V̂ (the forward's quantized values, exact in BF16) and the
         // BF16 dO: kept by the forward, or made again. Saturations were counted by the forward's
         // casts of the same values.
@@ -514,4 +504,39 @@ static void backward_mode(const AttnOptions *opt, const bf16 *q, const bf16 *k, 
         if (!a.row_ds_sum != !a.row_cancel) FATAL("attention diagnostics: row_ds_sum and row_cancel go together");
     }
     attn_gpu_backward_fp8(&a, B, H, T, d, stream);
+}
+
+// --- transitional: the old entry points, until every caller takes AttnCall --------------------
+extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
+                                  bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
+                                  const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
+                                  cudaStream_t stream) {
+    AttnCall c = {opt, B, H, T, d, q, k, v, qkv_stride, o, NULL, o_stride, lse, NULL, NULL, NULL, 0,
+                  NULL, 0, 0, saved, delayed, workspace, diag, stream};
+    attn_forward(&c);
+}
+extern "C" void attn_mode_forward_rope(const AttnOptions *opt, bf16 *qkv, const float *cos_sin, int rotate_in_place,
+                                       bf16 *o, int o_stride, float *lse, int B, int H, int T, int d,
+                                       AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
+                                       const AttnModeDiag *diag, cudaStream_t stream) {
+    const int C = H * d;
+    AttnCall c = {opt, B, H, T, d, qkv, qkv + C, qkv + 2 * C, 3 * C, o, NULL, o_stride, lse, NULL, NULL, NULL, 0,
+                  cos_sin, rotate_in_place, 0, saved, delayed, workspace, diag, stream};
+    attn_forward(&c);
+}
+extern "C" void attn_mode_forward_codes(const AttnOptions *opt, AttnSavedCodes *saved, bf16 *o, int o_stride,
+                                        float *lse, int B, int H, int T, int d, cudaStream_t stream) {
+    AttnCall c = {opt, B, H, T, d, NULL, NULL, NULL, 0, o, NULL, o_stride, lse, NULL, NULL, NULL, 0,
+                  NULL, 0, 1, saved, NULL, NULL, NULL, stream};
+    attn_forward(&c);
+}
+extern "C" void attn_mode_backward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v,
+                                   int qkv_stride, const bf16 *o, const bf16 *dout, int o_stride, const float *lse,
+                                   bf16 *dq, bf16 *dk, bf16 *dv, int dqkv_stride, int B, int H, int T, int d,
+                                   const AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
+                                   const AttnModeDiag *diag, cudaStream_t stream) {
+    AttnCall c = {opt, B, H, T, d, q, k, v, qkv_stride, const_cast<bf16 *>(o), dout, o_stride,
+                  const_cast<float *>(lse), dq, dk, dv, dqkv_stride, NULL, 0, 0,
+                  const_cast<AttnSavedCodes *>(saved), delayed, workspace, diag, stream};
+    attn_backward(&c);
 }

@@ -1,32 +1,36 @@
-// attention_fp8.h: attention of one layer in any precision of docs/fp8-attention.md on the GPU:
-// the dispatcher the model, `attn-check --device gpu` and the benchmarks call. It strings the
-// kernels together per mode (attention/kernels_bf16.h for BF16, attention/kernels_fp8.h for the FP8 quantize,
-// forward and backward kernels):
+// attention_fp8.h: one layer's attention on the GPU in any precision of docs/fp8-attention.md:
+// the one dispatcher the model, `attn-check --device gpu`, the tests and the benchmarks call.
+// precision.attention goes config -> AttnOptions (core/precision.h, attn_options_from_config) ->
+// attn_forward / attn_backward here, which read the mode's plan (attn_mode_plan: FP8 forward?
+// FP8 backward? which D?) and launch the kernels:
 //
 //   mode           forward                                  backward
-//   bf16           BF16 flash forward                       BF16 flash backward
-//   fp8_naive      quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, FP8 backward, D = rowsum(dO o O)
+//   bf16           BF16 flash forward                       BF16 flash backward, D from O
+//   fp8_naive      quantize Q K V (E4M3), FP8 forward       quantize dO, FP8 backward, D from O (pre kernel)
 //   fp8_hybrid     quantize Q K V (E4M3), FP8 forward       BF16 backward on the dequantized Q̂ K̂ V̂, BF16 dO
-//   fp8_dm         quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, delta pass, FP8 backward
-//   fp8_dm_approx  quantize Q K V (E4M3), FP8 forward       quantize [Q K V] dO, FP8 backward, D = rowsum(dÔ o O)
-// ([Q K V]: only without kept codes, see below.)
+//   fp8_dm         quantize Q K V (E4M3), FP8 forward       quantize dO, delta pass (matched D), FP8 backward
+//   fp8_dm_approx  quantize Q K V (E4M3), FP8 forward       quantize dO, FP8 backward, D from dÔ (pre kernel)
+//
+// Where D is formed: attention/bwd_fp8.cu's pre kernel (from O, approx) and attention/delta_fp8.cu
+// (matched: per query block it recomputes P and dP exactly as the main backward does); the main
+// backward (attention/bwd_fp8.cu) reads D per row. The CPU emulation of the same plan is
+// cpu/attention_cpu.c.
 //
 // Q, K, V of the backward: with an AttnSavedCodes (precision.attention_keep_codes) the forward's
 // one quantize launch also writes every layout the backward reads (Q, K, V codes and transposed
 // codes, scales; fp8_hybrid: the dequantized Q̂, K̂, V̂) into the layer's buffer and the backward
 // quantizes dO alone (fp8_hybrid: nothing). Without one the backward quantizes Q, K, V again from
 // the same BF16 inputs. Either way the values are the same bit for bit (block scales are functions
-// of the values), so the option trades memory (gpu_sizes.h: 6 bytes per q/k/v element per layer)
-// for two quantize passes' worth of memory traffic per layer; results do not change.
+// of the values), so the option trades memory (core/gpu_sizes.h: 6 bytes per q/k/v element per
+// layer) for two quantize passes' worth of memory traffic per layer; results do not change.
 // Scaling: block scaling (per 128-token block for Q, K, V, dO, per tile for dS, static 2^8 for
 // P), or with precision.attention_scaling = "delayed" one scale per tensor (Q, K, V, dO) from the
-// layer's amax history (AttnDelayedGpu below; dS and P as in block scaling), as
-// attention_cpu.c emulates it.
+// layer's amax history (AttnDelayedGpu below; dS and P as in block scaling).
 //
-// Layouts as in attention/kernels_bf16.h: q, k, v (B, T, H, d) BF16 with row stride qkv_stride (views
-// of the packed QKV buffer), o and dout (B, T, H, d) with row stride o_stride, lse (B, H, T)
-// FP32, dq/dk/dv with row stride dqkv_stride. The CPU emulation of the same mode
-// (attention_cpu.h) must run with the tiles attn_mode_block_sizes gives.
+// Layouts: q, k, v (B, T, H, d) BF16 with row stride qkv_stride (views of the packed QKV buffer),
+// o and dout (B, T, H, d) with row stride o_stride, lse (B, H, T) FP32, dq, dk, dv (B, T, H, d)
+// with row stride dqkv_stride. The CPU emulation of the same mode must run with the tiles
+// attn_mode_block_sizes gives.
 #ifndef ATTENTION_FP8_H
 #define ATTENTION_FP8_H
 
@@ -60,7 +64,7 @@ size_t attn_mode_workspace_bytes(const AttnOptions *opt, int B, int H, int T, in
 
 // One layer's Q, K, V as its forward quantized them, kept for its backward. buf/bytes are the
 // caller's (device memory, 256-byte aligned, at least attn_saved_codes_bytes); the rest is written
-// by attn_mode_forward and checked by attn_mode_backward (host side: a backward on codes of
+// by attn_forward and checked by attn_backward (host side: a backward on codes of
 // another shape or mode, or of no forward, is a FATAL error, not silently wrong gradients).
 typedef struct {
     void *buf;
@@ -126,45 +130,70 @@ typedef struct {
     float *cur_amax;
 } AttnDelayedGpu;
 
-// saved: NULL, or this layer's kept codes (filled here in FP8 modes; marked not valid in bf16).
-// delayed: NULL in block scaling, this layer's AttnDelayedGpu in delayed scaling.
+// One call of one layer's attention: its shape, tensors and state. attn_forward reads q, k, v
+// (or the kept codes, with codes_ready) and writes o, lse (and the kept codes); attn_backward
+// reads q, k, v, o, dout, lse (and the kept codes) and overwrites dq, dk, dv. Fields a call does
+// not use may be left zero.
+typedef struct {
+    const AttnOptions *opt;
+    int B, H, T, d;
+    const uint16_t *q, *k, *v;  // (B, T, H, d) each, row stride qkv_stride
+    int qkv_stride;
+    uint16_t *o;                // (B, T, H, d), row stride o_stride: the forward's output
+    const uint16_t *dout;       // (B, T, H, d), row stride o_stride: the backward's input
+    int o_stride;
+    float *lse;                 // (B, H, T): the forward's row log-sum-exp (natural log)
+    uint16_t *dq, *dk, *dv;     // (B, T, H, d), row stride dqkv_stride: the backward's outputs
+    int dqkv_stride;
+    // Forward with RoPE first: the (T, d/2, 2) table of rope_table_gpu (gpu/layers.h); q, k are not
+    // yet rotated and q is the start of the packed (B, T, 3, H, d) qkv (qkv_stride 3 H d). Every
+    // output is the same bit for bit as rope_forward_gpu(qkv) then the forward. The FP8 modes rotate
+    // q and k as their quantize pass reads them (one pass over q, k, v does both); with
+    // rotate_in_place they also write the rotated q, k back into qkv, without it qkv is left as it
+    // was (for callers whose backward reads no BF16 q, k: kept codes and no local reference). bf16
+    // runs rope_forward_gpu first (rotate_in_place must be 1).
+    const float *rope;
+    int rotate_in_place;
+    // Forward on codes written upstream: saved already holds Q, K, V's codes, transposed codes and
+    // scales (the QKV projection's epilogue, gpu/qkv_gemm.h, writes them where
+    // attn_saved_codes_parts says); q, k, v are not read. Only where attn_mode_codes_upstream.
+    int codes_ready;
+    AttnSavedCodes *saved;           // NULL, or this layer's kept codes (filled by the forward in
+                                     // FP8 modes, marked not valid in bf16; checked by the backward)
+    const AttnDelayedGpu *delayed;   // NULL in block scaling, this layer's state in delayed scaling
+    void *workspace;                 // attn_mode_workspace_bytes, 256-byte aligned; not kept between
+                                     // the forward and the backward
+    const AttnModeDiag *diag;        // NULL, or the diagnostics outputs
+    cudaStream_t stream;
+} AttnCall;
+
+void attn_forward(const AttnCall *c);
+// With saved codes the FP8 modes read no q, k, v, except for the diagnostics' local reference;
+// bf16 always reads them.
+void attn_backward(const AttnCall *c);
+
+// Q, K, V quantized upstream: the QKV projection's epilogue (gpu/qkv_gemm.h) can write the kept
+// codes itself, straight from its FP32 sums, so that no pass reads q, k, v again. For the modes
+// where those codes are all the forward and backward read (an FP8 backward with block scaling:
+// attn_mode_codes_upstream returns 1; fp8_hybrid keeps dequantized BF16 copies and delayed scaling
+// needs the history's scale first, so they quantize here), attn_saved_codes_parts gives where a
+// kept-codes buffer of this shape holds operand i's codes (B, H, T, d), transposed codes (B, H, d,
+// T) and scales (B, H, T/128). T must be a multiple of 128 (no padding rows).
+int attn_mode_codes_upstream(const AttnOptions *opt, int d, int T);
+void attn_saved_codes_parts(const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T, int d,
+                            uint8_t *codes[3], uint8_t *codes_t[3], float *scales[3]);
+
+// Transitional: the old entry points, until every caller takes AttnCall.
 void attn_mode_forward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                        int qkv_stride, uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d,
                        AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
                        const AttnModeDiag *diag, cudaStream_t stream);
-
-// attn_mode_forward after RoPE: qkv is the packed (B, T, 3, H, d) buffer (row stride 3 H d) with q
-// and k not yet rotated; cos_sin the (T, d/2, 2) table of rope_table_gpu (layers.h). Every output
-// is the same bit for bit as rope_forward_gpu(qkv) followed by attn_mode_forward on its q, k, v.
-// In the FP8 modes the quantize pass rotates q and k as it reads them (attention/kernels_fp8.h,
-// AttnQuantTensor.rope), so one pass over q, k, v does the work of two; with rotate_in_place it
-// also writes the rotated q, k back into qkv (as rope_forward_gpu would), without it qkv is left as
-// it was: for callers that need no BF16 q, k after the forward (kept codes, no diagnostics' local
-// reference, see attn_mode_backward). bf16 runs rope_forward_gpu first (rotate_in_place must be 1).
 void attn_mode_forward_rope(const AttnOptions *opt, uint16_t *qkv, const float *cos_sin, int rotate_in_place,
                             uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
                             const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
                             cudaStream_t stream);
-
-// Q, K, V quantized upstream: the QKV projection's epilogue (qkv_gemm.h) can write the kept codes
-// itself, straight from its FP32 sums, so that no pass reads q, k, v again. For the modes where
-// those codes are all the forward and backward read (fp8_naive, fp8_dm, fp8_dm_approx with block
-// scaling: attn_mode_codes_upstream returns 1; fp8_hybrid keeps dequantized BF16 copies and
-// delayed scaling needs the history's scale first, so they quantize here), attn_saved_codes_parts
-// gives where a kept-codes buffer of this shape holds operand i's codes (B, H, T, d), transposed
-// codes (B, H, d, T) and scales (B, H, T/128), and attn_mode_forward_codes runs the FP8 forward on
-// them and marks them valid for attn_mode_backward. Its O and LSE are attn_mode_forward's for
-// q, k, v whose quantization gives those codes (T a multiple of 128: no padding rows).
-int attn_mode_codes_upstream(const AttnOptions *opt, int d, int T);
-void attn_saved_codes_parts(const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T, int d,
-                            uint8_t *codes[3], uint8_t *codes_t[3], float *scales[3]);
 void attn_mode_forward_codes(const AttnOptions *opt, AttnSavedCodes *saved, uint16_t *o, int o_stride, float *lse,
                              int B, int H, int T, int d, cudaStream_t stream);
-
-// dq, dk, dv are overwritten. o and lse: what attn_mode_forward wrote for the same q, k, v.
-// saved: NULL (Q, K, V quantized again from q, k, v), or what that forward filled (ignored in
-// bf16). With saved codes the FP8 modes read no q, k, v, except for the diagnostics' local
-// reference; bf16 always reads them.
 void attn_mode_backward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
                         int qkv_stride, const uint16_t *o, const uint16_t *dout, int o_stride, const float *lse,
                         uint16_t *dq, uint16_t *dk, uint16_t *dv, int dqkv_stride, int B, int H, int T, int d,

@@ -28,12 +28,6 @@ typedef enum {
     ATTN_FP8_DM_APPROX,
     ATTN_N_PRECISIONS
 } AttnPrecision;
-// The FP8 modes (quantized Q, K, V and an FP8 forward), and among them those whose backward is
-// the FP8 kernel (fp8_hybrid's backward is the BF16 one on the dequantized operands).
-static inline int attn_precision_is_fp8(AttnPrecision p) {
-    return p == ATTN_FP8_NAIVE || p == ATTN_FP8_HYBRID || p == ATTN_FP8_DM || p == ATTN_FP8_DM_APPROX;
-}
-static inline int attn_precision_fp8_backward(AttnPrecision p) { return attn_precision_is_fp8(p) && p != ATTN_FP8_HYBRID; }
 typedef enum { GRADFMT_E4M3 = 0, GRADFMT_E5M2 } GradFormat;
 typedef enum { SCALING_BLOCK = 0, SCALING_DELAYED } ScalingKind;
 typedef enum { LINEAR_BF16 = 0, LINEAR_FP8_TENSOR, LINEAR_FP8_BLOCK } LinearPrecision;
@@ -69,6 +63,41 @@ typedef struct {
 
 // =============================================================================================
 // Attention.
+
+// How each attention precision runs, decided here once for both backends: the CPU emulation
+// (cpu/attention_cpu.c) and the GPU dispatcher (attention_fp8.cu) both read this plan.
+//   precision       forward               backward                             D
+//   fp32            FP32                  FP32                                 from O
+//   bf16            BF16                  BF16                                 from O
+//   fp8_naive       FP8 (Q, K, V E4M3)    FP8 (dO, dS in the grad format)      from O (stale)
+//   fp8_hybrid      FP8                   BF16 on the dequantized Q̂, K̂, V̂     from O (stale)
+//   fp8_dm          FP8                   FP8                                  matched (Delta-Matching)
+//   fp8_dm_approx   FP8                   FP8                                  approx (ablation)
+// The D of dS_ij = P_ij (dP_ij - D_i), spec §1 and §3 (docs/fp8-attention.md):
+typedef enum {
+    ATTN_DELTA_FROM_O = 0,  // D_i = sum_c dO_ic O_ic (FlashAttention's; with FP8 casts it no longer
+                            // matches the P and dP that form dS, so rows of dS stop summing to 0)
+    ATTN_DELTA_MATCHED,     // D_i = sum_j P_ij dP_ij / sum_j P_ij over exactly the P and dP that form
+                            // dS: every row of dS sums to 0 (a separate pass over the key blocks)
+    ATTN_DELTA_APPROX,      // D_i = sum_c dÔ_ic O_ic: the quantized dO against the stored O
+} AttnDelta;
+typedef struct {
+    int fp8_forward;   // Q, K, V quantized to E4M3 and the FP8 forward (P in E4M3 under p_scale)
+    int fp8_backward;  // dO and dS quantized, the FP8 backward; else a BF16 (fp32: FP32) backward
+    AttnDelta delta;   // how the backward forms D
+} AttnModePlan;
+static inline AttnModePlan attn_mode_plan(AttnPrecision p) {
+    AttnModePlan m = {0, 0, ATTN_DELTA_FROM_O};
+    if (p == ATTN_FP8_NAIVE || p == ATTN_FP8_HYBRID || p == ATTN_FP8_DM || p == ATTN_FP8_DM_APPROX) m.fp8_forward = 1;
+    if (m.fp8_forward && p != ATTN_FP8_HYBRID) m.fp8_backward = 1;
+    if (p == ATTN_FP8_DM) m.delta = ATTN_DELTA_MATCHED;
+    if (p == ATTN_FP8_DM_APPROX) m.delta = ATTN_DELTA_APPROX;
+    return m;
+}
+// The FP8 modes (quantized Q, K, V and the FP8 forward), and among them those whose backward is
+// the FP8 kernel.
+static inline int attn_precision_is_fp8(AttnPrecision p) { return attn_mode_plan(p).fp8_forward; }
+static inline int attn_precision_fp8_backward(AttnPrecision p) { return attn_mode_plan(p).fp8_backward; }
 
 typedef struct {
     AttnPrecision precision;

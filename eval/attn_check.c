@@ -230,7 +230,7 @@ static void print_gpu_legend(const GpuInfo *g, int T, int d, int seed, Fp8Format
            gfmt == FP8_E5M2 ? "e5m2" : "e4m3", p_scale);
     printf("  inputs Q, K, V, dO ~ N(0,1); Q and K scaled by the sharpness, then rounded to BF16 (the kernels' input\n");
     printf("           format); the FP64 reference and the CPU emulation take the same BF16 values\n");
-    printf("  gpu    = attn_mode_forward/backward (attention_fp8.h); emu = the CPU emulation of the same mode with\n");
+    printf("  gpu    = attn_forward/attn_backward (attention_fp8.h); emu = the CPU emulation of the same mode with\n");
     printf("           the GPU kernels' tiles (column tiles: block_q x block_k, from attn_mode_block_sizes), its\n");
     printf("           outputs rounded to BF16 as the GPU stores them\n");
     printf("  cancel = |sum_j dS_ij| / sum_j P_ij (|dP_ij| + |D_i|) per row (spec 4.1), median and max over rows;\n");

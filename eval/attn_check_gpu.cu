@@ -1,6 +1,6 @@
 // attn_check_gpu.cu: one causal head (B = H = 1) through one attention mode on the GPU for
-// `train_gpt attn-check --device gpu` (attn_check_gpu.h): BF16 inputs up, attn_mode_forward and
-// attn_mode_backward, O, dQ, dK, dV and the backward's dS row sums back, errors against the FP64
+// `train_gpt attn-check --device gpu` (attn_check_gpu.h): BF16 inputs up, attn_forward and
+// attn_backward, O, dQ, dK, dV and the backward's dS row sums back, errors against the FP64
 // reference. Everything is synchronous on the default stream: this is a check, not a benchmark.
 #include "eval/attn_check_gpu.h"
 
@@ -10,7 +10,7 @@
 #include <algorithm>       // std::sort (median)
 #include <vector>          // host buffers
 
-#include "attention_fp8.h"   // attn_mode_forward, attn_mode_backward, attn_mode_workspace_bytes, AttnModeDiag
+#include "attention_fp8.h"   // attn_forward, attn_backward, attn_mode_workspace_bytes, AttnModeDiag
 #include "gpu/cuda_check.h"  // CUDA_CHECK
 #include "core/fp8.h"        // bf16_from_f32, bf16_to_f32
 
@@ -114,9 +114,18 @@ extern "C" void attn_eval_mode_gpu(const AttnOptions *opt, int T, int d, const f
     // delayed scaling: a fresh layer, as attn_check.c's CPU rows (each head's scale from its own amax)
     const AttnDelayedGpu fresh = {1, NULL, NULL};
     const AttnDelayedGpu *dl = opt->scaling == SCALING_DELAYED ? &fresh : NULL;
-    attn_mode_forward(opt, b.q, b.k, b.v, d, b.o, d, b.lse, 1, 1, T, d, &b.codes, dl, b.ws, NULL, 0);
-    attn_mode_backward(opt, b.q, b.k, b.v, d, b.o, b.dout, d, b.lse, b.dq, b.dk, b.dv, d, 1, 1, T, d, &b.codes, dl, b.ws,
-                       rows ? &diag : NULL, 0);
+    AttnCall c = {};  // one head: (1, T, 1, d), every row stride d
+    c.opt = opt;
+    c.B = 1, c.H = 1, c.T = T, c.d = d;
+    c.q = b.q, c.k = b.k, c.v = b.v, c.qkv_stride = d;
+    c.o = b.o, c.dout = b.dout, c.o_stride = d, c.lse = b.lse;
+    c.dq = b.dq, c.dk = b.dk, c.dv = b.dv, c.dqkv_stride = d;
+    c.saved = &b.codes;
+    c.delayed = dl;
+    c.workspace = b.ws;
+    attn_forward(&c);
+    c.diag = rows ? &diag : NULL;
+    attn_backward(&c);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernels surface here
 

@@ -1,5 +1,5 @@
 // attn_check_gpu.h: the GPU half of `train_gpt attn-check --device gpu`: one causal head through
-// one attention mode on the GPU (attention_fp8.h's attn_mode_forward / attn_mode_backward),
+// one attention mode on the GPU (attention_fp8.h's attn_forward / attn_backward),
 // measured against the FP64 reference. attn_check.c draws the inputs, runs the CPU emulation of
 // the same mode next to it and prints the table (spec §4, docs/fp8-attention.md).
 #ifndef ATTN_CHECK_GPU_H

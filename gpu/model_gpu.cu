@@ -6,7 +6,7 @@
 //   qkv = h1 @ Wqkv^T                        (BT, 3C) = [q | k | v], heads (H, hd) inside each
 //   [QK-norm into buf1]; RoPE in place;      attention reads q, k, v as strided views (FP8
 //                                            attention without QK-norm: RoPE inside its quantize
-//                                            pass, attn_mode_forward_rope)
+//                                            pass, AttnCall.rope)
 //   o = attention(q, k, v), lse              (BT, C), (B, H, T)
 //   x_mid = x_in + o @ Wo^T; h2 = RMSNorm(x_mid)       (one fused kernel)
 //   fc = h2 @ Wfc^T (BT, 2F); sw = silu(gate) * up (BT, F)
@@ -69,7 +69,7 @@
 #include <string.h>        // memset, memcpy, strcmp
 
 #include "gpu/adamw_gpu.h"          // adamw_update_gpu
-#include "attention_fp8.h"          // attn_mode_forward/backward: attention in precision.attention
+#include "attention_fp8.h"          // attn_forward/attn_backward: attention in precision.attention
 #include "attention/kernels_fp8.h"  // attn_fp8_release_stream (gpu_model_free)
 #include "core/common.h"            // FATAL, errf, xcalloc
 #include "gpu/cuda_check.h"         // CUDA_CHECK
@@ -455,6 +455,27 @@ static AttnDelayedGpu attn_delayed_of(Dev *d, int l, int count) {
     g.cur_amax = count ? d->dl_dev + 8 * (size_t)l + 4 : NULL;
     return g;
 }
+
+// Layer l's attention call at micro-batch (B, T): options, shape, workspace, diagnostics, o and lse
+// and, for a backward, dO (d->dhf) and dq, dk, dv into d->buf1 (BT, 3C); the caller sets the
+// inputs (q, k, v or codes_ready), the kept codes and the delayed-scaling state.
+static AttnCall attn_call(GpuModel *m, int l, int B, int T) {
+    Dev *d = dev_of(m);
+    const ModelConfig *mc = &m->cfg.model;
+    const int C = mc->d_model;
+    AttnCall c;
+    memset(&c, 0, sizeof c);
+    c.opt = &d->attn;
+    c.B = B, c.H = mc->n_head, c.T = T, c.d = mc->head_dim;
+    c.qkv_stride = 3 * C;
+    c.o = d->L[l].o, c.o_stride = C, c.lse = d->L[l].lse;
+    c.dout = d->dhf;
+    c.dq = d->buf1, c.dk = d->buf1 + C, c.dv = d->buf1 + 2 * C, c.dqkv_stride = 3 * C;
+    c.workspace = d->attn_ws;
+    c.diag = attn_diag(d, l);
+    c.stream = d->stream;
+    return c;
+}
 // Before a forward: every layer's scales from its host history (first step: none, the kernels
 // take per-head scales) and its amax so far, to the device. The host state is the only state
 // between steps, so checkpoint restores and the trainer's restores around evaluation need nothing
@@ -557,18 +578,19 @@ static void attention_forward(GpuModel *m, int l, int B, int T, int fused_rope) 
     AttnSavedCodes *keep = d->save_xt && lb->attn_codes.buf ? &lb->attn_codes : NULL;
     if (!keep) lb->attn_codes.valid = 0;
     const AttnDelayedGpu dl = attn_delayed_of(d, l, d->save_xt);  // a training forward counts its amaxes
+    AttnCall c = attn_call(m, l, B, T);
+    c.q = qkv, c.k = qkv + C, c.v = qkv + 2 * C;
+    c.saved = keep;
+    c.delayed = d->attn_delayed ? &dl : NULL;
     if (fused_rope) {
-        // The rotated BF16 q, k are written back only for a backward that reads them: one
-        // without kept codes, or with the diagnostics' local reference (attn_mode_backward);
-        // otherwise lb->qkv keeps the unrotated q, k, which nothing reads again.
-        const int rotate = d->save_xt && (!keep || attn_diag(d, l) != NULL);
-        attn_mode_forward_rope(&d->attn, lb->qkv, d->rope, rotate, lb->o, C, lb->lse, B, H, T, hd, keep,
-                               d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
+        // RoPE inside the FP8 quantize pass. The rotated BF16 q, k are written back only for a
+        // backward that reads them: one without kept codes, or with the diagnostics' local
+        // reference; otherwise lb->qkv keeps the unrotated q, k, which nothing reads again.
+        c.rope = d->rope;
+        c.rotate_in_place = d->save_xt && (!keep || attn_diag(d, l) != NULL);
         d->attn_rope_fused++;
-    } else {
-        attn_mode_forward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, C, lb->lse, B, H, T, hd, keep,
-                          d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
     }
+    attn_forward(&c);
 }
 
 // Embedding and every block for the uploaded tokens (B, T); leaves x_final and hf = final norm.
@@ -594,7 +616,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
                     W(m, P_ATTN_NORM, 0), BT, C, eps);
     prof_mark(d, PH_FWD_NORM);
     // FP8 attention after RoPE (no QK-norm): the quantize pass is the RoPE pass too
-    // (attn_mode_forward_rope), one read of q, k, v instead of two
+    // (AttnCall.rope), one read of q, k, v instead of two
     const int fused_rope = d->attn_rope_fuse && !mc->qk_norm && mc->position == POS_ROPE &&
                            attn_precision_is_fp8(d->attn.precision);
     // FP8 attention on codes from the QKV projection's epilogue (qkv_gemm.h; layers below also need
@@ -612,7 +634,10 @@ static void forward_blocks(GpuModel *m, int B, int T) {
             qo.rope = mc->position == POS_ROPE ? d->rope : NULL;
             qkv_gemm_quant(&qo, h1, W(m, P_QKV, l), BT, T, C, s);                  // (BT, 3C) -> codes
             prof_mark(d, PH_FWD_LINEAR);
-            attn_mode_forward_codes(&d->attn, &lb->attn_codes, lb->o, C, lb->lse, B, H, T, hd, s);
+            AttnCall c = attn_call(m, l, B, T);
+            c.codes_ready = 1;
+            c.saved = &lb->attn_codes;
+            attn_forward(&c);
             d->qkv_epilogue_runs++;
         } else {
             lin_forward(m, P_QKV, l, lb->qkv, h1, BT, 3 * C, C);                   // (BT, 3C)
@@ -793,9 +818,11 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         if (mc->qk_norm) prof_mark(d, PH_RECOMPUTE);
         bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
         const AttnDelayedGpu dl = attn_delayed_of(d, l, 1);
-        attn_mode_backward(&d->attn, qkv, qkv + C, qkv + 2 * C, 3 * C, lb->o, d->dhf, C, lb->lse, dqkv, dqkv + C,
-                           dqkv + 2 * C, 3 * C, B, H, T, hd, lb->attn_codes.buf ? &lb->attn_codes : NULL,
-                           d->attn_delayed ? &dl : NULL, d->attn_ws, attn_diag(d, l), s);
+        AttnCall c = attn_call(m, l, B, T);
+        c.q = qkv, c.k = qkv + C, c.v = qkv + 2 * C;
+        c.saved = lb->attn_codes.buf ? &lb->attn_codes : NULL;
+        c.delayed = d->attn_delayed ? &dl : NULL;
+        attn_backward(&c);
         prof_mark(d, PH_BWD_ATTN);
         // (with delayed FP8 scales the RoPE backward writes the qkv linear's codes instead)
         if (mc->position == POS_ROPE && !rope_backward_for_linear(m, l, dqkv, B, T))

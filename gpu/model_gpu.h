@@ -221,7 +221,7 @@ void gpu_model_set_fp8_fusion(GpuModel *m, int on);
 long long gpu_model_fp8_fused_count(GpuModel *m);
 // FP8 precision.attention with RoPE and no QK-norm: on = 1 (the default, unless the environment
 // has TRAIN_GPT_ATTN_ROPE_FUSE=0) rotates q and k inside the attention's quantize pass
-// (attn_mode_forward_rope), on = 0 runs rope_forward_gpu first; the results are the same bit for
+// (AttnCall.rope), on = 0 runs rope_forward_gpu first; the results are the same bit for
 // bit (for A/B timing and tests). The count: layer forwards that ran the fused pass so far.
 void gpu_model_set_attn_rope_fusion(GpuModel *m, int on);
 long long gpu_model_attn_rope_fused_count(GpuModel *m);
