@@ -25,6 +25,7 @@ _Static_assert(sizeof(ScalingKind) == sizeof(int), "enum size");
 _Static_assert(sizeof(LinearPrecision) == sizeof(int), "enum size");
 _Static_assert(sizeof(WgradBlocks) == sizeof(int), "enum size");
 _Static_assert(sizeof(LinearScaling) == sizeof(int), "enum size");
+_Static_assert(sizeof(PrecisionRecipe) == sizeof(int), "enum size");
 
 // ---------------------------------------------------------------------------------------------
 // Enum names, indexed by the enum value, NULL-terminated.
@@ -39,6 +40,7 @@ const char *const LINEAR_NAMES[] = {"bf16", "fp8_tensor", "fp8_block", NULL};
 const char *const WGRAD_BLOCKS_NAMES[] = {"none", "activation", "gradient", NULL};
 const char *const LINEAR_SCALING_NAMES[] = {"current", "delayed", NULL};
 const char *const FAST_ACCUM_NAMES[] = {"none", "forward", "all", NULL};
+const char *const RECIPE_NAMES[] = {"none", "bf16", "fp8", NULL};
 
 int count_names(const char *const *names) {
     int n = 0;
@@ -113,6 +115,7 @@ static const KeyDef TRAIN_KEYS[] = {
     KEY(train, overlap_comm, KIND_BOOL),
 };
 static const KeyDef PRECISION_KEYS[] = {
+    KEY_ENUM(precision, recipe, RECIPE_NAMES),
     KEY_ENUM(precision, attention, ATTN_NAMES),
     KEY_ENUM(precision, attention_grad_format, GRADFMT_NAMES),
     KEY_ENUM(precision, attention_scaling, SCALING_NAMES),
@@ -544,6 +547,18 @@ int config_parse(const char *json_text, const char *name, const char *const *ove
     if (read_document(&c, json_text, file, &seen, e)) return -1;
     for (int i = 0; i < n_overrides; i++)
         if (apply_override(&c, overrides[i], file, &seen, e)) return -1;
+    // precision.recipe (the file's, or the last --set's) sets its keys before the keys given:
+    // read again over the recipe's values, so that every key given explicitly wins.
+    const PrecisionRecipe recipe = c.precision.recipe;
+    if (recipe != RECIPE_NONE) {
+        config_defaults(&c);
+        set_string_field(c.source_path, sizeof c.source_path, name ? name : "");
+        precision_recipe_apply(&c.precision, recipe);
+        memset(&seen, 0, sizeof seen);
+        if (read_document(&c, json_text, file, &seen, e)) return -1;
+        for (int i = 0; i < n_overrides; i++)
+            if (apply_override(&c, overrides[i], file, &seen, e)) return -1;
+    }
     for (int s = 0; s < N_SECTIONS; s++)
         for (int k = 0; k < SECTIONS[s].n_keys; k++)
             if (SECTIONS[s].keys[k].required && !seen.key[s][k])

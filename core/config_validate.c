@@ -110,7 +110,8 @@ static int validate_train(const Config *c, ErrBuf *e) {
 
 static int validate_precision(const Config *c, ErrBuf *e) {
     const PrecisionConfig *p = &c->precision;
-    if (check_enum(c, "precision.attention", (int)p->attention, ATTN_NAMES, e) ||
+    if (check_enum(c, "precision.recipe", (int)p->recipe, RECIPE_NAMES, e) ||
+        check_enum(c, "precision.attention", (int)p->attention, ATTN_NAMES, e) ||
         check_enum(c, "precision.attention_grad_format", (int)p->attention_grad_format, GRADFMT_NAMES, e) ||
         check_enum(c, "precision.attention_scaling", (int)p->attention_scaling, SCALING_NAMES, e) ||
         check_enum(c, "precision.linear", (int)p->linear, LINEAR_NAMES, e) ||

@@ -12,6 +12,31 @@
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------------------------------------
+// Recipes.
+
+void precision_recipe_apply(PrecisionConfig *p, PrecisionRecipe r) {
+    p->recipe = r;
+    switch (r) {
+    case RECIPE_NONE: break;
+    case RECIPE_BF16:
+        p->attention = ATTN_BF16;
+        p->linear = LINEAR_BF16;
+        break;
+    case RECIPE_FP8:
+        p->attention = ATTN_FP8_DM;
+        p->attention_scaling = SCALING_BLOCK;
+        p->attention_keep_codes = 1;
+        p->linear = LINEAR_FP8_TENSOR;
+        p->linear_scaling = LINEAR_SCALING_DELAYED;
+        p->linear_grad_format = GRADFMT_E5M2;
+        p->linear_keep_lm_head_bf16 = 0;
+        p->linear_fast_accum = FAST_ACCUM_FORWARD;
+        break;
+    default: FATAL("precision_recipe_apply: unknown recipe %d", (int)r);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Attention: options and delayed-scaling state.
 
 void attn_options_from_config(AttnOptions *opt, const PrecisionConfig *p) {

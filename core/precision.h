@@ -41,8 +41,12 @@ typedef enum { LINEAR_SCALING_CURRENT = 0, LINEAR_SCALING_DELAYED } LinearScalin
 // Which fp8_tensor GEMMs accumulate without cuBLASLt's periodic promotion to FP32 (FAST_ACCUM):
 // none, the forward only (Transformer Engine's default), or all three.
 typedef enum { FAST_ACCUM_NONE = 0, FAST_ACCUM_FORWARD, FAST_ACCUM_ALL } FastAccum;
+// precision.recipe: a named set of the keys below, applied before the config's own keys (so any
+// key given in the file or by --set still wins). "none": every key its own default.
+typedef enum { RECIPE_NONE = 0, RECIPE_BF16, RECIPE_FP8 } PrecisionRecipe;
 
 typedef struct {
+    PrecisionRecipe recipe;            // the preset applied before the keys (precision_recipe_apply)
     AttnPrecision attention;
     GradFormat attention_grad_format;
     ScalingKind attention_scaling;
@@ -60,6 +64,14 @@ typedef struct {
     int linear_amax_history;           // delayed: micro-batches of amax history per tensor
     FastAccum linear_fast_accum;       // fp8_tensor, GPU: GEMMs with fast (unpromoted) accumulation
 } PrecisionConfig;
+
+// Sets the keys recipe r names (RECIPE_NONE: none) in p, over whatever p holds:
+//   bf16  attention bf16, linears bf16: the baseline.
+//   fp8   the fastest full-FP8 combination that trains within noise of BF16 (docs/perf.md, "FP8
+//         configurations"): fp8_dm attention with kept codes (block scaling), fp8_tensor linears
+//         with delayed scaling and E5M2 output gradients, the LM head in FP8 too, the forward
+//         GEMMs with fast accumulation (Transformer Engine's default).
+void precision_recipe_apply(PrecisionConfig *p, PrecisionRecipe r);
 
 // =============================================================================================
 // Attention.

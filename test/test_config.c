@@ -276,6 +276,52 @@ static void test_overrides(void) {
           "override out of range says it came from --set", "%s", err.msg);
 }
 
+// precision.recipe: a preset under the keys the config gives, wherever they appear.
+static void test_recipes(void) {
+    int rc = parse("{" MODEL_OK ", \"precision\": {\"recipe\": \"fp8\"}}", NULL, 0);
+    const PrecisionConfig *p = &cfg.precision;
+    CHECK(rc == 0 && p->recipe == RECIPE_FP8 && p->attention == ATTN_FP8_DM && p->attention_keep_codes &&
+              p->attention_scaling == SCALING_BLOCK && p->linear == LINEAR_FP8_TENSOR &&
+              p->linear_scaling == LINEAR_SCALING_DELAYED && p->linear_grad_format == GRADFMT_E5M2 &&
+              !p->linear_keep_lm_head_bf16 && p->linear_fast_accum == FAST_ACCUM_FORWARD,
+          "recipe fp8 sets its keys", "rc %d (%s) attention %d linear %d", rc, err.msg, p->attention, p->linear);
+    // a key given in the file wins, before or after the recipe in the object
+    rc = parse("{" MODEL_OK ", \"precision\": {\"attention\": \"fp8_naive\", \"recipe\": \"fp8\", "
+               "\"linear_fast_accum\": \"none\"}}", NULL, 0);
+    CHECK(rc == 0 && p->attention == ATTN_FP8_NAIVE && p->linear_fast_accum == FAST_ACCUM_NONE &&
+              p->linear == LINEAR_FP8_TENSOR,
+          "keys in the file override the recipe", "rc %d (%s) attention %d", rc, err.msg, p->attention);
+    // --set precision.recipe applies under the file's keys too, and --set keys win over it
+    const char *ov[] = {"precision.recipe=fp8", "precision.linear_grad_format=e4m3"};
+    rc = parse("{" MODEL_OK ", \"precision\": {\"attention\": \"fp8_hybrid\"}}", ov, 2);
+    CHECK(rc == 0 && p->recipe == RECIPE_FP8 && p->attention == ATTN_FP8_HYBRID && p->linear == LINEAR_FP8_TENSOR &&
+              p->linear_grad_format == GRADFMT_E4M3,
+          "--set recipe keeps the file's keys and later --set keys", "rc %d (%s)", rc, err.msg);
+    const char *back[] = {"precision.recipe=bf16"};
+    rc = parse("{" MODEL_OK ", \"precision\": {\"recipe\": \"fp8\"}}", back, 1);
+    CHECK(rc == 0 && p->recipe == RECIPE_BF16 && p->attention == ATTN_BF16 && p->linear == LINEAR_BF16 &&
+              p->linear_scaling == LINEAR_SCALING_CURRENT && p->linear_keep_lm_head_bf16,
+          "--set recipe=bf16 replaces the file's recipe", "rc %d (%s) linear %d", rc, err.msg, p->linear);
+    rc = parse("{" MODEL_OK "}", NULL, 0);
+    CHECK(rc == 0 && p->recipe == RECIPE_NONE && p->attention == ATTN_BF16 && p->linear == LINEAR_BF16,
+          "no recipe: the keys' defaults", "rc %d", rc);
+    REJECTS("unknown recipe", "{" MODEL_OK ", \"precision\": {\"recipe\": \"fp4\"}}", "precision.recipe",
+            "\"fp8\"", "fp4");
+    // a recipe whose keys contradict a given key is still validated: fast accumulation needs fp8_tensor
+    REJECTS("recipe keys are validated with the given ones",
+            "{" MODEL_OK ", \"precision\": {\"recipe\": \"fp8\", \"linear\": \"fp8_block\"}}",
+            "precision.linear_fast_accum");
+    // the resolved config reads back to the same config
+    rc = parse("{" MODEL_OK ", \"precision\": {\"recipe\": \"fp8\", \"attention\": \"fp8_naive\"}}", NULL, 0);
+    Config first = cfg;
+    char *json = config_to_json(&first);
+    rc = parse(json, NULL, 0);
+    free(json);
+    CHECK(rc == 0 && first.precision.attention == cfg.precision.attention &&
+              memcmp(&first.precision, &cfg.precision, sizeof cfg.precision) == 0,
+          "a recipe's resolved config reads back the same", "rc %d (%s)", rc, err.msg);
+}
+
 static void test_default_dirs(void) {
     Config c;
     ErrBuf e = {{0}};
@@ -339,6 +385,7 @@ static void random_config(Config *c, int i) {
     t->recompute = rng_int(0, 1);
     t->threads = rng_int(0, 256);
     PrecisionConfig *p = &c->precision;
+    p->recipe = (PrecisionRecipe)rng_int(0, 2);
     p->attention = (AttnPrecision)rng_int(0, ATTN_N_PRECISIONS - 1);
     p->attention_grad_format = (GradFormat)rng_int(0, 1);
     p->attention_scaling = (ScalingKind)rng_int(0, 1);
@@ -408,7 +455,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 20, 17, 4, 4, 3, 3};
+    const int expected[] = {12, 4, 20, 18, 4, 4, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];
@@ -507,6 +554,7 @@ int main(void) {
     test_types();
     test_ranges();
     test_overrides();
+    test_recipes();
     test_default_dirs();
     test_random_roundtrip();
     test_files();
