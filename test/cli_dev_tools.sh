@@ -62,7 +62,7 @@ cat >"$tmp/b.txt" <<'EOF'
 |---|---|
 | copy | 0.12 |
 EOF
-python3 dev/compare_tables.py base=$tmp/a.txt new=$tmp/b.txt >"$tmp/out" 2>&1
+python3 dev/compare_tables.py "base=$tmp/a.txt" "new=$tmp/b.txt" >"$tmp/out" 2>&1
 rc=$?
 check "compare_tables: exits 0" "rc $rc: $(head -3 "$tmp/out")" [ "$rc" -eq 0 ]
 check "compare_tables: numbers side by side with the ratio to the first" "$(cat "$tmp/out")" \
@@ -73,6 +73,6 @@ check "compare_tables: a column of words is left out" "$(grep -c mode "$tmp/out"
 check "compare_tables: a table right after another is its own" "$(grep -A3 '^ms ' "$tmp/out")" \
   sh -c "grep -qx '| copy | 0.1 | 0.12 | 1.200 |' '$tmp/out' && ! grep -q '^| kernel |.*| - |' '$tmp/out'"
 printf 'no tables here\n' >"$tmp/c.txt"
-python3 dev/compare_tables.py x=$tmp/c.txt >"$tmp/out" 2>&1
+python3 dev/compare_tables.py "x=$tmp/c.txt" >"$tmp/out" 2>&1
 check "compare_tables: no table anywhere, status 1" "rc $?: $(cat "$tmp/out")" [ $? -eq 1 ]
 exit 0
