@@ -15,7 +15,7 @@ if ! command -v gcc >/dev/null 2>&1; then missing_pkgs="$missing_pkgs gcc"; fi
 if ! command -v make >/dev/null 2>&1; then missing_pkgs="$missing_pkgs make"; fi
 if ! have_cjson; then
   if [ -n "$CJSON_PREFIX" ]; then
-    echo "missing: cJSON under CJSON_PREFIX=$CJSON_PREFIX (expected $CJSON_PREFIX/include/cjson/cJSON.h; run ../shared/device/fetch-cjson.sh $CJSON_PREFIX)"
+    echo "missing: cJSON under CJSON_PREFIX=$CJSON_PREFIX (expected $CJSON_PREFIX/include/cjson/cJSON.h; bash scripts/fetch_cjson.sh $CJSON_PREFIX puts it there, run where Debian's packages are reachable)"
     status=1
   else
     missing_pkgs="$missing_pkgs libcjson-dev"
@@ -23,13 +23,17 @@ if ! have_cjson; then
 fi
 
 if [ -n "$missing_pkgs" ]; then
+  cjson_hint=""
+  case "$missing_pkgs" in
+    *libcjson-dev*) cjson_hint="; without a package mirror: bash scripts/fetch_cjson.sh elsewhere, carry .deps/cjson, make CJSON_PREFIX=.deps/cjson" ;;
+  esac
   if [ "${SETUP:-1}" != 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing$missing_pkgs with apt-get"
     (apt-get install -y -q $missing_pkgs >/dev/null 2>&1 ||
      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $missing_pkgs >/dev/null 2>&1; }) ||
-      { echo "missing:$missing_pkgs (apt-get install failed; install them by hand)"; status=1; }
+      { echo "missing:$missing_pkgs (apt-get install failed; install them by hand$cjson_hint)"; status=1; }
   else
-    echo "missing:$missing_pkgs (install with: sudo apt-get install$missing_pkgs)"
+    echo "missing:$missing_pkgs (install with: sudo apt-get install$missing_pkgs$cjson_hint)"
     status=1
   fi
 fi

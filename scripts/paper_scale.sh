@@ -32,7 +32,7 @@ mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK"
 NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 if [ "$NGPU" -lt 1 ]; then echo "paper_scale.sh: no GPU found (nvidia-smi)"; exit 2; fi
 GPUS=${GPUS:-$(for g in 1 2 8; do [ "$g" -le "$NGPU" ] && printf "%s " "$g"; done)}
-. scripts/gpu_lib.sh  # CJ
+CJ=""; [ -d .deps/cjson ] && CJ="CJSON_PREFIX=.deps/cjson"  # cJSON carried in (scripts/fetch_cjson.sh)
 make -j"$(nproc)" SETUP=0 $CJ train_gpt > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1
 DATA=()

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """ncu_summary.py: the lines of one Nsight Compute report that say where a kernel's time goes.
 
-  python3 scripts/ncu_summary.py DETAILS.csv RAW.csv SASS.csv
+  python3 dev/ncu_summary.py DETAILS.csv RAW.csv SASS.csv
 
 The three CSVs are `ncu --import R.ncu-rep --csv` with `--page details`, `--page raw` and
-`--page source --print-source sass` (scripts/gpu_fp8_attention_profile.sh writes them). Prints:
+`--page source --print-source sass` (`bash scripts/gpu.sh profile AREA` writes them). Prints:
 the headline metrics (duration, clocks, issue activity, occupancy), every pipe's utilization
 from the raw page (tensor, FMA, ALU, XU = special functions and conversions, LSU), the warp-stall
 breakdown summed over all SASS lines, the same per code region (regions = runs of lines with the
