@@ -1,7 +1,7 @@
 #!/bin/bash
-# paper_scale.sh: the paper-scale measurements (issue "Paper-scale runs on eight GPUs") on the
-# GPUs of one node: for each config (paper_569m, paper_1p67b, paper_5p29b) and each precision
-# (bf16: attention and linears BF16; fp8: attention fp8_dm, linears fp8_block), on 1, 2 and 8
+# paper_scale.sh: the paper-scale measurements on the GPUs of one node: for each config
+# (paper_569m, paper_1p67b, paper_5p29b) and each precision recipe (precision.recipe: bf16, the
+# baseline; fp8, fp8_dm attention with FP8 linears and LM head, docs/config.md), on 1, 2 and 8
 # GPUs (those the node has), plain data parallelism and ZeRO-1: tokens/s, MFU, the per-GPU
 # memory plan and the peak memory nvidia-smi saw, and the scaling efficiency against one GPU.
 # Then a costed plan for the full reproduction (scripts/paper_scale_plan.py): tokens per model
@@ -38,11 +38,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 DATA=()
 ls data/corpus/*/train_*.bin >/dev/null 2>&1 || DATA=(--set "data.train=data/austen/train_*.bin" --set "data.val=data/austen/val_*.bin")
 
-mode_sets() {  # the --set options of a precision
-  case $1 in
-    bf16) echo "--set precision.attention=bf16 --set precision.linear=bf16" ;;
-    fp8) echo "--set precision.attention=fp8_dm --set precision.linear=fp8_block" ;;
-  esac
+mode_sets() {  # the --set options of a precision: its recipe
+  echo "--set precision.recipe=$1"
 }
 
 # run NAME NGPUS ZERO1 STEPS CONFIG MODE: one training run; prints its line of runs.tsv
