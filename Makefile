@@ -5,6 +5,8 @@
 #   make test         build and run every test (GPU tests run only where a GPU is present)
 #   make bench        build the CPU benchmarks into build/bench/
 #
+# GPU checks and benchmarks: bash scripts/gpu.sh check|bench|profile AREA (docs/gpu.md).
+#
 # Variables you may set:
 #   CUDA_HOME=/usr/local/cuda       toolkit location
 #   GPU_ARCH="-gencode arch=compute_90a,code=sm_90a"   device code target (Hopper by default)
@@ -94,18 +96,18 @@ $(BUILD)/tests/%: test/%.cu $(LIB) $(HEADERS) test/test.h | $(BUILD)/tests
 	$(NVCC) $(NVFLAGS) -Itest -c $< -o $@.o
 	$(CC) $@.o $(LIB) $(LDLIBS) -lstdc++ -o $@ && rm -f $@.o
 
-# CPU benchmarks (GPU benchmarks are built on the GPU machine by scripts/gpu_*_check.sh).
+# CPU benchmarks (the GPU ones are built on a GPU machine by scripts/gpu.sh bench AREA).
 BENCH_C  := $(wildcard dev/bench/bench_*.c)
 bench: $(BENCH_C:dev/bench/%.c=$(BUILD)/bench/%)
 $(BUILD)/bench/%: dev/bench/%.c $(LIB) $(HEADERS) | $(BUILD)/bench
 	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -lstdc++ -o $@
 
-# GPU benchmarks that link the library (bench_fp8_quant); built on the GPU machine by its script.
+# GPU benchmarks that link the library (make build/bench/bench_qkv_gemm, ...; scripts/gpu.sh).
 $(BUILD)/bench/%: dev/bench/%.cu $(LIB) $(HEADERS) | $(BUILD)/bench
 	$(NVCC) $(NVFLAGS) -c $< -o $@.o
 	$(CC) $@.o $(LIB) $(LDLIBS) -lstdc++ -o $@ && rm -f $@.o
 
-# The flags, for scripts that compile variants of one file (scripts/gpu_fp8_quant_sweep.sh).
+# The flags, for scripts that compile kernels outside the library (scripts/gpu.sh).
 print-nvflags:
 	@echo $(NVFLAGS)
 print-ldlibs:
