@@ -133,6 +133,9 @@ static const KeyDef PRECISION_KEYS[] = {
     KEY_ENUM(precision, linear_scaling, LINEAR_SCALING_NAMES),
     KEY(precision, linear_amax_history, KIND_INT),
     KEY_ENUM(precision, linear_fast_accum, FAST_ACCUM_NAMES),
+    KEY(precision, fuse_fp8_producers, KIND_BOOL),
+    KEY(precision, fuse_attention_rope, KIND_BOOL),
+    KEY(precision, fuse_qkv_epilogue, KIND_BOOL),
 };
 static const KeyDef EVAL_KEYS[] = {
     KEY(eval, interval, KIND_INT), KEY(eval, batches, KIND_INT),
@@ -236,6 +239,9 @@ void config_defaults(Config *c) {
     p->linear_scaling = LINEAR_SCALING_CURRENT;
     p->linear_amax_history = 16;
     p->linear_fast_accum = FAST_ACCUM_NONE;
+    p->fuse_fp8_producers = 1;
+    p->fuse_attention_rope = 1;
+    p->fuse_qkv_epilogue = 1;
     c->eval.interval = 100;
     c->eval.batches = 10;
     c->eval.sample_interval = 0;

@@ -23,7 +23,8 @@
 //                 "gradient": fp8_block's wgrad operand in 128x128 blocks), linear_scaling
 //                 ("current" | "delayed": fp8_tensor's scales from an amax history),
 //                 linear_amax_history (16), linear_fast_accum ("none" | "forward" | "all":
-//                 fp8_tensor GEMMs without FP32 promotion, GPU only)
+//                 fp8_tensor GEMMs without FP32 promotion, GPU only), fuse_fp8_producers,
+//                 fuse_attention_rope, fuse_qkv_epilogue (true: GPU fusions, off to measure them)
 //   eval          interval (steps; 0 = only at the end), batches, sample_interval (0 = off),
 //                 sample_tokens
 //   checkpoint    dir ("" = <log.dir>/checkpoints), interval (steps; 0 = only at the end),

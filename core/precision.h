@@ -63,6 +63,10 @@ typedef struct {
     LinearScaling linear_scaling;      // fp8_tensor: current or delayed scales for x and dy
     int linear_amax_history;           // delayed: micro-batches of amax history per tensor
     FastAccum linear_fast_accum;       // fp8_tensor, GPU: GEMMs with fast (unpromoted) accumulation
+    // GPU fusions (on by default; off to measure them): the same results either way
+    int fuse_fp8_producers;            // FP8 linears: RMSNorm / SwiGLU kernels quantize (or take the amax of) their output
+    int fuse_attention_rope;           // FP8 attention: RoPE inside the quantize pass
+    int fuse_qkv_epilogue;             // FP8 attention: the QKV GEMM's epilogue writes the Q, K, V codes
 } PrecisionConfig;
 
 // Sets the keys recipe r names (RECIPE_NONE: none) in p, over whatever p holds:

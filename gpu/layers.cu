@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>  // kernel launches
 #include <math.h>          // INFINITY, NAN
 #include <stdint.h>        // int32_t, uintptr_t
-#include <stdlib.h>        // getenv, atoi (CE_SCALAR)
 #include <type_traits>     // std::integral_constant (the chunk count of the vectorized row kernels)
 
 #include "core/common.h"          // FATAL
@@ -967,13 +966,11 @@ extern "C" void cross_entropy_gpu(uint16_t *logits, float *loss, const int32_t *
     if (V <= 0 || V > Vp) FATAL("cross-entropy over %d real of %d columns (hint: need 0 < V <= Vp)", V, Vp);
     if (N == 0) return;
     // chunks per thread of the vectorized kernel; 13 covers the GPT-2 vocabulary (Vp 50304: 12.3)
-    // within 64 registers, two blocks per SM. CE_SCALAR=1 (read once) keeps the scalar kernel, for
-    // timing comparisons.
-    static int scalar = -1;
-    if (scalar < 0) scalar = getenv("CE_SCALAR") && atoi(getenv("CE_SCALAR")) == 1;
+    // within 64 registers, two blocks per SM. Rows it cannot hold (Vp % 8, unaligned, Vp > 65536)
+    // take the scalar kernel.
     bf16 *lg = (bf16 *)logits;
     const int nv = ce_vec_chunks(Vp, logits);
-    if (nv == 0 || scalar) {
+    if (nv == 0) {
         cross_entropy_kernel<<<N, CE_BLOCK, 0, stream>>>(lg, loss, targets, V, Vp, grad_scale);
         CUDA_CHECK_LAUNCH();
         return;

@@ -23,7 +23,6 @@
 #include <cuda_bf16.h>     // __nv_bfloat16
 #include <cuda_runtime.h>  // launches
 #include <stdint.h>        // uintptr_t
-#include <stdlib.h>        // getenv (the pair kernel's timing knob)
 
 #include "core/common.h"        // FATAL
 #include "gpu/cuda_check.h"     // CUDA_CHECK_LAUNCH
@@ -35,37 +34,15 @@ typedef __nv_bfloat16 bf16;
 
 #define G FQ_G          // 128
 #define TILE_THREADS FQ_NT  // every tile kernel: a CTA per 128 x 128 output tile
-// Rows whose loads a thread has in flight together (vec128_tile's BATCH), and the CTAs per SM the
-// tile kernels are compiled for (__launch_bounds__' second argument: it caps their registers).
-// Chosen with scripts/gpu_fp8_quant_sweep.sh (docs/perf.md); -D overrides them for the sweep.
-#ifndef NORM_TILE_BATCH
-#define NORM_TILE_BATCH 8
-#endif
-#ifndef SWIGLU_BATCH
-#define SWIGLU_BATCH 8
-#endif
-#ifndef SWIGLU_BWD_BATCH
-#define SWIGLU_BWD_BATCH 4
-#endif
-#ifndef SWIGLU_BWD_PAIR_BATCH
-#define SWIGLU_BWD_PAIR_BATCH 4
-#endif
-#ifndef LAYERS_FP8_MIN_CTAS
-#define LAYERS_FP8_MIN_CTAS 3
-#endif
-// The per-tensor instances (tensor_tile: no BF16 tile kept in registers or shared memory) may
-// want other values: their own knobs, the 1x128 ones unless set (the pair and RoPE kernels are
-// per tensor only).
-#ifndef NORM_TILE_TENSOR_BATCH
-#define NORM_TILE_TENSOR_BATCH NORM_TILE_BATCH
-#endif
-#ifndef SWIGLU_TENSOR_BATCH
-#define SWIGLU_TENSOR_BATCH SWIGLU_BATCH
-#endif
-#ifndef LAYERS_FP8_TENSOR_MIN_CTAS
-#define LAYERS_FP8_TENSOR_MIN_CTAS LAYERS_FP8_MIN_CTAS
-#endif
-#define TILE_MIN_CTAS(tensor) ((tensor) ? LAYERS_FP8_TENSOR_MIN_CTAS : LAYERS_FP8_MIN_CTAS)
+// Rows whose loads a thread has in flight together (vec128_tile's and tensor_tile's BATCH), and
+// the CTAs per SM every tile kernel is compiled for (__launch_bounds__' second argument: it caps
+// their registers). Timed at paper_569m's shapes with bench_fp8_quant (docs/perf.md):
+constexpr int NORM_TILE_BATCH = 8;        // 8 rows of 2 loads (source, gains)
+constexpr int SWIGLU_BATCH = 8;           // 8 rows of 2 loads (gate, up)
+constexpr int SWIGLU_BWD_BATCH = 4;       // 3 loads a row (gate, up, dout): 12 words a row in flight
+constexpr int SWIGLU_BWD_PAIR_BATCH = 4;  // the pair kernel: 8 rows spill and are slower
+constexpr int ROPE_BWD_BATCH = 1;         // its (cos, sin) loads come with each row: 2 rows are slower
+constexpr int TILE_MIN_CTAS = 3;          // 4 makes the fused SwiGLU slower
 
 // Eight BF16 (w) to dst at columns [c, c + 8) of a group with nc valid columns: one 16-byte store
 // when allowed, else element by element.
@@ -119,7 +96,7 @@ static __device__ __forceinline__ void tile_dispatch(typename TileSmem<TENSOR>::
 // Tiles: y = src * rstd * g of the tile (src the residual the row kernel stored, or x), stored
 // when y is not NULL, and quantized both ways.
 template <Fp8Format FMT, bool TENSOR>
-__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS)
     rmsnorm_tile_fp8_kernel(uint16_t *y, const float *rstd, const uint16_t *src, const uint16_t *g, int N, int C,
                             bool vec, uint8_t *q, float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block,
                             Fp8TensorScale ts) {
@@ -127,7 +104,7 @@ __global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
     const int r0 = blockIdx.y * G, c0 = blockIdx.x * G;
     const int nr = min(G, N - r0), nc = min(G, C - c0);
     typedef Bf16x8Loads<2> In;  // v[0] the source, v[1] the gains, f the row's rstd
-    tile_dispatch<FMT, TENSOR ? NORM_TILE_TENSOR_BATCH : NORM_TILE_BATCH, In, TENSOR>(
+    tile_dispatch<FMT, NORM_TILE_BATCH, In, TENSOR>(
         sm, r0, c0, nr, nc, N, C, q, q_scales, qt, qt_scales, qt_block, ts,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
@@ -150,7 +127,7 @@ __global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
 // --- SwiGLU forward ------------------------------------------------------------------------------
 // CTA = output tile (rows blockIdx.y * 128.., columns blockIdx.x * 128.. of out (N, F)).
 template <Fp8Format FMT, bool TENSOR>
-__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS)
     swiglu_fp8_kernel(uint16_t *out, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales, uint8_t *qt,
                       float *qt_scales, bool qt_block, Fp8TensorScale ts) {
     __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
@@ -158,7 +135,7 @@ __global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
     const int nr = min(G, N - r0), nc = min(G, F - c0);
     const bool vec = F % 8 == 0 && aligned16(fc) && (!out || aligned16(out));
     typedef Bf16x8Loads<2> In;  // v[0] the gate, v[1] the up
-    tile_dispatch<FMT, TENSOR ? SWIGLU_TENSOR_BATCH : SWIGLU_BATCH, In, TENSOR>(
+    tile_dispatch<FMT, SWIGLU_BATCH, In, TENSOR>(
         sm, r0, c0, nr, nc, N, F, q, q_scales, qt, qt_scales, qt_block, ts,
         [&](auto full, int r, int c, In &in) {
             constexpr bool FULL = decltype(full)::value;
@@ -183,7 +160,7 @@ __global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
 // consecutive gate, up and dout values. Grid x walks the 2F columns, so the gate tile and the up
 // tile of the same inputs run close together and the second read of fc and dout hits L2.
 template <Fp8Format FMT, bool TENSOR>
-__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS)
     swiglu_bwd_fp8_kernel(uint16_t *dfc, const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q,
                           float *q_scales, uint8_t *qt, float *qt_scales, bool qt_block, Fp8TensorScale ts) {
     __shared__ __align__(16) typename TileSmem<TENSOR>::type sm;
@@ -224,10 +201,10 @@ __global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS(TENSOR))
 // fc and dout for each of the two tiles). Each gradient's codes are made at once from the
 // thread's registers, as tensor_tile makes them (the same values, scale and codes): stored to
 // Q(dfc) and to one CodeTile per tile, whose transposes are Q(dfc^T) (emit_qt_codes).
-// SWIGLU_BWD_PAIR_BATCH rows of loads in flight. Grid (F / 128, ceil(N / 128)). (A 1x128 version,
-// which must also carry both tiles' amaxes, was slower: tag record/swiglu-bwd-pair.)
+// SWIGLU_BWD_PAIR_BATCH rows of loads in flight. Grid (F / 128, ceil(N / 128)). Per tensor only:
+// a 1x128 pair must also carry both tiles' amaxes, which costs more than the second read it saves.
 template <Fp8Format FMT>
-__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS)
     swiglu_bwd_pair_tensor_kernel(const uint16_t *dout, const uint16_t *fc, int N, int F, uint8_t *q, float *q_scales,
                                   uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
     __shared__ __align__(16) CodeTile cg, cu;  // the gate's codes, the up's
@@ -299,18 +276,15 @@ __global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
 // from L1), and the (cos, sin) of its 8 pairs at the row's position, all in load() so that they
 // are in flight with the batch's other rows (in make() each row would wait for its table
 // entries in turn). The BF16 result is not written: the qkv linear's GEMMs read only the codes.
-// One row per batch: with the table loads in load(), batch 1 took 0.119 ms and batch 2 0.128 ms
-// (paper_569m's dqkv, one H200; stop 20's kernel, (cos, sin) loaded in make(), 0.123 ms).
-#ifndef ROPE_BWD_BATCH
-#define ROPE_BWD_BATCH 1
-#endif
+// One row per batch (ROPE_BWD_BATCH): with the table loads in load(), batch 1 took 0.119 ms and
+// batch 2 0.128 ms (paper_569m's dqkv, one H200).
 struct RopeLoads {
     uint32_t v[2][4];  // the column's own 8 BF16, its partners' 8
     float4 cs[4];      // (cos, sin) of pairs j0 + 2k and j0 + 2k + 1
     float f;           // (unused: the tile body's Raw interface)
 };
 template <Fp8Format FMT>
-__global__ void __launch_bounds__(TILE_THREADS, LAYERS_FP8_TENSOR_MIN_CTAS)
+__global__ void __launch_bounds__(TILE_THREADS, TILE_MIN_CTAS)
     rope_bwd_fp8_kernel(const uint16_t *dqkv, const float *cos_sin, int N, int T, int C, int hd, uint8_t *q,
                         float *q_scales, uint8_t *qt, float *qt_scales, Fp8TensorScale ts) {
     __shared__ __align__(16) CodeTile sm;
@@ -445,9 +419,8 @@ extern "C" void swiglu_backward_fp8_gpu(uint16_t *dfc, const uint16_t *dout, con
                                         cudaStream_t stream) {
     const bool tensor = check_operands("swiglu_backward_fp8_gpu", q, qt, N, 2 * F, ts);
     // per tensor, whole 128-column tiles, the BF16 output not asked for: one CTA per gate + up
-    // pair of tiles (SWIGLU_BWD_PAIR=0 in the environment: the one-tile kernel, a timing knob)
-    static const char *pair_env = getenv("SWIGLU_BWD_PAIR");
-    if (tensor && F % G == 0 && !dfc && ((uintptr_t)q->codes & 7) == 0 && !(pair_env && pair_env[0] == '0')) {
+    // pair of tiles; other shapes take one tile per CTA
+    if (tensor && F % G == 0 && !dfc && ((uintptr_t)q->codes & 7) == 0) {
         const dim3 grid((unsigned)(F / G), (unsigned)((N + G - 1) / G));
         LAUNCH_BY_FMT(q->fmt, swiglu_bwd_pair_tensor_kernel, grid, TILE_THREADS, stream, dout, fc, N, F, q->codes, q->scales,
                           qt ? qt->codes : NULL, qt ? qt->scales : NULL, *ts);

@@ -289,12 +289,10 @@ __global__ void __launch_bounds__(THREADS)
 // (row c of x^T, token slice blockIdx.y), so one read of x gives both (vec128_kernel +
 // vec128t_kernel read it twice). Same amax, scales and codes as those two; counts of Q(x) only
 // (each element once per call).
-#ifndef VEC128_BATCH  // rows of a thread whose loads are in flight together (gpu_fp8_quant_sweep.sh)
-#define VEC128_BATCH 8
-#endif
-#ifndef VEC128_MIN_CTAS  // CTAs per SM it is compiled for
-#define VEC128_MIN_CTAS 4
-#endif
+// Rows of a thread whose loads are in flight together, and the CTAs per SM the tile kernels are
+// compiled for (their registers capped to fit), timed with bench_fp8_quant (docs/perf.md).
+constexpr int VEC128_BATCH = 8;     // one load a row: 8 rows in flight
+constexpr int VEC128_MIN_CTAS = 4;  // a 128 x 128 tile per CTA, 4 resident
 // vec128_tile's producer when the tile is read from a BF16 x (rows, cols) as it is: the tile of
 // this CTA (block (blockIdx.y, blockIdx.x), nr x nc valid), the loads of its row r, columns
 // c .. c + 7, and the values unchanged (XTileCopy).
@@ -331,11 +329,8 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
 // amax *amax (from the amax pass or x's producer); block (0, 0) writes both operands' scales
 // (tensor_tile). The same codes as tile128_kernel with tensor_amax, made in registers
 // (fp8_quant.cuh's tensor_tile: Q(x^T) is the transpose of Q(x)'s codes) instead of from
-// tile128_kernel's shared-memory staging of the BF16 tile. TENSOR_TILE_VEC 0 selects
-// tile128_kernel again (a timing knob).
-#ifndef TENSOR_TILE_VEC
-#define TENSOR_TILE_VEC 1
-#endif
+// tile128_kernel's shared-memory staging of the BF16 tile (0.198 against 0.220 ms for paper_569m's
+// (N, 2F), docs/perf.md).
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     tensor_both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,
@@ -420,13 +415,13 @@ static void quantize(const Fp8Operand *q, const Fp8Operand *qt, const uint16_t *
             amax = any->scales + 1;
             fp8_amax_gpu(any->scales + 1, x, n, stream);
         }
-        if (observe && (!q || !qt || !TENSOR_TILE_VEC)) {  // only tensor_both_kernel observes as it goes
+        if (observe && (!q || !qt)) {  // only tensor_both_kernel observes as it goes
             amax_pass(x, n, observe, stream);
             observe = NULL;
         }
         if (!qt) {
             LAUNCH_FMT(fmt, cast_tensor_kernel, (unsigned)(blocks < 4096 ? blocks : 4096), qc, x, n, qs, amax, counts);
-        } else if (q && TENSOR_TILE_VEC) {
+        } else if (q) {
             LAUNCH_FMT(fmt, tensor_both_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, observe, counts);
         } else {
             LAUNCH_FMT(fmt, tile128_kernel, tiles, x, rows, cols, qc, qs, qtc, qts, amax, counts);

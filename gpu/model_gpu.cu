@@ -65,8 +65,8 @@
 
 #include <cuda_runtime.h>  // cudaMalloc, streams, copies
 #include <math.h>          // sqrt for the norm
-#include <stdlib.h>        // free, getenv
-#include <string.h>        // memset, memcpy, strcmp
+#include <stdlib.h>        // free
+#include <string.h>        // memset, memcpy
 
 #include "gpu/adamw_gpu.h"          // adamw_update_gpu
 #include "attention_fp8.h"          // attn_forward/attn_backward: attention in precision.attention
@@ -291,12 +291,14 @@ static void dev_free_host(Dev *d) {
 // Whether this config's attention, at micro-batch B x T, can take its Q, K, V codes from the QKV
 // projection's epilogue (qkv_gemm.h): a mode whose forward and backward read only those codes
 // (attn_mode_codes_upstream), kept codes, RoPE or no positions but no QK-norm, and the GEMM's
-// shapes. Per layer and forward the model also needs a BF16 linear, a training forward and no probe.
-static int qkv_epilogue_fits(const Config *c, const AttnOptions *attn, int B, int T) {
+// shapes (else *why, when given, says which shape the GEMM refuses). Per layer and forward the model
+// also needs a BF16 linear, a training forward and no probe.
+static int qkv_epilogue_fits(const Config *c, const AttnOptions *attn, int B, int T, const char **why) {
     const ModelConfig *mc = &c->model;
+    if (why) *why = NULL;
     return c->precision.attention_keep_codes && !mc->qk_norm && (mc->position == POS_ROPE || mc->position == POS_NONE) &&
            attn_mode_codes_upstream(attn, mc->head_dim, T) &&
-           qkv_gemm_quant_supported(B * T, T, mc->d_model, mc->head_dim, NULL) == 0;
+           qkv_gemm_quant_supported(B * T, T, mc->d_model, mc->head_dim, why) == 0;
 }
 
 int gpu_model_init(GpuModel *m, const Config *c, int B, int T, unsigned long long seed,
@@ -369,25 +371,23 @@ int gpu_model_init_sharded(GpuModel *m, const Config *c, int B, int T, unsigned 
     if (memcmp(&again, &m->plan, sizeof again)) FATAL("model_gpu: the plan changed between sizing and carving");
     CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
     d->w8_dirty = 1;
-    {  // fp8_block: producers write the codes, unless TRAIN_GPT_FP8_FUSE=0 (A/B timing)
-        const char *env = getenv("TRAIN_GPT_FP8_FUSE");
-        d->fp8_fuse = !(env && strcmp(env, "0") == 0);
-        // FP8 attention: RoPE inside the quantize pass, unless TRAIN_GPT_ATTN_ROPE_FUSE=0 (A/B timing)
-        env = getenv("TRAIN_GPT_ATTN_ROPE_FUSE");
-        d->attn_rope_fuse = !(env && strcmp(env, "0") == 0);
-        // FP8 attention: the QKV projection's epilogue writes the codes, unless TRAIN_GPT_QKV_EPILOGUE=0
-        env = getenv("TRAIN_GPT_QKV_EPILOGUE");
-        d->qkv_epilogue = !(env && strcmp(env, "0") == 0);
-    }
+    d->fp8_fuse = c->precision.fuse_fp8_producers;
+    d->attn_rope_fuse = c->precision.fuse_attention_rope;
+    d->qkv_epilogue = c->precision.fuse_qkv_epilogue;
     matmul_gpu_init();
     if (c->precision.linear != LINEAR_BF16) linear_fp8_gpu_init();
     d->host_losses = (float *)xcalloc((size_t)B * T, sizeof(float));
     d->host_logits = (bf16 *)xcalloc((size_t)c->model.padded_vocab_size, sizeof(bf16));
     attn_options_from_config(&d->attn, &c->precision);
     m->priv = d;
-    if (plan_out && d->qkv_epilogue && qkv_epilogue_fits(c, &d->attn, B, T))
-        fprintf(plan_out, "FP8 attention: Q, K, V codes from the QKV projection's epilogue (qkv_gemm.h) in layers with "
-                          "BF16 linears; TRAIN_GPT_QKV_EPILOGUE=0 for cuBLASLt and the quantize pass\n");
+    if (plan_out && d->qkv_epilogue) {
+        const char *why;
+        if (qkv_epilogue_fits(c, &d->attn, B, T, &why))
+            fprintf(plan_out, "FP8 attention: Q, K, V codes from the QKV projection's epilogue (qkv_gemm.h) in layers "
+                              "with BF16 linears; precision.fuse_qkv_epilogue=false for cuBLASLt and the quantize pass\n");
+        else if (why)
+            fprintf(plan_out, "FP8 attention: cuBLASLt's QKV projection and the quantize pass (%s)\n", why);
+    }
 
     // parameters: host init (the same values as the CPU backend), then FP32 masters + BF16 copy
     float *host = (float *)xmalloc(sizeof(float) * P);
@@ -621,7 +621,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
                            attn_precision_is_fp8(d->attn.precision);
     // FP8 attention on codes from the QKV projection's epilogue (qkv_gemm.h; layers below also need
     // kept codes, BF16 linears and no probe this forward)
-    const int epi_shape = d->qkv_epilogue && d->save_xt && qkv_epilogue_fits(&m->cfg, &d->attn, B, T);
+    const int epi_shape = d->qkv_epilogue && d->save_xt && qkv_epilogue_fits(&m->cfg, &d->attn, B, T, NULL);
     for (int l = 0; l < L; l++) {
         LayerBufs *lb = &d->L[l];
         bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
@@ -963,15 +963,7 @@ uint16_t *gpu_model_weights_device(GpuModel *m) {  // the caller may write them:
     return dev_of(m)->w;
 }
 long long gpu_model_fp8_weight_refreshes(GpuModel *m) { return dev_of(m)->fp8_weight_refreshes; }
-void gpu_model_set_fp8_fusion(GpuModel *m, int on) {
-    Dev *d = dev_of(m);
-    d->fp8_fuse = on ? 1 : 0;
-    d->x_in_slot0 = d->dy_in_slot0 = d->dyt_in_slot1 = NULL;  // codes in the slots are not to be reused
-    d->amax_of[0] = d->amax_of[1] = NULL;                     // nor amaxes taken before
-}
 long long gpu_model_fp8_fused_count(GpuModel *m) { return dev_of(m)->fp8_fused; }
-void gpu_model_set_attn_rope_fusion(GpuModel *m, int on) { dev_of(m)->attn_rope_fuse = on ? 1 : 0; }
-void gpu_model_set_qkv_epilogue(GpuModel *m, int on) { dev_of(m)->qkv_epilogue = on ? 1 : 0; }
 long long gpu_model_qkv_epilogue_count(GpuModel *m) { return dev_of(m)->qkv_epilogue_runs; }
 long long gpu_model_attn_rope_fused_count(GpuModel *m) { return dev_of(m)->attn_rope_fused; }
 void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v) {

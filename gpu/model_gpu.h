@@ -29,7 +29,7 @@
 // that produce a linear's input (RMSNorm, SwiGLU) or output gradient (the SwiGLU backward) write
 // its FP8 codes themselves (layers_fp8.h; same codes); with fp8_tensor those kernels and the
 // RMSNorm backwards (the residual gradient) take their output's amax, so its quantization has no
-// amax pass of its own (same codes); gpu_model_set_fp8_fusion turns both off.
+// amax pass of its own (same codes); precision.fuse_fp8_producers = false turns both off.
 // train.recompute: the attention/MLP RMSNorm outputs and the SwiGLU output are not kept per
 // layer but recomputed in the backward from the saved residuals (one norm or SwiGLU kernel
 // each), which saves 2*(2C + F) bytes per token and layer.
@@ -207,35 +207,25 @@ long long gpu_model_fp8_gemm_count(GpuModel *m);
 // Quantizations of an FP8 linear's weight into Q(W) and Q(W^T) so far (one per FP8 linear per
 // forward that follows a change of the BF16 weights; for tests).
 long long gpu_model_fp8_weight_refreshes(GpuModel *m);
-// fp8_block: on = 1 (the default, unless the environment has TRAIN_GPT_FP8_FUSE=0) lets the
-// RMSNorm and SwiGLU forward kernels write the codes of the next linear's input x, and the SwiGLU
-// backward those of the MLP-in linear's dy, instead of a separate quantization pass; on = 0 runs
-// the separate passes. fp8_tensor: on = 1 lets those kernels and the RMSNorm backwards take their
-// output's amax for its quantization, on = 0 runs the amax passes. The codes are the same either
-// way (for A/B timing and tests).
-void gpu_model_set_fp8_fusion(GpuModel *m, int on);
-// Producer kernels that wrote FP8 codes so far (layers_fp8.h): per fp8_block block 3 per forward
-// (the two RMSNorms feeding qkv and MLP-in, SwiGLU feeding MLP-out) and 1 per backward; per
-// fp8_tensor block, those that took an amax: the same 3 per forward and 3 per backward (the
-// SwiGLU backward and the two RMSNorm backwards feeding the output projections). For tests.
+// The fusions (docs/config.md; the same codes with or without each) and how often they ran, for
+// tests.
+// precision.fuse_fp8_producers: producer kernels that wrote FP8 codes so far (layers_fp8.h): per
+// fp8_block block 3 per forward (the two RMSNorms feeding qkv and MLP-in, SwiGLU feeding MLP-out)
+// and 1 per backward; per fp8_tensor block, those that took an amax: the same 3 per forward and 3
+// per backward (the SwiGLU backward and the two RMSNorm backwards feeding the output projections).
 long long gpu_model_fp8_fused_count(GpuModel *m);
-// FP8 precision.attention with RoPE and no QK-norm: on = 1 (the default, unless the environment
-// has TRAIN_GPT_ATTN_ROPE_FUSE=0) rotates q and k inside the attention's quantize pass
-// (AttnCall.rope), on = 0 runs rope_forward_gpu first; the results are the same bit for
-// bit (for A/B timing and tests). The count: layer forwards that ran the fused pass so far.
-void gpu_model_set_attn_rope_fusion(GpuModel *m, int on);
+// precision.fuse_attention_rope (FP8 attention with RoPE and no QK-norm: q and k rotated inside the
+// attention's quantize pass, AttnCall.rope): layer forwards that ran the fused pass so far.
 long long gpu_model_attn_rope_fused_count(GpuModel *m);
-// FP8 precision.attention whose forward keeps its codes for the backward (fp8_naive, fp8_dm,
-// fp8_dm_approx with block scaling and precision.attention_keep_codes), BF16 linears, head dim
-// 128, no QK-norm, seq_len a multiple of 128: on = 1 (the default, unless the environment has
-// TRAIN_GPT_QKV_EPILOGUE=0) runs the QKV projection as qkv_gemm_quant (qkv_gemm.h), whose epilogue
-// rotates q, k and writes the Q, K, V codes the attention reads, instead of cuBLASLt's BF16 qkv and
-// the attention's quantize pass; on = 0 always takes the BF16 GEMM. The same bits wherever the
-// two GEMMs' sums agree (on the H200 in every shape measured, qkv_gemm.h; test_model_gpu_fp8 also
-// bounds the difference, should a GEMM sum in another order). Training forwards with a diagnostics
-// probe on the layer, and evaluation forwards (no codes kept), take the BF16 GEMM. The count: layer
-// forwards that ran the epilogue.
-void gpu_model_set_qkv_epilogue(GpuModel *m, int on);
+// precision.fuse_qkv_epilogue: FP8 precision.attention whose forward keeps its codes for the
+// backward (fp8_naive, fp8_dm, fp8_dm_approx with block scaling and precision.attention_keep_codes),
+// BF16 linears, no QK-norm and the shapes qkv_gemm_quant_supported takes run the QKV projection as
+// qkv_gemm_quant (qkv_gemm.h), whose epilogue rotates q, k and writes the Q, K, V codes the
+// attention reads, instead of cuBLASLt's BF16 qkv and the attention's quantize pass. The same bits
+// wherever the two GEMMs' sums agree (on the H200 in every shape measured, qkv_gemm.h;
+// test_model_gpu_fp8 also bounds the difference, should a GEMM sum in another order). Training
+// forwards with a diagnostics probe on the layer, and evaluation forwards (no codes kept), take the
+// BF16 GEMM. The count: layer forwards that ran the epilogue.
 long long gpu_model_qkv_epilogue_count(GpuModel *m);
 
 #ifdef __cplusplus

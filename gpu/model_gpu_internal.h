@@ -99,11 +99,11 @@ typedef struct {
     const bf16 *amax_of[2];
     int amax_rows[2], amax_cols[2];
     int fp8_fuse;                    // fp8_block: producers write the codes; fp8_tensor: they take
-                                     //   the amax (gpu_model_set_fp8_fusion)
+                                     //   the amax (precision.fuse_fp8_producers)
     long long fp8_fused;             // producer kernels that wrote codes (for tests)
-    int attn_rope_fuse;              // FP8 attention: RoPE inside its quantize pass (gpu_model_set_attn_rope_fusion)
+    int attn_rope_fuse;              // FP8 attention: RoPE inside its quantize pass (precision.fuse_attention_rope)
     long long attn_rope_fused;       // forwards of a layer that ran it so (for tests)
-    int qkv_epilogue;                // FP8 attention: the QKV projection writes Q, K, V codes (gpu_model_set_qkv_epilogue)
+    int qkv_epilogue;                // FP8 attention: the QKV projection writes Q, K, V codes (precision.fuse_qkv_epilogue)
     long long qkv_epilogue_runs;     // layer forwards that ran it so (for tests)
     long long fp8_gemms;             // FP8 GEMMs run so far (for tests)
     long long fp8_weight_refreshes;  // weight quantization passes (each FP8 linear's W and W^T)

@@ -18,9 +18,12 @@
 // same HGMMA k-steps in K order into FP32), which is observed, not promised: a cuBLASLt that split
 // K or reordered its steps would differ in the last bits.
 //
-// Shapes: M, N multiples of 128, K a multiple of 64; x and W contiguous rows, 16-byte aligned.
-// The quantizing form: N = 3 C, C a multiple of 128 (head dim 128), M = B T with T a multiple
-// of 128. Checked; FATAL on violation (qkv_gemm_quant_supported says beforehand).
+// Shapes: M, N multiples of 256 (a CTA's tile is two heads wide, and the CTAs of a cluster of two
+// take neighbouring 128-token blocks), K a multiple of 64; x and W contiguous rows, 16-byte
+// aligned. The quantizing form: N = 3 C, head dim 128 with an even number of heads, M = B T with T
+// a multiple of 128 and an even number of 128-token blocks in all. Checked; FATAL on violation
+// (qkv_gemm_quant_supported says beforehand). Other shapes take cuBLASLt and the attention's
+// quantize pass (the model's choice, model_gpu.cu): the same codes.
 #ifndef QKV_GEMM_H
 #define QKV_GEMM_H
 
@@ -44,10 +47,10 @@ typedef struct {
 // else -1 with a one-line reason in why (may be NULL).
 int qkv_gemm_quant_supported(int M, int T, int C, int d, const char **why);
 
-// y (M, N) BF16 = x W^T, rounded once from FP32; with rope (T, 64, 2) (then N = 3 C, M a multiple
-// of T) the columns of q and k are rotated as rope_forward_gpu rotates them. The GEMM of
-// qkv_gemm_quant with a BF16 epilogue: the tests' reference for its codes. Stores from registers
-// (not tuned: the model uses cuBLASLt for BF16 outputs).
+// y (M, N) BF16 = x W^T, rounded once from FP32; with rope (T, 64, 2) (then N = 3 C, C a multiple
+// of 256, M a multiple of T) the columns of q and k are rotated as rope_forward_gpu rotates them.
+// The GEMM of qkv_gemm_quant with a BF16 epilogue: the tests' reference for its codes. Stores from
+// registers (not tuned: the model uses cuBLASLt for BF16 outputs).
 void qkv_gemm_bf16(uint16_t *y, const uint16_t *x, const uint16_t *w, int M, int N, int K, const float *rope, int T,
                    cudaStream_t stream);
 
@@ -55,26 +58,6 @@ void qkv_gemm_bf16(uint16_t *y, const uint16_t *x, const uint16_t *w, int M, int
 void qkv_gemm_quant(const QkvQuantOut *out, const uint16_t *x, const uint16_t *w, int M, int T, int C,
                     cudaStream_t stream);
 
-// The kernel's form (qkv_gemm.cu): 0 ping-pong, 1 cooperative (256-row CTA tiles, where M is a
-// multiple of 256), 2 wide (256-column CTA tiles, where N and C are multiples of 256), 3 wide2; a
-// form the shape does not allow falls back (wide2 -> wide -> cooperative -> ping-pong); < 0: the environment's
-// (QKV_GEMM_FORM=pingpong|coop|wide|wide2) or the default (wide2: the wide form in clusters of 2
-// CTAs sharing W's tile, where M is a multiple of 256, else wide). The outputs must not change by a
-// bit. For tests and timing.
-void qkv_gemm_test_form(int form);
-// How much of the quantizing epilogue runs under the next tile's mainloop: 2 (the default) all of
-// it in the wide forms (qkv_gemm_overlap.cuh), the code stores only in the others; 1 the code
-// stores only; 0 none. < 0: the environment's (QKV_GEMM_DEFER=0|1|2) or the default. The ping-pong
-// form always stores at once (its epilogue overlaps the other consumer's matmuls). The outputs do
-// not change by a bit. For tests and timing.
-void qkv_gemm_test_defer(int level);
-// The tiles' order: groups of `rows` unit rows (a unit: a CTA's tile, or a cluster's tiles), column
-// by column; 0 row by row; < 0: the environment's (QKV_GEMM_GROUP_ROWS=N) or the default. For
-// tests and timing (the outputs do not depend on it).
-void qkv_gemm_test_group_rows(int rows);
-// The form a projection of this shape runs in (C = 0 for a plain GEMM without RoPE): its
-// QKV_GEMM_FORM name, for logs and benchmarks.
-const char *qkv_gemm_form_name(int M, int N, int C);
 // The number of CTAs the last launch ran (one per SM at most; whole clusters resident at once).
 int qkv_gemm_last_grid(void);
 

@@ -1,26 +1,20 @@
-// qkv_gemm_overlap.cuh: the wide forms' quantizing epilogue run under the next tile's mainloop (a
-// part of qkv_gemm.cu, included there after QgArgs, qg_block, rope_row_to_smem, rope_smem_pairs,
+// qkv_gemm_overlap.cuh: the quantizing epilogue, run under the next tile's mainloop (a part of
+// qkv_gemm.cu, included there after QgArgs, qg_block, rope_row_to_smem, rope_smem_pairs,
 // store_codes_chunk, wide_block_scale and stage_code_pair; not a header of its own).
 //
-// Why: Nsight Compute on stop 37's GEMM (wide2, C 2048, stop 38) showed its consumer warps ~20% of
-// their time in the epilogue, with the tensor pipe idle for all of it (80% active against
-// cuBLASLt's 93%): the epilogue is ~1240 instructions a warp per tile, latency-bound with two
-// consumer warps per scheduler, and both consumers run it at once. Deferring only the code stores
-// (stop 37) moved 16 of its pieces into the next mainloop; this moves all of it. Measured (stop 38,
-// wide2 at C 2048 / 1536 / 3072, two calls): 601-603 / 606-609 / 618-626 TFLOP/s against 576-581 /
-// 574-589 / 591-598 serial, 0.88-0.95x cuBLASLt's rate. Its
-// first form recomputed the tile's addresses (integer divisions by T and C) in every slice: 69
-// instructions a K block, and it ran 1-9% *slower* than the serial epilogue; `locate` computes
-// them once a tile.
+// Why: the epilogue is ~1240 instructions a warp per tile, latency-bound with two consumer warps
+// per scheduler, and both consumers run it at once; run between two mainloops it kept the tensor
+// pipe idle for ~20% of the consumers' time (Nsight Compute: 80% active against cuBLASLt's 93%).
+// Cut into slices under the next tile's matmuls it runs with the tensor cores busy (docs/perf.md).
 //
 // How: once a tile's last K block is waited for, its sums are rounded to BF16 and packed two to a
 // register (p: 64 registers; the 128 accumulators are then free for the next tile's wgmmas). The
-// rest is cut into slices, one run per K block of the next tile between its wgmma issue and wait
-// (as the deferred stores were), and after the loop where the next mainloop has fewer K blocks
-// than slices (and for the CTA's last tile):
+// rest is cut into slices, one run per K block of the next tile between its wgmma issue and wait,
+// and after the loop where the next mainloop has fewer K blocks than slices (and for the CTA's
+// last tile):
 //   0      first the tile's position and addresses (unit_pos, locate: integer divisions, run under
-//          the first K block's matmuls rather than between two mainloops, where they held the
-//          next wgmma issue: stop 39); q, k: the (cos, sin) of the thread's row rr = 0 by cp.async
+//          the first K block's matmuls rather than between two mainloops, where they would hold
+//          the next wgmma issue); q, k: the (cos, sin) of the thread's row rr = 0 by cp.async
 //          into its consumer's staged block (free until slice 5; a consumer barrier first, the
 //          previous tile's stores read it)
 //   1, 2   q, k: RoPE on row 0's pairs j = 0..3, 4..7 for both heads; after 2, row 1's (cos, sin)
@@ -31,12 +25,11 @@
 //          the scales, head 0's codes staged
 //   6      head 1's codes staged; barrier (the staged blocks complete)
 //   7..22  the global stores of this consumer's staged block (store_codes_chunk pieces 0..15)
-// The outputs are bit for bit the serial epilogue's (epilogue_quant); test_qkv_gemm_gpu compares
-// both against attn_gpu_quantize.
+// The codes are bit for bit what attn_gpu_quantize makes of the GEMM's BF16 output
+// (test_qkv_gemm_gpu).
 // Registers: 128 accumulators + 64 packed values + the tile's addresses, within the consumers'
-// 232 (ptxas: 8 bytes of spills in wide2, 4 in wide, outside the mainloop); the (cos, sin) table goes
-// through shared memory because 16 more registers for it made ptxas spill and serialize the
-// wgmmas (C7518).
+// 232 (ptxas: 8 bytes of spills, outside the mainloop); the (cos, sin) table goes through shared
+// memory because 16 more registers for it made ptxas spill and serialize the wgmmas (C7518).
 #ifndef QKV_GEMM_OVERLAP_CUH
 #define QKV_GEMM_OVERLAP_CUH
 
@@ -67,8 +60,7 @@ struct OverlapEpi {
     // The pending tile's addresses, once, before its slice 0 (under the next tile's first matmuls,
     // not between the two mainloops, where the tensor cores wait): from its first token row mt (M
     // index) and column n0 (N index). Integer divisions by runtime sizes cost ~20 instructions
-    // each; recomputed in every slice they were 69 instructions a K block, 12% of the consumers'
-    // time (stop 38).
+    // each: computed here once a tile, not in every slice.
     __device__ __forceinline__ void locate(const QgArgs &a, int mt, int n0, int cw, int wtid) {
         const QgBlock blk = qg_block(a, mt, n0, cw);
         which = blk.which + (blk.which < 2 && a.rope ? 4 : 0);
@@ -186,7 +178,7 @@ struct OverlapEpi {
         if (wtid == 0) *scale = __uint_as_float(cw ? mx[1] : mx[0]);
     }
     // Head h's codes (scale bits mx[h]) into staged block h, rows 64 cw + 16 warp + g + 8 rr: two codes
-    // (columns 8 j + 2 t4, + 1) per 2-byte store, the serial epilogue's layout.
+    // (columns 8 j + 2 t4, + 1) per 2-byte store (stage_code_pair).
     __device__ __forceinline__ void stage(int h, int cw, int wtid, uint8_t *stg) {
         const int warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t4 = lane & 3;
         const uint32_t sbase = smem_addr(stg + h * QG_STAGING_BYTES);

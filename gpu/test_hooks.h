@@ -19,7 +19,8 @@ typedef struct {
     int bwd_fp8_group_heads;   // > 0: the FP8 backward's heads per group of its CTA order
     int bwd_fp8_no_tma;        // 1: the FP8 backward loads its query blocks by cp.async, not TMA
     // GEMMs and layers (gpu/)
-    int qkv_gemm_group_rows;   // > 0: the QKV GEMM's tiles walked in groups of this many row tiles
+    int qkv_gemm_group_rows;   // > 0: the QKV GEMM's units (a cluster's two tiles) walked in groups of
+                               // this many unit rows, column by column, instead of row by row
 } GpuTestHooks;
 
 extern GpuTestHooks gpu_test_hooks;

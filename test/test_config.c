@@ -401,6 +401,9 @@ static void random_config(Config *c, int i) {
     p->linear_scaling = p->linear == LINEAR_FP8_TENSOR ? (LinearScaling)rng_int(0, 1) : LINEAR_SCALING_CURRENT;
     p->linear_amax_history = rng_int(1, 64);
     p->linear_fast_accum = p->linear == LINEAR_FP8_TENSOR ? (FastAccum)rng_int(0, 2) : FAST_ACCUM_NONE;
+    p->fuse_fp8_producers = rng_int(0, 1);
+    p->fuse_attention_rope = rng_int(0, 1);
+    p->fuse_qkv_epilogue = rng_int(0, 1);
     c->train.zero1 = rng_int(0, 1);
     c->train.comm_timeout_s = 0.5 + rng_int(0, 1000);
     c->train.overlap_comm = rng_int(0, 1);
@@ -455,7 +458,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 20, 18, 4, 4, 3, 3};
+    const int expected[] = {12, 4, 20, 21, 4, 4, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];
@@ -547,6 +550,35 @@ static void test_names(void) {
           "enum names", "a name is wrong");
 }
 
+// The GPU fusion switches: on by default, booleans only, settable from the file and by --set,
+// written by config_to_json.
+static void test_fusion_keys(void) {
+    int rc = parse("{" MODEL_OK "}", NULL, 0);
+    const PrecisionConfig *p = &cfg.precision;
+    CHECK(rc == 0 && p->fuse_fp8_producers == 1 && p->fuse_attention_rope == 1 && p->fuse_qkv_epilogue == 1,
+          "fusion keys default to true", "rc %d: %d %d %d", rc, p->fuse_fp8_producers, p->fuse_attention_rope,
+          p->fuse_qkv_epilogue);
+    rc = parse("{" MODEL_OK ", \"precision\": {\"fuse_fp8_producers\": false, \"fuse_attention_rope\": false}}", NULL, 0);
+    CHECK(rc == 0 && p->fuse_fp8_producers == 0 && p->fuse_attention_rope == 0 && p->fuse_qkv_epilogue == 1,
+          "fusion keys read from the file", "rc %d (%s): %d %d %d", rc, err.msg, p->fuse_fp8_producers,
+          p->fuse_attention_rope, p->fuse_qkv_epilogue);
+    const char *off[] = {"precision.fuse_qkv_epilogue=false"};
+    rc = parse("{" MODEL_OK "}", off, 1);
+    char *json = rc == 0 ? config_to_json(&cfg) : NULL;
+    CHECK(rc == 0 && p->fuse_qkv_epilogue == 0 && p->fuse_fp8_producers == 1 && json &&
+              strstr(json, "\"fuse_qkv_epilogue\": false") && strstr(json, "\"fuse_attention_rope\": true"),
+          "fusion keys set by --set and written back", "rc %d (%s); JSON:\n%s", rc, err.msg, json ? json : "");
+    free(json);
+    REJECTS("fuse_fp8_producers is a bool", "{" MODEL_OK ", \"precision\": {\"fuse_fp8_producers\": 0}}",
+            "precision.fuse_fp8_producers: expected true or false");
+    REJECTS("fuse_attention_rope is a bool", "{" MODEL_OK ", \"precision\": {\"fuse_attention_rope\": \"off\"}}",
+            "precision.fuse_attention_rope: expected true or false");
+    const char *bad[] = {"precision.fuse_qkv_epilogue=no"};
+    rc = parse("{" MODEL_OK "}", bad, 1);
+    CHECK(rc == -1 && has_all(err.msg, "precision.fuse_qkv_epilogue", "expected true or false", (const char *)NULL),
+          "fuse_qkv_epilogue from --set is a bool", "rc %d: %s", rc, err.msg);
+}
+
 int main(void) {
     test_defaults();
     test_shipped_configs();
@@ -559,5 +591,6 @@ int main(void) {
     test_random_roundtrip();
     test_files();
     test_names();
+    test_fusion_keys();
     return test_summary("test_config");
 }

@@ -24,7 +24,7 @@
 //   Fused quantization (fp8_block, layers_fp8.h: 4 producers writing codes per FP8 block per
 //   forward + backward, 3 per evaluation forward; fp8_tensor, layers.h's *_amax_gpu: 6 producers
 //   taking the amax, 3 per evaluation forward); the fused model against the same model with separate
-//   quantization passes (gpu_model_set_fp8_fusion 0), with and without train.recompute: losses
+//   quantization passes (precision.fuse_fp8_producers false), with and without train.recompute: losses
 //   and the last block's MLP / attention-projection gradients bit-identical, the rest within the
 //   model's run-to-run distance (attention dQ atomics).
 //   Timing (information): the 125M config's and paper_569m's shapes (B 4 x T 4096) in bf16,
@@ -631,18 +631,19 @@ struct KeepRun {
     float loss;
     std::vector<float> g;
 };
-// epilogue: gpu_model_set_qkv_epilogue's switch (the QKV projection writing the codes; off for the
+// epilogue: precision.fuse_qkv_epilogue (the QKV projection writing the codes; off for the
 // keep_codes checks, whose runs with and without kept codes must then be the same bit for bit)
-static KeepRun keep_run(const Config &c, const std::vector<int32_t> &tok, const std::vector<int32_t> &tgt,
+static KeepRun keep_run(const Config &c0, const std::vector<int32_t> &tok, const std::vector<int32_t> &tgt,
                         int epilogue = 0, long long *epilogue_runs = NULL) {
     KeepRun r = {NAN, {}};
     GpuModel m;
     ErrBuf e;
+    Config c = c0;
+    c.precision.fuse_qkv_epilogue = epilogue;
     if (gpu_model_init(&m, &c, c.train.micro_batch, c.model.seq_len, SEED, NULL, &e)) {
         CHECK(0, "keep_codes: gpu_model_init", "%s", e.msg);
         return r;
     }
-    gpu_model_set_qkv_epilogue(&m, epilogue);
     gpu_model_zero_grad(&m);
     r.loss = gpu_model_forward(&m, tok.data(), tgt.data());
     gpu_model_backward(&m, 1.0f);
@@ -721,21 +722,24 @@ static void keep_codes_check(void) {
 }
 
 // --- the QKV projection writing the attention's codes (qkv_gemm.h) --------------------------------
-// gpu_model_set_qkv_epilogue 1 (qkv_gemm_quant: our GEMM, RoPE and the codes in its epilogue)
-// against 0 (cuBLASLt's BF16 qkv, then the quantize pass), same seed and batch, heads of 128 and
+// precision.fuse_qkv_epilogue true (qkv_gemm_quant: our GEMM, RoPE and the codes in its epilogue)
+// against false (cuBLASLt's BF16 qkv, then the quantize pass), same seed and batch, heads of 128 and
 // kept codes. Not promised bit for bit (cuBLASLt could sum in another order, moving a BF16 qkv value
 // by an ulp and a code by a step; on the H200 they agree and so does everything here). Bounds: the
 // loss within 1e-3 relative, and the gradients' difference within max(4x the run-to-run distance, a
 // third of what FP8 attention itself changes: the same model with bf16 attention). The epilogue ran once per layer (the
-// training forward) and not in the evaluation forwards the runs make (which keep no codes).
+// training forward) and not in the evaluation forwards the runs make (which keep no codes); on a
+// micro-batch of an odd number of 128-token blocks, which the GEMM does not take, it never ran.
 static void qkv_epilogue_check(void) {
-    struct { const char *label; std::vector<const char *> ov; } cases[] = {
+    struct { const char *label; std::vector<const char *> ov; int runs; } cases[] = {
         {"fp8_dm d128 T 256 B 2", {"precision.attention=\"fp8_dm\"", "model.d_model=256", "model.seq_len=256",
-                                   "train.micro_batch=2"}},
+                                   "train.micro_batch=2"}, 1},
         {"fp8_naive d128 T 384 B 2 recompute", {"precision.attention=\"fp8_naive\"", "model.d_model=256",
-                                                "model.seq_len=384", "train.micro_batch=2", "train.recompute=true"}},
-        {"fp8_dm_approx d128 T 128 B 3 no positions", {"precision.attention=\"fp8_dm_approx\"", "model.d_model=256",
-                                                       "model.seq_len=128", "train.micro_batch=3", "model.position=\"none\""}},
+                                                "model.seq_len=384", "train.micro_batch=2", "train.recompute=true"}, 1},
+        {"fp8_dm_approx d128 T 128 B 4 no positions", {"precision.attention=\"fp8_dm_approx\"", "model.d_model=256",
+                                                       "model.seq_len=128", "train.micro_batch=4", "model.position=\"none\""}, 1},
+        {"fp8_dm d128 T 128 B 3 (odd blocks: not taken)", {"precision.attention=\"fp8_dm\"", "model.d_model=256",
+                                                           "model.seq_len=128", "train.micro_batch=3"}, 0},
     };
     for (auto &cs : cases) {
         std::vector<const char *> ov = cs.ov, ovb = cs.ov;
@@ -758,8 +762,9 @@ static void qkv_epilogue_check(void) {
                "fp8 vs bf16 attention %.3e; epilogue runs %lld / %lld\n", cs.label, on.loss, off.loss, dl, r, noise, fp8,
                runs_on, runs_off);
         char name[220];
-        snprintf(name, sizeof name, "qkv epilogue %s: ran in each layer's training forward, never when off", cs.label);
-        CHECK(runs_on == c.model.n_layer && runs_off == 0, name, "%lld / %lld runs", runs_on, runs_off);
+        snprintf(name, sizeof name, "qkv epilogue %s: ran in each layer's training forward%s, never when off", cs.label,
+                 cs.runs ? "" : " (here none)");
+        CHECK(runs_on == cs.runs * c.model.n_layer && runs_off == 0, name, "%lld / %lld runs", runs_on, runs_off);
         snprintf(name, sizeof name, "qkv epilogue %s: the loss within 1e-3 of the BF16 GEMM's", cs.label);
         CHECK(isfinite(on.loss) && dl < 1e-3, name, "%.9g vs %.9g", on.loss, off.loss);
         snprintf(name, sizeof name, "qkv epilogue %s: gradients within max(4x run to run, FP8 effect / 3) = %.2e", cs.label,
@@ -769,14 +774,14 @@ static void qkv_epilogue_check(void) {
 }
 
 // --- fused quantization against separate passes ---------------------------------------------------
-// fp8_block with the producers writing the codes (gpu_model_set_fp8_fusion 1), or fp8_tensor with
-// them taking the amaxes, against the same model quantizing in separate passes (0), same seed
+// fp8_block with the producers writing the codes (precision.fuse_fp8_producers true), or fp8_tensor
+// with them taking the amaxes, against the same model quantizing in separate passes (false), same seed
 // and batch: the codes are the same, so the loss (forward: RMSNorm and SwiGLU fused) is
 // bit-identical, and so are the last block's MLP and attention-projection gradients (the SwiGLU
 // and RMSNorm backwards fused; nothing nondeterministic before them in the backward). Deeper gradients pass through the attention backward's dQ atomics:
 // compared with the run-to-run distance of the unfused model with itself.
 // rope 1: the same check for an FP8 precision.attention with RoPE inside its quantize pass
-// (gpu_model_set_attn_rope_fusion 1) against rope_forward_gpu first (0): the codes, O and LSE are
+// (precision.fuse_attention_rope true) against rope_forward_gpu first (false): the codes, O and LSE are
 // the same, so is everything above.
 static void fusion_check(const Batches &bt, const char *label, const char *const *ov, int n_ov, int warm = 0,
                          int rope = 0) {
@@ -787,13 +792,14 @@ static void fusion_check(const Batches &bt, const char *label, const char *const
     std::vector<std::vector<float>> gr(3);
     float loss[3], eval[3];
     for (int k = 0; k < 3; k++) {
-        if (gpu_model_init(&g[k], &c, B, T, SEED, NULL, &e)) {
+        Config ck = c;
+        if (rope) ck.precision.fuse_attention_rope = k == 0;
+        else ck.precision.fuse_fp8_producers = k == 0;
+        if (gpu_model_init(&g[k], &ck, B, T, SEED, NULL, &e)) {
             CHECK(0, "fusion: gpu_model_init", "%s", e.msg);
             for (int j = 0; j < k; j++) gpu_model_free(&g[j]);
             return;
         }
-        if (rope) gpu_model_set_attn_rope_fusion(&g[k], k == 0);
-        else gpu_model_set_fp8_fusion(&g[k], k == 0);
         if (warm) {  // delayed scaling: fill the histories first (the same amaxes fused or not)
             gpu_model_forward(&g[k], bt.tokens.data(), bt.targets.data());
             gpu_model_backward(&g[k], 1.0f);
@@ -852,6 +858,7 @@ static const char *S569 =
 static double timed_run(const char *shape, const char *json, const char *label, const char *const *ov, int n_ov,
                         int fuse = 1) {
     Config c = make_config(json, ov, n_ov);
+    c.precision.fuse_fp8_producers = fuse;
     int B = c.train.micro_batch, T = c.model.seq_len, BT = B * T;
     std::vector<int32_t> tokens(BT), targets(BT);
     make_batch(tokens.data(), targets.data(), B, T, c.model.vocab_size);
@@ -862,7 +869,6 @@ static double timed_run(const char *shape, const char *json, const char *label, 
     snprintf(name, sizeof name, "timing %s %s: gpu_model_init", shape, label);
     CHECK(rc == 0, name, "%s", rc ? e.msg : "");
     if (rc) return 0;
-    gpu_model_set_fp8_fusion(&m, fuse);
     const int n_steps = 8, warm = 3;
     double tf = 0, tb = 0, ts = 0;
     float first = 0, last = 0;

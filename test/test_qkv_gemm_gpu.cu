@@ -7,14 +7,12 @@
 //   4. attn_mode_forward_codes on those codes: O and LSE bit for bit attn_mode_forward_rope's on the
 //      same BF16 qkv, and the backward on the kept codes identical too;
 //   5. what the quantizing form refuses (qkv_gemm_quant_supported, attn_mode_codes_upstream).
-// Every form of the kernel (ping-pong, cooperative, wide, wide2) with each of its epilogues: the wide
-// forms' overlapped one (the default: all of it under the next tile's mainloop), the serial one with
-// its code stores deferred into the next mainloop (the other forms' default; ping-pong always
-// stores at once) and done at once. Shapes cover a ring that wraps mid-tile (K / 64 not a multiple
-// of the stages), CTAs with many tiles, a grid smaller than its consumers, M not a multiple of 256
-// and C not a multiple of 256 (the forms' fallbacks), and K blocks fewer and more than the deferred
-// stores' pieces and the overlapped epilogue's slices. Inputs are fresh random values with
-// per-token and per-output-row magnitudes spread over 2^-4 .. 2^4, so the blocks' scales differ.
+// Shapes cover a grid smaller than the SMs (consumers idle), CTAs with many tiles, a cluster's two
+// token blocks in different sequences (T / 128 odd), and K blocks fewer and more than the
+// epilogue's 23 slices (some slices after the mainloop, or every slice inside the next one); the
+// tiles' grouped order (gpu_test_hooks.qkv_gemm_group_rows) with a short last group. Inputs are
+// fresh random values with per-token and per-output-row magnitudes spread over 2^-4 .. 2^4, so the
+// blocks' scales differ.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +24,7 @@
 #include "gpu/layers.h"
 #include "gpu/matmul.h"
 #include "gpu/qkv_gemm.h"
+#include "gpu/test_hooks.h"
 #include "test.h"
 
 typedef std::vector<uint16_t> Bf;
@@ -178,7 +177,7 @@ static void check_quant(int B, int T, int C, AttnPrecision prec, int use_rope, u
                        d, &up, NULL, ws, NULL, 0);
     const Bf g1 = back(dq, (size_t)M * N), g2 = back(dq2, (size_t)M * N);
     // dQ sums in FP32 atomics (order varies: its BF16 values flip an ulp here and there, rel L2 up
-    // to 1.35e-5 seen under compute-sanitizer's scheduling, stop 37; a code that differed would move
+    // to 1.35e-5 seen under compute-sanitizer's scheduling; a code that differed would move
     // it by the FP8 rounding, ~1e-2); dK, dV are deterministic
     Err eq;
     int dkv = 0;
@@ -215,6 +214,10 @@ static void check_refusals(void) {
           "accepted");
     CHECK(qkv_gemm_quant_supported(3 * 1024 + 128, 1024, 1024, 128, &why) != 0 && why,
           "qkv_gemm_quant refuses a partial sequence", "accepted");
+    CHECK(qkv_gemm_quant_supported(3 * 128, 128, 1024, 128, &why) != 0 && why,
+          "qkv_gemm_quant refuses an odd number of 128-token blocks", "accepted");
+    CHECK(qkv_gemm_quant_supported(2048, 1024, 384, 128, &why) != 0 && why, "qkv_gemm_quant refuses an odd number of heads",
+          "accepted");
     CHECK(qkv_gemm_quant_supported(8192, 4096, 1536, 128, &why) == 0, "qkv_gemm_quant takes paper_569m's shape",
           "refused: %s", why);
     AttnOptions opt = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
@@ -239,57 +242,26 @@ int main(void) {
     check_refusals();
     if (!gpu_test_have_gpu("test_qkv_gemm_gpu")) return test_summary("test_qkv_gemm_gpu");
     matmul_gpu_init();  // cuBLASLt, the peer of case 1
-    static const char *const forms[] = {"ping-pong", "cooperative", "wide", "wide2 (clusters of 2)"};
-    for (int form = 0; form < 4; form++) {  // wide2 falls back to wide where M % 256 != 0, wide to cooperative
-                                            // where N or C % 256 != 0, that to ping-pong where M % 256 != 0
-        qkv_gemm_test_form(form);
-        printf("# form %s\n", forms[form]);
-        check_bf16(256, 128, 128, 11 + 10 * form);   // one row of 3 tiles: a grid of 2 or 3 CTAs, consumers idle
-        check_bf16(384, 256, 128, 12 + 10 * form);   // M % 256 != 0: the cooperative form's fallback
-        check_bf16(4096, 384, 256, 13 + 10 * form);  // more tiles than CTAs; K / 64 = 6 (the ring wraps mid-tile)
-        check_bf16(1024, 1536, 512, 14 + 10 * form); // paper_569m's width: 24 K blocks
-        check_bf16(2048, 256, 256, 15 + 10 * form);  // wide: 48 tiles of 4 K blocks
-        check_quant(2, 256, 256, ATTN_FP8_DM, 1, 21 + 10 * form);
-        check_quant(3, 512, 384, ATTN_FP8_NAIVE, 1, 22 + 10 * form);
-        check_quant(4, 1024, 768, ATTN_FP8_DM, 1, 23 + 10 * form);
-        check_quant(2, 384, 256, ATTN_FP8_DM_APPROX, 0, 24 + 10 * form);
-        check_quant(3, 128, 256, ATTN_FP8_DM, 1, 25 + 10 * form);  // M = 384
-        // K / 64 = 16 and 20 with several tiles per CTA: every deferred store inside the next mainloop
-        check_quant(2, 1024, 1024, ATTN_FP8_DM, 1, 26 + 10 * form);
-        check_quant(2, 1024, 1280, ATTN_FP8_NAIVE, 1, 27 + 10 * form);
-    }
-    // the wide forms' whole epilogue under the next mainloop (the default) with K blocks beyond its
-    // 23 slices: every slice inside the next mainloop, none left for after it
-    for (int form = 2; form < 4; form++) {
-        qkv_gemm_test_form(form);
-        printf("# form %s, epilogue overlapped, 24 and 32 K blocks\n", forms[form]);
-        check_quant(2, 1024, 1536, ATTN_FP8_DM, 1, 161 + 10 * form);
-        check_quant(1, 2048, 2048, ATTN_FP8_NAIVE, 1, 162 + 10 * form);
-        check_quant(2, 512, 1536, ATTN_FP8_DM, 0, 163 + 10 * form);  // no RoPE: v's amax path for q and k too
-    }
-    qkv_gemm_test_defer(1);  // the wide forms' serial epilogue with its code stores deferred (stop 37's)
-    for (int form = 2; form < 4; form++) {
-        qkv_gemm_test_form(form);
-        printf("# form %s, serial epilogue, stores deferred\n", forms[form]);
-        check_quant(4, 1024, 768, ATTN_FP8_DM, 1, 181 + 10 * form);
-        check_quant(2, 1024, 1536, ATTN_FP8_DM, 1, 182 + 10 * form);
-    }
-    qkv_gemm_test_defer(0);  // the stores at once, after each tile's staging
-    for (int form = 0; form < 4; form++) {
-        qkv_gemm_test_form(form);
-        printf("# form %s, stores not deferred\n", forms[form]);
-        check_quant(4, 1024, 768, ATTN_FP8_DM, 1, 71 + 10 * form);
-        check_quant(2, 1024, 1280, ATTN_FP8_DM, 1, 72 + 10 * form);
-    }
-    qkv_gemm_test_defer(-1);
-    qkv_gemm_test_group_rows(3);  // tiles in groups of 3 unit rows, the last group short
-    for (int form = 1; form < 4; form += 2) {
-        qkv_gemm_test_form(form);
-        printf("# form %s, tiles in groups of 3 rows\n", forms[form]);
-        check_quant(4, 1024, 768, ATTN_FP8_DM, 1, 91 + 10 * form);
-        check_quant(2, 1024, 1280, ATTN_FP8_NAIVE, 1, 92 + 10 * form);
-    }
-    qkv_gemm_test_group_rows(-1);
-    qkv_gemm_test_form(-1);
+    check_bf16(256, 256, 128, 11);    // one unit row of 3 units: a grid of 6 CTAs, most SMs idle
+    check_bf16(512, 512, 256, 12);    // T 256 with RoPE: 2 sequences per unit column
+    check_bf16(4096, 768, 256, 13);   // more tiles than CTAs: 144 units
+    check_bf16(1024, 1536, 512, 14);  // paper_569m's width: 24 K blocks
+    check_bf16(2048, 256, 256, 15);   // 48 tiles of 4 K blocks
+    check_quant(2, 256, 256, ATTN_FP8_DM, 1, 21);
+    check_quant(3, 512, 512, ATTN_FP8_NAIVE, 1, 22);
+    check_quant(4, 1024, 768, ATTN_FP8_DM, 1, 23);
+    check_quant(2, 384, 256, ATTN_FP8_DM_APPROX, 0, 24);  // T / 128 = 3: a cluster's blocks in two sequences
+    check_quant(2, 384, 512, ATTN_FP8_DM, 1, 25);
+    check_quant(2, 1024, 1024, ATTN_FP8_DM, 1, 26);       // 16 K blocks: slices 16..22 after the mainloop
+    check_quant(2, 1024, 1280, ATTN_FP8_NAIVE, 1, 27);
+    // K blocks beyond the epilogue's 23 slices: every slice inside the next mainloop, none after it
+    check_quant(2, 1024, 1536, ATTN_FP8_DM, 1, 161);
+    check_quant(1, 2048, 2048, ATTN_FP8_NAIVE, 1, 162);
+    check_quant(2, 512, 1536, ATTN_FP8_DM, 0, 163);  // no RoPE: v's amax path for q and k too
+    gpu_test_hooks.qkv_gemm_group_rows = 3;  // units in groups of 3 unit rows, the last group short
+    printf("# units in groups of 3 rows\n");
+    check_quant(4, 1024, 768, ATTN_FP8_DM, 1, 91);
+    check_quant(2, 1024, 1280, ATTN_FP8_NAIVE, 1, 92);
+    gpu_test_hooks.qkv_gemm_group_rows = 0;
     return test_summary("test_qkv_gemm_gpu");
 }

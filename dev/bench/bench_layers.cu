@@ -11,12 +11,11 @@
 //   copy (N, C)                 the bandwidth peer of the RMSNorm backward
 //   rmsnorm backward (N, C)     rmsnorm_backward_gpu with accumulate (dx += ..., the gain gradient)
 // GB/s counts the bytes each kernel's contract must move: cross-entropy 4 B per logit (read and
-// write), RMSNorm backward 8 B per element (dy, x, dx read and dx written). CE_SCALAR=1 selects
-// the older scalar cross-entropy kernel (scripts/gpu_layers_bench.sh runs both).
+// write), RMSNorm backward 8 B per element (dy, x, dx read and dx written).
 //
 //   bench_layers [N=16384] [C=1536] [V=50257] [chunk=8192]
 #include <stdio.h>   // printf
-#include <stdlib.h>  // atoi, getenv
+#include <stdlib.h>  // atoi
 #include <vector>    // the rstd upload
 
 #include "bench_gpu.cuh"  // CU, random_bf16, bench_time_ms (this folder)
@@ -43,11 +42,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int Vp = (V + 127) / 128 * 128;
-    const char *scalar = getenv("CE_SCALAR");
     cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
-    printf("# bench_layers on %s: N %d, C %d, V %d (Vp %d), chunk %d%s\n", prop.name, N, C, V, Vp, chunk,
-           scalar && atoi(scalar) == 1 ? ", CE_SCALAR=1 (the scalar cross-entropy kernel)" : "");
+    printf("# bench_layers on %s: N %d, C %d, V %d (Vp %d), chunk %d\n", prop.name, N, C, V, Vp, chunk);
     const size_t nl = (size_t)chunk * Vp, NC = (size_t)N * C;
     uint16_t *logits = random_bf16(nl, 1), *copy_dst;
     CU(cudaMalloc(&copy_dst, nl * 2));

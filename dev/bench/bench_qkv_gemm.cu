@@ -2,7 +2,8 @@
 // it, against cuBLASLt in the same process on the same GPU (random inputs, never zeros):
 //   bf16      cuBLASLt QKV GEMM, rope_forward_gpu, our BF16 flash forward
 //   fp8 pass  cuBLASLt QKV GEMM, then fp8_dm's forward with RoPE in its quantize pass
-//             (attn_mode_forward_rope, kept codes): the trainer's FP8 path before qkv_gemm
+//             (attn_mode_forward_rope, kept codes): the trainer's FP8 path where qkv_gemm does not
+//             apply (precision.fuse_qkv_epilogue false, or shapes it does not take)
 //   fp8 epi   qkv_gemm_quant (our GEMM, quantizing epilogue, RoPE in it), then the FP8 forward on
 //             its codes (attn_mode_forward_codes)
 // and the parts: the GEMM alone (cuBLASLt BF16 out, ours quantizing), the quantize pass alone, the
@@ -13,16 +14,14 @@
 // FP8 forward's speedup with its operands' preparation paid. The GEMM is the same in every row
 // (B T = 16384), so a last table pools the FP8 prep over the rows (the median of the differences):
 // one row's difference of two ~0.6 ms GEMMs moves by several % with the GPU's clocks.
-// First, the GEMM alone in every form of qkv_gemm.cu (QKV_GEMM_FORM), BF16 out and quantizing,
-// with the quantizing epilogue overlapped with the next mainloop (the wide forms' default), its
-// stores only deferred, or neither (QKV_GEMM_DEFER=2, 1, 0), against cuBLASLt; the default form
-// and epilogue last (what the trainer runs).
+// First, the GEMM alone against cuBLASLt: ours with a BF16 output (no RoPE), quantizing without
+// RoPE, quantizing with its tiles in groups of 8 unit rows (gpu_test_hooks.qkv_gemm_group_rows),
+// and quantizing as the trainer runs it (last).
 //
 //   bench_qkv_gemm [rounds=5] [C=2048] [T list, default 1024 2048 4096 8192]
 //   bench_qkv_gemm profile VARIANT [C=2048]   one GEMM launched twice, nothing else after the inputs'
-//     fill, for a profiler (scripts/gpu_qkv_gemm_profile.sh): VARIANT cublas, or FORM[_bf16|_norope]
-//     with FORM one of pingpong, coop, wide, wide2 (quantizing with RoPE; _bf16: BF16 out without RoPE,
-//     _norope: quantizing without RoPE)
+//     fill, for a profiler: VARIANT cublas, quant (ours, quantizing with RoPE), bf16 (ours, BF16 out
+//     without RoPE) or norope (ours, quantizing without RoPE)
 #include <stdio.h>   // printf
 #include <stdlib.h>  // atoi
 #include <string.h>  // memset
@@ -37,6 +36,7 @@
 #include "gpu/layers.h"              // rope_table_gpu, rope_forward_gpu
 #include "gpu/matmul.h"              // matmul_forward_gpu (cuBLASLt)
 #include "gpu/qkv_gemm.h"            // qkv_gemm_quant
+#include "gpu/test_hooks.h"          // gpu_test_hooks.qkv_gemm_group_rows
 
 static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -69,60 +69,40 @@ static QkvQuantOut quant_outputs(int B, int H, int T, AttnSavedCodes *kc, float 
     return qo;
 }
 
-// The GEMM alone: cuBLASLt, then ours in every form, BF16 out (no RoPE) and quantizing (RoPE on q, k),
-// at T = 4096 (the quantizing epilogue's blocks; the GEMM's time does not depend on T), and the
-// default form last. Returns the default form's time over cuBLASLt's, ms (the "prep" of FP8).
-static double bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int M, int C, int rounds) {
+// The GEMM alone: cuBLASLt, then ours, BF16 out (no RoPE) and quantizing (without RoPE, in
+// groups of 8 unit rows, as the trainer runs it), at T = 4096 (the quantizing epilogue's blocks; the
+// GEMM's time does not depend on T). Returns the trainer's GEMM's time over cuBLASLt's, ms (the
+// "prep" of FP8).
+static double bench_gemm(const uint16_t *x, const uint16_t *w, uint16_t *qkv, int M, int C, int rounds) {
     const int T = 4096, B = M / T, H = C / 128, N = 3 * C;
     float *rope;
     AttnSavedCodes kc;
     const QkvQuantOut qo = quant_outputs(B, H, T, &kc, &rope);
-    std::vector<std::function<void()>> fs;
-    std::vector<std::string> names;
-    fs.push_back([=] { matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0); });
-    names.push_back("cuBLASLt (BF16 out)");
-    static const char *const form_names[] = {"pingpong", "coop", "wide", "wide2"};
     QkvQuantOut qo_norope = qo;  // an ablation: the quantizing epilogue without RoPE
     qo_norope.rope = NULL;
-    // (form, quantizing (2: without RoPE), deferred stores, group rows)
-    struct V {
-        int form, quant, defer, group;
+    std::vector<std::function<void()>> fs = {
+        [=] { matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0); },
+        [=] { qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0); },
+        [=] { qkv_gemm_quant(&qo_norope, x, w, M, T, C, 0); },
+        [=] {
+            gpu_test_hooks.qkv_gemm_group_rows = 8;
+            qkv_gemm_quant(&qo, x, w, M, T, C, 0);
+            gpu_test_hooks.qkv_gemm_group_rows = 0;
+        },
+        [=] { qkv_gemm_quant(&qo, x, w, M, T, C, 0); },
     };
-    // defer: 2 the wide forms' overlapped epilogue (their default), 1 the serial epilogue with its
-    // code stores deferred (the others' default), 0 the serial epilogue storing at once
-    const V vs[] = {{0, 0, 1, 0}, {1, 0, 1, 0}, {3, 0, 1, 0}, {0, 1, 1, 0}, {1, 1, 1, 0}, {2, 1, 1, 0},
-                    {3, 1, 1, 0}, {2, 1, 2, 0}, {3, 1, 2, 0}, {2, 1, 2, 8}, {1, 1, 0, 0}, {2, 1, 0, 0},
-                    {0, 2, 1, 0}, {1, 2, 1, 0}, {2, 2, 1, 0}, {2, 2, 2, 0}, {-1, 1, -1, -1}};
-    for (const V v : vs) {
-        fs.push_back([=] {
-            qkv_gemm_test_form(v.form);
-            qkv_gemm_test_defer(v.defer);
-            qkv_gemm_test_group_rows(v.group);
-            if (v.quant) qkv_gemm_quant(v.quant == 2 ? &qo_norope : &qo, x, w, M, T, C, 0);
-            else qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0);
-        });
-        if (v.form < 0) {  // the default form and epilogue, as the trainer runs them
-            names.push_back(std::string("ours, the default (") + qkv_gemm_form_name(M, N, C) + "), quantizing");
-            continue;
-        }
-        names.push_back(std::string("ours ") + form_names[v.form] + (v.quant ? ", quantizing" : ", BF16 out") +
-                        (v.quant == 2 ? " without RoPE" : "") + (v.quant && !v.defer ? ", stores not deferred" : "") +
-                        (v.quant && v.defer == 2 ? ", epilogue overlapped" : "") +
-                        (v.group ? ", groups of " + std::to_string(v.group) + " rows" : ""));
-    }
+    const char *const names[] = {"cuBLASLt (BF16 out)", "ours, BF16 out", "ours, quantizing without RoPE",
+                                 "ours, quantizing, groups of 8 unit rows", "ours, quantizing (the trainer's)"};
     std::vector<int> grids;  // each variant's CTAs
     for (auto &f : fs) {
         f();
         grids.push_back(qkv_gemm_last_grid());
     }
     const std::vector<double> m = time_rounds(fs, rounds);
-    qkv_gemm_test_form(-1);
-    qkv_gemm_test_defer(-1);
-    qkv_gemm_test_group_rows(-1);
     const double gflop = 2.0 * M * N * C * 1e-9;
     printf("| GEMM %d x %d x %d | CTAs | ms | TFLOP/s | / cuBLASLt's time |\n|---|---|---|---|---|\n", M, N, C);
     for (size_t i = 0; i < fs.size(); i++)
-        printf("| %s | %s | %.4f | %.0f | %.3f |\n", names[i].c_str(), i ? std::to_string(grids[i]).c_str() : "-", m[i],
+        printf("| %s | %s | %.4f | %.0f | %.3f |\n", names[i], i ? std::to_string(grids[i]).c_str() : "-", m[i],
                gflop / m[i], m[i] / m[0]);
     fflush(stdout);
     CU(cudaFree(rope));
@@ -132,22 +112,13 @@ static double bench_forms(const uint16_t *x, const uint16_t *w, uint16_t *qkv, i
 
 // The profile mode: the named variant twice (a profiler skips the first launch), T = 4096.
 static int profile_variant(const char *variant, int C) {
-    static const char *const form_names[] = {"pingpong", "coop", "wide", "wide2"};
     const int M = 16384, T = 4096, B = M / T, H = C / 128, d = 128, N = 3 * C;
-    int form = -1, quant = 1;
-    for (int f = 0; f < 4; f++) {
-        const size_t n = strlen(form_names[f]);
-        if (strncmp(variant, form_names[f], n)) continue;
-        const char *rest = variant + n;
-        if (!*rest) form = f, quant = 1;
-        else if (!strcmp(rest, "_bf16")) form = f, quant = 0;
-        else if (!strcmp(rest, "_norope")) form = f, quant = 2;
-    }
-    const bool cublas = !strcmp(variant, "cublas");
+    const bool cublas = !strcmp(variant, "cublas"), quant = !strcmp(variant, "quant"), bf16 = !strcmp(variant, "bf16"),
+               norope = !strcmp(variant, "norope");
     const char *why;
-    if ((!cublas && form < 0) || qkv_gemm_quant_supported(M, T, C, d, &why)) {
-        fprintf(stderr, "bench_qkv_gemm profile: VARIANT cublas or FORM[_bf16|_norope] (FORM pingpong, coop, wide, "
-                        "wide2), C a multiple of 128; got '%s', C %d\n", variant, C);
+    if (!(cublas || quant || bf16 || norope) || qkv_gemm_quant_supported(M, T, C, d, &why)) {
+        fprintf(stderr, "bench_qkv_gemm profile: VARIANT cublas, quant, bf16 or norope, C a multiple of 256; got "
+                        "'%s', C %d\n", variant, C);
         return 2;
     }
     matmul_gpu_init();
@@ -156,16 +127,14 @@ static int profile_variant(const char *variant, int C) {
     float *rope;
     AttnSavedCodes kc;
     QkvQuantOut qo = quant_outputs(B, H, T, &kc, &rope);
-    if (quant == 2) qo.rope = NULL;
-    if (!cublas) qkv_gemm_test_form(form);
+    if (norope) qo.rope = NULL;
     for (int i = 0; i < 2; i++) {
         if (cublas) matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
-        else if (quant) qkv_gemm_quant(&qo, x, w, M, T, C, 0);
-        else qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0);  // as bench_forms: BF16 out, no RoPE
+        else if (bf16) qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0);  // as bench_gemm: BF16 out, no RoPE
+        else qkv_gemm_quant(&qo, x, w, M, T, C, 0);
     }
     CU(cudaDeviceSynchronize());
-    printf("bench_qkv_gemm profile: %s, C %d, launched twice (form %s)\n", variant, C,
-           cublas ? "cuBLASLt" : qkv_gemm_form_name(M, N, C));
+    printf("bench_qkv_gemm profile: %s, C %d, launched twice\n", variant, C);
     return 0;
 }
 
@@ -193,10 +162,10 @@ int main(int argc, char **argv) {
     CU(cudaMalloc(&lse, (size_t)M * H * 4));
     const AttnOptions dm = attn_block_options(ATTN_FP8_DM, FP8_E4M3, 128);
     // the FP8 prep (our quantizing GEMM's time over cuBLASLt's): one per timed set, pooled below
-    std::vector<double> prep_f8 = {bench_forms(x, w, qkv, M, C, rounds)};
+    std::vector<double> prep_f8 = {bench_gemm(x, w, qkv, M, C, rounds)};
     std::vector<std::pair<int, double>> bf_side;  // (T, rope + BF16 attention), and FP8 attention:
     std::vector<double> f8_attn;
-    printf("\nlayers with the default form (%s):\n", qkv_gemm_form_name(M, N, C));
+    printf("\nlayers:\n");
     printf("| T | cuBLASLt GEMM | ours GEMM+quant | TFLOP/s cuBLASLt / ours | quant pass | rope | bf16 attn | fp8 attn "
            "(codes) | bf16 layer | fp8 pass layer | fp8 epi layer | epi / pass | bf16 / epi | prep + attn bf16 / fp8 |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
