@@ -11,7 +11,8 @@
 #       every kernel of the library's .cu files (or of the ones named) into DIR/<mangled name>.sass,
 #       addresses stripped: two dumps diff to the kernels whose code changed.
 #   bash dev/sass.sh diff DIR_BEFORE DIR_AFTER
-#       the kernels added, removed and changed between two dumps.
+#       the kernels added, removed, renamed (the same code under a new name: template parameters
+#       dropped) and changed between two dumps.
 # The CUDA 13.0 toolkit here has no disassembler; the first run extracts nvdisasm 12.4 from
 # Debian trixie's non-free nvidia-cuda-toolkit package (it decodes sm_90a cubins of CUDA 13) into
 # .deps/nvdisasm, without installing it.
@@ -23,12 +24,27 @@ cmd=$1; shift
 if [ "$cmd" = diff ]; then
   [ $# -eq 2 ] || usage
   a=$1 b=$2 changed=0
+  # a kernel whose template parameters changed has a new name: the same code under another name is
+  # "renamed" (compared with its own name and the branch labels' numbers blanked out)
+  norm() { sed -E "s/$(basename "$1" .sass)//g; s/\.L_x_[0-9]+/.L/g" "$1" | md5sum | cut -d' ' -f1; }
+  declare -A gone
   for f in "$a"/*.sass; do
     n=$(basename "$f")
-    if [ ! -f "$b/$n" ]; then echo "removed: ${n%.sass}"
+    if [ ! -f "$b/$n" ]; then gone[$(norm "$f")]+="${n%.sass} "
     elif ! cmp -s "$f" "$b/$n"; then echo "changed: ${n%.sass}"; changed=1; fi
   done
-  for f in "$b"/*.sass; do n=$(basename "$f"); if [ ! -f "$a/$n" ]; then echo "added:   ${n%.sass}"; fi; done
+  for f in "$b"/*.sass; do
+    n=$(basename "$f")
+    [ -f "$a/$n" ] && continue
+    h=$(norm "$f")
+    if [ -n "${gone[$h]:-}" ]; then
+      old=${gone[$h]%% *}
+      echo "renamed: $old -> ${n%.sass} (same code)"
+      gone[$h]=${gone[$h]#* }
+      [ -n "${gone[$h]}" ] || unset "gone[$h]"
+    else echo "added:   ${n%.sass}"; fi
+  done
+  for h in "${!gone[@]}"; do for n in ${gone[$h]}; do echo "removed: $n"; done; done | sort
   if [ $changed = 0 ]; then echo "no kernel present in both dumps changed"; fi
   exit 0
 fi
