@@ -25,7 +25,8 @@ compare() {
     --set "data.train=$tmp/train_*.bin" --set "data.val=$tmp/val_*.bin" --set eval.interval=4 \
     --set eval.batches=2 --set checkpoint.interval=6 --set log.interval=6 --device cpu "$@"
   "$BIN" "$@" --set "log.dir=$full" >"$tmp/out" 2>&1
-  check "$name: uninterrupted run" "$(tail -3 "$tmp/out")" [ $? -eq 0 ]
+  rc=$?
+  check "$name: uninterrupted run" "rc $rc: $(tail -3 "$tmp/out")" [ "$rc" -eq 0 ]
   "$BIN" "$@" --set "log.dir=$part" --stop-after 6 >"$tmp/out" 2>&1
   rc=$?
   check "$name: --stop-after 6 exits 0" "rc $rc: $(tail -3 "$tmp/out")" [ "$rc" -eq 0 ]

@@ -56,7 +56,8 @@ rows = [json.loads(l) for l in open('$m') if '\"loss\"' in l]
 exit(0 if rows[-1]['loss'] < rows[0]['loss'] else 1)"
 check "resolved config written" "missing $run/config.json" [ -f "$run/config.json" ]
 "$BIN" --config "$run/config.json" --dry-run >"$tmp/dry" 2>&1
-check "resolved config reloads (--dry-run)" "$(tail -3 "$tmp/dry")" [ $? -eq 0 ]
+rc=$?
+check "resolved config reloads (--dry-run)" "rc $rc: $(tail -3 "$tmp/dry")" [ "$rc" -eq 0 ]
 ck=$run/checkpoints
 n_ck=$(ls "$ck" | grep -c '^step_.*\.ckpt$')
 check "checkpoint.keep respected" "$(ls "$ck" | tr '\n' ' ')" [ "$n_ck" -eq 2 ] 
@@ -89,7 +90,8 @@ check "sample prints something" "empty output" [ -s "$tmp/s1" ]
 "$BIN" sample --checkpoint "$ck/step_000012.ckpt" --tokens 8 --seed 7 >"$tmp/s2" 2>/dev/null
 check "sample is deterministic for a seed" "$(cat "$tmp/s1") vs $(cat "$tmp/s2")" cmp -s "$tmp/s1" "$tmp/s2"
 "$BIN" sample --checkpoint "$ck/step_000012.ckpt" --tokens 8 --temperature 0 >"$tmp/s3" 2>/dev/null
-check "greedy sample runs" "rc $?" [ -s "$tmp/s3" ]
+rc=$?
+check "greedy sample runs" "rc $rc" [ "$rc" -eq 0 -a -s "$tmp/s3" ]
 
 # --dry-run of the paper's 1.67B config: the count is within 1% of 1.67e9.
 before=$(ls -d runs/paper_1p67b 2>/dev/null)
