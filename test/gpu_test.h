@@ -82,7 +82,10 @@ template <class T> static std::vector<T> back(const T *d, size_t n) {
 template <class T> static void poison(T *d, size_t n) { CU(cudaMemset(d, 0xFF, n * sizeof(T))); }
 
 // Error of an output against its reference: relative L2 (a zero reference makes any error
-// huge), max abs error, and the count of non-finite outputs (which fail ok()).
+// huge), max abs error, and the count of non-finite outputs (which fail ok()). ok(tol) bounds
+// both: the relative L2 by tol and the max abs error by 5 x tol x max |ref|, so that a few wild
+// values, which a large tensor dilutes in its L2, fail too (rounding noise of relative L2 e has
+// a max abs error near 3e x max |ref| at most: test_tile_bound measures it on the emulation).
 struct Err {
     double num = 0, den = 0, maxabs = 0, maxref = 0;  // maxref: max |ref|, to put maxabs in scale
     long nonfinite = 0;
@@ -95,7 +98,7 @@ struct Err {
         if (fabs(ref) > maxref) maxref = fabs(ref);
     }
     double rel() const { return sqrt(num / (den > 0 ? den : 1e-300)); }
-    bool ok(double tol) const { return nonfinite == 0 && rel() < tol; }
+    bool ok(double tol) const { return nonfinite == 0 && rel() < tol && maxabs <= 5 * tol * maxref; }
 };
 
 // Fresh values offset + scale * U[-1, 1) made on the device (timing sizes are large), as BF16
