@@ -34,6 +34,10 @@ if grep -q '^device: gpu' "$tmp/out"; then  # a machine with a GPU: auto took it
     sh -c "[ -s '$tmp/plan_run' ] && cmp -s '$tmp/plan_run' '$tmp/plan_dry'"
 else
   check "device note" "$(head -2 "$tmp/out")" grep -q "training on the CPU" "$tmp/out"
+  if [ ! -e /proc/driver/nvidia ] && ! command -v nvidia-smi >/dev/null 2>&1; then
+    check "device note: no NVIDIA driver here, and it says so" "$(head -1 "$tmp/out")" \
+      grep -q '^note: no GPU (no NVIDIA driver found): training on the CPU$' "$tmp/out"
+  fi
   check "MFU n/a printed once" "$(grep -c 'MFU n/a' "$tmp/out") times" [ "$(grep -c 'MFU n/a' "$tmp/out")" -eq 1 ]
 fi
 check "progress lines" "$(cat "$tmp/out")" grep -Eq '^step 12/12 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| norm [0-9.]+ \| [0-9]+ tok/s \| ETA ' "$tmp/out"
