@@ -41,6 +41,10 @@ else
   check "MFU n/a printed once" "$(grep -c 'MFU n/a' "$tmp/out") times" [ "$(grep -c 'MFU n/a' "$tmp/out")" -eq 1 ]
 fi
 check "progress lines" "$(cat "$tmp/out")" grep -Eq '^step 12/12 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| norm [0-9.]+ \| [0-9]+ tok/s \| ETA ' "$tmp/out"
+check "the first progress line's ETA waits for a measured step" "$(grep '^step 1/12 |' "$tmp/out")" \
+  grep -Eq '^step 1/12 \| .* \| ETA pending( |$)' "$tmp/out"
+check "later progress lines have an ETA" "$(grep '^step 3/12 |' "$tmp/out")" \
+  grep -Eq '^step 3/12 \| .* \| ETA [0-9]+(s|m[0-9]{2}s|h[0-9]{2}m)( |$)' "$tmp/out"
 check "progress every log.interval" "$(grep -c '^step [0-9]*/12 | loss' "$tmp/out") lines" \
   [ "$(grep -c '^step [0-9]*/12 | loss' "$tmp/out")" -eq 5 ]  # steps 1, 3, 6, 9, 12
 check "val loss printed" "$(cat "$tmp/out")" grep -q '^step 12/12 | val loss' "$tmp/out"
@@ -73,6 +77,8 @@ check "no temp files left" "$(ls "$ck" "$run" | tr '\n' ' ')" [ -z "$(ls "$ck" "
 "$BIN" "$@" >"$tmp/out2" 2>"$tmp/err2"
 rc=$?
 check "rerun into the same run dir refused" "rc $rc: $(cat "$tmp/err2")" grep -q 'already holds a run' "$tmp/err2"
+check "the refusal says what to do: resume, another log.dir, or remove it" "$(cat "$tmp/err2")" \
+  sh -c "[ $rc -eq 1 ] && grep -q 'pass --resume to continue it .*, choose another log.dir via --set log.dir=..., or remove $run to start over' '$tmp/err2'"
 "$BIN" "$@" --resume >"$tmp/out2" 2>"$tmp/err2"
 check "resume of a finished run: nothing to do" "$(cat "$tmp/out2" "$tmp/err2")" grep -q 'nothing to do' "$tmp/out2"
 
