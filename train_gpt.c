@@ -3,12 +3,17 @@
 // evaluation and checkpoints, setup (every input validated before anything is written), the
 // run loop (train_run), then the command line (main).
 //
-// Order of a run: validate every input (data shards, batch arithmetic, the run directory, the
-// checkpoint to resume from, the device) before writing anything; then create the run directory,
-// write the resolved config and train. One step = grad_accum micro-batches of (B, T) forward + backward,
+// Order of a run: validate the inputs (data shards, batch arithmetic, the device), take the run
+// directory's lock (core/run_dir.h: one writer per run directory), validate the rest (the run
+// directory's state, the checkpoint to resume from and the config changes since it) before
+// writing anything; then remove the temporary files of interrupted writes, write the resolved
+// config and train. One step = grad_accum micro-batches of (B, T) forward + backward,
 // global-norm clipping, one AdamW update. A resumed run restores parameters, AdamW moments and
 // step, the data loader position, the attention delayed-scaling state and the sampling RNG, so
-// it reproduces the uninterrupted run's losses bit for bit on the CPU. On the GPU the state is
+// it reproduces the uninterrupted run's losses bit for bit on the CPU; it refuses a config that
+// changes the run's trajectory (core/config_diff.h) unless --allow-config-change, which is then
+// recorded in the run directory, and falls back past corrupt or non-finite checkpoints to the
+// newest that loads. On the GPU the state is
 // restored exactly too, but the attention backward's dQ atomics make any two GPU runs differ at
 // FP32 rounding level, so a resumed GPU run follows the uninterrupted one closely, not bitwise.
 //
@@ -20,6 +25,13 @@
 // state); the others write nothing. A stop signal on any rank stops all after the same step
 // (comm_any), with one checkpoint; a dead or hung rank makes the others fail within
 // train.comm_timeout_s. World 1 makes no comm call: the single-process path is unchanged.
+//
+// Non-finite steps: a step whose loss or global gradient norm is not finite is not applied (no
+// optimizer step; the delayed-scaling histories its backwards committed are put back), and is
+// logged with its data position; the data moves on. train.max_bad_steps such steps in a row end
+// the run with an error and no checkpoint. The decision reads the reduced loss and norm, the same
+// on every rank, so all ranks decide alike. A diverged model is never checkpointed
+// (checkpoint_save refuses one) and pruning never deletes the checkpoint just written.
 //
 // Subcommands live with their concern: sample and attn-check in eval/, encode, decode and
 // tokenize in tokenizer/.
@@ -36,7 +48,9 @@
 #include "core/checkpoint.h"      // CheckpointState, checkpoint_save/load, latest, prune
 #include "core/common.h"          // ErrBuf, die_user
 #include "core/config.h"          // config_load
+#include "core/config_diff.h"     // config_changes: what a resume changes
 #include "core/model.h"           // param_table_build, model_flops_per_token, model_print_summary (--dry-run)
+#include "core/run_dir.h"         // RunLock, run_dir_remove_temp_files
 #include "comm/comm.h"            // the process group of data parallelism
 #include "dataloader.h"           // DataLoader
 #include "eval/attn_check.h"      // cmd_attn_check
@@ -48,8 +62,10 @@
 #include "tokenizer/tokenizer.h"  // decoding samples, cmd_encode, cmd_decode, cmd_tokenize
 
 typedef struct {
-    int resume;               // --resume given: continue the run in log.dir
-    const char *resume_from;  // a checkpoint path; NULL or "latest": the newest of the run's checkpoints
+    int resume;               // --resume given: continue the run in log.dir (from step 0 without a checkpoint)
+    const char *resume_from;  // a checkpoint file, a run or checkpoint directory or a `latest` pointer;
+                              // NULL or "latest": the newest of the run's checkpoints that loads
+    int allow_config_change;  // --allow-config-change: a resume may change keys that change the trajectory
     long long stop_after;     // > 0: stop after this step, writing a checkpoint (tests, preemption drills)
 } TrainOptions;
 
@@ -125,6 +141,7 @@ typedef struct {
     AttnDelayedState *delayed;     // (n_delayed) the backend's delayed-scaling state, or NULL
     int n_delayed;                 // layers with delayed-scaling state (0 when not in use)
     AttnDelayedState *delayed_save;  // (n_delayed) scratch: eval and samples leave no trace
+    AttnDelayedState *delayed_step;  // (n_delayed) the state before the step: a step not applied restores it
     float *host_params, *host_m, *host_v;  // (total) the state checkpoints see (see checkpoint_state_of)
     int host_state_owned;          // host_* were allocated here (not the CPU backend's own arrays)
     int32_t *inputs, *targets;     // (B, T)
@@ -257,7 +274,7 @@ static int save_checkpoint_file(Run *r, CheckpointState *sp, long long step, dou
     checkpoint_path_for_step(r->ckpt_dir, step, path, sizeof path);
     if (checkpoint_save(path, &s, e) != 0) return -1;
     if (checkpoint_mark_latest(r->ckpt_dir, path, e) != 0) return -1;
-    checkpoint_prune(r->ckpt_dir, r->c.checkpoint.keep);
+    checkpoint_prune(r->ckpt_dir, r->c.checkpoint.keep, step);
     printf("step %lld: checkpoint %s\n", step, path);
     return 0;
 }
@@ -320,6 +337,111 @@ static void broadcast_resume(Run *r, CheckpointState *s) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The run directory: its lock, what a resume starts from, and what it changes.
+
+// Held from before the run directory is looked at until the process ends (exit runs
+// release_run_locks, so a refused run leaves no lock and no directory it created).
+static RunLock run_lock = {.fd = -1}, ckpt_lock = {.fd = -1};
+static void release_run_locks(void) {
+    run_lock_release(&ckpt_lock);
+    run_lock_release(&run_lock);
+}
+
+// Locks log.dir, and checkpoint.dir where it lies elsewhere (another run could share it).
+static void lock_run_dirs_or_die(Run *r) {
+    ErrBuf e;
+    char note[1024], own[2100];
+    atexit(release_run_locks);
+    if (run_lock_acquire(&run_lock, r->c.log.dir, note, sizeof note, &e) != 0) die_user(&e);
+    if (note[0]) printf("%s\n", note);
+    snprintf(own, sizeof own, "%s/checkpoints", r->c.log.dir);
+    if (strcmp(r->ckpt_dir, own) != 0) {
+        if (run_lock_acquire(&ckpt_lock, r->ckpt_dir, note, sizeof note, &e) != 0) die_user(&e);
+        if (note[0]) printf("%s\n", note);
+    }
+}
+
+// The checkpoints --resume tries, newest first (*paths, the count returned; 0: none, the run
+// starts at step 0). A checkpoint file named on the command line is the only one tried
+// (*explicit_file = 1); a directory or `latest` pointer gives its checkpoints.
+static int resume_candidates_or_die(Run *r, const TrainOptions *opt, char ***paths, int *explicit_file) {
+    ErrBuf e, e2;
+    *explicit_file = 0;
+    if (!opt->resume_from || !strcmp(opt->resume_from, "latest")) return checkpoint_list_newest_first(r->ckpt_dir, paths);
+    char where[4096];
+    if (checkpoint_resolve(opt->resume_from, where, sizeof where, explicit_file, &e2) != 0) {
+        errf(&e, "--resume %s", e2.msg);
+        die_user(&e);
+    }
+    if (*explicit_file) {
+        *paths = xcalloc(1, sizeof **paths);
+        (*paths)[0] = xstrdup(where);
+        return 1;
+    }
+    int n = checkpoint_list_newest_first(where, paths);
+    if (n == 0) {  // named explicitly: a directory without checkpoints is a mistake, not a fresh start
+        checkpoint_list_free(*paths, 0);
+        errf(&e, "--resume %s: no checkpoint in %s (no 'latest' file and no step_*.ckpt)", opt->resume_from, where);
+        die_user(&e);
+    }
+    return n;
+}
+
+// A change's value for messages: the JSON text, "(absent)" for a key one side lacks.
+static const char *shown(const char *json) { return strcmp(json, "null") ? json : "(absent)"; }
+
+// The differences between the config the run was made with (the checkpoint's, or without one the
+// run directory's config.json) and this one. Keys that change the trajectory are refused with the
+// list, unless --allow-config-change; the others are noted. Returns the number of changes (with
+// *out and where they were measured from in from), all to be recorded before training.
+static int resume_config_changes_or_die(Run *r, const TrainOptions *opt, const char *stored, const char *ckpt_path,
+                                        ConfigChange **out, char *from, size_t from_len) {
+    ErrBuf e, e2;
+    char *text = NULL;
+    *out = NULL;
+    if (stored) {
+        snprintf(from, from_len, "%s", ckpt_path);
+    } else {
+        snprintf(from, from_len, "%s/config.json", r->c.log.dir);
+        if (!file_exists(from)) return 0;  // nothing recorded to compare with (a run killed before writing it)
+        text = read_file_text(from, NULL, &e2);
+        if (!text) die_user(&e2);
+        stored = text;
+    }
+    int n = config_changes(stored, &r->c, out, &e2);
+    free(text);
+    if (n < 0) {
+        if (opt->allow_config_change) {
+            printf("note: the config %s was made with cannot be compared (%s): continuing (--allow-config-change)\n",
+                   from, e2.msg);
+            return 0;
+        }
+        errf(&e, "--resume: the config %s was made with cannot be compared with this one (%s): pass "
+                 "--allow-config-change to resume anyway", from, e2.msg);
+        die_user(&e);
+    }
+    int n_trajectory = 0;
+    for (int i = 0; i < n; i++) n_trajectory += (*out)[i].trajectory;
+    if (n_trajectory > 0 && !opt->allow_config_change) {
+        fflush(stdout);
+        fprintf(stderr, "train_gpt: error: --resume: the config differs from the one %s was made with in %d key%s "
+                        "that change%s the run's trajectory:\n", from, n_trajectory, n_trajectory == 1 ? "" : "s",
+                n_trajectory == 1 ? "s" : "");
+        for (int i = 0; i < n; i++)
+            if ((*out)[i].trajectory)
+                fprintf(stderr, "  %s: %s -> %s\n", (*out)[i].key, shown((*out)[i].before), shown((*out)[i].after));
+        fprintf(stderr, "to continue the run as it was, resume with the values it was made with (its config: %s/config.json); "
+                        "to continue with the new values, add --allow-config-change (the change is recorded in "
+                        "%s/config_changes.jsonl); or start a new run in another log.dir\n", r->c.log.dir, r->c.log.dir);
+        exit(1);
+    }
+    for (int i = 0; i < n; i++)
+        printf("note: resume changes %s: %s -> %s%s\n", (*out)[i].key, shown((*out)[i].before), shown((*out)[i].after),
+               (*out)[i].trajectory ? " (changes the run's trajectory: allowed by --allow-config-change)" : "");
+    return n;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Setup: every check that can fail on user input, in an order that writes nothing. With world > 1
 // only rank 0 looks at the run directory (the others write nothing and get a resumed state from
 // rank 0); a rank that fails here exits 1 and the others fail at their next collective.
@@ -359,26 +481,20 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
 
     checkpoint_dir_of(c, r->ckpt_dir, sizeof r->ckpt_dir);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/%s", c->log.dir, c->log.metrics_file);
-    char resume_path[4096] = "";
+    // Rank 0 owns the run directory: it locks it, then finds what to resume from (the checkpoints
+    // to try, newest first; none: the run starts at step 0).
+    char **resume_paths = NULL;
+    int n_resume = 0, resume_file = 0;
     if (r->rank == 0) {
+        lock_run_dirs_or_die(r);
         int has_run = file_exists(r->metrics_path) || checkpoint_dir_has_any(r->ckpt_dir);
         if (has_run && !opt->resume) {
-            errf(&e, "run dir %s already holds a run (%s): pass --resume to continue it, or choose another log.dir "
-                     "via --set log.dir=...", c->log.dir, file_exists(r->metrics_path) ? r->metrics_path : r->ckpt_dir);
+            errf(&e, "run dir %s already holds a run (%s): pass --resume to continue it (from its newest checkpoint, "
+                     "or from step 0 if it has none), choose another log.dir via --set log.dir=..., or remove %s to "
+                     "start over", c->log.dir, file_exists(r->metrics_path) ? r->metrics_path : r->ckpt_dir, c->log.dir);
             die_user(&e);
         }
-        if (opt->resume) {
-            if (opt->resume_from && strcmp(opt->resume_from, "latest") != 0) {
-                snprintf(resume_path, sizeof resume_path, "%s", opt->resume_from);
-                if (!file_exists(resume_path)) {
-                    errf(&e, "--resume %s: no such checkpoint file", resume_path);
-                    die_user(&e);
-                }
-            } else if (checkpoint_find_latest(r->ckpt_dir, resume_path, sizeof resume_path, &e2) != 0) {
-                errf(&e, "--resume: %s", e2.msg);
-                die_user(&e);
-            }
-        }
+        if (opt->resume) n_resume = resume_candidates_or_die(r, opt, &resume_paths, &resume_file);
     }
 
     // Each backward is scaled by 1 / (grad_accum x world): the ranks' sum is the mean gradient.
@@ -396,14 +512,53 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
     r->flops_per_token = model_flops_per_token(&c->model);
     r->delayed = backend_delayed_state(&r->be, &r->n_delayed);
     r->delayed_save = xcalloc((size_t)(r->n_delayed ? r->n_delayed : 1), sizeof(AttnDelayedState));
+    r->delayed_step = xcalloc((size_t)(r->n_delayed ? r->n_delayed : 1), sizeof(AttnDelayedState));
     r->inputs = xmalloc((size_t)r->B * r->T * sizeof(int32_t));
     r->targets = xmalloc((size_t)r->B * r->T * sizeof(int32_t));
     r->sample_rng = sample_rng_seed(c->train.seed);
     r->config_json = config_to_json(c);
     *start_step = 0;
-    if (resume_path[0] || (world > 1 && opt->resume)) {
-        CheckpointState s = checkpoint_state_of(r);
-        if (resume_path[0] && checkpoint_load(resume_path, &s, &e) != 0) die_user(&e);
+
+    // Rank 0 loads the newest candidate that loads (a refused file leaves the state untouched, so
+    // the next one loads into the same buffers) and tells the others whether there was one.
+    CheckpointState s = checkpoint_state_of(r);
+    char *stored_config = NULL, resume_path[4096] = "";
+    for (int i = 0; i < n_resume && !resume_path[0]; i++) {
+        s = checkpoint_state_of(r);
+        s.config_out = &stored_config;
+        int rc = checkpoint_load(resume_paths[i], &s, &e2);
+        if (rc == 0) {
+            snprintf(resume_path, sizeof resume_path, "%s", resume_paths[i]);
+        } else if (resume_file || rc == -2) {  // -2: made for another model, as the older ones are
+            die_user(&e2);
+        } else if (i + 1 < n_resume) {
+            printf("note: not resuming from %s: %s\n", resume_paths[i], e2.msg);
+        } else {
+            errf(&e, "--resume: no checkpoint of %s loads (the oldest one: %s): start over in another log.dir, or "
+                     "move them away to restart this run from step 0", r->ckpt_dir, e2.msg);
+            die_user(&e);
+        }
+    }
+    if (n_resume) checkpoint_list_free(resume_paths, n_resume);
+    int have_ckpt = resume_path[0] != '\0';
+    // What the resume changes against the config the run was made with: refused here, before
+    // anything is written and before the other ranks are told to go on, when it changes the
+    // trajectory without --allow-config-change.
+    ConfigChange *changes = NULL;
+    int n_changes = 0;
+    char changes_from[4096] = "";
+    if (r->rank == 0 && opt->resume) {
+        if (have_ckpt) printf("resuming from %s (step %lld of %d)\n", resume_path, s.train_step, c->train.steps);
+        else printf("note: --resume: no checkpoint in %s: the run starts from step 0\n", r->ckpt_dir);
+        n_changes = resume_config_changes_or_die(r, opt, stored_config, resume_path, &changes, changes_from,
+                                                 sizeof changes_from);
+    }
+    free(stored_config);
+    if (world > 1 && opt->resume) {
+        ErrBuf eb;
+        if (comm_broadcast(&r->comm, &have_ckpt, sizeof have_ckpt, &eb)) dp_fail(r, &eb);
+    }
+    if (have_ckpt) {
         if (world > 1) broadcast_resume(r, &s);
         backend_set_state(&r->be, s.params, s.adam_m, s.adam_v, s.adam_step);
         s.data.window_pos /= world;  // windows of all ranks -> this loader's (see save_checkpoint_file)
@@ -413,24 +568,38 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
             die_user(&e);
         }
         if (s.train_step > c->train.steps) {
-            errf(&e, "checkpoint %s is at step %lld, past train.steps = %d (raise it with --set train.steps=N)",
-                 resume_path, s.train_step, c->train.steps);
+            errf(&e, "checkpoint %s is at step %lld, past train.steps = %d (raise it with --set train.steps=N "
+                     "--allow-config-change)", resume_path, s.train_step, c->train.steps);
             die_user(&e);
         }
         r->sample_rng = s.sample_rng;
         r->elapsed_before = s.elapsed_s;
         *start_step = s.train_step;
-        printf("resuming from %s (step %lld of %d)\n", resume_path, s.train_step, c->train.steps);
     }
     if (r->rank != 0) return;  // the run directory is rank 0's
 
     // Inputs are valid: now the run directory may be written.
+    for (int d = 0; d < 2; d++) {
+        char note[1024];
+        long long bytes;
+        if (run_dir_remove_temp_files(d ? r->ckpt_dir : c->log.dir, &bytes, note, sizeof note) > 0) printf("%s\n", note);
+    }
     if (make_dirs(c->log.dir, &e) != 0 || make_dirs(r->ckpt_dir, &e) != 0) die_user(&e);
+    if (n_changes > 0) {
+        if (config_changes_record(c->log.dir, *start_step, changes_from, changes, n_changes, &e) != 0) die_user(&e);
+        printf("note: the config changes recorded in %s/config_changes.jsonl; config.json now holds the new values\n",
+               c->log.dir);
+    }
+    free(changes);
     if (config_write_resolved(c, c->log.dir, &e) != 0) die_user(&e);
-    if (*start_step > 0 && file_exists(r->metrics_path)) {
-        int dropped = trim_metrics(r->metrics_path, *start_step, &e);
+    if (opt->resume && file_exists(r->metrics_path)) {
+        // A resumed run replaces what came after its checkpoint (all of it without one).
+        int dropped = trim_metrics(r->metrics_path, *start_step > 0 ? *start_step : -1, &e);
         if (dropped < 0) die_user(&e);
-        if (dropped) printf("note: dropped %d metrics lines written after step %lld\n", dropped, *start_step);
+        if (dropped && *start_step > 0)
+            printf("note: dropped %d metrics lines written after step %lld\n", dropped, *start_step);
+        else if (dropped)
+            printf("note: dropped %d metrics lines of the session that wrote no checkpoint\n", dropped);
     }
     r->metrics = fopen(r->metrics_path, *start_step > 0 ? "ab" : "wb");
     if (!r->metrics) FATAL("cannot open %s for writing (hint: is the run directory writable?)", r->metrics_path);
@@ -542,10 +711,10 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
 
     const int steps = c->train.steps;
     const int log_every = c->log.interval > 0 ? c->log.interval : 1;
-    double t_start = now_seconds();
+    double t_start = now_seconds(), t_first = 0.0;  // t_first: the end of this session's first step
     double last_loss = NAN, last_val = NAN;
-    long long step = start_step, last_ckpt = -1;
-    int status = 0;
+    long long step = start_step, last_ckpt = -1, not_applied = 0;
+    int status = 0, bad_streak = 0;
     ErrBuf e;
 
     // The validation loss before the first step, so a run's log shows the whole fall from the
@@ -565,28 +734,44 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
             prof_steps++;
         }
         double t0 = now_seconds();
+        DataLoaderState data_pos;  // where the step reads (for the log of a step not applied)
+        dataloader_get_state(&r->train, &data_pos);
+        long long data_file = -1;
+        if (r->n_delayed) memcpy(r->delayed_step, r->delayed, (size_t)r->n_delayed * sizeof *r->delayed_step);
         backend_zero_grad(&r->be);
         double loss_sum = 0.0;
         for (int a = 0; a < r->grad_accum; a++) {
             dataloader_next(&r->train, r->inputs, r->targets);
+            if (a == 0) data_file = r->train.cur_file;
             loss_sum += backend_forward_backward(&r->be, r->inputs, r->targets);
         }
-        double norm, clip, lr = lr_at_step(&c->train, (int)(step - 1));
+        double norm, clip = 0.0, lr = lr_at_step(&c->train, (int)(step - 1));
         if (r->world == 1) {
             norm = backend_grad_norm(&r->be);
-            clip = grad_clip_factor(&c->train, norm);
-            backend_step(&r->be, lr, clip, &c->train);
-        } else {  // the mean gradient of all ranks, its norm, and the same step everywhere
+        } else {  // the mean gradient of all ranks and its norm, the same on every rank
             loss_sum = dp_sum(r, loss_sum);
             if (backend_dp_sync_grads(&r->be, &norm, &e) != 0) dp_fail(r, &e);
+        }
+        last_loss = loss_sum / ((double)r->grad_accum * r->world);
+        // The reduced loss and the global norm are the same on every rank: so is this decision.
+        const int applied = isfinite(last_loss) && isfinite(norm);
+        if (applied) {
             clip = grad_clip_factor(&c->train, norm);
-            if (backend_dp_step(&r->be, lr, clip, &c->train, &e) != 0) dp_fail(r, &e);
+            if (r->world == 1) backend_step(&r->be, lr, clip, &c->train);
+            else if (backend_dp_step(&r->be, lr, clip, &c->train, &e) != 0) dp_fail(r, &e);
+            bad_streak = 0;
+        } else {  // no optimizer step; the amaxes the step's backwards committed are taken back
+            if (r->n_delayed) memcpy(r->delayed, r->delayed_step, (size_t)r->n_delayed * sizeof *r->delayed);
+            bad_streak++;
+            not_applied++;
         }
         double t1 = now_seconds();  // the GPU calls return after their stream is done
-        last_loss = loss_sum / ((double)r->grad_accum * r->world);
         double tok_s = r->tokens_per_step / (t1 - t0 > 0 ? t1 - t0 : 1e-9);
         double mfu = mfu_of(r, tok_s);  // < 0: not applicable (CPU, unknown peak)
         double session = t1 - t_start, elapsed = r->elapsed_before + session;
+        // Data position in the checkpoint's terms (windows of all ranks together).
+        const long long data_window = data_pos.window_pos * r->world;
+        const char *data_name = data_file >= 0 ? r->train.files[data_file] : "?";
 
         if (r->metrics) {  // rank 0
             fprintf(r->metrics, "{\"step\": %lld", step);
@@ -596,14 +781,30 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
             fprint_json_num(r->metrics, "tokens_per_s", tok_s, "%.1f");
             fprint_json_num(r->metrics, "elapsed_s", elapsed, "%.3f");
             if (mfu >= 0) fprint_json_num(r->metrics, "mfu", mfu, "%.4f");
+            if (!applied) {
+                fprintf(r->metrics, ", \"skipped\": true, \"data\": {\"epoch\": %lld, \"shard_pos\": %lld, "
+                                    "\"window_pos\": %lld, \"file\": ", data_pos.epoch, data_pos.shard_pos, data_window);
+                cJSON *name = cJSON_CreateString(data_name);
+                char *quoted = cJSON_PrintUnformatted(name);
+                fprintf(r->metrics, "%s}", quoted ? quoted : "null");
+                cJSON_free(quoted);
+                cJSON_Delete(name);
+            }
             fprintf(r->metrics, "}\n");
             fflush(r->metrics);
         }
-        if (!isfinite(last_loss)) printf("warning: step %lld: the loss is %f\n", step, last_loss);
+        if (!applied)
+            printf("warning: step %lld not applied: the loss is %g and the gradient norm %g (data: epoch %lld, shard "
+                   "position %lld = %s, window %lld); %d in a row, the run stops at train.max_bad_steps = %d\n",
+                   step, last_loss, norm, data_pos.epoch, data_pos.shard_pos, data_name, data_window, bad_streak,
+                   c->train.max_bad_steps);
 
         if (step % log_every == 0 || step == start_step + 1 || step == steps) {
-            char eta[32];
-            format_duration(session / (double)(step - start_step) * (double)(steps - step), eta, sizeof eta);
+            // The first step of a session carries one-time costs (allocation, warm-up, the initial
+            // evaluation): the ETA is measured from the steps after it.
+            char eta[32] = "pending";
+            if (step > start_step + 1 && t_first > 0)
+                format_duration((t1 - t_first) / (double)(step - start_step - 1) * (double)(steps - step), eta, sizeof eta);
             printf("step %lld/%d | loss %.4f | lr %.2e | norm %.2f | %.0f tok/s | ETA %s", step, steps, last_loss, lr,
                    norm, tok_s, eta);
             if (r->be.kind == DEVICE_GPU) {
@@ -613,7 +814,25 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
             printf("\n");
             fflush(stdout);
         }
+        if (step == start_step + 1) t_first = now_seconds();
         if (profiling) gpu_model_profile_pause(&r->be.gpu, 1);  // the step's own work ends here
+        if (bad_streak >= c->train.max_bad_steps) {
+            fflush(stdout);
+            char newest[4096];
+            ErrBuf e2;
+            if (r->rank == 0) {
+                fprintf(stderr, "train_gpt: error: %d steps in a row (%lld..%lld) had a non-finite loss or gradient "
+                                "norm and were not applied (train.max_bad_steps = %d): the run diverged; no checkpoint "
+                                "written. ", bad_streak, step - bad_streak + 1, step, c->train.max_bad_steps);
+                if (checkpoint_find_latest(r->ckpt_dir, newest, sizeof newest, &e2) == 0)
+                    fprintf(stderr, "Its newest checkpoint is %s: resume from it with a lower train.lr (--resume "
+                                    "--allow-config-change --set train.lr=...)\n", newest);
+                else
+                    fprintf(stderr, "It has no checkpoint: start it again with a lower train.lr\n");
+            }
+            status = 1;
+            break;
+        }
         // Diagnostics probe the model between steps and leave no trace in the training state;
         // under data parallelism rank 0 runs them while the others wait at the next collective.
         if (r->rank == 0)
@@ -625,9 +844,14 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
         if (r->rank == 0 && c->eval.sample_interval > 0 && step % c->eval.sample_interval == 0) print_sample(r, step);
 
         int stopping = dp_any(r, stop_signal || (opt->stop_after > 0 && step >= opt->stop_after));
-        // A stop (signal, --stop-after) always checkpoints: that run is meant to be resumed.
-        if ((c->checkpoint.interval > 0 && step % c->checkpoint.interval == 0) ||
-            (step == steps && c->checkpoint.at_end) || stopping) {
+        // A stop (signal, --stop-after) always checkpoints: that run is meant to be resumed. A
+        // periodic checkpoint waits for a step that was applied.
+        int periodic = c->checkpoint.interval > 0 && step % c->checkpoint.interval == 0;
+        if (periodic && !applied && !stopping && step != steps) {
+            printf("note: step %lld: no checkpoint: the step was not applied\n", step);
+            periodic = 0;
+        }
+        if (periodic || (step == steps && c->checkpoint.at_end) || stopping) {
             if (save_checkpoint(r, step, r->elapsed_before + (now_seconds() - t_start), &e) != 0) {
                 fprintf(stderr, "train_gpt: error: %s\n", e.msg);
                 status = 1;
@@ -644,6 +868,9 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
         }
     }
     if (step > steps) step = steps;
+    if (not_applied > 0 && r->rank == 0)
+        printf("note: %lld step%s of this session %s not applied (a non-finite loss or gradient norm; \"skipped\" in %s)\n",
+               not_applied, not_applied == 1 ? "" : "s", not_applied == 1 ? "was" : "were", r->metrics_path);
     if (status == 0 && start_step >= steps) printf("the run is already at step %lld of %d: nothing to do\n", start_step, steps);
     if (status == 0 && step == steps && (last_ckpt == steps || !c->checkpoint.at_end))
         write_summary(r, step, last_loss, last_val, r->elapsed_before + (now_seconds() - t_start));
@@ -658,6 +885,7 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
     free(r->inputs);
     free(r->targets);
     free(r->delayed_save);
+    free(r->delayed_step);
     if (r->host_state_owned) {
         free(r->host_params);
         free(r->host_m);
@@ -680,7 +908,7 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: train_gpt --config FILE [--set section.key=value]... [--device cpu|gpu|auto]\n"
-            "                 [--resume [CHECKPOINT|latest]] [--stop-after N]\n"
+            "                 [--resume [CHECKPOINT|DIR|latest]] [--allow-config-change] [--stop-after N]\n"
             "       train_gpt --config FILE --dry-run [--world-size N] [--zero1] [--micro-batch N]\n"
             "       train_gpt COMMAND [options]    (COMMAND --help for its options)\n"
             "\n"
@@ -688,7 +916,11 @@ static void usage(FILE *f) {
             "  --config FILE        JSON run configuration, e.g. configs/tiny.json\n"
             "  --set KEY=VALUE      override one config key, e.g. --set train.steps=100 (repeatable)\n"
             "  --device D           cpu, gpu or auto (default: the config's train.device)\n"
-            "  --resume [C]         continue the run in log.dir from its newest checkpoint, or from C\n"
+            "  --resume [C]         continue the run in log.dir from its newest checkpoint that loads (from\n"
+            "                       step 0 if it has none), or from C: a checkpoint file, a run or checkpoint\n"
+            "                       directory, or a 'latest' file\n"
+            "  --allow-config-change  let --resume change keys that change the run's trajectory (train.lr,\n"
+            "                       precision.*, data.seed, ...; docs/config.md); recorded in the run directory\n"
             "  --zero1              shard the AdamW state across data-parallel ranks (= --set train.zero1=true)\n"
             "  multi-GPU / multi-node: start one process per GPU with RANK, WORLD_SIZE, MASTER_ADDR and\n"
             "                       MASTER_PORT set, or with srun or mpirun (docs/multi-gpu.md)\n"
@@ -724,6 +956,9 @@ static long parse_positive(const char *s) {
 }
 
 int main(int argc, char **argv) {
+    // A write past `ulimit -f` then fails with EFBIG and its clear message (and the temporary file
+    // is removed) instead of killing the process silently, leaving the temporary file behind.
+    signal(SIGXFSZ, SIG_IGN);
     if (argc >= 2 && argv[1][0] != '-') {
         const char *cmd = argv[1];
         if (!strcmp(cmd, "sample")) return cmd_sample(argc - 1, argv + 1);
@@ -780,6 +1015,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--resume")) {
             topt.resume = 1;
             if (has_val && strncmp(argv[i + 1], "--", 2) != 0) topt.resume_from = argv[++i];
+        } else if (!strcmp(a, "--allow-config-change")) {
+            topt.allow_config_change = 1;
         } else {
             return usage_error(a[0] == '-' ? "unknown option '%s'" : "unexpected argument '%s'", a);
         }
@@ -795,6 +1032,8 @@ int main(int argc, char **argv) {
         overrides[n_overrides++] = micro_override;
     }
     if (zero1) overrides[n_overrides++] = "train.zero1=true";
+    if (topt.allow_config_change && !topt.resume)
+        return usage_error("%s applies to --resume only", "--allow-config-change");
     if (world_size != 1 && !dry_run)
         return usage_error("%s applies to --dry-run only: a training run's world size comes from its launcher "
                            "(RANK and WORLD_SIZE, srun or mpirun; see docs/multi-gpu.md)", "--world-size");

@@ -18,6 +18,14 @@
 // squares in rank order, in plain DP too, so ZeRO-1 and plain runs clip alike, bit for bit. The
 // collectives are comm.h's: NCCL on the GPU's device buffers, the host transport on the CPU.
 //
+// A step whose loss or norm is not finite (train_gpt.c's run loop) is not applied: the caller
+// skips backend_step / backend_dp_step, which leaves parameters, AdamW moments and step untouched
+// on both backends (the GPU's norm is an FP64 sum of squares read back to the host, so a NaN or
+// Inf gradient anywhere makes it non-finite, on every rank alike after the reduction); the next
+// backend_zero_grad clears the gradients. The delayed-scaling histories the step's backwards
+// committed live in backend_delayed_state's host array on both backends (the GPU uploads them
+// before each forward), so the caller restores them from a copy taken before the step.
+//
 // Checkpoints see the state as host FP32 arrays (backend_get_state / backend_set_state), so the
 // checkpoint format does not depend on the backend: a run saved on one resumes on the other.
 //

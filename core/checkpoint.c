@@ -6,6 +6,7 @@
 #include <errno.h>   // errno for messages
 #include <stdlib.h>  // qsort, strtoll
 #include <string.h>  // memcpy, strcmp, strerror
+#include <sys/stat.h>  // stat: is a path a directory
 #include <unistd.h>  // unlink
 
 // ---------------------------------------------------------------------------------------------
@@ -88,8 +89,70 @@ static void shape_fields_of(const ModelConfig *m, const ParamTable *t, int64_t f
 #define TENSOR_NAME_BYTES 64
 #define DELAYED_BYTES (3 * 4 + 4 * ATTN_MAX_AMAX_HISTORY * 4 + 4 * 4)
 
+// ---------------------------------------------------------------------------------------------
+// Finiteness: a diverged model (NaN or Inf anywhere in its state) is never written, and a file
+// holding one is refused on load. The values are read as bytes, since in a loaded file they sit
+// at any alignment: an FP32 value is not finite when its exponent bits are all ones.
+static long long first_nonfinite(const void *bytes, size_t n) {
+    const unsigned char *p = bytes;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, p + 4 * i, sizeof u);
+        if ((u & 0x7f800000u) == 0x7f800000u) return (long long)i;
+    }
+    return -1;
+}
+
+static float float_at(const void *bytes, size_t i) {
+    float x;
+    memcpy(&x, (const unsigned char *)bytes + 4 * i, sizeof x);
+    return x;
+}
+
+// "tok_emb[1234]": the tensor holding flat element i and the index inside it.
+static void name_element(const ParamTable *t, size_t i, char *out, size_t n) {
+    for (int k = 0; k < t->n; k++) {
+        const ParamDesc *d = &t->p[k];
+        if (i >= d->offset && i < d->offset + d->numel) {
+            snprintf(out, n, "%s[%zu]", d->name, i - d->offset);
+            return;
+        }
+    }
+    snprintf(out, n, "element %zu", i);
+}
+
+static const char *const STATE_ARRAY_NAMES[3] = {"parameter", "AdamW first moment", "AdamW second moment"};
+
+// 0 when arrays[k] (total floats each; NULL: not checked) are all finite; else -1 with e naming
+// the first bad value as "<what> <tensor>[<index>] is <value>".
+static int check_finite(const ParamTable *t, const void *const arrays[3], char *what, size_t what_len) {
+    for (int k = 0; k < 3; k++) {
+        if (!arrays[k]) continue;
+        long long i = first_nonfinite(arrays[k], t->total);
+        if (i < 0) continue;
+        char where[160];
+        name_element(t, (size_t)i, where, sizeof where);
+        snprintf(what, what_len, "%s %s is %g", STATE_ARRAY_NAMES[k], where, (double)float_at(arrays[k], (size_t)i));
+        return -1;
+    }
+    return 0;
+}
+
+static int delayed_finite(const AttnDelayedState *d) {
+    return first_nonfinite(d->hist, sizeof d->hist / 4) < 0 && first_nonfinite(d->cur_amax, sizeof d->cur_amax / 4) < 0;
+}
+
 int checkpoint_save(const char *path, const CheckpointState *s, ErrBuf *e) {
     const ParamTable *t = s->table;
+    char bad[256];
+    const void *arrays[3] = {s->params, s->adam_m, s->adam_v};
+    if (check_finite(t, arrays, bad, sizeof bad) != 0)
+        return errf(e, "checkpoint %s not written: the model is not finite (%s): a diverged model is never "
+                       "checkpointed", path, bad);
+    for (int l = 0; s->delayed && l < s->n_delayed; l++)
+        if (!delayed_finite(&s->delayed[l]))
+            return errf(e, "checkpoint %s not written: delayed-scaling state %d holds a non-finite amax: a diverged "
+                           "model is never checkpointed", path, l);
     ByteWriter w = {0};
     put_u32(&w, CKPT_MAGIC);
     put_u32(&w, CKPT_VERSION);
@@ -217,6 +280,8 @@ int checkpoint_load(const char *path, CheckpointState *s, ErrBuf *e) {
     unsigned char *buf = read_validated(path, &r, e);
     if (!buf) return -1;
     int rc = -1;
+    char *cfg = NULL;
+    AttnDelayedState *delayed = NULL;
     const ParamTable *t = s->table;
     int64_t want[N_SHAPE_FIELDS], have[N_SHAPE_FIELDS];
     shape_fields_of(s->model, t, want);
@@ -225,12 +290,12 @@ int checkpoint_load(const char *path, CheckpointState *s, ErrBuf *e) {
         if (have[i] != want[i]) {
             errf(e, "checkpoint %s: %s is %lld in the checkpoint but %lld in the config", path,
                  shape_field_names[i], (long long)have[i], (long long)want[i]);
+            rc = -2;
             goto done;
         }
     }
-    char *cfg = read_config_text(path, &r, e);
+    cfg = read_config_text(path, &r, e);
     if (!cfg) goto done;
-    free(cfg);
     // The tensor table: the same names and shapes in the same order. The size check above
     // guarantees the table and buffers fit, since the file size equals what they need.
     size_t need = (size_t)t->n * (TENSOR_NAME_BYTES + 16) + 3 * t->total * sizeof(float) + 8 * 9;
@@ -245,49 +310,79 @@ int checkpoint_load(const char *path, CheckpointState *s, ErrBuf *e) {
         const ParamDesc *d = &t->p[i];
         if (strcmp(name, d->name) != 0) {
             errf(e, "checkpoint %s: tensor %d is %s in the checkpoint but %s in the model", path, i, name, d->name);
+            rc = -2;
             goto done;
         }
         if (rows != d->rows || cols != d->cols) {
             errf(e, "checkpoint %s: %s: checkpoint has shape (%lld, %lld), model has (%ld, %ld)", path, d->name,
                  (long long)rows, (long long)cols, d->rows, d->cols);
+            rc = -2;
             goto done;
         }
     }
+    // Everything is validated before any of s's buffers is written, so a refused file leaves the
+    // caller's state as it was (a resume then tries an older checkpoint into the same buffers).
     size_t bytes = t->total * sizeof(float);
-    get(&r, s->params, bytes);
-    if (s->adam_m) get(&r, s->adam_m, bytes); else r.pos += bytes;
-    if (s->adam_v) get(&r, s->adam_v, bytes); else r.pos += bytes;
-    s->adam_step = get_i64(&r);
-    s->train_step = get_i64(&r);
-    s->elapsed_s = get_f64(&r);
-    s->sample_rng = get_u64(&r);
-    s->data.seed = get_u64(&r);
-    s->data.epoch = get_i64(&r);
-    s->data.shard_pos = get_i64(&r);
-    s->data.window_pos = get_i64(&r);
+    const unsigned char *arrays = r.buf + r.pos;  // params, adam m, adam v
+    const void *checked[3] = {arrays, s->adam_m ? arrays + bytes : NULL, s->adam_v ? arrays + 2 * bytes : NULL};
+    char bad[256];
+    if (check_finite(t, checked, bad, sizeof bad) != 0) {
+        errf(e, "checkpoint %s: not finite (%s): it was written by a diverged run; use an earlier checkpoint", path,
+             bad);
+        goto done;
+    }
+    r.pos += 3 * bytes;
+    long long adam_step = get_i64(&r), train_step = get_i64(&r);
+    double elapsed_s = get_f64(&r);
+    unsigned long long sample_rng = get_u64(&r);
+    DataLoaderState data;
+    data.seed = get_u64(&r);
+    data.epoch = get_i64(&r);
+    data.shard_pos = get_i64(&r);
+    data.window_pos = get_i64(&r);
     uint64_t n_delayed = get_u64(&r);
     if (n_delayed > (r.len - r.pos) / DELAYED_BYTES || r.len - r.pos != n_delayed * DELAYED_BYTES) {
         errf(e, "checkpoint %s: corrupt: %llu delayed-scaling states do not fit the %zu bytes left", path,
              (unsigned long long)n_delayed, r.len - r.pos);
         goto done;
     }
-    int restore = s->delayed && (int)n_delayed == s->n_delayed;
+    delayed = xcalloc(n_delayed ? n_delayed : 1, sizeof *delayed);
     for (uint64_t l = 0; l < n_delayed; l++) {
-        AttnDelayedState d;
-        d.len = get_i32(&r);
-        d.pos = get_i32(&r);
-        d.filled = get_i32(&r);
-        get(&r, d.hist, sizeof d.hist);
-        get(&r, d.cur_amax, sizeof d.cur_amax);
-        if (d.len < 0 || d.len > ATTN_MAX_AMAX_HISTORY) {
+        AttnDelayedState *d = &delayed[l];
+        d->len = get_i32(&r);
+        d->pos = get_i32(&r);
+        d->filled = get_i32(&r);
+        get(&r, d->hist, sizeof d->hist);
+        get(&r, d->cur_amax, sizeof d->cur_amax);
+        if (d->len < 0 || d->len > ATTN_MAX_AMAX_HISTORY) {
             errf(e, "checkpoint %s: corrupt: layer %llu's delayed-scaling history length %d is outside [0, %d]", path,
-                 (unsigned long long)l, d.len, ATTN_MAX_AMAX_HISTORY);
+                 (unsigned long long)l, d->len, ATTN_MAX_AMAX_HISTORY);
             goto done;
         }
-        if (restore) s->delayed[l] = d;
+        if (!delayed_finite(d)) {
+            errf(e, "checkpoint %s: not finite (delayed-scaling state %llu holds a non-finite amax): it was written "
+                    "by a diverged run; use an earlier checkpoint", path, (unsigned long long)l);
+            goto done;
+        }
+    }
+    memcpy(s->params, arrays, bytes);
+    if (s->adam_m) memcpy(s->adam_m, arrays + bytes, bytes);
+    if (s->adam_v) memcpy(s->adam_v, arrays + 2 * bytes, bytes);
+    s->adam_step = adam_step;
+    s->train_step = train_step;
+    s->elapsed_s = elapsed_s;
+    s->sample_rng = sample_rng;
+    s->data = data;
+    if (s->delayed && (int)n_delayed == s->n_delayed)
+        memcpy(s->delayed, delayed, (size_t)n_delayed * sizeof *delayed);
+    if (s->config_out) {
+        *s->config_out = cfg;
+        cfg = NULL;
     }
     rc = 0;
 done:
+    free(delayed);
+    free(cfg);
     free(buf);
     return rc;
 }
@@ -350,22 +445,27 @@ static int list_steps(const char *dir, long long **steps_out) {
     return n;
 }
 
-int checkpoint_find_latest(const char *dir, char *out, size_t out_len, ErrBuf *e) {
+// The file name `latest` points at (its first line), or "" when it is missing or empty.
+static void read_latest(const char *dir, char *name, size_t n) {
     char latest[4096];
+    ErrBuf e;
+    name[0] = '\0';
     snprintf(latest, sizeof latest, "%s/latest", dir);
-    if (file_exists(latest)) {
-        char *text = read_file_text(latest, NULL, e);
-        if (!text) return -1;
-        text[strcspn(text, "\r\n")] = '\0';
-        if (text[0]) {
-            snprintf(out, out_len, "%s/%s", dir, text);
-            int ok = file_exists(out);
-            free(text);
-            if (ok) return 0;
-            // fall through to the newest step file when `latest` names a deleted file
-        } else {
-            free(text);
-        }
+    if (!file_exists(latest)) return;
+    char *text = read_file_text(latest, NULL, &e);
+    if (!text) return;
+    text[strcspn(text, "\r\n")] = '\0';
+    snprintf(name, n, "%s", text);
+    free(text);
+}
+
+int checkpoint_find_latest(const char *dir, char *out, size_t out_len, ErrBuf *e) {
+    char name[1024];
+    read_latest(dir, name, sizeof name);
+    if (name[0]) {
+        snprintf(out, out_len, "%s/%s", dir, name);
+        if (file_exists(out)) return 0;
+        // fall through to the newest step file when `latest` names a deleted file
     }
     long long *steps;
     int n = list_steps(dir, &steps);
@@ -373,6 +473,32 @@ int checkpoint_find_latest(const char *dir, char *out, size_t out_len, ErrBuf *e
     checkpoint_path_for_step(dir, steps[n - 1], out, out_len);
     free(steps);
     return 0;
+}
+
+int checkpoint_list_newest_first(const char *dir, char ***paths_out) {
+    char name[1024], path[4096];
+    read_latest(dir, name, sizeof name);
+    long long *steps;
+    int n = list_steps(dir, &steps);
+    char **paths = xcalloc((size_t)n + 1, sizeof *paths);
+    int count = 0;
+    if (name[0]) {
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (file_exists(path)) paths[count++] = xstrdup(path);
+    }
+    for (int i = n - 1; i >= 0; i--) {
+        checkpoint_path_for_step(dir, steps[i], path, sizeof path);
+        if (count > 0 && !strcmp(paths[0], path)) continue;  // named by `latest` already
+        paths[count++] = xstrdup(path);
+    }
+    free(steps);
+    *paths_out = paths;
+    return count;
+}
+
+void checkpoint_list_free(char **paths, int n) {
+    for (int i = 0; i < n; i++) free(paths[i]);
+    free(paths);
 }
 
 int checkpoint_dir_has_any(const char *dir) {
@@ -385,11 +511,63 @@ int checkpoint_dir_has_any(const char *dir) {
     return n > 0;
 }
 
-int checkpoint_prune(const char *dir, int keep) {
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Whether path is a `latest` pointer: a short text file that does not start with the magic.
+static int is_pointer_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    unsigned char head[4] = {0};
+    size_t n = fread(head, 1, sizeof head, f);
+    int pointer = 1;
+    if (n == 4) {
+        uint32_t magic;
+        memcpy(&magic, head, sizeof magic);
+        pointer = magic != CKPT_MAGIC;
+    }
+    if (pointer && fseek(f, 0, SEEK_END) == 0) pointer = ftell(f) < 4096;
+    fclose(f);
+    return pointer;
+}
+
+int checkpoint_resolve(const char *arg, char *out, size_t out_len, int *is_file, ErrBuf *e) {
+    *is_file = 0;
+    if (is_dir(arg)) {
+        char sub[4096];
+        snprintf(sub, sizeof sub, "%s/checkpoints", arg);
+        // a run directory holds checkpoints/ (its own checkpoints are elsewhere only with
+        // checkpoint.dir set, and then that directory is the one to name)
+        snprintf(out, out_len, "%s", !checkpoint_dir_has_any(arg) && is_dir(sub) ? sub : arg);
+        return 0;
+    }
+    if (!file_exists(arg)) return errf(e, "%s: no such checkpoint file or directory", arg);
+    if (is_pointer_file(arg)) {  // `latest`: its directory, whose newest valid checkpoint it names
+        ErrBuf e2;
+        char *text = read_file_text(arg, NULL, &e2);
+        if (text) text[strcspn(text, "\r\n")] = '\0';
+        int named = text && step_of_name(text) >= 0;
+        free(text);
+        if (!named)
+            return errf(e, "%s: neither a train_gpt checkpoint nor a 'latest' pointer naming a step_*.ckpt file", arg);
+        const char *slash = strrchr(arg, '/');
+        if (slash) snprintf(out, out_len, "%.*s", slash == arg ? 1 : (int)(slash - arg), arg);
+        else snprintf(out, out_len, ".");
+        return 0;
+    }
+    *is_file = 1;
+    snprintf(out, out_len, "%s", arg);
+    return 0;
+}
+
+int checkpoint_prune(const char *dir, int keep, long long newest_step) {
     if (keep <= 0) return 0;
     long long *steps;
     int n = list_steps(dir, &steps);
     int deleted = 0;
+    while (n > 0 && steps[n - 1] > newest_step) n--;  // a later trajectory's files: left alone
     for (int i = 0; i + keep < n; i++) {
         char path[4096];
         checkpoint_path_for_step(dir, steps[i], path, sizeof path);

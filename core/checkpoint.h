@@ -52,16 +52,22 @@ typedef struct {
     DataLoaderState data;
     AttnDelayedState *delayed;   // (n_delayed) per layer, or NULL
     int n_delayed;
+    char **config_out;           // load: when non-NULL, receives the stored config text (caller frees)
 } CheckpointState;
 
 // Writes the state to path atomically (temp file + fsync + rename). 0, or -1 with e filled;
-// the previous file at path is untouched on failure.
+// the previous file at path is untouched on failure. A state that is not finite (a NaN or Inf in
+// the parameters, the moments or the delayed-scaling amaxes) is refused: a diverged model is
+// never checkpointed.
 int checkpoint_save(const char *path, const CheckpointState *s, ErrBuf *e);
 
 // Reads path, checks magic, version, size, checksum and every shape field against s->model and
-// s->table, then fills s's buffers and scalars. delayed-scaling state is restored only when
-// both the file and s have it for the same number of layers. 0, or -1 with e naming the file
-// and the field.
+// s->table, and that the values it is asked for (parameters; moments when s->adam_m, adam_v are
+// given; delayed-scaling amaxes) are finite; only then fills s's buffers and scalars, so a refused
+// file leaves them as they were. delayed-scaling state is restored only when both the file and s
+// have it for the same number of layers. 0; -1 with e naming the file and what is wrong with it
+// (unreadable, truncated, corrupt, not finite); -2 with e naming the field when the file is sound
+// but made for another model (a shape field, a tensor's name or shape).
 int checkpoint_load(const char *path, CheckpointState *s, ErrBuf *e);
 
 // The resolved config JSON stored in a checkpoint (validated header and checksum); caller frees.
@@ -80,12 +86,26 @@ int checkpoint_mark_latest(const char *dir, const char *path, ErrBuf *e);
 // 0 with out filled, or -1 with e filled when dir holds none.
 int checkpoint_find_latest(const char *dir, char *out, size_t out_len, ErrBuf *e);
 
+// Every checkpoint of dir, newest first: the one `latest` names, then the step_*.ckpt files by
+// descending step (the order in which a resume tries them, falling back past corrupt ones).
+// Returns the count; *paths (free with checkpoint_list_free) holds that many paths.
+int checkpoint_list_newest_first(const char *dir, char ***paths);
+void checkpoint_list_free(char **paths, int n);
+
 // Whether dir holds any checkpoint (a `latest` file or a step_*.ckpt).
 int checkpoint_dir_has_any(const char *dir);
 
-// Deletes all but the newest `keep` step_*.ckpt files of dir (keep <= 0: keep all).
-// Returns the number deleted.
-int checkpoint_prune(const char *dir, int keep);
+// What a --checkpoint or --resume argument names: a checkpoint file (*is_file = 1, out = arg), or
+// a directory whose newest valid checkpoint is meant (*is_file = 0, out = that directory): a
+// checkpoint directory, a run directory (its checkpoints/), or a `latest` pointer (its
+// directory). 0, or -1 with e when arg does not exist or is neither.
+int checkpoint_resolve(const char *arg, char *out, size_t out_len, int *is_file, ErrBuf *e);
+
+// Deletes all but the newest `keep` step_*.ckpt files of dir up to newest_step, the step just
+// written (keep <= 0: keep all). Files of later steps (left by a run that resumed from an older
+// checkpoint) are neither counted nor deleted, so the checkpoint just written, which is finite
+// (checkpoint_save refuses any other), is never among those deleted. Returns the number deleted.
+int checkpoint_prune(const char *dir, int keep, long long newest_step);
 
 #ifdef __cplusplus
 }

@@ -98,7 +98,12 @@ int write_file_atomic(const char *path, const void *data, size_t len, ErrBuf *e)
     ok = ok && fflush(f) == 0;
     ok = ok && fsync(fileno(f)) == 0;
     ok = (fclose(f) == 0) && ok;
-    if (!ok) { unlink(tmp); return errf(e, "%s: write failed: %s (is the disk full?)", tmp, strerror(errno)); }
+    if (!ok) {
+        int err = errno;
+        unlink(tmp);
+        return errf(e, "%s: write failed: %s (%s)", tmp, strerror(err),
+                    err == EFBIG ? "the file size limit, ulimit -f, is too low for it" : "is the disk full?");
+    }
     if (rename(tmp, path) != 0) { unlink(tmp); return errf(e, "%s: cannot rename into place: %s", path, strerror(errno)); }
     sync_parent_dir(path);
     return 0;

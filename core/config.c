@@ -113,6 +113,7 @@ static const KeyDef TRAIN_KEYS[] = {
     KEY(train, recompute, KIND_BOOL),      KEY(train, threads, KIND_INT),
     KEY(train, zero1, KIND_BOOL),          KEY(train, comm_timeout_s, KIND_F64),
     KEY(train, overlap_comm, KIND_BOOL),
+    KEY(train, max_bad_steps, KIND_INT),
 };
 static const KeyDef PRECISION_KEYS[] = {
     KEY_ENUM(precision, recipe, RECIPE_NAMES),
@@ -218,6 +219,7 @@ void config_defaults(Config *c) {
     t->zero1 = 0;
     t->comm_timeout_s = 60.0;
     t->overlap_comm = 1;
+    t->max_bad_steps = 5;
     c->diagnostics.interval = 0;
     c->diagnostics.bias_probe_batches = 8;
     c->diagnostics.reference = ATTN_BF16;

@@ -33,7 +33,7 @@
 //   log           dir (the run directory, "runs/<config name>"), interval (progress line every
 //                 N steps), metrics_file ("metrics.jsonl", inside log.dir)
 //   diagnostics   interval (0 = off), bias_probe_batches (8; 0 = off), reference ("bf16" | "fp32")
-// and in train: zero1 (false), comm_timeout_s (60), overlap_comm (true)
+// and in train: zero1 (false), comm_timeout_s (60), overlap_comm (true), max_bad_steps (5)
 #ifndef CONFIG_H
 #define CONFIG_H
 
@@ -81,6 +81,7 @@ typedef struct {
     int zero1;               // shard FP32 masters and AdamW state across data-parallel ranks
     double comm_timeout_s;   // a collective or rendezvous waiting longer than this is an error
     int overlap_comm;        // GPU data parallelism: reduce gradients during the last backward
+    int max_bad_steps;       // consecutive non-finite steps (not applied) after which the run stops
 } TrainConfig;
 
 typedef struct {

@@ -100,7 +100,8 @@ static int validate_train(const Config *c, ErrBuf *e) {
         range_real(c, "train.eps", t->eps, 0, true, INFINITY, false, e) ||
         range_real(c, "train.grad_clip", t->grad_clip, 0, false, INFINITY, false, e) ||
         range_int(c, "train.threads", t->threads, 0, LLONG_MAX, e) ||
-        range_real(c, "train.comm_timeout_s", t->comm_timeout_s, 0, true, 86400, false, e))
+        range_real(c, "train.comm_timeout_s", t->comm_timeout_s, 0, true, 86400, false, e) ||
+        range_int(c, "train.max_bad_steps", t->max_bad_steps, 1, 1000000, e))
         return -1;
     if ((double)t->seed > MAX_EXACT_INT || (double)c->data.seed > MAX_EXACT_INT)
         return errf(e, "%s: %s: must be at most 2^53 (JSON numbers are exact only up to there)", label(c),

@@ -4,9 +4,8 @@
 #include <math.h>      // exp
 #include <stdlib.h>    // qsort, strtol, strtod
 #include <string.h>    // strcmp
-#include <sys/stat.h>  // stat: is --checkpoint a directory
 
-#include "core/checkpoint.h"  // checkpoint_read_config, checkpoint_load, checkpoint_find_latest
+#include "core/checkpoint.h"  // checkpoint_resolve, checkpoint_list_newest_first, checkpoint_load
 #include "core/config.h"      // config_parse
 #include "core/rng.h"         // splitmix64 for the sampling generator
 
@@ -84,7 +83,8 @@ static void sample_usage(FILE *f) {
     fprintf(f,
             "usage: train_gpt sample --checkpoint PATH [--prompt TEXT] [--tokens N] [--temperature T]\n"
             "                        [--top-k K] [--seed S] [--device cpu|gpu|auto]\n"
-            "  --checkpoint PATH  a step_*.ckpt file, or a run or checkpoint directory (its newest)\n"
+            "  --checkpoint PATH  a step_*.ckpt file, or a run or checkpoint directory or its 'latest' file\n"
+            "                     (the newest checkpoint that loads)\n"
             "  --prompt TEXT      text to continue (default: start from <|endoftext|>)\n"
             "  --tokens N         tokens to generate (default 64)\n"
             "  --temperature T    softmax temperature, 0 = greedy (default 1.0)\n"
@@ -94,21 +94,32 @@ static void sample_usage(FILE *f) {
             "                     the checkpoint's config, else the CPU)\n");
 }
 
-static int is_dir(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// A checkpoint file, a checkpoint directory, or a run directory holding checkpoints/.
-static int resolve_checkpoint(const char *arg, char *out, size_t out_len, ErrBuf *e) {
-    if (!is_dir(arg)) {
-        snprintf(out, out_len, "%s", arg);
-        return 0;
-    }
-    if (checkpoint_dir_has_any(arg)) return checkpoint_find_latest(arg, out, out_len, e);
-    char sub[4096];
-    snprintf(sub, sizeof sub, "%s/checkpoints", arg);
-    return checkpoint_find_latest(sub, out, out_len, e);
+// Builds the model a checkpoint describes (its stored config) on the chosen device and loads its
+// parameters. 0; -1 with e when the checkpoint is the problem; -2 with e when the device is (nothing
+// left allocated either way). note: the device note, if any.
+static int open_model(const char *path, DeviceKind device, Backend *model, Config *cfg, long long *step,
+                      char *note, int note_len, ErrBuf *e) {
+    char *cfg_text = checkpoint_read_config(path, e);
+    if (!cfg_text) return -1;
+    int rc = config_parse(cfg_text, path, NULL, 0, cfg, e);
+    free(cfg_text);
+    if (rc != 0) return -1;
+    // One sequence of up to seq_len tokens; the parameters come from the checkpoint.
+    int kind = backend_choose_device(cfg, device, 1, cfg->model.seq_len, "sampling", NULL, note, note_len, e);
+    if (kind < 0) return -2;
+    if (backend_init(model, cfg, (DeviceKind)kind, 1, cfg->model.seq_len, cfg->train.seed, 1, NULL, e) != 0)
+        return -2;
+    float *params = xmalloc(backend_table(model)->total * sizeof(float));
+    int n_delayed;
+    AttnDelayedState *delayed = backend_delayed_state(model, &n_delayed);
+    CheckpointState st = {.model = &backend_config(model)->model, .table = backend_table(model), .params = params,
+                          .delayed = delayed, .n_delayed = n_delayed};
+    rc = checkpoint_load(path, &st, e) == 0 ? 0 : -1;  // (a file at odds with its own config is a bad file)
+    if (rc == 0) backend_set_state(model, params, NULL, NULL, 0);
+    else backend_free(model);
+    free(params);
+    *step = st.train_step;
+    return rc;
 }
 
 int cmd_sample(int argc, char **argv) {
@@ -162,31 +173,42 @@ int cmd_sample(int argc, char **argv) {
         return 2;
     }
 
+    // A file is used as given; a directory (or its `latest` pointer) gives its newest checkpoint
+    // that loads, with a note for each newer one that does not (corrupt, diverged).
     ErrBuf e;
-    char path[4096];
-    if (resolve_checkpoint(ckpt_arg, path, sizeof path, &e) != 0) die_user(&e);
-    char *cfg_text = checkpoint_read_config(path, &e);
-    if (!cfg_text) die_user(&e);
-    Config cfg;
-    if (config_parse(cfg_text, path, NULL, 0, &cfg, &e) != 0) die_user(&e);
-    free(cfg_text);
-
-    // One sequence of up to seq_len tokens; the parameters come from the checkpoint.
-    char note[1536];
-    int kind = backend_choose_device(&cfg, device, 1, cfg.model.seq_len, "sampling", NULL, note, sizeof note, &e);
-    if (kind < 0) die_user(&e);
-    if (note[0] && device == DEVICE_AUTO) fprintf(stderr, "%s\n", note);
-    Backend model;
-    if (backend_init(&model, &cfg, (DeviceKind)kind, 1, cfg.model.seq_len, cfg.train.seed, 1, NULL, &e) != 0)
+    char where[4096];
+    int is_file;
+    if (checkpoint_resolve(ckpt_arg, where, sizeof where, &is_file, &e) != 0) die_user(&e);
+    char **paths;
+    int n_paths;
+    if (is_file) {
+        paths = xcalloc(1, sizeof *paths);
+        paths[0] = xstrdup(where);
+        n_paths = 1;
+    } else if ((n_paths = checkpoint_list_newest_first(where, &paths)) == 0) {
+        errf(&e, "--checkpoint %s: no checkpoint in %s (no 'latest' file and no step_*.ckpt)", ckpt_arg, where);
         die_user(&e);
-    float *params = xmalloc(backend_table(&model)->total * sizeof(float));
-    int n_delayed;
-    AttnDelayedState *delayed = backend_delayed_state(&model, &n_delayed);
-    CheckpointState st = {.model = &backend_config(&model)->model, .table = backend_table(&model), .params = params,
-                          .delayed = delayed, .n_delayed = n_delayed};
-    if (checkpoint_load(path, &st, &e) != 0) die_user(&e);
-    backend_set_state(&model, params, NULL, NULL, 0);
-    free(params);
+    }
+    Backend model;
+    Config cfg;
+    long long step = 0;
+    char note[1536], path[4096] = "";
+    for (int i = 0; i < n_paths && !path[0]; i++) {
+        int rc = open_model(paths[i], device, &model, &cfg, &step, note, sizeof note, &e);
+        if (rc == 0) {
+            snprintf(path, sizeof path, "%s", paths[i]);
+        } else if (rc == -1 && i + 1 < n_paths) {
+            fprintf(stderr, "note: skipping %s: %s\n", paths[i], e.msg);
+        } else {
+            if (rc == -1 && i > 0) {
+                ErrBuf last = e;
+                errf(&e, "no checkpoint of %s loads; the oldest one: %s", where, last.msg);
+            }
+            die_user(&e);
+        }
+    }
+    checkpoint_list_free(paths, n_paths);
+    if (note[0] && device == DEVICE_AUTO) fprintf(stderr, "%s\n", note);
 
     ErrBuf tok_err;
     Tokenizer *tok = tokenizer_load(NULL, &tok_err);
@@ -217,7 +239,7 @@ int cmd_sample(int argc, char **argv) {
         n_prompt = 1;
     }
     fprintf(stderr, "sampling %ld tokens from %s (step %lld, temperature %g, top-k %ld, seed %llu, %s)\n", n_tokens,
-            path, st.train_step, temperature, top_k, seed, backend_name(&model));
+            path, step, temperature, top_k, seed, backend_name(&model));
     unsigned long long rng = sample_rng_seed(seed);
     int n = sample_generate(&model, tokens, n_prompt, (int)n_tokens, temperature, (int)top_k, &rng);
 

@@ -21,7 +21,23 @@ extern "C" void gpu_info_query(GpuInfo *g, char *why, int why_len) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
-        if (why) snprintf(why, why_len, "%s", err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+        // Without a driver the runtime reports "CUDA driver version is insufficient", which reads
+        // as if a driver were there: the driver's version (0: none) tells the cases apart.
+        int driver = 0, runtime = 0;
+        cudaDriverGetVersion(&driver);
+        cudaRuntimeGetVersion(&runtime);
+        if (!why) {
+        } else if (driver == 0) {
+            snprintf(why, why_len, "no NVIDIA driver found");
+        } else if (err == cudaErrorInsufficientDriver) {
+            snprintf(why, why_len, "the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d this build needs: "
+                                   "update the driver", driver / 1000, driver % 1000 / 10, runtime / 1000,
+                     runtime % 1000 / 10);
+        } else if (err == cudaErrorNoDevice || err == cudaSuccess) {
+            snprintf(why, why_len, "the NVIDIA driver finds no GPU");
+        } else {
+            snprintf(why, why_len, "%s", cudaGetErrorString(err));
+        }
         cudaGetLastError();  // clear the sticky error so later queries start clean
         return;
     }

@@ -50,6 +50,7 @@ b[len(b) // 2] ^= 0x40
 open(p, "wb").write(b)
 EOF
 
+mkdir -p "$tmp/empty"
 snapshot() { find "$tmp" -type f ! -name '*.out' ! -name '*.err' ! -name 'sums*' -exec cksum {} + | sort; }
 snapshot >"$tmp/sums.before"
 
@@ -86,8 +87,10 @@ expect "run dir already holds a run" "already holds a run" 1 --config "$tmp/good
 expect "refusal says how to proceed" "--resume" 1 --config "$tmp/good.json"
 expect "mismatched checkpoint (d_model)" "model.d_model is 128 in the checkpoint but 256" 1 \
   --config "$tmp/good.json" --set model.d_model=256 --set train.steps=4 --resume
-expect "corrupt checkpoint" "corrupt" 1 --config "$tmp/good.json" --set "log.dir=$tmp/corrupt" --set train.steps=4 --resume
-expect "resume with no checkpoint" "no checkpoint" 1 --config "$tmp/good.json" $new --resume
+expect "corrupt checkpoint" "step_000002.ckpt: corrupt: the checksum" 1 --config "$tmp/good.json" --set "log.dir=$tmp/corrupt" \
+  --resume "$tmp/corrupt/checkpoints/step_000002.ckpt"
+expect "resume from a directory without checkpoints" "no checkpoint in $tmp/empty" 1 --config "$tmp/good.json" $new \
+  --resume "$tmp/empty"
 expect "resume from a missing file" "$tmp/none.ckpt" 1 --config "$tmp/good.json" $new --resume "$tmp/none.ckpt"
 expect "resume past train.steps" "train.steps" 1 --config "$tmp/good.json" --set train.steps=1 --resume
 expect "unknown option" "unknown option '--frobnicate'" 2 --config "$tmp/good.json" --frobnicate
@@ -98,6 +101,8 @@ expect "bad --device" "--device" 2 --config "$tmp/good.json" --device tpu
 expect "--device gpu with a config the GPU backend refuses" "GPU backend" 1 --config "$tmp/good.json" --device gpu \
   $new --set precision.attention=fp32
 expect "bad --stop-after" "--stop-after" 2 --config "$tmp/good.json" --stop-after x
+expect "--allow-config-change without --resume" "--allow-config-change applies to --resume only" 2 \
+  --config "$tmp/good.json" --allow-config-change
 expect "sample: missing checkpoint" "$tmp/none.ckpt" 1 sample --checkpoint "$tmp/none.ckpt"
 expect "sample: corrupt checkpoint" "corrupt" 1 sample --checkpoint "$tmp/corrupt/checkpoints/step_000002.ckpt"
 expect "sample: bad option" "--bogus" 2 sample --checkpoint "$tmp/run" --bogus

@@ -115,6 +115,28 @@ printf '\377' > "$tmp/bad_utf8.txt"
 toks=$(shard "$tmp/utf8/train_000000.bin" 2>&1 | tail -n +2 | tr '\n' ' ')
 check "invalid UTF-8 is encoded as byte tokens" "tokens '$toks': $(cat "$tmp/log")" [ "$toks" = "50256 187 " ]
 
+# --- whole documents held out: a warning when the split's share is far from --val-fraction -----
+# Two files, one 72 times the other: whichever is held out, val holds ~1% or ~99% of the tokens.
+printf 'Hello world' > "$tmp/small.txt"
+python3 -c "open('$tmp/big.txt', 'w').write('Hello world. ' * 72)"
+"$BIN" tokenize --out "$tmp/uneven" --val-fraction 0.05 "$tmp/small.txt" "$tmp/big.txt" > "$tmp/log" 2> "$tmp/err"
+rc=$?
+check "two uneven files, --val-fraction 0.05: a warning names the real share" "status $rc: $(cat "$tmp/err")" \
+  sh -c "[ $rc -eq 0 ] && grep -Eq '^tokenize: warning: the validation split holds [0-9.]+% of the tokens \(1 of 2 documents\), not the 5.0% --val-fraction asks for: documents are held out whole; split the files into more documents with --doc-separator' '$tmp/err'"
+python3 -c "open('$tmp/many.txt', 'w').write('|'.join('Hello world number %d.' % (i % 10) for i in range(40)))"
+"$BIN" tokenize --out "$tmp/even" --val-fraction 0.05 --doc-separator '|' "$tmp/many.txt" > "$tmp/log" 2> "$tmp/err"
+rc=$?
+check "40 equal documents, --val-fraction 0.05: no warning" "status $rc: $(cat "$tmp/err")" \
+  sh -c "[ $rc -eq 0 ] && ! grep -q warning '$tmp/err' && grep -q '(38 train, 2 val)' '$tmp/log'"
+
+# --- encode and decode --help, as the main help says COMMAND --help works ---------------------------
+for cmd in encode decode; do
+  "$BIN" $cmd --help > "$tmp/log" 2> "$tmp/err" < /dev/null
+  rc=$?
+  check "$cmd --help: usage on stdout, exit 0" "status $rc: $(cat "$tmp/err")" \
+    sh -c "[ $rc -eq 0 ] && grep -q '^usage: train_gpt $cmd \[--vocab DIR\]' '$tmp/log' && [ ! -s '$tmp/err' ]"
+done
+
 # --- errors ------------------------------------------------------------------------------------
 "$BIN" tokenize --out "$tmp/missing" "$tmp/a.txt" "$tmp/no_such_file.txt" > "$tmp/log" 2>&1
 rc=$?

@@ -34,9 +34,17 @@ if grep -q '^device: gpu' "$tmp/out"; then  # a machine with a GPU: auto took it
     sh -c "[ -s '$tmp/plan_run' ] && cmp -s '$tmp/plan_run' '$tmp/plan_dry'"
 else
   check "device note" "$(head -2 "$tmp/out")" grep -q "training on the CPU" "$tmp/out"
+  if [ ! -e /proc/driver/nvidia ] && ! command -v nvidia-smi >/dev/null 2>&1; then
+    check "device note: no NVIDIA driver here, and it says so" "$(head -1 "$tmp/out")" \
+      grep -q '^note: no GPU (no NVIDIA driver found): training on the CPU$' "$tmp/out"
+  fi
   check "MFU n/a printed once" "$(grep -c 'MFU n/a' "$tmp/out") times" [ "$(grep -c 'MFU n/a' "$tmp/out")" -eq 1 ]
 fi
 check "progress lines" "$(cat "$tmp/out")" grep -Eq '^step 12/12 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| norm [0-9.]+ \| [0-9]+ tok/s \| ETA ' "$tmp/out"
+check "the first progress line's ETA waits for a measured step" "$(grep '^step 1/12 |' "$tmp/out")" \
+  grep -Eq '^step 1/12 \| .* \| ETA pending( |$)' "$tmp/out"
+check "later progress lines have an ETA" "$(grep '^step 3/12 |' "$tmp/out")" \
+  grep -Eq '^step 3/12 \| .* \| ETA [0-9]+(s|m[0-9]{2}s|h[0-9]{2}m)( |$)' "$tmp/out"
 check "progress every log.interval" "$(grep -c '^step [0-9]*/12 | loss' "$tmp/out") lines" \
   [ "$(grep -c '^step [0-9]*/12 | loss' "$tmp/out")" -eq 5 ]  # steps 1, 3, 6, 9, 12
 check "val loss printed" "$(cat "$tmp/out")" grep -q '^step 12/12 | val loss' "$tmp/out"
@@ -56,7 +64,8 @@ rows = [json.loads(l) for l in open('$m') if '\"loss\"' in l]
 exit(0 if rows[-1]['loss'] < rows[0]['loss'] else 1)"
 check "resolved config written" "missing $run/config.json" [ -f "$run/config.json" ]
 "$BIN" --config "$run/config.json" --dry-run >"$tmp/dry" 2>&1
-check "resolved config reloads (--dry-run)" "$(tail -3 "$tmp/dry")" [ $? -eq 0 ]
+rc=$?
+check "resolved config reloads (--dry-run)" "rc $rc: $(tail -3 "$tmp/dry")" [ "$rc" -eq 0 ]
 ck=$run/checkpoints
 n_ck=$(ls "$ck" | grep -c '^step_.*\.ckpt$')
 check "checkpoint.keep respected" "$(ls "$ck" | tr '\n' ' ')" [ "$n_ck" -eq 2 ] 
@@ -68,6 +77,8 @@ check "no temp files left" "$(ls "$ck" "$run" | tr '\n' ' ')" [ -z "$(ls "$ck" "
 "$BIN" "$@" >"$tmp/out2" 2>"$tmp/err2"
 rc=$?
 check "rerun into the same run dir refused" "rc $rc: $(cat "$tmp/err2")" grep -q 'already holds a run' "$tmp/err2"
+check "the refusal says what to do: resume, another log.dir, or remove it" "$(cat "$tmp/err2")" \
+  sh -c "[ $rc -eq 1 ] && grep -q 'pass --resume to continue it .*, choose another log.dir via --set log.dir=..., or remove $run to start over' '$tmp/err2'"
 "$BIN" "$@" --resume >"$tmp/out2" 2>"$tmp/err2"
 check "resume of a finished run: nothing to do" "$(cat "$tmp/out2" "$tmp/err2")" grep -q 'nothing to do' "$tmp/out2"
 
@@ -89,7 +100,8 @@ check "sample prints something" "empty output" [ -s "$tmp/s1" ]
 "$BIN" sample --checkpoint "$ck/step_000012.ckpt" --tokens 8 --seed 7 >"$tmp/s2" 2>/dev/null
 check "sample is deterministic for a seed" "$(cat "$tmp/s1") vs $(cat "$tmp/s2")" cmp -s "$tmp/s1" "$tmp/s2"
 "$BIN" sample --checkpoint "$ck/step_000012.ckpt" --tokens 8 --temperature 0 >"$tmp/s3" 2>/dev/null
-check "greedy sample runs" "rc $?" [ -s "$tmp/s3" ]
+rc=$?
+check "greedy sample runs" "rc $rc" [ "$rc" -eq 0 -a -s "$tmp/s3" ]
 
 # --dry-run of the paper's 1.67B config: the count is within 1% of 1.67e9.
 before=$(ls -d runs/paper_1p67b 2>/dev/null)

@@ -1,6 +1,6 @@
 // gpu_test.h: what the GPU tests share: a CUDA-call check that reports a failed check instead
 // of crashing, a seeded generator for fresh random inputs, and the "skipped" line printed where
-// there is no GPU (run_tests.sh counts it as neither passed nor failed).
+// there is no GPU (run_tests.sh counts it as skipped, neither passed nor failed).
 #ifndef GPU_TEST_H
 #define GPU_TEST_H
 
@@ -35,16 +35,23 @@ static inline double rng_normal(void) {  // N(0, 1), Box-Muller
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-// 1 when a CUDA device is usable; otherwise prints "skipped: <name> (no GPU: <why>)" and
-// returns 0, so the caller returns 0 without any ok/FAIL line.
+// 1 when a CUDA device is usable. Otherwise 0, after one line: "skipped: <name> (no GPU: <why>)"
+// where this machine has no GPU (no NVIDIA driver, or a driver that finds no device), the one
+// reason a GPU test may skip (run_tests.sh counts it, and fails it where nvidia-smi lists a GPU);
+// any other failure (a driver too old for this build, a device that fails to initialise) is a
+// broken GPU machine, reported as a FAIL line, so that it never reads green.
 static inline int gpu_test_have_gpu(const char *name) {
-    int count = 0;
+    int count = 0, driver = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        printf("skipped: %s (no GPU: %s)\n", name, err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+    if (err == cudaSuccess && count > 0) return 1;
+    cudaDriverGetVersion(&driver);
+    if (driver == 0 || err == cudaErrorNoDevice || err == cudaSuccess) {
+        printf("skipped: %s (no GPU: %s)\n", name, driver == 0 ? "no NVIDIA driver found" : "the driver finds no GPU");
         return 0;
     }
-    return 1;
+    printf("FAIL - %s: a GPU machine whose GPU cannot be used: %s (driver CUDA %d.%d)\n", name, cudaGetErrorString(err),
+           driver / 1000, driver % 1000 / 10);
+    return 0;
 }
 
 #ifdef __cplusplus
@@ -75,7 +82,10 @@ template <class T> static std::vector<T> back(const T *d, size_t n) {
 template <class T> static void poison(T *d, size_t n) { CU(cudaMemset(d, 0xFF, n * sizeof(T))); }
 
 // Error of an output against its reference: relative L2 (a zero reference makes any error
-// huge), max abs error, and the count of non-finite outputs (which fail ok()).
+// huge), max abs error, and the count of non-finite outputs (which fail ok()). ok(tol) bounds
+// both: the relative L2 by tol and the max abs error by 5 x tol x max |ref|, so that a few wild
+// values, which a large tensor dilutes in its L2, fail too (rounding noise of relative L2 e has
+// a max abs error near 3e x max |ref| at most: test_tile_bound measures it on the emulation).
 struct Err {
     double num = 0, den = 0, maxabs = 0, maxref = 0;  // maxref: max |ref|, to put maxabs in scale
     long nonfinite = 0;
@@ -88,7 +98,7 @@ struct Err {
         if (fabs(ref) > maxref) maxref = fabs(ref);
     }
     double rel() const { return sqrt(num / (den > 0 ? den : 1e-300)); }
-    bool ok(double tol) const { return nonfinite == 0 && rel() < tol; }
+    bool ok(double tol) const { return nonfinite == 0 && rel() < tol && maxabs <= 5 * tol * maxref; }
 };
 
 // Fresh values offset + scale * U[-1, 1) made on the device (timing sizes are large), as BF16

@@ -28,6 +28,7 @@
 #include "core/model.h"     // memory_plan
 #include "cpu/model_cpu.h"  // the reference the CPU path must equal
 #include "gpu/model_gpu.h"  // gpu_model_plan
+#include "gpu_test.h"       // gpu_test_have_gpu: skip only where there is no GPU
 #include "model_test.h"     // make_config
 #include "optimizer.h"      // adamw_step, grad_global_norm, grad_clip_factor, lr_at_step
 #include "test.h"           // CHECK, test_summary
@@ -39,9 +40,9 @@ static const char *BACKEND_JSON =
     " \"grad_clip\": 1.0}, \"precision\": {\"attention\": \"bf16\"}}";
 
 
-static uint64_t rng_state = 0x5EEDBACCE11ull;
+static uint64_t backend_rng_state = 0x5EEDBACCE11ull;
 static uint32_t rnd(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    uint64_t z = (backend_rng_state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return (uint32_t)((z ^ (z >> 31)) >> 32);
@@ -305,6 +306,6 @@ int main(void) {
     device_tests(g.count > 0);
     cpu_facade_tests();
     if (g.count > 0) gpu_facade_tests();
-    else printf("skipped: test_backend GPU part (no GPU: %s)\n", why);
+    else gpu_test_have_gpu("test_backend GPU part");  // a skip line, or a FAIL on a broken GPU machine
     return test_summary("test_backend");
 }

@@ -1,5 +1,8 @@
 // test_checkpoint.c: checkpoint save/load round trip, the errors for truncated, corrupt and
-// mismatched files, atomic replacement, `latest` and pruning to the last N.
+// mismatched files, non-finite states (never written, refused on load without touching the
+// buffers), atomic replacement, `latest`, the newest-first list a resume tries, what a
+// --checkpoint argument names, and pruning to the last N.
+#include <math.h>      // NAN, INFINITY
 #include <stdlib.h>    // mkdtemp, rand
 #include <string.h>    // memcmp, strstr
 #include <sys/stat.h>  // mkdir
@@ -187,6 +190,77 @@ int main(void) {
     fc->rows = rows;
     state_free(&d);
 
+    // --- non-finite states --------------------------------------------------------------------
+    // Never written: a NaN parameter, an Inf moment, a NaN amax; the message names the value.
+    char nf_path[512];
+    snprintf(nf_path, sizeof nf_path, "%s/nonfinite.ckpt", dir);
+    const ParamDesc *last = &a.t.p[a.t.n - 1];
+    float keep_p = a.p[last->offset + 3], keep_m = a.m[7], keep_amax = a.delayed[1].hist[2][5];
+    a.p[last->offset + 3] = NAN;
+    rc = checkpoint_save(nf_path, &a.s, &e);
+    char want_nf[256];
+    snprintf(want_nf, sizeof want_nf, "not finite (parameter %s[3] is nan)", last->name);
+    CHECK(rc != 0 && strstr(e.msg, want_nf) && !file_exists(nf_path), "save refuses a NaN parameter, naming it",
+          "rc %d msg: %s", rc, e.msg);
+    a.p[last->offset + 3] = keep_p;
+    a.m[7] = INFINITY;
+    rc = checkpoint_save(nf_path, &a.s, &e);
+    CHECK(rc != 0 && strstr(e.msg, "AdamW first moment") && strstr(e.msg, "is inf") && !file_exists(nf_path),
+          "save refuses an Inf moment", "rc %d msg: %s", rc, e.msg);
+    a.m[7] = keep_m;
+    a.delayed[1].hist[2][5] = NAN;
+    rc = checkpoint_save(nf_path, &a.s, &e);
+    CHECK(rc != 0 && strstr(e.msg, "delayed-scaling state 1") && !file_exists(nf_path), "save refuses a NaN amax",
+          "rc %d msg: %s", rc, e.msg);
+    a.delayed[1].hist[2][5] = keep_amax;
+    // Refused on load (a file a diverged run wrote, with a valid checksum), the caller's buffers
+    // untouched, so a resume can try an older checkpoint into them.
+    for (int which = 0; which < 2; which++) {  // a parameter, then a second moment
+        size_t len;
+        unsigned char *bytes = (unsigned char *)read_file_text(path, &len, &e);
+        uint64_t cfg_len;
+        memcpy(&cfg_len, bytes + 16 + 8 * 12, 8);
+        size_t at = 16 + 8 * 12 + 8 + cfg_len + (size_t)a.t.n * 80 + (which ? 2 * nb : 0) + 4 * 1000;
+        float nan = NAN;
+        memcpy(bytes + at, &nan, 4);
+        uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64, as the file's checksum
+        for (size_t i = 0; i + 8 < len; i++) h = (h ^ bytes[i]) * 0x100000001b3ull;
+        memcpy(bytes + len - 8, &h, 8);
+        FILE *f = fopen(nf_path, "wb");
+        fwrite(bytes, 1, len, f);
+        fclose(f);
+        free(bytes);
+        State z;
+        state_init(&z, 128, 352, 0);
+        for (size_t i = 0; i < z.t.total; i++) z.p[i] = z.m[i] = z.v[i] = 7.0f;
+        z.s.train_step = -5;
+        rc = checkpoint_load(nf_path, &z.s, &e);
+        int untouched = z.s.train_step == -5 && z.p[0] == 7.0f && z.m[0] == 7.0f && z.v[z.t.total - 1] == 7.0f;
+        CHECK(rc == -1 && strstr(e.msg, "not finite") && strstr(e.msg, which ? "AdamW second moment" : "parameter") &&
+                  strstr(e.msg, "diverged") && untouched,
+              which ? "load refuses a NaN moment, buffers untouched" : "load refuses a NaN parameter, buffers untouched",
+              "rc %d untouched %d msg: %s", rc, untouched, e.msg);
+        if (which == 1) {  // sampling reads the parameters only: the moments are not its concern
+            z.s.adam_m = z.s.adam_v = NULL;
+            rc = checkpoint_load(nf_path, &z.s, &e);
+            CHECK(rc == 0 && !memcmp(a.p, z.p, nb), "params-only load ignores the moments' NaN", "rc %d: %s", rc, e.msg);
+        }
+        state_free(&z);
+    }
+    // A mismatch with the model is -2 (not the file's fault: an older checkpoint would not help).
+    state_init(&d, 256, 352, 0);
+    rc = checkpoint_load(path, &d.s, &e);
+    CHECK(rc == -2, "a model mismatch is -2", "rc %d", rc);
+    state_free(&d);
+    // The stored config text, on request.
+    char *stored = NULL;
+    b.s.config_out = &stored;
+    rc = checkpoint_load(path, &b.s, &e);
+    CHECK(rc == 0 && stored && !strcmp(stored, "{\"hello\": 1}"), "load hands out the stored config", "got %s",
+          stored ? stored : e.msg);
+    free(stored);
+    b.s.config_out = NULL;
+
     // --- atomic replace: a failed save leaves the old checkpoint intact -------------------------
     State a2;
     state_init(&a2, 128, 352, 1);  // different random values
@@ -214,7 +288,7 @@ int main(void) {
         a.s.train_step = step;
         if (checkpoint_save(p, &a.s, &e) != 0 || checkpoint_mark_latest(ckdir, p, &e) != 0)
             printf("FAIL - save %d: %s\n", step, e.msg);
-        checkpoint_prune(ckdir, 2);
+        checkpoint_prune(ckdir, 2, step);
     }
     int present = 0;
     for (int step = 10; step <= 50; step += 10) {
@@ -233,6 +307,66 @@ int main(void) {
     CHECK(rc == 0 && strstr(found, "step_000050.ckpt"), "without latest: the highest step file", "found %s", found);
     rc = checkpoint_load(found, &b.s, &e);
     CHECK(rc == 0 && b.s.train_step == 50, "newest checkpoint loads", "rc %d step %lld: %s", rc, b.s.train_step, e.msg);
+
+    // --- the newest-first list a resume tries, and what --checkpoint names --------------------
+    char **paths;
+    checkpoint_mark_latest(ckdir, found, &e);  // latest -> step 50 again
+    int n = checkpoint_list_newest_first(ckdir, &paths);
+    CHECK(n == 2 && strstr(paths[0], "step_000050.ckpt") && strstr(paths[1], "step_000040.ckpt"),
+          "newest first: latest's, then by step", "n %d: %s, %s", n, n > 0 ? paths[0] : "", n > 1 ? paths[1] : "");
+    checkpoint_list_free(paths, n);
+    char p40[1024];
+    checkpoint_path_for_step(ckdir, 40, p40, sizeof p40);
+    checkpoint_mark_latest(ckdir, p40, &e);  // a resume from 40 pointed latest back at it
+    n = checkpoint_list_newest_first(ckdir, &paths);
+    CHECK(n == 2 && strstr(paths[0], "step_000040.ckpt") && strstr(paths[1], "step_000050.ckpt"),
+          "newest first: the one latest names comes first", "n %d: %s", n, n > 0 ? paths[0] : "");
+    checkpoint_list_free(paths, n);
+    char where[1024];
+    int is_file = -1;
+    rc = checkpoint_resolve(latest, where, sizeof where, &is_file, &e);
+    CHECK(rc == 0 && !is_file && !strcmp(where, ckdir), "resolve: a latest pointer names its directory",
+          "rc %d is_file %d where %s: %s", rc, is_file, where, e.msg);
+    rc = checkpoint_resolve(ckdir, where, sizeof where, &is_file, &e);
+    CHECK(rc == 0 && !is_file && !strcmp(where, ckdir), "resolve: a checkpoint directory", "rc %d %s", rc, where);
+    char run2[512], run2ck[600];
+    snprintf(run2, sizeof run2, "%s/run2", dir);
+    snprintf(run2ck, sizeof run2ck, "%s/checkpoints", run2);
+    make_dirs(run2ck, &e);
+    rc = checkpoint_resolve(run2, where, sizeof where, &is_file, &e);
+    CHECK(rc == 0 && !is_file && !strcmp(where, run2ck), "resolve: a run directory names its checkpoints/",
+          "rc %d %s", rc, where);
+    rc = checkpoint_resolve(p40, where, sizeof where, &is_file, &e);
+    CHECK(rc == 0 && is_file && !strcmp(where, p40), "resolve: a checkpoint file", "rc %d %s", rc, where);
+    char notes[600];
+    snprintf(notes, sizeof notes, "%s/notes.txt", dir);
+    FILE *nf = fopen(notes, "w");
+    fputs("hello\n", nf);
+    fclose(nf);
+    rc = checkpoint_resolve(notes, where, sizeof where, &is_file, &e);
+    CHECK(rc != 0 && strstr(e.msg, "neither a train_gpt checkpoint nor a 'latest' pointer"),
+          "resolve: a text file that names no checkpoint", "rc %d msg %s", rc, e.msg);
+    rc = checkpoint_resolve("/nonexistent/run", where, sizeof where, &is_file, &e);
+    CHECK(rc != 0 && strstr(e.msg, "/nonexistent/run"), "resolve: a missing path is named", "msg %s", e.msg);
+
+    // --- pruning stops at the step just written ------------------------------------------------
+    // (a run resumed from step 20 while 30..50 of another trajectory are still there)
+    for (int step = 10; step <= 50; step += 10) {
+        char p[1024];
+        checkpoint_path_for_step(ckdir, step, p, sizeof p);
+        a.s.train_step = step;
+        if (!file_exists(p) && checkpoint_save(p, &a.s, &e) != 0) printf("FAIL - save %d: %s\n", step, e.msg);
+    }
+    int deleted = checkpoint_prune(ckdir, 1, 20);
+    present = 0;
+    for (int step = 10; step <= 50; step += 10) {
+        char p[1024];
+        checkpoint_path_for_step(ckdir, step, p, sizeof p);
+        present |= file_exists(p) << (step / 10);
+    }
+    CHECK(deleted == 1 && present == ((1 << 2) | (1 << 3) | (1 << 4) | (1 << 5)),
+          "prune keeps the step just written and leaves later steps alone", "deleted %d, present 0x%x", deleted,
+          present);
 
     state_free(&a);
     state_free(&b);

@@ -59,7 +59,8 @@ static void test_defaults(void) {
     CHECK(t->device == DEVICE_AUTO && t->micro_batch == 8 && t->batch_tokens == 0 && t->steps == 1000 &&
           t->lr == 6e-4 && t->min_lr_ratio == 0.1 && t->warmup_steps == 0 && t->schedule == SCHED_COSINE &&
           t->wsd_decay_fraction == 0.2 && t->weight_decay == 0.1 && t->beta1 == 0.9 && t->beta2 == 0.95 &&
-          t->eps == 1e-8 && t->grad_clip == 1.0 && t->seed == 42 && !t->recompute && t->threads == 0,
+          t->eps == 1e-8 && t->grad_clip == 1.0 && t->seed == 42 && !t->recompute && t->threads == 0 &&
+          t->max_bad_steps == 5,
           "defaults train", "lr %g steps %d", t->lr, t->steps);
     const PrecisionConfig *p = &c.precision;
     CHECK(p->attention == ATTN_BF16 && p->attention_grad_format == GRADFMT_E4M3 &&
@@ -191,6 +192,10 @@ static void test_ranges(void) {
     REJECTS("lr > 0", "{" MODEL_OK ", \"train\": {\"lr\": 0}}", "train.lr: must be > 0, got 0");
     REJECTS("beta2 < 1", "{" MODEL_OK ", \"train\": {\"beta2\": 1.0}}", "train.beta2: must be in [0, 1), got 1");
     REJECTS("eps > 0", "{" MODEL_OK ", \"train\": {\"eps\": -1e-8}}", "train.eps: must be > 0");
+    REJECTS("max_bad_steps >= 1", "{" MODEL_OK ", \"train\": {\"max_bad_steps\": 0}}", "train.max_bad_steps",
+            "must be in [1, 1000000], got 0");
+    REJECTS("max_bad_steps is an integer", "{" MODEL_OK ", \"train\": {\"max_bad_steps\": 2.5}}",
+            "train.max_bad_steps");
     REJECTS("warmup <= steps", "{" MODEL_OK ", \"train\": {\"steps\": 10, \"warmup_steps\": 11}}",
             "train.warmup_steps", "train.steps = 10", "got 11");
     REJECTS("batch_tokens divisible by micro-batch tokens", "{" MODEL_OK ", \"train\": {\"batch_tokens\": 1000}}",
@@ -407,6 +412,7 @@ static void random_config(Config *c, int i) {
     c->train.zero1 = rng_int(0, 1);
     c->train.comm_timeout_s = 0.5 + rng_int(0, 1000);
     c->train.overlap_comm = rng_int(0, 1);
+    c->train.max_bad_steps = rng_int(1, 1000);
     c->diagnostics.interval = rng_int(0, 1000);
     c->diagnostics.bias_probe_batches = rng_int(0, 64);
     c->diagnostics.reference = (AttnPrecision)rng_int(0, 1);
@@ -458,7 +464,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 20, 21, 4, 4, 3, 3};
+    const int expected[] = {12, 4, 21, 21, 4, 4, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];

@@ -54,8 +54,8 @@ static Err err_f(const std::vector<float> &got, const Dv &ref) {
     do {                                                                                             \
         char nm_[160];                                                                               \
         snprintf(nm_, sizeof nm_, name, __VA_ARGS__);                                                \
-        CHECK((e).ok(tol), nm_, "rel L2 %.3g (tol %.1g), max abs %.3g, %ld non-finite", (e).rel(), \
-              (double)(tol), (e).maxabs, (e).nonfinite);                                             \
+        CHECK((e).ok(tol), nm_, "rel L2 %.3g (tol %.1g), max abs %.3g of max %.3g, %ld non-finite", (e).rel(), \
+              (double)(tol), (e).maxabs, (e).maxref, (e).nonfinite);                                 \
         printf("#   %-64s rel L2 %.2e  max abs %.2e\n", nm_, (e).rel(), (e).maxabs);                \
     } while (0)
 

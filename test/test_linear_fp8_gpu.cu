@@ -184,7 +184,8 @@ static void report(const Err &e, const Err *rounded, double tol, const char *wha
                    int K) {
     char nm[160];
     snprintf(nm, sizeof nm, "fp8 gemm %s %s N=%d M=%d K=%d", mode, what, N, M, K);
-    CHECK(e.nonfinite == 0 && e.rel() < tol, nm, "rel L2 %.3g (tol %.1g), %ld non-finite", e.rel(), tol, e.nonfinite);
+    CHECK(e.ok(tol), nm, "rel L2 %.3g (tol %.1g), max abs %.3g of max %.3g (bound 5 x tol), %ld non-finite", e.rel(),
+          tol, e.maxabs, e.maxref, e.nonfinite);
     if (rounded) printf("#   %-72s rel L2 %.2e (vs bf16-rounded ref %.2e)\n", nm, e.rel(), rounded->rel());
     else printf("#   %-72s rel L2 %.2e\n", nm, e.rel());
 }

@@ -33,7 +33,8 @@ static Dv to_d(const Bf &b) {
 static void report(const Err &e, double tol, const char *what, int M, int N, int K, int acc) {
     char nm[128];
     snprintf(nm, sizeof nm, "matmul %s M=%d N=%d K=%d accumulate=%d", what, M, N, K, acc);
-    CHECK(e.nonfinite == 0 && e.rel() < tol, nm, "rel L2 %.3g (tol %.1g), %ld non-finite", e.rel(), tol, e.nonfinite);
+    CHECK(e.ok(tol), nm, "rel L2 %.3g (tol %.1g), max abs %.3g of max %.3g (bound 5 x tol), %ld non-finite", e.rel(),
+          tol, e.maxabs, e.maxref, e.nonfinite);
     printf("#   %-52s rel L2 %.2e\n", nm, e.rel());
 }
 

@@ -19,7 +19,7 @@
 //   (steps, B, T), "param.<name>" (initial FP32 weights), "grad.<name>" (GPU gradients of
 //   batch 0), "cpu_grad.<name>" (CPU gradients of batch 0), "gpu_losses", "cpu_losses",
 //   "gpu_grad_norms" f32 (steps).
-#include <cuda_runtime.h>  // cudaGetDeviceCount
+#include <cuda_runtime.h>  // the CUDA runtime (via gpu_test.h)
 #include <math.h>          // sqrt, isfinite, fabs
 #include <stdint.h>        // int32_t, uint32_t
 #include <stdio.h>         // printf, FILE
@@ -35,6 +35,7 @@
 #include "cpu/model_cpu.h"           // the reference backend
 #include "gpu/model_gpu.h"           // the backend under test
 #include "optimizer.h"               // AdamW, grad_global_norm, grad_clip_factor
+#include "gpu_test.h"                // gpu_test_have_gpu: skip only where there is no GPU
 #include "model_test.h"              // TINY_JSON, make_config, make_batch, rel_l2
 #include "test.h"                    // CHECK, test_summary
 
@@ -416,12 +417,7 @@ int main(int argc, char **argv) {
         return test_summary("test_model_gpu");
     }
     plan_tests();
-    int n_dev = 0;
-    cudaError_t err = cudaGetDeviceCount(&n_dev);
-    if (err != cudaSuccess || n_dev == 0) {
-        printf("skipped: test_model_gpu (no GPU: %s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "no device");
-        return test_summary("test_model_gpu");
-    }
+    if (!gpu_test_have_gpu("test_model_gpu")) return test_summary("test_model_gpu");
     std::string d1 = dump ? std::string(dump) + "_base.bin" : "", d2 = dump ? std::string(dump) + "_qk_tied.bin" : "";
     double t0 = now_seconds();
     run_variant("base", make_config(TINY_JSON, NULL, 0), STEPS, dump ? d1.c_str() : NULL);

@@ -502,6 +502,14 @@ static int run_tokenize(const TokenizeArgs *a, ErrBuf *e) {
         if (a->val_fraction > 0 && n_val == 0)
             printf("tokenize: note: only %lld document, so no validation split; split a file into "
                    "documents with --doc-separator\n", scan.n_docs);
+        // Whole documents are held out: with few (or very unequal) documents the validation share
+        // of the tokens can be far from F, e.g. one of two files.
+        double val_share = tokens > 0 ? (double)val.total / (double)tokens : 0.0;
+        if (n_val > 0 && (val_share > 2.0 * a->val_fraction || val_share < 0.5 * a->val_fraction))
+            fprintf(stderr, "tokenize: warning: the validation split holds %.1f%% of the tokens (%lld of %lld documents), "
+                   "not the %.1f%% --val-fraction asks for: documents are held out whole; split the files into "
+                   "more documents with --doc-separator\n", 100.0 * val_share, val.docs, scan.n_docs,
+                   100.0 * a->val_fraction);
     }
     free(train.buf);
     free(val.buf);

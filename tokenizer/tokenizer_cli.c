@@ -32,6 +32,26 @@ static char *read_stdin(size_t *len, ErrBuf *e) {
     return buf;
 }
 
+static void usage(FILE *f, const char *cmd) {
+    if (!strcmp(cmd, "encode"))
+        fprintf(f, "usage: train_gpt encode [--vocab DIR] < text\n"
+                   "  Encodes standard input with GPT-2's tokenizer and prints the token ids, space-separated,\n"
+                   "  on one line.\n");
+    else
+        fprintf(f, "usage: train_gpt decode [--vocab DIR] < ids\n"
+                   "  Reads GPT-2 token ids (whitespace-separated) from standard input and writes the bytes they\n"
+                   "  stand for.\n");
+    fprintf(f, "  --vocab DIR   directory with encoder.json and vocab.bpe (default: see README)\n"
+               "  --help        this text\n");
+}
+
+// Whether the arguments ask for the usage (--help or -h anywhere).
+static int wants_help(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
 // Parses "[--vocab DIR]" and loads the tokenizer; NULL with e filled on a bad argument or vocab.
 static Tokenizer *load_from_args(int argc, char **argv, ErrBuf *e) {
     const char *dir = NULL;
@@ -61,9 +81,14 @@ static int finish_stdout(void) {
 }
 
 // What both commands start with: the tokenizer (from --vocab or the default place) and all of
-// standard input. Returns 0, or the exit status after reporting the error.
+// standard input. Returns 0; -1 when --help printed the usage (exit 0); or the exit status after
+// reporting the error.
 static int open_command(int argc, char **argv, Tokenizer **t, char **text, size_t *len) {
     ErrBuf e;
+    if (wants_help(argc, argv)) {
+        usage(stdout, argv[0]);
+        return -1;  // done: the usage is all there is to do
+    }
     *t = load_from_args(argc, argv, &e);
     if (!*t) return fail(&e);
     *text = read_stdin(len, &e);
@@ -76,7 +101,7 @@ int cmd_encode(int argc, char **argv) {
     char *text;
     size_t len;
     int rc = open_command(argc, argv, &t, &text, &len);
-    if (rc) return rc;
+    if (rc) return rc < 0 ? 0 : rc;
     uint32_t *ids;
     size_t n = tokenizer_encode(t, text, len, &ids);
     for (size_t k = 0; k < n; k++) printf(k ? " %u" : "%u", ids[k]);
@@ -91,7 +116,8 @@ int cmd_decode(int argc, char **argv) {
     Tokenizer *t;
     char *text;
     size_t len;
-    if (open_command(argc, argv, &t, &text, &len)) return 1;
+    int opened = open_command(argc, argv, &t, &text, &len);
+    if (opened) return opened < 0 ? 0 : opened;
     ErrBuf e;
     // Check every id before writing anything, so a bad id leaves stdout empty.
     size_t cap = 1024, n = 0;
