@@ -25,6 +25,15 @@ extern "C" int attn_mode_supported(const AttnOptions *opt, int d, const char **w
         w = "unknown attention scaling";
     else if (attn_precision_is_fp8(opt->precision) && opt->p_scale != 256.0f)
         w = "the GPU's FP8 attention kernels use the static P scale 256 (precision.attention_p_scale)";
+    // What the CPU emulation has and the kernels not yet (docs/fp8-attention.md §6).
+    else if (opt->precision == ATTN_FP8_HYBRID_DM)
+        w = "fp8_hybrid_dm runs on the CPU backend only (the BF16 backward has no delta pass over its own P and dP)";
+    else if (attn_precision_is_fp8(opt->precision) && opt->center_keys != CENTER_KEYS_OFF)
+        w = "precision.attention_center_keys runs on the CPU backend only (the quantize pass does not subtract c yet); "
+            "use \"off\"";
+    else if (attn_precision_is_fp8(opt->precision) && opt->rowsum_correction)
+        w = "precision.attention_rowsum_correction runs on the CPU backend only (the FP8 backward does not sum the cast "
+            "dS per row yet); use false";
     if (why) *why = w;
     return w ? -1 : 0;
 }
@@ -95,7 +104,7 @@ static Parts carve_parts(const AttnOptions *opt, void *ws, int B, int H, int T, 
 // Overrides the workspace's parts of Q, K, V (dO stays in the workspace).
 static void carve_saved(Parts *p, AttnPrecision prec, void *buf, int B, int H, int T, int d) {
     char *c = (char *)buf;
-    if (prec == ATTN_FP8_HYBRID) {
+    if (!attn_mode_plan(prec).fp8_backward) {  // a hybrid
         p->deq = (bf16 *)c;
         return;
     }

@@ -238,7 +238,7 @@ static CheckpointState checkpoint_state_of(Run *r) {
     CheckpointState s = {.model = &backend_config(&r->be)->model, .table = t, .config_json = r->config_json,
                          .params = r->host_params, .adam_m = r->host_m, .adam_v = r->host_v,
                          .sample_rng = r->sample_rng, .delayed = r->n_delayed ? r->delayed : NULL,
-                         .n_delayed = r->n_delayed};
+                         .n_delayed = r->n_delayed, .key_centers = backend_key_centers(&r->be)};
     return s;
 }
 
@@ -331,6 +331,10 @@ static void broadcast_resume(Run *r, CheckpointState *s) {
     if (comm_broadcast(&r->comm, &sc, sizeof sc, &e) || comm_broadcast(&r->comm, s->params, n, &e) ||
         comm_broadcast(&r->comm, s->adam_m, n, &e) || comm_broadcast(&r->comm, s->adam_v, n, &e) ||
         (r->n_delayed && comm_broadcast(&r->comm, r->delayed, (size_t)r->n_delayed * sizeof *r->delayed, &e)))
+        dp_fail(r, &e);
+    AttnKeyCenters *kc = s->key_centers;  // centred keys' delayed c: rank 0's, as the amax histories
+    if (kc && (comm_broadcast(&r->comm, &kc->ready, sizeof kc->ready, &e) ||
+               comm_broadcast(&r->comm, kc->center, (size_t)attn_key_centers_count(kc) * sizeof(float), &e)))
         dp_fail(r, &e);
     s->adam_step = sc.adam_step, s->train_step = sc.train_step, s->elapsed_s = sc.elapsed_s;
     s->sample_rng = sc.sample_rng, s->data = sc.data;

@@ -222,6 +222,10 @@ AttnDelayedState *backend_delayed_state(Backend *b, int *n) {
     return NULL;
 }
 
+AttnKeyCenters *backend_key_centers(Backend *b) {
+    return b->kind != DEVICE_GPU && b->cpu.key_centers.center ? &b->cpu.key_centers : NULL;
+}
+
 // --- data parallelism -------------------------------------------------------------------------------
 
 static int dp_setup(Backend *b, struct Comm *comm, int zero1, ErrBuf *e) {

@@ -143,6 +143,9 @@ int backend_state_in_place(Backend *b, float **params, float **adam_m, float **a
 // The per-layer attention delayed-scaling state (n_layer entries, in *n) that checkpoints keep:
 // the CPU model's; NULL with *n = 0 on the GPU (its BF16 attention has none).
 AttnDelayedState *backend_delayed_state(Backend *b, int *n);
+// Centred keys' delayed c that checkpoints keep (precision.attention_center_keys "delayed"): the
+// CPU model's; NULL otherwise (the GPU backend refuses centred keys).
+AttnKeyCenters *backend_key_centers(Backend *b);
 
 // "cpu" / "gpu".
 const char *backend_name(const Backend *b);

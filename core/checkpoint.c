@@ -191,6 +191,10 @@ int checkpoint_save(const char *path, const CheckpointState *s, ErrBuf *e) {
         put(&w, d->hist, sizeof d->hist);
         put(&w, d->cur_amax, sizeof d->cur_amax);
     }
+    const AttnKeyCenters *kc = s->key_centers;
+    uint64_t n_center = kc && kc->center && kc->ready ? (uint64_t)attn_key_centers_count(kc) : 0;
+    put_u64(&w, n_center);
+    if (n_center) put(&w, kc->center, n_center * sizeof(float));
     uint64_t size = w.len + 8;
     memcpy(w.buf + 8, &size, sizeof size);
     put_u64(&w, fnv1a64(w.buf, w.len));
@@ -202,7 +206,7 @@ int checkpoint_save(const char *path, const CheckpointState *s, ErrBuf *e) {
 // ---------------------------------------------------------------------------------------------
 // Reads the file and validates what needs no model: magic, version, size, checksum. Returns
 // the bytes (caller frees) with the reader positioned after the header's file-size field.
-static unsigned char *read_validated(const char *path, ByteReader *r, ErrBuf *e) {
+static unsigned char *read_validated(const char *path, ByteReader *r, uint32_t *version_out, ErrBuf *e) {
     size_t len = 0;
     char *text = read_file_text(path, &len, e);
     if (!text) return NULL;
@@ -219,9 +223,10 @@ static unsigned char *read_validated(const char *path, ByteReader *r, ErrBuf *e)
         errf(e, "checkpoint %s: not a train_gpt checkpoint (magic 0x%08x, expected 0x%08x \"TGPT\")", path, magic, CKPT_MAGIC);
         return NULL;
     }
-    if (version != CKPT_VERSION) {
+    if (version < CKPT_VERSION_MIN || version > CKPT_VERSION) {
         free(buf);
-        errf(e, "checkpoint %s: format version %u, this build reads version %d", path, version, CKPT_VERSION);
+        errf(e, "checkpoint %s: format version %u, this build reads versions %d to %d", path, version, CKPT_VERSION_MIN,
+             CKPT_VERSION);
         return NULL;
     }
     if (len < HEADER_BYTES) {
@@ -244,6 +249,7 @@ static unsigned char *read_validated(const char *path, ByteReader *r, ErrBuf *e)
         return NULL;
     }
     r->len = len - 8;  // the checksum is not content
+    if (version_out) *version_out = version;
     return buf;
 }
 
@@ -262,7 +268,7 @@ static char *read_config_text(const char *path, ByteReader *r, ErrBuf *e) {
 
 char *checkpoint_read_config(const char *path, ErrBuf *e) {
     ByteReader r;
-    unsigned char *buf = read_validated(path, &r, e);
+    unsigned char *buf = read_validated(path, &r, NULL, e);
     if (!buf) return NULL;
     for (int i = 0; i < N_SHAPE_FIELDS; i++) get_i64(&r);
     char *cfg = read_config_text(path, &r, e);
@@ -277,7 +283,8 @@ char *checkpoint_read_config(const char *path, ErrBuf *e) {
 
 int checkpoint_load(const char *path, CheckpointState *s, ErrBuf *e) {
     ByteReader r;
-    unsigned char *buf = read_validated(path, &r, e);
+    uint32_t version;
+    unsigned char *buf = read_validated(path, &r, &version, e);
     if (!buf) return -1;
     int rc = -1;
     char *cfg = NULL;
@@ -341,7 +348,10 @@ int checkpoint_load(const char *path, CheckpointState *s, ErrBuf *e) {
     data.shard_pos = get_i64(&r);
     data.window_pos = get_i64(&r);
     uint64_t n_delayed = get_u64(&r);
-    if (n_delayed > (r.len - r.pos) / DELAYED_BYTES || r.len - r.pos != n_delayed * DELAYED_BYTES) {
+    // version 1 ends with the delayed states; version 2 has at least the key centres' count after them
+    size_t tail = version >= 2 ? 8 : 0;
+    if (n_delayed > (r.len - r.pos) / DELAYED_BYTES ||
+        (version >= 2 ? r.len - r.pos < n_delayed * DELAYED_BYTES + tail : r.len - r.pos != n_delayed * DELAYED_BYTES)) {
         errf(e, "checkpoint %s: corrupt: %llu delayed-scaling states do not fit the %zu bytes left", path,
              (unsigned long long)n_delayed, r.len - r.pos);
         goto done;
@@ -378,6 +388,19 @@ int checkpoint_load(const char *path, CheckpointState *s, ErrBuf *e) {
     if (s->config_out) {
         *s->config_out = cfg;
         cfg = NULL;
+    }
+    if (version >= 2) {
+        uint64_t n_center = get_u64(&r);
+        if (n_center > (r.len - r.pos) / sizeof(float) || r.len - r.pos != n_center * sizeof(float)) {
+            errf(e, "checkpoint %s: corrupt: %llu key-centre values do not fit the %zu bytes left", path,
+                 (unsigned long long)n_center, r.len - r.pos);
+            goto done;
+        }
+        AttnKeyCenters *kc = s->key_centers;
+        if (n_center && kc && kc->center && n_center == (uint64_t)attn_key_centers_count(kc)) {
+            get(&r, kc->center, n_center * sizeof(float));
+            kc->ready = 1;
+        }
     }
     rc = 0;
 done:

@@ -4,7 +4,8 @@
 // state and the sampling RNG. Written atomically; loading validates every field against the
 // model it is loaded into and says which field differs.
 //
-// File layout (little-endian, version 1):
+// File layout (little-endian, version 2; version 1 files, which end after the delayed-scaling
+// states, load as having no key centres):
 //   u32 magic "TGPT" (0x54475054), u32 version, u64 file size (all bytes, checksum included)
 //   i64 x 12: vocab_size, padded_vocab, d_model, n_layer, n_head, ffn_hidden, seq_len,
 //             qk_norm, tied, position, n_tensors, total_params
@@ -17,6 +18,9 @@
 //       f32 hist[4][ATTN_MAX_AMAX_HISTORY], f32 cur_amax[4]  (the backend's delayed-scaling states:
 //       attention's, one per layer, then with precision.linear_scaling "delayed" the FP8 linears',
 //       two per layer; restored only into a model with as many)
+//   u64 n_key_center, then n_key_center x f32: centred keys' delayed c, (n_layer, n_head,
+//       head_dim), or 0 when the run has none yet (AttnKeyCenters; restored only into a model
+//       that keeps as many)
 //   u64 FNV-1a 64 checksum of every byte before it
 #ifndef CHECKPOINT_H
 #define CHECKPOINT_H
@@ -34,7 +38,8 @@ extern "C" {
 #endif
 
 #define CKPT_MAGIC 0x54475054u  // "TGPT"
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2
+#define CKPT_VERSION_MIN 1  // the oldest version this build reads
 
 // Where the state lives in memory. Save reads these buffers; load validates the file against
 // model/table and then writes into them. adam_m / adam_v / delayed may be NULL on load to skip
@@ -53,6 +58,7 @@ typedef struct {
     AttnDelayedState *delayed;   // (n_delayed) per layer, or NULL
     int n_delayed;
     char **config_out;           // load: when non-NULL, receives the stored config text (caller frees)
+    AttnKeyCenters *key_centers; // centred keys' delayed c, or NULL (save: kept when ready; load: fills it)
 } CheckpointState;
 
 // Writes the state to path atomically (temp file + fsync + rename). 0, or -1 with e filled;

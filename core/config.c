@@ -22,6 +22,7 @@ _Static_assert(sizeof(ScheduleKind) == sizeof(int), "enum size");
 _Static_assert(sizeof(AttnPrecision) == sizeof(int), "enum size");
 _Static_assert(sizeof(GradFormat) == sizeof(int), "enum size");
 _Static_assert(sizeof(ScalingKind) == sizeof(int), "enum size");
+_Static_assert(sizeof(AttnCenterKeys) == sizeof(int), "enum size");
 _Static_assert(sizeof(LinearPrecision) == sizeof(int), "enum size");
 _Static_assert(sizeof(WgradBlocks) == sizeof(int), "enum size");
 _Static_assert(sizeof(LinearScaling) == sizeof(int), "enum size");
@@ -32,10 +33,11 @@ _Static_assert(sizeof(PrecisionRecipe) == sizeof(int), "enum size");
 const char *const DEVICE_NAMES[] = {"auto", "cpu", "gpu", NULL};
 const char *const POSITION_NAMES[] = {"rope", "none", NULL};
 const char *const SCHEDULE_NAMES[] = {"cosine", "linear", "wsd", "constant", NULL};
-const char *const ATTN_NAMES[] = {"fp32",   "bf16",          "fp8_naive", "fp8_hybrid",
-                                         "fp8_dm", "fp8_dm_approx", NULL};
+const char *const ATTN_NAMES[] = {"fp32",   "bf16",          "fp8_naive",     "fp8_hybrid",
+                                         "fp8_dm", "fp8_dm_approx", "fp8_hybrid_dm", NULL};
 const char *const GRADFMT_NAMES[] = {"e4m3", "e5m2", NULL};
 const char *const SCALING_NAMES[] = {"block", "delayed", NULL};
+const char *const CENTER_KEYS_NAMES[] = {"off", "mean", "delayed", NULL};
 const char *const LINEAR_NAMES[] = {"bf16", "fp8_tensor", "fp8_block", NULL};
 const char *const WGRAD_BLOCKS_NAMES[] = {"none", "activation", "gradient", NULL};
 const char *const LINEAR_SCALING_NAMES[] = {"current", "delayed", NULL};
@@ -125,6 +127,8 @@ static const KeyDef PRECISION_KEYS[] = {
     KEY(precision, attention_block_q, KIND_INT),
     KEY(precision, attention_block_k, KIND_INT),
     KEY(precision, attention_keep_codes, KIND_BOOL),
+    KEY_ENUM(precision, attention_center_keys, CENTER_KEYS_NAMES),
+    KEY(precision, attention_rowsum_correction, KIND_BOOL),
     KEY_ENUM(precision, linear, LINEAR_NAMES),
     KEY_ENUM(precision, linear_grad_format, GRADFMT_NAMES),
     KEY(precision, linear_keep_lm_head_bf16, KIND_BOOL),
@@ -232,6 +236,8 @@ void config_defaults(Config *c) {
     p->attention_block_q = 128;
     p->attention_block_k = 128;
     p->attention_keep_codes = 1;
+    p->attention_center_keys = CENTER_KEYS_OFF;
+    p->attention_rowsum_correction = 0;
     p->linear = LINEAR_BF16;
     p->linear_grad_format = GRADFMT_E4M3;
     p->linear_keep_lm_head_bf16 = 1;

@@ -13,10 +13,11 @@
 //                 ("cosine" | "linear" | "wsd" | "constant"), wsd_decay_fraction, weight_decay,
 //                 beta1, beta2, eps, grad_clip (0 = off), seed, recompute (false), threads (0=all)
 //   precision     attention ("fp32" | "bf16" | "fp8_naive" | "fp8_hybrid" | "fp8_dm" |
-//                 "fp8_dm_approx"), attention_grad_format ("e4m3" | "e5m2"), attention_scaling
-//                 ("block" | "delayed"), attention_p_scale (256, a power of two),
+//                 "fp8_dm_approx" | "fp8_hybrid_dm"), attention_grad_format ("e4m3" | "e5m2"),
+//                 attention_scaling ("block" | "delayed"), attention_p_scale (256, a power of two),
 //                 attention_amax_history (16), attention_block_q (128), attention_block_k (128),
-//                 attention_keep_codes (true),
+//                 attention_keep_codes (true), attention_center_keys ("off" | "mean" | "delayed"),
+//                 attention_rowsum_correction (false),
 //                 linear ("bf16" | "fp8_tensor" | "fp8_block"), linear_grad_format,
 //                 linear_keep_lm_head_bf16 (true), linear_bf16_first_layers (0),
 //                 linear_bf16_last_layers (0), linear_wgrad_blocks ("none" | "activation" |

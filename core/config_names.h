@@ -11,6 +11,7 @@ extern const char *const SCHEDULE_NAMES[];
 extern const char *const ATTN_NAMES[];
 extern const char *const GRADFMT_NAMES[];
 extern const char *const SCALING_NAMES[];
+extern const char *const CENTER_KEYS_NAMES[];
 extern const char *const LINEAR_NAMES[];
 extern const char *const WGRAD_BLOCKS_NAMES[];
 extern const char *const LINEAR_SCALING_NAMES[];

@@ -115,6 +115,7 @@ static int validate_precision(const Config *c, ErrBuf *e) {
         check_enum(c, "precision.attention", (int)p->attention, ATTN_NAMES, e) ||
         check_enum(c, "precision.attention_grad_format", (int)p->attention_grad_format, GRADFMT_NAMES, e) ||
         check_enum(c, "precision.attention_scaling", (int)p->attention_scaling, SCALING_NAMES, e) ||
+        check_enum(c, "precision.attention_center_keys", (int)p->attention_center_keys, CENTER_KEYS_NAMES, e) ||
         check_enum(c, "precision.linear", (int)p->linear, LINEAR_NAMES, e) ||
         check_enum(c, "precision.linear_grad_format", (int)p->linear_grad_format, GRADFMT_NAMES, e) ||
         check_enum(c, "precision.linear_wgrad_blocks", (int)p->linear_wgrad_blocks, WGRAD_BLOCKS_NAMES, e) ||
@@ -134,6 +135,16 @@ static int validate_precision(const Config *c, ErrBuf *e) {
         return errf(e, "%s: precision.linear_wgrad_blocks: \"%s\" needs precision.linear = \"fp8_block\" (it picks "
                     "fp8_block's 128x128 wgrad operand), got linear = \"%s\"; use \"none\"", label(c),
                     WGRAD_BLOCKS_NAMES[p->linear_wgrad_blocks], LINEAR_NAMES[p->linear]);
+    // Centred keys and the row-sum correction change what the FP8 modes quantize and how dQ is
+    // formed; bf16 and fp32 attention have neither (docs/fp8-attention.md §6).
+    if (p->attention_center_keys != CENTER_KEYS_OFF && !attn_precision_is_fp8(p->attention))
+        return errf(e, "%s: precision.attention_center_keys: \"%s\" needs an FP8 precision.attention (it sets what "
+                    "the FP8 modes quantize), got attention = \"%s\"; use \"off\"", label(c),
+                    CENTER_KEYS_NAMES[p->attention_center_keys], ATTN_NAMES[p->attention]);
+    if (p->attention_rowsum_correction && !attn_precision_is_fp8(p->attention))
+        return errf(e, "%s: precision.attention_rowsum_correction: true needs an FP8 precision.attention (it corrects "
+                    "dQ for the row sums of the cast dS), got attention = \"%s\"; use false", label(c),
+                    ATTN_NAMES[p->attention]);
     int exponent;
     double v = p->attention_p_scale;
     if (!(isfinite(v) && v >= 1 && v <= 32768 && frexp(v, &exponent) == 0.5))

@@ -46,6 +46,47 @@ void attn_options_from_config(AttnOptions *opt, const PrecisionConfig *p) {
     opt->p_scale = (float)p->attention_p_scale;
     opt->block_q = p->attention_block_q;
     opt->block_k = p->attention_block_k;
+    opt->center_keys = p->attention_center_keys;
+    opt->rowsum_correction = p->attention_rowsum_correction;
+}
+
+void attn_key_centers_init(AttnKeyCenters *kc, int n_layer, int n_head, int head_dim) {
+    memset(kc, 0, sizeof *kc);
+    kc->n_layer = n_layer;
+    kc->n_head = n_head;
+    kc->head_dim = head_dim;
+    long n = attn_key_centers_count(kc);
+    kc->center = xcalloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    kc->next = xcalloc((size_t)(n > 0 ? n : 1), sizeof(float));
+}
+
+void attn_key_centers_free(AttnKeyCenters *kc) {
+    free(kc->center);
+    free(kc->next);
+    memset(kc, 0, sizeof *kc);
+}
+
+void attn_key_centers_accumulate(AttnKeyCenters *kc, int layer, int B, int T, const float *k) {
+    const int H = kc->n_head, d = kc->head_dim;
+    if (layer < 0 || layer >= kc->n_layer || B < 1 || T < 1)
+        FATAL("attn_key_centers_accumulate: layer %d of %d, B %d, T %d", layer, kc->n_layer, B, T);
+    double *sum = xcalloc((size_t)d, sizeof *sum);  // (d) FP64: the mean does not depend on the order
+    for (int h = 0; h < H; h++) {
+        memset(sum, 0, (size_t)d * sizeof *sum);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                const float *row = k + (((size_t)b * H + h) * T + t) * d;
+                for (int c = 0; c < d; c++) sum[c] += row[c];
+            }
+        float *out = kc->next + ((size_t)layer * H + h) * d;
+        for (int c = 0; c < d; c++) out[c] = bf16_round((float)(sum[c] / ((double)B * T)));
+    }
+    free(sum);
+}
+
+void attn_key_centers_commit(AttnKeyCenters *kc) {
+    memcpy(kc->center, kc->next, (size_t)attn_key_centers_count(kc) * sizeof(float));
+    kc->ready = 1;
 }
 
 void attn_delayed_init(AttnDelayedState *s, int history_len) {

@@ -10,6 +10,8 @@
 
 #include "core/fp8.h"  // Fp8Format, fp8_scale_for_amax_within, FP8_SCALE_MAX_EXP
 
+#include <stddef.h>  // NULL
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -17,8 +19,8 @@ extern "C" {
 // =============================================================================================
 // The precision section of the config (docs/config.md).
 
-// Attention precisions of docs/fp8-attention.md §3 (plus fp32, the exact CPU reference, and
-// fp8_dm_approx, the ablation).
+// Attention precisions of docs/fp8-attention.md §3 (plus fp32, the exact CPU reference,
+// fp8_dm_approx, the ablation, and fp8_hybrid_dm, the hybrid with a matched D).
 typedef enum {
     ATTN_FP32 = 0,
     ATTN_BF16,
@@ -26,8 +28,14 @@ typedef enum {
     ATTN_FP8_HYBRID,
     ATTN_FP8_DM,
     ATTN_FP8_DM_APPROX,
+    ATTN_FP8_HYBRID_DM,
     ATTN_N_PRECISIONS
 } AttnPrecision;
+// Centred keys (docs/fp8-attention.md §6): the FP8 modes quantize K - c instead of K, for one
+// vector c per head held constant; softmax does not see c, so the attention is exactly the same.
+// off; mean: c is the mean of the head's keys in the sequence; delayed: c is the previous
+// micro-batch's mean of the layer's head (the head's own mean until there is one).
+typedef enum { CENTER_KEYS_OFF = 0, CENTER_KEYS_MEAN, CENTER_KEYS_DELAYED } AttnCenterKeys;
 typedef enum { GRADFMT_E4M3 = 0, GRADFMT_E5M2 } GradFormat;
 typedef enum { SCALING_BLOCK = 0, SCALING_DELAYED } ScalingKind;
 typedef enum { LINEAR_BF16 = 0, LINEAR_FP8_TENSOR, LINEAR_FP8_BLOCK } LinearPrecision;
@@ -54,6 +62,8 @@ typedef struct {
     int attention_amax_history;
     int attention_block_q, attention_block_k;
     int attention_keep_codes;          // GPU, FP8 attention: keep the forward's Q, K, V codes for the backward
+    AttnCenterKeys attention_center_keys;  // FP8 attention: quantize K - c (off, mean, delayed)
+    int attention_rowsum_correction;   // FP8 attention: the rank-one correction of dQ by the cast dS's row sums
     LinearPrecision linear;
     GradFormat linear_grad_format;     // of output gradients with fp8_tensor (fp8_block: E4M3)
     int linear_keep_lm_head_bf16;      // the LM head GEMMs stay in BF16 when linear is FP8
@@ -89,6 +99,7 @@ void precision_recipe_apply(PrecisionConfig *p, PrecisionRecipe r);
 //   fp8_hybrid      FP8                   BF16 on the dequantized Q̂, K̂, V̂     from O (stale)
 //   fp8_dm          FP8                   FP8                                  matched (Delta-Matching)
 //   fp8_dm_approx   FP8                   FP8                                  approx (ablation)
+//   fp8_hybrid_dm   FP8                   BF16 on the dequantized Q̂, K̂, V̂     matched
 // The D of dS_ij = P_ij (dP_ij - D_i), spec §1 and §3 (docs/fp8-attention.md):
 typedef enum {
     ATTN_DELTA_FROM_O = 0,  // D_i = sum_c dO_ic O_ic (FlashAttention's; with FP8 casts it no longer
@@ -104,16 +115,22 @@ typedef struct {
 } AttnModePlan;
 static inline AttnModePlan attn_mode_plan(AttnPrecision p) {
     AttnModePlan m = {0, 0, ATTN_DELTA_FROM_O};
-    if (p == ATTN_FP8_NAIVE || p == ATTN_FP8_HYBRID || p == ATTN_FP8_DM || p == ATTN_FP8_DM_APPROX) m.fp8_forward = 1;
-    if (m.fp8_forward && p != ATTN_FP8_HYBRID) m.fp8_backward = 1;
-    if (p == ATTN_FP8_DM) m.delta = ATTN_DELTA_MATCHED;
-    if (p == ATTN_FP8_DM_APPROX) m.delta = ATTN_DELTA_APPROX;
+    switch (p) {
+    case ATTN_FP8_NAIVE: m.fp8_forward = m.fp8_backward = 1; break;
+    case ATTN_FP8_HYBRID: m.fp8_forward = 1; break;
+    case ATTN_FP8_DM: m.fp8_forward = m.fp8_backward = 1, m.delta = ATTN_DELTA_MATCHED; break;
+    case ATTN_FP8_DM_APPROX: m.fp8_forward = m.fp8_backward = 1, m.delta = ATTN_DELTA_APPROX; break;
+    case ATTN_FP8_HYBRID_DM: m.fp8_forward = 1, m.delta = ATTN_DELTA_MATCHED; break;
+    default: break;  // fp32, bf16
+    }
     return m;
-}
-// The FP8 modes (quantized Q, K, V and the FP8 forward), and among them those whose backward is
-// the FP8 kernel.
+}// The FP8 modes (quantized Q, K, V and the FP8 forward); among them the hybrids, whose backward
+// is the BF16 one on the dequantized operands, and the others, whose backward is the FP8 kernel.
 static inline int attn_precision_is_fp8(AttnPrecision p) { return attn_mode_plan(p).fp8_forward; }
 static inline int attn_precision_fp8_backward(AttnPrecision p) { return attn_mode_plan(p).fp8_backward; }
+static inline int attn_precision_is_hybrid(AttnPrecision p) {
+    return attn_precision_is_fp8(p) && !attn_precision_fp8_backward(p);
+}
 
 typedef struct {
     AttnPrecision precision;
@@ -121,6 +138,9 @@ typedef struct {
     ScalingKind scaling;    // block (per 128-token block / per tile) or delayed (per tensor)
     float p_scale;          // static scale of P before its E4M3 cast (default 256)
     int block_q, block_k;   // tile sizes of the GPU kernel being emulated (default 128, 128)
+    // Numerics beyond the paper (FP8 modes only; zero = off):
+    AttnCenterKeys center_keys;  // quantize K - c (docs/fp8-attention.md §6)
+    int rowsum_correction;       // dQ_i -= r_i sum_j P_ij K̂_j / sum_j P_ij, r_i = sum_j of the cast dS
 } AttnOptions;
 
 // Fills opt from the precision section of a config.
@@ -153,6 +173,33 @@ void attn_delayed_restore(AttnDelayedState *s, AttnDelayedState *saved, int n);
 // grad_format: what attn_quantize_operand uses past the first step (the GPU model uploads them).
 void attn_delayed_scales(const AttnDelayedState *s, Fp8Format grad_format, float scale[4]);
 
+// Centred keys, delayed form: per layer and head the c that the FP8 modes subtract from K (the
+// previous micro-batch's mean of that head's keys, over its sequences and tokens, BF16-rounded).
+// A forward writes its own means into `next` (attn_key_centers_accumulate); the backward commits
+// them (attn_key_centers_commit), as delayed scaling commits its amaxes. Until the first commit
+// (ready == 0) each head uses its own mean. Checkpoints keep `center` and `ready`.
+typedef struct {
+    int n_layer, n_head, head_dim;
+    int ready;      // `center` holds a committed estimate
+    float *center;  // (n_layer, n_head, head_dim) c of the delayed form
+    float *next;    // (n_layer, n_head, head_dim) the last forward's means, committed by its backward
+} AttnKeyCenters;
+void attn_key_centers_init(AttnKeyCenters *kc, int n_layer, int n_head, int head_dim);
+void attn_key_centers_free(AttnKeyCenters *kc);
+// Values per array: n_layer * n_head * head_dim.
+static inline long attn_key_centers_count(const AttnKeyCenters *kc) {
+    return (long)kc->n_layer * kc->n_head * kc->head_dim;
+}
+// Layer `layer`'s `next` from its keys k: (B, n_head, T, head_dim), the mean over B and T of each
+// head, rounded to BF16 (so that a BF16 GPU epilogue can hold the same c).
+void attn_key_centers_accumulate(AttnKeyCenters *kc, int layer, int B, int T, const float *k);
+void attn_key_centers_commit(AttnKeyCenters *kc);
+// The c of one head for a forward or backward under CENTER_KEYS_DELAYED: NULL before the first
+// commit (the attention then takes the head's own mean).
+static inline const float *attn_key_center_of(const AttnKeyCenters *kc, int layer, int head) {
+    return kc->ready ? kc->center + ((long)layer * kc->n_head + head) * kc->head_dim : NULL;
+}
+
 // Block scaling: one scale per ATTN_SCALE_BLOCK tokens of the head's sequence for Q, K, V, dO,
 // independent of the kernel's block_q / block_k.
 #define ATTN_SCALE_BLOCK 128
@@ -182,11 +229,14 @@ static inline int attn_scale_max_exp(AttnCast which) {
 // fp32 mode; resid_cancel_max divides the same sum by the size of the terms that cancel in it,
 // sum_j P_ij (|dP_ij| + |D_i|) (sum_j dS_ij = sum_j P dP - D sum_j P), which is what FP32
 // rounding bounds: ~1e-7 for fp8_dm and fp32, 1e-3..1 for fp8_naive. Tests assert on it.
+// post_resid_max is the same ratio as resid_max for the dS the dQ and dK matmuls use, after its
+// cast (FP8, or BF16 in the hybrids and bf16): the cast breaks the invariant again, in every mode.
 typedef struct {
     long long saturated[ATTN_N_CASTS];  // values whose |x*s| exceeded the format's max
     long long casts[ATTN_N_CASTS];      // values cast
     double resid_max;                   // max over rows of |sum_j dS_ij| / sum_j |dS_ij|
     double resid_cancel_max;            // max over rows of |sum_j dS_ij| / sum_j P_ij(|dP_ij|+|D_i|)
+    double post_resid_max;              // max over rows of |sum_j cast(dS)_ij| / sum_j |dS_ij|
 } AttnStats;
 
 // =============================================================================================

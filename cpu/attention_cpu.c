@@ -17,6 +17,12 @@
 //
 // Where tau enters: S = tau * (Q̂ · K̂) per element; dQ and dK are accumulated without tau and
 // multiplied by tau at the end (as the GPU's last dQ/dK step does).
+//
+// Beyond the paper (docs/fp8-attention.md §6), in the FP8 modes: centred keys quantize K - c
+// instead of K (one c per head; the forward, the S recompute and the dQ matmul all see K̂ = the
+// quantized K - c; dK's formula is unchanged, c being a constant); the rank-one correction
+// subtracts r_i sum_j P_ij K̂_j / sum_j P_ij from dQ_i, with r_i the row sum of the cast dS that
+// the dQ matmul used, so that dQ is that of a dS whose rows sum to zero.
 #include "cpu/attention_cpu.h"
 
 #include <math.h>    // expf, logf, sqrtf, fabsf, INFINITY
@@ -28,7 +34,6 @@
 // What each precision does with each operand.
 
 typedef enum { OPND_F32 = 0, OPND_BF16, OPND_FP8 } OperandKind;
-typedef enum { DELTA_FROM_O = 0, DELTA_MATCHED, DELTA_APPROX } DeltaKind;
 
 typedef struct {
     OperandKind fwd_qkv;   // Q, K, V in the forward and in the backward's S recompute
@@ -37,40 +42,28 @@ typedef struct {
     OperandKind bwd_do;    // dO in dP = dO V^T and dV = P^T dO (FP8: grad_format, per block)
     OperandKind p_dv;      // P before dV = P^T dO (FP8: E4M3 * p_scale, vs the final LSE)
     OperandKind ds;        // dS before dQ, dK (FP8: grad_format, one scale per tile)
-    DeltaKind delta;       // how D is formed
-    int delta_do_bf16;     // DELTA_FROM_O: dO rounded to BF16 first (all modes but fp32)
+    AttnDelta delta;       // how D is formed (core/precision.h)
+    int delta_do_bf16;     // ATTN_DELTA_FROM_O: dO rounded to BF16 first (all modes but fp32)
 } ModePlan;
 
+// How each operand is cast, from the mode's plan (core/precision.h's attn_mode_plan, the table the
+// GPU dispatcher reads too): an FP8 forward quantizes Q, K, V and P; an FP8 backward dO, P and dS,
+// a BF16 backward (bf16, the hybrids: on the forward's own Q̂, K̂, V̂, exact in BF16) rounds them
+// to BF16; fp32 casts nothing.
 static ModePlan plan_for(AttnPrecision p) {
+    if (p < 0 || p >= ATTN_N_PRECISIONS)
+        FATAL("unknown attention precision %d (hint: AttnOptions not filled by attn_options_from_config?)", (int)p);
+    const AttnModePlan mp = attn_mode_plan(p);
     ModePlan m;
     memset(&m, 0, sizeof m);
-    switch (p) {
-    case ATTN_FP32:
-        break;  // everything FP32, D from stored (FP32) O and FP32 dO
-    case ATTN_BF16:
-        m.fwd_qkv = m.p_fwd = m.bwd_do = m.p_dv = m.ds = OPND_BF16;
-        m.o_bf16 = m.delta_do_bf16 = 1;
-        break;
-    case ATTN_FP8_HYBRID:
-        // FP8 forward; BF16 backward on the forward's own Q̂, K̂, V̂ (FP8 values are exact in
-        // BF16, so the recompute sees the forward's operands) and BF16 dO. D stale.
-        m.fwd_qkv = m.p_fwd = OPND_FP8;
-        m.bwd_do = m.p_dv = m.ds = OPND_BF16;
-        m.o_bf16 = m.delta_do_bf16 = 1;
-        break;
-    case ATTN_FP8_NAIVE:
-    case ATTN_FP8_DM:
-    case ATTN_FP8_DM_APPROX:
-        m.fwd_qkv = m.p_fwd = m.bwd_do = m.p_dv = m.ds = OPND_FP8;
-        m.o_bf16 = m.delta_do_bf16 = 1;
-        m.delta = p == ATTN_FP8_DM ? DELTA_MATCHED : p == ATTN_FP8_DM_APPROX ? DELTA_APPROX : DELTA_FROM_O;
-        break;
-    default:
-        FATAL("unknown attention precision %d (hint: AttnOptions not filled by attn_options_from_config?)", (int)p);
-    }
+    if (p == ATTN_FP32) return m;  // everything FP32, D from stored (FP32) O and FP32 dO
+    const OperandKind fwd = mp.fp8_forward ? OPND_FP8 : OPND_BF16, bwd = mp.fp8_backward ? OPND_FP8 : OPND_BF16;
+    m.fwd_qkv = m.p_fwd = fwd;
+    m.bwd_do = m.p_dv = m.ds = bwd;
+    m.o_bf16 = m.delta_do_bf16 = 1;
+    m.delta = mp.delta;
     return m;
 }
-
 static void check_options(const AttnOptions *opt, const AttnDelayedState *ds, int T, int d) {
     if (opt->block_q < 1 || opt->block_k < 1 || T < 1 || d < 1)
         FATAL("attention: bad shape T=%d d=%d block_q=%d block_k=%d", T, d, opt->block_q, opt->block_k);
@@ -148,6 +141,42 @@ static void prepare_operand(const AttnOptions *opt, AttnDelayedState *ds, Operan
     else attn_quantize_operand(opt, ds, which, fmt, T, d, x, out, NULL, st, update_amax);
 }
 
+// Centred keys: whether the mode quantizes K - c, and K - c itself into kc: (T, d). c is
+// key_center under CENTER_KEYS_DELAYED when given, else the head's own mean (attn_key_mean).
+static int centering_on(const AttnOptions *opt) {
+    return attn_precision_is_fp8(opt->precision) && opt->center_keys != CENTER_KEYS_OFF;
+}
+
+void attn_key_mean(int T, int d, const float *k, float *c) {
+    double *sum = xcalloc((size_t)d, sizeof *sum);
+    for (int t = 0; t < T; t++)
+        for (int x = 0; x < d; x++) sum[x] += k[(size_t)t * d + x];
+    for (int x = 0; x < d; x++) c[x] = bf16_round((float)(sum[x] / T));
+    free(sum);
+}
+
+static void centred_keys(const AttnOptions *opt, int T, int d, const float *k, const float *key_center, float *kc) {
+    float *c = xmalloc((size_t)d * sizeof *c);
+    if (opt->center_keys == CENTER_KEYS_DELAYED && key_center) memcpy(c, key_center, (size_t)d * sizeof *c);
+    else attn_key_mean(T, d, k, c);
+    for (int t = 0; t < T; t++)
+        for (int x = 0; x < d; x++) kc[(size_t)t * d + x] = k[(size_t)t * d + x] - c[x];
+    free(c);
+}
+
+// K as the S recompute and the matmuls see it: K̂ of the centred keys when centring is on.
+static void prepare_keys(const AttnOptions *opt, AttnDelayedState *ds, OperandKind kind, int T, int d,
+                         const float *k, const float *key_center, float *out, AttnStats *st, int update_amax) {
+    if (!centering_on(opt)) {
+        prepare_operand(opt, ds, kind, FP8_E4M3, CAST_K, T, d, k, out, st, update_amax);
+        return;
+    }
+    float *kc = xmalloc((size_t)T * d * sizeof *kc);
+    centred_keys(opt, T, d, k, key_center, kc);
+    prepare_operand(opt, ds, kind, FP8_E4M3, CAST_K, T, d, kc, out, st, update_amax);
+    free(kc);
+}
+
 // P before a matmul: FP8 is E4M3 with the static scale p_scale (P <= 1 against the max it was
 // taken against, so p_scale = 256 never saturates; a larger p_scale may, and is counted).
 static inline float cast_p(OperandKind kind, float p, float p_scale, AttnStats *st) {
@@ -175,6 +204,12 @@ static inline int min_int(int a, int b) { return a < b ? a : b; }
 void attn_cpu_forward(const AttnOptions *opt, AttnDelayedState *ds, int T, int d,
                       const float *q, const float *k, const float *v, float *o, float *lse,
                       AttnStats *st) {
+    attn_cpu_forward_centered(opt, ds, T, d, q, k, v, NULL, o, lse, st);
+}
+
+void attn_cpu_forward_centered(const AttnOptions *opt, AttnDelayedState *ds, int T, int d,
+                               const float *q, const float *k, const float *v, const float *key_center,
+                               float *o, float *lse, AttnStats *st) {
     check_options(opt, ds, T, d);
     const ModePlan pl = plan_for(opt->precision);
     const int bq = opt->block_q, bk = opt->block_k;
@@ -182,7 +217,7 @@ void attn_cpu_forward(const AttnOptions *opt, AttnDelayedState *ds, int T, int d
     size_t n = (size_t)T * d;
     float *qh = xmalloc(n * sizeof *qh), *kh = xmalloc(n * sizeof *kh), *vh = xmalloc(n * sizeof *vh);
     prepare_operand(opt, ds, pl.fwd_qkv, FP8_E4M3, CAST_Q, T, d, q, qh, st, 1);
-    prepare_operand(opt, ds, pl.fwd_qkv, FP8_E4M3, CAST_K, T, d, k, kh, st, 1);
+    prepare_keys(opt, ds, pl.fwd_qkv, T, d, k, key_center, kh, st, 1);
     prepare_operand(opt, ds, pl.fwd_qkv, FP8_E4M3, CAST_V, T, d, v, vh, st, 1);
 
     float *srow = xmalloc((size_t)bk * sizeof *srow);  // (bk) one row of the S / P tile
@@ -293,21 +328,29 @@ void attn_cpu_backward(const AttnOptions *opt, AttnDelayedState *ds, int T, int 
                        const float *q, const float *k, const float *v, const float *o,
                        const float *lse, const float *dout, float *dq, float *dk, float *dv,
                        AttnStats *st, float *row_resid) {
+    attn_cpu_backward_centered(opt, ds, T, d, q, k, v, NULL, o, lse, dout, dq, dk, dv, st, row_resid, NULL);
+}
+
+void attn_cpu_backward_centered(const AttnOptions *opt, AttnDelayedState *ds, int T, int d,
+                                const float *q, const float *k, const float *v, const float *key_center,
+                                const float *o, const float *lse, const float *dout, float *dq, float *dk,
+                                float *dv, AttnStats *st, float *row_resid, float *row_post_resid) {
     check_options(opt, ds, T, d);
     const ModePlan pl = plan_for(opt->precision);
     const int bq = opt->block_q, bk = opt->block_k;
     const Fp8Format gfmt = opt->grad_format;
     size_t n = (size_t)T * d;
 
-    // Operands. Q, K recompute S exactly as the forward did (same casts, same scales; their
-    // casts were counted by the forward). V too, for dP. hybrid keeps the FP8 values (exact in
-    // BF16) and rounds only dO to BF16.
+    // Operands. Q, K recompute S exactly as the forward did (same casts, same scales, the same
+    // centred keys; their casts were counted by the forward). V too, for dP. The hybrids keep the
+    // FP8 values (exact in BF16) and round only dO to BF16.
     float *qh = xmalloc(n * sizeof *qh), *kh = xmalloc(n * sizeof *kh);
     float *vh = xmalloc(n * sizeof *vh), *doh = xmalloc(n * sizeof *doh);
     prepare_operand(opt, ds, pl.fwd_qkv, FP8_E4M3, CAST_Q, T, d, q, qh, NULL, 0);
-    prepare_operand(opt, ds, pl.fwd_qkv, FP8_E4M3, CAST_K, T, d, k, kh, NULL, 0);
+    prepare_keys(opt, ds, pl.fwd_qkv, T, d, k, key_center, kh, NULL, 0);
     prepare_operand(opt, ds, pl.fwd_qkv, FP8_E4M3, CAST_V, T, d, v, vh, NULL, 0);
     prepare_operand(opt, ds, pl.bwd_do, gfmt, CAST_DO, T, d, dout, doh, st, 1);
+    const int correct = attn_precision_is_fp8(opt->precision) && opt->rowsum_correction;
 
     float *P = xmalloc((size_t)bq * bk * sizeof *P);    // (bq, bk) FP32 P tile
     float *dP = xmalloc((size_t)bq * bk * sizeof *dP);  // (bq, bk) FP32 dP tile, then dS
@@ -315,10 +358,19 @@ void attn_cpu_backward(const AttnOptions *opt, AttnDelayedState *ds, int T, int 
     double *rs = xcalloc((size_t)T, sizeof *rs);        // (T) sum_j dS_ij   (measurement only)
     double *ra = xcalloc((size_t)T, sizeof *ra);        // (T) sum_j |dS_ij|
     double *rc = xcalloc((size_t)T, sizeof *rc);        // (T) sum_j P_ij (|dP_ij| + |D_i|)
+    double *rp = xcalloc((size_t)T, sizeof *rp);        // (T) sum_j cast(dS)_ij  (measurement only)
+    // The correction's row sums, in FP32 as a kernel would keep them: r_i = sum_j cast(dS)_ij,
+    // sum_j P_ij and sum_j P_ij K̂_j, (T), (T), (T, d).
+    float *cr = NULL, *cpsum = NULL, *cpk = NULL;
+    if (correct) {
+        cr = xcalloc((size_t)T, sizeof *cr);
+        cpsum = xcalloc((size_t)T, sizeof *cpsum);
+        cpk = xcalloc(n, sizeof *cpk);
+    }
     BwdTileCtx c = {T, d, 1.0f / sqrtf((float)d), qh, kh, vh, doh, lse};
 
     // D.
-    if (pl.delta == DELTA_MATCHED) {
+    if (pl.delta == ATTN_DELTA_MATCHED) {
         delta_pass(&c, bq, bk, D, P, dP);
     } else {
         // stale (rowsum(dO ∘ O) with BF16 dO; FP32 dO in fp32 mode) or approx (dÔ · O).
@@ -326,7 +378,7 @@ void attn_cpu_backward(const AttnOptions *opt, AttnDelayedState *ds, int T, int 
             float s = 0.0f;
             for (int cc = 0; cc < d; cc++) {
                 size_t x = (size_t)i * d + cc;
-                float g = pl.delta == DELTA_APPROX ? doh[x] : pl.delta_do_bf16 ? bf16_round(dout[x]) : dout[x];
+                float g = pl.delta == ATTN_DELTA_APPROX ? doh[x] : pl.delta_do_bf16 ? bf16_round(dout[x]) : dout[x];
                 s += g * o[x];
             }
             D[i] = s;
@@ -387,8 +439,15 @@ void attn_cpu_backward(const AttnOptions *opt, AttnDelayedState *ds, int T, int 
                         }
                         x = fp8_round(gfmt, xs) / s_ds;
                     }
-                    if (x == 0.0f) continue;
+                    rp[i] += x;
                     const float *kj = kh + (size_t)(k0 + j) * d;
+                    if (correct) {
+                        const float p = P[r * nk + j];
+                        cr[i] += x;
+                        cpsum[i] += p;
+                        for (int cc = 0; cc < d; cc++) cpk[(size_t)i * d + cc] += p * kj[cc];
+                    }
+                    if (x == 0.0f) continue;
                     float *dkj = dk + (size_t)(k0 + j) * d;
                     for (int cc = 0; cc < d; cc++) dqi[cc] += x * kj[cc];
                     for (int cc = 0; cc < d; cc++) dkj[cc] += x * qi[cc];
@@ -396,16 +455,28 @@ void attn_cpu_backward(const AttnOptions *opt, AttnDelayedState *ds, int T, int 
             }
         }
     }
+    // The rank-one correction: dQ_i -= r_i sum_j P_ij K̂_j / sum_j P_ij, i.e. dQ of the cast dS
+    // minus r_i P_ij / sum_j P_ij in each row, whose rows sum to zero.
+    if (correct)
+        for (int i = 0; i < T; i++) {
+            if (!(cpsum[i] > 0.0f)) continue;
+            const float f = cr[i] / cpsum[i];
+            for (int cc = 0; cc < d; cc++) dq[(size_t)i * d + cc] -= f * cpk[(size_t)i * d + cc];
+        }
     for (size_t x = 0; x < n; x++) { dq[x] *= c.tau; dk[x] *= c.tau; }
 
-    // Row-sum invariant, measured on the FP32 dS before its cast.
+    // Row-sum invariant, measured on the FP32 dS before its cast, and on the cast dS.
     for (int i = 0; i < T; i++) {
         double r = ra[i] > 0.0 ? fabs(rs[i]) / ra[i] : 0.0;
         if (row_resid) row_resid[i] = (float)r;
         if (st && r > st->resid_max) st->resid_max = r;
         double rr = rc[i] > 0.0 ? fabs(rs[i]) / rc[i] : 0.0;
         if (st && rr > st->resid_cancel_max) st->resid_cancel_max = rr;
+        double post = ra[i] > 0.0 ? fabs(rp[i]) / ra[i] : 0.0;
+        if (row_post_resid) row_post_resid[i] = (float)post;
+        if (st && post > st->post_resid_max) st->post_resid_max = post;
     }
-    free(P); free(dP); free(D); free(rs); free(ra); free(rc);
+    free(P); free(dP); free(D); free(rs); free(ra); free(rc); free(rp);
+    free(cr); free(cpsum); free(cpk);
     free(qh); free(kh); free(vh); free(doh);
 }

@@ -11,7 +11,10 @@
 // linears and quantizes the operands first for precision.linear = fp8_tensor / fp8_block.
 // cpu_model_probe (for diagnostics.c) reruns a forward + backward in another attention precision
 // with the training state set aside; its hooks in the attention wrappers are inert (a NULL
-// pointer test) on the training path, which stays bit-identical.
+// pointer test) on the training path, which stays bit-identical. cpu_model_attention_inputs
+// (for attn-check --from-checkpoint) takes one head's attention inputs the same way.
+// Centred keys' delayed form keeps c per layer and head in m->key_centers: each forward writes
+// its micro-batch's means into `next`, each backward commits them, as the amax histories are.
 #include "cpu/model_cpu.h"
 
 #include <math.h>    // log for the loss
@@ -63,7 +66,14 @@ typedef struct {
     AttnStats *head_stats;   // (B*H) per-head counters, merged in a fixed order
     LinearFp8 lin;           // FP8 linear state: formats, counters, scratch
     ModelProbe *probe;         // non-NULL only inside cpu_model_probe: per-layer records go there
+    struct AttnCapture *capture;  // non-NULL only inside cpu_model_attention_inputs
 } Acts;
+
+// What cpu_model_attention_inputs asks the backward to copy: one head's output gradient.
+typedef struct AttnCapture {
+    int layer, seq, head;
+    float *dout;  // (T, head_dim)
+} AttnCapture;
 
 static float *falloc(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
 
@@ -102,6 +112,8 @@ void cpu_model_init(CpuModel *m, const Config *c, int B, int T, unsigned long lo
     attn_options_from_config(&m->attn, &c->precision);
     // attention's states (one per layer, always), then with delayed linear scaling the linears'
     m->attn_delayed = delayed_states_new(&c->precision, mc->n_layer, 1, &m->n_delayed);
+    if (c->precision.attention_center_keys == CENTER_KEYS_DELAYED)
+        attn_key_centers_init(&m->key_centers, mc->n_layer, mc->n_head, mc->head_dim);
 
     size_t BT = (size_t)B * T, C = mc->d_model, F = mc->ffn_hidden, H = mc->n_head;
     size_t hd = mc->head_dim, Vp = mc->padded_vocab_size;
@@ -179,6 +191,7 @@ void cpu_model_free(CpuModel *m) {
     free(m->params);
     free(m->grads);
     free(m->attn_delayed);
+    attn_key_centers_free(&m->key_centers);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -218,18 +231,28 @@ static void merge_stats(AttnStats *into, const AttnStats *s) {
     }
     if (s->resid_max > into->resid_max) into->resid_max = s->resid_max;
     if (s->resid_cancel_max > into->resid_cancel_max) into->resid_cancel_max = s->resid_cancel_max;
+    if (s->post_resid_max > into->post_resid_max) into->post_resid_max = s->post_resid_max;
+}
+
+// The c of centred keys' delayed form for head `head` of layer `layer` (NULL: none, or the head's
+// own mean before the first commit; attention_cpu.h).
+static const float *key_center(const CpuModel *m, int layer, int head) {
+    if (m->attn.center_keys != CENTER_KEYS_DELAYED || !m->key_centers.center) return NULL;
+    return attn_key_center_of(&m->key_centers, layer, head);
 }
 
 static void attention_forward(CpuModel *m, int layer, BlockActs *b, AttnDelayedState *ds, int B, int T) {
     Acts *a = m->acts;
     int H = m->cfg.model.n_head, hd = m->cfg.model.head_dim, n = B * H;
     memset(a->head_stats, 0, sizeof(AttnStats) * (size_t)n);
+    // this micro-batch's key means, committed by its backward (c stays the previous one until then)
+    if (m->key_centers.center) attn_key_centers_accumulate(&m->key_centers, layer, B, T, b->k);
     int serial = m->attn.scaling == SCALING_DELAYED;
 #pragma omp parallel for schedule(dynamic, 1) if (!serial)
     for (int i = 0; i < n; i++) {
         long off = (long)i * T * hd;
-        attn_cpu_forward(&m->attn, ds, T, hd, b->q + off, b->k + off, b->v + off, b->o + off,
-                         b->lse + (long)i * T, &a->head_stats[i]);
+        attn_cpu_forward_centered(&m->attn, ds, T, hd, b->q + off, b->k + off, b->v + off, key_center(m, layer, i % H),
+                                  b->o + off, b->lse + (long)i * T, &a->head_stats[i]);
     }
     for (int i = 0; i < n; i++) merge_stats(&m->attn_stats, &a->head_stats[i]);
     if (a->probe)
@@ -274,16 +297,22 @@ static void local_reference(CpuModel *m, ModelProbe *p, int layer, const BlockAc
 static void attention_backward(CpuModel *m, int layer, BlockActs *b, AttnDelayedState *ds, int B, int T) {
     Acts *a = m->acts;
     int H = m->cfg.model.n_head, hd = m->cfg.model.head_dim, n = B * H;
-    // A probe also records each row's residual (written only: the arithmetic is the same).
+    // A probe also records each row's residuals (written only: the arithmetic is the same).
     float *row_resid = a->probe ? a->probe->row_resid + (size_t)layer * a->probe->n_rows : NULL;
+    float *row_post = a->probe ? a->probe->row_post_resid + (size_t)layer * a->probe->n_rows : NULL;
+    if (a->capture && a->capture->layer == layer) {
+        long off = ((long)a->capture->seq * H + a->capture->head) * T * hd;
+        memcpy(a->capture->dout, a->dout + off, sizeof(float) * (size_t)T * hd);
+    }
     memset(a->head_stats, 0, sizeof(AttnStats) * (size_t)n);
     int serial = m->attn.scaling == SCALING_DELAYED;
 #pragma omp parallel for schedule(dynamic, 1) if (!serial)
     for (int i = 0; i < n; i++) {
         long off = (long)i * T * hd;
-        attn_cpu_backward(&m->attn, ds, T, hd, b->q + off, b->k + off, b->v + off, b->o + off,
-                          b->lse + (long)i * T, a->dout + off, a->dq + off, a->dk + off,
-                          a->dv + off, &a->head_stats[i], row_resid ? row_resid + (long)i * T : NULL);
+        attn_cpu_backward_centered(&m->attn, ds, T, hd, b->q + off, b->k + off, b->v + off, key_center(m, layer, i % H),
+                                   b->o + off, b->lse + (long)i * T, a->dout + off, a->dq + off, a->dk + off,
+                                   a->dv + off, &a->head_stats[i], row_resid ? row_resid + (long)i * T : NULL,
+                                   row_post ? row_post + (long)i * T : NULL);
     }
     for (int i = 0; i < n; i++) merge_stats(&m->attn_stats, &a->head_stats[i]);
     if (a->probe) {
@@ -486,6 +515,7 @@ void cpu_model_backward(CpuModel *m, float loss_scale) {
         for (int j = 0; j < C; j++) row[j] += d[j];
     }
     for (int j = 0; j < m->n_delayed; j++) attn_delayed_commit(&m->attn_delayed[j]);  // attention's, the linears'
+    if (m->key_centers.center) attn_key_centers_commit(&m->key_centers);
 }
 
 // --- probes (diagnostics) ------------------------------------------------------------------------
@@ -499,6 +529,7 @@ void cpu_probe_alloc(ModelProbe *p, const CpuModel *m) {
     size_t L = (size_t)mc->n_layer;
     p->layer_stats = xcalloc(L ? L : 1, sizeof(AttnStats));
     p->row_resid = falloc(L * p->n_rows);
+    p->row_post_resid = falloc(L * p->n_rows);
     p->dq = falloc(L * p->n_attn);
     p->dk = falloc(L * p->n_attn);
     p->dv = falloc(L * p->n_attn);
@@ -508,6 +539,22 @@ void cpu_probe_alloc(ModelProbe *p, const CpuModel *m) {
 }
 
 void cpu_probe_free(ModelProbe *p) { probe_free_host(p); }
+
+// The key centres' committed state, set aside around a probe (whose backward commits into it).
+static AttnKeyCenters key_centers_save(const AttnKeyCenters *kc) {
+    AttnKeyCenters c = *kc;
+    if (kc->center) {
+        size_t bytes = (size_t)attn_key_centers_count(kc) * sizeof(float);
+        c.center = xmalloc(bytes ? bytes : 1);
+        memcpy(c.center, kc->center, bytes);
+    }
+    return c;
+}
+static void key_centers_restore(AttnKeyCenters *kc, AttnKeyCenters *saved) {
+    if (kc->center) memcpy(kc->center, saved->center, (size_t)attn_key_centers_count(kc) * sizeof(float));
+    kc->ready = saved->ready;
+    if (kc->center) free(saved->center);
+}
 
 // Everything a forward + backward writes besides the activations is set aside first and put back
 // afterwards: the gradient buffer (swapped for the probe's own), the attention precision, the
@@ -526,6 +573,7 @@ void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_r
     Fp8QuantStats lin_stats_saved[3];
     memcpy(lin_stats_saved, a->lin.stats, sizeof lin_stats_saved);
     long long lin_gemms_saved = a->lin.gemms;
+    AttnKeyCenters centers_saved = key_centers_save(&m->key_centers);
 
     m->grads = out->grads;
     memset(out->grads, 0, sizeof(float) * m->table.total);
@@ -544,5 +592,44 @@ void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_r
     attn_delayed_restore(m->attn_delayed, delayed_saved, m->n_delayed);
     memcpy(a->lin.stats, lin_stats_saved, sizeof lin_stats_saved);
     a->lin.gemms = lin_gemms_saved;
+    key_centers_restore(&m->key_centers, &centers_saved);
     a->grad_ready = 0;  // the activations are the probe's now: a backward needs a new forward
+}
+
+void cpu_model_attention_inputs(CpuModel *m, const int32_t *tokens, const int32_t *targets, int layer, int seq,
+                                int head, float *q, float *k, float *v, float *dout) {
+    const ModelConfig *mc = &m->cfg.model;
+    if (layer < 0 || layer >= mc->n_layer || seq < 0 || seq >= m->B || head < 0 || head >= mc->n_head)
+        FATAL("cpu_model_attention_inputs: layer %d, sequence %d, head %d outside the model's %d x %d x %d", layer, seq,
+              head, mc->n_layer, m->B, mc->n_head);
+    Acts *a = m->acts;
+    float *grads_saved = m->grads;
+    AttnStats stats_saved = m->attn_stats;
+    AttnDelayedState *delayed_saved = attn_delayed_save(m->attn_delayed, m->n_delayed);
+    AttnKeyCenters centers_saved = key_centers_save(&m->key_centers);
+    Fp8QuantStats lin_stats_saved[3];
+    memcpy(lin_stats_saved, a->lin.stats, sizeof lin_stats_saved);
+    long long lin_gemms_saved = a->lin.gemms;
+
+    m->grads = falloc(m->table.total);
+    AttnCapture cap = {layer, seq, head, dout};
+    a->capture = &cap;
+    cpu_model_forward(m, tokens, targets);
+    size_t th = (size_t)m->T * mc->head_dim;
+    long off = ((long)seq * mc->n_head + head) * (long)th;
+    const BlockActs *b = &a->block[layer];
+    memcpy(q, b->q + off, th * sizeof(float));
+    memcpy(k, b->k + off, th * sizeof(float));
+    memcpy(v, b->v + off, th * sizeof(float));
+    cpu_model_backward(m, 1.0f);
+    a->capture = NULL;
+
+    free(m->grads);
+    m->grads = grads_saved;
+    m->attn_stats = stats_saved;
+    attn_delayed_restore(m->attn_delayed, delayed_saved, m->n_delayed);
+    key_centers_restore(&m->key_centers, &centers_saved);
+    memcpy(a->lin.stats, lin_stats_saved, sizeof lin_stats_saved);
+    a->lin.gemms = lin_gemms_saved;
+    a->grad_ready = 0;
 }

@@ -27,6 +27,7 @@ typedef struct {
                                      // with delayed linear scaling the FP8 linears' (two per layer)
     int n_delayed;
     AttnStats attn_stats;            // summed over the last forward and its backward
+    AttnKeyCenters key_centers;      // precision.attention_center_keys "delayed": c per layer and head
     void *acts;            // activation storage, private to model_cpu.c
 } CpuModel;
 
@@ -73,6 +74,14 @@ void cpu_probe_free(ModelProbe *p);
 // attention adds by itself, without what earlier layers propagated into its inputs.
 void cpu_model_probe(CpuModel *m, AttnPrecision precision, AttnPrecision local_ref, const int32_t *tokens,
                      const int32_t *targets, ModelProbe *out);
+
+// One head's attention inputs as the model computes them on tokens, targets (m->B, m->T): q, k,
+// v (after QK-norm and RoPE) of layer `layer`, sequence `seq`, head `head`, and the gradient of
+// the mean loss with respect to that head's attention output (dout), each (m->T, head_dim). Runs
+// a forward and a backward; leaves the parameters, m->grads and the delayed-scaling and key-centre
+// states as they were (a probe's rules apply: call it between steps).
+void cpu_model_attention_inputs(CpuModel *m, const int32_t *tokens, const int32_t *targets, int layer, int seq,
+                                int head, float *q, float *k, float *v, float *dout);
 
 #ifdef __cplusplus
 }

@@ -162,6 +162,10 @@ static void fill_layers(Diagnostics *d) {
         L->resid_cancel_median = run->resid_cancel_rows ? med : NAN;
         L->resid_max = st->resid_max;
         L->resid_cancel_max = st->resid_cancel_max;
+        // the post-cast residual: CPU only (the GPU's probe has no rows of it)
+        L->post_median = run->row_post_resid ? median_of(run->row_post_resid + (size_t)l * run->n_rows, run->n_rows, scratch)
+                                             : NAN;
+        L->post_max = run->row_post_resid ? st->post_resid_max : NAN;
         memcpy(L->saturated, st->saturated, sizeof L->saturated);
         memcpy(L->casts, st->casts, sizeof L->casts);
         double nq = 0, dq = 0, nk = 0, dk = 0, nv = 0, dv = 0;
@@ -230,6 +234,8 @@ char *diagnostics_json(const DiagReport *r) {
         json_num(o, "resid_max", L->resid_max);
         json_num(o, "resid_cancel_median", L->resid_cancel_median);
         json_num(o, "resid_cancel_max", L->resid_cancel_max);
+        json_num(o, "post_resid_median", L->post_median);
+        json_num(o, "post_resid_max", L->post_max);
         cJSON *sat = cJSON_AddObjectToObject(o, "saturated");
         cJSON *casts = cJSON_AddObjectToObject(o, "casts");
         long long ns = 0, nc = 0;
@@ -270,8 +276,8 @@ static void print_table(FILE *f, const DiagReport *r, int B, int T) {
     fprintf(f, "diagnostics step %lld | attention %s vs reference %s | probe %d x %d tokens, loss %.4f (ref %.4f) | %.1fs\n",
             r->step, attn_precision_name(r->mode), attn_precision_name(r->reference), B, T, r->loss_mode,
             r->loss_ref, r->seconds);
-    fprintf(f, "  %5s %9s %9s %9s %9s  %-24s %8s %8s %8s %8s %8s %8s %8s\n", "layer", "resid_med", "resid_max",
-            "canc_med", "canc_max", "saturated q/k/v/do/p/ds", "sat_frac", "err_dq", "err_dk", "err_dv", "loc_dq", "loc_dk",
+    fprintf(f, "  %5s %9s %9s %9s %9s %9s %9s  %-24s %8s %8s %8s %8s %8s %8s %8s\n", "layer", "resid_med", "resid_max",
+            "canc_med", "canc_max", "post_med", "post_max", "saturated q/k/v/do/p/ds", "sat_frac", "err_dq", "err_dk", "err_dv", "loc_dq", "loc_dk",
             "loc_dv");
     for (int l = 0; l < r->n_layer; l++) {
         const DiagLayer *L = &r->layers[l];
@@ -284,8 +290,8 @@ static void print_table(FILE *f, const DiagReport *r, int B, int T) {
             ns += L->saturated[k];
             nc += L->casts[k];
         }
-        fprintf(f, "  %5d %9.2e %9.2e %9.2e %9.2e  %-24s %8.1e %8.2e %8.2e %8.2e %8.2e %8.2e %8.2e\n", l,
-                L->resid_median, L->resid_max, L->resid_cancel_median, L->resid_cancel_max, sat, nc ? (double)ns / nc : 0.0, L->err_dq, L->err_dk, L->err_dv,
+        fprintf(f, "  %5d %9.2e %9.2e %9.2e %9.2e %9.2e %9.2e  %-24s %8.1e %8.2e %8.2e %8.2e %8.2e %8.2e %8.2e\n", l,
+                L->resid_median, L->resid_max, L->resid_cancel_median, L->resid_cancel_max, L->post_median, L->post_max, sat, nc ? (double)ns / nc : 0.0, L->err_dq, L->err_dk, L->err_dv,
                 L->local_dq, L->local_dk, L->local_dv);
     }
     if (r->bias_n > 0 && isfinite(r->bias_ratio))

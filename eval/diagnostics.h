@@ -3,7 +3,8 @@
 // parameters, without touching the training state:
 //  - per layer, on probe batch 0: the row-sum residual of dS (median and max of spec §4.1's
 //    |sum_j dS_ij| / sum_j |dS_ij|, and the max of the cancellation-scaled measure the invariant is
-//    asserted on), the saturation counts of the FP8 casts (Q, K, V, dO, P, dS), and the relative
+//    asserted on), the same ratio for the dS the dQ and dK matmuls use, after its cast (the
+//    post-cast residual, median and max), the saturation counts of the FP8 casts (Q, K, V, dO, P, dS), and the relative
 //    L2 error of the attention input gradients dQ, dK, dV against a recomputation of the same
 //    batch with attention in `reference` precision (end to end, and of the layer's attention
 //    alone on the same inputs);
@@ -15,7 +16,8 @@
 //
 // Both backends run the probes (cpu_model_probe, gpu_model_probe). On the GPU: the reference must be
 // "bf16" (fp32 attention is CPU-only); the per-row measure is the cancellation-scaled residual
-// (resid_median / resid_max, which need sum_j |dS_ij|, print as nan), and only the Q, K, V and dO
+// (resid_median / resid_max, which need sum_j |dS_ij|, print as nan), the post-cast residual is
+// not measured (nan: the FP8 backward sums dS per row before its cast only), and only the Q, K, V and dO
 // casts are counted (P and dS cannot saturate: P <= 1 under its static 2^8 scale, dS is scaled
 // by its own tile's amax).
 #ifndef DIAGNOSTICS_H
@@ -55,6 +57,7 @@ typedef struct {
     double resid_median, resid_max;     // over rows of |sum_j dS_ij| / sum_j |dS_ij|
     double resid_cancel_median;         // median and max over rows of the cancellation-scaled
     double resid_cancel_max;            // |sum_j dS_ij| / sum_j P(|dP|+|D|) (the median: GPU only)
+    double post_median, post_max;       // over rows of |sum_j cast(dS)_ij| / sum_j |dS_ij| (CPU only)
     long long saturated[ATTN_N_CASTS];  // FP8 casts past the format's max, per AttnCast
     long long casts[ATTN_N_CASTS];      // FP8 casts, per AttnCast (0 in bf16 / fp32)
     // Relative L2 error of the attention input gradients against the reference, two ways:

@@ -22,6 +22,8 @@ typedef struct {
     AttnStats *layer_stats;  // (n_layer) that layer's forward + backward counters, all heads
     float *row_resid;        // (n_layer, B, H, T) per row: |sum_j dS_ij| / sum_j |dS_ij| (CPU), or
     int resid_cancel_rows;   // (1) the cancellation-scaled |sum_j dS_ij| / sum_j P(|dP|+|D|) (GPU)
+    float *row_post_resid;   // CPU: (n_layer, B, H, T) per row |sum_j cast(dS)_ij| / sum_j |dS_ij|, the
+                             // residual of the dS the dQ and dK matmuls use; GPU: NULL (not measured)
     float *dq, *dk, *dv;     // CPU: (n_layer, B, H, T, hd) gradients of the attention inputs q, k, v
                              // (after QK-norm and RoPE: what attention itself receives); GPU: NULL,
     double *cmp_sq;          // the GPU compares on the device instead: (n_layer, 6) sum (x - x_other)^2,
@@ -39,6 +41,7 @@ typedef struct {
 static inline void probe_free_host(ModelProbe *p) {
     free(p->layer_stats);
     free(p->row_resid);
+    free(p->row_post_resid);
     free(p->dq);
     free(p->dk);
     free(p->dv);

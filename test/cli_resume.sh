@@ -1,7 +1,8 @@
 #!/bin/sh
 # cli_resume.sh: exact resume. A run stopped after step 6 (--stop-after, as a preemption would)
 # and resumed must reproduce the uninterrupted run's losses bit for bit (the metrics print them
-# with %.9g, which identifies a float exactly); also with FP8 attention and delayed scaling, and
+# with %.9g, which identifies a float exactly); also with FP8 attention and delayed scaling, with
+# centred keys' delayed c (kept in the checkpoint), and
 # with fp8_tensor linears in delayed scaling, whose amax histories are part of the state. SIGTERM stops a run cleanly with a checkpoint.
 # What a resume may change: keys that change the trajectory are refused (listed) unless
 # --allow-config-change, which is recorded; the others are noted and recorded. A corrupt newest
@@ -56,6 +57,8 @@ compare() {
 }
 compare bf16
 compare fp8-delayed --set precision.attention=fp8_dm --set precision.attention_scaling=delayed
+compare fp8-center-keys --set precision.attention=fp8_dm --set precision.attention_center_keys=delayed \
+  --set precision.attention_rowsum_correction=true
 compare fp8-linear-delayed --set precision.linear=fp8_tensor --set precision.linear_scaling=delayed \
   --set precision.linear_amax_history=3
 

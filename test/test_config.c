@@ -66,6 +66,7 @@ static void test_defaults(void) {
     CHECK(p->attention == ATTN_BF16 && p->attention_grad_format == GRADFMT_E4M3 &&
           p->attention_scaling == SCALING_BLOCK && p->attention_p_scale == 256 && p->attention_amax_history == 16 &&
           p->attention_block_q == 128 && p->attention_block_k == 128 && p->attention_keep_codes == 1 &&
+          p->attention_center_keys == CENTER_KEYS_OFF && p->attention_rowsum_correction == 0 &&
           p->linear == LINEAR_BF16 &&
           p->linear_grad_format == GRADFMT_E4M3 && p->linear_wgrad_blocks == WGRAD_BLOCKS_NONE &&
           p->linear_scaling == LINEAR_SCALING_CURRENT && p->linear_amax_history == 16 &&
@@ -208,6 +209,16 @@ static void test_ranges(void) {
             "precision.attention_block_k");
     REJECTS("keep_codes is a bool", "{" MODEL_OK ", \"precision\": {\"attention_keep_codes\": 1}}",
             "precision.attention_keep_codes: expected true or false");
+    REJECTS("center_keys names", "{" MODEL_OK ", \"precision\": {\"attention\": \"fp8_dm\", \"attention_center_keys\": \"median\"}}",
+            "precision.attention_center_keys");
+    REJECTS("center_keys needs FP8 attention",
+            "{" MODEL_OK ", \"precision\": {\"attention\": \"bf16\", \"attention_center_keys\": \"mean\"}}",
+            "precision.attention_center_keys: \"mean\" needs an FP8 precision.attention");
+    REJECTS("rowsum_correction needs FP8 attention",
+            "{" MODEL_OK ", \"precision\": {\"attention\": \"fp32\", \"attention_rowsum_correction\": true}}",
+            "precision.attention_rowsum_correction: true needs an FP8 precision.attention");
+    REJECTS("rowsum_correction is a bool", "{" MODEL_OK ", \"precision\": {\"attention\": \"fp8_dm\", \"attention_rowsum_correction\": 1}}",
+            "precision.attention_rowsum_correction: expected true or false");
     REJECTS("amax_history 1..64", "{" MODEL_OK ", \"precision\": {\"attention_amax_history\": 65}}",
             "precision.attention_amax_history: must be in [1, 64], got 65");
     REJECTS("linear_wgrad_blocks names", "{" MODEL_OK ", \"precision\": {\"linear\": \"fp8_block\", "
@@ -399,6 +410,8 @@ static void random_config(Config *c, int i) {
     p->attention_block_q = 16 << rng_int(0, 4);
     p->attention_block_k = 16 << rng_int(0, 4);
     p->attention_keep_codes = rng_int(0, 1);
+    p->attention_center_keys = attn_precision_is_fp8(p->attention) ? (AttnCenterKeys)rng_int(0, 2) : CENTER_KEYS_OFF;
+    p->attention_rowsum_correction = attn_precision_is_fp8(p->attention) ? rng_int(0, 1) : 0;
     p->linear = (LinearPrecision)rng_int(0, 2);
     p->linear_grad_format = (GradFormat)rng_int(0, 1);
     p->linear_keep_lm_head_bf16 = rng_int(0, 1);
@@ -464,7 +477,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 21, 21, 4, 4, 3, 3};
+    const int expected[] = {12, 4, 21, 23, 4, 4, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];
@@ -549,6 +562,7 @@ static void test_names(void) {
     AttnPrecision dummy;
     ok &= attn_precision_from_name("fp8", &dummy) == -1 && attn_precision_from_name(NULL, &dummy) == -1;
     ok &= strcmp(attn_precision_name(ATTN_FP8_DM_APPROX), "fp8_dm_approx") == 0;
+    ok &= strcmp(attn_precision_name(ATTN_FP8_HYBRID_DM), "fp8_hybrid_dm") == 0;
     CHECK(ok, "attention precision names round-trip", "names disagree");
     CHECK(strcmp(grad_format_name(GRADFMT_E5M2), "e5m2") == 0 && strcmp(scaling_name(SCALING_DELAYED), "delayed") == 0 &&
               strcmp(schedule_name(SCHED_WSD), "wsd") == 0 && strcmp(linear_precision_name(LINEAR_FP8_BLOCK), "fp8_block") == 0 &&
