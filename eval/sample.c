@@ -99,8 +99,7 @@ static int is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// A checkpoint file, a checkpoint directory, or a run directory holding checkpoints/.
-static int resolve_checkpoint(const char *arg, char *out, size_t out_len, ErrBuf *e) {
+int sample_resolve_checkpoint(const char *arg, char *out, size_t out_len, ErrBuf *e) {
     if (!is_dir(arg)) {
         snprintf(out, out_len, "%s", arg);
         return 0;
@@ -164,7 +163,7 @@ int cmd_sample(int argc, char **argv) {
 
     ErrBuf e;
     char path[4096];
-    if (resolve_checkpoint(ckpt_arg, path, sizeof path, &e) != 0) die_user(&e);
+    if (sample_resolve_checkpoint(ckpt_arg, path, sizeof path, &e) != 0) die_user(&e);
     char *cfg_text = checkpoint_read_config(path, &e);
     if (!cfg_text) die_user(&e);
     Config cfg;
