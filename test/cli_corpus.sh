@@ -1,9 +1,12 @@
 #!/bin/sh
-# cli_corpus.sh: the corpus tools, on the CPU:
+# cli_corpus.sh: the corpus tools and the one-call run script, on the CPU:
 # - scripts/corpus/clean_text.py: each rule (plain, dict, info) on documents with known residue;
 # - scripts/prepare_corpus.sh --pack / --unpack (scripts/corpus/pack.py): the round trip bit for bit,
 #   a size limit met by cutting the training shards (validation whole), a corrupt file and a
-#   differing shard refused with nothing written.
+#   differing shard refused with nothing written;
+# - scripts/run_one_call.sh: --help, the start-up check (dry run, refusal), bad arguments, a whole
+#   call on the CPU backend (unpacking the corpus, training to a token budget, the small files), and
+#   the watchdog stopping a run that cannot end inside its limit.
 # Runs from the repo root after `make`; TRAIN_GPT overrides the binary.
 BIN=${TRAIN_GPT:-./train_gpt}
 tmp=$(mktemp -d)
@@ -86,3 +89,53 @@ CORPUS_DIR=$tmp/other sh scripts/prepare_corpus.sh --unpack "$tmp/full.tar.xz" >
 check "unpack over a differing shard: refused, nothing written" "rc $rc: $(cat "$tmp/err")" \
   sh -c "[ $rc -ne 0 ] && grep -q 'already exists and differs' '$tmp/err' && [ ! -e '$tmp/other/beta' ] &&
          cmp -s '$c/beta/val_000000.bin' '$tmp/other/alpha/val_000000.bin'"
+
+# --- the one-call run script ------------------------------------------------------------------------
+R="bash scripts/run_one_call.sh"
+$R --help >"$tmp/help" 2>&1; rc=$?
+check "run_one_call --help" "rc $rc" sh -c "[ $rc -eq 0 ] && grep -q 'usage: scripts/run_one_call.sh --config FILE' '$tmp/help'"
+$R --config configs/reduced_125m_t4k.json --rate 400000 --dry-run fp8_naive:1 fp8_dm:1 >"$tmp/dry" 2>&1; rc=$?
+check "dry run of the standard recipe: the plan fits" "rc $rc: $(cat "$tmp/dry")" \
+  sh -c "[ $rc -eq 0 ] && grep -q '1100 steps x 131072 tokens = 144179200 tokens per run' '$tmp/dry' && grep -q 'ETA check' '$tmp/dry'"
+$R --config configs/reduced_125m_t4k.json --rate 100000 --dry-run fp8_dm:1 >"$tmp/dry" 2>&1; rc=$?
+check "a plan that cannot finish is refused at the start" "rc $rc: $(cat "$tmp/dry")" \
+  sh -c "[ $rc -eq 3 ] && grep -q 'REFUSED (before the build)' '$tmp/dry' && grep -q 'lower --tokens' '$tmp/dry'"
+$R --config configs/reduced_125m_t4k.json --dry-run fp8_fast:1 >"$tmp/err" 2>&1; rc=$?
+check "an unknown mode is an error" "rc $rc: $(cat "$tmp/err")" sh -c "[ $rc -eq 2 ] && grep -q \"unknown mode 'fp8_fast'\" '$tmp/err'"
+$R --config configs/reduced_125m_t4k.json --dry-run >"$tmp/err" 2>&1; rc=$?
+check "no run given is an error" "rc $rc: $(cat "$tmp/err")" sh -c "[ $rc -eq 2 ] && grep -q 'no run given' '$tmp/err'"
+
+# A whole call on the CPU: a tiny model on shards that come out of a packed corpus.
+mkdir -p "$tmp/src/austen"
+cp data/austen/train_000000.bin data/austen/val_000000.bin "$tmp/src/austen/"
+python3 scripts/corpus/pack.py pack "$tmp/src" "$tmp/austen.tar.xz" >/dev/null 2>&1
+TINY="--set model.n_layer=1 --set train.micro_batch=4 --set train.threads=2 --set eval.interval=4 --set eval.batches=2
+  --set eval.sample_interval=0 --set eval.passkey_interval=4 --set eval.passkey_samples=2 --set eval.passkey_min_distance=8
+  --set data.passkey_fraction=0.1 --set log.interval=2"
+set -f
+$R --config configs/tiny.json --device cpu --no-build --tokens 2048 --rate 500 --limit-s 200 --out "$tmp/call" \
+  --corpus "$tmp/austen.tar.xz" --corpus-dir "$tmp/unpacked" $TINY \
+  --set "data.train=$tmp/unpacked/*/train_*.bin" --set "data.val=$tmp/unpacked/*/val_*.bin" fp8_dm:3 >"$tmp/call.out" 2>&1; rc=$?
+check "a whole call on the CPU: unpacked, trained to the budget, small files kept" "rc $rc: $(tail -5 "$tmp/call.out")" \
+  python3 -c "
+import json, os, sys
+d = '$tmp/call/fp8_dm/seed_3'
+files = sorted(os.listdir(d))
+rows = [json.loads(l) for l in open(d + '/metrics.jsonl')]
+cfg = json.load(open(d + '/config.json'))
+ok = $rc == 0 and files == ['config.json', 'metrics.jsonl', 'summary.json', 'train.log']
+ok = ok and [r['step'] for r in rows if 'loss' in r] == list(range(1, 9)) and any('passkey' in r for r in rows)
+ok = ok and cfg['train']['seed'] == 3 and cfg['data']['seed'] == 3 and cfg['precision']['attention'] == 'fp8_dm'
+ok = ok and cfg['checkpoint']['at_end'] is False and not os.path.exists(d + '/checkpoints')
+ok = ok and os.path.isfile('$tmp/unpacked/austen/train_000000.bin')
+sys.exit(0 if ok else 1)"
+check "the call's results are what compare_modes.py reads" "$(cat "$tmp/cs.out" 2>/dev/null)" \
+  sh -c "python3 scripts/compare_modes.py --config configs/tiny.json --modes fp8_dm --seeds 3 --out '$tmp/call' \
+           --summarize-only --no-plot >'$tmp/cs.out' 2>&1 && grep -q '^| \`fp8_dm\` | 3 | ' '$tmp/call/summary.md'"
+# The watchdog: a claimed rate far above the CPU's passes the start, then the run is stopped.
+$R --config configs/tiny.json --device cpu --no-build --tokens 40960 --rate 1000000 --limit-s 40 --out "$tmp/stop" \
+  $TINY fp8_dm:1 >"$tmp/stop.out" 2>&1; rc=$?
+check "the watchdog stops a run that cannot end inside the limit" "rc $rc: $(tail -4 "$tmp/stop.out")" \
+  sh -c "[ $rc -eq 4 ] && grep -q 'STOPPED fp8_dm:1: at the measured rate' '$tmp/stop.out' &&
+         grep -q STOPPED '$tmp/stop/fp8_dm/seed_1/train.log' && [ -s '$tmp/stop/fp8_dm/seed_1/metrics.jsonl' ]"
+set +f
