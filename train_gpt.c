@@ -27,14 +27,20 @@
 // train.comm_timeout_s. World 1 makes no comm call: the single-process path is unchanged.
 //
 // Non-finite steps: a step whose loss or global gradient norm is not finite is not applied (no
-// optimizer step; the delayed-scaling histories its backwards committed are put back), and is
-// logged with its data position; the data moves on. train.max_bad_steps such steps in a row end
-// the run with an error and no checkpoint. The decision reads the reduced loss and norm, the same
+// optimizer step; the delayed-scaling histories and key centres its backwards committed are put
+// back), and is logged with its data position; the data moves on. train.max_bad_steps such steps
+// in a row end the run with an error and no checkpoint. The decision reads the reduced loss and norm, the same
 // on every rank, so all ranks decide alike. A diverged model is never checkpointed
 // (checkpoint_save refuses one) and pruning never deletes the checkpoint just written.
 //
-// Subcommands live with their concern: sample and attn-check in eval/, encode, decode and
-// tokenize in tokenizer/.
+// Evaluation (every eval.interval steps and at the end): the mean validation loss over
+// eval.batches micro-batches of the validation rows (a fixed, seeded sample when data.order is
+// "mixed"), with the loss per position bucket and per source (eval/val_stats.h); every
+// eval.passkey_interval steps (and at the end) passkey retrieval per distance on rank 0
+// (eval/passkey.h). Neither leaves a trace in the training state.
+//
+// Subcommands live with their concern: sample, passkey and attn-check in eval/, encode, decode
+// and tokenize in tokenizer/.
 #include <cjson/cJSON.h>  // parsing metrics lines when a resumed run trims them
 #include <math.h>         // isfinite
 #include <omp.h>          // omp_set_num_threads, omp_get_max_threads
@@ -55,11 +61,17 @@
 #include "dataloader.h"           // DataLoader
 #include "eval/attn_check.h"      // cmd_attn_check
 #include "eval/diagnostics.h"     // FP8-attention diagnostics on probe batches (diagnostics section)
+#include "eval/passkey.h"         // passkey retrieval: the periodic evaluation, the mixing, cmd_passkey
 #include "eval/sample.h"          // sample_generate for the periodic samples, cmd_sample
+#include "eval/val_stats.h"       // validation loss per position bucket and per source
 #include "gpu/gpu_info.h"         // GpuInfo: device name and peak for MFU
 #include "core/precision.h"       // linear_delayed_on: the run log names the linear scaling
 #include "optimizer.h"            // lr_at_step, grad_clip_factor
 #include "tokenizer/tokenizer.h"  // decoding samples, cmd_encode, cmd_decode, cmd_tokenize
+
+// The seed of the validation sample in the mixed order (and of the passkey evaluation's sequences):
+// fixed, so every run of a comparison is evaluated on the same tokens.
+#define VAL_SAMPLE_SEED 1
 
 typedef struct {
     int resume;               // --resume given: continue the run in log.dir (from step 0 without a checkpoint)
@@ -85,6 +97,17 @@ static void fprint_json_num(FILE *f, const char *key, double x, const char *fmt)
     fprintf(f, ", \"%s\": ", key);
     if (isfinite(x)) fprintf(f, fmt, x);
     else fprintf(f, "null");
+}
+
+// Prints s as a JSON string (quotes, backslashes and control characters escaped).
+static void fprint_json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
 }
 
 static void format_duration(double s, char *out, size_t n) {
@@ -142,6 +165,8 @@ typedef struct {
     int n_delayed;                 // layers with delayed-scaling state (0 when not in use)
     AttnDelayedState *delayed_save;  // (n_delayed) scratch: eval and samples leave no trace
     AttnDelayedState *delayed_step;  // (n_delayed) the state before the step: a step not applied restores it
+    float *centers_step;           // centred keys' delayed c before the step (same rule), or NULL
+    int centers_ready_step;
     float *host_params, *host_m, *host_v;  // (total) the state checkpoints see (see checkpoint_state_of)
     int host_state_owned;          // host_* were allocated here (not the CPU backend's own arrays)
     int32_t *inputs, *targets;     // (B, T)
@@ -154,6 +179,11 @@ typedef struct {
     Comm comm;                     // the process group (world 1: never used)
     int rank, world;               // this process and the data-parallel world size
     Diagnostics diag;              // the diagnostics section: probe batches, buffers, last report
+    ValStats val_stats;            // the last evaluation's sums per position bucket and source
+    float *losses;                 // (B, T) per-token losses of an evaluation micro-batch
+    PasskeyTemplate passkey;       // token ids of the passkey sentences (mixing or evaluation)
+    PasskeySet passkey_set;        // eval.passkey_interval > 0: the evaluation's sequences (rank 0)
+    int have_passkey;              // passkey_set is made
 } Run;
 
 // A failed collective (a peer died, hangs, or failed): say so and leave at once, non-zero.
@@ -178,21 +208,59 @@ static double dp_sum(Run *r, double x) {
     return x;
 }
 
-// Mean loss over eval.batches validation windows, the same windows every time. Leaves the
-// training state exactly as it was: the delayed-scaling state is restored afterwards so that
-// evaluation never changes the scales training uses (the model commits amax histories itself,
-// at the end of each backward).
+// Mean loss over eval.batches validation micro-batches (at most one epoch of them), the same
+// every time, with its sums per position bucket and per source in r->val_stats (all ranks' sums).
+// Leaves the training state exactly as it was: the delayed-scaling state is restored afterwards
+// so that evaluation never changes the scales training uses (the model commits amax histories
+// itself, at the end of each backward).
 static double evaluate(Run *r) {
     if (r->n_delayed) memcpy(r->delayed_save, r->delayed, (size_t)r->n_delayed * sizeof *r->delayed_save);
     dataloader_reset(&r->val);
-    int n = r->c.eval.batches > 0 ? r->c.eval.batches : 1;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
+    long long n = r->c.eval.batches > 0 ? r->c.eval.batches : 1, epoch = dataloader_batches_per_epoch(&r->val);
+    if (n > epoch) n = epoch;  // past one epoch the same rows would count twice
+    val_stats_reset(&r->val_stats);
+    int *sources = xmalloc(sizeof(int) * (size_t)r->B);
+    for (long long i = 0; i < n; i++) {
         dataloader_next(&r->val, r->inputs, r->targets);
-        sum += backend_eval_loss(&r->be, r->inputs, r->targets);
+        backend_eval_detail(&r->be, r->inputs, r->targets, r->losses, 0, NULL, NULL);
+        for (int b = 0; b < r->B; b++) sources[b] = r->val.source[r->val.row_file[b]];
+        val_stats_add(&r->val_stats, r->losses, r->targets, r->B, sources);
     }
+    free(sources);
     if (r->n_delayed) memcpy(r->delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
-    return dp_sum(r, sum) / ((double)n * r->world);  // each rank evaluated its own windows
+    ErrBuf e;  // each rank evaluated its own rows: add them up
+    if (r->world > 1 &&
+        comm_allreduce_sum(&r->comm, r->val_stats.acc, 2 * (size_t)val_stats_len(&r->val_stats), COMM_F64, &e))
+        dp_fail(r, &e);
+    return val_stats_mean(&r->val_stats, NULL);
+}
+
+// Passkey retrieval on rank 0 (the others wait at the next collective), printed and logged as
+// {"step": N, "passkey": {...}}. Leaves no trace in the training state. Returns the mean
+// exact-match accuracy over the distances.
+static double passkey_eval_and_log(Run *r, long long step, int steps) {
+    if (r->rank != 0 || !r->have_passkey) return NAN;
+    if (r->n_delayed) memcpy(r->delayed_save, r->delayed, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    const ModelConfig *mc = &r->c.model;
+    PasskeyReport rep;
+    passkey_evaluate(&r->passkey_set, passkey_backend_forward, &r->be, r->B, mc->vocab_size, mc->padded_vocab_size, &rep);
+    if (r->n_delayed) memcpy(r->delayed, r->delayed_save, (size_t)r->n_delayed * sizeof *r->delayed_save);
+    double mean = 0;
+    printf("step %lld/%d | passkey accuracy", step, steps);
+    for (int d = 0; d < rep.n_distances; d++) {
+        printf(" %d: %.3f", rep.distance[d], rep.accuracy[d]);
+        mean += rep.accuracy[d] / rep.n_distances;
+    }
+    printf(" | log p(answer)");
+    for (int d = 0; d < rep.n_distances; d++) printf(" %.2f", rep.logp_answer[d]);
+    printf("\n");
+    if (r->metrics) {
+        fprintf(r->metrics, "{\"step\": %lld, \"passkey\": ", step);
+        passkey_report_json(r->metrics, &rep);
+        fprintf(r->metrics, "}\n");
+        fflush(r->metrics);
+    }
+    return mean;
 }
 
 // Prints a sample of eval.sample_tokens tokens (skipped with one note if no tokenizer).
@@ -340,6 +408,56 @@ static void broadcast_resume(Run *r, CheckpointState *s) {
     s->sample_rng = sc.sample_rng, s->data = sc.data;
 }
 
+// Passkey mixing (data.passkey_fraction) and evaluation (eval.passkey_interval): the template from
+// the GPT-2 tokenizer, the evaluation's sequences from data.val (rank 0). Any problem is a user
+// error here, before anything is written.
+static void setup_passkey_or_die(Run *r) {
+    const Config *c = &r->c;
+    ErrBuf e, e2;
+    if (c->data.passkey_fraction <= 0 && c->eval.passkey_interval <= 0) return;
+    const char *key = c->data.passkey_fraction > 0 ? "data.passkey_fraction" : "eval.passkey_interval";
+    Tokenizer *tok = tokenizer_load(NULL, &e2);
+    if (!tok) {
+        errf(&e, "%s: passkey sequences need the GPT-2 tokenizer: %s", key, e2.msg);
+        die_user(&e);
+    }
+    int rc = passkey_template_init(&r->passkey, tok, &e2);
+    tokenizer_free(tok);
+    if (rc != 0 || r->passkey.max_id >= (uint32_t)c->model.vocab_size) {
+        errf(&e, "%s: %s", key, rc ? e2.msg : "the passkey sentences' token ids are outside model.vocab_size "
+                                              "(passkey retrieval needs the GPT-2 vocabulary)");
+        die_user(&e);
+    }
+    const int need = passkey_overhead(&r->passkey, PASSKEY_MAX_DIGITS);
+    if (c->data.passkey_fraction > 0) {
+        if (passkey_max_distance(&r->passkey, r->T + 1, PASSKEY_MAX_DIGITS) < 0) {
+            errf(&e, "data.passkey_fraction: a passkey sequence takes %d tokens, more than a row of model.seq_len + 1 "
+                     "= %d", need, r->T + 1);
+            die_user(&e);
+        }
+        dataloader_mix_passkey(&r->train, &r->passkey, c->data.passkey_fraction);
+    }
+    if (c->eval.passkey_interval <= 0 || r->rank != 0) return;
+    if (!r->have_val) {
+        errf(&e, "eval.passkey_interval: the passkey evaluation takes its filler from data.val, which is empty");
+        die_user(&e);
+    }
+    int dist[PASSKEY_MAX_DISTANCES];
+    int nd = passkey_distances(&r->passkey, r->T, c->eval.passkey_min_distance, dist, PASSKEY_MAX_DISTANCES);
+    if (nd == 0) {
+        errf(&e, "eval.passkey_min_distance: %d does not fit a passkey sequence of model.seq_len = %d tokens (at most "
+                 "%d: the sentences take %d)", c->eval.passkey_min_distance, r->T,
+             passkey_max_distance(&r->passkey, r->T, PASSKEY_MAX_DIGITS), need);
+        die_user(&e);
+    }
+    if (passkey_set_make(&r->passkey_set, &r->passkey, c->data.val, c->model.vocab_size, r->T, dist, nd,
+                         c->eval.passkey_samples, VAL_SAMPLE_SEED, &e2) != 0) {
+        errf(&e, "eval.passkey_interval: data.val (%s): %s", c->data.val, e2.msg);
+        die_user(&e);
+    }
+    r->have_passkey = 1;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The run directory: its lock, what a resume starts from, and what it changes.
 
@@ -471,17 +589,23 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
         errf(&e, "data.train is empty: set the training shards' glob in the config or with --set data.train=PATTERN");
         die_user(&e);
     }
-    if (dataloader_open(&r->train, c->data.train, r->B, r->T, r->rank, world, c->data.shuffle, c->data.seed,
-                        c->model.vocab_size, &e2) != 0) {
+    int (*open_data)(DataLoader *, const char *, int, int, int, int, int, unsigned long long, int, ErrBuf *) =
+        c->data.order == DATA_ORDER_MIXED ? dataloader_open_mixed : dataloader_open;
+    if (open_data(&r->train, c->data.train, r->B, r->T, r->rank, world, c->data.shuffle, c->data.seed,
+                  c->model.vocab_size, &e2) != 0) {
         errf(&e, "data.train (%s): %s", c->data.train, e2.msg);
         die_user(&e);
     }
     r->have_val = c->data.val[0] != '\0';
-    if (r->have_val && dataloader_open(&r->val, c->data.val, r->B, r->T, r->rank, world, c->data.shuffle, c->data.seed,
-                                       c->model.vocab_size, &e2) != 0) {
+    // In the mixed order the validation rows are one fixed sample whatever data.seed, so that runs
+    // of different seeds are evaluated on the same tokens.
+    const unsigned long long val_seed = c->data.order == DATA_ORDER_MIXED ? VAL_SAMPLE_SEED : c->data.seed;
+    if (r->have_val && open_data(&r->val, c->data.val, r->B, r->T, r->rank, world, c->data.shuffle, val_seed,
+                                 c->model.vocab_size, &e2) != 0) {
         errf(&e, "data.val (%s): %s", c->data.val, e2.msg);
         die_user(&e);
     }
+    setup_passkey_or_die(r);
 
     checkpoint_dir_of(c, r->ckpt_dir, sizeof r->ckpt_dir);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/%s", c->log.dir, c->log.metrics_file);
@@ -517,8 +641,12 @@ static void setup_or_die(Run *r, const TrainOptions *opt, long long *start_step)
     r->delayed = backend_delayed_state(&r->be, &r->n_delayed);
     r->delayed_save = xcalloc((size_t)(r->n_delayed ? r->n_delayed : 1), sizeof(AttnDelayedState));
     r->delayed_step = xcalloc((size_t)(r->n_delayed ? r->n_delayed : 1), sizeof(AttnDelayedState));
+    const AttnKeyCenters *kc = backend_key_centers(&r->be);
+    if (kc) r->centers_step = xmalloc((size_t)attn_key_centers_count(kc) * sizeof(float));
     r->inputs = xmalloc((size_t)r->B * r->T * sizeof(int32_t));
     r->targets = xmalloc((size_t)r->B * r->T * sizeof(int32_t));
+    r->losses = xmalloc((size_t)r->B * r->T * sizeof(float));
+    val_stats_init(&r->val_stats, r->T, r->have_val ? r->val.n_sources : 1);
     r->sample_rng = sample_rng_seed(c->train.seed);
     r->config_json = config_to_json(c);
     *start_step = 0;
@@ -632,6 +760,25 @@ static void print_plan(const Run *r, long long start_step) {
     printf(" = %lld tokens/step | %d steps from step %lld | data: %d train shard(s), %lld tokens%s\n",
            r->tokens_per_step, c->train.steps, start_step, r->train.n_files, shard_tokens,
            r->have_val ? "" : " | no data.val: evaluation skipped");
+    if (c->data.order == DATA_ORDER_MIXED)
+        printf("data order: mixed (rows of %d tokens from %d source(s) in one seeded permutation)%s", r->T + 1,
+               r->train.n_sources, c->data.passkey_fraction > 0 ? "" : "\n");
+    else
+        printf("data order: shards (windows of %d x %d tokens, shard by shard)\n", r->B, r->T);
+    if (c->data.passkey_fraction > 0) printf(" | passkey sequences: %.1f%% of the rows\n", 100 * c->data.passkey_fraction);
+    if (r->train.n_short || (r->have_val && r->val.n_short))
+        printf("note: %d train and %d val shard(s) are shorter than one row of %d tokens and give none\n",
+               r->train.n_short, r->have_val ? r->val.n_short : 0, r->T + 1);
+    if (r->have_val) {
+        long long n = c->eval.batches, epoch = dataloader_batches_per_epoch(&r->val);
+        printf("evaluation: %lld validation tokens from %d source(s)%s", (n < epoch ? n : epoch) * r->B * r->T * r->world,
+               r->val.n_sources, n > epoch ? " (all of data.val: fewer than eval.batches)" : "");
+        if (r->have_passkey)
+            printf(" | passkey: %d sequences at distances %d..%d every %d steps", r->passkey_set.n,
+                   r->passkey_set.distance[0], r->passkey_set.distance[r->passkey_set.n_distances - 1],
+                   c->eval.passkey_interval);
+        printf("\n");
+    }
     if (r->world > 1)
         printf("data parallel: %d ranks (%s launcher, %d per node) | %s | ZeRO-1 %s | overlap %s | comm timeout %g s\n",
                r->world, comm_launcher_name(r->comm.launcher), r->comm.local_world,
@@ -657,19 +804,58 @@ static double mfu_of(const Run *r, double tok_s) {
     return tok_s * r->flops_per_token / (r->gpu.peak_bf16_tflops * 1e12 * (r->world > 0 ? r->world : 1));
 }
 
-// Evaluates, prints the validation loss and appends it to the metrics file.
+// Evaluates, prints the validation loss (and, with several sources, the loss per source) and
+// appends it to the metrics file with its tokens, the mean loss per position bucket and per
+// source: {"step": N, "val_loss": x, "val_tokens": n, "val_pos": {"start": [...], "end": [...],
+// "mean": [...], "tokens": [...]}, "val_source": {"name": {"mean": x, "tokens": n}, ...}}.
 static double evaluate_and_log(Run *r, long long step, int steps) {
-    double val = evaluate(r);
+    double val = evaluate(r), tokens;
+    const ValStats *v = &r->val_stats;
+    val_stats_mean(v, &tokens);
     printf("step %lld/%d | val loss %.4f\n", step, steps, val);
+    if (v->n_sources > 1) {
+        printf("step %lld/%d | val by source:", step, steps);
+        for (int i = 0; i < v->n_sources; i++) printf(" %s %.3f", r->val.source_names[i], val_stats_source(v, i, NULL));
+        printf("\n");
+    }
     if (!r->metrics) return val;  // ranks other than 0
-    fprintf(r->metrics, "{\"step\": %lld", step);
-    fprint_json_num(r->metrics, "val_loss", val, "%.9g");
-    fprintf(r->metrics, "}\n");
-    fflush(r->metrics);
+    FILE *f = r->metrics;
+    fprintf(f, "{\"step\": %lld", step);
+    fprint_json_num(f, "val_loss", val, "%.9g");
+    fprintf(f, ", \"val_tokens\": %.0f, \"val_pos\": {\"start\": [", tokens);
+    for (int b = 0; b < v->n_buckets; b++) fprintf(f, "%s%d", b ? ", " : "", v->bucket_start[b]);
+    fprintf(f, "], \"end\": [");
+    for (int b = 0; b < v->n_buckets; b++) fprintf(f, "%s%d", b ? ", " : "", v->bucket_start[b + 1]);
+    fprintf(f, "], \"mean\": [");
+    for (int b = 0; b < v->n_buckets; b++) {
+        double x = val_stats_bucket(v, b, NULL);
+        fprintf(f, b ? ", " : "");
+        if (isfinite(x)) fprintf(f, "%.9g", x);
+        else fprintf(f, "null");
+    }
+    fprintf(f, "], \"tokens\": [");
+    for (int b = 0; b < v->n_buckets; b++) {
+        double t;
+        val_stats_bucket(v, b, &t);
+        fprintf(f, "%s%.0f", b ? ", " : "", t);
+    }
+    fprintf(f, "]}, \"val_source\": {");
+    for (int i = 0; i < v->n_sources; i++) {
+        double t, x = val_stats_source(v, i, &t);
+        fprintf(f, "%s", i ? ", " : "");
+        fprint_json_str(f, r->val.source_names[i]);
+        fprintf(f, ": {\"mean\": ");
+        if (isfinite(x)) fprintf(f, "%.9g", x);
+        else fprintf(f, "null");
+        fprintf(f, ", \"tokens\": %.0f}", t);
+    }
+    fprintf(f, "}}\n");
+    fflush(f);
     return val;
 }
 
-static void write_summary(const Run *r, long long steps_done, double train_loss, double val_loss, double elapsed) {
+static void write_summary(const Run *r, long long steps_done, double train_loss, double val_loss, double passkey,
+                          double elapsed) {
     if (r->rank != 0) return;
     long long tokens = steps_done * r->tokens_per_step;
     char dur[32];
@@ -684,6 +870,7 @@ static void write_summary(const Run *r, long long steps_done, double train_loss,
     fprintf(mem, "{\"steps\": %lld", steps_done);
     fprint_json_num(mem, "final_train_loss", train_loss, "%.9g");
     fprint_json_num(mem, "final_val_loss", val_loss, "%.9g");
+    if (r->have_passkey) fprint_json_num(mem, "final_passkey_accuracy", passkey, "%.6g");
     fprint_json_num(mem, "elapsed_s", elapsed, "%.3f");
     fprintf(mem, ", \"tokens\": %lld}\n", tokens);
     long n = ftell(mem);
@@ -716,7 +903,7 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
     const int steps = c->train.steps;
     const int log_every = c->log.interval > 0 ? c->log.interval : 1;
     double t_start = now_seconds(), t_first = 0.0;  // t_first: the end of this session's first step
-    double last_loss = NAN, last_val = NAN;
+    double last_loss = NAN, last_val = NAN, last_passkey = NAN;
     long long step = start_step, last_ckpt = -1, not_applied = 0;
     int status = 0, bad_streak = 0;
     ErrBuf e;
@@ -724,6 +911,7 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
     // The validation loss before the first step, so a run's log shows the whole fall from the
     // initial ln(V). Evaluation leaves no trace in the training state, so resumes stay exact.
     if (start_step == 0 && r->have_val && c->eval.interval > 0) last_val = evaluate_and_log(r, 0, steps);
+    if (start_step == 0 && r->have_passkey) last_passkey = passkey_eval_and_log(r, 0, steps);
     // TRAIN_GPT_PROFILE=N (GPU): the phase profile of the model stream over the steps from step
     // N + 1 of this session on, printed at the end. It pauses between steps, so evaluation,
     // diagnostics, samples and checkpoints are not in it (until 2026-11-30 the evaluation's
@@ -742,11 +930,16 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
         dataloader_get_state(&r->train, &data_pos);
         long long data_file = -1;
         if (r->n_delayed) memcpy(r->delayed_step, r->delayed, (size_t)r->n_delayed * sizeof *r->delayed_step);
+        AttnKeyCenters *kc = backend_key_centers(&r->be);
+        if (kc) {
+            memcpy(r->centers_step, kc->center, (size_t)attn_key_centers_count(kc) * sizeof(float));
+            r->centers_ready_step = kc->ready;
+        }
         backend_zero_grad(&r->be);
         double loss_sum = 0.0;
         for (int a = 0; a < r->grad_accum; a++) {
             dataloader_next(&r->train, r->inputs, r->targets);
-            if (a == 0) data_file = r->train.cur_file;
+            if (a == 0) data_file = r->train.mixed ? r->train.row_file[0] : r->train.cur_file;  // its first row's shard
             loss_sum += backend_forward_backward(&r->be, r->inputs, r->targets);
         }
         double norm, clip = 0.0, lr = lr_at_step(&c->train, (int)(step - 1));
@@ -764,8 +957,12 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
             if (r->world == 1) backend_step(&r->be, lr, clip, &c->train);
             else if (backend_dp_step(&r->be, lr, clip, &c->train, &e) != 0) dp_fail(r, &e);
             bad_streak = 0;
-        } else {  // no optimizer step; the amaxes the step's backwards committed are taken back
+        } else {  // no optimizer step; the amaxes and key centres the step's backwards committed are taken back
             if (r->n_delayed) memcpy(r->delayed, r->delayed_step, (size_t)r->n_delayed * sizeof *r->delayed);
+            if (kc) {
+                memcpy(kc->center, r->centers_step, (size_t)attn_key_centers_count(kc) * sizeof(float));
+                kc->ready = r->centers_ready_step;
+            }
             bad_streak++;
             not_applied++;
         }
@@ -773,7 +970,8 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
         double tok_s = r->tokens_per_step / (t1 - t0 > 0 ? t1 - t0 : 1e-9);
         double mfu = mfu_of(r, tok_s);  // < 0: not applicable (CPU, unknown peak)
         double session = t1 - t_start, elapsed = r->elapsed_before + session;
-        // Data position in the checkpoint's terms (windows of all ranks together).
+        // Data position in the checkpoint's terms (windows, or the mixed order's micro-batches, of all
+        // ranks together).
         const long long data_window = data_pos.window_pos * r->world;
         const char *data_name = data_file >= 0 ? r->train.files[data_file] : "?";
 
@@ -797,11 +995,18 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
             fprintf(r->metrics, "}\n");
             fflush(r->metrics);
         }
-        if (!applied)
-            printf("warning: step %lld not applied: the loss is %g and the gradient norm %g (data: epoch %lld, shard "
-                   "position %lld = %s, window %lld); %d in a row, the run stops at train.max_bad_steps = %d\n",
-                   step, last_loss, norm, data_pos.epoch, data_pos.shard_pos, data_name, data_window, bad_streak,
-                   c->train.max_bad_steps);
+        if (!applied) {
+            char where[1400];  // the mixed order's position is its micro-batch; the shards order's a shard's window
+            if (r->train.mixed)
+                snprintf(where, sizeof where, "epoch %lld, micro-batch %lld, first row from %s", data_pos.epoch,
+                         data_window, data_name);
+            else
+                snprintf(where, sizeof where, "epoch %lld, shard position %lld = %s, window %lld", data_pos.epoch,
+                         data_pos.shard_pos, data_name, data_window);
+            printf("warning: step %lld not applied: the loss is %g and the gradient norm %g (data: %s); %d in a row, "
+                   "the run stops at train.max_bad_steps = %d\n",
+                   step, last_loss, norm, where, bad_streak, c->train.max_bad_steps);
+        }
 
         if (step % log_every == 0 || step == start_step + 1 || step == steps) {
             // The first step of a session carries one-time costs (allocation, warm-up, the initial
@@ -845,6 +1050,8 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
         if (r->have_val && ((c->eval.interval > 0 && step % c->eval.interval == 0) || step == steps)) {
             last_val = evaluate_and_log(r, step, steps);
         }
+        if (r->have_passkey && (step % c->eval.passkey_interval == 0 || step == steps))
+            last_passkey = passkey_eval_and_log(r, step, steps);
         if (r->rank == 0 && c->eval.sample_interval > 0 && step % c->eval.sample_interval == 0) print_sample(r, step);
 
         int stopping = dp_any(r, stop_signal || (opt->stop_after > 0 && step >= opt->stop_after));
@@ -877,7 +1084,7 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
                not_applied, not_applied == 1 ? "" : "s", not_applied == 1 ? "was" : "were", r->metrics_path);
     if (status == 0 && start_step >= steps) printf("the run is already at step %lld of %d: nothing to do\n", start_step, steps);
     if (status == 0 && step == steps && (last_ckpt == steps || !c->checkpoint.at_end))
-        write_summary(r, step, last_loss, last_val, r->elapsed_before + (now_seconds() - t_start));
+        write_summary(r, step, last_loss, last_val, last_passkey, r->elapsed_before + (now_seconds() - t_start));
 
     if (prof_steps > 0 && r->rank == 0) gpu_model_profile_report(&r->be.gpu, stdout, prof_steps);
     sigaction(SIGINT, &old_int, NULL);
@@ -890,6 +1097,10 @@ static int train_run(const Config *cfg, const TrainOptions *opt) {
     free(r->targets);
     free(r->delayed_save);
     free(r->delayed_step);
+    free(r->centers_step);
+    free(r->losses);
+    val_stats_free(&r->val_stats);
+    if (r->have_passkey) passkey_set_free(&r->passkey_set);
     if (r->host_state_owned) {
         free(r->host_params);
         free(r->host_m);
@@ -937,6 +1148,7 @@ static void usage(FILE *f) {
             "\n"
             "Commands:\n"
             "  sample      generate text from a checkpoint\n"
+            "  passkey     passkey retrieval: generate sequences, evaluate a checkpoint\n"
             "  attn-check  compare the attention precisions against an FP64 reference\n"
             "  encode      text to GPT-2 token ids\n"
             "  decode      GPT-2 token ids to text\n"
@@ -966,11 +1178,12 @@ int main(int argc, char **argv) {
     if (argc >= 2 && argv[1][0] != '-') {
         const char *cmd = argv[1];
         if (!strcmp(cmd, "sample")) return cmd_sample(argc - 1, argv + 1);
+        if (!strcmp(cmd, "passkey")) return cmd_passkey(argc - 1, argv + 1);
         if (!strcmp(cmd, "attn-check")) return cmd_attn_check(argc - 1, argv + 1);
         if (!strcmp(cmd, "encode")) return cmd_encode(argc - 1, argv + 1);
         if (!strcmp(cmd, "decode")) return cmd_decode(argc - 1, argv + 1);
         if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
-        return usage_error("unknown command '%s' (commands: sample, attn-check, encode, decode, tokenize)", cmd);
+        return usage_error("unknown command '%s' (commands: sample, passkey, attn-check, encode, decode, tokenize)", cmd);
     }
 
     const char *config_path = NULL, *device = NULL;

@@ -148,6 +148,12 @@ float backend_eval_loss(Backend *b, const int32_t *inputs, const int32_t *target
     return cpu_model_loss(&b->cpu, inputs, targets);
 }
 
+float backend_eval_detail(Backend *b, const int32_t *inputs, const int32_t *targets, float *losses, int n_rows,
+                          const int *rows, float *row_logits) {
+    if (b->kind == DEVICE_GPU) return gpu_model_loss_detail(&b->gpu, inputs, targets, losses, n_rows, rows, row_logits);
+    return cpu_model_loss_detail(&b->cpu, inputs, targets, losses, n_rows, rows, row_logits);
+}
+
 void backend_next_logits(Backend *b, const int32_t *tokens, int t, float *logits) {
     if (b->kind == DEVICE_GPU) gpu_model_next_logits(&b->gpu, tokens, t, logits);
     else cpu_model_next_logits(&b->cpu, tokens, t, logits);

@@ -104,6 +104,12 @@ double backend_grad_norm(Backend *b);
 void backend_step(Backend *b, double lr, double clip, const TrainConfig *tc);
 // Forward only (no gradient work): the mean loss of inputs, targets (B, T).
 float backend_eval_loss(Backend *b, const int32_t *inputs, const int32_t *targets);
+// backend_eval_loss that also gives the per-token losses (B*T; 0 where a target is ignored; NULL
+// to skip) and the logits (n_rows, Vp) of the listed rows (indices into the B*T tokens) as the
+// loss computed them (the GPU's are BF16 values): per-position and per-source evaluation,
+// passkey answers.
+float backend_eval_detail(Backend *b, const int32_t *inputs, const int32_t *targets, float *losses, int n_rows,
+                          const int *rows, float *row_logits);
 // Logits (Vp floats, host) of the last of t <= T tokens, for sampling.
 void backend_next_logits(Backend *b, const int32_t *tokens, int t, float *logits);
 

@@ -27,6 +27,7 @@ _Static_assert(sizeof(LinearPrecision) == sizeof(int), "enum size");
 _Static_assert(sizeof(WgradBlocks) == sizeof(int), "enum size");
 _Static_assert(sizeof(LinearScaling) == sizeof(int), "enum size");
 _Static_assert(sizeof(PrecisionRecipe) == sizeof(int), "enum size");
+_Static_assert(sizeof(DataOrder) == sizeof(int), "enum size");
 
 // ---------------------------------------------------------------------------------------------
 // Enum names, indexed by the enum value, NULL-terminated.
@@ -43,6 +44,7 @@ const char *const WGRAD_BLOCKS_NAMES[] = {"none", "activation", "gradient", NULL
 const char *const LINEAR_SCALING_NAMES[] = {"current", "delayed", NULL};
 const char *const FAST_ACCUM_NAMES[] = {"none", "forward", "all", NULL};
 const char *const RECIPE_NAMES[] = {"none", "bf16", "fp8", NULL};
+const char *const DATA_ORDER_NAMES[] = {"mixed", "shards", NULL};
 
 int count_names(const char *const *names) {
     int n = 0;
@@ -102,6 +104,7 @@ static const KeyDef MODEL_KEYS[] = {
 static const KeyDef DATA_KEYS[] = {
     KEY(data, train, KIND_STR), KEY(data, val, KIND_STR),
     KEY(data, shuffle, KIND_BOOL), KEY(data, seed, KIND_U64),
+    KEY_ENUM(data, order, DATA_ORDER_NAMES), KEY(data, passkey_fraction, KIND_F64),
 };
 static const KeyDef TRAIN_KEYS[] = {
     KEY_ENUM(train, device, DEVICE_NAMES), KEY(train, micro_batch, KIND_INT),
@@ -145,6 +148,8 @@ static const KeyDef PRECISION_KEYS[] = {
 static const KeyDef EVAL_KEYS[] = {
     KEY(eval, interval, KIND_INT), KEY(eval, batches, KIND_INT),
     KEY(eval, sample_interval, KIND_INT), KEY(eval, sample_tokens, KIND_INT),
+    KEY(eval, passkey_interval, KIND_INT), KEY(eval, passkey_samples, KIND_INT),
+    KEY(eval, passkey_min_distance, KIND_INT),
 };
 static const KeyDef CHECKPOINT_KEYS[] = {
     KEY(checkpoint, dir, KIND_STR), KEY(checkpoint, interval, KIND_INT),
@@ -254,6 +259,11 @@ void config_defaults(Config *c) {
     c->eval.batches = 10;
     c->eval.sample_interval = 0;
     c->eval.sample_tokens = 64;
+    c->data.order = DATA_ORDER_MIXED;
+    c->data.passkey_fraction = 0.0;
+    c->eval.passkey_interval = 0;
+    c->eval.passkey_samples = 32;
+    c->eval.passkey_min_distance = 512;
     c->checkpoint.interval = 0;
     c->checkpoint.keep = 3;
     c->checkpoint.at_end = 1;

@@ -6,7 +6,8 @@
 //                 d_model*, n_layer*, n_head*, ffn_hidden* (SwiGLU hidden width), seq_len*,
 //                 position ("rope" | "none"), rope_theta (10000), qk_norm (false),
 //                 tied_embeddings (false), norm_eps (1e-5), init_std (0.02)
-//   data          train (glob, required for training), val (glob), shuffle (true), seed (1337)
+//   data          train (glob, required for training), val (glob), shuffle (true), seed (1337),
+//                 order ("mixed" | "shards"), passkey_fraction (0)
 //   train         device ("auto" | "cpu" | "gpu"), micro_batch (sequences per rank per
 //                 micro-step), batch_tokens (global tokens per optimizer step; 0 = one
 //                 micro-batch per rank), steps, lr, min_lr_ratio, warmup_steps, schedule
@@ -27,7 +28,8 @@
 //                 fp8_tensor GEMMs without FP32 promotion, GPU only), fuse_fp8_producers,
 //                 fuse_attention_rope, fuse_qkv_epilogue (true: GPU fusions, off to measure them)
 //   eval          interval (steps; 0 = only at the end), batches, sample_interval (0 = off),
-//                 sample_tokens
+//                 sample_tokens, passkey_interval (0 = off), passkey_samples (32),
+//                 passkey_min_distance (512)
 //   checkpoint    dir ("" = <log.dir>/checkpoints), interval (steps; 0 = only at the end),
 //                 keep (last N kept), at_end (true; false = none after the last step, e.g. for
 //                 throughput runs: a 5.29B model's checkpoint is ~63 GB)
@@ -48,6 +50,7 @@ extern "C" {
 typedef enum { DEVICE_AUTO = 0, DEVICE_CPU, DEVICE_GPU } DeviceKind;
 typedef enum { POS_ROPE = 0, POS_NONE } PositionKind;
 typedef enum { SCHED_COSINE = 0, SCHED_LINEAR, SCHED_WSD, SCHED_CONSTANT } ScheduleKind;
+typedef enum { DATA_ORDER_MIXED = 0, DATA_ORDER_SHARDS } DataOrder;  // dataloader.h
 
 typedef struct {
     int vocab_size;         // real vocabulary (GPT-2: 50257)
@@ -64,6 +67,8 @@ typedef struct {
     char train[1024], val[1024];  // glob patterns of llm.c token shards
     int shuffle;
     unsigned long long seed;
+    DataOrder order;          // rows of all shards in one permutation, or shard by shard
+    double passkey_fraction;  // share of training rows made passkey sequences (mixed order)
 } DataConfig;
 
 typedef struct {
@@ -87,6 +92,9 @@ typedef struct {
 
 typedef struct {
     int interval, batches, sample_interval, sample_tokens;
+    int passkey_interval;      // steps between passkey evaluations (and at the end); 0 = off
+    int passkey_samples;       // sequences per distance
+    int passkey_min_distance;  // the first distance; then doubling, then the largest that fits
 } EvalConfig;
 
 typedef struct {

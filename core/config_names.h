@@ -17,6 +17,7 @@ extern const char *const WGRAD_BLOCKS_NAMES[];
 extern const char *const LINEAR_SCALING_NAMES[];
 extern const char *const FAST_ACCUM_NAMES[];
 extern const char *const RECIPE_NAMES[];
+extern const char *const DATA_ORDER_NAMES[];
 extern const char *const DIAG_REFERENCE_NAMES[];  // the diagnostics' reference: fp32 or bf16
 
 // JSON numbers are doubles: integers beyond 2^53 would silently lose digits.

@@ -176,6 +176,17 @@ int config_validate(const Config *c, ErrBuf *e) {
         range_int(c, "diagnostics.bias_probe_batches", c->diagnostics.bias_probe_batches, 0, 1024, e) ||
         check_enum(c, "diagnostics.reference", (int)c->diagnostics.reference, DIAG_REFERENCE_NAMES, e))
         return -1;
+    // Data order, passkey mixing and evaluation.
+    if (check_enum(c, "data.order", (int)c->data.order, DATA_ORDER_NAMES, e) ||
+        range_real(c, "data.passkey_fraction", c->data.passkey_fraction, 0, false, 0.5, false, e) ||
+        range_int(c, "eval.passkey_interval", c->eval.passkey_interval, 0, LLONG_MAX, e) ||
+        range_int(c, "eval.passkey_samples", c->eval.passkey_samples, 1, 100000, e) ||
+        range_int(c, "eval.passkey_min_distance", c->eval.passkey_min_distance, 1, 1 << 20, e))
+        return -1;
+    if (c->data.passkey_fraction > 0 && c->data.order != DATA_ORDER_MIXED)
+        return errf(e, "%s: data.passkey_fraction: %g needs data.order = \"mixed\" (passkey sequences replace rows of "
+                    "the mixed order), got order = \"%s\"", label(c), c->data.passkey_fraction,
+                    DATA_ORDER_NAMES[c->data.order]);
     // Run files are named <dir>/<file>: leave room for the names below the directories.
     if (c->log.dir[0] == '\0' || strlen(c->log.dir) > 900)
         return errf(e, "%s: log.dir: must be a non-empty path of at most 900 characters", label(c));

@@ -390,8 +390,10 @@ static void forward_blocks(CpuModel *m, const int32_t *tokens, int B, int T) {
 }
 
 // Fused LM head + cross-entropy over the chunks of the last forward_blocks. With want_grad, also
-// dhf = d(mean loss)/d(hf) and dhead = d(mean loss)/d(head weight).
-static float head_and_loss(CpuModel *m, const int32_t *targets, int want_grad) {
+// dhf = d(mean loss)/d(hf) and dhead = d(mean loss)/d(head weight). row_logits (n_rows, Vp), if
+// not NULL, receives the logits of the listed rows (indices into B*T) as the loss saw them.
+static float head_and_loss_rows(CpuModel *m, const int32_t *targets, int want_grad, int n_rows, const int *rows,
+                                float *row_logits) {
     const ModelConfig *mc = &m->cfg.model;
     Acts *a = m->acts;
     int BT = a->B * a->T, C = mc->d_model, V = mc->vocab_size, Vp = mc->padded_vocab_size;
@@ -413,6 +415,9 @@ static float head_and_loss(CpuModel *m, const int32_t *targets, int want_grad) {
         int n = BT - c0 < HEAD_CHUNK ? BT - c0 : HEAD_CHUNK;
         const float *hf = a->hf + (long)c0 * C;
         linear_forward(&a->lin, hp, a->logits, hf, w, n, Vp, C, 0);             // (n, Vp)
+        for (int r = 0; r < n_rows && row_logits; r++)
+            if (rows[r] >= c0 && rows[r] < c0 + n)
+                memcpy(row_logits + (size_t)r * Vp, a->logits + (size_t)(rows[r] - c0) * Vp, sizeof(float) * (size_t)Vp);
         cross_entropy_rows(a->logits, a->losses + c0, targets + c0, n, V, Vp, grad_scale);
         if (want_grad) {
             if (grad_scale == 0.0f) memset(a->logits, 0, sizeof(float) * (size_t)n * Vp);
@@ -426,6 +431,10 @@ static float head_and_loss(CpuModel *m, const int32_t *targets, int want_grad) {
     return counted ? (float)(sum / counted) : 0.0f;
 }
 
+static float head_and_loss(CpuModel *m, const int32_t *targets, int want_grad) {
+    return head_and_loss_rows(m, targets, want_grad, 0, NULL, NULL);
+}
+
 float cpu_model_forward(CpuModel *m, const int32_t *tokens, const int32_t *targets) {
     forward_blocks(m, tokens, m->B, m->T);
     return head_and_loss(m, targets, 1);
@@ -434,6 +443,17 @@ float cpu_model_forward(CpuModel *m, const int32_t *tokens, const int32_t *targe
 float cpu_model_loss(CpuModel *m, const int32_t *tokens, const int32_t *targets) {
     forward_blocks(m, tokens, m->B, m->T);
     return head_and_loss(m, targets, 0);
+}
+
+float cpu_model_loss_detail(CpuModel *m, const int32_t *tokens, const int32_t *targets, float *losses, int n_rows,
+                            const int *rows, float *row_logits) {
+    const int BT = m->B * m->T;
+    for (int r = 0; r < n_rows; r++)
+        if (rows[r] < 0 || rows[r] >= BT) FATAL("cpu_model_loss_detail: row %d outside [0, %d)", rows[r], BT);
+    forward_blocks(m, tokens, m->B, m->T);
+    float loss = head_and_loss_rows(m, targets, 0, n_rows, rows, row_logits);
+    if (losses) memcpy(losses, ((Acts *)m->acts)->losses, sizeof(float) * (size_t)BT);
+    return loss;
 }
 
 void cpu_model_next_logits(CpuModel *m, const int32_t *tokens, int t, float *logits) {

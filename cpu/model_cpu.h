@@ -51,6 +51,12 @@ void cpu_model_backward(CpuModel *m, float loss_scale);
 // cpu_model_backward is an error.
 float cpu_model_loss(CpuModel *m, const int32_t *tokens, const int32_t *targets);
 
+// cpu_model_loss that also gives the per-token losses (B*T; 0 where a target is ignored; NULL to
+// skip) and the logits (n_rows, Vp) of the listed rows (indices into the B*T tokens), as the loss
+// computed them: what evaluation per position, per source and of passkey answers needs.
+float cpu_model_loss_detail(CpuModel *m, const int32_t *tokens, const int32_t *targets, float *losses, int n_rows,
+                            const int *rows, float *row_logits);
+
 void cpu_model_zero_grad(CpuModel *m);
 
 // Logits of the last position only, for sampling: tokens (1, t) with t <= T; logits (Vp).

@@ -122,6 +122,22 @@ static int open_model(const char *path, DeviceKind device, Backend *model, Confi
     return rc;
 }
 
+int sample_resolve_checkpoint(const char *arg, char *out, size_t out_len, ErrBuf *e) {
+    char where[4096];
+    int is_file;
+    if (checkpoint_resolve(arg, where, sizeof where, &is_file, e) != 0) return -1;
+    if (is_file) {
+        snprintf(out, out_len, "%s", where);
+        return 0;
+    }
+    char **paths;
+    const int n = checkpoint_list_newest_first(where, &paths);
+    if (n == 0) return errf(e, "%s: no checkpoint in %s (no 'latest' file and no step_*.ckpt)", arg, where);
+    snprintf(out, out_len, "%s", paths[0]);
+    checkpoint_list_free(paths, n);
+    return 0;
+}
+
 int cmd_sample(int argc, char **argv) {
     const char *ckpt_arg = NULL, *prompt = NULL;
     long n_tokens = 64, top_k = 40;

@@ -31,6 +31,11 @@ int sample_generate(Backend *b, int32_t *tokens, int n_prompt, int n_new, double
 // The first token of an unprompted sample: <|endoftext|> when the vocabulary has it, else 0.
 int32_t sample_default_start(int vocab_size);
 
+// The checkpoint file an argument names: a file as is; a run or checkpoint directory, or its
+// `latest` pointer, gives its newest checkpoint (core/checkpoint.h, checkpoint_resolve). 0, or -1
+// with e filled. (Also the passkey command's.)
+int sample_resolve_checkpoint(const char *arg, char *out, size_t out_len, ErrBuf *e);
+
 // `train_gpt sample --checkpoint C [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]
 // [--seed S] [--device cpu|gpu|auto]`: prints generated text (auto: the GPU when there is one
 // and the GPU backend runs the checkpoint's config, as for training). argv[0] is "sample". Returns the process exit status.

@@ -670,7 +670,9 @@ static void forward_blocks(GpuModel *m, int B, int T) {
 
 // Fused LM head + cross-entropy, chunk by chunk (see model_gpu.h). With want_grad: dhf (BT, C)
 // = d(loss * loss_scale)/d(hf) and the head's weight gradient added into the gradients.
-static float head_and_loss(GpuModel *m, int counted, int want_grad) {
+// host_rows (n_rows, Vp), if not NULL, receives the BF16 logits of the listed rows (indices into
+// BT) as the cross-entropy read them.
+static float head_and_loss_rows(GpuModel *m, int counted, int want_grad, int n_rows, const int *rows, bf16 *host_rows) {
     Dev *d = dev_of(m);
     const ModelConfig *mc = &m->cfg.model;
     int BT = d->fwd_B * d->fwd_T, C = mc->d_model, V = mc->vocab_size, Vp = mc->padded_vocab_size;
@@ -686,6 +688,10 @@ static float head_and_loss(GpuModel *m, int counted, int want_grad) {
         const bf16 *hf = d->hf + (size_t)c0 * C;
         if (fp8_head) head_fp8_forward(m, d->logits, hf, n, grad_scale != 0.0f);          // (n, Vp)
         else matmul_forward_gpu(d->logits, hf, w, n, Vp, C, 0, s);                       // (n, Vp)
+        for (int r = 0; r < n_rows && host_rows; r++)
+            if (rows[r] >= c0 && rows[r] < c0 + n)
+                CUDA_CHECK(cudaMemcpyAsync(host_rows + (size_t)r * Vp, d->logits + (size_t)(rows[r] - c0) * Vp,
+                                           sizeof(bf16) * (size_t)Vp, cudaMemcpyDeviceToHost, s));
         int codes_ready = 0;  // an fp8_tensor head's cross-entropy may write Q(dlogits) instead
         if (fp8_head) codes_ready = head_fp8_cross_entropy(m, d->logits, d->losses + c0, d->targets + c0, n, grad_scale);
         else cross_entropy_gpu(d->logits, d->losses + c0, d->targets + c0, n, V, Vp, grad_scale, s);
@@ -708,6 +714,10 @@ static float head_and_loss(GpuModel *m, int counted, int want_grad) {
     return counted ? (float)(sum / counted) : 0.0f;
 }
 
+static float head_and_loss(GpuModel *m, int counted, int want_grad) {
+    return head_and_loss_rows(m, counted, want_grad, 0, NULL, NULL);
+}
+
 float gpu_model_forward(GpuModel *m, const int32_t *tokens, const int32_t *targets) {
     int counted = upload_batch(m, tokens, targets, m->B * m->T);
     dev_of(m)->save_xt = 1;  // a backward follows: keep Q(x^T) for wgrad
@@ -720,6 +730,24 @@ float gpu_model_loss(GpuModel *m, const int32_t *tokens, const int32_t *targets)
     int counted = upload_batch(m, tokens, targets, m->B * m->T);
     forward_blocks(m, m->B, m->T);
     return head_and_loss(m, counted, 0);
+}
+
+float gpu_model_loss_detail(GpuModel *m, const int32_t *tokens, const int32_t *targets, float *losses, int n_rows,
+                            const int *rows, float *row_logits) {
+    const int BT = m->B * m->T, Vp = m->cfg.model.padded_vocab_size;
+    for (int r = 0; r < n_rows; r++)
+        if (rows[r] < 0 || rows[r] >= BT) FATAL("gpu_model_loss_detail: row %d outside [0, %d)", rows[r], BT);
+    int counted = upload_batch(m, tokens, targets, BT);
+    forward_blocks(m, m->B, m->T);
+    bf16 *host = n_rows > 0 && row_logits ? (bf16 *)xmalloc(sizeof(bf16) * (size_t)n_rows * Vp) : NULL;
+    float loss = head_and_loss_rows(m, counted, 0, n_rows, rows, host);  // synchronizes the stream
+    if (losses) memcpy(losses, dev_of(m)->host_losses, sizeof(float) * (size_t)BT);
+    for (size_t i = 0; host && i < (size_t)n_rows * Vp; i++) {
+        uint32_t bits = (uint32_t)host[i] << 16;
+        memcpy(&row_logits[i], &bits, sizeof bits);
+    }
+    free(host);
+    return loss;
 }
 
 void gpu_model_next_logits(GpuModel *m, const int32_t *tokens, int t, float *logits) {

@@ -122,6 +122,12 @@ void gpu_model_backward(GpuModel *m, float loss_scale);
 void gpu_model_set_grad_ready_hook(GpuModel *m, GpuGradReadyFn fn, void *ctx);
 // Forward only (evaluation): the same loss, no gradient work; a following backward is an error.
 float gpu_model_loss(GpuModel *m, const int32_t *tokens, const int32_t *targets);
+// gpu_model_loss that also gives the per-token losses (B*T host floats; 0 where a target is
+// ignored; NULL to skip) and the logits (n_rows, Vp host floats, BF16 values) of the listed rows
+// (indices into the B*T tokens), as the cross-entropy read them; the CPU's
+// cpu_model_loss_detail contract.
+float gpu_model_loss_detail(GpuModel *m, const int32_t *tokens, const int32_t *targets, float *losses, int n_rows,
+                            const int *rows, float *row_logits);
 // Logits of the last position only, for sampling: tokens (1, t) host, t <= T; logits (Vp) host
 // FP32 (from the BF16 GEMM output).
 void gpu_model_next_logits(GpuModel *m, const int32_t *tokens, int t, float *logits);

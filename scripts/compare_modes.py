@@ -1,51 +1,64 @@
 #!/usr/bin/env python3
-"""compare_modes.py: train one config once per attention precision and compare the runs.
+"""compare_modes.py: train one config per (attention mode, seed), then compare the modes with
+paired statistics over the seeds and a verdict per comparison.
 
 The Delta-Matching comparison (README.md, docs/fp8-attention.md) is BF16 attention against
-fp8_naive, fp8_hybrid and fp8_dm on the same model, data and seed. This script runs
-`train_gpt` once per mode with everything else identical (the mode differs only in
-`precision.attention`; each run writes its own run directory OUT/MODE), then reads every
-OUT/MODE/metrics.jsonl and writes
+fp8_naive, fp8_hybrid and fp8_dm on the same model and data. For every mode M and seed S this
+script runs `train_gpt` into OUT/M/seed_S with precision.attention = M and train.seed =
+data.seed = S (the same init and data order for every mode of a seed), then reads every
+OUT/M/seed_S/metrics.jsonl and writes
 
-    OUT/summary.md   one row per mode: final train loss (mean of the last 10% of steps), last
-                     validation loss, both as a difference to bf16, tokens/s; and, when the
-                     runs had diagnostics on (docs/diagnostics.md), the last gradient-bias ratio
-                     and the row-sum cancellation residual per mode
-    OUT/curves.png   smoothed train loss, validation loss and the smoothed train loss minus
-                     bf16's against the step, one line per mode (needs matplotlib)
+    OUT/summary.json  everything below, machine-readable
+    OUT/summary.md    per mode: mean and sd over seeds of the final validation loss, the passkey
+                      accuracy (mean over distances, and per distance) and tokens/s; the mean
+                      loss per position bucket; per comparison (fp8_naive - fp8_dm,
+                      fp8_hybrid - fp8_dm, fp8_dm - bf16 by default) the per-seed differences,
+                      their mean with a 95% t-interval and the verdict of the rule in
+                      docs/results.md ("gap seen", "ruled out above X", "undecided"); the last
+                      diagnostics event per mode when the runs had diagnostics on
+    OUT/curves.png    smoothed train loss and validation loss per mode (seed mean), and the
+                      smoothed train-loss difference of each comparison, per seed and mean
+    OUT/positions.png the final validation loss per position bucket, per mode (seed mean)
+                      (the PNGs need matplotlib; the summaries do not)
 
 usage:
-    scripts/compare_modes.py --config configs/tiny.json --set diagnostics.interval=100
+    scripts/compare_modes.py --config configs/tiny.json --modes bf16,fp8_dm --seeds 1,2
+    scripts/compare_modes.py --config configs/reduced_125m_t4k_amplified.json \\
+        --out docs/data/reduced_amplified --summarize-only      # runs brought back from the GPU
     scripts/compare_modes.py --config configs/paper_569m.json --out runs/cmp_569m \\
         --launcher "scripts/launch_mpirun_node.sh 8"
-    scripts/compare_modes.py --config configs/tiny.json --plot-only     # re-read, re-plot
 
-Existing run directories are never overwritten: a complete run (its metrics reach
-train.steps) is skipped, an incomplete one (stopped, preempted) is continued with
-`train_gpt --resume`. Each run's output goes to OUT/MODE.log (appended on resume).
+Existing run directories are never overwritten: a complete run (its metrics reach train.steps)
+is skipped, an incomplete one (stopped, preempted) is continued with `train_gpt --resume`.
+Each run's output goes to OUT/M/seed_S.log (appended on resume).
 
 --launcher prefixes the command. The project's launch scripts (scripts/launch_*.sh) start
-./train_gpt themselves and take the config in its place (`launch_mpirun_node.sh NGPUS CONFIG
-[options]`), so for them the binary is left out; any other launcher (`mpirun -np 8`, `srun`,
-`env OMP_NUM_THREADS=8`) is put in front of the binary.
+./train_gpt themselves and take the config in its place, so for them the binary is left out;
+any other launcher (`mpirun -np 8`, `srun`, `env OMP_NUM_THREADS=8`) is put in front of it.
 
-Only the standard library is needed to run and summarize; matplotlib only for the plot
-(--no-plot skips it).
+Only the standard library is needed (scripts/compare_stats.py holds the statistics);
+matplotlib only for the PNGs (--no-plot skips them).
 """
 
 import argparse  # command line
-import json  # metrics.jsonl and the resolved config.json
-import math  # isfinite, sqrt
+import json  # metrics.jsonl, config.json, summary.json
 import os  # paths
 import shlex  # splitting --launcher like a shell would
 import statistics  # median tokens/s
 import subprocess  # running train_gpt
-import sys  # exit codes, stderr
+import sys  # exit codes, stderr, this script's folder
 import time  # run wall time, the summary's date
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_stats import finite, mean_sd, moving_average, paired, verdict  # noqa: E402
 
 KNOWN_MODES = ("bf16", "fp8_naive", "fp8_hybrid", "fp8_dm", "fp8_dm_approx", "fp32")
 DEFAULT_MODES = "bf16,fp8_naive,fp8_hybrid,fp8_dm"
-BASELINE_MODE = "bf16"
+DEFAULT_PAIRS = "fp8_naive-fp8_dm,fp8_hybrid-fp8_dm,fp8_dm-bf16"
+# The thresholds of the decision rule (docs/results.md, "Reduced-scale plan"): the smallest
+# differences that matter, in nats of final validation loss and in passkey accuracy.
+LOSS_THRESHOLD = 0.02
+PASSKEY_THRESHOLD = 0.10
 
 
 class UserError(Exception):
@@ -56,62 +69,76 @@ class UserError(Exception):
 # command line
 
 
+def parse_list(text, what, convert=str):
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise UserError("%s: expected a comma-separated list, got '%s'" % (what, text))
+    try:
+        items = [convert(x) for x in items]
+    except ValueError:
+        raise UserError("%s: '%s' is not a list of %s" % (what, text, "integers" if convert is int else "names"))
+    if len(set(items)) != len(items):
+        raise UserError("%s: '%s' names an entry twice" % (what, text))
+    return items
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        description="Train one config once per attention precision (same seed and data) and "
-        "compare losses, throughput and attention diagnostics.",
-        epilog="Example: scripts/compare_modes.py --config configs/tiny.json "
-        "--set diagnostics.interval=100 --out runs/compare_tiny",
-    )
+        description="Train one config per (attention mode, seed) and compare the modes: per-mode mean and "
+        "sd over seeds, paired per-seed differences with t-intervals, and a verdict per comparison.",
+        epilog="Example: scripts/compare_modes.py --config configs/tiny.json --modes bf16,fp8_dm --seeds 1,2")
     p.add_argument("--config", required=True, help="JSON run configuration, e.g. configs/tiny.json")
     p.add_argument("--modes", default=DEFAULT_MODES,
-                   help="comma-separated precision.attention values (default %(default)s); "
-                   "known: " + ", ".join(KNOWN_MODES))
+                   help="comma-separated precision.attention values (default %(default)s); known: "
+                   + ", ".join(KNOWN_MODES))
+    p.add_argument("--seeds", default="1,2,3",
+                   help="comma-separated seeds (default %(default)s); seed S sets train.seed and data.seed to S")
+    p.add_argument("--pairs", default=DEFAULT_PAIRS,
+                   help="comparisons A-B (A minus B), comma-separated; those whose modes were not run are "
+                   "left out (default %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="config override passed to every run (repeatable), e.g. train.steps=600")
-    p.add_argument("--out", help="comparison directory; runs go to OUT/MODE "
+    p.add_argument("--out", help="comparison directory; runs go to OUT/MODE/seed_S "
                    "(default runs/compare_<config name>)")
     p.add_argument("--binary", default="./train_gpt", help="train_gpt binary (default %(default)s)")
     p.add_argument("--launcher", default="",
                    help='command prefix, e.g. "scripts/launch_mpirun_node.sh 8" or "mpirun -np 8"')
-    p.add_argument("--plot-only", action="store_true",
+    p.add_argument("--summarize-only", "--plot-only", action="store_true", dest="summarize_only",
                    help="run nothing: summarize and plot the runs already in OUT")
-    p.add_argument("--no-plot", action="store_true", help="write summary.md only (no matplotlib)")
-    p.add_argument("--extra", action="append", default=[], metavar="LABEL=DIR",
-                   help="also summarize and plot the run in DIR as LABEL without running it, e.g. "
-                   "bf16_seed7=runs/seed7/bf16: a rerun with another seed shows the noise level "
-                   "(repeatable; excluded from the same-config check)")
+    p.add_argument("--no-plot", action="store_true", help="write the summaries only (no matplotlib)")
     p.add_argument("--smooth", type=int, default=0,
                    help="train-loss moving-average window in steps (default: steps/30, at least 1)")
+    p.add_argument("--loss-threshold", type=float, default=LOSS_THRESHOLD,
+                   help="the rule's threshold for final validation loss, nats (default %(default)s)")
+    p.add_argument("--passkey-threshold", type=float, default=PASSKEY_THRESHOLD,
+                   help="the rule's threshold for passkey accuracy (default %(default)s)")
     a = p.parse_args(argv)
-
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    if not modes:
-        raise UserError("--modes: expected a comma-separated list of attention modes, got '%s'" % a.modes)
-    for m in modes:
+    a.modes = parse_list(a.modes, "--modes")
+    for m in a.modes:
         if m not in KNOWN_MODES:
-            raise UserError("--modes: unknown attention mode '%s' (expected one of: %s)"
-                            % (m, ", ".join(KNOWN_MODES)))
-    if len(set(modes)) != len(modes):
-        raise UserError("--modes: '%s' names a mode twice" % a.modes)
-    a.modes = modes
+            raise UserError("--modes: unknown attention mode '%s' (expected one of: %s)" % (m, ", ".join(KNOWN_MODES)))
+    a.seeds = parse_list(a.seeds, "--seeds", int)
+    if any(s < 0 for s in a.seeds):
+        raise UserError("--seeds: seeds are non-negative integers, got '%s'" % ",".join(map(str, a.seeds)))
+    pairs = []
+    for item in parse_list(a.pairs, "--pairs"):
+        x, sep, y = item.partition("-")
+        if not sep or x not in KNOWN_MODES or y not in KNOWN_MODES or x == y:
+            raise UserError("--pairs: '%s' is not A-B with two different known modes, e.g. fp8_naive-fp8_dm" % item)
+        if x in a.modes and y in a.modes:
+            pairs.append((x, y))
+    a.pairs = pairs
     for s in a.sets:
         key = s.split("=", 1)[0]
         if "=" not in s or "." not in key:
             raise UserError("--set '%s': expected section.key=value, e.g. train.steps=600" % s)
-        if key in ("precision.attention", "log.dir"):
-            raise UserError("--set %s: this script sets %s itself (use --modes / --out)" % (key, key))
-    extras = []
-    for e in a.extra:
-        label, _, path = e.partition("=")
-        if not label or not path:
-            raise UserError("--extra '%s': expected LABEL=DIR, e.g. bf16_seed7=runs/seed7/bf16" % e)
-        if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
-            raise UserError("--extra %s: no metrics.jsonl in %s" % (e, path))
-        extras.append((label, path))
-    a.extra = extras
-    if a.smooth < 0:
-        raise UserError("--smooth: expected a window of 0 (automatic) or more steps, got %d" % a.smooth)
+        if key in ("precision.attention", "log.dir", "train.seed", "data.seed"):
+            raise UserError("--set %s: this script sets %s itself (use --modes / --seeds / --out)" % (key, key))
+    for name in ("smooth",):
+        if getattr(a, name) < 0:
+            raise UserError("--smooth: expected a window of 0 (automatic) or more steps, got %d" % a.smooth)
+    if not (a.loss_threshold > 0 and a.passkey_threshold > 0):
+        raise UserError("--loss-threshold and --passkey-threshold must be positive")
     if not os.path.isfile(a.config):
         raise UserError("--config %s: no such file" % a.config)
     if a.out is None:
@@ -124,11 +151,10 @@ def parse_args(argv):
 
 
 def read_metrics(path):
-    """metrics.jsonl -> (train rows, val rows, diagnostics rows), each sorted by step.
-
-    Lines that do not parse (a run killed mid-write) are skipped: the trainer trims them on
-    resume anyway."""
-    train, val, diag = {}, {}, {}
+    """metrics.jsonl -> (train rows, val rows, diagnostics rows, passkey rows), each a list sorted by
+    step: train rows are the dicts, val rows (step, dict), diagnostics (step, dict), passkey
+    (step, dict). Lines that do not parse (a run killed mid-write) are skipped."""
+    train, val, diag, pk = {}, {}, {}, {}
     with open(path) as f:
         for line in f:
             line = line.strip()
@@ -142,12 +168,14 @@ def read_metrics(path):
                 continue
             if "diagnostics" in row:
                 diag[row["step"]] = row["diagnostics"]
+            elif "passkey" in row:
+                pk[row["step"]] = row["passkey"]
             elif "val_loss" in row:
-                val[row["step"]] = row["val_loss"]
+                val[row["step"]] = row
             elif "loss" in row:
                 train[row["step"]] = row
     return ([train[s] for s in sorted(train)], [(s, val[s]) for s in sorted(val)],
-            [(s, diag[s]) for s in sorted(diag)])
+            [(s, diag[s]) for s in sorted(diag)], [(s, pk[s]) for s in sorted(pk)])
 
 
 def read_resolved_config(run_dir):
@@ -161,6 +189,10 @@ def read_resolved_config(run_dir):
         raise UserError("%s: not valid JSON (%s)" % (path, e))
 
 
+def run_dir_of(a, mode, seed):
+    return os.path.join(a.out, mode, "seed_%d" % seed)
+
+
 def run_state(run_dir):
     """'absent', 'complete' or 'incomplete' (with the last step reached) for one run dir."""
     if not os.path.exists(run_dir):
@@ -169,7 +201,7 @@ def run_state(run_dir):
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if cfg is None or not os.path.isfile(metrics):
         return "incomplete", 0
-    train, _, _ = read_metrics(metrics)
+    train = read_metrics(metrics)[0]
     last = train[-1]["step"] if train else 0
     return ("complete" if last >= cfg["train"]["steps"] else "incomplete"), last
 
@@ -183,8 +215,9 @@ def has_checkpoint(run_dir):
 # running
 
 
-def build_command(a, mode, run_dir, resume):
-    opts = ["--set", "precision.attention=" + mode, "--set", "log.dir=" + run_dir]
+def build_command(a, mode, seed, run_dir, resume):
+    opts = ["--set", "precision.attention=" + mode, "--set", "log.dir=" + run_dir,
+            "--set", "train.seed=%d" % seed, "--set", "data.seed=%d" % seed]
     for s in a.sets:
         opts += ["--set", s]
     if resume:
@@ -198,20 +231,21 @@ def build_command(a, mode, run_dir, resume):
     return launcher + [a.binary, "--config", a.config] + opts
 
 
-def run_mode(a, mode):
-    run_dir = os.path.join(a.out, mode)
+def run_one(a, mode, seed):
+    name = "%s seed %d" % (mode, seed)
+    run_dir = run_dir_of(a, mode, seed)
     state, last = run_state(run_dir)
     if state == "complete":
-        print("[%s] complete in %s: skipped" % (mode, run_dir), flush=True)
+        print("[%s] complete in %s: skipped" % (name, run_dir), flush=True)
         return
     resume = state == "incomplete"
     if resume and not has_checkpoint(run_dir):
-        raise UserError("[%s] %s holds an unfinished run (last step %d) without a checkpoint to "
-                        "resume from; remove it or pick another --out (it is never overwritten)"
-                        % (mode, run_dir, last))
-    cmd = build_command(a, mode, run_dir, resume)
-    log_path = os.path.join(a.out, mode + ".log")
-    print("[%s] %s%s -> %s" % (mode, "resuming after step %d: " % last if resume else "",
+        raise UserError("[%s] %s holds an unfinished run (last step %d) without a checkpoint to resume from; "
+                        "remove it or pick another --out (it is never overwritten)" % (name, run_dir, last))
+    cmd = build_command(a, mode, seed, run_dir, resume)
+    log_path = run_dir + ".log"
+    os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+    print("[%s] %s%s -> %s" % (name, "resuming after step %d: " % last if resume else "",
                                " ".join(shlex.quote(c) for c in cmd), log_path), flush=True)
     t0 = time.time()
     with open(log_path, "a") as log:
@@ -221,230 +255,365 @@ def run_mode(a, mode):
         try:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
         except OSError as e:
-            raise UserError("[%s] could not start '%s': %s" % (mode, cmd[0], e))
+            raise UserError("[%s] could not start '%s': %s" % (name, cmd[0], e))
     if rc != 0:
-        tail = ""
         with open(log_path, errors="replace") as f:
             tail = "".join(f.readlines()[-8:])
         raise UserError("[%s] train_gpt failed (exit status %d); its output is in %s. Last lines:\n%s"
-                        % (mode, rc, log_path, tail))
+                        % (name, rc, log_path, tail))
     state, last = run_state(run_dir)
     if state != "complete":
-        raise UserError("[%s] train_gpt exited 0 but %s/metrics.jsonl stops at step %d before "
-                        "train.steps; see %s" % (mode, run_dir, last, log_path))
-    print("[%s] done in %.0f s" % (mode, time.time() - t0), flush=True)
+        raise UserError("[%s] train_gpt exited 0 but %s/metrics.jsonl stops at step %d before train.steps; see %s"
+                        % (name, run_dir, last, log_path))
+    print("[%s] done in %.0f s" % (name, time.time() - t0), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
-# summarizing
+# summarizing one run
 
 
-def finite(x):
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def summarize_run(mode, run_dir):
+def summarize_run(mode, seed, run_dir):
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(metrics):
         return None
-    train, val, diag = read_metrics(metrics)
+    train, val, diag, pk = read_metrics(metrics)
     cfg = read_resolved_config(run_dir) or {}
-    s = {"mode": mode, "run_dir": run_dir, "config": cfg, "train": train, "val": val,
-         "diag": diag, "steps": train[-1]["step"] if train else 0,
-         "target_steps": cfg.get("train", {}).get("steps")}
+    r = {"mode": mode, "seed": seed, "run_dir": run_dir, "config": cfg, "train": train,
+         "steps": train[-1]["step"] if train else 0, "target_steps": cfg.get("train", {}).get("steps")}
+    r["complete"] = r["target_steps"] is not None and r["steps"] >= r["target_steps"]
+    r["val_curve"] = [(s, v.get("val_loss")) for s, v in val]
+    last_val = val[-1][1] if val else {}
+    r["final_val"] = last_val.get("val_loss")
+    r["final_val_step"] = val[-1][0] if val else None
+    r["val_tokens"] = last_val.get("val_tokens")
+    r["val_pos"] = last_val.get("val_pos")
+    r["val_source"] = last_val.get("val_source")
     tail = train[len(train) - max(1, len(train) // 10):] if train else []
-    s["final_train"] = (sum(r["loss"] for r in tail) / len(tail)) if tail else None
-    s["final_train_steps"] = (tail[0]["step"], tail[-1]["step"]) if tail else None
-    s["final_val"] = val[-1][1] if val else None
-    s["final_val_step"] = val[-1][0] if val else None
-    # Throughput: median over the steps after the first 10% (start-up and warm caches excluded).
-    tps = [r["tokens_per_s"] for r in train[len(train) // 10:] if finite(r.get("tokens_per_s"))]
-    s["tokens_per_s"] = statistics.median(tps) if tps else None
+    r["final_train"] = (sum(t["loss"] for t in tail) / len(tail)) if tail else None
+    tps = [t["tokens_per_s"] for t in train[len(train) // 10:] if finite(t.get("tokens_per_s"))]
+    r["tokens_per_s"] = statistics.median(tps) if tps else None
+    r["passkey"] = pk[-1][1] if pk else None
+    r["passkey_step"] = pk[-1][0] if pk else None
+    accs = [x for x in (r["passkey"] or {}).get("accuracy", []) if finite(x)]
+    r["passkey_accuracy"] = sum(accs) / len(accs) if accs else None
+    r["passkey_curve"] = [(s, sum(x for x in p.get("accuracy", []) if finite(x)) / max(1, len(p.get("accuracy", []))))
+                          for s, p in pk]
     if diag:
         step, d = diag[-1]
         layers = d.get("layers") or []
-        cancels = [l.get("resid_cancel_max") for l in layers]
-        all_cancels = [l.get("resid_cancel_max") for _, dd in diag for l in (dd.get("layers") or [])]
-        loc = [l.get("local_err_qkv") for l in layers]
-        s["diag_last"] = {
-            "step": step,
-            "reference": d.get("reference"),
-            "bias_ratio": d.get("bias_ratio"),
-            "bias_n": d.get("bias_n"),
-            "bias_random_level": d.get("bias_random_level"),
-            "cancel_last": max((c for c in cancels if finite(c)), default=None),
-            "cancel_all": max((c for c in all_cancels if finite(c)), default=None),
-            "loc_err_qkv": max((x for x in loc if finite(x)), default=None),
-            "sat_frac": max((l.get("saturated_fraction") for l in layers
-                             if finite(l.get("saturated_fraction"))), default=None),
-            "loss_mode": d.get("loss_mode"),
-            "loss_ref": d.get("loss_ref"),
-        }
-    return s
+
+        def layer_max(key):
+            return max((l.get(key) for l in layers if finite(l.get(key))), default=None)
+        r["diag_last"] = {"step": step, "bias_ratio": d.get("bias_ratio"),
+                          "cancel": layer_max("resid_cancel_max"), "loc_err_qkv": layer_max("local_err_qkv"),
+                          "sat_frac": layer_max("saturated_fraction")}
+    return r
 
 
 def config_differences(runs):
-    """Keys (other than the attention mode and log dir) whose values differ between runs."""
+    """Keys (other than the mode, the seeds and the run's own paths) whose values differ between runs."""
     def flat(cfg, prefix=""):
         out = {}
         for k, v in cfg.items():
-            key = prefix + k
             if isinstance(v, dict):
-                out.update(flat(v, key + "."))
+                out.update(flat(v, prefix + k + "."))
             else:
-                out[key] = v
+                out[prefix + k] = v
         return out
-    # The mode itself, and the paths that follow from each run's own directory.
-    ignore = {"precision.attention", "log.dir", "checkpoint.dir"}
-    flats = [(r["mode"], flat(r["config"])) for r in runs if r["config"]]
+    ignore = {"precision.attention", "log.dir", "checkpoint.dir", "train.seed", "data.seed"}
+    flats = [("%s/seed_%d" % (r["mode"], r["seed"]), flat(r["config"])) for r in runs if r["config"]]
     diffs = []
-    keys = sorted(set().union(*[f.keys() for _, f in flats])) if flats else []
-    for k in keys:
+    for k in sorted(set().union(*[f.keys() for _, f in flats])) if flats else []:
         if k in ignore:
             continue
-        vals = {m: f.get(k) for m, f in flats}
+        vals = {name: f.get(k) for name, f in flats}
         if len(set(json.dumps(v, sort_keys=True) for v in vals.values())) > 1:
-            diffs.append("%s: %s" % (k, ", ".join("%s=%s" % (m, json.dumps(v)) for m, v in vals.items())))
+            diffs.append("%s: %s" % (k, ", ".join("%s=%s" % (n, json.dumps(v)) for n, v in vals.items())))
     return diffs
+
+
+# ---------------------------------------------------------------------------------------------
+# the comparison
+
+
+def seed_map(runs, mode, key):
+    return {r["seed"]: r[key] for r in runs if r["mode"] == mode and r["complete"] and finite(r.get(key))}
+
+
+def per_mode(runs, modes):
+    out = {}
+    for m in modes:
+        mine = [r for r in runs if r["mode"] == m and r["complete"]]
+        entry = {"seeds": [r["seed"] for r in mine]}
+        for key in ("final_val", "final_train", "passkey_accuracy", "tokens_per_s"):
+            mean, sd = mean_sd([r.get(key) for r in mine])
+            entry[key] = {"mean": mean, "sd": sd, "n": len([r for r in mine if finite(r.get(key))])}
+        # Passkey accuracy per distance, and loss per position bucket: seed means.
+        dist = {}
+        for r in mine:
+            p = r.get("passkey") or {}
+            for d, acc in zip(p.get("distance", []), p.get("accuracy", [])):
+                dist.setdefault(d, []).append(acc)
+        entry["passkey_by_distance"] = {str(d): dict(zip(("mean", "sd"), mean_sd(v))) for d, v in sorted(dist.items())}
+        buckets = {}
+        for r in mine:
+            vp = r.get("val_pos") or {}
+            for s, e, l in zip(vp.get("start", []), vp.get("end", []), vp.get("mean", [])):
+                buckets.setdefault((s, e), []).append(l)
+        entry["val_by_position"] = [{"start": s, "end": e, "mean": mean_sd(v)[0], "sd": mean_sd(v)[1]}
+                                    for (s, e), v in sorted(buckets.items())]
+        sources = {}
+        for r in mine:
+            for name, v in (r.get("val_source") or {}).items():
+                sources.setdefault(name, []).append(v.get("mean") if isinstance(v, dict) else v)
+        entry["val_by_source"] = {n: mean_sd(v)[0] for n, v in sorted(sources.items())}
+        out[m] = entry
+    return out
+
+
+def train_diff_curves(runs, x, y, window):
+    """Per seed, the smoothed train loss of x minus y's at the steps both logged; and their mean."""
+    per_seed = {}
+    for rx in (r for r in runs if r["mode"] == x):
+        ry = next((r for r in runs if r["mode"] == y and r["seed"] == rx["seed"]), None)
+        if not ry or not rx["train"] or not ry["train"]:
+            continue
+        sx = dict(zip([t["step"] for t in rx["train"]], moving_average([t["loss"] for t in rx["train"]], window)))
+        sy = dict(zip([t["step"] for t in ry["train"]], moving_average([t["loss"] for t in ry["train"]], window)))
+        steps = sorted(set(sx) & set(sy))
+        per_seed[rx["seed"]] = [(s, sx[s] - sy[s]) for s in steps]
+    mean = []
+    if per_seed:
+        common = sorted(set.intersection(*[set(s for s, _ in c) for c in per_seed.values()]))
+        lookup = {seed: dict(c) for seed, c in per_seed.items()}
+        mean = [(s, sum(lookup[seed][s] for seed in lookup) / len(lookup)) for s in common]
+    return per_seed, mean
+
+
+def thin(points, n=200):
+    """At most about n points of a curve, evenly spaced, the last kept."""
+    if len(points) <= n:
+        return points
+    stride = (len(points) + n - 1) // n
+    out = points[::stride]
+    return out if out[-1] == points[-1] else out + [points[-1]]
+
+
+def compare(a, runs):
+    longest = max((len(r["train"]) for r in runs), default=1)
+    window = a.smooth or max(1, longest // 30)
+    comps = []
+    for x, y in a.pairs:
+        c = {"a": x, "b": y, "metrics": {}}
+        for key, threshold in (("final_val", a.loss_threshold), ("passkey_accuracy", a.passkey_threshold)):
+            mx, my = seed_map(runs, x, key), seed_map(runs, y, key)
+            p = paired(mx, my)
+            text, code = verdict(p, threshold)
+            if key == "passkey_accuracy" and p["n"] and not any(mx.get(s) or my.get(s) for s in p["seeds"]):
+                text, code = "undecided (both at accuracy 0: no retrieval learned, nothing to compare)", "undecided"
+            p.update(verdict=text, verdict_code=code, threshold=threshold)
+            c["metrics"][key] = p
+        per_seed, mean = train_diff_curves(runs, x, y, window)
+        c["train_diff"] = {"window": window, "per_seed": {str(s): thin(v) for s, v in per_seed.items()},
+                           "mean": thin(mean)}
+        c["train_diff_full"] = (per_seed, mean)  # for the plot; not written
+        comps.append(c)
+    return comps, window
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
 
 
 def fmt(x, spec="%.4f"):
     return spec % x if finite(x) else "–"
 
 
-def fmt_delta(x, base):
-    return "%+.4f" % (x - base) if finite(x) and finite(base) else "–"
+def fmt_ms(e, spec="%.4f"):
+    if not e or not finite(e.get("mean")):
+        return "–"
+    return (spec % e["mean"]) + (" ± " + spec % e["sd"] if finite(e.get("sd")) else "")
 
 
-def write_summary(a, runs, missing, plot_path):
-    base = next((r for r in runs if r["mode"] == BASELINE_MODE), None)
-    bt = base["final_train"] if base else None
-    bv = base["final_val"] if base else None
-    L = []
-    L.append("# Attention-mode comparison: %s" % os.path.basename(a.config))
-    L.append("")
-    L.append("Written %s by `scripts/compare_modes.py`." %
-             time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    L.append("Config `%s`%s; every run has the same seed, data order and config except "
-             "`precision.attention`." % (a.config, "".join(" `--set %s`" % s for s in a.sets)))
-    L.append("")
-    L.append("| mode | steps | final train loss | Δ train vs bf16 | final val loss | Δ val vs bf16 | tokens/s |")
-    L.append("|---|---|---|---|---|---|---|")
-    for r in runs:
-        steps = "%d" % r["steps"]
-        if r["target_steps"] is not None and r["steps"] < r["target_steps"]:
-            steps += " of %d (incomplete)" % r["target_steps"]
-        L.append("| `%s` | %s | %s | %s | %s | %s | %s |" % (
-            r["mode"], steps, fmt(r["final_train"]), fmt_delta(r["final_train"], bt),
-            fmt(r["final_val"]), fmt_delta(r["final_val"], bv), fmt(r["tokens_per_s"], "%.0f")))
-    for m in missing:
-        L.append("| `%s` | no run in %s | | | | | |" % (m, os.path.join(a.out, m)))
-    L.append("")
-    if runs and runs[0]["final_train_steps"]:
-        lo, hi = runs[0]["final_train_steps"]
-        L.append("Final train loss: mean over steps %d–%d (the last 10%%); final val loss: the last "
-                 "evaluation (step %s); tokens/s: median after the first 10%% of steps."
-                 % (lo, hi, runs[0]["final_val_step"]))
-        L.append("")
-    with_diag = [r for r in runs if "diag_last" in r]
-    if with_diag:
-        L.append("## Attention diagnostics (last event)")
-        L.append("")
-        L.append("Columns as in docs/diagnostics.md. `cancel`: max over layers of the row-sum residual "
-                 "`|Σ_j dS_ij| / Σ_j P_ij(|dP_ij| + |D_i|)`; *all events*: max over every event of the run. "
-                 "`loc_qkv`: max over layers of the local relative error of the attention input gradients.")
-        L.append("")
-        L.append("| mode | step | reference | bias ratio | 1/√N | cancel (last) | cancel (all events) | loc_qkv | saturated fraction |")
-        L.append("|---|---|---|---|---|---|---|---|---|")
-        for r in with_diag:
-            d = r["diag_last"]
-            L.append("| `%s` | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                r["mode"], d["step"], d["reference"],
-                fmt(d["bias_ratio"], "%.3f") + (" (N=%s)" % d["bias_n"] if d["bias_n"] else ""),
-                fmt(d["bias_random_level"], "%.3f"), fmt(d["cancel_last"], "%.2e"),
-                fmt(d["cancel_all"], "%.2e"), fmt(d["loc_err_qkv"], "%.2e"), fmt(d["sat_frac"], "%.1e")))
-        L.append("")
-    extras = [r for r in runs if r.get("extra")]
-    if extras:
-        L.append("Extra runs (not run by this script, Δ still against `%s`): %s." % (BASELINE_MODE, "; ".join(
-            "`%s` = `%s`" % (r["mode"], r["run_dir"]) for r in extras)))
-        L.append("")
-    diffs = config_differences([r for r in runs if not r.get("extra")])
-    if diffs:
-        L.append("**Warning: the runs differ in more than the attention mode**, so the comparison is not "
-                 "like for like:")
-        L.append("")
-        L += ["- " + d for d in diffs]
-        L.append("")
-    if plot_path:
-        L.append("![loss curves](%s)" % os.path.basename(plot_path))
-        L.append("")
-    L.append("Run directories: " + ", ".join("`%s`" % r["run_dir"] for r in runs) + ".")
-    text = "\n".join(L) + "\n"
-    path = os.path.join(a.out, "summary.md")
+def write_atomic(path, text):
     with open(path + ".tmp", "w") as f:  # written whole, then renamed: never half a file
         f.write(text)
     os.replace(path + ".tmp", path)
-    return path, text
+
+
+def write_summary(a, runs, missing, modes_summary, comps, window, plots):
+    L = ["# Attention-mode comparison: %s" % os.path.basename(a.config), ""]
+    L.append("Written %s by `scripts/compare_modes.py`. Config `%s`%s; seeds %s (seed S: train.seed = data.seed = S, "
+             "the same for every mode). Runs in `%s/MODE/seed_S`." % (
+                 time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), a.config,
+                 "".join(" `--set %s`" % s for s in a.sets), ", ".join(map(str, a.seeds)), a.out))
+    L.append("")
+    L.append("## Per mode (mean ± sd over seeds)")
+    L.append("")
+    L.append("| mode | seeds | final val loss | final train loss | passkey accuracy | tokens/s |")
+    L.append("|---|---|---|---|---|---|")
+    for m in a.modes:
+        e = modes_summary[m]
+        L.append("| `%s` | %s | %s | %s | %s | %s |" % (
+            m, ",".join(map(str, e["seeds"])) or "none", fmt_ms(e["final_val"]), fmt_ms(e["final_train"]),
+            fmt_ms(e["passkey_accuracy"], "%.3f"), fmt_ms(e["tokens_per_s"], "%.0f")))
+    L.append("")
+    L.append("Final val loss: the last evaluation (step = train.steps); final train loss: mean over the last 10% of "
+             "steps; passkey accuracy: exact match, the mean over distances of the last passkey evaluation; "
+             "tokens/s: median after the first 10% of steps. Incomplete runs are left out of every statistic.")
+    L.append("")
+    dists = sorted({int(d) for m in a.modes for d in modes_summary[m]["passkey_by_distance"]})
+    if dists:
+        L.append("Passkey accuracy per distance (tokens between the key and the question):")
+        L.append("")
+        L.append("| mode | " + " | ".join(str(d) for d in dists) + " |")
+        L.append("|---|" + "---|" * len(dists))
+        for m in a.modes:
+            byd = modes_summary[m]["passkey_by_distance"]
+            L.append("| `%s` | " % m + " | ".join(fmt_ms(byd.get(str(d)), "%.3f") for d in dists) + " |")
+        L.append("")
+    buckets = sorted({(b["start"], b["end"]) for m in a.modes for b in modes_summary[m]["val_by_position"]})
+    if buckets:
+        L.append("Final validation loss per position bucket (seed mean):")
+        L.append("")
+        L.append("| mode | " + " | ".join("%d–%d" % (s, e - 1) for s, e in buckets) + " |")
+        L.append("|---|" + "---|" * len(buckets))
+        for m in a.modes:
+            byb = {(b["start"], b["end"]): b["mean"] for b in modes_summary[m]["val_by_position"]}
+            L.append("| `%s` | " % m + " | ".join(fmt(byb.get(k)) for k in buckets) + " |")
+        L.append("")
+    sources = sorted({s for m in a.modes for s in modes_summary[m]["val_by_source"]})
+    if len(sources) > 1:
+        L.append("Final validation loss per source (seed mean):")
+        L.append("")
+        L.append("| mode | " + " | ".join(sources) + " |")
+        L.append("|---|" + "---|" * len(sources))
+        for m in a.modes:
+            bys = modes_summary[m]["val_by_source"]
+            L.append("| `%s` | " % m + " | ".join(fmt(bys.get(s)) for s in sources) + " |")
+        L.append("")
+    L.append("## Comparisons (paired by seed)")
+    L.append("")
+    L.append("Rule (docs/results.md, \"Reduced-scale plan\"): the 95%% t-interval of the mean per-seed difference "
+             "A − B; **gap seen** if it excludes 0; **ruled out above X** if it holds 0 and lies within ± the "
+             "threshold (X = its farther end); else **undecided** (also with fewer than 2 paired seeds, and for "
+             "passkey accuracy when both modes score 0 on every seed). Thresholds: %g nats of final val loss, %g of "
+             "passkey accuracy." % (a.loss_threshold, a.passkey_threshold))
+    L.append("")
+    L.append("| A − B | metric | per-seed differences | mean | 95% interval | verdict |")
+    L.append("|---|---|---|---|---|---|")
+    for c in comps:
+        for key, label in (("final_val", "final val loss"), ("passkey_accuracy", "passkey accuracy")):
+            p = c["metrics"][key]
+            diffs = ", ".join("s%d: %+.4f" % (s, d) for s, d in zip(p["seeds"], p["diffs"])) or "–"
+            interval = "[%+.4f, %+.4f]" % (p["lo"], p["hi"]) if p["lo"] is not None else "–"
+            L.append("| `%s` − `%s` | %s | %s | %s | %s | %s |" % (
+                c["a"], c["b"], label, diffs, fmt(p["mean"], "%+.4f"), interval, p["verdict"]))
+    if not comps:
+        L.append("| (no comparison: --pairs names no two modes that ran) | | | | | |")
+    L.append("")
+    L.append("Train-loss difference curves: moving mean over %d steps, A − B per seed (see curves.png)." % window)
+    for c in comps:
+        mean = c["train_diff"]["mean"]
+        if mean:
+            q = [mean[int(i * (len(mean) - 1) / 4)] for i in range(5)]
+            L.append("- `%s` − `%s`, seed mean at steps %s: %s" % (
+                c["a"], c["b"], ", ".join(str(s) for s, _ in q), ", ".join("%+.4f" % v for _, v in q)))
+    L.append("")
+    with_diag = [r for r in runs if "diag_last" in r]
+    if with_diag:
+        L.append("## Attention diagnostics (last event of each run)")
+        L.append("")
+        L.append("| run | step | bias ratio | cancel (max over layers) | loc_qkv | saturated fraction |")
+        L.append("|---|---|---|---|---|---|")
+        for r in with_diag:
+            d = r["diag_last"]
+            L.append("| `%s` seed %d | %s | %s | %s | %s | %s |" % (
+                r["mode"], r["seed"], d["step"], fmt(d["bias_ratio"], "%.3f"), fmt(d["cancel"], "%.2e"),
+                fmt(d["loc_err_qkv"], "%.2e"), fmt(d["sat_frac"], "%.1e")))
+        L.append("")
+    incomplete = [r for r in runs if not r["complete"]]
+    if incomplete or missing:
+        L.append("Not in the statistics: " + "; ".join(
+            ["`%s` seed %d stops at step %d of %s" % (r["mode"], r["seed"], r["steps"], r["target_steps"])
+             for r in incomplete] + ["`%s` seed %d has no run" % m for m in missing]) + ".")
+        L.append("")
+    diffs = config_differences(runs)
+    if diffs:
+        L.append("**Warning: the runs differ in more than the mode and the seeds**, so the comparison is not like "
+                 "for like:")
+        L.append("")
+        L += ["- " + d for d in diffs]
+        L.append("")
+    for p in plots:
+        L.append("![%s](%s)" % (os.path.splitext(os.path.basename(p))[0], os.path.basename(p)))
+        L.append("")
+    text = "\n".join(L) + "\n"
+    md = os.path.join(a.out, "summary.md")
+    write_atomic(md, text)
+    data = {"config": a.config, "sets": a.sets, "modes": a.modes, "seeds": a.seeds,
+            "rule": {"level": 0.95, "loss_threshold": a.loss_threshold, "passkey_threshold": a.passkey_threshold},
+            "per_mode": modes_summary,
+            "comparisons": [{k: v for k, v in c.items() if k != "train_diff_full"} for c in comps],
+            "runs": [{k: r.get(k) for k in ("mode", "seed", "run_dir", "steps", "target_steps", "complete",
+                                             "final_val", "final_val_step", "val_tokens", "final_train",
+                                             "passkey_accuracy", "passkey_step", "tokens_per_s")} for r in runs],
+            "missing": ["%s/seed_%d" % m for m in missing]}
+    js = os.path.join(a.out, "summary.json")
+    write_atomic(js, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return md, js, text
 
 
 # ---------------------------------------------------------------------------------------------
 # plotting
 
 
-def moving_average(xs, window):
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x
-        if i >= window:
-            acc -= xs[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
-
-
-def plot(a, runs):
+def plot(a, runs, comps, window):
     try:
         import matplotlib
         matplotlib.use("Agg")  # no display on the training machines
         import matplotlib.pyplot as plt
     except ImportError:
-        print("note: matplotlib is not installed: no curves.png (pass --no-plot to silence this; "
-              "Debian: apt-get install python3-matplotlib)", file=sys.stderr)
-        return None
-    runs = [r for r in runs if r["train"]]
-    if not runs:
-        return None
-    longest = max(len(r["train"]) for r in runs)
-    window = a.smooth or max(1, longest // 30)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    base = next((r for r in runs if r["mode"] == BASELINE_MODE), None)
-    base_by_step = {}
-    if base:
-        bsm = moving_average([t["loss"] for t in base["train"]], window)
-        base_by_step = {t["step"]: v for t, v in zip(base["train"], bsm)}
-    for r in runs:
-        steps = [t["step"] for t in r["train"]]
-        sm = moving_average([t["loss"] for t in r["train"]], window)
-        style = "--" if r.get("extra") else "-"
-        axes[0].plot(steps, sm, style, label=r["mode"], lw=1.2)
-        if r["val"]:
-            axes[1].plot([s for s, _ in r["val"]], [v for _, v in r["val"]], style, marker="o", ms=3,
-                         label=r["mode"], lw=1.2)
-        if base_by_step:
-            pts = [(s, v - base_by_step[s]) for s, v in zip(steps, sm) if s in base_by_step]
-            axes[2].plot([p[0] for p in pts], [p[1] for p in pts], style, label=r["mode"], lw=1.2)
-    axes[0].set_title("train loss (moving average, window %d steps)" % window)
-    axes[1].set_title("validation loss")
-    axes[2].set_title("smoothed train loss minus %s's" % BASELINE_MODE)
+        print("note: matplotlib is not installed: no PNGs (pass --no-plot to silence this; Debian: apt-get install "
+              "python3-matplotlib)", file=sys.stderr)
+        return []
+    paths = []
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    colors = {}
+    for m in a.modes:
+        mine = [r for r in runs if r["mode"] == m and r["train"]]
+        if not mine:
+            continue
+        for i, r in enumerate(mine):
+            steps = [t["step"] for t in r["train"]]
+            line, = axes[0].plot(steps, moving_average([t["loss"] for t in r["train"]], window), lw=1.0,
+                                 color=colors.get(m), label=m if i == 0 else None, alpha=0.8)
+            colors[m] = line.get_color()
+            vc = [(s, v) for s, v in r["val_curve"] if finite(v)]
+            if vc:
+                axes[1].plot([s for s, _ in vc], [v for _, v in vc], marker="o", ms=2.5, lw=0.8, color=colors[m],
+                             label=m if i == 0 else None, alpha=0.8)
+    for c in comps:
+        per_seed, mean = c["train_diff_full"]
+        label = "%s − %s" % (c["a"], c["b"])
+        line = None
+        for seed, pts in sorted(per_seed.items()):
+            line, = axes[2].plot([s for s, _ in pts], [v for _, v in pts], lw=0.6, alpha=0.45,
+                                 color=line.get_color() if line else None)
+        if mean:
+            axes[2].plot([s for s, _ in mean], [v for _, v in mean], lw=1.8, label=label + " (seed mean)",
+                         color=line.get_color() if line else None)
+    axes[0].set_title("train loss (moving mean of %d steps), every seed" % window)
+    axes[1].set_title("validation loss, every seed")
+    axes[2].set_title("smoothed train-loss difference A − B (thin: per seed)")
     axes[2].axhline(0.0, color="grey", lw=0.6)
-    # Start the loss axes after the first 5% of steps: the initial drop would flatten the rest.
-    skip = max(1, longest // 20)
-    tails = [v for r in runs for v in moving_average([t["loss"] for t in r["train"]], window)[skip:]]
+    longest = max((len(r["train"]) for r in runs), default=1)
+    skip = max(1, longest // 20)  # the initial drop would flatten the rest
+    tails = [v for r in runs if r["train"] for v in moving_average([t["loss"] for t in r["train"]], window)[skip:]]
     if tails:
         lo, hi = min(tails), max(tails)
         axes[0].set_ylim(lo - 0.05 * (hi - lo + 1e-3), hi + 0.05 * (hi - lo + 1e-3))
-    # Likewise the validation axis leaves out the evaluations of the first 5% (step 0's ~ln(vocab)).
-    vtail = [v for r in runs for st, v in r["val"] if st >= skip and finite(v)]
+    vtail = [v for r in runs for s, v in r["val_curve"] if s >= skip and finite(v)]
     if vtail:
         lo, hi = min(vtail), max(vtail)
         axes[1].set_ylim(lo - 0.05 * (hi - lo + 1e-3), hi + 0.05 * (hi - lo + 1e-3))
@@ -452,13 +621,41 @@ def plot(a, runs):
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("%s: attention precision comparison" % os.path.basename(a.config), fontsize=11)
+    fig.suptitle("%s: attention modes over seeds %s" % (os.path.basename(a.config), ",".join(map(str, a.seeds))))
     fig.tight_layout()
     path = os.path.join(a.out, "curves.png")
     fig.savefig(path + ".tmp.png", dpi=90)
     os.replace(path + ".tmp.png", path)
     plt.close(fig)
-    return path
+    paths.append(path)
+    if any(r.get("val_pos") for r in runs):
+        fig, ax = plt.subplots(figsize=(7, 4.4))
+        for m in a.modes:
+            bucket = {}
+            for r in runs:
+                if r["mode"] != m or not r["complete"] or not r.get("val_pos"):
+                    continue
+                vp = r["val_pos"]
+                for s, e, l in zip(vp["start"], vp["end"], vp["mean"]):
+                    if finite(l):
+                        bucket.setdefault((s, e), []).append(l)
+            if bucket:
+                keys = sorted(bucket)
+                ax.plot([(s + e) / 2 for s, e in keys], [sum(bucket[k]) / len(bucket[k]) for k in keys], marker="o",
+                        label=m, color=colors.get(m))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("position in the context (bucket middle)")
+        ax.set_ylabel("final validation loss (seed mean)")
+        ax.set_title("loss per position bucket")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(a.out, "positions.png")
+        fig.savefig(path + ".tmp.png", dpi=90)
+        os.replace(path + ".tmp.png", path)
+        plt.close(fig)
+        paths.append(path)
+    return paths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,33 +663,33 @@ def plot(a, runs):
 
 def main(argv):
     a = parse_args(argv)
-    if not a.plot_only:
+    if not a.summarize_only:
         launcher = shlex.split(a.launcher)
         uses_binary = not (launcher and os.path.basename(launcher[0]).startswith("launch_"))
         if uses_binary and not (os.path.isfile(a.binary) and os.access(a.binary, os.X_OK)):
-            raise UserError("--binary %s: no such executable (build it with `make`, or pass --binary)"
-                            % a.binary)
+            raise UserError("--binary %s: no such executable (build it with `make`, or pass --binary)" % a.binary)
         if launcher and "/" in launcher[0] and not os.access(launcher[0], os.X_OK):
             raise UserError("--launcher: %s is not an executable file" % launcher[0])
         os.makedirs(a.out, exist_ok=True)
-        for mode in a.modes:
-            run_mode(a, mode)
+        for seed in a.seeds:  # seed-major: a stopped comparison has whole pairs first
+            for mode in a.modes:
+                run_one(a, mode, seed)
     elif not os.path.isdir(a.out):
-        raise UserError("--plot-only: %s does not exist (nothing to summarize)" % a.out)
+        raise UserError("--summarize-only: %s does not exist (nothing to summarize)" % a.out)
     runs, missing = [], []
     for mode in a.modes:
-        s = summarize_run(mode, os.path.join(a.out, mode))
-        (runs.append(s) if s else missing.append(mode))
+        for seed in a.seeds:
+            r = summarize_run(mode, seed, run_dir_of(a, mode, seed))
+            (runs.append(r) if r else missing.append((mode, seed)))
     if not runs:
-        raise UserError("no metrics.jsonl under %s for any of: %s" % (a.out, ", ".join(a.modes)))
-    for label, path in a.extra:
-        s = summarize_run(label, path)
-        s["extra"] = True
-        runs.append(s)
-    plot_path = None if a.no_plot else plot(a, runs)
-    path, text = write_summary(a, runs, missing, plot_path)
+        raise UserError("no metrics.jsonl under %s/MODE/seed_S for any of the modes %s and seeds %s"
+                        % (a.out, ",".join(a.modes), ",".join(map(str, a.seeds))))
+    modes_summary = per_mode(runs, a.modes)
+    comps, window = compare(a, runs)
+    plots = [] if a.no_plot else plot(a, runs, comps, window)
+    md, js, text = write_summary(a, runs, missing, modes_summary, comps, window, plots)
     print(text)
-    print("wrote %s%s" % (path, " and " + plot_path if plot_path else ""))
+    print("wrote %s, %s%s" % (md, js, "".join(", " + p for p in plots)))
     return 0
 
 
@@ -503,6 +700,6 @@ if __name__ == "__main__":
         print("compare_modes: error: %s" % e, file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        print("compare_modes: interrupted; rerun the same command to continue (complete runs are "
-              "skipped, stopped ones resumed from their last checkpoint)", file=sys.stderr)
+        print("compare_modes: interrupted; rerun the same command to continue (complete runs are skipped, stopped "
+              "ones resumed from their last checkpoint)", file=sys.stderr)
         sys.exit(130)

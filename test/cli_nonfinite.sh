@@ -15,7 +15,8 @@ trap 'rm -rf "$tmp"' EXIT
 pattern_shards "$tmp" train_000000.bin:3000:1 train_000001.bin:2000:2 val_000000.bin:1500:3
 
 # FP8 attention with delayed scaling, so that the amax histories are part of what must not change.
-set -- --config configs/tiny.json --set model.vocab_size=512 --set model.n_layer=1 --set model.seq_len=16 \
+# The shards order, whose windows name one shard each (the mixed order's position is checked last).
+set -- --config configs/tiny.json --set data.order=shards --set model.vocab_size=512 --set model.n_layer=1 --set model.seq_len=16 \
   --set model.ffn_hidden=256 --set train.micro_batch=2 --set train.steps=20 --set train.warmup_steps=1 \
   --set "data.train=$tmp/train_*.bin" --set "data.val=$tmp/val_*.bin" --set eval.interval=0 --set eval.batches=1 \
   --set eval.sample_interval=0 --set log.interval=100 --set train.threads=1 --device cpu --set train.lr=1e3 \
@@ -129,4 +130,11 @@ PYEOF
 rc=$?
 check "steps not applied leave the optimizer and delayed-scaling state as step 4 left it" "$(cat "$tmp/cmp")" \
   [ "$rc" -eq 0 ]
+# The mixed order (the default) logs a step not applied by its micro-batch and its first row's shard.
+run=$tmp/div_mixed
+"$BIN" "$@" --set data.order=mixed --set checkpoint.interval=0 --set "log.dir=$run" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check "mixed order: a diverging run exits 1" "rc $rc" [ "$rc" -eq 1 ]
+check "mixed order: each bad step is a warning with its micro-batch and shard" "$(grep 'not applied' "$tmp/out" | head -2)" \
+  sh -c "[ \$(grep -c '^warning: step [5-9] not applied: the loss is .*(data: epoch 0, micro-batch [4-8], first row from .*train_00000[01].bin)' '$tmp/out') -eq 5 ]"
 exit 0

@@ -248,6 +248,33 @@ static void test_ranges(void) {
           "rc %d padded %d head_dim %d (%s)", ok, cfg.model.padded_vocab_size, cfg.model.head_dim, err.msg);
 }
 
+// The data order, passkey mixing and evaluation keys: defaults, names and ranges.
+static void test_eval_data_keys(void) {
+    int ok = parse("{" MODEL_OK "}", NULL, 0);
+    CHECK(ok == 0 && cfg.data.order == DATA_ORDER_MIXED && cfg.data.passkey_fraction == 0.0 &&
+              cfg.eval.passkey_interval == 0 && cfg.eval.passkey_samples == 32 && cfg.eval.passkey_min_distance == 512,
+          "data order, passkey defaults: mixed, no mixing, no passkey evaluation, 32 sequences from 512",
+          "rc %d order %d fraction %g interval %d", ok, (int)cfg.data.order, cfg.data.passkey_fraction,
+          cfg.eval.passkey_interval);
+    const char *sets[] = {"data.order=shards", "eval.passkey_interval=50", "eval.passkey_min_distance=16"};
+    ok = parse("{" MODEL_OK "}", sets, 3);
+    CHECK(ok == 0 && cfg.data.order == DATA_ORDER_SHARDS && cfg.eval.passkey_interval == 50 &&
+              cfg.eval.passkey_min_distance == 16, "data.order and passkey keys from --set", "rc %d: %s", ok, err.msg);
+    REJECTS("data.order names", "{" MODEL_OK ", \"data\": {\"order\": \"random\"}}", "data.order", "\"mixed\"",
+            "\"shards\"", "random");
+    REJECTS("passkey_fraction in [0, 0.5]", "{" MODEL_OK ", \"data\": {\"passkey_fraction\": 0.6}}",
+            "data.passkey_fraction: must be in [0, 0.5], got 0.6");
+    REJECTS("passkey mixing needs the mixed order",
+            "{" MODEL_OK ", \"data\": {\"order\": \"shards\", \"passkey_fraction\": 0.1}}",
+            "data.passkey_fraction", "needs data.order = \"mixed\"", "shards");
+    REJECTS("passkey_samples >= 1", "{" MODEL_OK ", \"eval\": {\"passkey_samples\": 0}}",
+            "eval.passkey_samples: must be in [1, 100000], got 0");
+    REJECTS("passkey_interval >= 0", "{" MODEL_OK ", \"eval\": {\"passkey_interval\": -1}}",
+            "eval.passkey_interval: must be >= 0, got -1");
+    REJECTS("passkey_min_distance >= 1", "{" MODEL_OK ", \"eval\": {\"passkey_min_distance\": 0}}",
+            "eval.passkey_min_distance: must be in [1,");
+}
+
 static void test_overrides(void) {
     const char *ov[] = {"train.lr=1e-3", "data.train=foo/train_*.bin", "model.qk_norm=true",
                         "precision.attention=fp8_dm", "log.dir=2024", "train.steps=77", "data.val=\"v.bin\""};
@@ -441,6 +468,12 @@ static void random_config(Config *c, int i) {
     if (i % 2) snprintf(c->log.dir, sizeof c->log.dir, "runs/r%d", i);  // else: derived from the name
     c->log.interval = rng_int(1, 100);
     SET_STR(c->log.metrics_file, "m%d.jsonl", i);
+    // data order, passkey mixing and evaluation
+    c->data.order = (DataOrder)rng_int(0, 1);
+    c->data.passkey_fraction = c->data.order == DATA_ORDER_MIXED ? 0.5 * rng_unit() : 0.0;
+    c->eval.passkey_interval = rng_int(0, 10000);
+    c->eval.passkey_samples = rng_int(1, 1000);
+    c->eval.passkey_min_distance = rng_int(1, 100000);
     config_derive(c);
 }
 
@@ -477,7 +510,7 @@ static void test_random_roundtrip(void) {
     char *json = config_to_json(&c);
     cJSON *root = cJSON_Parse(json);
     const char *sections[] = {"model", "data", "train", "precision", "eval", "checkpoint", "log", "diagnostics"};
-    const int expected[] = {12, 4, 21, 23, 4, 4, 3, 3};
+    const int expected[] = {12, 6, 21, 23, 7, 4, 3, 3};
     int all = root && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "description"));
     for (int s = 0; s < 8 && all; s++)
         all = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, sections[s])) == expected[s];
@@ -605,6 +638,7 @@ int main(void) {
     test_unknown_keys();
     test_types();
     test_ranges();
+    test_eval_data_keys();
     test_overrides();
     test_recipes();
     test_default_dirs();

@@ -1,13 +1,17 @@
 // test_dataloader.c: shard format round trips (v1 and v7), window contents, per-epoch and
 // per-rank coverage, seeded shuffling, exact state save/restore, reset, and every bad-shard
-// error (returns -1 with a message naming the file and the problem).
+// error (returns -1 with a message naming the file and the problem); the mixed order (rows of
+// every shard in one permutation: coverage, ranks, sources mixed, sources named, state, short
+// shards) and its passkey mixing (share, layout, determinism across restores and world sizes).
+#include <math.h>      // sqrt, fabs
 #include <stdlib.h>    // mkdtemp
 #include <string.h>    // strstr, memcmp
 #include <sys/stat.h>  // stat, mkdir
 #include <unistd.h>    // unlink, rmdir
 
-#include "core/common.h"  // ErrBuf, xmalloc
-#include "dataloader.h"   // the module under test
+#include "core/common.h"   // ErrBuf, xmalloc
+#include "dataloader.h"    // the module under test
+#include "eval/passkey.h"  // the passkey template the mixing uses
 #include "test.h"         // CHECK, test_summary
 
 static char tmpdir[256];
@@ -396,6 +400,276 @@ static void test_errors(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The mixed order. Three sources (folders), tokens encoding (source, file, position) as
+// source*20000 + file*10000 + position, so a row tells where it came from.
+
+enum { MIX_B = 2, MIX_T = 4, MIX_SOURCES = 3, MIX_MAX_ROWS = 256 };
+static const int mix_tokens[MIX_SOURCES][2] = {{41, 17}, {33, 0}, {57, 3}};  // per file; 0 = no file, 3: short
+static int mix_rows_total;
+
+static void write_mixed_shards(void) {
+    mix_rows_total = 0;
+    for (int s = 0; s < MIX_SOURCES; s++) {
+        char sub[64];
+        snprintf(sub, sizeof sub, "mix/src_%c", 'a' + s);
+        make_subdir("mix");
+        make_subdir(sub);
+        for (int f = 0; f < 2; f++) {
+            const int n = mix_tokens[s][f];
+            if (!n) continue;
+            uint32_t tok[64];
+            for (int i = 0; i < n; i++) tok[i] = (uint32_t)(s * 20000 + f * 10000 + i);
+            char path[512], name[32];
+            snprintf(name, sizeof name, "part_%d.bin", f);
+            path_in(path, sizeof path, sub, name);
+            ErrBuf e;
+            if (shard_write(path, tok, n, &e) != 0) { printf("setup: %s\n", e.msg); exit(2); }
+            mix_rows_total += n > MIX_T ? (n - 1) / MIX_T : 0;
+        }
+    }
+}
+
+static int open_mix(DataLoader *dl, int rank, int world, int shuffle, unsigned long long seed, ErrBuf *e) {
+    char pattern[512];
+    path_in(pattern, sizeof pattern, "mix", "src_*/part_*.bin");
+    return dataloader_open_mixed(dl, pattern, MIX_B, MIX_T, rank, world, shuffle, seed, 65536, e);
+}
+
+// One row's id: its source, file and row index from its first token; -1 if the row is not one.
+static int row_id(const int32_t *in, const int32_t *tg) {
+    const int s = in[0] / 20000, f = (in[0] % 20000) / 10000, pos = in[0] % 10000;
+    if (s >= MIX_SOURCES || pos % MIX_T) return -1;
+    for (int t = 0; t < MIX_T; t++)
+        if (in[t] != in[0] + t || tg[t] != in[0] + t + 1) return -1;
+    return (s * 2 + f) * 64 + pos / MIX_T;
+}
+
+static void test_mixed_coverage(int world, int shuffle) {
+    int visits[6 * 64] = {0}, bad = 0, own_twice = 0, file_ok = 1;
+    long long per_rank = 0;
+    DataLoaderState end[4];
+    for (int r = 0; r < world; r++) {
+        DataLoader dl;
+        ErrBuf e;
+        if (open_mix(&dl, r, world, shuffle, 9, &e) != 0) { CHECK(0, "mixed open", "%s", e.msg); return; }
+        per_rank = dataloader_batches_per_epoch(&dl);
+        int mine[6 * 64] = {0};
+        int32_t in[MIX_B * MIX_T], tg[MIX_B * MIX_T];
+        for (long long j = 0; j < per_rank; j++) {
+            dataloader_next(&dl, in, tg);
+            for (int b = 0; b < MIX_B; b++) {
+                int id = row_id(in + b * MIX_T, tg + b * MIX_T);
+                if (id < 0) { bad = 1; continue; }
+                const char *src = dl.source_names[dl.source[dl.row_file[b]]];
+                if (src[4] - 'a' != id / 128 || strstr(dl.files[dl.row_file[b]], id % 128 >= 64 ? "part_1" : "part_0") == NULL)
+                    file_ok = 0;
+                if (mine[id]++) own_twice = 1;
+                visits[id]++;
+            }
+        }
+        dataloader_get_state(&dl, &end[r]);
+        dataloader_close(&dl);
+    }
+    int visited = 0, twice = 0, same_end = 1;
+    for (int i = 0; i < 6 * 64; i++) visited += visits[i] > 0, twice |= visits[i] > 1;
+    for (int r = 0; r < world; r++) same_end &= end[r].epoch == 1 && end[r].window_pos == 0 && end[r].shard_pos == 0;
+    char name[160];
+    snprintf(name, sizeof name, "mixed, world %d shuffle %d: rows are T+1 consecutive tokens of one shard", world, shuffle);
+    CHECK(!bad, name, "a row is not consecutive tokens");
+    snprintf(name, sizeof name, "mixed, world %d shuffle %d: row_file names each row's shard and source", world, shuffle);
+    CHECK(file_ok, name, "a row_file is wrong");
+    snprintf(name, sizeof name, "mixed, world %d shuffle %d: rows disjoint within and across ranks", world, shuffle);
+    CHECK(!own_twice && !twice, name, "a row was read twice in one epoch");
+    snprintf(name, sizeof name, "mixed, world %d shuffle %d: rows / (B x world) micro-batches per rank", world, shuffle);
+    CHECK(per_rank == mix_rows_total / (MIX_B * world) && visited == per_rank * MIX_B * world, name,
+          "%lld per rank, %d rows visited of %d", per_rank, visited, mix_rows_total);
+    snprintf(name, sizeof name, "mixed, world %d shuffle %d: every rank ends the epoch at the same state", world, shuffle);
+    CHECK(same_end, name, "states differ");
+}
+
+// The first n micro-batches' rows (ids) of one rank.
+static void mixed_rows(int rank, int world, int shuffle, unsigned long long seed, int n, int *ids) {
+    DataLoader dl;
+    ErrBuf e;
+    if (open_mix(&dl, rank, world, shuffle, seed, &e) != 0) { printf("open: %s\n", e.msg); exit(2); }
+    int32_t in[MIX_B * MIX_T], tg[MIX_B * MIX_T];
+    for (int j = 0; j < n; j++) {
+        dataloader_next(&dl, in, tg);
+        for (int b = 0; b < MIX_B; b++) ids[j * MIX_B + b] = row_id(in + b * MIX_T, tg + b * MIX_T);
+    }
+    dataloader_close(&dl);
+}
+
+static void test_mixed_order(void) {
+    const int n = 40;  // two epochs and more
+    int one[40 * MIX_B], r0[20 * MIX_B], r1[20 * MIX_B], other[40 * MIX_B], plain[40 * MIX_B];
+    mixed_rows(0, 1, 1, 5, n, one);
+    mixed_rows(0, 2, 1, 5, n / 2, r0);
+    mixed_rows(1, 2, 1, 5, n / 2, r1);
+    int same = 1;
+    for (int j = 0; j < n / 2 && same; j++)  // the 2 ranks' j-th = one rank's (2j)-th and (2j+1)-th
+        same = !memcmp(r0 + j * MIX_B, one + 2 * j * MIX_B, sizeof(int) * MIX_B) &&
+               !memcmp(r1 + j * MIX_B, one + (2 * j + 1) * MIX_B, sizeof(int) * MIX_B);
+    // the epoch has 18 micro-batches on one rank, 9 per rank on two: the same through epoch 0
+    CHECK(same, "mixed: two ranks read together what one rank reads in two calls", "differ");
+    mixed_rows(0, 1, 1, 6, n, other);
+    mixed_rows(0, 1, 0, 5, n, plain);
+    CHECK(memcmp(one, other, sizeof one) != 0, "mixed: another seed, another order", "same order");
+    CHECK(memcmp(one, one + 18 * MIX_B, 18 * MIX_B * sizeof(int)) != 0, "mixed: a new permutation every epoch",
+          "epoch 1 repeats epoch 0");
+    int in_order = 1;
+    for (int i = 1; i < 18 * MIX_B; i++) in_order &= plain[i] > plain[i - 1];
+    CHECK(in_order, "mixed without shuffle: rows in file order", "out of order");
+    // Sources are mixed at once: the first 4 micro-batches (8 rows) hold all three.
+    int seen[MIX_SOURCES] = {0}, first = 0;
+    for (int i = 0; i < 4 * MIX_B; i++) seen[one[i] / 128] = 1;
+    for (int s = 0; s < MIX_SOURCES; s++) first += seen[s];
+    CHECK(first == MIX_SOURCES, "mixed: the first 4 micro-batches hold rows of every source", "%d of 3", first);
+
+    DataLoader dl;
+    ErrBuf e;
+    int rc = open_mix(&dl, 0, 1, 1, 5, &e);
+    CHECK(rc == 0 && dl.n_sources == 3 && !strcmp(dl.source_names[0], "src_a") && !strcmp(dl.source_names[2], "src_c") &&
+              dl.n_short == 1 && dl.n_rows == mix_rows_total,
+          "mixed: sources named by folder, a short shard gives no rows", "rc %d, %d sources, %d short, %lld rows: %s", rc,
+          dl.n_sources, dl.n_short, dl.n_rows, e.msg);
+    // state: save after 7 micro-batches, restore into a loader of another seed, same continuation
+    int32_t in[MIX_B * MIX_T], tg[MIX_B * MIX_T], in2[MIX_B * MIX_T], tg2[MIX_B * MIX_T];
+    for (int j = 0; j < 7; j++) dataloader_next(&dl, in, tg);
+    DataLoaderState st;
+    dataloader_get_state(&dl, &st);
+    DataLoader b;
+    open_mix(&b, 0, 1, 1, 77, &e);
+    dataloader_next(&b, in2, tg2);
+    rc = dataloader_set_state(&b, &st, &e);
+    int cont = rc == 0;
+    for (int j = 0; j < 30 && cont; j++) {
+        dataloader_next(&dl, in, tg);
+        dataloader_next(&b, in2, tg2);
+        cont = !memcmp(in, in2, sizeof in) && !memcmp(tg, tg2, sizeof tg);
+    }
+    CHECK(cont, "mixed: a restored state continues exactly (across epochs)", "rc %d: %s", rc, e.msg);
+    DataLoaderState bad = st;
+    bad.shard_pos = 1;
+    rc = dataloader_set_state(&b, &bad, &e);
+    CHECK(rc == -1 && strstr(e.msg, "shard_pos"), "mixed: set_state rejects a shard position", "rc %d: %s", rc, e.msg);
+    bad = st;
+    bad.window_pos = 18;
+    rc = dataloader_set_state(&b, &bad, &e);
+    CHECK(rc == -1 && strstr(e.msg, "window_pos 18 out of range [0, 18)"), "mixed: set_state rejects window_pos",
+          "rc %d: %s", rc, e.msg);
+    dataloader_close(&dl);
+    dataloader_close(&b);
+
+    make_subdir("mixshort");
+    char path[512], pattern[512];
+    path_in(path, sizeof path, "mixshort", "a.bin");
+    path_in(pattern, sizeof pattern, "mixshort", "*.bin");
+    uint32_t tok[4] = {1, 2, 3, 4};
+    shard_write(path, tok, 4, &e);
+    rc = dataloader_open_mixed(&dl, pattern, 2, 4, 0, 1, 1, 1, 100, &e);
+    CHECK(rc == -1 && strstr(e.msg, "no shard holds one row of T+1 = 5 tokens") && strstr(e.msg, "longest has 4"),
+          "mixed: shards all shorter than a row are an error", "rc %d: %s", rc, e.msg);
+}
+
+// Passkey mixing: rows of T+1 = 65 tokens, 30% of them passkey sequences.
+static void test_passkey_mixing(void) {
+    ErrBuf e;
+    Tokenizer *tok = tokenizer_load(NULL, &e);
+    PasskeyTemplate t;
+    if (!tok || passkey_template_init(&t, tok, &e) != 0) { CHECK(0, "passkey template", "%s", e.msg); return; }
+    tokenizer_free(tok);
+    enum { B = 4, T = 64, N = 40 };
+    make_subdir("pk");
+    for (int f = 0; f < 2; f++) {
+        uint32_t *text = xmalloc(sizeof(uint32_t) * 3000);
+        for (int i = 0; i < 3000; i++) text[i] = 100 + (uint32_t)rand_below(30000);  // not the template's digits
+        char path[512], name[32];
+        snprintf(name, sizeof name, "s%d.bin", f);
+        path_in(path, sizeof path, "pk", name);
+        shard_write(path, text, 3000, &e);
+        free(text);
+    }
+    char pattern[512];
+    path_in(pattern, sizeof pattern, "pk", "s*.bin");
+    // the rows of N micro-batches (inputs then the last target) for a loader of (rank, world)
+    static int32_t rows[2][N * B][T + 1];
+    int n_pk = 0, layout = 1;
+    DataLoader dl;
+    int32_t in[B * T], tg[B * T];
+    dataloader_open_mixed(&dl, pattern, B, T, 0, 1, 1, 3, 50257, &e);
+    dataloader_mix_passkey(&dl, &t, 0.3);
+    DataLoaderState mid;
+    for (int j = 0; j < N; j++) {
+        if (j == N / 2) dataloader_get_state(&dl, &mid);
+        dataloader_next(&dl, in, tg);
+        for (int b = 0; b < B; b++) {
+            int32_t *row = rows[0][j * B + b];
+            memcpy(row, in + b * T, sizeof(int32_t) * T);
+            row[T] = tg[b * T + T - 1];
+            const int n_q = t.n_question;
+            int is_pk = 0;
+            for (int nd = PASSKEY_MIN_DIGITS; nd <= PASSKEY_MAX_DIGITS && !is_pk; nd++) {
+                int q = T + 1 - nd - n_q, match = 1;
+                for (int k = 0; k < n_q && match; k++) match = row[q + k] == (int32_t)t.question[k];
+                if (!match) continue;
+                is_pk = 1;
+                // the key sentence somewhere before, holding the same digits
+                int found = 0;
+                for (int i = 0; i + t.n_key_prefix + nd < q && !found; i++) {
+                    int m = 1;
+                    for (int k = 0; k < t.n_key_prefix && m; k++) m = row[i + k] == (int32_t)t.key_prefix[k];
+                    for (int k = 0; k < nd && m; k++) m = row[i + t.n_key_prefix + k] == row[T + 1 - nd + k];
+                    found = m;
+                }
+                layout &= found;
+                for (int k = 0; k < nd; k++) {
+                    int digit = 0;
+                    for (int d = 0; d < 10; d++) digit |= row[T + 1 - nd + k] == (int32_t)t.digit[d];
+                    layout &= digit;
+                }
+            }
+            n_pk += is_pk;
+        }
+    }
+    const double share = (double)n_pk / (N * B), sd = sqrt(0.3 * 0.7 / (N * B));
+    CHECK(fabs(share - 0.3) < 4 * sd, "passkey mixing: the share of rows asked for", "%.3f of %d rows (want 0.3 +- %.3f)",
+          share, N * B, 4 * sd);
+    CHECK(layout && n_pk > 0, "passkey mixing: key, question and answer laid out, the answer the key's number",
+          "a passkey row is malformed");
+    CHECK(dl.passkey_rows == n_pk, "passkey mixing: the loader counts what it served", "%lld vs %d", dl.passkey_rows,
+          n_pk);
+    // restored mid-way into a fresh loader: the same rows, passkeys included
+    DataLoader r;
+    dataloader_open_mixed(&r, pattern, B, T, 0, 1, 1, 3, 50257, &e);
+    dataloader_mix_passkey(&r, &t, 0.3);
+    dataloader_set_state(&r, &mid, &e);
+    int same = 1;
+    for (int j = N / 2; j < N && same; j++) {
+        dataloader_next(&r, in, tg);
+        for (int b = 0; b < B && same; b++) same = !memcmp(rows[0][j * B + b], in + b * T, sizeof(int32_t) * T);
+    }
+    CHECK(same, "passkey mixing: a restored loader serves the same sequences", "differ");
+    dataloader_close(&r);
+    // two ranks: together the same rows as one rank, through the first epoch (92 rows: 23
+    // micro-batches on one rank, 11 per rank on two)
+    int ranks_same = 1;
+    for (int rank = 0; rank < 2; rank++) {
+        DataLoader w;
+        dataloader_open_mixed(&w, pattern, B, T, rank, 2, 1, 3, 50257, &e);
+        dataloader_mix_passkey(&w, &t, 0.3);
+        for (int j = 0; j < 11 && ranks_same; j++) {
+            dataloader_next(&w, in, tg);
+            const int k = j * 2 + rank;  // the global micro-batch
+            for (int b = 0; b < B && ranks_same; b++) ranks_same = !memcmp(rows[0][k * B + b], in + b * T, sizeof(int32_t) * T);
+        }
+        dataloader_close(&w);
+    }
+    CHECK(ranks_same, "passkey mixing: two ranks see the same sequences as one", "differ");
+    dataloader_close(&dl);
+}
+
+// ---------------------------------------------------------------------------------------------
 
 static void remove_tree(const char *dir) {
     char cmd[600];
@@ -418,6 +692,13 @@ int main(void) {
     test_shuffle();
     test_state_and_reset();
     test_errors();
+    write_mixed_shards();
+    for (int world = 1; world <= 3; world++) {
+        test_mixed_coverage(world, 0);
+        test_mixed_coverage(world, 1);
+    }
+    test_mixed_order();
+    test_passkey_mixing();
     remove_tree(tmpdir);
     return test_summary("test_dataloader");
 }
