@@ -153,7 +153,7 @@ static inline int attn_sm_count(void) {
     return n_sm;
 }
 
-// --- the dK, dV epilogue of the backward kernels (attention/bwd_fp8.cu, attention/bwd_bf16_wgmma.cuh) ---
+// --- the dK, dV epilogue of the backward kernels (attention/bwd_fp8.cu, attention/bwd_bf16.cu) ----------
 // A CTA's 128 keys x D of dV and tau dK go from the two consumer warpgroups' wgmma accumulators
 // (FP32, rows = keys) to BF16 rows of dv and dk through a staging area of 2 x 128 rows of 2D bytes
 // in shared memory: stmatrix writes the fragments as 8 x 8 tiles (a tile row is one 16-byte
@@ -225,30 +225,6 @@ __device__ __forceinline__ void stage_o_sw128(uint32_t area, const float (&acc)[
     }
 }
 
-// acc (16 x N) += A (16 x K) * B (K x N) for one warp of the mma.sync kernels: A is the BF16
-// rounding of this warp's FP32 m16n8 accumulator fragments a (K/8 of them: P, P^T or dS^T, fed
-// to the next product straight from registers), B a row-major BF16 tile in shared memory (K rows
-// of pitch elements: V, dO or Q) read transposed by ldmatrix. The O += P V of the forward and the
-// dV += P^T dO, dK += dS^T Q of the backward.
-template <int K, int N>
-__device__ __forceinline__ void mma_frag_rowtile(float (&acc)[N / 8][4], const float (&a)[K / 8][4], const bf16 *b,
-                                                 int pitch, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < K / 16; kk++) {
-        const uint32_t pa[4] = {pack_bf16(a[2 * kk][0], a[2 * kk][1]), pack_bf16(a[2 * kk][2], a[2 * kk][3]),
-                                pack_bf16(a[2 * kk + 1][0], a[2 * kk + 1][1]),
-                                pack_bf16(a[2 * kk + 1][2], a[2 * kk + 1][3])};
-#pragma unroll
-        for (int n2 = 0; n2 < N / 16; n2++) {
-            uint32_t bt[4];
-            ldmatrix_x4_trans(bt, b + (kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * pitch + n2 * 16 +
-                                      (lane >> 4) * 8);
-            mma_bf16(acc[2 * n2], pa, bt[0], bt[1]);
-            mma_bf16(acc[2 * n2 + 1], pa, bt[2], bt[3]);
-        }
-    }
-}
-
 // Row statistics and the epilogue of the forward kernels. quad_sum / quad_max: a row's sum / max
 // over the 4 threads of a quad (the threads of one accumulator row), in all four. fwd_store_rows: this thread's two rows row0 and
 // row0 + 8 (those < T) of O = acc * inv_l[r] in BF16 (inv_l = 1 / l, or the FP8 forward's factor), acc in the mma / wgmma fragment order (element
@@ -303,22 +279,6 @@ __device__ __forceinline__ void fwd_store_rows(const float (&acc)[D / 2], const 
     fwd_store_lse(lse_head, row0, T, t4, lse_of);
 }
 
-// Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns used) into a shared
-// tile with row pitch D+8; rows >= T become zeros (so masked keys never bring NaN into PV).
-template <int ROWS, int D, int NTHREADS>
-__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, long stride, int row0, int T,
-                                          int tid) {
-    constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
-    static_assert(ROWS * CHUNKS % NTHREADS == 0, "tile copy must split evenly over the threads");
-#pragma unroll
-    for (int i = 0; i < ROWS * CHUNKS / NTHREADS; i++) {
-        int c = tid + i * NTHREADS;
-        int r = c / CHUNKS, col = (c % CHUNKS) * 8;
-        int t = row0 + r;
-        bool ok = t < T;
-        cp_async16(s + r * (D + 8) + col, g + (long)(ok ? t : 0) * stride + col, ok);
-    }
-}
 // 1 / s for a quantization scale s: fp8_scale_for_amax (fp8.h) gives s = 2^k with |k| <= 126 (or
 // s = 1), so 1 / s = 2^-k exactly, the value the IEEE division 1.0f / s returns; with bits(2^k) =
 // (127 + k) << 23 it is bits(2^-k) = (127 - k) << 23 = (254 << 23) - bits(2^k), a normal float
@@ -327,25 +287,6 @@ __device__ __forceinline__ void load_tile(bf16 *s, const bf16 *g, long stride, i
 // two, which the quantize kernels never produce (the FP8 kernels' scale arrays must come from them).
 static_assert(FP8_SCALE_MAX_EXP <= 126, "pow2_recip: 2^-k must be a normal float");
 __device__ __forceinline__ float pow2_recip(float s) { return __int_as_float(0x7f000000 - __float_as_int(s)); }
-
-// Copies rows [row0, row0+ROWS) of a (T, stride) BF16 matrix (D columns) into D/64 swizzled
-// regions of ROWS x 128 bytes; rows >= T become zeros.
-template <int ROWS, int D, int NTHREADS>
-__device__ __forceinline__ void load_tile_sw128(bf16 *s, const bf16 *g, long stride, int row0, int T,
-                                                int tid) {
-    constexpr int CHUNKS = D / 8;
-    static_assert(ROWS * CHUNKS % NTHREADS == 0, "tile copy must split evenly over the threads");
-    unsigned char *sb = reinterpret_cast<unsigned char *>(s);
-#pragma unroll
-    for (int i = 0; i < ROWS * CHUNKS / NTHREADS; i++) {
-        int c = tid + i * NTHREADS;
-        int r = c / CHUNKS, ch = c % CHUNKS;
-        int t = row0 + r;
-        bool ok = t < T;
-        unsigned char *dst = sb + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-        cp_async16(dst, g + (long)(ok ? t : 0) * stride + ch * 8, ok);
-    }
-}
 
 // The forwards' O epilogue by TMA for consumer warpgroup wg: O = acc * inv_l into its staging area
 // (stage_o_sw128: D / 64 boxes HALF bytes apart), then thread `issuer` stores the boxes as rows
@@ -515,17 +456,5 @@ static inline void check_args(const char *what, const void *const *ptrs, int npt
         if (strides[i] % 8 || strides[i] < H * d)
             FATAL("%s: row stride %d must be a multiple of 8 and >= H*d = %d", what, strides[i], H * d);
 }
-
-// Forward implementation, read once from ATTN_GPU_FWD: unset or "wgmma": wgmma, one key block at
-// a time (default, tested); "mma": the mma.sync kernel (tested); "wgmma_pipe": wgmma with the
-
-// Tile sizes of the mma.sync kernel: 128 query rows per CTA (8 warps x 16 rows), key blocks of 64.
-#define FWD_BQ 128
-#define FWD_BK 64
-#define FWD_WARPS 8
-
-// The mma.sync forward (attention/fwd_bf16_mma.cu) for head dim d, launched by attn_gpu_forward.
-void attn_fwd_mma_launch(int d, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o,
-                         int o_stride, float *lse, int B, int H, int T, cudaStream_t stream);
 
 #endif  // ATTENTION_GPU_COMMON_CUH

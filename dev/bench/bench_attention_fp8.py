@@ -101,7 +101,7 @@ def main():
     ap.add_argument("--summary-out", help="also write the final tables to this file")
     a = ap.parse_args()
 
-    ours = Ours(a.lib, None)  # attn_gpu_forward / attn_gpu_backward, from its own copy of the library
+    ours = Ours(a.lib)  # attn_gpu_forward / attn_gpu_backward, from its own copy of the library
     shim = Shim(a.lib)
     lib = shim.lib
     modes = []
@@ -344,7 +344,7 @@ def main():
     out(f"== summary: causal attention, H={a.H}, d={a.d}, B*T={a.tokens}, FP8 grad format {a.grad_format}; "
         f"TFLOP/s (fwd 4BHT^2d/2, bwd 2.5x), medians of {a.rounds} interleaved rounds; "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    out(f"ours = attn_gpu_forward ('{ours.name}') / attn_gpu_backward; modes through attn_mode_forward / "
+    out(f"ours = attn_gpu_forward / attn_gpu_backward (BF16); modes through attn_mode_forward / "
         f"attn_mode_backward, quantization included")
     names = ["ours", "cudnn"] + modes
     head = [("ours" if n == "ours" else "cuDNN" if n == "cudnn" else SHORT[n]) for n in names]

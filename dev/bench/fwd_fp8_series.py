@@ -41,7 +41,7 @@ def main():
     lib = shim.lib
     sched = lib.attn_gpu_forward_fp8_test_schedule
     sched.argtypes, sched.restype = [ctypes.c_int, ctypes.c_int], None
-    ours = Ours(a.lib, None)
+    ours = Ours(a.lib)
     torch.manual_seed(T)
     qkv = torch.rand(B, T, 3, H, d, device="cuda", dtype=torch.bfloat16) * 4 - 2
     dout = torch.rand(B, T, H, d, device="cuda", dtype=torch.bfloat16) * 4 - 2
