@@ -32,8 +32,6 @@ from bench_attention import Ours, flops, time_interleaved, torch_setup
 
 MODES = {"bf16": 1, "fp8_naive": 2, "fp8_hybrid": 3, "fp8_dm": 4, "fp8_dm_approx": 5}  # AttnPrecision
 BARE_BWD = ("fp8_naive", "fp8_dm", "fp8_dm_approx")  # the modes attn_gpu_backward_fp8 runs
-# the FP8 forward's block loops (F8_LOOP_*); the default is one of them (plain)
-FWD_LOOPS = ((0, "pingpong"), (1, "plain"))
 SHORT = {"bf16": "bf16", "fp8_naive": "naive", "fp8_hybrid": "hybrid", "fp8_dm": "dm",
          "fp8_dm_approx": "dm_apx"}
 
@@ -60,11 +58,6 @@ class Shim:
             lib.shim_fwd_rope.argtypes = [I, P, P]
             lib.shim_fwd_rope.restype = None
             lib.shim_rope.restype = None
-        # the FP8 forward's block loop (attention/fwd_fp8.cu, F8_LOOP_*), when the library has it
-        self.set_fwd_loop = getattr(lib, "attn_gpu_forward_fp8_test_loop", None)
-        if self.set_fwd_loop is not None:
-            self.set_fwd_loop.argtypes = [I]
-            self.set_fwd_loop.restype = None
         for f in ("shim_fwd", "shim_bwd", "shim_fwd_keep", "shim_bwd_keep", "shim_quant", "shim_fp8_fwd", "shim_fp8_bwd", "shim_free"):
             getattr(lib, f).restype = None
         self.lib = lib
@@ -181,26 +174,6 @@ def main():
             fwds["quant_fwd"] = lambda: lib.shim_quant(0)
             fwds["quant_fwd_keep"] = lambda: lib.shim_quant(2)
             fwds["fp8_fwd_bare"] = lambda: lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
-            if shim.set_fwd_loop is not None:
-                # the other block loops of the FP8 forward, timed in the same rounds; first checked
-                # to give the default loop's O and LSE bit for bit (else not timed)
-                o8r, lse8r = o8.clone(), lse8.clone()
-                for li, ln in FWD_LOOPS:
-                    shim.set_fwd_loop(li)
-                    lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
-                    shim.set_fwd_loop(-1)
-                    torch.cuda.synchronize()
-                    same = torch.equal(o8, o8r) and torch.equal(lse8, lse8r)
-                    print(f"# T={T}: FP8 forward, {ln} loop vs the default: O, LSE "
-                          f"{'the same bit for bit' if same else 'DIFFER: not timed'}", flush=True)
-                    if same:
-                        def run_loop(li=li):
-                            shim.set_fwd_loop(li)
-                            lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
-                            shim.set_fwd_loop(-1)
-                        fwds["fp8_fwd_bare_" + ln] = run_loop
-                    o8.copy_(o8r)
-                    lse8.copy_(lse8r)
             bwds["quant_bwd"] = lambda: lib.shim_quant(1)
             bwds["quant_bwd_keep"] = lambda: lib.shim_quant(3)
             for m in BARE_BWD:
@@ -285,20 +258,6 @@ def main():
                 f"{tflops(r, 'tb', 'fp8_dm')} | {ms(r, 'tb', 'delta')} |")
         out()
 
-    if bare and any("fp8_fwd_bare_" + ln in r["tf"] for r in rows for _, ln in FWD_LOOPS):
-        out("the FP8 forward's block loops, bare TFLOP/s (same rounds; default = plain unless "
-            "ATTN_FP8_FWD_LOOP says otherwise); last column: the best other loop's speed / the default's")
-        out("| T | default | " + " | ".join(ln for _, ln in FWD_LOOPS) + " | best loop / default |")
-        out("|---|---|" + "---|" * len(FWD_LOOPS) + "---|")
-        for r in rows:
-            base = r["tf"].get("fp8_fwd_bare")
-            best = min([r["tf"]["fp8_fwd_bare_" + ln] for _, ln in FWD_LOOPS if "fp8_fwd_bare_" + ln in r["tf"]],
-                       default=None)  # times: the fastest loop's
-            out(f"| {label(r['T'])} | {tflops(r, 'tf', 'fp8_fwd_bare')} | "
-                + " | ".join(tflops(r, 'tf', 'fp8_fwd_bare_' + ln) for _, ln in FWD_LOOPS)
-                + (f" | {base / best:.2f} |" if base and best else " | n/a |"))
-        out()
-
     if any("fp8_dm_rope" in r["tf"] and "bf16_rope" in r["tf"] for r in rows):
         out("RoPE + forward, as the model runs them after the QKV projection (ms; TFLOP/s of the attention "
             "forward's count): rope_forward_gpu alone; ours = rope_forward_gpu + our BF16 forward; fp8_dm = "
@@ -354,7 +313,7 @@ def main():
     fwd_ok, fb_ok, fb_keep_ok, keep_ratios = [], [], [], []
 
     # A forward + backward time ratio within PARITY of 1 is neither met nor missed: that is the
-    # spread of the ratio between device calls on one H200 (docs/perf.md, stops 27-28).
+    # spread of the ratio between device calls on one H200 (docs/perf.md).
     PARITY = 0.005
 
     def fb_state(x):
