@@ -10,7 +10,7 @@
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
 #include <stdio.h>         // fprintf (attn_env_choice's unknown value)
-#include <stdlib.h>        // getenv, atoi (attn_env_count, attn_env_switch, attn_env_choice)
+#include <stdlib.h>        // getenv, atoi (attn_env_count, attn_env_choice)
 #include <string.h>        // strcmp (attn_env_choice)
 
 #include "core/common.h"             // FATAL
@@ -41,15 +41,12 @@ typedef __nv_bfloat16 bf16;
 // first over all heads; with the natural order (each head's blocks in turn) the last heads'
 // longest CTAs start near the end and run alone. Smaller groups keep the items that run at once
 // on fewer heads, whose K̂, V̂ blocks then stay in L2 (causal_heads_per_group picks hg).
-// Measured on one H200 (docs/perf.md): the persistent FP8 forward in head groups (two waves of
-// CTAs each) 2-5% faster than heaviest first over all heads; the persistent delta pass in the
-// forward's groups 9-19% faster at 1K-2K than over all heads, the same as in groups of 4 heads;
-// the old, one-CTA-per-item delta pass heaviest first
-// over all heads 6-12% faster than in the natural order, and 0-10% slower in head groups; the
-// main FP8 backward over all heads +1% at 4K-8K but -18-21% at 1K-2K (its CTAs running at once
-// no longer share a head's Q̂, dÔ blocks and dQ rows in L2), in groups of one wave +2-4% over the
-// natural order. Our BF16 kernels in groups of about one wave: the forward 6-29% and the backward
-// 0-27% faster than heaviest first over all heads (most at T = 1K-2K).
+// On one H200 (docs/perf.md), against heaviest first over all heads: the persistent FP8 forward
+// in head groups of two waves of CTAs 2-5% faster, the delta pass 9-19% faster at 1K-2K; the main
+// FP8 backward in groups of one wave +2-4% over the natural order (over all heads, -18-21% at
+// 1K-2K: its CTAs running at once no longer share a head's Q̂, dÔ blocks and dQ rows in L2); the
+// BF16 kernels in groups of about one wave: the forward 6-29% and the backward 0-27% faster (most
+// at T = 1K-2K).
 struct CausalItem {
     int rank, bh;
 };
@@ -57,10 +54,6 @@ __host__ __device__ __forceinline__ CausalItem causal_item_grouped(unsigned t, i
     const unsigned per = (unsigned)(hg * n_blocks), grp = t / per, w = t - grp * per;
     const int left = n_bh - (int)grp * hg, hge = hg < left ? hg : left;  // (host-callable: no min)
     return {(int)(w / (unsigned)hge), (int)grp * hg + (int)(w % (unsigned)hge)};
-}
-// The item of this CTA of a grid (n_blocks, n_bh): its launch index (blockIdx.x fastest), grouped.
-__device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
-    return causal_item_grouped(blockIdx.y * gridDim.x + blockIdx.x, (int)gridDim.x, (int)gridDim.y, hg);
 }
 // The next work item of a persistent CTA (the FP8 forward, fp8_dm's delta pass): CTAs take
 // the next tile from a counter in global memory when they start one (dynamic, in the order of
@@ -70,8 +63,7 @@ __device__ __forceinline__ CausalItem causal_cta_grouped(int hg) {
 // every launch starts from 0 without a memset, also when replayed from a CUDA graph. Launches on
 // one stream follow each other, so the kernels on one stream share its counter
 // (attn_fp8_tile_counter, attention/kernels_fp8.h); launches on different streams may overlap.
-// With counter NULL (ATTN_FP8_FWD_SCHED=static, for timing comparisons) the order is fixed
-// instead: CTA c of G takes tiles r G + c on even rounds r and r G + G - 1 - c on odd ones (a
+// With counter NULL (tests: gpu_test_hooks.fwd_fp8_static_order) the order is fixed instead: CTA c of G takes tiles r G + c on even rounds r and r G + G - 1 - c on odd ones (a
 // snake, so that the CTAs get about the same amount of work). Called by one thread.
 __device__ __forceinline__ int persistent_next_tile(unsigned *counter, int round, int n_tiles) {
     if (!counter) {
@@ -97,37 +89,22 @@ __device__ __forceinline__ int persistent_next_tile(unsigned *counter, int round
 // H200's 50 MB L2, the rest being the CTAs' own tiles, outputs and the other partition's copies),
 // but at least enough heads for min_items items per group (the caller's choice, measured per
 // kernel: two waves of CTAs for the persistent FP8 forward, one wave for the one-CTA-per-item
-// kernels, so that a group's long items have short ones to overlap), at most n_bh. (A kernel's
-// timing knob may override the result, as ATTN_FP8_FWD_GROUP_HEADS and the others do.)
+// kernels, so that a group's long items have short ones to overlap), at most n_bh.
 static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, int n_bh, int min_items) {
     const long fit = (16L << 20) / (kv_bytes_per_head > 0 ? kv_bytes_per_head : 1);
     const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
     const long hg = fit < need ? need : fit;
     return hg < 1 ? 1 : hg > n_bh ? n_bh : (int)hg;
 }
-// The heads per group a causal kernel launches with: forced > 0 that many (at most n_bh), 0 all
-// heads (heaviest first over all of them), < 0 the kernel's own choice `automatic` (usually
-// causal_heads_per_group's). forced comes from the kernel's timing knob, attn_env_count.
-static inline int causal_group_heads(int forced, int n_bh, int automatic) {
-    return forced > 0 ? (forced < n_bh ? forced : n_bh) : forced == 0 ? n_bh : automatic;
-}
-// A count timing knob (ATTN_*_GROUP_HEADS=N heads per group, QKV_GEMM_GROUP_ROWS=N rows per tile
-// group): -1 when unset (the kernel's own choice), 0 for N <= 0 (none: all heads, no groups), else
-// N. Launchers read it once: static const int k = attn_env_count(..).
+// The readers of gpu/qkv_gemm.cu's environment switches (QKV_GEMM_FORM, QKV_GEMM_DEFER,
+// QKV_GEMM_GROUP_ROWS); the attention kernels read none. attn_env_count: -1 when unset, 0 for
+// N <= 0, else N. attn_env_choice: the index of the variable's value in names[0 .. n - 1], or -1
+// when unset or unknown (then a line on stderr naming the choices). Launchers read them once.
 static inline int attn_env_count(const char *name) {
     const char *v = getenv(name);
     if (!v || !*v) return -1;
     return atoi(v) > 0 ? atoi(v) : 0;
 }
-// An on / off switch of a kernel's form (ATTN_*_TMA=0 turns it off): on unless set to 0. Launchers
-// read it once: static const bool on = attn_env_switch(..).
-static inline bool attn_env_switch(const char *name) {
-    const char *v = getenv(name);
-    return !v || !*v || atoi(v) != 0;
-}
-// A kernel's form chosen by name (ATTN_FP8_FWD_LOOP=plain, QKV_GEMM_FORM=wide): the index of the
-// variable's value in names[0 .. n - 1], or -1 when unset or unknown (then a line on stderr naming
-// the choices; the caller takes its default). Launchers read it once.
 static inline int attn_env_choice(const char *var, const char *const *names, int n) {
     const char *v = getenv(var);
     if (!v || !*v) return -1;
@@ -138,9 +115,6 @@ static inline int attn_env_choice(const char *var, const char *const *names, int
     fprintf(stderr, "; using the default\n");
     return -1;
 }
-// A form's switch as a launcher applies it: a test hook's setting as the hook was given it (0 off,
-// > 0 on, < 0 none) before the environment's (attn_env_switch).
-static inline bool attn_form_on(int test_form, bool env_on) { return test_form >= 0 ? test_form != 0 : env_on; }
 // The number of SMs of the current device, once per process (one device per process: one GPU
 // per rank). The causal kernels' group sizes and the persistent FP8 forward's grid use it.
 static inline int attn_sm_count(void) {
@@ -158,11 +132,11 @@ static inline int attn_sm_count(void) {
 // (FP32, rows = keys) to BF16 rows of dv and dk through a staging area of 2 x 128 rows of 2D bytes
 // in shared memory: stmatrix writes the fragments as 8 x 8 tiles (a tile row is one 16-byte
 // chunk; chunk c of row r sits at c ^ (r % 8), so the 8 rows of a tile fall in 8 different bank
-// quads), then the threads copy whole rows out in 16-byte chunks. Storing the fragments straight
-// to global memory took D / 2 four-byte stores per thread, each warp's covering only half of every
-// sector it touched; measured (docs/perf.md, stop 26) at T = 1K / 2K / 4K / 8K: the FP8 backward
-// 7.5 / 4.4 / 2.8 / 2.0% faster, our BF16 backward 5.8 / 3.0 / 0.9 / 0%. Byte offset in the area
-// of chunk c of row r of tensor t (0: dV, 1: dK):
+// quads), then the threads copy whole rows out in 16-byte chunks. Stored straight from the
+// fragments, D / 2 four-byte stores per thread would each cover half of the sectors they touch:
+// on one H200 (docs/perf.md) the staged copy makes the FP8 backward 2-7.5% and the BF16 backward
+// 0-6% faster (most at T = 1K). Byte offset in the area of chunk c of row r of tensor t (0: dV,
+// 1: dK):
 template <int D>
 __device__ __forceinline__ uint32_t dkdv_chunk(int t, int r, int c) {
     return (uint32_t)((t * 128 + r) * (2 * D) + 16 * (c ^ (r & 7)));
@@ -205,9 +179,9 @@ __device__ __forceinline__ void dkdv_copy_out(const unsigned char *area, bf16 *d
 // of 64 rows x 128 bytes in TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): the 8
 // rows of an 8 x 8 tile fall in 8 different bank quads), HALF bytes apart, which one thread then
 // stores with D / 64 bulk tensor copies (store_o_tma, below: tensor_map_bthd with 64 rows). The 4-byte
-// stores straight from the fragments (fwd_store_rows) each covered half of the 8 sectors they
-// touched and held the consumers ~1.5-1.8 us per tile (bench/attn_timeline.py, the "epilogue":
-// 9-13% of the forwards' SM time at T = 2K). The same products and roundings as fwd_store_rows:
+// stores straight from the fragments (fwd_store_rows, the fallback for O rows that are not 16-byte
+// aligned) each cover half of the 8 sectors they touch and hold the consumers ~1.5-1.8 us per tile
+// (9-13% of the forwards' SM time at T = 2K). The same products and roundings as fwd_store_rows:
 // O is the same bit for bit. inv[r] = 1 / l of the thread's row g + 8 r; warp: within the warpgroup.
 template <int D, int HALF>
 __device__ __forceinline__ void stage_o_sw128(uint32_t area, const float (&acc)[D / 2], const float (&inv)[2],
@@ -314,7 +288,7 @@ __device__ __forceinline__ void store_o_tma(const void *tm_o, uint32_t area, con
 // producer's 128 threads, each once its copies landed) and `empty` (every consumer thread after its
 // last read of the stage; WARP_RELEASE: lane 0 of each of the 8 consumer warps once the warp's
 // lanes are past it, 8 arrivals per block instead of 256: the FP8 forward's, ~1% faster there, but
-// 2-3% slower in the delta pass at 1K-2K, docs/perf.md stop 32); per tile buffer `q_full` (the
+// 2-3% slower in the delta pass at 1K-2K); per tile buffer `q_full` (the
 // producer's thread 0, once it posted the tile's number in tile_slot) and `q_empty` (every consumer
 // thread, once done with the buffer).
 // The ring runs on across the CTA's tiles: ring block `it` (key blocks counted over all its

@@ -152,13 +152,6 @@ void attn_gpu_backward_fp8(const AttnFp8BwdArgs *args, int B, int H, int T, int 
 // diagnostics (if given) for the main kernel.
 void attn_fp8_delta_pass(const AttnFp8BwdArgs *args, float *dlt, float *dq_acc, int B, int H, int T, int d,
                          cudaStream_t stream);
-// For tests: the main backward's heads per group of its CTA order (> 0; <= 0: the default or
-// ATTN_FP8_BWD_GROUP_HEADS), e.g. one that leaves a partial last group; dK, dV must not change
-// by a bit, dQ only by the order of its FP32 reductions.
-void attn_gpu_backward_fp8_test_group_heads(int heads_per_group);
-// For tests: the main backward's form at d = 128 (1: query blocks by TMA, 0: by cp.async, as at
-// d = 64; < 0: the default, or ATTN_FP8_BWD_TMA); the values must not change by a bit.
-void attn_gpu_backward_fp8_test_tma(int on);
 
 #ifdef __cplusplus
 }

@@ -451,8 +451,8 @@ static void run_fwd_case(const Case &cs, int seed) {
     CHECK(nonfinite == 0, "attn fp8 forward writes every output", "%s: %ld values not finite", tag, nonfinite);
     if (cs.vspread == 3) {
         // O's weights sum to one: U and l run the same recurrence (l_add_ones) with V's exact
-        // power-of-two codes, so O = V in every row; with l summing P' (before stop 35) O was V
-        // scaled by sum P̂ / sum P', off by up to ~2^-4 in sharp rows
+        // power-of-two codes, so O = V in every row (an l summing P' instead of P̂ would scale O
+        // by sum P̂ / sum P', off by up to ~2^-4 in sharp rows)
         long off = 0;
         for (size_t r = 0; r < n_tok; r++)
             for (int c = 0; c < C; c++) off += g_o[r * C + c] != f2bf(const_v(c % d));
@@ -532,7 +532,7 @@ static void run_fwd_case(const Case &cs, int seed) {
     // accumulation order, ex2.approx) puts a P' on the other side of an E4M3 rounding boundary
     // than the emulation's, that code differs by one step, which moves a sharp row's l by up to
     // 2^-4 (a key next to the row max). So: every row within two such flips, and the mean small
-    // (measured at stop 35: max 3.2e-2..4.0e-2 in the sharp cases, where summing P' gave 1.2e-2).
+    // (measured: max 3.2e-2..4.0e-2 in the sharp cases).
     const double lse_mean = lse_sum / (lse_n > 0 ? lse_n : 1);
     snprintf(name, sizeof name, "attn fp8 forward LSE vs CPU emulation (max abs < 1.2e-1, mean < 1e-2): %s", tag);
     CHECK(lse_err < 1.2e-1 && lse_mean < 1e-2, name, "max abs %.3e, mean abs %.3e", lse_err, lse_mean);
@@ -1045,13 +1045,16 @@ static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
             const int hg = B * H > 1 ? B * H - 1 : 1;
             char what[64];
             snprintf(what, sizeof what, "in groups of %d heads", hg);
-            attn_gpu_backward_fp8_test_group_heads(hg);
+            gpu_test_hooks.bwd_fp8_group_heads = hg;
             rerun_same(what);
-            attn_gpu_backward_fp8_test_group_heads(0);
-            if (d == 128) {  // the main backward's other form: query blocks by cp.async, not TMA
-                attn_gpu_backward_fp8_test_tma(0);
+            gpu_test_hooks.bwd_fp8_group_heads = 0;
+            if (d == 128) {  // the other forms at d = 128: query blocks, K and V by cp.async, not TMA
+                gpu_test_hooks.bwd_fp8_no_tma = 1;
                 rerun_same("with the cp.async form of the main backward");
-                attn_gpu_backward_fp8_test_tma(-1);
+                gpu_test_hooks.bwd_fp8_no_tma = 0;
+                gpu_test_hooks.delta_fp8_no_tma = 1;
+                rerun_same("with the cp.async form of the delta pass");
+                gpu_test_hooks.delta_fp8_no_tma = 0;
             }
         }
     }
@@ -1672,18 +1675,6 @@ static void check_causal_orders(void) {
         snprintf(name, sizeof name, "heads per group for %ld B per head, %d blocks, %d heads", c.kv, c.nb, c.nh);
         CHECK(hg == c.want, name, "got %d, expected %d", hg, c.want);
     }
-    // the timing knobs' override (causal_group_heads) and their reading (attn_env_count)
-    CHECK(causal_group_heads(-1, 64, 9) == 9 && causal_group_heads(0, 64, 9) == 64 &&
-              causal_group_heads(4, 64, 9) == 4 && causal_group_heads(100, 64, 9) == 64,
-          "group heads: unset -> the kernel's own, 0 -> all heads, N -> N (at most all)", "override rule differs");
-    setenv("ATTN_TEST_GROUP_HEADS", "12", 1);
-    const int e12 = attn_env_count("ATTN_TEST_GROUP_HEADS");
-    setenv("ATTN_TEST_GROUP_HEADS", "-3", 1);
-    const int eneg = attn_env_count("ATTN_TEST_GROUP_HEADS");
-    unsetenv("ATTN_TEST_GROUP_HEADS");
-    const int eun = attn_env_count("ATTN_TEST_GROUP_HEADS");
-    CHECK(e12 == 12 && eneg == 0 && eun == -1, "group heads knob: 12 -> 12, -3 -> 0 (all heads), unset -> -1",
-          "got %d %d %d", e12, eneg, eun);
 }
 
 // The softmax's two exponentials (fast_exp2.cuh) on the arguments the FP8 forward makes (x <= 0,
