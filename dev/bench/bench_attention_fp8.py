@@ -133,7 +133,7 @@ def main():
             # default arguments bind this iteration's values (a closure would see the last ones)
             fwds[m] = lambda p=p, o=o, lse=lse: lib.shim_fwd(p, o.data_ptr(), lse.data_ptr())
             bwds[m] = lambda p=p, o=o, lse=lse, g=dqkv: lib.shim_bwd(p, o.data_ptr(), lse.data_ptr(), g.data_ptr())
-            print(f"# T={T}: first call of {m}", flush=True)  # names the culprit if src/ FATALs
+            print(f"# T={T}: first call of {m}", flush=True)  # names the culprit if the library FATALs
             fwds[m]()
             bwds[m]()  # needs this mode's own o and lse, which every timed forward rewrites identically
             outs[m] = (o, lse, dqkv)
@@ -185,7 +185,7 @@ def main():
                 torch.cuda.synchronize()
                 dd = (delta - delta_ref).abs().max().item()
                 print(f"# T={T}: delta kernel alone vs fp8_dm backward's D: max |diff| {dd:.3e}", flush=True)
-                if dd == 0.0:  # the same code on the same codes: bit for bit, else not the launch src/ makes
+                if dd == 0.0:  # the same code on the same codes: bit for bit, else not the launch the library makes
                     bwds["delta"] = lambda: lib.shim_delta(lse8.data_ptr(), delta.data_ptr())
                 else:
                     print(f"# T={T}: delta kernel alone NOT timed: its D differs (launch out of date?)")
