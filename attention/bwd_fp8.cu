@@ -147,7 +147,7 @@ __device__ __forceinline__ void dq_reduce(const void *tm_dq, uint32_t s_dq, int 
 // TMA (d = 128): one thread loads each query block with bulk tensor copies, completed on the
 // stage's mbarrier, instead of 8 cp.async per thread; Q̂^T and dÔ^T then come in the 64-byte
 // swizzle (64-byte rows: TMA writes a box densely, and the reduction over a query block's 64
-// queries is one such row), the other tiles in the 128-byte one as before.
+// queries is one such row), the other tiles in the 128-byte one as in the cp.async form.
 template <int D, bool TMA = false>
 struct B8Smem {
     static constexpr int KV = B8_BK * 128;         // K̂ or V̂ (128 keys x 128 B)

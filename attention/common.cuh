@@ -142,7 +142,7 @@ __device__ __forceinline__ uint32_t dkdv_chunk(int t, int r, int c) {
     return (uint32_t)((t * 128 + r) * (2 * D) + 16 * (c ^ (r & 7)));
 }
 // The staging writes of one warp: its 16 accumulator rows start at row wrow0 of the area (64 w +
-// 16 warp); dK is scaled by tau on the way (the rounding as before: BF16(dK tau)).
+// 16 warp); dK is scaled by tau on the way (one rounding: BF16(dK tau)).
 template <int D>
 __device__ __forceinline__ void dkdv_stage(uint32_t area, const float (&dka)[D / 2], const float (&dva)[D / 2],
                                            float tau, int wrow0) {
