@@ -65,7 +65,7 @@
 #include "gpu/tensor_map.h"      // tensor_map_tiled (the dQ accumulator's map), tensor_map_2d (the TMA form's maps)
 
 #include "attention/bwd_fp8_tile.cuh"  // B8_*, wg_fp8_tile, b8_load, tile_p_dp: shared with the delta pass
-#include "attention/cta_timeline.cuh"  // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
+#include "gpu/test_hooks.h"            // gpu_test_hooks: the head groups, the cp.async form
 
 namespace {
 // Scale blocks of a sequence of T tokens (attn_quant_n_blocks, for device code).
@@ -147,7 +147,7 @@ __device__ __forceinline__ void dq_reduce(const void *tm_dq, uint32_t s_dq, int 
 // TMA (d = 128): one thread loads each query block with bulk tensor copies, completed on the
 // stage's mbarrier, instead of 8 cp.async per thread; Q̂^T and dÔ^T then come in the 64-byte
 // swizzle (64-byte rows: TMA writes a box densely, and the reduction over a query block's 64
-// queries is one such row), the other tiles in the 128-byte one as before.
+// queries is one such row), the other tiles in the 128-byte one as in the cp.async form.
 template <int D, bool TMA = false>
 struct B8Smem {
     static constexpr int KV = B8_BK * 128;         // K̂ or V̂ (128 keys x 128 B)
@@ -183,12 +183,6 @@ struct B8QMaps {
 };
 // The thread that issues the TMA form's query-block copies (thread 0 issues the dQ reductions).
 #define B8_LOADER 32
-
-// -DATTN_TIMELINE: thread 0 of each CTA records entry (0), its first query block in (1), the end
-// of the two diagonal query blocks (2), the end of the loop (3), the last dQ reduction done (4)
-// and its end (5) (cta_timeline.cuh; bench/attn_timeline.py)
-TL_DECLARE(b8_timeline);
-TL_DEFINE_SETTER(attn_gpu_backward_fp8_timeline, b8_timeline)
 
 template <int D, bool E5, bool TMA>
 __global__ void __launch_bounds__(B8_THREADS, 1)
@@ -230,7 +224,6 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     const int kb = blockIdx.y, bh = blockIdx.z * gridDim.x + blockIdx.x, b = bh / H, h = bh % H;
     if (bh >= n_bh) return;  // past the last head of a partial last group (before any barrier)
     const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
-    TL_MARK(b8_timeline, tid == 0, 0);
     const int g = lane >> 2, t4 = lane & 3;
     const int nblk = b8_nblk(T), Tp = nblk * ATTN_SCALE_BLOCK;
     const int k0 = kb * B8_BK, key0 = k0 + wg * 64;  // the warpgroup's first key
@@ -331,8 +324,6 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
         // the previous query block's dQ, staged by every thread before this barrier
         if (qb > qb_first && tid == 0) dq_reduce<D>(&tm_dq, s_dq, q0 - B8_BQ, bh);
         if constexpr (TMA) mbar_wait(sFull + s, (uint32_t)(((qb - qb_first) >> 1) & 1));
-        TL_MARK(b8_timeline, tid == 0 && qb == qb_first, 1);
-        TL_MARK(b8_timeline, tid == 0 && qb == qb_first + 2, 2);
         // descriptor low words of the tiles: constant offsets from the opaque base, one add each.
         // wgu = wg, as a value the compiler knows to be warp-uniform (a shuffle from lane 0, as
         // CUTLASS's canonical_warp_group_idx), so the descriptors that depend on it are built in
@@ -494,13 +485,10 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     // the last query block's dQ: its reduction runs under the epilogue. Thread 0 waits only for
     // its reads of the staging area, and only before the CTA ends (dK and dV are staged in the
     // stages' memory, not there); its writes complete with the grid, as a TMA store's do. Waiting
-    // for them here kept the whole CTA ~1 us per CTA (bench/attn_timeline.py: "last dQ", 2% of
-    // the kernel's SM time at T = 2K).
-    TL_MARK(b8_timeline, tid == 0, 3);
+    // for them here would keep the whole CTA ~1 us longer (2% of the kernel's SM time at T = 2K).
     fence_proxy_async();
     __syncthreads();
     if (tid == 0 && n_qb > qb_first) dq_reduce<D>(&tm_dq, s_dq, (n_qb - 1) * B8_BQ, bh);
-    TL_MARK(b8_timeline, tid == 0, 4);
 
     // epilogue: dV and tau dK in BF16, staged in the stages' shared memory (free now: every
     // wgmma is done), then copied out in 16-byte chunks (dkdv_stage, attention/common.cuh)
@@ -509,28 +497,18 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
     __syncthreads();
     dkdv_copy_out<D, B8_THREADS>(stage0, dk, dv, (long)b * T * dqkv_stride + (long)h * D, dqkv_stride, k0, T, tid);
     if (tid == 0) bulk_wait_read();  // the last dQ reduction has read the staging area
-    TL_END(b8_timeline, tid == 0, 5, n_qb - qb_first);
 }
 
 // --- launchers ---------------------------------------------------------------------------------
-// Timing knobs, read once per process (the CTA orders; dK, dV, D are the same whatever the order,
-// dQ up to the order of its FP32 reductions, which is not fixed anyway), as causal_group_heads
-// reads them (N: groups of N heads, 0: all heads, unset: the kernel's own):
-// ATTN_FP8_BWD_GROUP_HEADS the main backward's (1: the natural order, each head's key blocks in
-// turn; its own: about one wave of CTAs per group); ATTN_FP8_DELTA_GROUP_HEADS the delta pass's
-// (attention/delta_fp8.cu).
-static int bwd_fp8_test_group_heads = 0;  // attn_gpu_backward_fp8_test_group_heads
-extern "C" void attn_gpu_backward_fp8_test_group_heads(int heads_per_group) {
-    bwd_fp8_test_group_heads = heads_per_group > 0 ? heads_per_group : 0;
-}
-// The main backward's heads per group: about one wave of CTAs whose heads' Q̂, dÔ and their
-// transposed copies (4 T d bytes per head) fit ~16 MiB of L2 (causal_heads_per_group). Measured
-// on one H200 (docs/perf.md, the backward order sweep): groups of 8-16 heads 2-4% faster than the
-// natural order at every T; more than a wave per group gained nothing.
+// The main backward's heads per group of its CTA order: about one wave of CTAs whose heads' Q̂, dÔ
+// and their transposed copies (4 T d bytes per head) fit ~16 MiB of L2 (causal_heads_per_group).
+// On one H200 (docs/perf.md): groups of 8-16 heads 2-4% faster than each head's key blocks in turn
+// at every T; more than a wave per group gained nothing. (Tests may force a count: dK, dV do not
+// depend on the order, dQ only through the order of its FP32 reductions.)
 static int bwd_fp8_main_heads_per_group(int n_bh, int T, int d) {
-    static const int env = attn_env_count("ATTN_FP8_BWD_GROUP_HEADS");
-    const int forced = bwd_fp8_test_group_heads > 0 ? bwd_fp8_test_group_heads : env;
-    return causal_group_heads(forced, n_bh, causal_heads_per_group(4L * T * d, attn_quant_n_blocks(T), n_bh, attn_sm_count()));
+    const int forced = gpu_test_hooks.bwd_fp8_group_heads;
+    if (forced > 0) return forced < n_bh ? forced : n_bh;
+    return causal_heads_per_group(4L * T * d, attn_quant_n_blocks(T), n_bh, attn_sm_count());
 }
 extern "C" size_t attn_gpu_backward_fp8_workspace_bytes(int B, int H, int T, int d) {
     return gpu_attn_bwd_workspace_bytes((size_t)B, (size_t)H, (size_t)T, (size_t)d);  // the BF16 backward's layout
@@ -541,15 +519,13 @@ static float *bwd_fp8_dlt(const AttnFp8BwdArgs *a, int B, int H, int T, int d) {
     return a->delta_out ? a->delta_out : (float *)a->workspace + (size_t)B * H * T * d;
 }
 
-// The main backward's query blocks by TMA (d = 128; ATTN_FP8_BWD_TMA=0: cp.async by every thread,
-// as at d = 64). The maps of LSE and D need 16-byte aligned rows: T a multiple of 4 (a box that
-// starts off a 16-byte boundary is an illegal instruction) and aligned bases; the code rows
-// (B*H*Tp, and B*H*D < that) must fit the int coordinates of a TMA copy (b8_code_rows_fit_tma).
-static int bwd_fp8_test_tma_form = -1;  // attn_gpu_backward_fp8_test_tma
-extern "C" void attn_gpu_backward_fp8_test_tma(int on) { bwd_fp8_test_tma_form = on; }  // attn_form_on reads it
+// The main backward's query blocks by TMA at d = 128 (else cp.async by every thread, as at d = 64)
+// where the maps can describe them: the maps of LSE and D need 16-byte aligned rows (T a multiple
+// of 4: a box that starts off a 16-byte boundary is an illegal instruction) and aligned bases; the
+// code rows (B*H*Tp, and B*H*D < that) must fit the int coordinates of a TMA copy
+// (b8_code_rows_fit_tma).
 static bool bwd_fp8_tma(const AttnFp8BwdArgs *a, const float *dlt, int B, int H, int T, int d) {
-    static const bool env = attn_env_switch("ATTN_FP8_BWD_TMA");
-    return attn_form_on(bwd_fp8_test_tma_form, env) && d == 128 && b8_code_rows_fit_tma(B, H, T) &&
+    return !gpu_test_hooks.bwd_fp8_no_tma && d == 128 && b8_code_rows_fit_tma(B, H, T) &&
            tma_rows_aligned(a->lse, 4L * T) && tma_rows_aligned(dlt, 4L * T);
 }
 

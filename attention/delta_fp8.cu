@@ -45,6 +45,7 @@
 #include "attention/common.cuh"        // mbarriers, setmaxnreg, persistent_next_tile, quad_sum, pow2_recip
 #include "core/common.h"               // FATAL
 #include "gpu/tensor_map.h"            // tensor_map_2d: K̂, V̂ by TMA (d 128)
+#include "gpu/test_hooks.h"            // gpu_test_hooks.delta_fp8_no_tma
 
 #include <string.h>  // memset
 
@@ -256,19 +257,17 @@ __global__ void __launch_bounds__(DL_THREADS, 1)
     }
 }
 
-// The delta pass's heads per group (ATTN_FP8_DELTA_GROUP_HEADS=N overrides it): as the FP8
-// forward's, two waves of CTAs whose heads' K̂ and V̂ (2 Tp d bytes per head) fit in L2. Measured
-// (docs/perf.md, stop 25): over all heads 9-19% slower at T = 1K-2K, groups of 4 heads the same.
+// The delta pass's heads per group: as the FP8 forward's, two waves of CTAs whose heads' K̂ and V̂
+// (2 Tp d bytes per head) fit in L2. On one H200 (docs/perf.md): heaviest first over all heads is
+// 9-19% slower at T = 1K-2K, groups of 4 heads the same.
 static int delta_heads_per_group(int n_bh, int nblk, int d) {
-    static const int env = attn_env_count("ATTN_FP8_DELTA_GROUP_HEADS");
-    return causal_group_heads(env, n_bh, causal_heads_per_group(2L * nblk * DL_BK * d, nblk, n_bh, 2 * attn_sm_count()));
+    return causal_heads_per_group(2L * nblk * DL_BK * d, nblk, n_bh, 2 * attn_sm_count());
 }
 
-// The delta pass's K̂ and V̂ by TMA at d 128 (ATTN_FP8_DELTA_TMA=0: the cp.async producer), read once,
-// where the code rows fit a TMA copy's int coordinates (b8_code_rows_fit_tma, as the main backward).
+// The delta pass's K̂ and V̂ by TMA at d 128 (else the cp.async producer, as at d 64) where the
+// code rows fit a TMA copy's int coordinates (b8_code_rows_fit_tma, as the main backward).
 static bool delta_kv_tma(int B, int H, int T, int d) {
-    static const bool env = attn_env_switch("ATTN_FP8_DELTA_TMA");
-    return d == 128 && env && b8_code_rows_fit_tma(B, H, T);
+    return d == 128 && !gpu_test_hooks.delta_fp8_no_tma && b8_code_rows_fit_tma(B, H, T);
 }
 
 template <int D, bool E5, bool KV_TMA>

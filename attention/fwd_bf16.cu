@@ -1,46 +1,34 @@
-// fwd_bf16.cu: fused causal flash attention, forward (docs/fp8-attention.md).
-// This first version is the BF16 mode; the FP8 modes reuse its tiling and pass order: one query
-// block per CTA walking the key blocks upward with an online softmax. Interface: attention/kernels_bf16.h;
-// shared device helpers: attention/common.cuh.
-//   attn_fwd_wgmma_tma_kernel (default; wgmma m64nNk16, 128x128 tiles, sm_90a, softmax
-//     overlapped with P V, tiles by TMA from a producer warpgroup), attn_fwd_wgmma_pipe_kernel
-//     (the same with cp.async loads), attn_fwd_kernel (mma.sync m16n8k16, 128x64 tiles, in
-//     attention/fwd_bf16_mma.cu).
-//     ATTN_GPU_FWD picks one (table fwd_impls at the end).
+// fwd_bf16.cu: fused causal flash attention forward in BF16 (docs/fp8-attention.md), on wgmma
+// (sm_90a) with 128 x 128 tiles: one query block per CTA walking the key blocks upward with an
+// online softmax, a producer warpgroup loading Q, K and V by TMA and two consumer warpgroups
+// computing, the softmax of key block j overlapped with P_{j-1} V_{j-1} on the tensor cores.
+// The FP8 forward (attention/fwd_fp8.cu) keeps this tiling and pass order. Interface:
+// attention/kernels_bf16.h. Earlier forms of the same job (mma.sync; cp.async loads by every
+// thread) are lab versions in dev/cuda/.
 #include "attention/kernels_bf16.h"
 
 #include <cuda.h>          // CUtensorMap and its enums (types only: no -lcuda)
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <math.h>          // INFINITY
 #include <stdint.h>        // uint32_t, uint64_t
-#include <stdio.h>         // fprintf (the experimental-kernel warning)
-#include <stdlib.h>        // getenv, atoi
-#include <string.h>        // strcmp, memset
+#include <string.h>        // memset
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
-#include "attention/common.cuh"        // PTX wrappers, tile loaders, check_args
-#include "gpu/tensor_map.h"            // tensor_map_bthd (the TMA kernel's Q, K, V and O maps)
-#include "core/common.h"               // FATAL
-#include "attention/cta_timeline.cuh"  // TL_*: per-CTA timestamps, only with -DATTN_TIMELINE
+#include "attention/common.cuh"  // PTX wrappers, causal orders, epilogues, check_args
+#include "core/common.h"         // FATAL
+#include "gpu/tensor_map.h"      // tensor_map_bthd (Q, K, V and O maps)
+#include "gpu/test_hooks.h"      // gpu_test_hooks.fwd_bf16_no_o_tma
 
-// Tile sizes of the wgmma kernel: 128 query rows (2 warpgroups x 64), key blocks of 128.
+// Tiles: 128 query rows (2 warpgroups x 64), key blocks of 128.
 #define WG_BQ 128
 #define WG_BK 128
 
 // --- forward -----------------------------------------------------------------------------------
-// grid (ceil(T/FWD_BQ), B*H), block FWD_WARPS*32. Warp w 8 x 128 tiles: 2 warpgroups, each owns
-// 64 query rows; S = Q K^T with both operands from shared memory, O += P V with P from registers
-// (BF16, straight from the S accumulators) and V N-major from shared memory. The accumulator
-// layout of wgmma m64nN is, per warp of the warpgroup, that of mma.m16n8 repeated over N/8 tiles:
-// d[4j + e] = (row 16*warp + g + 8*(e/2), col 8j + 2t + e%2). In both wgmma kernels the softmax
-// of key block j runs while the tensor cores compute O += P_{j-1} V_{j-1} (FlashAttention-3's
-// intra-warpgroup overlap); they differ in how tiles arrive:
-//   attn_fwd_wgmma_tma_kernel (default): a producer warpgroup issues TMA copies, mbarriers pace
-//     them, the two consumer warpgroups never wait for each other;
-//   attn_fwd_wgmma_pipe_kernel (ATTN_GPU_FWD=wgmma_pipe): all 256 threads issue cp.async for the
-//     next tiles, one CTA-wide barrier per key block (no TMA, no driver entry point needed).
-// Both compute the same thing in the same precision (max per key block, P in BF16, FP32 sums)
-// and match the mma.sync kernel up to FP32 summation order.
+// grid: one CTA per (query block, b*H + h), 384 threads: warpgroup 0 the producer, warpgroups 1
+// and 2 each own 64 query rows; S = Q K^T with both operands from shared memory, O += P V with P
+// from registers (BF16, straight from the S accumulators) and V N-major from shared memory. The
+// accumulator layout of wgmma m64nN is, per warp of the warpgroup, that of mma.m16n8 repeated
+// over N/8 tiles: d[4j + e] = (row 16*warp + g + 8*(e/2), col 8j + 2t + e%2).
 static_assert(WG_BQ == WG_BK, "only the last (diagonal) key block of a query block is masked");
 
 // Online-softmax step on one (64 x WG_BK) S tile held as wgmma accumulators: mask (MASKED: the
@@ -116,8 +104,7 @@ __device__ __forceinline__ void wg_rescale(float (&oacc)[N], const float (&alpha
     for (int i = 0; i < N; i++) oacc[i] *= alpha[(i >> 1) & 1];
 }
 
-// Per-CTA indices and shared-memory carve-up of the wgmma kernels.
-// tid: the thread's index among the 256 that compute (2 warpgroups).
+// Per-CTA indices and shared-memory carve-up. tid: the thread's index among the 256 consumers.
 struct WgFwdCta {
     bf16 *sQ, *sK, *sV;           // Q: D/64 regions of (WG_BQ x 64); K, V: 2 stages of D/64 regions
     const unsigned char *sQb;     // this warpgroup's 64 rows of Q (bytes)
@@ -134,9 +121,8 @@ __device__ __forceinline__ WgFwdCta wg_fwd_cta(unsigned char *smem_raw, int qkv_
     c.sV = c.sK + 2 * WG_BK * D;
     // 1-D grid over (query block, b*H + h), heaviest first within groups of heads: in a group,
     // every head's last query block before any head's second-to-last, so the longest jobs start
-    // first and the shortest fill the tail (measured on the H200, pipe kernel: +2-4% at T = 4K-8K
-    // over walking head by head), and the group's K and V stay in L2 (causal_item_grouped; with
-    // heads_per_group = B*H heaviest first over all heads, as before).
+    // first and the shortest fill the tail, and the group's K and V stay in L2
+    // (causal_item_grouped).
     const int n_qb = (T + WG_BQ - 1) / WG_BQ, n_bh = gridDim.x / n_qb;
     const CausalItem item = causal_item_grouped(blockIdx.x, n_qb, n_bh, heads_per_group);
     const int qb = n_qb - 1 - item.rank;
@@ -177,105 +163,15 @@ __device__ __forceinline__ const unsigned char *as_bytes(const bf16 *p) {
 // overwrites the registers of P_{j-1} only after the second retires (wgmma.wait_group 0).
 // Block 0 (S and softmax only) and the diagonal block (masked) are peeled out of the loop, so
 // every wgmma issue and wait in it is unconditional: ptxas must see that the registers of P stay
-// read by the tensor cores until the wait (seen with a conditional PV issue: it reused them for
-// softmax temporaries and the result was wrong). Tiles (cp.async, two stages each): K_{j+1} and
-// V_j load during block j; Q, K_0 before block 0.
-template <int D>
-__global__ void __launch_bounds__(256, 1)
-    attn_fwd_wgmma_pipe_kernel(const bf16 *__restrict__ q, const bf16 *__restrict__ k,
-                               const bf16 *__restrict__ v, int qkv_stride, bf16 *__restrict__ o,
-                               int o_stride, float *__restrict__ lse, int H, int T,
-                               float scale_log2, uint32_t v_lbo, uint32_t v_sbo, int heads_per_group) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const WgFwdCta c = wg_fwd_cta<D>(smem_raw, qkv_stride, o_stride, H, T, threadIdx.x, heads_per_group);
-    const bf16 *gq = q + c.qkv_base, *gk = k + c.qkv_base, *gv = v + c.qkv_base;
-    constexpr int KV_TILE = WG_BK * D;
-    float oacc[D / 2], s[WG_BK / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) oacc[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < WG_BK / 2; i++) s[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
-    uint32_t pa[WG_BK / 16][4];  // P of the previous block: A operand of the PV wgmmas
-
-    // block 0: Q and K_0 first; K_1 and V_0 load while S_0 and its softmax run
-    load_tile_sw128<WG_BQ, D, 256>(c.sQ, gq, qkv_stride, c.q0, T, c.tid);
-    load_tile_sw128<WG_BK, D, 256>(c.sK, gk, qkv_stride, 0, T, c.tid);
-    cp_async_commit();
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-    if (c.n_kb > 1)
-        load_tile_sw128<WG_BK, D, 256>(c.sK + KV_TILE, gk, qkv_stride, WG_BK, T, c.tid);
-    load_tile_sw128<WG_BK, D, 256>(c.sV, gv, qkv_stride, 0, T, c.tid);
-    cp_async_commit();
-    reg_fence(s);
-    wgmma_fence();
-    wg_issue_qk<D>(s, c.sQb, as_bytes(c.sK));
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(s);
-    if (c.n_kb == 1) softmax_block<true>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
-    else softmax_block<false>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
-    pack_bf16_afrags<WG_BK>(pa, s);  // O is zero: no rescale
-
-    auto step = [&](int kb, auto mask) {
-        cp_async_wait_all();  // K_kb and V_{kb-1} (this thread's part)
-        fence_proxy_async();
-        __syncthreads();  // ... everyone's part; every warpgroup retired S_{kb-1} and PV_{kb-2},
-                          // so K stage (kb+1)&1 and V stage kb&1 are free
-        if (kb + 1 < c.n_kb)
-            load_tile_sw128<WG_BK, D, 256>(c.sK + ((kb + 1) & 1) * KV_TILE, gk, qkv_stride, (kb + 1) * WG_BK, T, c.tid);
-        load_tile_sw128<WG_BK, D, 256>(c.sV + (kb & 1) * KV_TILE, gv, qkv_stride, kb * WG_BK, T, c.tid);
-        cp_async_commit();
-        reg_fence(s);
-        reg_fence(oacc);
-        wgmma_fence();
-        wg_issue_qk<D>(s, c.sQb, as_bytes(c.sK + (kb & 1) * KV_TILE));
-        wgmma_commit();
-        wg_issue_pv<D>(oacc, pa, as_bytes(c.sV + ((kb - 1) & 1) * KV_TILE), v_lbo, v_sbo);
-        wgmma_commit();
-        wgmma_wait<1>();  // groups retire in order: S_kb is done, PV may still run
-        reg_fence(s);
-        softmax_block<decltype(mask)::value>(s, m, l, alpha, kb * WG_BK, c.row_w0, T, c.g, c.t4, scale_log2);
-        wgmma_wait<0>();  // PV done: O and the registers of P_{kb-1} may change now
-        reg_fence(oacc);
-        reg_fence(pa);
-        wg_rescale(oacc, alpha);
-        pack_bf16_afrags<WG_BK>(pa, s);
-    };
-    for (int kb = 1; kb < c.n_kb - 1; kb++) step(kb, std::false_type());
-    if (c.n_kb > 1) step(c.n_kb - 1, std::true_type());
-
-    // the last block's O += P V
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();
-    reg_fence(oacc);
-    wgmma_fence();
-    wg_issue_pv<D>(oacc, pa, as_bytes(c.sV + ((c.n_kb - 1) & 1) * KV_TILE), v_lbo, v_sbo);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(oacc);
-    reg_fence(pa);
-    wg_store_output<D>(c, oacc, m, l, o, o_stride, lse, T, scale_log2);
-}
-
-// Warp-specialized form of attn_fwd_wgmma_pipe_kernel (same math, same order): warpgroup 0 is
-// the producer: one thread issues TMA bulk tensor copies of Q, then K_j and V_j into two stages
-// each, and the warpgroup hands most of its registers to the others (setmaxnreg). Warpgroups 1
-// and 2 compute as in the pipelined kernel, with no CTA-wide barrier in the loop: a consumer
-// waits on a stage's "full" mbarrier (TMA bytes landed) before its wgmma reads the stage, and
-// arrives on its "empty" mbarrier once the wgmma that read it retired; the producer waits for
-// all 256 consumer arrivals before it refills the stage. Tensor maps: 4-D (c, h, t, b) views of
-// q, k, v with boxes of 64 columns x 128 rows in the 128-byte swizzle (the layout of
-// load_tile_sw128); rows past T are zero-filled by the copy engine.
-// -DATTN_TIMELINE: the first consumer thread of each CTA records its start (0), K block 0 in
-// (1), block 0's softmax done (2), the block loop done (3), the last PV done (4) and its end (5),
-// as the FP8 forward does per tile (cta_timeline.cuh; bench/attn_timeline.py)
-TL_DECLARE(bf_timeline);
-TL_DEFINE_SETTER(attn_gpu_forward_timeline, bf_timeline)
-
+// read by the tensor cores until the wait (with a conditional PV issue it may reuse them for
+// softmax temporaries, and the result is wrong).
+// Warpgroup 0 is the producer: one thread issues TMA bulk tensor copies of Q, then K_j and V_j
+// into two stages each, and the warpgroup hands most of its registers to the others
+// (setmaxnreg). The consumers meet no CTA-wide barrier in the loop: a consumer waits on a stage's
+// "full" mbarrier (TMA bytes landed) before its wgmma reads the stage, and arrives on its "empty"
+// mbarrier once the wgmma that read it retired; the producer waits for all 256 consumer arrivals
+// before it refills the stage. Tensor maps: 4-D (c, h, t, b) views of q, k, v with boxes of 64
+// columns x 128 rows in the 128-byte swizzle; rows past T are zero-filled by the copy engine.
 template <int D>
 __global__ void __launch_bounds__(384, 1)
     attn_fwd_wgmma_tma_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -335,10 +231,8 @@ __global__ void __launch_bounds__(384, 1)
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];
         uint32_t pa[WG_BK / 16][4];
 
-        TL_MARK(bf_timeline, ctid == 0, 0);
         mbar_wait(full_q, 0);
         mbar_wait(full_k, 0);
-        TL_MARK(bf_timeline, ctid == 0, 1);
         reg_fence(s);
         wgmma_fence();
         wg_issue_qk<D>(s, c.sQb, as_bytes(c.sK));
@@ -349,7 +243,6 @@ __global__ void __launch_bounds__(384, 1)
         if (c.n_kb == 1) softmax_block<true>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
         else softmax_block<false>(s, m, l, alpha, 0, c.row_w0, T, c.g, c.t4, scale_log2);
         pack_bf16_afrags<WG_BK>(pa, s);
-        TL_MARK(bf_timeline, ctid == 0, 2);
 
         auto step = [&](int kb, auto mask) {
             mbar_wait(full_k + (kb & 1), (kb >> 1) & 1);
@@ -374,7 +267,6 @@ __global__ void __launch_bounds__(384, 1)
         };
         for (int kb = 1; kb < c.n_kb - 1; kb++) step(kb, std::false_type());
         if (c.n_kb > 1) step(c.n_kb - 1, std::true_type());
-        TL_MARK(bf_timeline, ctid == 0, 3);
 
         const int last = c.n_kb - 1;
         mbar_wait(full_v + (last & 1), (last >> 1) & 1);
@@ -385,7 +277,6 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         reg_fence(oacc);
         reg_fence(pa);
-        TL_MARK(bf_timeline, ctid == 0, 4);
         if (o_tma) {
             // O by TMA (store_o_tma, attention/common.cuh), staged where this warpgroup's
             // Q rows were (every S is done): the D / 64 regions of Q are 128 rows x 128 bytes in
@@ -402,120 +293,51 @@ __global__ void __launch_bounds__(384, 1)
         } else {
             wg_store_output<D>(c, oacc, m, l, o, o_stride, lse, T, scale_log2);
         }
-        TL_END(bf_timeline, ctid == 0, 5, c.n_kb);
     }
 }
 
 // --- launchers ---------------------------------------------------------------------------------
-// Forward implementations, one read from ATTN_GPU_FWD per process (unset: FWD_DEFAULT). All of
-// them pass test_attention_gpu (scripts/gpu_attention_check.sh runs it with each); the ones that
-// are not the default stay for comparisons and as fallbacks.
-enum FwdKernel { K_MMA, K_WG_PIPE, K_WG_TMA };
-struct FwdImpl {
-    const char *name;
-    FwdKernel kernel;
-};
-static const FwdImpl fwd_impls[] = {
-    {"wgmma_tma", K_WG_TMA},    // wgmma, softmax overlapped with PV, TMA producer warpgroup
-    {"wgmma_pipe", K_WG_PIPE},  // the same with cp.async loads by every thread
-    {"mma", K_MMA},             // mma.sync, 128 x 64 tiles
-};
-#define N_FWD_IMPLS (int)(sizeof fwd_impls / sizeof fwd_impls[0])
-#define FWD_DEFAULT 0  // wgmma_tma
-static const FwdImpl &fwd_impl(void) {
-    static int impl = -1;
-    if (impl < 0) {
-        const char *e = getenv("ATTN_GPU_FWD");
-        impl = FWD_DEFAULT;
-        if (e && *e) {
-            int found = -1;
-            for (int i = 0; i < N_FWD_IMPLS; i++)
-                if (strcmp(e, fwd_impls[i].name) == 0) found = i;
-            if (found < 0)
-                fprintf(stderr, "attention: ATTN_GPU_FWD=%s is not a forward kernel of "
-                                "attention/fwd_bf16.cu; using %s\n", e, fwd_impls[FWD_DEFAULT].name);
-            else
-                impl = found;
-        }
-    }
-    return fwd_impls[impl];
-}
-
-// Name of the forward kernel in use ("wgmma_pipe", ...), for benchmarks and logs. Not in
-// attention/kernels_bf16.h (its API is fixed); bench/bench_attention.{cu,py} declare it themselves.
-extern "C" const char *attn_gpu_forward_impl_name(void) { return fwd_impl().name; }
-
 extern "C" void attn_gpu_block_sizes(int d, int *block_q, int *block_k) {
     (void)d;
-    const bool wg = fwd_impl().kernel != K_MMA;
-    *block_q = wg ? WG_BQ : FWD_BQ;
-    *block_k = wg ? WG_BK : FWD_BK;
+    *block_q = WG_BQ;
+    *block_k = WG_BK;
 }
-
-static int fwd_test_o_tma_form = -1;  // attn_gpu_forward_test_o_tma
-extern "C" void attn_gpu_forward_test_o_tma(int on) { fwd_test_o_tma_form = on; }  // attn_form_on reads it
 
 // (B, T, H, D) BF16 with row stride `stride` as a 4-D tensor (c, h, t, b); box 64 x 1 x rows x 1.
 static CUtensorMap make_tmap(const bf16 *base, int B, int H, int T, int D, int stride, int rows) {
-    return tensor_map_bthd("the TMA forward (ATTN_GPU_FWD=wgmma_pipe avoids it)", base, B, H, T, D, stride, rows);
+    return tensor_map_bthd("the BF16 attention forward", base, B, H, T, D, stride, rows);
 }
 
 template <int D>
-static void forward_wgmma_d(const FwdImpl &impl, const bf16 *q, const bf16 *k, const bf16 *v,
-                            int qkv_stride, bf16 *o, int o_stride, float *lse, int B, int H, int T,
-                            cudaStream_t stream) {
+static void forward_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o, int o_stride,
+                      float *lse, int B, int H, int T, cudaStream_t stream) {
     const size_t tiles = (size_t)(WG_BQ + 4 * WG_BK) * D * sizeof(bf16) + 1024;  // +1024: alignment
+    const size_t smem = tiles + 9 * sizeof(uint64_t);                             // + the mbarriers
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     const long n_cta = (long)((T + WG_BQ - 1) / WG_BQ) * B * H;
     if (n_cta > 0x7fffffffL) FATAL("attn_gpu_forward: B*H*ceil(T/%d) = %ld CTAs is too many", WG_BQ, n_cta);
     // heads per group of the CTA order: K and V of a head are 2 T D BF16 values, and at least one
-    // wave of CTAs per group (one CTA per SM). Measured on one H200 (docs/perf.md, the head-group
-    // sweep): the best fixed group was 8-16 heads at T = 1K, 8 at 2K, 4 at 4K, 2 at 8K, i.e. about
-    // one wave of CTAs with K, V in 16 MiB; two waves per group (the FP8 persistent forward's
-    // rule) took 5-9% of that back at 4K-8K. ATTN_BF16_FWD_GROUP_HEADS=N overrides (0: all heads,
-    // the order before head groups).
-    static const int forced = attn_env_count("ATTN_BF16_FWD_GROUP_HEADS");
-    const int hg = causal_group_heads(
-        forced, B * H, causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, attn_sm_count()));
+    // wave of CTAs per group (one CTA per SM): on one H200 (docs/perf.md) the best fixed group was
+    // about one wave of CTAs with K, V in 16 MiB at every T; two waves per group were 5-9% slower
+    // at 4K-8K.
+    const int hg = causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, attn_sm_count());
     // V's descriptor offsets: next 64-column region (leading), next 8 keys (stride).
     const uint32_t v_lbo = WG_BK * 128, v_sbo = 1024;
-    static bool attr_set[2] = {false, false};  // one device per process (one GPU per rank)
-    if (impl.kernel == K_WG_TMA) {
-        const size_t smem = tiles + 9 * sizeof(uint64_t);  // + the mbarriers
-        if (!attr_set[0]) {
-            CUDA_OK(cudaFuncSetAttribute(attn_fwd_wgmma_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            attr_set[0] = true;
-        }
-        const CUtensorMap tq = make_tmap(q, B, H, T, D, qkv_stride, WG_BK), tk = make_tmap(k, B, H, T, D, qkv_stride, WG_BK),
-                          tv = make_tmap(v, B, H, T, D, qkv_stride, WG_BK);
-        // O by TMA where its rows are 16-byte aligned (ATTN_FWD_O_TMA=0: the fragments' stores)
-        static const bool o_tma_env = attn_env_switch("ATTN_FWD_O_TMA");
-        const bool o_tma = attn_form_on(fwd_test_o_tma_form, o_tma_env) && tma_rows_aligned(o, 2L * o_stride);
-        CUtensorMap to;
-        memset(&to, 0, sizeof to);
-        if (o_tma) to = make_tmap(o, B, H, T, D, o_stride, 64);
-        attn_fwd_wgmma_tma_kernel<D><<<(unsigned)n_cta, 384, smem, stream>>>(
-            tq, tk, tv, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo, hg, to, o_tma ? 1 : 0);
-    } else {
-        if (!attr_set[1]) {
-            CUDA_OK(cudaFuncSetAttribute(attn_fwd_wgmma_pipe_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tiles));
-            attr_set[1] = true;
-        }
-        attn_fwd_wgmma_pipe_kernel<D><<<(unsigned)n_cta, 256, tiles, stream>>>(
-            q, k, v, qkv_stride, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo, hg);
+    static bool attr_set = false;  // one device per process (one GPU per rank)
+    if (!attr_set) {
+        CUDA_OK(cudaFuncSetAttribute(attn_fwd_wgmma_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
     }
+    const CUtensorMap tq = make_tmap(q, B, H, T, D, qkv_stride, WG_BK), tk = make_tmap(k, B, H, T, D, qkv_stride, WG_BK),
+                      tv = make_tmap(v, B, H, T, D, qkv_stride, WG_BK);
+    // O by TMA where its rows are 16-byte aligned, else from the fragments (the same bits)
+    const bool o_tma = !gpu_test_hooks.fwd_bf16_no_o_tma && tma_rows_aligned(o, 2L * o_stride);
+    CUtensorMap to;
+    memset(&to, 0, sizeof to);
+    if (o_tma) to = make_tmap(o, B, H, T, D, o_stride, 64);
+    attn_fwd_wgmma_tma_kernel<D><<<(unsigned)n_cta, 384, smem, stream>>>(
+        tq, tk, tv, o, o_stride, lse, H, T, scale_log2, v_lbo, v_sbo, hg, to, o_tma ? 1 : 0);
     CUDA_OK(cudaGetLastError());
-}
-
-template <int D>
-static void forward_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o,
-                      int o_stride, float *lse, int B, int H, int T, cudaStream_t stream) {
-    const FwdImpl &impl = fwd_impl();
-    if (impl.kernel != K_MMA) {
-        forward_wgmma_d<D>(impl, q, k, v, qkv_stride, o, o_stride, lse, B, H, T, stream);
-        return;
-    }
-    attn_fwd_mma_launch(D, q, k, v, qkv_stride, o, o_stride, lse, B, H, T, stream);
 }
 
 extern "C" void attn_gpu_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v,

@@ -56,9 +56,8 @@
 //   order.
 // - Within a consumer, key block j issues S_j = Q K_j^T and then PV_{j-1} = P̂_{j-1} V_{j-1} as
 //   two wgmma groups; the softmax of S_j runs while the tensor cores still work on PV_{j-1}.
-// - Optionally (loop F8_LOOP_PINGPONG; the default is F8_LOOP_PLAIN) the two consumers take turns issuing their
-//   wgmmas (FA3's ping-pong: two named barriers), so that one warpgroup's softmax, bound by the
-//   special-function unit (16 ex2 per clock per SM), overlaps the other one's matmuls.
+// - The two consumers issue their wgmmas independently (FA3's ping-pong, where they take turns,
+//   is the lab version dev/cuda/attention_fwd_fp8_1_pingpong.cu).
 // Both matmuls use K-major operands (the only FP8 wgmma form): rows of 128 bytes (128 FP8 values
 // along the reduction), 16-byte chunk c of row r at chunk c ^ (r % 8), regions 1024-byte aligned;
 // a k32 step advances the descriptor by 32 bytes. For d = 64 the Q and K rows use only the first
@@ -68,16 +67,14 @@
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <math.h>          // INFINITY, expf, logf, log2f
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
-#include <stdio.h>         // fprintf (a wrong ATTN_FP8_FWD_SCHED)
-#include <stdlib.h>        // getenv, atoi
-#include <string.h>        // strcmp, memset
+#include <string.h>        // memset
 #include <type_traits>     // std::true_type, std::false_type (compile-time mask of a loop step)
 
-#include "attention/fwd_fp8_step.cuh"  // F8_BK, issue_s, issue_pv, softmax_block, pack_p, key_of_row, pp_*
-#include "attention/common.cuh"        // bf16, CUDA_OK, cp.async, wgmma, mbarriers, setmaxnreg
+#include "attention/fwd_fp8_step.cuh"  // F8_BK, issue_s, issue_pv, softmax_block, pack_p, key_of_row
+#include "attention/common.cuh"        // bf16, CUDA_OK, PTX wrappers, PersistentRing, causal_tile
 #include "core/common.h"               // FATAL
-#include "attention/cta_timeline.cuh"  // TL_*: per-tile timestamps, only with -DATTN_TIMELINE
 #include "gpu/tensor_map.h"            // tensor_map_bthd (O's map for the TMA store)
+#include "gpu/test_hooks.h"            // gpu_test_hooks: the grid, the tile order, O's stores
 
 #define F8_BQ 128     // query rows per CTA (2 consumer warpgroups x 64)
 #define F8_STAGES 4   // K̂ / V̂^T ring depth (>= 3: see the producer)
@@ -125,48 +122,16 @@ struct F8Smem {
 };
 static_assert(F8Smem<128, F8_STAGES>::BYTES <= 227 * 1024, "the ring fits Hopper's 227 KB of shared memory per block");
 
-// -DATTN_TIMELINE: the first consumer thread records, per tile (record = tile index), its start
-// (0), key block 0's stage in (1), block 0's softmax done (2), the block loop done (3), the last
-// PV added (4) and the epilogue done (5) (every loop)
-// (cta_timeline.cuh; bench/attn_timeline.py)
-TL_DECLARE(f8_timeline);
-// -DATTN_TIMELINE_EPI (with -DATTN_TIMELINE): marks 1 and 2 move from the first key block into the
-// epilogue (after the warpgroup's barrier, after the O store was issued), to split its time
-// (bash scripts/gpu_attn_timeline.sh with EPI=1)
-#ifdef ATTN_TIMELINE_EPI
-#define F8_TL_PROLOGUE(i) (void)0
-#define F8_TL_EPILOGUE(i) TL_MARK_AT(f8_timeline, ctid == 0, tile, i)
-#else
-#define F8_TL_PROLOGUE(i) TL_MARK_AT(f8_timeline, ctid == 0, tile, i)
-#define F8_TL_EPILOGUE(i) (void)0
-#endif
-TL_DEFINE_SETTER(attn_gpu_forward_fp8_timeline, f8_timeline)
-
 // The tiles (query block, batch x head) of a launch, heaviest first within groups of
 // heads_per_group heads (causal_item_grouped: rank r is query block nblk - 1 - r; the group's K̂
-// and V̂^T stay in L2 while its tiles run, causal_heads_per_group; measured 2-5% faster than
-// heaviest first over all heads), taken by the CTAs from the stream's tile counter
-// (persistent_next_tile, attention/common.cuh).
-
-// The consumers' block loops (ATTN_FP8_FWD_LOOP; the outputs are the same bit for bit).
-// F8_LOOP_PLAIN_FMAX: the plain loop with the row max by FMNMX instead of integer bits
-// (softmax_block's IMAX), the same bits: the tests' check that the integer max is exact.
-// Removed at stop 35, when l moved onto the tensor cores (the last commit with them: 5475cea):
-// plain5 (a ring of 5 stages: no faster, and no longer fits in shared memory at d = 128 with the
-// ones rows of V̂^T) and the overlap loops overlap / overlap_pp (S_{j+1} issued before the softmax
-// of S_j, PV_j into S_j's registers: 8-12% slower than the plain loop, and with PV's row-sum
-// registers in both S accumulators ptxas spilled 560-908 bytes).
-enum { F8_LOOP_PINGPONG = 0, F8_LOOP_PLAIN = 1, F8_LOOP_PLAIN_FMAX = 2, F8_N_LOOPS };
-// their names, in the enum's order: ATTN_FP8_FWD_LOOP's values and the tests' labels
-// (attn_gpu_forward_fp8_loop_name)
-static const char *const f8_loop_names[] = {"pingpong", "plain", "plain_fmax"};
-static_assert(sizeof f8_loop_names / sizeof f8_loop_names[0] == F8_N_LOOPS, "a name for every F8_LOOP_*");
+// and V̂^T stay in L2 while its tiles run, causal_heads_per_group), taken by the CTAs from the
+// stream's tile counter (persistent_next_tile, attention/common.cuh).
 
 // grid G <= n_qb * B * H CTAs, block 384 (producer + 2 consumer warpgroups); each CTA computes
 // tiles until the counter runs out (persistent_next_tile), one after the other (persistent when G =
 // the number of SMs: the producer loads the next tile's Q̂ and first key blocks while the
 // consumers finish the current one, and no CTA launches in between).
-template <int D, int LOOP>
+template <int D>
 __global__ void __launch_bounds__(F8_THREADS, 1)
     attn_fwd_fp8_kernel(const uint8_t *__restrict__ qc, const uint8_t *__restrict__ kc,
                         const uint8_t *__restrict__ vtc, const float *__restrict__ q_scales,
@@ -229,10 +194,6 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     } else {
         // ---- consumers: warpgroup wg (0, 1) owns query rows q0 + 64 wg .. + 63 of each tile.
         setmaxnreg_inc<240>();
-        constexpr bool PP = LOOP == F8_LOOP_PINGPONG;
-        // the row max through the integer bits (softmax_block); plain_fmax: the FMNMX chains (the
-        // tests' reference for its bits, and a timing knob)
-        constexpr bool IMAX = LOOP != F8_LOOP_PLAIN_FMAX;
         constexpr int NPV = D + F8_VONES;  // PV's columns: O's, then the row sums'
         const int ctid = (int)threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
         const int g = lane >> 2, t4 = lane & 3;
@@ -248,21 +209,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             const CausalTile ct = causal_tile(tile, nblk, n_bh, heads_per_group);
             const int qb = ct.qb, bh = ct.bh;
             const int q0 = qb * F8_BQ, n_kb = qb + 1;  // causal: key blocks 0..qb
-            TL_MARK_AT(f8_timeline, ctid == 0, tile, 0);
             const int row_w0 = q0 + wg * 64 + warp * 16;  // warp's first query row
             const uint32_t dq = dq0 + (ti & 1) * (L::Q / 16);
             // tau * inv_q (exact scaling): the Q scale came with the tile's Q̂ copies (sQs), readable
             // after the first key block's full wait, which covers them
             float tau_q;
-
-            // Ping-pong: warpgroup wg issues its wgmmas after bar.sync on barrier 1 + wg and then
-            // lets the other one go (bar.arrive on its barrier). Each warpgroup has n_kb + 1 issue
-            // phases per tile (S_0; S_j + PV_{j-1} for j = 1..n_kb-1; PV_last); warpgroup 1
-            // arrives once up front and skips its last arrive, so every barrier sees as many
-            // arrivals as syncs in every tile. (Warpgroup 1 cannot arrive twice on barrier 1
-            // before warpgroup 0 synced there: its next arrive follows its own turn, which
-            // warpgroup 0 grants only after that sync.)
-            if (PP && wg == 1) pp_pass(1);
 
             float oacc[D / 2], pv[NPV / 2];  // O (FP32), one block's P̂V̂ (and its row sums): wgmma layouts
 #pragma unroll
@@ -285,22 +236,18 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             // block 0: S_0 and its softmax (masked if it is the diagonal block)
             {
                 ring.wait_full(it0);
-                F8_TL_PROLOGUE(1);
                 tau_q = tau * pow2_recip(sQs[ti & 1]);
                 const float tau_qk = tau_q * pow2_recip(sKs[it0 % ST]);
                 const float sv0 = sVs[it0 % ST];
-                if (PP) pp_sync(wg);
                 reg_fence(s);
                 wgmma_fence();
                 issue_s<D>(s, dq, dk0 + (it0 % ST) * (L::K / 16));
                 wgmma_commit();
-                if (PP) pp_pass(wg);
                 wgmma_wait<0>();
                 reg_fence(s);
-                if (n_kb == 1) softmax_block<true, IMAX, 0, false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
-                else softmax_block<false, IMAX, 0, false>(s, m, l, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                if (n_kb == 1) softmax_block<true>(s, m, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
+                else softmax_block<false>(s, m, alpha, tau_qk, log2_ps, 0, row_w0, T, g, t4);
                 pack_p(pa, s);  // O is zero: nothing to rescale
-                F8_TL_PROLOGUE(2);
                 o_unit_factor(alpha, alpha, sv0, inv_sv_u);  // alpha is 0: O takes PV_0 as it is
             }
             float alpha_prev[2] = {alpha[0], alpha[1]};  // O's factor for the block in pa (o_unit_factor)
@@ -316,7 +263,6 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 ring.wait_full(rb);
                 const float tau_qk = tau_q * pow2_recip(sKs[st]);
                 const float sv = sVs[st];
-                if (PP) pp_sync(wg);
                 reg_fence(s);
                 reg_fence(pv);
                 reg_fence(pa);  // P̂_{j-1} packed before the fence that orders it for the tensor cores
@@ -325,11 +271,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 wgmma_commit();
                 issue_pv<NPV>(pv, pa, dv0 + pst * (L::V / 16));
                 wgmma_commit();
-                if (PP) pp_pass(wg);
                 wgmma_wait<1>();
                 reg_fence(s);
-                softmax_block<decltype(mask)::value, IMAX, 0, false>(s, m, l, alpha, tau_qk, log2_ps, j * F8_BK, row_w0,
-                                                                   T, g, t4);
+                softmax_block<decltype(mask)::value>(s, m, alpha, tau_qk, log2_ps, j * F8_BK, row_w0, T, g, t4);
                 wgmma_wait<0>();
                 reg_fence(pv);
                 reg_fence(pa);
@@ -341,18 +285,15 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             };
             for (int j = 1; j < n_kb - 1; j++) step(j, std::false_type());
             if (n_kb > 1) step(n_kb - 1, std::true_type());
-            TL_MARK_AT(f8_timeline, ctid == 0, tile, 3);
 
             // the last block's PV; then its stage and this tile's Q̂ buffer are free
             {
                 const unsigned lst = (it0 + (unsigned)n_kb - 1) % ST;
-                if (PP) pp_sync(wg);
                 reg_fence(pv);
                 reg_fence(pa);
                 wgmma_fence();
                 issue_pv<NPV>(pv, pa, dv0 + lst * (L::V / 16));
                 wgmma_commit();
-                if (PP && wg == 0) pp_pass(wg);
                 wgmma_wait<0>();
                 reg_fence(pv);
                 reg_fence(pa);
@@ -361,7 +302,6 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 o_rescale_add(oacc, pv, alpha_prev);
                 l_add_ones<D>(l, alpha_prev, pv, pow2_recip(inv_sv_u));
             }
-            TL_MARK_AT(f8_timeline, ctid == 0, tile, 4);
             it0 += (unsigned)n_kb;
 
             // epilogue: O = U / l in BF16, LSE natural log. l holds l' s_v,last for whole rows, in
@@ -377,63 +317,17 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
                 const bool issuer = (ctid & 127) == 0;
                 if (issuer) bulk_wait_read();
                 wg_bar_sync<4>(wg);
-                F8_TL_EPILOGUE(1);
                 store_o_tma<D, L::O / 2, 4>(&tm_o, smem_addr(sO + wg * L::O), oacc, inv_l, wg, warp, issuer, h, q0 + wg * 64, b);
-                F8_TL_EPILOGUE(2);
                 fwd_store_lse(lse + (long)bh * T, row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
             } else {
                 fwd_store_rows<D>(oacc, inv_l, o + (long)b * T * o_stride + (long)h * D, o_stride, lse + (long)bh * T,
                                   row_w0 + g, T, t4, [&](int r) { return m[r] + logf(l[r]); });
             }
-            TL_END_AT(f8_timeline, ctid == 0, tile, 5, n_kb);
         }
         if (o_tma && (ctid & 127) == 0) bulk_wait_read();  // the last O store has read the staging area
     }
 }
 
-// Timing knobs, read once per process; the outputs do not depend on them (every tile runs the
-// same arithmetic): ATTN_FP8_FWD_LOOP=pingpong|plain|plain_fmax picks the consumers' block loop
-// (F8_LOOP_*; unset: plain, see forward_fp8_d;
-// ATTN_FP8_FWD_PINGPONG=0 / 1, the older spelling, means plain / ping-pong),
-// ATTN_FP8_FWD_PERSISTENT=0 launches one CTA per tile instead of one per SM, and
-// ATTN_FP8_FWD_SCHED=static makes persistent CTAs walk a fixed (snake) order instead of taking
-// tiles from the counter (persistent_next_tile); ATTN_FP8_FWD_GROUP_HEADS=N sets the heads per group
-// of the tile order (causal_heads_per_group; 0: all heads). attn_gpu_forward_fp8_test_schedule
-// overrides the order and caps the grid, attn_gpu_forward_fp8_test_loop the loop, for tests.
-struct FwdFp8Knobs {
-    int loop;         // F8_LOOP_*, or -1: the default
-    int group_heads;  // heads per group of the tile order (causal_group_heads' forced)
-    bool persistent, dynamic;
-};
-static const FwdFp8Knobs &fwd_fp8_env(void) {
-    static FwdFp8Knobs k;
-    static bool read = false;
-    if (!read) {
-        const char *pp = getenv("ATTN_FP8_FWD_PINGPONG"), *sched = getenv("ATTN_FP8_FWD_SCHED");
-        k.loop = pp && *pp ? (atoi(pp) == 0 ? F8_LOOP_PLAIN : F8_LOOP_PINGPONG) : -1;  // -1: the default
-        const int named = attn_env_choice("ATTN_FP8_FWD_LOOP", f8_loop_names, F8_N_LOOPS);
-        if (named >= 0) k.loop = named;
-        k.group_heads = attn_env_count("ATTN_FP8_FWD_GROUP_HEADS");
-        k.persistent = attn_env_switch("ATTN_FP8_FWD_PERSISTENT");
-        k.dynamic = !(sched && strcmp(sched, "static") == 0);
-        if (sched && *sched && k.dynamic && strcmp(sched, "dynamic") != 0)
-            fprintf(stderr, "attention: ATTN_FP8_FWD_SCHED=%s is neither static nor dynamic; using dynamic\n", sched);
-        read = true;
-    }
-    return k;
-}
-static int fwd_fp8_test_max_ctas = 0, fwd_fp8_test_order = -1;  // attn_gpu_forward_fp8_test_schedule
-static int fwd_fp8_test_loop_kind = -1;                          // attn_gpu_forward_fp8_test_loop
-extern "C" void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order) {
-    fwd_fp8_test_max_ctas = max_ctas > 0 ? max_ctas : 0;
-    fwd_fp8_test_order = order;  // attn_form_on reads it (dynamic: on)
-}
-extern "C" void attn_gpu_forward_fp8_test_loop(int loop) {
-    fwd_fp8_test_loop_kind = loop >= 0 && loop < F8_N_LOOPS ? loop : -1;
-}
-extern "C" const char *attn_gpu_forward_fp8_loop_name(int loop) {
-    return loop >= 0 && loop < F8_N_LOOPS ? f8_loop_names[loop] : NULL;
-}
 // The tile counters (persistent_next_tile: 2 words each), one per stream that launched the
 // FP8 forward or fp8_dm's delta pass and was not released since
 // (attn_fp8_release_stream, before the stream is destroyed: a program that makes and
@@ -468,63 +362,36 @@ extern "C" void attn_fp8_release_stream(cudaStream_t stream) {
         }
 }
 
-// The epilogue's O by TMA (store_o_tma; ATTN_FP8_FWD_O_TMA=0 or attn_gpu_forward_fp8_test_o_tma(0):
-// the fragments' own stores, fwd_store_rows): where O and its rows are 16-byte aligned.
-static int fwd_fp8_test_o_tma_form = -1;  // attn_gpu_forward_fp8_test_o_tma
-extern "C" void attn_gpu_forward_fp8_test_o_tma(int on) { fwd_fp8_test_o_tma_form = on; }  // attn_form_on reads it
-static bool fwd_fp8_o_tma(const bf16 *o, int o_stride) {
-    static const bool env = attn_env_switch("ATTN_FP8_FWD_O_TMA");
-    return attn_form_on(fwd_fp8_test_o_tma_form, env) && tma_rows_aligned(o, 2L * o_stride);
-}
-
-template <int D, int LOOP>
-static void forward_fp8_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
-                               const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
-                               float *lse, int B, int H, int T, cudaStream_t stream) {
+template <int D>
+static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs, const float *ks,
+                          const float *vs, float p_scale, bf16 *o, int o_stride, float *lse, int B, int H, int T,
+                          cudaStream_t stream) {
     const size_t smem = F8Smem<D, F8_STAGES>::BYTES;
     static bool attr_set = false;  // one device per process (one GPU per rank)
     if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)smem));
+        CUDA_OK(cudaFuncSetAttribute(attn_fwd_fp8_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     const int nblk = attn_quant_n_blocks(T);
     const long n_tiles = (long)nblk * B * H;
     if (n_tiles > 0x3fffffffL) FATAL("attn_gpu_forward_fp8: B*H*ceil(T/128) = %ld tiles is too many", n_tiles);
-    const FwdFp8Knobs &k = fwd_fp8_env();
-    const bool dynamic = attn_form_on(fwd_fp8_test_order, k.dynamic);
-    long grid = fwd_fp8_test_max_ctas > 0 ? fwd_fp8_test_max_ctas : k.persistent ? attn_sm_count() : n_tiles;
+    // one persistent CTA per SM (tests: fewer, so that small shapes run several tiles per CTA),
+    // taking tiles from the stream's counter (tests: a fixed order, persistent_next_tile)
+    const GpuTestHooks &th = gpu_test_hooks;
+    long grid = th.fwd_fp8_max_ctas > 0 ? th.fwd_fp8_max_ctas : attn_sm_count();
     if (grid > n_tiles) grid = n_tiles;
     // heads per group: K̂ and V̂^T of a head are 2 Tp D bytes; two waves of CTAs per group
-    const int hg = causal_group_heads(k.group_heads, B * H,
-                                      causal_heads_per_group(2L * nblk * F8_BK * D, nblk, B * H, 2 * attn_sm_count()));
-    // O by TMA (store_o_tma) where the map can describe it: 16-byte aligned rows
+    const int hg = causal_heads_per_group(2L * nblk * F8_BK * D, nblk, B * H, 2 * attn_sm_count());
+    // O by TMA (store_o_tma) where its rows are 16-byte aligned, else from the fragments (the same bits)
     CUtensorMap tm_o;
     memset(&tm_o, 0, sizeof tm_o);
-    const bool o_tma = fwd_fp8_o_tma(o, o_stride);
+    const bool o_tma = !th.fwd_fp8_no_o_tma && tma_rows_aligned(o, 2L * o_stride);
     if (o_tma) tm_o = tensor_map_bthd("the FP8 forward's O", o, B, H, T, D, o_stride, 64);
-    attn_fwd_fp8_kernel<D, LOOP><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
+    attn_fwd_fp8_kernel<D><<<(unsigned)grid, F8_THREADS, smem, stream>>>(
         qc, kc, vtc, qs, ks, vs, 1.0f / p_scale, log2f(p_scale), o, o_stride, lse, H, B * H, T,
-        1.0f / sqrtf((float)D), dynamic ? attn_fp8_tile_counter(stream) : NULL, hg, tm_o, o_tma ? 1 : 0);
+        1.0f / sqrtf((float)D), th.fwd_fp8_static_order ? NULL : attn_fp8_tile_counter(stream), hg, tm_o,
+        o_tma ? 1 : 0);
     CUDA_OK(cudaGetLastError());
-}
-
-template <int D>
-static void forward_fp8_d(const uint8_t *qc, const uint8_t *kc, const uint8_t *vtc, const float *qs,
-                          const float *ks, const float *vs, float p_scale, bf16 *o, int o_stride,
-                          float *lse, int B, int H, int T, cudaStream_t stream) {
-    // The default loop, measured (docs/perf.md, "the FP8 forward's block loops"): the plain loop
-    // is 1-4% faster than ping-pong at d = 128 since the shared memory keeps its address space
-    // (fewer spills, 569 instead of 582 instructions per block), 1-2% at d = 64.
-    int loop = fwd_fp8_test_loop_kind >= 0 ? fwd_fp8_test_loop_kind : fwd_fp8_env().loop;
-    if (loop < 0) loop = F8_LOOP_PLAIN;
-    // one launcher per loop, in the enum's order (F8_LOOP_*)
-    static void (*const launch[])(const uint8_t *, const uint8_t *, const uint8_t *, const float *, const float *,
-                                  const float *, float, bf16 *, int, float *, int, int, int, cudaStream_t) = {
-        forward_fp8_launch<D, F8_LOOP_PINGPONG>, forward_fp8_launch<D, F8_LOOP_PLAIN>,
-        forward_fp8_launch<D, F8_LOOP_PLAIN_FMAX>};
-    static_assert(sizeof launch / sizeof launch[0] == F8_N_LOOPS, "a launcher for every F8_LOOP_*");
-    launch[loop](qc, kc, vtc, qs, ks, vs, p_scale, o, o_stride, lse, B, H, T, stream);
 }
 
 extern "C" void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const uint8_t *vt_codes,

@@ -1,16 +1,16 @@
 // fwd_fp8_step.cuh: one key block's work of a consumer warpgroup of the FP8 forward
 // (attention/fwd_fp8.cu, whose header comment gives the numerics and the structure): the S and PV
-// wgmmas, ping-pong's turn, the online-softmax step on S (whole, or as its max half and its
-// exponentials in parts, for loops that issue wgmmas in between), the packing of P̂ into the PV wgmma's A fragments and
-// the O update. In a header of its own so that bench/bench_mufu_qgmma.cu (and its loop forms,
-// bench/bench_fwd_fp8_loops.cuh) time exactly the kernel's step.
+// wgmmas, the online-softmax step on S (its max half and its exponentials), the packing of P̂ into
+// the PV wgmma's A fragments and the O update. In a header of its own so that the lab version
+// (dev/cuda/attention_fwd_fp8_1_pingpong.cu) and the step benchmarks (dev/bench/bench_mufu_qgmma.cu,
+// dev/bench/bench_fwd_fp8_loops.cuh) run exactly the kernel's step.
 #ifndef ATTENTION_FWD_FP8_STEP_CUH
 #define ATTENTION_FWD_FP8_STEP_CUH
 
 #include <math.h>    // INFINITY
 #include <stdint.h>  // uint32_t
 
-#include "attention/common.cuh"  // wg_fp8, wg_fp8_rs, kmajor_desc, quad_max, fast_exp2, named barriers
+#include "attention/common.cuh"  // wg_fp8_tile, wg_fp8_rs_tile, quad_max, fast_exp2, pow2_recip
 
 #define F8_BK 128  // keys per block = ATTN_SCALE_BLOCK (one key block = one scale block)
 #define F8_VONES 8  // rows of E4M3 ones after each V̂^T stage's D rows: PV's n8 tile of row sums (l_add_ones)
@@ -35,16 +35,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
 // A fragment of P̂ (keys 4t..4t+3 of a 16-key half of a k32 step).
 __device__ __forceinline__ int key_of_row(int r) {
     return (r & ~15) | (((r >> 1) & 3) << 2) | (((r >> 3) & 1) << 1) | (r & 1);
-}
-
-// Named barriers 1 and 2, 256 threads each: the consumers' ping-pong (3: the producer's own).
-__device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
-    if (wg == 0) named_bar_sync<1, 256>();
-    else named_bar_sync<2, 256>();
-}
-__device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the turn to the other one
-    if (wg == 0) named_bar_arrive<2, 256>();
-    else named_bar_arrive<1, 256>();
 }
 
 // Descriptors of the K-major tiles as low words (kmajor_desc_lo, attention/common.cuh): the
@@ -83,8 +73,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[F8_BK / 32][4], const floa
 // deep instead of chains 8 deep). For floats >= 0 the integer order is the float order and every
 // negative float is a negative integer, so a result >= 0 is exactly the float max, bits and all
 // (S is never NaN). A negative result means all 128 values are negative (it is then the bits of
-// the most negative one): softmax_block takes the float path for it. (Tried in our BF16 forward
-// too, stop 23: no faster there, its time is the tensor cores'.)
+// the most negative one): softmax_max takes the float path for it.
 __device__ __forceinline__ int quad_row_max_bits(const float (&s)[F8_BK / 2], int r) {
     int x[F8_BK / 4];
 #pragma unroll
@@ -128,11 +117,11 @@ __device__ __forceinline__ void fmax_rows(const float (&s)[F8_BK / 2], float (&m
 // Online-softmax step on one (64 x 128) S tile of raw code products (accumulator layout:
 // s[4n + e] = row g + 8(e/2), column 8n + 2t + e%2 = key k0 + key_of_row(column)). tau_qk =
 // tau * inv_q * inv_k. MASKED: the diagonal block (keys past the row or past T become -inf).
-// Updates m (natural-log units, the max of the dequantized S), l (with ROWSUM: this thread's part,
-// in units of P' = p_scale P), alpha (the factor for O), and replaces s by P'. In two halves, which a loop
-// may run apart: softmax_max (the mask, the row maxima, m, alpha and the exponent bias of each
-// row) and softmax_exp (P' and the row sums).
-template <bool MASKED, bool IMAX>
+// Updates m (natural-log units, the max of the dequantized S) and alpha (the factor for O), and
+// replaces s by P' = p_scale P. The row sums l come from the PV wgmma (l_add_ones). In two halves:
+// softmax_max (the mask, the row maxima, m, alpha and the exponent bias of each row) and
+// softmax_exp (P').
+template <bool MASKED>
 __device__ __forceinline__ void softmax_max(float (&s)[F8_BK / 2], float (&m)[2], float (&alpha)[2],
                                             float (&bias)[2], float tau_qk, float log2_ps, int k0, int row_w0,
                                             int T, int g, int t4) {
@@ -151,21 +140,17 @@ __device__ __forceinline__ void softmax_max(float (&s)[F8_BK / 2], float (&m)[2]
             for (int e = 0; e < 4; e++)
                 if (16 * (n >> 1) + 2 * (n & 1) + (e & 1) > lim[e >> 1]) s[4 * n + e] = -INFINITY;
     }
+    // The row max on the float bits as integers (quad_row_max_bits: exact wherever the row has a
+    // value >= 0); a warp with a row whose 128 values are all negative takes the float path, exact
+    // too. Either way m gets the same bits.
     float mx[2];
-    if (IMAX) {
-        // The row max on the float bits as integers (quad_row_max_bits: exact wherever the row
-        // has a value >= 0); a warp with a row whose 128 values are all negative takes the float
-        // path, exact too. Either way m gets the same bits.
-        int rmax[2];
+    int rmax[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            rmax[r] = quad_row_max_bits(s, r);
-            mx[r] = __int_as_float(rmax[r]);
-        }
-        if (__any_sync(0xffffffffu, (rmax[0] | rmax[1]) < 0)) fmax_rows(s, mx);
-    } else {
-        fmax_rows(s, mx);
+    for (int r = 0; r < 2; r++) {
+        rmax[r] = quad_row_max_bits(s, r);
+        mx[r] = __int_as_float(rmax[r]);
     }
+    if (__any_sync(0xffffffffu, (rmax[0] | rmax[1]) < 0)) fmax_rows(s, mx);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         // every row sees at least one key of every block it visits (key k0 <= row on the
@@ -183,86 +168,38 @@ __device__ __forceinline__ void softmax_max(float (&s)[F8_BK / 2], float (&m)[2]
         bias[r] = b_new;
     }
 }
-// softmax_exp's exponentials and row sums for n-tiles N0 .. N1 - 1 (keys 8 N0 .. 8 N1 - 1 of the
-// tile's columns): a loop may issue wgmmas between parts. c2 = tau_qk * log2(e); rs: this
-// thread's two partial row sums, added to in order.
-// NPOLY: n-tiles 16 - NPOLY .. 15 take their exponentials on the FMA pipe (poly_exp2) instead of
-// the special-function unit. 0 in the kernel: on the benchmark every NPOLY > 0 is slower (4..24
-// exponentials per thread: 1889..2289 clocks per block against 1875; docs/perf.md, stop 31).
-// ROWSUM false: no row sums, l untouched: the kernel takes them from PV's ones columns
-// (l_add_ones); the benchmarks' loop forms (bench/) keep the FP32 sums of stops 30-34.
-template <bool MASKED, int N0, int N1, int NPOLY = 0, bool ROWSUM = true>
-__device__ __forceinline__ void softmax_exp_part(float (&s)[F8_BK / 2], float (&rs)[2], const float (&bias)[2], float c2) {
+// P' = 2^(s tau_qk log2(e) + bias) for every element (bias: softmax_max's exponent bias of its row).
+template <bool MASKED>
+__device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], const float (&bias)[2], float tau_qk) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    const float c2 = tau_qk * LOG2E;
 #pragma unroll
-    for (int n = N0; n < N1; n++) {
+    for (int n = 0; n < F8_BK / 8; n++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const float arg = fmaf(s[4 * n + e], c2, bias[e >> 1]);
-            const float p = n >= F8_BK / 8 - NPOLY ? poly_exp2(arg) : fast_exp2(arg);
+            const float p = fast_exp2(fmaf(s[4 * n + e], c2, bias[e >> 1]));
             // masked: -inf gives 0 through ex2 too, but not if tau_qk underflowed to 0
             s[4 * n + e] = MASKED && s[4 * n + e] == -INFINITY ? 0.0f : p;
         }
-        if (ROWSUM) {
-            rs[0] += s[4 * n + 0] + s[4 * n + 1];
-            rs[1] += s[4 * n + 2] + s[4 * n + 3];
-        }
     }
 }
-__device__ __forceinline__ void softmax_exp_sums(float (&l)[2], const float (&alpha)[2], const float (&rs)[2]) {
-    l[0] = l[0] * alpha[0] + rs[0];
-    l[1] = l[1] * alpha[1] + rs[1];
-}
-template <bool MASKED, int NPOLY = 0, bool ROWSUM = true>
-__device__ __forceinline__ void softmax_exp(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
-                                            const float (&bias)[2], float tau_qk) {
-    constexpr float LOG2E = 1.4426950408889634f;
-    float rs[2] = {0.f, 0.f};
-    softmax_exp_part<MASKED, 0, F8_BK / 8, NPOLY, ROWSUM>(s, rs, bias, tau_qk * LOG2E);
-    if (ROWSUM) softmax_exp_sums(l, alpha, rs);
-}
-// softmax_exp with a wgmma k-step issued before each quarter of the exponentials: issue(kk) for
-// kk = 0..3 (the caller's wgmmas, fenced before and committed by the caller, e.g. in issue(3)),
-// then the exponentials of n-tiles 4 kk .. 4 kk + 3, each quarter a basic block of its own
-// (nsmid_nonzero): else ptxas gathers the wgmmas, may serialize them and hoists the wait for them
-// above the exponentials (read in the SASS with dev/sass.sh schedule). The same values as
-// softmax_exp.
-template <bool MASKED, class Issue>
-__device__ __forceinline__ void softmax_exp_interleaved(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
-                                                        const float (&bias)[2], float tau_qk, Issue issue) {
-    static_assert(F8_BK / 8 == 16, "four quarters of 4 n-tiles");
-    constexpr float LOG2E = 1.4426950408889634f;
-    const float c2 = tau_qk * LOG2E;
-    float rs[2] = {0.f, 0.f};
-    issue(0);
-    if (nsmid_nonzero()) softmax_exp_part<MASKED, 0, 4>(s, rs, bias, c2);
-    issue(1);
-    if (nsmid_nonzero()) softmax_exp_part<MASKED, 4, 8>(s, rs, bias, c2);
-    issue(2);
-    if (nsmid_nonzero()) softmax_exp_part<MASKED, 8, 12>(s, rs, bias, c2);
-    issue(3);
-    if (nsmid_nonzero()) softmax_exp_part<MASKED, 12, 16>(s, rs, bias, c2);
-    softmax_exp_sums(l, alpha, rs);
-}
-template <bool MASKED, bool IMAX, int NPOLY = 0, bool ROWSUM = true>
-__device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
-                                              float (&alpha)[2], float tau_qk, float log2_ps, int k0,
-                                              int row_w0, int T, int g, int t4) {
+template <bool MASKED>
+__device__ __forceinline__ void softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&alpha)[2], float tau_qk,
+                                              float log2_ps, int k0, int row_w0, int T, int g, int t4) {
     float bias[2];
-    softmax_max<MASKED, IMAX>(s, m, alpha, bias, tau_qk, log2_ps, k0, row_w0, T, g, t4);
-    softmax_exp<MASKED, NPOLY, ROWSUM>(s, l, alpha, bias, tau_qk);
+    softmax_max<MASKED>(s, m, alpha, bias, tau_qk, log2_ps, k0, row_w0, T, g, t4);
+    softmax_exp<MASKED>(s, bias, tau_qk);
 }
 
 // O is carried in the units of the last key block added: U = O / fac_j, fac_j = 1 / (p_scale s_v,j)
 // (a power of two). Block j's update is then one FFMA per element,
 //   U_j = U_{j-1} * a_j + PV_j,   a_j = alpha_j * (s_v,j / s_v,j-1)   (o_unit_factor),
 // instead of O * alpha rounded and then PV * fac added (64 FMUL + 64 FFMA a thread a block): the
-// same value with one rounding fewer, since scaling by a power of two is exact (docs/perf.md,
-// stops 33-34). The epilogue divides U by l, kept in U's units (l_add_ones). Range: U exceeds p_scale * O by
+// same value with one rounding fewer, since scaling by a power of two is exact. The epilogue
+// divides U by l, kept in U's units (l_add_ones). Range: U exceeds p_scale * O by
 // the ratio of two V scales of the head, which the quantize pass keeps within 2^80 by clamping V's
 // scale exponents to [-40, 40] (ATTN_V_SCALE_MAX_EXP, spec §2): |U| <= 2^8 * T * 448 * 2^80 <
 // 2^127 for T <= 2^20. Without the clamp, V blocks ~2^90 apart would overflow U.
-// o_add is the update of a block whose rows' maxima did not move and whose V scale is the
-// previous one's (a_j = 1): the benchmark's softmax_norescale and plain_real_norescale time it.
 // (pv may be longer than o: the kernel's PV has the row sums' columns after O's, l_add_ones)
 template <int N, int M>
 __device__ __forceinline__ void o_rescale_add(float (&o)[N], const float (&pv)[M], const float (&a)[2]) {
@@ -273,8 +210,8 @@ __device__ __forceinline__ void o_rescale_add(float (&o)[N], const float (&pv)[M
 // The row sums l, on the tensor cores (spec §3: l sums the quantized P̂): each V̂^T stage has 8
 // rows of E4M3 ones after its D rows, so PV (N = D + 8) has in its columns D .. D + 7 the block's
 // row sums R of P̂ (P' units, the codes' own sum), and every thread holds its two rows' whole
-// sums: no quad sum, and none of the 64 FADD a thread a block that summing P' took (+6% at 8K,
-// docs/perf.md stop 35). l is kept in U's units, l = l a_j + R s_v,j (sv: the V scale of the
+// sums: no quad sum, and none of the 64 FADD a thread a block that summing P' would take. l is
+// kept in U's units, l = l a_j + R s_v,j (sv: the V scale of the
 // block being added, a power of two, so the product is exact): l' s_v,last at the end, U's exact
 // divisor, O = U / l.
 template <int D, int M>
@@ -282,11 +219,6 @@ __device__ __forceinline__ void l_add_ones(float (&l)[2], const float (&a)[2], c
     static_assert(M == (D + F8_VONES) / 2, "PV with its row-sum columns");
     l[0] = fmaf(l[0], a[0], pv[D / 2] * sv);
     l[1] = fmaf(l[1], a[1], pv[D / 2 + 2] * sv);
-}
-template <int N>
-__device__ __forceinline__ void o_add(float (&o)[N], const float (&pv)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) o[i] += pv[i];
 }
 // a_j of o_rescale_add from block j's alpha and V scale sv and the previous block's 1 / s_v
 // (inv_sv_u, which then becomes 1 / sv): alpha * (sv * inv_sv_u). The ratio, one multiply for

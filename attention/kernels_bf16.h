@@ -1,7 +1,6 @@
-// kernels_bf16.h: fused causal flash attention on the GPU (BF16 now; the FP8 modes of
-// docs/fp8-attention.md slot into the same kernels: same tiles, same pass order, D computed in
-// the same preprocess step). Kernels: attention/fwd_bf16.cu (forward), attention/bwd_bf16.cu (backward),
-// attention/common.cuh (PTX wrappers and tile loaders shared by both).
+// kernels_bf16.h: fused causal flash attention on the GPU in BF16 (the bf16 mode; the FP8 kernels
+// of attention/kernels_fp8.h keep its tiles and pass order). Kernels: attention/fwd_bf16.cu
+// (forward), attention/bwd_bf16.cu (backward); shared helpers: attention/common.cuh.
 //
 // Layout. Every BF16 tensor is token-major, (B, T, H, d) with a row stride: element
 // (b, t, h, c) of q lives at q[(b*T + t)*stride + h*d + c]. So q, k, v may be views of the
@@ -29,10 +28,9 @@
 extern "C" {
 #endif
 
-// Tile sizes of the forward kernel in use for head dimension d (the CPU emulation in
-// attention_cpu.h must be run with these: the online softmax advances its running max one key
-// block at a time): 128 x 128 for the default wgmma kernel, 128 x 64 for the mma.sync kernel
-// (environment ATTN_GPU_FWD=mma selects it, for comparisons).
+// Tile sizes of the forward kernel for head dimension d (the CPU emulation in cpu/attention_cpu.h
+// must be run with these: the online softmax advances its running max one key block at a time):
+// 128 x 128.
 void attn_gpu_block_sizes(int d, int *block_q, int *block_k);
 
 // Forward. q, k, v: (B, T, H, d) BF16 with row stride qkv_stride; o: (B, T, H, d) BF16 with
@@ -40,13 +38,6 @@ void attn_gpu_block_sizes(int d, int *block_q, int *block_k);
 void attn_gpu_forward(const uint16_t *q, const uint16_t *k, const uint16_t *v, int qkv_stride,
                       uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d,
                       cudaStream_t stream);
-
-// Name of the forward kernel in use ("wgmma_tma" by default; ATTN_GPU_FWD selects another).
-const char *attn_gpu_forward_impl_name(void);
-// For tests: the TMA kernel's O epilogue by TMA from shared memory (1, the default where O's rows
-// are 16-byte aligned) or by each thread's stores from its fragments (0); < 0: the environment's,
-// ATTN_FWD_O_TMA. O and LSE must not change by a bit.
-void attn_gpu_forward_test_o_tma(int on);
 
 // Bytes of FP32 scratch the backward needs: dQ accumulator (B, H, T, d) and D (B, H, T).
 size_t attn_gpu_backward_workspace_bytes(int B, int H, int T, int d);

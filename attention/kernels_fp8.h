@@ -103,27 +103,13 @@ void attn_gpu_forward_fp8(const uint8_t *q_codes, const uint8_t *k_codes, const 
                           float p_scale, uint16_t *o, int o_stride, float *lse, int B, int H, int T,
                           int d, cudaStream_t stream);
 // The FP8 forward runs persistent CTAs (one per SM), each taking (query block, b, h) tiles from a
-// counter (dynamic order) or from a fixed snake order (ATTN_FP8_FWD_SCHED=static). For tests:
-// cap the number of CTAs at max_ctas (<= 0: the default) and choose the order (0 static,
-// 1 dynamic, < 0: the environment's), so that small shapes also run several tiles per CTA in
-// either order; the outputs must not change by a bit.
-void attn_gpu_forward_fp8_test_schedule(int max_ctas, int order);
+// counter (gpu/test_hooks.h lets tests cap the grid and fix the order: the outputs are the same).
 // The persistent FP8 kernels (the forward, fp8_dm's delta pass) keep a tile counter per stream
 // they ran on (32 at most at a time; attn_fp8_tile_counter makes or finds it, outside any graph
 // capture): call this before destroying a stream that ran them (no-op for one that did not).
 // Not during a graph capture.
 unsigned *attn_fp8_tile_counter(cudaStream_t stream);
 void attn_fp8_release_stream(cudaStream_t stream);
-// For tests: the consumers' block loop (0 ping-pong, 1 plain, 2 overlap: S_{j+1} issued before
-// the softmax of S_j, 3 overlap with ping-pong, 4 plain with the float row max, 5 plain with 5
-// ring stages; < 0: the environment's, ATTN_FP8_FWD_LOOP); the outputs must not change by a bit.
-// attn_gpu_forward_fp8_loop_name: loop's name (ATTN_FP8_FWD_LOOP's value), NULL past the last.
-void attn_gpu_forward_fp8_test_loop(int loop);
-const char *attn_gpu_forward_fp8_loop_name(int loop);
-// For tests: the epilogue's O by TMA from a shared staging area (1, the default where O's rows
-// are 16-byte aligned) or by each thread's stores from its fragments (0); < 0: the environment's,
-// ATTN_FP8_FWD_O_TMA. The outputs must not change by a bit.
-void attn_gpu_forward_fp8_test_o_tma(int on);
 
 // FP8 backward (attention/bwd_fp8.cu): the backward of fp8_naive, fp8_dm and fp8_dm_approx
 // (docs/fp8-attention.md §3) on the quantized operands above and the FP8 forward's O and LSE.
@@ -166,13 +152,6 @@ void attn_gpu_backward_fp8(const AttnFp8BwdArgs *args, int B, int H, int T, int 
 // diagnostics (if given) for the main kernel.
 void attn_fp8_delta_pass(const AttnFp8BwdArgs *args, float *dlt, float *dq_acc, int B, int H, int T, int d,
                          cudaStream_t stream);
-// For tests: the main backward's heads per group of its CTA order (> 0; <= 0: the default or
-// ATTN_FP8_BWD_GROUP_HEADS), e.g. one that leaves a partial last group; dK, dV must not change
-// by a bit, dQ only by the order of its FP32 reductions.
-void attn_gpu_backward_fp8_test_group_heads(int heads_per_group);
-// For tests: the main backward's form at d = 128 (1: query blocks by TMA, 0: by cp.async, as at
-// d = 64; < 0: the default, or ATTN_FP8_BWD_TMA); the values must not change by a bit.
-void attn_gpu_backward_fp8_test_tma(int on);
 
 #ifdef __cplusplus
 }

@@ -39,7 +39,12 @@
 #include <string.h>        // memset
 
 #include "core/precision.h"      // attn_scale_max_exp (V's scale bound), CAST_*
-#include "attention/common.cuh"  // wgmma, descriptors, mbarriers, TMA, named barriers, setmaxnreg, CUDA_OK
+#include "attention/common.cuh"    // CUDA_OK, attn_sm_count, bf16, attn_env_* (host side)
+#include "gpu/ptx/async_copy.cuh"  // cp.async, mbarriers, TMA loads, clusters
+#include "gpu/ptx/mma.cuh"         // pack_bf16
+#include "gpu/ptx/smem.cuh"        // smem_addr, smem_align1024
+#include "gpu/ptx/warpgroup.cuh"   // named barriers, setmaxnreg
+#include "gpu/ptx/wgmma.cuh"       // wgmma, fences, K-major descriptors, reg_fence
 #include "core/common.h"         // FATAL
 #include "core/fp8.h"            // fp8_scale_for_amax_within
 #include "gpu/fp8_cvt.cuh"       // cvt_e4m3x2, transpose4x4

@@ -18,6 +18,7 @@ typedef struct {
     int fwd_fp8_static_order;  // 1: the FP8 forward's CTAs walk a fixed order, no tile counter
     int bwd_fp8_group_heads;   // > 0: the FP8 backward's heads per group of its CTA order
     int bwd_fp8_no_tma;        // 1: the FP8 backward loads its query blocks by cp.async, not TMA
+    int delta_fp8_no_tma;      // 1: fp8_dm's delta pass loads K and V by cp.async, not TMA (d = 128)
     // GEMMs and layers (gpu/)
     int qkv_gemm_group_rows;   // > 0: the QKV GEMM's units (a cluster's two tiles) walked in groups of
                                // this many unit rows, column by column, instead of row by row

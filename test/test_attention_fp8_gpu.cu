@@ -27,9 +27,11 @@
 #include "cpu/attention_cpu.h"       // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
 #include "attention_fp8.h"           // attn_mode_forward / attn_mode_backward with and without kept codes
 #include "attention/common.cuh"      // causal_item_grouped, causal_heads_per_group (host-side checks); fast_exp2, poly_exp2
+#include "attention/fwd_fp8_step.cuh"  // quad_row_max_bits, fmax_rows: the FP8 forward's row max
 #include "attention/kernels_bf16.h"  // attn_gpu_backward (BF16; fp8_hybrid's backward)
 #include "attention/kernels_fp8.h"   // the kernels under test
 #include "gpu/layers.h"              // rope_table_gpu, rope_forward_gpu: the reference of the fused RoPE
+#include "gpu/test_hooks.h"          // gpu_test_hooks: the FP8 kernels' fallback forms and schedules
 #include "core/fp8.h"                // fp8_from_f32, bf16_to_f32
 #include "gpu_test.h"                // CU, rng_*, gpu_test_have_gpu
 #include "test.h"                    // CHECK, test_summary
@@ -449,8 +451,8 @@ static void run_fwd_case(const Case &cs, int seed) {
     CHECK(nonfinite == 0, "attn fp8 forward writes every output", "%s: %ld values not finite", tag, nonfinite);
     if (cs.vspread == 3) {
         // O's weights sum to one: U and l run the same recurrence (l_add_ones) with V's exact
-        // power-of-two codes, so O = V in every row; with l summing P' (before stop 35) O was V
-        // scaled by sum P̂ / sum P', off by up to ~2^-4 in sharp rows
+        // power-of-two codes, so O = V in every row (an l summing P' instead of P̂ would scale O
+        // by sum P̂ / sum P', off by up to ~2^-4 in sharp rows)
         long off = 0;
         for (size_t r = 0; r < n_tok; r++)
             for (int c = 0; c < C; c++) off += g_o[r * C + c] != f2bf(const_v(c % d));
@@ -530,7 +532,7 @@ static void run_fwd_case(const Case &cs, int seed) {
     // accumulation order, ex2.approx) puts a P' on the other side of an E4M3 rounding boundary
     // than the emulation's, that code differs by one step, which moves a sharp row's l by up to
     // 2^-4 (a key next to the row max). So: every row within two such flips, and the mean small
-    // (measured at stop 35: max 3.2e-2..4.0e-2 in the sharp cases, where summing P' gave 1.2e-2).
+    // (measured: max 3.2e-2..4.0e-2 in the sharp cases).
     const double lse_mean = lse_sum / (lse_n > 0 ? lse_n : 1);
     snprintf(name, sizeof name, "attn fp8 forward LSE vs CPU emulation (max abs < 1.2e-1, mean < 1e-2): %s", tag);
     CHECK(lse_err < 1.2e-1 && lse_mean < 1e-2, name, "max abs %.3e, mean abs %.3e", lse_err, lse_mean);
@@ -574,39 +576,24 @@ static void run_fwd_case(const Case &cs, int seed) {
         for (int run = 0; run < 6; run++) {
             const int cap = 1 + run / 2, dynamic = run % 2;
             poison(d_o2, d_lse2, 0);
-            attn_gpu_forward_fp8_test_schedule(cap, dynamic);
+            gpu_test_hooks.fwd_fp8_max_ctas = cap;
+            gpu_test_hooks.fwd_fp8_static_order = !dynamic;
             forward_into(d_o2, d_lse2, 0);
-            attn_gpu_forward_fp8_test_schedule(0, -1);
+            gpu_test_hooks.fwd_fp8_max_ctas = 0;
+            gpu_test_hooks.fwd_fp8_static_order = 0;
             char what[96];
             snprintf(what, sizeof what, "on %d persistent CTA(s), %s order", cap, dynamic ? "dynamic" : "static");
             same_as_default(d_o2, d_lse2, what);
         }
-        // Every block loop of the consumers, as many as the forward names (ping-pong; plain: no
-        // ping-pong, the default; plain with the row max by FMNMX instead of the integer max):
-        // the same arithmetic in another order, so the same O and LSE bit for bit; on the full
-        // grid and on 2 CTAs (several tiles per CTA).
-        for (int loop = 0; attn_gpu_forward_fp8_loop_name(loop); loop++)
-            for (int cap = 0; cap <= 2; cap += 2) {
-                poison(d_o2, d_lse2, 0);
-                attn_gpu_forward_fp8_test_loop(loop);
-                attn_gpu_forward_fp8_test_schedule(cap, 1);
-                forward_into(d_o2, d_lse2, 0);
-                attn_gpu_forward_fp8_test_schedule(0, -1);
-                attn_gpu_forward_fp8_test_loop(-1);
-                char what[96];
-                snprintf(what, sizeof what, "with the %s loop%s", attn_gpu_forward_fp8_loop_name(loop),
-                         cap ? " on 2 persistent CTAs" : "");
-                same_as_default(d_o2, d_lse2, what);
-            }
         // O from the fragments' own stores instead of the TMA store from shared memory (the
         // fallback where O's rows are not 16-byte aligned): the same O and LSE bit for bit
         for (int cap = 0; cap <= 2; cap += 2) {
             poison(d_o2, d_lse2, 0);
-            attn_gpu_forward_fp8_test_o_tma(0);
-            attn_gpu_forward_fp8_test_schedule(cap, 1);
+            gpu_test_hooks.fwd_fp8_no_o_tma = 1;
+            gpu_test_hooks.fwd_fp8_max_ctas = cap;
             forward_into(d_o2, d_lse2, 0);
-            attn_gpu_forward_fp8_test_schedule(0, -1);
-            attn_gpu_forward_fp8_test_o_tma(-1);
+            gpu_test_hooks.fwd_fp8_max_ctas = 0;
+            gpu_test_hooks.fwd_fp8_no_o_tma = 0;
             same_as_default(d_o2, d_lse2, cap ? "with O stored from the fragments, on 2 persistent CTAs"
                                               : "with O stored from the fragments");
         }
@@ -619,7 +606,7 @@ static void run_fwd_case(const Case &cs, int seed) {
         cudaStream_t s1, s2;
         CU(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
         CU(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-        attn_gpu_forward_fp8_test_schedule(2, 1);
+        gpu_test_hooks.fwd_fp8_max_ctas = 2;
         poison(d_o2, d_lse2, s1);
         poison(d_o3, d_lse3, s2);
         forward_into(d_o2, d_lse2, s1);
@@ -639,7 +626,7 @@ static void run_fwd_case(const Case &cs, int seed) {
             snprintf(what, sizeof what, "from a CUDA graph, replay %d", rep + 1);
             same_as_default(d_o2, d_lse2, what);
         }
-        attn_gpu_forward_fp8_test_schedule(0, -1);
+        gpu_test_hooks.fwd_fp8_max_ctas = 0;
         CU(cudaGraphExecDestroy(exec));
         CU(cudaGraphDestroy(graph));
         attn_fp8_release_stream(s1);  // their tile counters (32 streams at a time)
@@ -1077,13 +1064,16 @@ static void run_bwd_case(const Case &cs, Fp8Format gfmt, int seed) {
             const int hg = B * H > 1 ? B * H - 1 : 1;
             char what[64];
             snprintf(what, sizeof what, "in groups of %d heads", hg);
-            attn_gpu_backward_fp8_test_group_heads(hg);
+            gpu_test_hooks.bwd_fp8_group_heads = hg;
             rerun_same(what);
-            attn_gpu_backward_fp8_test_group_heads(0);
-            if (d == 128) {  // the main backward's other form: query blocks by cp.async, not TMA
-                attn_gpu_backward_fp8_test_tma(0);
+            gpu_test_hooks.bwd_fp8_group_heads = 0;
+            if (d == 128) {  // the other forms at d = 128: query blocks, K and V by cp.async, not TMA
+                gpu_test_hooks.bwd_fp8_no_tma = 1;
                 rerun_same("with the cp.async form of the main backward");
-                attn_gpu_backward_fp8_test_tma(-1);
+                gpu_test_hooks.bwd_fp8_no_tma = 0;
+                gpu_test_hooks.delta_fp8_no_tma = 1;
+                rerun_same("with the cp.async form of the delta pass");
+                gpu_test_hooks.delta_fp8_no_tma = 0;
             }
         }
     }
@@ -1710,18 +1700,6 @@ static void check_causal_orders(void) {
         snprintf(name, sizeof name, "heads per group for %ld B per head, %d blocks, %d heads", c.kv, c.nb, c.nh);
         CHECK(hg == c.want, name, "got %d, expected %d", hg, c.want);
     }
-    // the timing knobs' override (causal_group_heads) and their reading (attn_env_count)
-    CHECK(causal_group_heads(-1, 64, 9) == 9 && causal_group_heads(0, 64, 9) == 64 &&
-              causal_group_heads(4, 64, 9) == 4 && causal_group_heads(100, 64, 9) == 64,
-          "group heads: unset -> the kernel's own, 0 -> all heads, N -> N (at most all)", "override rule differs");
-    setenv("ATTN_TEST_GROUP_HEADS", "12", 1);
-    const int e12 = attn_env_count("ATTN_TEST_GROUP_HEADS");
-    setenv("ATTN_TEST_GROUP_HEADS", "-3", 1);
-    const int eneg = attn_env_count("ATTN_TEST_GROUP_HEADS");
-    unsetenv("ATTN_TEST_GROUP_HEADS");
-    const int eun = attn_env_count("ATTN_TEST_GROUP_HEADS");
-    CHECK(e12 == 12 && eneg == 0 && eun == -1, "group heads knob: 12 -> 12, -3 -> 0 (all heads), unset -> -1",
-          "got %d %d %d", e12, eneg, eun);
 }
 
 // The softmax's two exponentials (fast_exp2.cuh) on the arguments the FP8 forward makes (x <= 0,
@@ -1784,10 +1762,85 @@ static void check_exp2(void) {
     }
 }
 
+// The FP8 forward's row max of an S tile on the float bits as integers (quad_row_max_bits,
+// attention/fwd_fp8_step.cuh) against the max of the floats, on fresh random tiles: each warp
+// holds 16 rows of 128 values (thread t: 32 of them, its quad's row r in s[4n + 2r], s[4n + 2r + 1]),
+// drawn so that rows have positive, zero, all-negative and masked (-inf) values. Where the integer
+// max is >= 0 it must be the float max bit for bit; where it is negative, every value of the row
+// must be negative (softmax_max then takes the float path, fmax_rows, which must be the max too).
+__global__ void row_max_kernel(const float *s_in, int *imax, float *fmax) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    float s[F8_BK / 2];
+#pragma unroll
+    for (int i = 0; i < F8_BK / 2; i++) s[i] = s_in[(size_t)t * (F8_BK / 2) + i];
+    float mx[2];
+    fmax_rows(s, mx);
+    for (int r = 0; r < 2; r++) {
+        imax[2 * t + r] = quad_row_max_bits(s, r);
+        fmax[2 * t + r] = mx[r];
+    }
+}
+static void check_row_max(void) {
+    const int n_warps = 256, n_threads = 32 * n_warps, per = F8_BK / 2;
+    std::vector<float> hs((size_t)n_threads * per);
+    rng_state = 0x5EED0A11ull;
+    for (int w = 0; w < n_warps; w++)
+        for (int lane = 0; lane < 32; lane++)
+            for (int i = 0; i < per; i++) {
+                const int kind = w % 4;  // 0: any sign, 1: all negative, 2: negative and zeros, 3: with -inf
+                const double u = rng_uniform();
+                float x = (float)(rng_normal() * (w % 8 < 4 ? 30.0 : 1e-3));
+                if (kind == 1 || kind == 2) x = -fabsf(x) - 1e-30f;
+                if (kind == 2 && u < 0.02) x = u < 0.01 ? 0.0f : -0.0f;
+                if (kind == 3 && u < 0.3) x = -INFINITY;
+                hs[((size_t)w * 32 + lane) * per + i] = x;
+            }
+    float *ds, *dfmax;
+    int *dimax;
+    CU(cudaMalloc(&ds, hs.size() * 4));
+    CU(cudaMalloc(&dimax, (size_t)n_threads * 2 * 4));
+    CU(cudaMalloc(&dfmax, (size_t)n_threads * 2 * 4));
+    CU(cudaMemcpy(ds, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+    row_max_kernel<<<n_warps / 4, 128>>>(ds, dimax, dfmax);
+    CU(cudaGetLastError());
+    std::vector<int> himax((size_t)n_threads * 2);
+    std::vector<float> hfmax((size_t)n_threads * 2);
+    CU(cudaMemcpy(himax.data(), dimax, himax.size() * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hfmax.data(), dfmax, hfmax.size() * 4, cudaMemcpyDeviceToHost));
+    CU(cudaFree(ds));
+    CU(cudaFree(dimax));
+    CU(cudaFree(dfmax));
+    long bad_int = 0, bad_float = 0, n_int = 0;
+    for (int t = 0; t < n_threads; t++)
+        for (int r = 0; r < 2; r++) {
+            float ref = -INFINITY;  // the row's max over the thread's quad
+            const int q0 = t & ~3;
+            for (int q = q0; q < q0 + 4; q++)
+                for (int n = 0; n < F8_BK / 8; n++)
+                    for (int c = 0; c < 2; c++) ref = fmaxf(ref, hs[(size_t)q * per + 4 * n + 2 * r + c]);
+            const int im = himax[2 * t + r];
+            float imf;
+            memcpy(&imf, &im, 4);
+            if (im >= 0) {
+                n_int++;
+                if (imf != ref || !(ref >= 0.0f)) bad_int++;
+            } else if (ref > 0.0f) {
+                bad_int++;
+            }
+            if (hfmax[2 * t + r] != ref) bad_float++;
+        }
+    CHECK(bad_int == 0 && n_int > 0 && n_int < 2L * n_threads,
+          "attn fp8 forward's integer row max: the float max where >= 0, else an all-negative row",
+          "%ld of %d rows wrong (%ld took the integer result)", bad_int, 2 * n_threads, n_int);
+    CHECK(bad_float == 0, "attn fp8 forward's float row max (fmax_rows) on the same tiles", "%ld of %d rows wrong",
+          bad_float, 2 * n_threads);
+}
+
 int main(void) {
     check_causal_orders();
     if (!gpu_test_have_gpu("test_attention_fp8_gpu")) return test_summary("test_attention_fp8_gpu");
     check_exp2();
+    check_row_max();
     const Case cases[] = {
         {2, 3, 200, 64, true, 1.0},    // T not a multiple of 128, several heads
         {1, 2, 517, 128, false, 2.0},  // d = 128, separate buffers

@@ -17,10 +17,9 @@
 #include <vector>          // host buffers
 
 #include "attention/kernels_bf16.h"  // the kernels under test
+#include "gpu/test_hooks.h"          // gpu_test_hooks: the forward's O from its fragments
 #include "gpu_test.h"                // CU, rng_uniform/rng_normal, gpu_test_have_gpu
 #include "test.h"                    // CHECK, test_summary
-
-// Defined in attention/fwd_bf16.cu, not part of attention/kernels_bf16.h: the forward kernel's name.
 
 static uint16_t f2bf(float x) {
     __nv_bfloat16 b = __float2bfloat16(x);
@@ -213,8 +212,8 @@ static void run_case(const Case &cs, int seed) {
     CU(cudaMemcpy(g_dqkv.data(), d_dqkv, qkv_elems * 2, cudaMemcpyDeviceToHost));
     CU(cudaMemcpy(g_lse.data(), d_lse, g_lse.size() * 4, cudaMemcpyDeviceToHost));
 
-    // The TMA kernel's O from the fragments' own stores instead of the TMA store from shared
-    // memory (the fallback where O's rows are not 16-byte aligned): the same O and LSE bit for bit
+    // The forward's O from the fragments' own stores instead of the TMA store from shared memory
+    // (the fallback where O's rows are not 16-byte aligned): the same O and LSE bit for bit
     {
         uint16_t *d_o2;
         float *d_lse2;
@@ -222,9 +221,9 @@ static void run_case(const Case &cs, int seed) {
         CU(cudaMalloc(&d_lse2, (size_t)B * H * T * 4));
         CU(cudaMemset(d_o2, 0xFF, n_tok * C * 2));
         CU(cudaMemset(d_lse2, 0xFF, (size_t)B * H * T * 4));
-        attn_gpu_forward_test_o_tma(0);
+        gpu_test_hooks.fwd_bf16_no_o_tma = 1;
         attn_gpu_forward(q, k, v, qs, d_o2, C, d_lse2, B, H, T, d, 0);
-        attn_gpu_forward_test_o_tma(-1);
+        gpu_test_hooks.fwd_bf16_no_o_tma = 0;
         std::vector<uint16_t> g_o2(n_tok * C);
         std::vector<float> g_lse2((size_t)B * H * T);
         CU(cudaMemcpy(g_o2.data(), d_o2, n_tok * C * 2, cudaMemcpyDeviceToHost));
@@ -336,7 +335,6 @@ int main(void) {
         {1, 1, 4000, 64, false, 1.0},
         {16, 16, 1024, 128, true, 1.0}, // the benchmark's T = 1K shape (references on 2 heads)
     };
-    printf("# forward kernel: %s (ATTN_GPU_FWD selects another)\n", attn_gpu_forward_impl_name());
     // ATTN_TEST_SMALL=1: the first two cases only (for compute-sanitizer runs)
     const char *small = getenv("ATTN_TEST_SMALL");
     int n_cases = (int)(sizeof cases / sizeof cases[0]);

@@ -15,8 +15,6 @@
 //                                without / with kept codes
 //   shim_fp8_fwd / shim_fp8_bwd  attn_gpu_forward_fp8 / attn_gpu_backward_fp8 on those codes
 //   shim_delta                   fp8_dm's delta-pass kernel alone (attn_bench_shim_delta.cu)
-//   shim_timeline                per-CTA timestamps of the main backward kernels, in a library built
-//                                with -DATTN_TIMELINE (dev/bench/attn_timeline.py)
 //   shim_rope / shim_fwd_rope    the forward as the model runs it after the QKV projection, RoPE
 //                                included: rope_forward_gpu alone; attn_mode_forward_rope (bf16:
 //                                rope_forward_gpu then the forward; FP8 modes: RoPE inside the
@@ -35,7 +33,7 @@
 extern "C" {
 
 // The delta kernel's launcher, from attn_bench_shim_delta.cu; weak so that the library still
-// links (and shim_delta reports -1) when that file no longer compiles against src/.
+// links (and shim_delta reports -1) when that file no longer compiles against the library.
 int shim_delta_launch(const uint8_t *qc, const uint8_t *kc, const uint8_t *vc, const uint8_t *doc,
                       const float *qs, const float *ks, const float *vs, const float *dos, const float *lse,
                       float *delta, int B, int H, int T, int d, int e5, cudaStream_t stream)
@@ -251,7 +249,7 @@ void shim_fp8_bwd(int precision, const void *o, const float *lse, void *dqkv, fl
 }
 
 // fp8_dm's delta pass alone on the backward's codes and this lse, D into delta (B, H, T): the
-// same values as shim_fp8_bwd's delta_out for ATTN_FP8_DM when the launch matches src/'s.
+// same values as shim_fp8_bwd's delta_out for ATTN_FP8_DM when the launch matches the library's.
 // -1 when the delta launcher is not linked or the launch failed.
 int shim_delta(const float *lse, float *delta) {
     if (!shim_delta_launch) return -1;
@@ -261,20 +259,5 @@ int shim_delta(const float *lse, float *delta) {
 }
 
 int shim_has_delta(void) { return shim_delta_launch ? 1 : 0; }
-
-// Per-CTA timelines (attention/cta_timeline.cuh; dev/bench/attn_timeline.py): the record setters exist only
-// in a library built with -DATTN_TIMELINE. which: 0 our BF16 backward's main kernel, 1 the FP8
-// main backward, 2 our BF16 forward (wgmma_tma), 3 the FP8 forward (one record per tile); records:
-// a device array of CtaTimeline, one per CTA (tile) of the next launches, or NULL to stop
-// recording. -1 when the library has no timelines (or the copy failed).
-int attn_gpu_backward_timeline(void *records) __attribute__((weak));
-int attn_gpu_backward_fp8_timeline(void *records) __attribute__((weak));
-int attn_gpu_forward_timeline(void *records) __attribute__((weak));
-int attn_gpu_forward_fp8_timeline(void *records) __attribute__((weak));
-int shim_timeline(int which, void *records) {
-    int (*const set[])(void *) = {attn_gpu_backward_timeline, attn_gpu_backward_fp8_timeline,
-                                  attn_gpu_forward_timeline, attn_gpu_forward_fp8_timeline};
-    return which >= 0 && which < 4 && set[which] ? set[which](records) : -1;
-}
 
 }  // extern "C"

@@ -1,10 +1,10 @@
 // bench_attention.cu: times our fused causal attention (attention/kernels_bf16.h), forward and backward
 // separately, at a fixed B*T tokens. Prints one line per T:
-//   ours[<forward kernel>] T=<T> B=<B> H=<H> d=<d> fwd_ms=<ms> fwd_tflops=<x> bwd_ms=<ms> bwd_tflops=<x>
+//   ours T=<T> B=<B> H=<H> d=<d> fwd_ms=<ms> fwd_tflops=<x> bwd_ms=<ms> bwd_tflops=<x>
 // FLOPs (causal): forward 4*B*H*T^2*d/2, backward 2.5x that. Median of timed runs (CUDA events,
 // after warm-up), inputs random (not zeros), q/k/v views of a packed (B, T, 3, H, d) buffer as in
-// the model. ATTN_GPU_FWD picks the forward kernel (attention/fwd_bf16.cu). For the comparison with
-// PyTorch SDPA (cuDNN, FA2), timed interleaved in one process, see dev/bench/bench_attention.py.
+// the model. For the comparison with PyTorch SDPA (cuDNN, FA2), timed interleaved in one process,
+// see dev/bench/bench_attention.py; for the earlier forms of the kernels, dev/cuda/.
 //
 //   bench_attention [tokens=16384] [H=16] [d=128] [T list, default 1024 2048 4096 8192]
 #include <cuda_runtime.h>  // events, memory
@@ -16,8 +16,6 @@
 
 #include "attention/kernels_bf16.h"  // the kernels
 #include "bench_gpu.cuh"             // CU, fill_random_bf16
-
-// Defined in attention/fwd_bf16.cu, not part of attention/kernels_bf16.h: the forward kernel's name.
 
 static double median(std::vector<float> v) {
     std::sort(v.begin(), v.end());
@@ -73,9 +71,8 @@ int main(int argc, char **argv) {
         CU(cudaGetLastError());
         double flops_fwd = 4.0 * B * H * (double)T * T * d / 2.0, flops_bwd = 2.5 * flops_fwd;
         double mf = median(tf), mb = median(tb);
-        printf("ours[%s] T=%d B=%d H=%d d=%d fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f\n",
-               attn_gpu_forward_impl_name(), T, B,
-               H, d, mf, flops_fwd / (mf * 1e-3) / 1e12, mb, flops_bwd / (mb * 1e-3) / 1e12);
+        printf("ours T=%d B=%d H=%d d=%d fwd_ms=%.4f fwd_tflops=%.1f bwd_ms=%.4f bwd_tflops=%.1f\n", T, B, H, d, mf,
+               flops_fwd / (mf * 1e-3) / 1e12, mb, flops_bwd / (mb * 1e-3) / 1e12);
         fflush(stdout);
         cudaEventDestroy(e0); cudaEventDestroy(e1);
         cudaFree(qkv); cudaFree(dqkv); cudaFree(o); cudaFree(dout); cudaFree(lse); cudaFree(ws);

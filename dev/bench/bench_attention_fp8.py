@@ -32,8 +32,6 @@ from bench_attention import Ours, flops, time_interleaved, torch_setup
 
 MODES = {"bf16": 1, "fp8_naive": 2, "fp8_hybrid": 3, "fp8_dm": 4, "fp8_dm_approx": 5}  # AttnPrecision
 BARE_BWD = ("fp8_naive", "fp8_dm", "fp8_dm_approx")  # the modes attn_gpu_backward_fp8 runs
-# the FP8 forward's block loops (F8_LOOP_*); the default is one of them (plain)
-FWD_LOOPS = ((0, "pingpong"), (1, "plain"))
 SHORT = {"bf16": "bf16", "fp8_naive": "naive", "fp8_hybrid": "hybrid", "fp8_dm": "dm",
          "fp8_dm_approx": "dm_apx"}
 
@@ -60,11 +58,6 @@ class Shim:
             lib.shim_fwd_rope.argtypes = [I, P, P]
             lib.shim_fwd_rope.restype = None
             lib.shim_rope.restype = None
-        # the FP8 forward's block loop (attention/fwd_fp8.cu, F8_LOOP_*), when the library has it
-        self.set_fwd_loop = getattr(lib, "attn_gpu_forward_fp8_test_loop", None)
-        if self.set_fwd_loop is not None:
-            self.set_fwd_loop.argtypes = [I]
-            self.set_fwd_loop.restype = None
         for f in ("shim_fwd", "shim_bwd", "shim_fwd_keep", "shim_bwd_keep", "shim_quant", "shim_fp8_fwd", "shim_fp8_bwd", "shim_free"):
             getattr(lib, f).restype = None
         self.lib = lib
@@ -101,7 +94,7 @@ def main():
     ap.add_argument("--summary-out", help="also write the final tables to this file")
     a = ap.parse_args()
 
-    ours = Ours(a.lib, None)  # attn_gpu_forward / attn_gpu_backward, from its own copy of the library
+    ours = Ours(a.lib)  # attn_gpu_forward / attn_gpu_backward, from its own copy of the library
     shim = Shim(a.lib)
     lib = shim.lib
     modes = []
@@ -140,7 +133,7 @@ def main():
             # default arguments bind this iteration's values (a closure would see the last ones)
             fwds[m] = lambda p=p, o=o, lse=lse: lib.shim_fwd(p, o.data_ptr(), lse.data_ptr())
             bwds[m] = lambda p=p, o=o, lse=lse, g=dqkv: lib.shim_bwd(p, o.data_ptr(), lse.data_ptr(), g.data_ptr())
-            print(f"# T={T}: first call of {m}", flush=True)  # names the culprit if src/ FATALs
+            print(f"# T={T}: first call of {m}", flush=True)  # names the culprit if the library FATALs
             fwds[m]()
             bwds[m]()  # needs this mode's own o and lse, which every timed forward rewrites identically
             outs[m] = (o, lse, dqkv)
@@ -181,26 +174,6 @@ def main():
             fwds["quant_fwd"] = lambda: lib.shim_quant(0)
             fwds["quant_fwd_keep"] = lambda: lib.shim_quant(2)
             fwds["fp8_fwd_bare"] = lambda: lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
-            if shim.set_fwd_loop is not None:
-                # the other block loops of the FP8 forward, timed in the same rounds; first checked
-                # to give the default loop's O and LSE bit for bit (else not timed)
-                o8r, lse8r = o8.clone(), lse8.clone()
-                for li, ln in FWD_LOOPS:
-                    shim.set_fwd_loop(li)
-                    lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
-                    shim.set_fwd_loop(-1)
-                    torch.cuda.synchronize()
-                    same = torch.equal(o8, o8r) and torch.equal(lse8, lse8r)
-                    print(f"# T={T}: FP8 forward, {ln} loop vs the default: O, LSE "
-                          f"{'the same bit for bit' if same else 'DIFFER: not timed'}", flush=True)
-                    if same:
-                        def run_loop(li=li):
-                            shim.set_fwd_loop(li)
-                            lib.shim_fp8_fwd(o8.data_ptr(), lse8.data_ptr())
-                            shim.set_fwd_loop(-1)
-                        fwds["fp8_fwd_bare_" + ln] = run_loop
-                    o8.copy_(o8r)
-                    lse8.copy_(lse8r)
             bwds["quant_bwd"] = lambda: lib.shim_quant(1)
             bwds["quant_bwd_keep"] = lambda: lib.shim_quant(3)
             for m in BARE_BWD:
@@ -212,7 +185,7 @@ def main():
                 torch.cuda.synchronize()
                 dd = (delta - delta_ref).abs().max().item()
                 print(f"# T={T}: delta kernel alone vs fp8_dm backward's D: max |diff| {dd:.3e}", flush=True)
-                if dd == 0.0:  # the same code on the same codes: bit for bit, else not the launch src/ makes
+                if dd == 0.0:  # the same code on the same codes: bit for bit, else not the launch the library makes
                     bwds["delta"] = lambda: lib.shim_delta(lse8.data_ptr(), delta.data_ptr())
                 else:
                     print(f"# T={T}: delta kernel alone NOT timed: its D differs (launch out of date?)")
@@ -285,20 +258,6 @@ def main():
                 f"{tflops(r, 'tb', 'fp8_dm')} | {ms(r, 'tb', 'delta')} |")
         out()
 
-    if bare and any("fp8_fwd_bare_" + ln in r["tf"] for r in rows for _, ln in FWD_LOOPS):
-        out("the FP8 forward's block loops, bare TFLOP/s (same rounds; default = plain unless "
-            "ATTN_FP8_FWD_LOOP says otherwise); last column: the best other loop's speed / the default's")
-        out("| T | default | " + " | ".join(ln for _, ln in FWD_LOOPS) + " | best loop / default |")
-        out("|---|---|" + "---|" * len(FWD_LOOPS) + "---|")
-        for r in rows:
-            base = r["tf"].get("fp8_fwd_bare")
-            best = min([r["tf"]["fp8_fwd_bare_" + ln] for _, ln in FWD_LOOPS if "fp8_fwd_bare_" + ln in r["tf"]],
-                       default=None)  # times: the fastest loop's
-            out(f"| {label(r['T'])} | {tflops(r, 'tf', 'fp8_fwd_bare')} | "
-                + " | ".join(tflops(r, 'tf', 'fp8_fwd_bare_' + ln) for _, ln in FWD_LOOPS)
-                + (f" | {base / best:.2f} |" if base and best else " | n/a |"))
-        out()
-
     if any("fp8_dm_rope" in r["tf"] and "bf16_rope" in r["tf"] for r in rows):
         out("RoPE + forward, as the model runs them after the QKV projection (ms; TFLOP/s of the attention "
             "forward's count): rope_forward_gpu alone; ours = rope_forward_gpu + our BF16 forward; fp8_dm = "
@@ -344,7 +303,7 @@ def main():
     out(f"== summary: causal attention, H={a.H}, d={a.d}, B*T={a.tokens}, FP8 grad format {a.grad_format}; "
         f"TFLOP/s (fwd 4BHT^2d/2, bwd 2.5x), medians of {a.rounds} interleaved rounds; "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    out(f"ours = attn_gpu_forward ('{ours.name}') / attn_gpu_backward; modes through attn_mode_forward / "
+    out(f"ours = attn_gpu_forward / attn_gpu_backward (BF16); modes through attn_mode_forward / "
         f"attn_mode_backward, quantization included")
     names = ["ours", "cudnn"] + modes
     head = [("ours" if n == "ours" else "cuDNN" if n == "cudnn" else SHORT[n]) for n in names]
@@ -354,7 +313,7 @@ def main():
     fwd_ok, fb_ok, fb_keep_ok, keep_ratios = [], [], [], []
 
     # A forward + backward time ratio within PARITY of 1 is neither met nor missed: that is the
-    # spread of the ratio between device calls on one H200 (docs/perf.md, stops 27-28).
+    # spread of the ratio between device calls on one H200 (docs/perf.md).
     PARITY = 0.005
 
     def fb_state(x):

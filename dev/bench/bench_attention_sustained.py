@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--secs", type=float, default=1.0)
     ap.add_argument("--no-cudnn", action="store_true")
     a = ap.parse_args()
-    shim, ours = Shim(a.lib), Ours(a.lib, None)
+    shim, ours = Shim(a.lib), Ours(a.lib)
     lib, d = shim.lib, 128
     smi = GpuSampler()
     rows = []

@@ -12,9 +12,92 @@
 #include <math.h>    // INFINITY
 #include <stdint.h>  // uint32_t
 
-#include "attention/fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_max / softmax_exp / softmax_block, pack_p, o_*
+#include "attention/fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_max, pack_p, o_rescale_add: the kernel's step
 #include "attention/common.cuh"        // wgmma wrappers and fences, reg_fence, sw128, named barriers, CUDA_OK
 #include "core/common.h"               // FATAL
+
+// --- the step's forms that only the benchmarks run ----------------------------------------------
+// Named barriers 1 and 2, 256 threads each: the consumers' ping-pong (3: the producer's own).
+__device__ __forceinline__ void pp_sync(int wg) {  // wait for warpgroup wg's turn
+    if (wg == 0) named_bar_sync<1, 256>();
+    else named_bar_sync<2, 256>();
+}
+__device__ __forceinline__ void pp_pass(int wg) {  // warpgroup wg hands the turn to the other one
+    if (wg == 0) named_bar_arrive<2, 256>();
+    else named_bar_arrive<1, 256>();
+}
+
+// The step's exponentials with FP32 row sums (the kernel takes its row sums from the PV wgmma,
+// l_add_ones): n-tiles N0 .. N1 - 1 (keys 8 N0 .. 8 N1 - 1 of the tile's columns), so that a loop
+// may issue wgmmas between parts. c2 = tau_qk * log2(e); rs: this thread's two partial row sums,
+// added to in order. NPOLY: n-tiles 16 - NPOLY .. 15 take their exponentials on the FMA pipe
+// (poly_exp2) instead of the special-function unit (the kernel's: none).
+template <bool MASKED, int N0, int N1, int NPOLY = 0>
+__device__ __forceinline__ void bench_softmax_exp_part(float (&s)[F8_BK / 2], float (&rs)[2], const float (&bias)[2], float c2) {
+#pragma unroll
+    for (int n = N0; n < N1; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float arg = fmaf(s[4 * n + e], c2, bias[e >> 1]);
+            const float p = n >= F8_BK / 8 - NPOLY ? poly_exp2(arg) : fast_exp2(arg);
+            // masked: -inf gives 0 through ex2 too, but not if tau_qk underflowed to 0
+            s[4 * n + e] = MASKED && s[4 * n + e] == -INFINITY ? 0.0f : p;
+        }
+        rs[0] += s[4 * n + 0] + s[4 * n + 1];
+        rs[1] += s[4 * n + 2] + s[4 * n + 3];
+    }
+}
+__device__ __forceinline__ void softmax_exp_sums(float (&l)[2], const float (&alpha)[2], const float (&rs)[2]) {
+    l[0] = l[0] * alpha[0] + rs[0];
+    l[1] = l[1] * alpha[1] + rs[1];
+}
+template <bool MASKED, int NPOLY = 0>
+__device__ __forceinline__ void bench_softmax_exp(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
+                                            const float (&bias)[2], float tau_qk) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    float rs[2] = {0.f, 0.f};
+    bench_softmax_exp_part<MASKED, 0, F8_BK / 8, NPOLY>(s, rs, bias, tau_qk * LOG2E);
+    softmax_exp_sums(l, alpha, rs);
+}
+// bench_softmax_exp with a wgmma k-step issued before each quarter of the exponentials: issue(kk) for
+// kk = 0..3 (the caller's wgmmas, fenced before and committed by the caller, e.g. in issue(3)),
+// then the exponentials of n-tiles 4 kk .. 4 kk + 3, each quarter a basic block of its own
+// (nsmid_nonzero): else ptxas gathers the wgmmas, may serialize them and hoists the wait for them
+// above the exponentials (read in the SASS with dev/sass.sh schedule). The same values as
+// bench_softmax_exp.
+template <bool MASKED, class Issue>
+__device__ __forceinline__ void softmax_exp_interleaved(float (&s)[F8_BK / 2], float (&l)[2], const float (&alpha)[2],
+                                                        const float (&bias)[2], float tau_qk, Issue issue) {
+    static_assert(F8_BK / 8 == 16, "four quarters of 4 n-tiles");
+    constexpr float LOG2E = 1.4426950408889634f;
+    const float c2 = tau_qk * LOG2E;
+    float rs[2] = {0.f, 0.f};
+    issue(0);
+    if (nsmid_nonzero()) bench_softmax_exp_part<MASKED, 0, 4>(s, rs, bias, c2);
+    issue(1);
+    if (nsmid_nonzero()) bench_softmax_exp_part<MASKED, 4, 8>(s, rs, bias, c2);
+    issue(2);
+    if (nsmid_nonzero()) bench_softmax_exp_part<MASKED, 8, 12>(s, rs, bias, c2);
+    issue(3);
+    if (nsmid_nonzero()) bench_softmax_exp_part<MASKED, 12, 16>(s, rs, bias, c2);
+    softmax_exp_sums(l, alpha, rs);
+}
+// The whole step's softmax with FP32 row sums: the kernel's softmax_max, then bench_softmax_exp.
+template <bool MASKED, int NPOLY = 0>
+__device__ __forceinline__ void bench_softmax_block(float (&s)[F8_BK / 2], float (&m)[2], float (&l)[2],
+                                                    float (&alpha)[2], float tau_qk, float log2_ps, int k0,
+                                                    int row_w0, int T, int g, int t4) {
+    float bias[2];
+    softmax_max<MASKED>(s, m, alpha, bias, tau_qk, log2_ps, k0, row_w0, T, g, t4);
+    bench_softmax_exp<MASKED, NPOLY>(s, l, alpha, bias, tau_qk);
+}
+// O += PV: the update of a block whose rows' maxima did not move and whose V scale is the
+// previous one's (the factor 1): softmax_norescale and plain_real_norescale time it.
+template <int N>
+__device__ __forceinline__ void o_add(float (&o)[N], const float (&pv)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) o[i] += pv[i];
+}
 
 // The kernel's numbers for the real step: tau_qk (tau / (s_q s_k)), log2(p_scale) (O's factor is
 // alpha: every block of the benchmark has the same V scale, o_unit_factor's ratio 1)
@@ -136,7 +219,7 @@ __device__ __forceinline__ void issue_block(float (&s)[64], float (&pv)[64], uin
 }
 
 // The real step without the matmuls (softmax, softmax_norescale, split_real's warpgroup 1): the
-// kernel's softmax_block on fixed S values s0, the O update with fixed PV values, pack_p. The
+// step's softmax (bench_softmax_block) on fixed S values s0, the O update with fixed PV values, pack_p. The
 // fences make s0 and P̂ opaque to the compiler every iteration, so nothing leaves the loop.
 // TRACE: timed from inside (timed_steps).
 template <bool RESCALE, bool TRACE = false>
@@ -150,7 +233,7 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
         float s[64], alpha[2];
 #pragma unroll
         for (int i = 0; i < 64; i++) s[i] = s0[i];
-        softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        bench_softmax_block<false>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
         if (RESCALE) o_rescale_add(o, pv, alpha);  // attention/fwd_fp8_step.cuh
         else o_add(o, pv);
         pack_p(pa, s);
@@ -162,7 +245,7 @@ __device__ __forceinline__ void softmax_alone(int iters, const StepArgs &a, floa
 // 2 once S_j is done, 3 after the softmax) around the real step, without its ring: S_j and
 // PV_{j-1} as two wgmma groups, the softmax of S_j once S_j is done, PV_{j-1} waited for, O
 // updated, P̂_j packed for the next block's PV. A and V are the same fixed tiles every block.
-// NPOLY: the softmax's last NPOLY n-tiles' exponentials on the FMA pipe (softmax_exp_part).
+// NPOLY: the softmax's last NPOLY n-tiles' exponentials on the FMA pipe (bench_softmax_exp_part).
 // WAITALL: S_j and PV_{j-1} both waited for before the softmax (no wgmma of the warp's own in
 // flight while it computes; the other warpgroup's may be).
 // BB: the softmax in a basic block of its own (nsmid_nonzero), so that ptxas cannot hoist PV_{j-1}'s
@@ -205,9 +288,9 @@ __device__ __forceinline__ void plain_real(int iters, const StepArgs &a, uint32_
         reg_fence(s);
         pass(2);
         mark(2);
-        if (!BB) softmax_block<false, true, NPOLY>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        if (!BB) bench_softmax_block<false, NPOLY>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
         else if (nsmid_nonzero())  // a basic block of its own: PV's wait stays below it
-            softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+            bench_softmax_block<false>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
         pass(3);
         mark(3);
         wgmma_wait<0>();
@@ -259,7 +342,7 @@ __device__ __forceinline__ void plain_split(int iters, const StepArgs &a, uint32
         reg_fence(s);
         mark(2);
         if (nsmid_nonzero())  // a basic block of its own: PV_j's wait stays below it
-            softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+            bench_softmax_block<false>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
         mark(3);
         wgmma_wait<0>();
         reg_fence(pv);
@@ -270,9 +353,9 @@ __device__ __forceinline__ void plain_split(int iters, const StepArgs &a, uint32
     }
 }
 
-// The overlap loop (S_{j+1} issued before the softmax of S_j, as the kernel's F8_LOOP_OVERLAP):
-// sc holds S_j, its row max done (bias, alpha of block j); one step: issue S_{j+1} into sn; the
-// exponentials of S_j (softmax_exp); pack P̂_j; issue PV_j into sc (the fresh PV accumulator is
+// The overlap loop (S_{j+1} issued before the softmax of S_j): sc holds S_j, its row max done
+// (bias, alpha of block j); one step: issue S_{j+1} into sn; the exponentials of S_j
+// (bench_softmax_exp); pack P̂_j; issue PV_j into sc (the fresh PV accumulator is
 // S_j's registers); then FORM 0: wait for both, S_{j+1}'s row max, O = O * alpha_j + PV_j; FORM 1 (overlap_split): wait for S_{j+1} only, its row max while PV_j runs, then wait for
 // PV_j; FORM 2 (overlap_interleave): as 1, with S_{j+1}'s 4 wgmmas issued one at a time between
 // quarters of S_j's exponentials.
@@ -291,7 +374,7 @@ __device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uin
     } else {
         issue_s<128>(sn, da, db);
         wgmma_commit();
-        softmax_exp<false>(sc, l, alpha, bias, a.tau_qk);
+        bench_softmax_exp<false>(sc, l, alpha, bias, a.tau_qk);
     }
     const float a_j[2] = {alpha[0], alpha[1]};  // O's factor (softmax_max overwrites alpha below)
     pack_p(pa, sc);
@@ -303,7 +386,7 @@ __device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uin
     if (FORM != 0) {
         wgmma_wait<1>();
         reg_fence(sn);
-        softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        softmax_max<false>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
         wgmma_wait<0>();
         reg_fence(sc);
         reg_fence(pa);
@@ -312,7 +395,7 @@ __device__ __forceinline__ void overlap_step(const StepArgs &a, uint32_t da, uin
         reg_fence(sc);
         reg_fence(sn);
         reg_fence(pa);
-        softmax_max<false, true>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        softmax_max<false>(sn, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
     }
     o_rescale_add(o, sc, a_j);
 }
@@ -331,7 +414,7 @@ __device__ __forceinline__ void overlap_real(int iters, const StepArgs &a, uint3
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(sa);
-    softmax_max<false, true>(sa, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+    softmax_max<false>(sa, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
     for (int it = 0; it < iters; it += 2) {  // two steps per turn: the accumulators swap roles
         overlap_step<FORM>(a, da, db, sa, sb, o, pa, m, l, alpha, bias);
         overlap_step<FORM>(a, da, db, sb, sa, o, pa, m, l, alpha, bias);
@@ -376,7 +459,7 @@ __device__ __forceinline__ void plain_interleave(int iters, const StepArgs &a, u
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(s);
-        softmax_max<false, true>(s, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        softmax_max<false>(s, m, alpha, bias, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
         reg_fence(pv);
         reg_fence(pa);
         wgmma_fence();

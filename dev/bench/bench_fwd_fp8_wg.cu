@@ -15,8 +15,7 @@
 //                      then read only K̂ and V̂^T from shared memory (is it shared memory's traffic
 //                      that slows the work beside the tensor cores?)
 //          wg2_plain_norescale, wg3_serial_norescale  the O update without the rescale (O + PV:
-//                      64 FADD instead of 64 FFMA; until stop 33 64 FFMA instead of 64 FMUL + 64
-//                      FFMA), timing only
+//                      64 FADD instead of 64 FFMA), timing only
 // Prints clocks per iteration (every warpgroup one key block of 64 rows) and per two key blocks
 // (the unit of bench_mufu_qgmma.cu's table).
 //   build (GPU machine): nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -Xptxas -v
@@ -28,7 +27,7 @@
 #include <stdio.h>         // printf
 #include <stdlib.h>        // atoi
 
-#include "attention/fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_block, pack_p, o_rescale_add
+#include "attention/fwd_fp8_step.cuh"  // issue_s, issue_pv, softmax_max, pack_p, o_rescale_add
 #include "attention/common.cuh"        // wgmma fences, reg_fence, kmajor_desc_lo, smem_addr, CUDA_OK
 #include "bench_fwd_fp8_loops.cuh"     // StepArgs, plain_real, cta_time, SmClocks
 
@@ -59,7 +58,7 @@ __device__ __forceinline__ void serial_loop(int iters, const StepArgs &a, uint32
         wgmma_commit();
         wgmma_wait<0>();
         reg_fence(s);
-        softmax_block<false, true>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
+        bench_softmax_block<false>(s, m, l, alpha, a.tau_qk, a.log2_ps, 0, 0, 1 << 30, lane >> 2, lane & 3);
         pack_p(pa, s);
         reg_fence(s);
         reg_fence(pa);

@@ -21,11 +21,11 @@
 // functions the FP8 forward runs, so the same instructions):
 //   mufu_pack   the exponentials and their conversion to E4M3 (pack_p: 32 F2FP per thread) alone:
 //               whether the conversions share the exponentials' unit
-//   softmax     the kernel's whole softmax step alone: softmax_block (row max, exponentials, row
-//               sums, alpha), the O update (64 FFMA, O * a + PV) and pack_p, on fixed S values
+//   softmax     the whole softmax step alone: the kernel's row max (softmax_max), exponentials and
+//               FP32 row sums (bench_softmax_block), the O update (64 FFMA, O * a + PV) and pack_p,
+//               on fixed S values
 //   softmax_norescale  the same with the O update of a block whose row maxima and V scale did
-//               not move (a = 1: 64 FADD, O + PV; until stop 33 the update was 64 FMUL + 64 FFMA
-//               and this form its 64 FFMA)
+//               not move (a = 1: 64 FADD, O + PV)
 //   split_real  warpgroup 0 only the wgmmas, warpgroup 1 only the real softmax step (twice as
 //               many iterations each): one warp's softmax per scheduler under the other's matmuls
 //   plain_real  the plain loop with the real step: S_j and PV_{j-1} issued as two groups, the
@@ -83,7 +83,7 @@
 #include <stdlib.h>        // atoi
 #include <string.h>        // strlen
 
-#include "attention/fwd_fp8_step.cuh"  // the FP8 forward's issue_s, issue_pv, softmax_block, pack_p
+#include "attention/fwd_fp8_step.cuh"  // the FP8 forward's issue_s, issue_pv, softmax_max, pack_p
 #include "attention/common.cuh"        // wg_fp8, wg_fp8_rs, kmajor_desc(_lo), wgmma fences, CUDA_OK
 #include "bench_fwd_fp8_loops.cuh"     // StepArgs, SmClocks and the loop forms around the kernel's step
 #include "gpu/ptx/fast_exp2.cuh"       // fast_exp2 (ex2.approx.ftz)

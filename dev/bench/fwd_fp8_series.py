@@ -5,7 +5,7 @@ At T = 8K the same kernel on the same codes takes anywhere in ~0.58-0.64 ms from
 next within one benchmark run (bench_attention_fp8.py's [min, max]), our BF16 forward ~0.77-0.81.
 This times single launches in series, each with its own CUDA events, in four arrangements:
   dyn        the FP8 forward back to back, tiles from the counter (the default schedule)
-  static     the same with the fixed snake order (attn_gpu_forward_fp8_test_schedule(0, 0))
+  static     the same with the fixed snake order (gpu_test_hooks.fwd_fp8_static_order)
   alt_ours   FP8 forward and our BF16 forward alternating (as the benchmark's rounds do)
   alt_sleep  FP8 forward after ~1 ms of GPU spin each time (an idle-ish GPU before every launch)
 and prints, per arrangement, the min / median / max, the share of launches more than 4% above the
@@ -24,6 +24,13 @@ from bench_attention import GpuSampler, Ours, time_each
 from bench_attention_fp8 import Shim
 
 
+class AttentionHooks(ctypes.Structure):
+    """The attention section of GpuTestHooks (gpu/test_hooks.h), which starts the struct: enough of
+    it to reach those fields of the library's gpu_test_hooks."""
+    _fields_ = [("fwd_bf16_no_o_tma", ctypes.c_int), ("fwd_fp8_no_o_tma", ctypes.c_int),
+                ("fwd_fp8_max_ctas", ctypes.c_int), ("fwd_fp8_static_order", ctypes.c_int)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -39,9 +46,8 @@ def main():
     B = max(a.tokens // T, 1)
     shim = Shim(a.lib)
     lib = shim.lib
-    sched = lib.attn_gpu_forward_fp8_test_schedule
-    sched.argtypes, sched.restype = [ctypes.c_int, ctypes.c_int], None
-    ours = Ours(a.lib, None)
+    hooks = AttentionHooks.in_dll(lib, "gpu_test_hooks")
+    ours = Ours(a.lib)
     torch.manual_seed(T)
     qkv = torch.rand(B, T, 3, H, d, device="cuda", dtype=torch.bfloat16) * 4 - 2
     dout = torch.rand(B, T, H, d, device="cuda", dtype=torch.bfloat16) * 4 - 2
@@ -59,16 +65,16 @@ def main():
     smi = GpuSampler()
     time.sleep(0.5)
     marks, res = [], {}
-    arr = [("dyn", fp8, None, (-1, -1)), ("static", fp8, None, (0, 0)), ("alt_ours", fp8, ours_fwd, (-1, -1)),
-           ("alt_sleep", fp8, lambda: torch.cuda._sleep(2_000_000), (-1, -1)), ("ours", ours_fwd, None, (-1, -1))]
+    arr = [("dyn", fp8, None, 0), ("static", fp8, None, 1), ("alt_ours", fp8, ours_fwd, 0),
+           ("alt_sleep", fp8, lambda: torch.cuda._sleep(2_000_000), 0), ("ours", ours_fwd, None, 0)]
     if a.n_long:
-        arr += [("fp8_long", fp8, None, (-1, -1)), ("ours_long", ours_fwd, None, (-1, -1))]
-    for name, fn, before, (mc, order) in arr:
-        sched(mc, order)
+        arr += [("fp8_long", fp8, None, 0), ("ours_long", ours_fwd, None, 0)]
+    for name, fn, before, static_order in arr:
+        hooks.fwd_fp8_static_order = static_order
         t0 = time.time()
         res[name] = time_each(fn, a.n_long if name.endswith("_long") else a.n, before)
         marks.append((name, t0, time.time()))
-        sched(0, -1)
+        hooks.fwd_fp8_static_order = 0
         time.sleep(0.2)
     smi.stop()
     print(f"# T={T} B={B} H={H} d={d}, {a.n} launches per arrangement; {torch.cuda.get_device_name()}")

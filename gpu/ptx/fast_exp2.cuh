@@ -12,8 +12,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // 2^x on the FMA pipe, for x <= 0 (or -inf): 10 FMA-pipe instructions instead of one SFU one,
 // for a kernel whose special-function unit is its bottleneck (FA4's trick on Blackwell). Not the
-// FP8 attention forward's: moving its exponentials here measured slower (softmax_block's NPOLY,
-// docs/perf.md stop 31), so it is the benchmark's alone for now; test_attention_fp8_gpu checks it.
+// FP8 attention forward's: moving some of its exponentials here measures slower (the step
+// benchmark's NPOLY, dev/bench/bench_fwd_fp8_loops.cuh); test_attention_fp8_gpu checks it.
 // 2^x = 2^floor(x) * 2^f, f = x - floor(x) in [0, 1): floor(x) from adding 1.5 * 2^23 rounding
 // down (t's low mantissa bits are floor(x) as a two's complement integer: exact for |x| < 2^22),
 // 2^f by a degree-5 polynomial (max relative error ~2e-7, as ex2.approx's ~2 ulp), and 2^floor(x)

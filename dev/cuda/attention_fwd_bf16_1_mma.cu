@@ -1,15 +1,26 @@
-// fwd_bf16_mma.cu: the FlashAttention-2-style forward on mma.sync (m16n8k16 BF16, 128x64
-// tiles), kept beside the default wgmma forward of attention/fwd_bf16.cu for comparisons and as a
-// fallback (ATTN_GPU_FWD=mma). Same math and pass order: one query block per CTA walking the key
-// blocks upward with an online softmax.
+// attention_fwd_bf16_1_mma.cu: lab version 1 of the fused causal BF16 attention forward:
+// FlashAttention-2 on mma.sync (m16n8k16), one CTA of 8 warps per 128 query rows (16 per warp),
+// key blocks of 64, K and V double-buffered by cp.async in padded tiles, P fed from the S
+// accumulators to P V in registers. Version 2 (attention_fwd_bf16_2_pipe.cu) moves to wgmma with
+// 128 x 128 tiles; version 3 is the library's (attention/fwd_bf16.cu: a TMA producer warpgroup).
+// The program checks this kernel's O and LSE against the library's on the same inputs (P is
+// rounded to BF16 against a running max per key block, and the key blocks differ: a tolerance)
+// and times both.
+//
+//   make -C dev/cuda && build/dev/attention_fwd_bf16_1_mma [d=128] [T ...]
 #include <cuda_runtime.h>  // launches, cudaFuncSetAttribute
 #include <math.h>          // INFINITY, sqrtf
-#include <stdint.h>        // uint32_t
+#include <stdint.h>        // uint16_t, uint32_t
 
-#include "attention/common.cuh"  // PTX wrappers, tile loaders, FWD_* tile sizes
-#include "core/common.h"         // FATAL
+#include "attention/common.cuh"       // quad_sum, online_max_step, fwd_store_rows, ldmatrix_x4, mma_bf16
+#include "attention/kernels_bf16.h"   // attn_gpu_forward: the library's version
+#include "dev/cuda/attention_lab.cuh"  // LabShapes, lab_diff_*, lab_report, timing
+#include "dev/cuda/mma_tiles.cuh"      // load_tile, mma_frag_rowtile
 
-// --- forward -----------------------------------------------------------------------------------
+#define FWD_BQ 128   // query rows per CTA: 8 warps x 16
+#define FWD_BK 64    // keys per block
+#define FWD_WARPS 8
+
 // grid (ceil(T/FWD_BQ), B*H), block FWD_WARPS*32. Warp w owns query rows q0+16w .. q0+16w+15.
 // Online softmax in the log2 domain: p = 2^(s*scale_log2 - m*scale_log2), scale_log2 =
 // tau*log2(e); the running max m advances once per key block; P is rounded to BF16 for PV,
@@ -132,27 +143,49 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, 1)
                       [&](int r) { return (m[r] * scale_log2 + log2f(l[r])) * 0.69314718056f; });
 }
 
-
-// The mma.sync forward for head dim D (64 or 128); called by attn_gpu_forward when
-// ATTN_GPU_FWD=mma.
 template <int D>
-static void launch_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o,
-                     int o_stride, float *lse, int B, int H, int T, cudaStream_t stream) {
+static void forward_mma(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o, int o_stride,
+                        float *lse, int B, int H, int T) {
     const size_t smem = (size_t)(FWD_BQ + 4 * FWD_BK) * (D + 8) * sizeof(bf16);
-    static bool attr_set = false;  // one device per process (the trainer uses one GPU per rank)
-    if (!attr_set) {
-        CUDA_OK(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
-    }
+    CU(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     dim3 grid((T + FWD_BQ - 1) / FWD_BQ, B * H);
-    attn_fwd_kernel<D><<<grid, FWD_WARPS * 32, smem, stream>>>(q, k, v, qkv_stride, o, o_stride, lse,
-                                                               H, T, scale_log2);
-    CUDA_OK(cudaGetLastError());
+    attn_fwd_kernel<D><<<grid, FWD_WARPS * 32, smem>>>(q, k, v, qkv_stride, o, o_stride, lse, H, T, scale_log2);
+    CU(cudaGetLastError());
 }
 
-void attn_fwd_mma_launch(int d, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride, bf16 *o,
-                         int o_stride, float *lse, int B, int H, int T, cudaStream_t stream) {
-    if (d == 64) launch_d<64>(q, k, v, qkv_stride, o, o_stride, lse, B, H, T, stream);
-    else launch_d<128>(q, k, v, qkv_stride, o, o_stride, lse, B, H, T, stream);
+int main(int argc, char **argv) {
+    const LabShapes sh(argc, argv);
+    const int d = sh.d, H = sh.H, C = H * d;
+    bool ok = true;
+    for (int T : sh.Ts) {
+        const int B = sh.batch(T);
+        const size_t n_tok = (size_t)B * T;
+        uint16_t *qkv = random_bf16(n_tok * 3 * C, 1234u + T), *o_ref, *o_lab;
+        float *lse_ref, *lse_lab;
+        CU(cudaMalloc(&o_ref, n_tok * C * 2));
+        CU(cudaMalloc(&o_lab, n_tok * C * 2));
+        CU(cudaMalloc(&lse_ref, (size_t)B * H * T * 4));
+        CU(cudaMalloc(&lse_lab, (size_t)B * H * T * 4));
+        const uint16_t *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
+        auto lib = [&] { attn_gpu_forward(q, k, v, 3 * C, o_ref, C, lse_ref, B, H, T, d, 0); };
+        auto lab = [&] {
+            if (d == 64) forward_mma<64>((const bf16 *)q, (const bf16 *)k, (const bf16 *)v, 3 * C, (bf16 *)o_lab, C, lse_lab, B, H, T);
+            else forward_mma<128>((const bf16 *)q, (const bf16 *)k, (const bf16 *)v, 3 * C, (bf16 *)o_lab, C, lse_lab, B, H, T);
+        };
+        lib();
+        lab();
+        CU(cudaDeviceSynchronize());
+        printf("T=%d B=%d H=%d d=%d\n", T, B, H, d);
+        LabDiff dO, dL;
+        lab_diff_bf16(&dO, o_lab, C, o_ref, C, n_tok, C);
+        lab_diff_f32(&dL, lse_lab, lse_ref, (size_t)B * H * T);
+        ok &= lab_report("O against the library's", dO, false, 1e-2);
+        ok &= lab_report("LSE against the library's", dL, false, 1e-4);
+        const double flops = lab_fwd_flops(B, H, T, d);
+        lab_time_line("library (wgmma, TMA)", T, B, H, d, bench_time_ms(lib), flops);
+        lab_time_line("lab 1 (mma.sync)", T, B, H, d, bench_time_ms(lab), flops);
+        cudaFree(qkv); cudaFree(o_ref); cudaFree(o_lab); cudaFree(lse_ref); cudaFree(lse_lab);
+    }
+    return ok ? 0 : 1;
 }
