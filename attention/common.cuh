@@ -9,9 +9,6 @@
 #include <cuda_bf16.h>     // __nv_bfloat16
 #include <cuda_runtime.h>  // cudaError_t, cudaGetErrorString
 #include <stdint.h>        // uint32_t, uint64_t, uintptr_t
-#include <stdio.h>         // fprintf (attn_env_choice's unknown value)
-#include <stdlib.h>        // getenv, atoi (attn_env_count, attn_env_choice)
-#include <string.h>        // strcmp (attn_env_choice)
 
 #include "core/common.h"             // FATAL
 #include "core/fp8.h"                // FP8_SCALE_MAX_EXP: the range of the quantization scales
@@ -95,25 +92,6 @@ static inline int causal_heads_per_group(long kv_bytes_per_head, int n_blocks, i
     const int need = (min_items + n_blocks - 1) / (n_blocks > 0 ? n_blocks : 1);
     const long hg = fit < need ? need : fit;
     return hg < 1 ? 1 : hg > n_bh ? n_bh : (int)hg;
-}
-// The readers of gpu/qkv_gemm.cu's environment switches (QKV_GEMM_FORM, QKV_GEMM_DEFER,
-// QKV_GEMM_GROUP_ROWS); the attention kernels read none. attn_env_count: -1 when unset, 0 for
-// N <= 0, else N. attn_env_choice: the index of the variable's value in names[0 .. n - 1], or -1
-// when unset or unknown (then a line on stderr naming the choices). Launchers read them once.
-static inline int attn_env_count(const char *name) {
-    const char *v = getenv(name);
-    if (!v || !*v) return -1;
-    return atoi(v) > 0 ? atoi(v) : 0;
-}
-static inline int attn_env_choice(const char *var, const char *const *names, int n) {
-    const char *v = getenv(var);
-    if (!v || !*v) return -1;
-    for (int i = 0; i < n; i++)
-        if (strcmp(v, names[i]) == 0) return i;
-    fprintf(stderr, "%s=%s is none of", var, v);
-    for (int i = 0; i < n; i++) fprintf(stderr, "%s %s", i ? "," : "", names[i]);
-    fprintf(stderr, "; using the default\n");
-    return -1;
 }
 // The number of SMs of the current device, once per process (one device per process: one GPU
 // per rank). The causal kernels' group sizes and the persistent FP8 forward's grid use it.

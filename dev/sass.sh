@@ -12,7 +12,7 @@
 #       addresses stripped: two dumps diff to the kernels whose code changed.
 #   bash dev/sass.sh diff DIR_BEFORE DIR_AFTER
 #       the kernels added, removed, renamed (the same code under a new name: template parameters
-#       dropped) and changed between two dumps.
+#       dropped), relabelled (the same code, branch labels numbered otherwise) and changed.
 # The CUDA 13.0 toolkit here has no disassembler; the first run extracts nvdisasm 12.4 from
 # Debian trixie's non-free nvidia-cuda-toolkit package (it decodes sm_90a cubins of CUDA 13) into
 # .deps/nvdisasm, without installing it.
@@ -24,14 +24,20 @@ cmd=$1; shift
 if [ "$cmd" = diff ]; then
   [ $# -eq 2 ] || usage
   a=$1 b=$2 changed=0
-  # a kernel whose template parameters changed has a new name: the same code under another name is
-  # "renamed" (compared with its own name and the branch labels' numbers blanked out)
-  norm() { sed -E "s/$(basename "$1" .sass)//g; s/\.L_x_[0-9]+/.L/g" "$1" | md5sum | cut -d' ' -f1; }
+  # nvdisasm numbers branch labels per file, so a kernel's labels move when its file gains or loses
+  # kernels: code equal up to those numbers is the same code ("relabelled"). A kernel whose template
+  # parameters changed has a new name: the same code under another name is "renamed".
+  norm() {
+    sed -E "s/$(basename "$1" .sass)//g; s/\.L_x_[0-9]+/.L/g; s/\\\$__internal_[0-9]+_/\$__internal_/g" "$1" |
+      md5sum | cut -d' ' -f1
+  }
   declare -A gone
   for f in "$a"/*.sass; do
     n=$(basename "$f")
     if [ ! -f "$b/$n" ]; then gone[$(norm "$f")]+="${n%.sass} "
-    elif ! cmp -s "$f" "$b/$n"; then echo "changed: ${n%.sass}"; changed=1; fi
+    elif cmp -s "$f" "$b/$n"; then :
+    elif [ "$(norm "$f")" = "$(norm "$b/$n")" ]; then echo "relabelled: ${n%.sass} (same code)"
+    else echo "changed: ${n%.sass}"; changed=1; fi
   done
   for f in "$b"/*.sass; do
     n=$(basename "$f")

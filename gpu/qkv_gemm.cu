@@ -39,7 +39,7 @@
 #include <string.h>        // memset
 
 #include "core/precision.h"      // attn_scale_max_exp (V's scale bound), CAST_*
-#include "attention/common.cuh"    // CUDA_OK, attn_sm_count, bf16, attn_env_* (host side)
+#include "attention/common.cuh"    // CUDA_OK, attn_sm_count, bf16 (host side)
 #include "gpu/ptx/async_copy.cuh"  // cp.async, mbarriers, TMA loads, clusters
 #include "gpu/ptx/mma.cuh"         // pack_bf16
 #include "gpu/ptx/smem.cuh"        // smem_addr, smem_align1024
