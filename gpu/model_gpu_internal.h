@@ -23,6 +23,10 @@ typedef struct {
     bf16 *x_in, *h1, *qkv, *o, *x_mid, *h2, *fc, *sw;  // see the file comment for the shapes
     float *rstd1, *rstd2, *lse, *rstd_qk;             // (BT), (BT), (B, H, T), (2, BT, H)
     AttnSavedCodes attn_codes;  // the forward's quantized Q, K, V (attention_keep_codes), buf NULL if off
+    // Whether h1, h2, sw / qkv / o are this layer's own, kept for the backward (model.h's
+    // gpu_keeps_*); if not, they point into the forward's scratch (model_gpu.cu's file comment)
+    // and the backward does not read them
+    int own_inputs, own_qkv, own_o;
 } LayerBufs;
 
 typedef struct {
