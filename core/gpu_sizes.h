@@ -145,6 +145,14 @@ static inline size_t gpu_fp8_prod_amax_bytes(size_t n_layer) { return sizeof(uns
 // Delayed linear scaling's per-operand amaxes the scales come from (FP32, one per prod_amax word).
 static inline size_t gpu_fp8_delayed_amax_bytes(size_t n_layer) { return sizeof(float) * 8 * n_layer; }
 
+// The FP8 weights of the blocks' linears: Q(W) (M, K) for the forward and Q(W^T) (K, M) for the
+// dgrad (FP8 GEMMs reduce over a contiguous dimension), made once per optimizer step. Per tensor
+// (fp8_tensor) Q(W^T) is Q(W) transposed with the same scale, so only Q(W) is kept and each dgrad
+// transposes it into one scratch operand first (model_gpu_linear.cu), sized for the largest
+// block weight: qkv (3C, C) or MLP-in (2F, C). 128x128 blocks (fp8_block) keep both.
+static inline int gpu_fp8_keeps_weight_t(LinearPrecision p) { return linear_weight_grouping(p) != FP8_GROUP_TENSOR; }
+static inline size_t gpu_fp8_weight_t_scratch_codes(size_t C, size_t F) { return 3 * C > 2 * F ? 3 * C * C : 2 * F * C; }
+
 // The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).
 #define GPU_HEAD_CHUNK_TOKENS 8192
 static inline size_t gpu_head_chunk(size_t BT) { return BT < GPU_HEAD_CHUNK_TOKENS ? BT : GPU_HEAD_CHUNK_TOKENS; }

@@ -318,9 +318,14 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
             plan_take(W, codes);       // FP8 codes
             plan_take(W, 4 * scales);  // their scales
         }
+        const int keep_wt = gpu_fp8_keeps_weight_t(c->precision.linear);
+        if (!keep_wt) {  // per-tensor weights: the dgrad's Q(W^T), transposed from Q(W) (gpu_sizes.h)
+            plan_take(W, gpu_fp8_weight_t_scratch_codes(C, F));
+            plan_take(W, 4 * gpu_fp8_scales_tensor());
+        }
         // Per FP8 block, each linear W (M, K) (qkv (3C, C), attention projection (C, C), MLP in
-        // (2F, C), MLP out (C, F)): Q(W) and Q(W^T), quantized once per optimizer step (weights),
-        // and Q(x^T) (K, BT) of its input, saved by the forward for wgrad (activations).
+        // (2F, C), MLP out (C, F)): Q(W) and (but per tensor) Q(W^T), quantized once per optimizer
+        // step (weights), and Q(x^T) (K, BT) of its input, saved by the forward for wgrad (activations).
         for (int l = 0; l < m->n_layer; l++) {
             if (linear_precision_of(&c->precision, m->n_layer, l) == LINEAR_BF16) continue;
             size_t mk[4][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}};
@@ -328,8 +333,10 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
                 size_t M = mk[i][0], K = mk[i][1];
                 plan_take(&out->weights, M * K);                                        // Q(W) codes
                 plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, M, K));
-                plan_take(&out->weights, K * M);                                        // Q(W^T) codes
-                plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, K, M));
+                if (keep_wt) {
+                    plan_take(&out->weights, K * M);                                    // Q(W^T) codes
+                    plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, K, M));
+                }
                 plan_take(A, K * BT);                                                   // Q(x^T) codes
                 plan_take(A, 4 * gpu_fp8_scales_xt(c->precision.linear, c->precision.linear_wgrad_blocks, K, BT));
             }

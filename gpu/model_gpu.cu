@@ -44,7 +44,9 @@
 //   weights: persistent Q(W) and Q(W^T) of every FP8 linear (one pass each, from the BF16
 //     working copy), refreshed lazily by the first forward after anything that wrote the BF16
 //     weights (gpu_model_step / _step_slice, gpu_model_set_params, gpu_model_weights_device:
-//     under ZeRO-1 the all-gather writes them after the step), so once per optimizer step;
+//     under ZeRO-1 the all-gather writes them after the step), so once per optimizer step; per
+//     tensor (fp8_tensor) only Q(W) is kept, and each dgrad transposes its codes into a scratch
+//     Q(W^T) (the same codes: one scale), one weight's worth of memory instead of all of them;
 //   activations x: one call in the forward writes Q(x) (scratch slot 0) for the forward GEMM and
 //     Q(x^T) (groups along tokens) into a per-layer buffer kept until wgrad (activations);
 //   output gradients dy: one call in lin_wgrad writes Q(dy^T) (slot 1) and Q(dy) (slot 0), and
@@ -215,15 +217,24 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
             d->q8_codes_cap[slot] = nc;
             d->q8_scales_cap[slot] = ns;
         }
-        // per FP8 block: Q(W), Q(W^T) (weights) and the saved Q(x^T) (activations) of its linears
         LinearPrecision lp = c->precision.linear;
+        const int keep_wt = gpu_fp8_keeps_weight_t(lp);
+        if (!keep_wt) {  // per-tensor weights: the dgrad's Q(W^T), transposed from Q(W) (lin_dgrad)
+            const size_t n = gpu_fp8_weight_t_scratch_codes(C, F);
+            d->wt_scratch = take_operand(&cv, 1, (int)n, FP8_GROUP_TENSOR, FP8_E4M3, W);
+            d->wt_scratch_cap = n;
+        }
+        // per FP8 block: Q(W), Q(W^T) (but per tensor) (weights) and the saved Q(x^T) (activations)
+        // of its linears
         for (int l = 0; l < mc->n_layer; l++) {
             if (linear_precision_of(&c->precision, mc->n_layer, l) == LINEAR_BF16) continue;
             for (int i = 0; i < 4; i++) {
                 int M, K;
                 fp8_lin_shape(i, (int)C, (int)F, &M, &K);
                 Fp8Operand w = take_operand(&cv, M, K, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
-                Fp8Operand wt = take_operand(&cv, K, M, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
+                Fp8Operand wt;  // (codes NULL: made by each dgrad)
+                memset(&wt, 0, sizeof wt);
+                if (keep_wt) wt = take_operand(&cv, K, M, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
                 Fp8Operand xt = take_operand(&cv, K, (int)BT, linear_xt_grouping(lp, c->precision.linear_wgrad_blocks),
                                              FP8_E4M3, A);
                 if (base) {

@@ -80,7 +80,10 @@ typedef struct {
     float *q8_scales[2];             // slot 1: Q(dy^T) of wgrad
     size_t q8_codes_cap[2];          // bytes
     long q8_scales_cap[2];           // floats
-    Fp8Operand *w8, *wt8;            // (n_layer * 4) Q(W) (M, K), Q(W^T) (K, M) (codes NULL: BF16 block)
+    Fp8Operand *w8, *wt8;            // (n_layer * 4) Q(W) (M, K), Q(W^T) (K, M) (codes NULL: BF16 block;
+                                     //   wt8's alone: per-tensor weights, made by each dgrad in wt_scratch)
+    Fp8Operand wt_scratch;           // per-tensor weights: Q(W^T) of the dgrad running now
+    size_t wt_scratch_cap;           // its codes, bytes
     Fp8Operand *xt8;                 // (n_layer * 4) Q(x^T) (K, BT) saved by the forward for wgrad
     int *xt8_n;                      // (n_layer * 4) tokens of the saved Q(x^T) (0: none)
     Fp8Operand head_w8, head_wt8;    // an FP8 LM head's Q(W) (Vp, C), Q(W^T) (C, Vp) (codes NULL: BF16 head)

@@ -42,7 +42,8 @@
 // --- FP8 operand slots ------------------------------------------------------------------------
 // Their shapes and sizes are gpu_sizes.h's gpu_fp8_slot_size (model.c's memory plan uses the same
 // function). Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K)
-// and Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
+// and, but per tensor (then each dgrad transposes Q(W) into Dev.wt_scratch), Q(W^T) (K, M) (plan
+// category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
 // Q(W) (Vp, C), Q(W^T) (C, Vp) (weights) and its chunk's Q(hf^T) (C, n) (workspace).
 // Bytes of codes and floats of scales slot `slot` needs for config c's linears.
 void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
@@ -217,6 +218,25 @@ void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x,
     d->fp8_gemms++;
 }
 
+// Q(W^T) (K, M) of FP8 linear li for its dgrad: kept, or for a per-tensor weight the transpose of
+// Q(W)'s codes with its scales, made into the scratch now (the codes a quantization of W^T would
+// give: one scale for the whole tensor; gpu_sizes.h's gpu_fp8_keeps_weight_t).
+static Fp8Operand weight_t(Dev *d, int li) {
+    Fp8Operand wt = d->wt8[li];
+    if (wt.codes) return wt;
+    const Fp8Operand *w = &d->w8[li];
+    if (!d->wt_scratch.codes || (size_t)w->rows * w->cols > d->wt_scratch_cap)
+        FATAL("model_gpu: Q(W^T) of linear %d (%d, %d) does not fit the planned scratch (%zu bytes)", li, w->cols,
+              w->rows, d->wt_scratch_cap);
+    wt = d->wt_scratch;
+    wt.rows = w->cols;
+    wt.cols = w->rows;
+    wt.grouping = w->grouping;
+    wt.fmt = w->fmt;
+    fp8_transpose_tensor_gpu(w, &wt, d->stream);
+    return wt;
+}
+
 // dx (N, K) BF16 = dy (N, M) . W
 void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy, int N, int M, int K) {
     Dev *d = dev_of(m);
@@ -231,7 +251,8 @@ void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy,
     if (d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M)  // not made by lin_wgrad
         quantize_operand(m, layer, li, 1, &dyq, NULL, dy, N, M);
     d->dy_in_slot0 = NULL;
-    linear_fp8_dgrad_gpu(dx, &dyq, &d->wt8[li], fast_accum(m, p, 1), d->stream);  // W^T (K, M)
+    const Fp8Operand wt = weight_t(d, li);                                          // W^T (K, M)
+    linear_fp8_dgrad_gpu(dx, &dyq, &wt, fast_accum(m, p, 1), d->stream);
     d->fp8_gemms++;
 }
 
@@ -277,7 +298,7 @@ void fp8_refresh_weights(GpuModel *m) {
         for (int i = 0; i < 4; i++) {
             Fp8Operand *w = &d->w8[4 * l + i], *wt = &d->wt8[4 * l + i];
             if (!w->codes) continue;  // a BF16 block
-            fp8_quantize_gpu(w, wt, W(m, fp8_lin_kind[i], l), w->rows, w->cols, NULL, d->stream);
+            fp8_quantize_gpu(w, wt->codes ? wt : NULL, W(m, fp8_lin_kind[i], l), w->rows, w->cols, NULL, d->stream);
             d->fp8_weight_refreshes++;
         }
     if (d->head_w8.codes) {  // an FP8 LM head: its weight (wte when tied)

@@ -7,7 +7,8 @@
 //     memory (FP8_NOT_ABOVE_BF16 below); the others are printed;
 //   - on paper_569m's shapes, each decision of model.h's gpu_keeps_* moves the activations by
 //     exactly the buffers it keeps or drops (h1, h2, sw with BF16 linears; qkv without kept codes or
-//     with diagnostics; o with an attention backward that reads it or with BF16 linears).
+//     with diagnostics; o with an attention backward that reads it or with BF16 linears), and the
+//     fp8 recipe's FP8 weights are the blocks' Q(W) alone and the LM head's Q(W), Q(W^T).
 #include <dirent.h>  // opendir: every shipped config
 #include <stdio.h>   // printf
 #include <stdlib.h>  // qsort
@@ -38,7 +39,7 @@ static const Setting SETTINGS[] = {
     {"fp8_tensor linears, bf16 attention", {"precision.linear=\"fp8_tensor\""}},
 };
 enum { N_SETTINGS = sizeof SETTINGS / sizeof SETTINGS[0] };
-static const char *FP8_NOT_ABOVE_BF16[] = {"paper_569m.json"};
+static const char *FP8_NOT_ABOVE_BF16[] = {"paper_569m.json", "paper_1p67b.json"};
 
 static int n_of(const Setting *s) {
     int n = 0;
@@ -172,6 +173,19 @@ static void decisions(void) {
     }
     // BF16 attention with FP8 linears keeps qkv and o, drops h1, h2, sw; FP8 attention with BF16
     // linears keeps h1, h2, sw and o, drops qkv
+    // the fp8 recipe's FP8 weights: the blocks' per-tensor Q(W) alone (each dgrad transposes it),
+    // the LM head's Q(W) and Q(W^T); both with 2 scale floats
+    MemoryPlan bf;
+    Config c16;
+    if (!load(path, &SETTINGS[0], NULL, &c16)) {
+        memory_plan(&c16, 1, 0, c16.train.micro_batch, &bf);
+        const size_t Vp = (size_t)f.model.padded_vocab_size, sc = gpu_align256(8);
+        const size_t want = L * (gpu_align256(3 * C * C) + gpu_align256(C * C) + gpu_align256(2 * F * C) +
+                                 gpu_align256(C * F) + 4 * sc) + 2 * (gpu_align256(Vp * C) + sc);
+        CHECK(fp8.weights - bf.weights == want,
+              "decisions: the fp8 recipe adds the blocks' Q(W) (1 byte a weight) and the head's Q(W), Q(W^T)",
+              "added %zu bytes, expected %zu", fp8.weights - bf.weights, want);
+    }
     Config a, b;
     if (!load(path, &SETTINGS[8], NULL, &a) && !load(path, &SETTINGS[7], NULL, &b)) {
         CHECK(gpu_keeps_qkv(&a) && gpu_keeps_attn_out(&a, 0) && !gpu_keeps_linear_inputs(&a, 0),
