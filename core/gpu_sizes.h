@@ -168,15 +168,18 @@ static inline size_t gpu_fp8_head_chunk(LinearPrecision head, size_t BT) {
 //   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F)
 //   slot 1: wgrad dy^T (3C, BT) (C, BT) (2F, BT)
 // and an FP8 LM head's chunk (head_chunk > 0, gpu_fp8_head_chunk) its dlogits: Q(dy) (chunk, Vp)
-// in slot 0, Q(dy^T) (Vp, chunk) in slot 1 (its x, hf (chunk, C), fits slot 0's (BT, C)). Bytes
-// of codes and floats of scales (per tensor, or 1x128 slices with fp8_block: also enough for a
-// dy^T in 128x128 blocks, precision.linear_wgrad_blocks = "gradient", which has fewer).
+// in slot 0, Q(dy^T) (Vp, chunk) in slot 1 with fp8_block (its x, hf (chunk, C), fits slot 0's
+// (BT, C)); per tensor Q(dy^T) is Q(dy) transposed, written into the chunk's BF16 logits buffer
+// once Q(dy) holds its values (model_gpu_linear.cu's head_fp8_backward), so slot 1 stays the
+// blocks'. Bytes of codes and floats of scales (per tensor, or 1x128 slices with fp8_block: also
+// enough for a dy^T in 128x128 blocks, precision.linear_wgrad_blocks = "gradient", which has fewer).
 static inline void gpu_fp8_slot_size(int slot, LinearPrecision p, size_t BT, size_t C, size_t F, size_t head_chunk,
                                      size_t Vp, size_t *codes, size_t *scales) {
     const size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {head_chunk, Vp}};
     const size_t s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}, {Vp, head_chunk}};
     const size_t(*shapes)[2] = slot == 0 ? s0 : s1;
-    const int n = (slot == 0 ? 4 : 3) + (head_chunk > 0);
+    const int head = head_chunk > 0 && (slot == 0 || linear_act_grouping(p) != FP8_GROUP_TENSOR);
+    const int n = (slot == 0 ? 4 : 3) + head;
     *codes = *scales = 0;
     for (int i = 0; i < n; i++) {
         const size_t r = shapes[i][0], c = shapes[i][1];

@@ -312,13 +312,14 @@ void fp8_refresh_weights(GpuModel *m) {
 // The fused LM head's GEMMs for one chunk of n tokens in FP8 (model_gpu.cu's head_and_loss runs
 // the chunks and the cross-entropy): logits (n, Vp) = Q(hf) Q(W)^T, with Q(hf^T) kept for the
 // wgrad when want_grad; then, once the chunk holds dlogits, head_fp8_backward: dhf (n, C) =
-// Q(dy) Q(W^T)^T and dW (Vp, C) += Q(dy^T) Q(hf^T)^T, with Q(dy) and Q(dy^T) made in one pass.
-// Codes and scales as linear_fp8.c's linear_forward / dgrad / wgrad make them for the CPU's
-// chunks (fp8_head_chunk): fp8_block's 1x128 slices, or fp8_tensor's scales of the micro-batch,
-// hf's amax taken by head_fp8_begin into head_xt's scales[1] (each chunk's quantization reads it
-// there and leaves it) and dlogits' bound written into slot 0's scales[1] before each chunk's;
-// with fusion on, the cross-entropy writes the chunk's Q(dlogits) codes itself
-// (head_fp8_cross_entropy) and head_fp8_backward transposes them for Q(dlogits^T).
+// Q(dy) Q(W^T)^T and dW (Vp, C) += Q(dy^T) Q(hf^T)^T, with fp8_block's Q(dy) and Q(dy^T) made
+// in one pass. Codes and scales as linear_fp8.c's linear_forward / dgrad / wgrad make them for the
+// CPU's chunks (fp8_head_chunk): fp8_block's 1x128 slices, or fp8_tensor's scales of the
+// micro-batch, hf's amax taken by head_fp8_begin into head_xt's scales[1] (each chunk's
+// quantization reads it there and leaves it) and dlogits' bound written into slot 0's scales[1]
+// before each chunk's; fp8_tensor's Q(dlogits) (with fusion on, the cross-entropy writes its codes
+// itself: head_fp8_cross_entropy) is transposed for Q(dlogits^T) into the chunk's logits buffer,
+// whose BF16 values nothing reads by then.
 void head_fp8_begin(GpuModel *m, const bf16 *hf, int rows) {
     Dev *d = dev_of(m);
     if (lin_prec(m, -1) != LINEAR_FP8_TENSOR) return;  // fp8_block: each slice's own scale
@@ -363,14 +364,24 @@ void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, i
     const int Vp = m->cfg.model.padded_vocab_size;
     const LinearPrecision hp = lin_prec(m, -1);
     Fp8Operand dyq, dyt;  // (n, Vp), (Vp, n)
-    dy_operands(m, hp, n, Vp, &dyq, &dyt);
     Fp8Operand xt = d->head_xt;
     xt.cols = n;
     if (hp == LINEAR_FP8_TENSOR) {  // the bound |dlogits| <= grad_scale is the amax of the scale
+        // Q(dy) in slot 0 (the cross-entropy's codes, or made here), then Q(dy^T), its transpose,
+        // into the chunk's logits buffer: its BF16 dlogits are not read again (gpu_fp8_slot_size)
+        if (dlogits != d->logits || d->q8_scales_cap[1] < (long)gpu_fp8_scales_tensor())
+            FATAL("model_gpu: the FP8 LM head's dlogits are not the chunk's logits buffer");
+        dyq = fp8_slot(d, 0, n, Vp, FP8_GROUP_TENSOR, grad_format(m));
+        dyt = dyq;
+        dyt.codes = (uint8_t *)d->logits;
+        dyt.scales = d->q8_scales[1];
+        dyt.rows = Vp;
+        dyt.cols = n;
         fp8_set_tensor_scale_gpu(&dyq, grad_scale, d->stream);
-        if (codes_ready) fp8_transpose_tensor_gpu(&dyq, &dyt, d->stream);  // the cross-entropy's codes
-        else fp8_quantize_gpu_with_amax(&dyq, &dyt, dlogits, n, Vp, dyq.scales + 1, NULL, NULL, d->stream);
+        if (!codes_ready) fp8_quantize_gpu_with_amax(&dyq, NULL, dlogits, n, Vp, dyq.scales + 1, NULL, NULL, d->stream);
+        fp8_transpose_tensor_gpu(&dyq, &dyt, d->stream);
     } else {
+        dy_operands(m, hp, n, Vp, &dyq, &dyt);
         fp8_quantize_gpu(&dyq, &dyt, dlogits, n, Vp, NULL, d->stream);
     }
     linear_fp8_dgrad_gpu(dhf, &dyq, &d->head_wt8, fast_accum(m, hp, 1), d->stream);  // W^T (C, Vp)

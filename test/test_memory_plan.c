@@ -186,6 +186,19 @@ static void decisions(void) {
               "decisions: the fp8 recipe adds the blocks' Q(W) (1 byte a weight) and the head's Q(W), Q(W^T)",
               "added %zu bytes, expected %zu", fp8.weights - bf.weights, want);
     }
+    {  // an FP8 LM head's Q(dlogits^T) (Vp, chunk): slot 1 with fp8_block; per tensor the chunk's
+       // logits buffer, so slot 1 stays the blocks'
+        const size_t Vp = (size_t)f.model.padded_vocab_size, hc = gpu_head_chunk(BT);
+        size_t t_head, t_none, b_head, b_none, sc;
+        gpu_fp8_slot_size(1, LINEAR_FP8_TENSOR, BT, C, F, hc, Vp, &t_head, &sc);
+        gpu_fp8_slot_size(1, LINEAR_FP8_TENSOR, BT, C, F, 0, Vp, &t_none, &sc);
+        gpu_fp8_slot_size(1, LINEAR_FP8_BLOCK, BT, C, F, hc, Vp, &b_head, &sc);
+        gpu_fp8_slot_size(1, LINEAR_FP8_BLOCK, BT, C, F, 0, Vp, &b_none, &sc);
+        CHECK(t_head == t_none && t_none == 2 * F * BT && b_head == Vp * hc && b_head > b_none,
+              "decisions: slot 1 holds an FP8 head's Q(dlogits^T) with fp8_block only",
+              "fp8_tensor %zu / %zu, fp8_block %zu / %zu bytes (with / without the head)", t_head, t_none, b_head,
+              b_none);
+    }
     Config a, b;
     if (!load(path, &SETTINGS[8], NULL, &a) && !load(path, &SETTINGS[7], NULL, &b)) {
         CHECK(gpu_keeps_qkv(&a) && gpu_keeps_attn_out(&a, 0) && !gpu_keeps_linear_inputs(&a, 0),
