@@ -15,7 +15,9 @@
 #                  killed rank (needs 2 GPUs)
 #   bash scripts/gpu.sh bench AREA [ARGS]  one benchmark; its table is printed last
 #       attention            every attention precision, forward and backward, against our BF16
-#                            kernels and cuDNN (and FlashAttention-2), T = 1K..8K
+#                            kernels and cuDNN at its best call (and FlashAttention-2), T = 1K..8K;
+#                            the judging table (ours BF16, fp8_dm, cuDNN BF16: fwd, bwd, fwd+bwd),
+#                            cuDNN at NVIDIA's published shape against the published H200 figures
 #       attention-sustained  the forwards under two clock regimes (cool, at the power cap); T near 8K
 #       qkv-gemm             the QKV projection GEMM with its FP8 epilogue against cuBLASLt
 #       layers               the cross-entropy and RMSNorm backward against a copy and PyTorch
@@ -130,7 +132,8 @@ plan() {  # AREA: what it runs, one line a step
       echo "small_125m on the GPU, fp8_dm, 300 steps: val loss falls, plan = --dry-run's, diagnostics, sample" ;;
     check:dp) echo "test_zero1_gpu, test_comm; tiny on 1 GPU x 2 accumulation vs 2 GPUs (plain, ZeRO-1, overlap on/off);"
       echo "resume 2 -> 1 and 1 -> 2 GPUs; a killed rank; the ZeRO-1 plan = --dry-run --world-size 2 --zero1" ;;
-    bench:attention) echo "the attention library (build/gpu_sh/attn); dev/bench/bench_attention_fp8.py; dev/bench/bench_attention.py" ;;
+    bench:attention) echo "the attention library (build/gpu_sh/attn); dev/bench/bench_attention_fp8.py (with the judging table);"
+      echo "dev/bench/bench_attention.py; dev/bench/bench_attention.py --nvidia-shape" ;;
     bench:attention-sustained) echo "the attention library; dev/bench/bench_attention_sustained.py at T 1K..8K;"
       echo "dev/bench/bench_attention_fp8.py at T 7936, 8192, 8320" ;;
     bench:qkv-gemm) echo "build/bench/bench_qkv_gemm at C 2048 (T 1K..8K), C 1536 and 3072 (T 4096)" ;;
@@ -695,11 +698,16 @@ bench_attention() {
   grep -E 'DIFFER|SUSPECT|NOT timed' "$log" | head -5 | sed 's/^/     /'
   part "bench_attention_fp8.py: every mode, forward and backward" "$(verdict $rc)" "$(note $rc), $took s"
   [ -s "$LOG_DIR/table_fp8.log" ] && tables+=("$LOG_DIR/table_fp8.log" "$LOG_DIR/gpu_state.log")
-  # our BF16 kernels against SDPA's cuDNN and FlashAttention-2 backends, interleaved
+  # our BF16 kernels against SDPA's cuDNN (its best call) and FlashAttention-2 backends, interleaved
   step bench_attention 200 python3 dev/bench/bench_attention.py --lib "$LIB"
   [ $rc -eq 0 ] || tail -5 "$log" | cut -c1-200 | sed 's/^/     /'
   part "bench_attention.py: BF16 against cuDNN and FlashAttention-2" "$(verdict $rc)" "$(note $rc), $took s"
-  [ $rc -eq 0 ] && { grep -E '^\|' "$log" >"$LOG_DIR/table_bf16.log"; tables+=("$LOG_DIR/table_bf16.log"); }
+  [ $rc -eq 0 ] && { grep -E '^\||^cuDNN = |^   T=' "$log" >"$LOG_DIR/table_bf16.log"; tables+=("$LOG_DIR/table_bf16.log"); }
+  # cuDNN BF16 at cudnn-frontend's published shape: how close the same-run peer comes to NVIDIA's figures
+  step bench_attention_nvidia_shape 120 python3 dev/bench/bench_attention.py --lib "$LIB" --nvidia-shape
+  [ $rc -eq 0 ] || tail -5 "$log" | cut -c1-200 | sed 's/^/     /'
+  part "bench_attention.py --nvidia-shape: cuDNN BF16 at B 1, H 64" "$(verdict $rc)" "$(note $rc), $took s"
+  [ $rc -eq 0 ] && { grep -vE '^#' "$log" >"$LOG_DIR/table_nvidia_shape.log"; tables+=("$LOG_DIR/table_nvidia_shape.log"); }
 }
 bench_attention_sustained() {
   attn_lib build/gpu_sh/attn || return
