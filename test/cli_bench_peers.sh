@@ -1,8 +1,9 @@
 #!/bin/sh
 # cli_bench_peers.sh: the benchmarks against the peers, as far as a machine without torch or a GPU
 # can run them: every dev/bench/*.py compiles; dev/bench/peer_tables.py's FLOP counts, best-call
-# choice, judging table, published comparison and targets on made-up timings; scripts/gpu.sh
-# plans the attention benchmark.
+# choice, judging table, published comparison and targets on made-up timings; dev/bench/
+# e2e_table.py's end-to-end table and targets on a made-up run list and PyTorch log; scripts/gpu.sh
+# plans the attention and e2e benchmarks and refuses a bad ACCUM.
 # Runs from the repo root; needs python3.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -76,8 +77,43 @@ check("peer_tables: a missed target says NOT MET and where", "NOT MET" in tl[1] 
 check("peer_tables: T outside 4K-8K is not judged", "not measured" in pt.target_lines([row1k])[0])
 EOF
 
-# --- gpu.sh's plan of the attention benchmark ---
+# --- e2e_table.py ---
+printf 'paper_569m\tbf16\tbf16\t-\t140000\t50.0%%\t7.10\t23000\t22.224\t8\n' >"$tmp/ours.tsv"
+printf 'paper_569m\tfp8_dm\tfp8_tensor\tprecision.recipe=fp8\t200000\t71.4%%\t7.12\t22500\t21.508\t8\n' >>"$tmp/ours.tsv"
+printf 'paper_1p67b\tbf16\tbf16\t-\t47000\t52.0%%\t7.30\t45500\t43.955\t8\n' >>"$tmp/ours.tsv"
+printf 'paper_1p67b\tfp8_dm\tfp8_tensor\tprecision.recipe=fp8\t60000\t66.4%%\t7.31\t46000\t43.566\t8\n' >>"$tmp/ours.tsv"
+cat >"$tmp/torch.log" <<'EOF'
+torch 2.9.0, NVIDIA H200, cuDNN 91900
+torch-e2e paper_569m: B 4 T 4096 ...
+torch-e2e-json {"config": "paper_569m", "B": 4, "T": 4096, "accum": 8, "tokens_per_s": 125000.0, "mfu": 0.445, "sdpa": "CUDNN_ATTENTION", "peak_mem_gib": 21.0, "reserved_gib": 23.5, "device_used_gib": 24.1}
+EOF
+python3 dev/bench/e2e_table.py "$tmp/ours.tsv" "$tmp/torch.log" >"$tmp/out" 2>&1
+rc=$?
+check "e2e_table: exits 0" "rc $rc: $(head -3 "$tmp/out")" [ "$rc" -eq 0 ]
+check "e2e_table: our fp8 recipe row: tok/s, MFU, peak GiB (plan), vs PyTorch, vs ours BF16" "$(cat "$tmp/out")" \
+  grep -qxF '| paper_569m | ours, fp8 recipe | 8 | 200000 | 71.4% | 22.0 (21.508) | 1.60x | 1.43x | 7.12 |' "$tmp/out"
+check "e2e_table: the PyTorch row: its device memory and reserved pool, its accumulation" "$(cat "$tmp/out")" \
+  grep -qxF '| paper_569m | PyTorch BF16 (torch.compile, sdpa CUDNN_ATTENTION) | 8 | 125000 | 44.5% | 24.1 (reserved 23.5) | 1.00x | 0.89x | |' "$tmp/out"
+check "e2e_table: a config without a PyTorch run: n/a against it" "$(grep paper_1p67b "$tmp/out")" \
+  grep -qxF '| paper_1p67b | ours, BF16 | 8 | 47000 | 52.0% | 44.4 (43.955) | n/a | 1.00x | 7.30 |' "$tmp/out"
+check "e2e_table: the speed target on paper_569m (1.60x): MET" "$(grep target "$tmp/out")" \
+  grep -qxF 'target fp8 recipe >= 1.5x PyTorch BF16 on paper_569m: MET (1.60x)' "$tmp/out"
+check "e2e_table: the memory target per config, met and missed" "$(grep target "$tmp/out")" sh -c \
+  "grep -qxF 'target fp8 peak memory <= BF16'\"'\"'s on paper_569m: MET (22.0 against 22.5 GiB)' '$tmp/out' &&
+   grep -qxF 'target fp8 peak memory <= BF16'\"'\"'s on paper_1p67b: NOT MET (44.9 against 44.4 GiB)' '$tmp/out'"
+python3 dev/bench/e2e_table.py "$tmp/ours.tsv" >"$tmp/out" 2>&1
+check "e2e_table: a missing argument: usage, status 2" "rc $?: $(cat "$tmp/out")" [ $? -eq 2 ]
+
+# --- gpu.sh's plans of the two benchmarks, and a bad ACCUM ---
+bash scripts/gpu.sh --dry-run bench e2e >"$tmp/out" 2>&1
+check "gpu.sh bench e2e: the bf16 and fp8 recipes on paper_569m and paper_1p67b" "$(cat "$tmp/out")" sh -c \
+  "grep -q 'paper_569m:fp8_dm:fp8_tensor:precision.recipe=fp8' '$tmp/out' &&
+   grep -q 'paper_1p67b:bf16:bf16' '$tmp/out' && grep -q '10 steps of 8 micro-batches' '$tmp/out'"
 bash scripts/gpu.sh --dry-run bench attention >"$tmp/out" 2>&1
 check "gpu.sh bench attention: the judging table and the published shape" "$(cat "$tmp/out")" sh -c \
   "grep -q 'judging table' '$tmp/out' && grep -q -- '--nvidia-shape' '$tmp/out'"
+ACCUM=eight bash scripts/gpu.sh --dry-run bench e2e >"$tmp/out" 2>&1
+rc=$?
+check "gpu.sh: a bad ACCUM is a usage error naming it" "rc $rc: $(cat "$tmp/out")" sh -c \
+  "[ $rc -eq 2 ] && grep -q \"ACCUM must be a whole number >= 1 or 'config', got 'eight'\" '$tmp/out'"
 exit 0
