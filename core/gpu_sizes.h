@@ -145,6 +145,14 @@ static inline size_t gpu_fp8_prod_amax_bytes(size_t n_layer) { return sizeof(uns
 // Delayed linear scaling's per-operand amaxes the scales come from (FP32, one per prod_amax word).
 static inline size_t gpu_fp8_delayed_amax_bytes(size_t n_layer) { return sizeof(float) * 8 * n_layer; }
 
+// The FP8 weights of the blocks' linears: Q(W) (M, K) for the forward and Q(W^T) (K, M) for the
+// dgrad (FP8 GEMMs reduce over a contiguous dimension), made once per optimizer step. Per tensor
+// (fp8_tensor) Q(W^T) is Q(W) transposed with the same scale, so only Q(W) is kept and each dgrad
+// transposes it into one scratch operand first (model_gpu_linear.cu), sized for the largest
+// block weight: qkv (3C, C) or MLP-in (2F, C). 128x128 blocks (fp8_block) keep both.
+static inline int gpu_fp8_keeps_weight_t(LinearPrecision p) { return linear_weight_grouping(p) != FP8_GROUP_TENSOR; }
+static inline size_t gpu_fp8_weight_t_scratch_codes(size_t C, size_t F) { return 3 * C > 2 * F ? 3 * C * C : 2 * F * C; }
+
 // The fused LM head + cross-entropy runs chunks of this many tokens on the GPU (model_gpu.cu).
 #define GPU_HEAD_CHUNK_TOKENS 8192
 static inline size_t gpu_head_chunk(size_t BT) { return BT < GPU_HEAD_CHUNK_TOKENS ? BT : GPU_HEAD_CHUNK_TOKENS; }
@@ -160,15 +168,18 @@ static inline size_t gpu_fp8_head_chunk(LinearPrecision head, size_t BT) {
 //   slot 0: forward x (BT, C) (BT, F); dgrad dy (BT, 3C) (BT, C) (BT, 2F)
 //   slot 1: wgrad dy^T (3C, BT) (C, BT) (2F, BT)
 // and an FP8 LM head's chunk (head_chunk > 0, gpu_fp8_head_chunk) its dlogits: Q(dy) (chunk, Vp)
-// in slot 0, Q(dy^T) (Vp, chunk) in slot 1 (its x, hf (chunk, C), fits slot 0's (BT, C)). Bytes
-// of codes and floats of scales (per tensor, or 1x128 slices with fp8_block: also enough for a
-// dy^T in 128x128 blocks, precision.linear_wgrad_blocks = "gradient", which has fewer).
+// in slot 0, Q(dy^T) (Vp, chunk) in slot 1 with fp8_block (its x, hf (chunk, C), fits slot 0's
+// (BT, C)); per tensor Q(dy^T) is Q(dy) transposed, written into the chunk's BF16 logits buffer
+// once Q(dy) holds its values (model_gpu_linear.cu's head_fp8_backward), so slot 1 stays the
+// blocks'. Bytes of codes and floats of scales (per tensor, or 1x128 slices with fp8_block: also
+// enough for a dy^T in 128x128 blocks, precision.linear_wgrad_blocks = "gradient", which has fewer).
 static inline void gpu_fp8_slot_size(int slot, LinearPrecision p, size_t BT, size_t C, size_t F, size_t head_chunk,
                                      size_t Vp, size_t *codes, size_t *scales) {
     const size_t s0[][2] = {{BT, C}, {BT, F}, {BT, 3 * C}, {BT, 2 * F}, {head_chunk, Vp}};
     const size_t s1[][2] = {{3 * C, BT}, {C, BT}, {2 * F, BT}, {Vp, head_chunk}};
     const size_t(*shapes)[2] = slot == 0 ? s0 : s1;
-    const int n = (slot == 0 ? 4 : 3) + (head_chunk > 0);
+    const int head = head_chunk > 0 && (slot == 0 || linear_act_grouping(p) != FP8_GROUP_TENSOR);
+    const int n = (slot == 0 ? 4 : 3) + head;
     *codes = *scales = 0;
     for (int i = 0; i < n; i++) {
         const size_t r = shapes[i][0], c = shapes[i][1];

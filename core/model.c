@@ -166,6 +166,55 @@ double model_flops_per_token(const ModelConfig *m) {
     return 6.0 * matmul_params(m) + 6.0 * m->n_layer * (double)m->d_model * m->seq_len;
 }
 
+// --- what the GPU model keeps for the backward ------------------------------------------------------
+// A block's forward on the GPU (model_gpu.cu) makes h1 = RMSNorm(x_in), qkv = h1 Wqkv^T, o =
+// attention(q, k, v), x_mid = x_in + o Wo^T, h2 = RMSNorm(x_mid), fc = h2 Wfc^T, sw = SwiGLU(fc).
+// Its backward reads x_in and x_mid (the RMSNorm backwards, with rstd1, rstd2), fc (the SwiGLU
+// backward) and lse (every attention backward) in every configuration. The other three kinds are
+// read by the backward only in some:
+//   h1, h2, sw: only as x of the weight-gradient GEMM (dW += dy^T x) of the qkv, MLP-in and
+//     MLP-out linears. With BF16 linears the GEMM reads x: kept, or recomputed from x_in, x_mid,
+//     fc (train.recompute). An FP8 linear's weight gradient multiplies the Q(x^T) that its
+//     forward saved (model_gpu_linear.cu's lin_wgrad does not read x), so in a block with FP8
+//     linears their last reader is the forward's own GEMM, or its quantization (the fused
+//     producers of fp8_block and of delayed fp8_tensor write the codes and no BF16 x at all).
+//   qkv: read by the attention backward as q, k, v, and with QK-norm by the backward's
+//     re-derivation of the normalised q, k and by the QK-norm backward. An FP8 attention whose
+//     forward kept its Q, K, V codes (attention_keep_codes) reads those instead (fp8_hybrid: its
+//     kept dequantized copies); only a diagnostics probe's local reference then reads q, k, v
+//     (model_gpu_probe.c, on when diagnostics.interval > 0). A BF16 attention, an FP8 one without
+//     kept codes, QK-norm or diagnostics keep it; otherwise its last reader is the forward's
+//     attention (or the QKV projection's epilogue writes only the codes).
+//   o: read by the attention projection's weight-gradient GEMM (as x above: not in a block with
+//     FP8 linears) and by the attention backward for D = rowsum(dO * O), except fp8_dm's, whose D
+//     comes from the P and dP that form dS (its delta pass, attention/delta_fp8.cu, reads no O).
+//     So fp8_dm attention in a block with FP8 linears, without diagnostics, does not keep it.
+// A buffer not kept is never read after its forward; gpu_model_set_attention refuses a precision
+// whose backward would read one (the probe's BF16 reference), and gpu_model_set_attn_diag a local
+// reference.
+
+int attn_backward_reads_qkv(AttnPrecision p, int codes_kept) { return !attn_precision_is_fp8(p) || !codes_kept; }
+
+int attn_backward_reads_o(AttnPrecision p) {
+    const AttnModePlan plan = attn_mode_plan(p);
+    return !(plan.fp8_backward && plan.delta == ATTN_DELTA_MATCHED);
+}
+
+static int block_linears_bf16(const Config *c, int layer) {
+    return linear_precision_of(&c->precision, c->model.n_layer, layer) == LINEAR_BF16;
+}
+
+int gpu_keeps_linear_inputs(const Config *c, int layer) { return !c->train.recompute && block_linears_bf16(c, layer); }
+
+int gpu_keeps_qkv(const Config *c) {
+    return c->model.qk_norm || c->diagnostics.interval > 0 ||
+           attn_backward_reads_qkv(c->precision.attention, c->precision.attention_keep_codes);
+}
+
+int gpu_keeps_attn_out(const Config *c, int layer) {
+    return block_linears_bf16(c, layer) || c->diagnostics.interval > 0 || attn_backward_reads_o(c->precision.attention);
+}
+
 // --- memory plan -----------------------------------------------------------------------------------
 // The GPU backend's allocation, buffer by buffer in model_gpu.cu's order (its carve()): one arena
 // where every buffer starts on a 256-byte boundary (the padding counts in the buffer's
@@ -206,19 +255,20 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
     size_t BT = (size_t)micro_batch * m->seq_len, T = (size_t)m->seq_len;
     size_t C = m->d_model, F = m->ffn_hidden, H = m->n_head, hd = m->head_dim, Vp = m->padded_vocab_size;
     size_t wide = 3 * C > 2 * F ? 3 * C : 2 * F;
-    int rc = c->train.recompute;  // norm outputs and SwiGLU are recomputed in the backward if set
     size_t *A = &out->activations;
     AttnPrecision ap = c->precision.attention;
-    for (int l = 0; l < m->n_layer; l++) {  // saved per layer for the backward
-        plan_take(A, 2 * BT * C);                   // residual input x_in
-        if (!rc) plan_take(A, 2 * BT * C);          // attention RMSNorm output h1
-        plan_take(A, 2 * BT * 3 * C);               // qkv (raw with QK-norm, else after RoPE)
-        plan_take(A, 2 * BT * C);                   // attention output o
-        plan_take(A, 4 * BT * H);                   // its log-sum-exp (B, H, T)
-        plan_take(A, 2 * BT * C);                   // residual after attention x_mid
-        if (!rc) plan_take(A, 2 * BT * C);          // MLP RMSNorm output h2
-        plan_take(A, 2 * BT * 2 * F);               // fc output [gate | up]
-        if (!rc) plan_take(A, 2 * BT * F);          // SwiGLU output
+    const int keep_qkv = gpu_keeps_qkv(c);
+    for (int l = 0; l < m->n_layer; l++) {  // saved per layer for the backward (gpu_keeps_*)
+        const int keep_in = gpu_keeps_linear_inputs(c, l);
+        plan_take(A, 2 * BT * C);                        // residual input x_in
+        if (keep_in) plan_take(A, 2 * BT * C);           // attention RMSNorm output h1
+        if (keep_qkv) plan_take(A, 2 * BT * 3 * C);      // qkv (raw with QK-norm, else after RoPE)
+        if (gpu_keeps_attn_out(c, l)) plan_take(A, 2 * BT * C);  // attention output o
+        plan_take(A, 4 * BT * H);                        // its log-sum-exp (B, H, T)
+        plan_take(A, 2 * BT * C);                        // residual after attention x_mid
+        if (keep_in) plan_take(A, 2 * BT * C);           // MLP RMSNorm output h2
+        plan_take(A, 2 * BT * 2 * F);                    // fc output [gate | up]
+        if (keep_in) plan_take(A, 2 * BT * F);           // SwiGLU output
         plan_take(A, 4 * BT);                       // attention RMSNorm rstd
         plan_take(A, 4 * BT);                       // MLP RMSNorm rstd
         if (m->qk_norm) plan_take(A, 4 * 2 * BT * H);  // QK-norm rstd per head (q and k)
@@ -268,9 +318,14 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
             plan_take(W, codes);       // FP8 codes
             plan_take(W, 4 * scales);  // their scales
         }
+        const int keep_wt = gpu_fp8_keeps_weight_t(c->precision.linear);
+        if (!keep_wt) {  // per-tensor weights: the dgrad's Q(W^T), transposed from Q(W) (gpu_sizes.h)
+            plan_take(W, gpu_fp8_weight_t_scratch_codes(C, F));
+            plan_take(W, 4 * gpu_fp8_scales_tensor());
+        }
         // Per FP8 block, each linear W (M, K) (qkv (3C, C), attention projection (C, C), MLP in
-        // (2F, C), MLP out (C, F)): Q(W) and Q(W^T), quantized once per optimizer step (weights),
-        // and Q(x^T) (K, BT) of its input, saved by the forward for wgrad (activations).
+        // (2F, C), MLP out (C, F)): Q(W) and (but per tensor) Q(W^T), quantized once per optimizer
+        // step (weights), and Q(x^T) (K, BT) of its input, saved by the forward for wgrad (activations).
         for (int l = 0; l < m->n_layer; l++) {
             if (linear_precision_of(&c->precision, m->n_layer, l) == LINEAR_BF16) continue;
             size_t mk[4][2] = {{3 * C, C}, {C, C}, {2 * F, C}, {C, F}};
@@ -278,8 +333,10 @@ void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, Me
                 size_t M = mk[i][0], K = mk[i][1];
                 plan_take(&out->weights, M * K);                                        // Q(W) codes
                 plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, M, K));
-                plan_take(&out->weights, K * M);                                        // Q(W^T) codes
-                plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, K, M));
+                if (keep_wt) {
+                    plan_take(&out->weights, K * M);                                    // Q(W^T) codes
+                    plan_take(&out->weights, 4 * plan_fp8_scales(c->precision.linear, 1, K, M));
+                }
                 plan_take(A, K * BT);                                                   // Q(x^T) codes
                 plan_take(A, 4 * gpu_fp8_scales_xt(c->precision.linear, c->precision.linear_wgrad_blocks, K, BT));
             }

@@ -85,6 +85,20 @@ typedef struct {
 void memory_plan(const Config *c, int world_size, int zero1, int micro_batch, MemoryPlan *out);
 void memory_plan_print(FILE *f, const MemoryPlan *mp);
 
+// Which BF16 activations of a block the GPU model keeps from the forward for the backward; the
+// others live in the forward's scratch from their producer to their last reader (model.c says
+// why, buffer by buffer; memory_plan and model_gpu.cu's carve both follow these):
+//   h1, h2, sw (the inputs of the qkv, MLP-in, MLP-out linears) of block `layer`;
+int gpu_keeps_linear_inputs(const Config *c, int layer);
+//   qkv (every block alike);
+int gpu_keeps_qkv(const Config *c);
+//   the attention output o of block `layer`.
+int gpu_keeps_attn_out(const Config *c, int layer);
+// Whether the attention backward in precision p reads the BF16 q, k, v (codes_kept: it gets the
+// forward's kept Q, K, V codes), and whether it reads the BF16 O.
+int attn_backward_reads_qkv(AttnPrecision p, int codes_kept);
+int attn_backward_reads_o(AttnPrecision p);
+
 // Matmul FLOPs per token of a training step (6 * matmul params + attention), for MFU.
 double model_flops_per_token(const ModelConfig *m);
 

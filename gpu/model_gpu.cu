@@ -11,21 +11,26 @@
 //   x_mid = x_in + o @ Wo^T; h2 = RMSNorm(x_mid)       (one fused kernel)
 //   fc = h2 @ Wfc^T (BT, 2F); sw = silu(gate) * up (BT, F)
 //   x_out = x_mid + sw @ Wp^T; next block's h1 = RMSNorm(x_out)   (fused)
-// Saved per layer: x_in, h1, qkv (raw, before QK-norm, when qk_norm; else after RoPE, but for
-// FP8 attention with kept codes and no diagnostics, whose backward reads no q, k: there q, k stay
-// unrotated, the rotated values living on only as the codes), o, lse,
-// x_mid, h2, fc, sw, rstd1, rstd2 (+ QK-norm rstd) (+ with an FP8 precision.attention and
-// precision.attention_keep_codes, the attention's quantized Q, K, V: the forward's quantize pass
-// writes every layout the backward reads, which then quantizes dO alone): exactly model.c's
+// Saved per layer: x_in, x_mid, fc, lse, rstd1, rstd2 (+ QK-norm rstd) (+ with an FP8
+// precision.attention and precision.attention_keep_codes, the attention's quantized Q, K, V: the
+// forward's quantize pass writes every layout the backward reads, which then quantizes dO alone),
+// and where the backward reads them (model.h's gpu_keeps_*, model.c says why): h1, h2, sw (BF16
+// linears without train.recompute), qkv (raw, before QK-norm, when qk_norm; else after RoPE, but
+// for FP8 attention with kept codes and no diagnostics, whose backward reads no q, k: there q, k
+// stay unrotated, the rotated values living on only as the codes; that case keeps no qkv unless
+// diagnostics are on), o (not with fp8_dm attention and FP8 linears): exactly model.c's
 // memory_plan per layer.
 // With qk_norm the backward re-derives the normalised, rotated q, k from the saved raw qkv
-// (two cheap kernels) instead of keeping a second (BT, 3C) copy. With train.recompute, h1, h2
-// and sw are not kept: they are recomputed in the backward from x_in, x_mid and fc.
+// (two cheap kernels) instead of keeping a second (BT, 3C) copy. With train.recompute, BF16
+// linears' h1, h2 and sw are recomputed in the backward from x_in, x_mid and fc.
 //
 // Scratch shared by all layers (sizes from the plan): buf1, buf2 (BT, max(3C, 2F)) BF16 and
 // two (BT, C) BF16 buffers: dres (the residual-stream gradient) and dhf (the head's input
 // gradient from the forward, then backward scratch). Forward: buf1 = QK-normed qkv, buf2 = the
-// GEMM outputs added to the residual (and, with recompute, h1 -> dhf, h2 -> dres, sw -> buf1).
+// GEMM outputs added to the residual, and what a layer does not keep lives in scratch from its
+// producer to its last reader: h1 -> dhf (until the QKV GEMM), qkv -> buf1 (until the attention
+// forward), o -> dres (until the projection GEMM), h2 -> dres (until the MLP-in GEMM), sw -> buf1
+// (until the MLP-out GEMM), in that order within a block (carve points them there).
 // Backward of a block: buf1 = sw (recompute) then dfc, then dqkv; buf2 = dsw then dh, then the
 // re-derived q, k, v, then h1 (recompute); dhf = h2 (recompute), datt, dh.
 //
@@ -39,7 +44,9 @@
 //   weights: persistent Q(W) and Q(W^T) of every FP8 linear (one pass each, from the BF16
 //     working copy), refreshed lazily by the first forward after anything that wrote the BF16
 //     weights (gpu_model_step / _step_slice, gpu_model_set_params, gpu_model_weights_device:
-//     under ZeRO-1 the all-gather writes them after the step), so once per optimizer step;
+//     under ZeRO-1 the all-gather writes them after the step), so once per optimizer step; per
+//     tensor (fp8_tensor) only Q(W) is kept, and each dgrad transposes its codes into a scratch
+//     Q(W^T) (the same codes: one scale), one weight's worth of memory instead of all of them;
 //   activations x: one call in the forward writes Q(x) (scratch slot 0) for the forward GEMM and
 //     Q(x^T) (groups along tokens) into a per-layer buffer kept until wgrad (activations);
 //   output gradients dy: one call in lin_wgrad writes Q(dy^T) (slot 1) and Q(dy) (slot 0), and
@@ -118,7 +125,6 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     param_table_free(&t);
     size_t BT = (size_t)B * T, C = mc->d_model, F = mc->ffn_hidden, H = mc->n_head;
     size_t hd = mc->head_dim, Vp = mc->padded_vocab_size, wide = 3 * C > 2 * F ? 3 * C : 2 * F;
-    int rc = c->train.recompute;
     memset(plan, 0, sizeof *plan);
     Carver cv = {base, 0, plan};
     Dev dummy;
@@ -135,18 +141,24 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     AttnOptions ao;
     attn_options_from_config(&ao, &c->precision);
     size_t attn_codes = c->precision.attention_keep_codes ? attn_saved_codes_bytes(&ao, B, (int)H, T, (int)hd) : 0;
+    // h1, h2, sw, qkv, o only where the backward reads them (model.h's gpu_keeps_*, model.c says
+    // why); the others are pointed into the scratch below
+    const int own_qkv = gpu_keeps_qkv(c);
     for (int l = 0; l < mc->n_layer; l++) {
         LayerBufs lb;
         memset(&lb, 0, sizeof lb);
+        lb.own_inputs = gpu_keeps_linear_inputs(c, l);
+        lb.own_qkv = own_qkv;
+        lb.own_o = gpu_keeps_attn_out(c, l);
         lb.x_in = (bf16 *)take(&cv, 2 * BT * C, A);
-        if (!rc) lb.h1 = (bf16 *)take(&cv, 2 * BT * C, A);
-        lb.qkv = (bf16 *)take(&cv, 2 * BT * 3 * C, A);
-        lb.o = (bf16 *)take(&cv, 2 * BT * C, A);
+        if (lb.own_inputs) lb.h1 = (bf16 *)take(&cv, 2 * BT * C, A);
+        if (lb.own_qkv) lb.qkv = (bf16 *)take(&cv, 2 * BT * 3 * C, A);
+        if (lb.own_o) lb.o = (bf16 *)take(&cv, 2 * BT * C, A);
         lb.lse = (float *)take(&cv, 4 * BT * H, A);
         lb.x_mid = (bf16 *)take(&cv, 2 * BT * C, A);
-        if (!rc) lb.h2 = (bf16 *)take(&cv, 2 * BT * C, A);
+        if (lb.own_inputs) lb.h2 = (bf16 *)take(&cv, 2 * BT * C, A);
         lb.fc = (bf16 *)take(&cv, 2 * BT * 2 * F, A);
-        if (!rc) lb.sw = (bf16 *)take(&cv, 2 * BT * F, A);
+        if (lb.own_inputs) lb.sw = (bf16 *)take(&cv, 2 * BT * F, A);
         lb.rstd1 = (float *)take(&cv, 4 * BT, A);
         lb.rstd2 = (float *)take(&cv, 4 * BT, A);
         if (mc->qk_norm) lb.rstd_qk = (float *)take(&cv, 4 * 2 * BT * H, A);
@@ -168,6 +180,13 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
     d->tokens = (int32_t *)take(&cv, 4 * BT, A);   // the batch and its losses: 12 bytes a
     d->targets = (int32_t *)take(&cv, 4 * BT, A);  // token that model.c's plan leaves out
     d->losses = (float *)take(&cv, 4 * BT, A);
+    if (base)  // what a layer does not keep, the forward writes into scratch free from its producer
+        for (int l = 0; l < mc->n_layer; l++) {  // to its last reader (see the file comment)
+            LayerBufs *lb = &d->L[l];
+            if (!lb->own_inputs) lb->h1 = d->dhf, lb->h2 = d->dres, lb->sw = d->buf1;
+            if (!lb->own_qkv) lb->qkv = d->buf1;
+            if (!lb->own_o) lb->o = d->dres;
+        }
     // workspace
     size_t *W = &plan->workspace;
     d->rope = (float *)take(&cv, 4 * (size_t)T * hd, W);
@@ -198,15 +217,24 @@ static void carve(const Config *c, int B, int T, int shards, char *base, Dev *d,
             d->q8_codes_cap[slot] = nc;
             d->q8_scales_cap[slot] = ns;
         }
-        // per FP8 block: Q(W), Q(W^T) (weights) and the saved Q(x^T) (activations) of its linears
         LinearPrecision lp = c->precision.linear;
+        const int keep_wt = gpu_fp8_keeps_weight_t(lp);
+        if (!keep_wt) {  // per-tensor weights: the dgrad's Q(W^T), transposed from Q(W) (lin_dgrad)
+            const size_t n = gpu_fp8_weight_t_scratch_codes(C, F);
+            d->wt_scratch = take_operand(&cv, 1, (int)n, FP8_GROUP_TENSOR, FP8_E4M3, W);
+            d->wt_scratch_cap = n;
+        }
+        // per FP8 block: Q(W), Q(W^T) (but per tensor) (weights) and the saved Q(x^T) (activations)
+        // of its linears
         for (int l = 0; l < mc->n_layer; l++) {
             if (linear_precision_of(&c->precision, mc->n_layer, l) == LINEAR_BF16) continue;
             for (int i = 0; i < 4; i++) {
                 int M, K;
                 fp8_lin_shape(i, (int)C, (int)F, &M, &K);
                 Fp8Operand w = take_operand(&cv, M, K, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
-                Fp8Operand wt = take_operand(&cv, K, M, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
+                Fp8Operand wt;  // (codes NULL: made by each dgrad)
+                memset(&wt, 0, sizeof wt);
+                if (keep_wt) wt = take_operand(&cv, K, M, linear_weight_grouping(lp), FP8_E4M3, &plan->weights);
                 Fp8Operand xt = take_operand(&cv, K, (int)BT, linear_xt_grouping(lp, c->precision.linear_wgrad_blocks),
                                              FP8_E4M3, A);
                 if (base) {
@@ -598,7 +626,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     Dev *d = dev_of(m);
     const ModelConfig *mc = &m->cfg.model;
     int BT = B * T, C = mc->d_model, F = mc->ffn_hidden, H = mc->n_head, hd = mc->head_dim;
-    int L = mc->n_layer, Vp = mc->padded_vocab_size, rc = m->cfg.train.recompute;
+    int L = mc->n_layer, Vp = mc->padded_vocab_size;
     float eps = (float)mc->norm_eps;
     cudaStream_t s = d->stream;
     d->fwd_B = B;
@@ -610,9 +638,9 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     delayed_upload(m);       // attention delayed scaling: this step's scales and amaxes
     lin_delayed_upload(m);   // linear delayed scaling: the amaxes this micro-batch's scales come from
     prof_mark(d, PH_FWD_LINEAR);
-    // With recompute the per-layer h1, h2, sw live in scratch (see the file comment).
+    // h1, h2, sw, qkv, o that a layer does not keep live in scratch (see the file comment).
     embedding_forward_gpu(d->L[0].x_in, d->tokens, W(m, P_WTE, 0), BT, C, Vp, s);
-    norm_for_linear(m, P_QKV, 0, NULL, rc ? d->dhf : d->L[0].h1, d->L[0].rstd1, d->L[0].x_in, NULL,
+    norm_for_linear(m, P_QKV, 0, NULL, d->L[0].h1, d->L[0].rstd1, d->L[0].x_in, NULL,
                     W(m, P_ATTN_NORM, 0), BT, C, eps);
     prof_mark(d, PH_FWD_NORM);
     // FP8 attention after RoPE (no QK-norm): the quantize pass is the RoPE pass too
@@ -624,7 +652,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
     const int epi_shape = d->qkv_epilogue && d->save_xt && qkv_epilogue_fits(&m->cfg, &d->attn, B, T, NULL);
     for (int l = 0; l < L; l++) {
         LayerBufs *lb = &d->L[l];
-        bf16 *h1 = rc ? d->dhf : lb->h1, *h2 = rc ? d->dres : lb->h2, *sw = rc ? d->buf1 : lb->sw;
+        bf16 *h1 = lb->h1, *h2 = lb->h2, *sw = lb->sw;
         if (epi_shape && lb->attn_codes.buf && !attn_diag(d, l) &&
             linear_precision_of(&m->cfg.precision, L, l) == LINEAR_BF16) {
             // q, k, v exist only as the codes in lb->attn_codes (lb->qkv is not written: with kept
@@ -658,7 +686,7 @@ static void forward_blocks(GpuModel *m, int B, int T) {
         prof_mark(d, PH_FWD_LINEAR);
         if (l + 1 < L) {
             LayerBufs *nb = &d->L[l + 1];
-            norm_for_linear(m, P_QKV, l + 1, nb->x_in, rc ? d->dhf : nb->h1, nb->rstd1, lb->x_mid, d->buf2,
+            norm_for_linear(m, P_QKV, l + 1, nb->x_in, nb->h1, nb->rstd1, lb->x_mid, d->buf2,
                             W(m, P_ATTN_NORM, l + 1), BT, C, eps);
         } else {
             residual_rmsnorm_forward_gpu(d->x_final, d->hf, d->rstd_f, lb->x_mid, d->buf2,
@@ -801,7 +829,7 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
               (double)loss_scale, (double)d->fwd_loss_scale);
     d->grad_ready = 0;
     int B = d->fwd_B, T = d->fwd_T, BT = B * T, C = mc->d_model, F = mc->ffn_hidden;
-    int H = mc->n_head, hd = mc->head_dim, Vp = mc->padded_vocab_size, rc = m->cfg.train.recompute;
+    int H = mc->n_head, hd = mc->head_dim, Vp = mc->padded_vocab_size;
     float eps = (float)mc->norm_eps;
     cudaStream_t s = d->stream;
 
@@ -814,9 +842,13 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
     grads_final(m, param_offset(m, P_FINAL_NORM, 0), m->table.total);  // + the forward's LM head
     for (int l = mc->n_layer - 1; l >= 0; l--) {
         LayerBufs *lb = &d->L[l];
+        // The linears' inputs sw, h2, h1 (and o) for the weight gradients: BF16 linears read them,
+        // kept or recomputed (train.recompute); FP8 linears read the Q(x^T) their forward saved,
+        // and the layer kept none (NULL: nothing reads them)
+        const int recompute = !lb->own_inputs && linear_precision_of(&m->cfg.precision, mc->n_layer, l) == LINEAR_BF16;
         // MLP: x_out = x_mid + sw @ Wp^T, sw = swiglu(fc), fc = h2 @ Wfc^T, h2 = RMSNorm(x_mid)
-        const bf16 *sw = lb->sw;
-        if (rc) {
+        const bf16 *sw = lb->own_inputs ? lb->sw : NULL;
+        if (recompute) {
             swiglu_forward_gpu(d->buf1, lb->fc, BT, F, s);
             sw = d->buf1;
             prof_mark(d, PH_RECOMPUTE);
@@ -826,8 +858,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
         prof_mark(d, PH_BWD_LINEAR);
         swiglu_backward_for_linear(m, P_MLP_FC, l, d->buf1, d->buf2, lb->fc, BT, F); // dfc (BT, 2F)
         prof_mark(d, PH_BWD_SWIGLU);
-        const bf16 *h2 = lb->h2;
-        if (rc) {
+        const bf16 *h2 = lb->own_inputs ? lb->h2 : NULL;
+        if (recompute) {
             rmsnorm_forward_gpu(d->dhf, lb->rstd2, lb->x_mid, W(m, P_MLP_NORM, l), BT, C, eps, s);
             h2 = d->dhf;
             prof_mark(d, PH_RECOMPUTE);
@@ -839,15 +871,18 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
                                  W(m, P_MLP_NORM, l), lb->rstd2, BT, C, 1);
         prof_mark(d, PH_BWD_NORM);
         // Attention: x_mid = x_in + o @ Wo^T
-        lin_wgrad(m, P_ATTN_PROJ, l, d->dres, lb->o, BT, C, C);                      // (C, C)
+        lin_wgrad(m, P_ATTN_PROJ, l, d->dres, lb->own_o ? lb->o : NULL, BT, C, C);   // (C, C)
         lin_dgrad(m, P_ATTN_PROJ, l, d->dhf, d->dres, BT, C, C);                     // do (BT, C)
         prof_mark(d, PH_BWD_LINEAR);
-        const bf16 *qkv = attention_inputs(m, l, d->buf2, B, T);
-        if (mc->qk_norm) prof_mark(d, PH_RECOMPUTE);
         bf16 *dqkv = d->buf1;                                                        // (BT, 3C)
         const AttnDelayedGpu dl = attn_delayed_of(d, l, 1);
         AttnCall c = attn_call(m, l, B, T);
-        c.q = qkv, c.k = qkv + C, c.v = qkv + 2 * C;
+        if (lb->own_qkv) {  // else the backward reads the kept codes (gpu_model_set_attention)
+            const bf16 *qkv = attention_inputs(m, l, d->buf2, B, T);
+            if (mc->qk_norm) prof_mark(d, PH_RECOMPUTE);
+            c.q = qkv, c.k = qkv + C, c.v = qkv + 2 * C;
+        }
+        if (!lb->own_o) c.o = NULL;  // (fp8_dm reads no O)
         c.saved = lb->attn_codes.buf ? &lb->attn_codes : NULL;
         c.delayed = d->attn_delayed ? &dl : NULL;
         attn_backward(&c);
@@ -859,8 +894,8 @@ void gpu_model_backward(GpuModel *m, float loss_scale) {
             qk_rmsnorm_backward_gpu(dqkv, G(m, P_Q_NORM, l), G(m, P_K_NORM, l), d->norm_scratch, dqkv,
                                     lb->qkv, W(m, P_Q_NORM, l), W(m, P_K_NORM, l), lb->rstd_qk, BT, H, hd, s);
         prof_mark(d, PH_BWD_ROPE);
-        const bf16 *h1 = lb->h1;
-        if (rc) {
+        const bf16 *h1 = lb->own_inputs ? lb->h1 : NULL;
+        if (recompute) {
             rmsnorm_forward_gpu(d->buf2, lb->rstd1, lb->x_in, W(m, P_ATTN_NORM, l), BT, C, eps, s);
             h1 = d->buf2;
             prof_mark(d, PH_RECOMPUTE);
@@ -891,6 +926,12 @@ int gpu_model_set_attention(GpuModel *m, AttnPrecision p) {
     AttnOptions o = d->attn;
     o.precision = p;
     if (attn_mode_supported(&o, m->cfg.model.head_dim, NULL)) return -1;
+    for (int l = 0; l < m->cfg.model.n_layer; l++) {  // its backward must find what it reads
+        const LayerBufs *lb = &d->L[l];
+        if ((!lb->own_qkv && attn_backward_reads_qkv(p, lb->attn_codes.buf != NULL)) ||
+            (!lb->own_o && attn_backward_reads_o(p)))
+            return -1;
+    }
     if (attn_mode_workspace_bytes(&o, m->B, m->cfg.model.n_head, m->T, m->cfg.model.head_dim) > d->attn_ws_bytes)
         return -1;
     d->attn = o;
@@ -903,6 +944,10 @@ void gpu_model_set_attn_diag(GpuModel *m, const AttnModeDiag *per_layer) {
     // a backward reads what its forward kept for these diagnostics (forward_blocks: the rotated
     // q, k for the local reference), so it must follow a forward with the same ones
     if (per_layer != d->attn_diag) d->grad_ready = 0;
+    for (int l = 0; per_layer && l < m->cfg.model.n_layer; l++)
+        if (per_layer[l].local_ref && !d->L[l].own_qkv)
+            FATAL("gpu_model_set_attn_diag: layer %d's local reference reads the BF16 q, k, v, which this model does "
+                  "not keep (FP8 attention with kept codes; hint: a config with diagnostics.interval > 0 keeps them)", l);
     d->attn_diag = per_layer;
 }
 

@@ -169,15 +169,18 @@ uint16_t *gpu_model_weights_device(GpuModel *m);
 void gpu_model_state_device(GpuModel *m, float **master, float **adam_m, float **adam_v);
 
 // Attention precision for the following forwards and backwards (diagnostics recompute a batch in
-// the reference precision): -1 when the mode cannot run on the GPU or needs more workspace than
-// the configured mode's (bf16 always fits). A pending backward is cancelled.
+// the reference precision): -1 when the mode cannot run on the GPU, needs more workspace than
+// the configured mode's, or has a backward that reads a BF16 activation this model does not keep
+// (model.h's gpu_keeps_*: bf16 after a config with FP8 attention, kept codes and diagnostics off,
+// which keeps no q, k, v). A pending backward is cancelled.
 int gpu_model_set_attention(GpuModel *m, AttnPrecision p);
 AttnPrecision gpu_model_attention(GpuModel *m);
 // Diagnostics outputs of the attention of every layer (n_layer entries, device pointers, see
 // attention_fp8.h's AttnModeDiag), used by the following forwards and backwards; NULL: none.
 // The array must outlive its use. Set it before the forward whose backward it is for: a pending
 // backward is cancelled (its forward kept only what a backward without these diagnostics reads,
-// e.g. no rotated q, k with FP8 attention's kept codes).
+// e.g. no rotated q, k with FP8 attention's kept codes). A local reference reads the BF16 q, k, v:
+// fatal where the model does not keep them.
 void gpu_model_set_attn_diag(GpuModel *m, const AttnModeDiag *per_layer);
 
 // Attention delayed scaling (precision.attention_scaling = "delayed"): the per-layer amax

@@ -23,6 +23,10 @@ typedef struct {
     bf16 *x_in, *h1, *qkv, *o, *x_mid, *h2, *fc, *sw;  // see the file comment for the shapes
     float *rstd1, *rstd2, *lse, *rstd_qk;             // (BT), (BT), (B, H, T), (2, BT, H)
     AttnSavedCodes attn_codes;  // the forward's quantized Q, K, V (attention_keep_codes), buf NULL if off
+    // Whether h1, h2, sw / qkv / o are this layer's own, kept for the backward (model.h's
+    // gpu_keeps_*); if not, they point into the forward's scratch (model_gpu.cu's file comment)
+    // and the backward does not read them
+    int own_inputs, own_qkv, own_o;
 } LayerBufs;
 
 typedef struct {
@@ -76,7 +80,10 @@ typedef struct {
     float *q8_scales[2];             // slot 1: Q(dy^T) of wgrad
     size_t q8_codes_cap[2];          // bytes
     long q8_scales_cap[2];           // floats
-    Fp8Operand *w8, *wt8;            // (n_layer * 4) Q(W) (M, K), Q(W^T) (K, M) (codes NULL: BF16 block)
+    Fp8Operand *w8, *wt8;            // (n_layer * 4) Q(W) (M, K), Q(W^T) (K, M) (codes NULL: BF16 block;
+                                     //   wt8's alone: per-tensor weights, made by each dgrad in wt_scratch)
+    Fp8Operand wt_scratch;           // per-tensor weights: Q(W^T) of the dgrad running now
+    size_t wt_scratch_cap;           // its codes, bytes
     Fp8Operand *xt8;                 // (n_layer * 4) Q(x^T) (K, BT) saved by the forward for wgrad
     int *xt8_n;                      // (n_layer * 4) tokens of the saved Q(x^T) (0: none)
     Fp8Operand head_w8, head_wt8;    // an FP8 LM head's Q(W) (Vp, C), Q(W^T) (C, Vp) (codes NULL: BF16 head)

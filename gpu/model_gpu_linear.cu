@@ -42,7 +42,8 @@
 // --- FP8 operand slots ------------------------------------------------------------------------
 // Their shapes and sizes are gpu_sizes.h's gpu_fp8_slot_size (model.c's memory plan uses the same
 // function). Per FP8 block, each of its 4 linears (fp8_lin_shape: W (M, K)) also has Q(W) (M, K)
-// and Q(W^T) (K, M) (plan category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
+// and, but per tensor (then each dgrad transposes Q(W) into Dev.wt_scratch), Q(W^T) (K, M) (plan
+// category weights) and Q(x^T) (K, BT) (activations); an FP8 LM head has
 // Q(W) (Vp, C), Q(W^T) (C, Vp) (weights) and its chunk's Q(hf^T) (C, n) (workspace).
 // Bytes of codes and floats of scales slot `slot` needs for config c's linears.
 void fp8_slot_size(const Config *c, int slot, long BT, size_t *codes, long *scales) {
@@ -217,6 +218,25 @@ void lin_forward(GpuModel *m, ParamKind kind, int layer, bf16 *y, const bf16 *x,
     d->fp8_gemms++;
 }
 
+// Q(W^T) (K, M) of FP8 linear li for its dgrad: kept, or for a per-tensor weight the transpose of
+// Q(W)'s codes with its scales, made into the scratch now (the codes a quantization of W^T would
+// give: one scale for the whole tensor; gpu_sizes.h's gpu_fp8_keeps_weight_t).
+static Fp8Operand weight_t(Dev *d, int li) {
+    Fp8Operand wt = d->wt8[li];
+    if (wt.codes) return wt;
+    const Fp8Operand *w = &d->w8[li];
+    if (!d->wt_scratch.codes || (size_t)w->rows * w->cols > d->wt_scratch_cap)
+        FATAL("model_gpu: Q(W^T) of linear %d (%d, %d) does not fit the planned scratch (%zu bytes)", li, w->cols,
+              w->rows, d->wt_scratch_cap);
+    wt = d->wt_scratch;
+    wt.rows = w->cols;
+    wt.cols = w->rows;
+    wt.grouping = w->grouping;
+    wt.fmt = w->fmt;
+    fp8_transpose_tensor_gpu(w, &wt, d->stream);
+    return wt;
+}
+
 // dx (N, K) BF16 = dy (N, M) . W
 void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy, int N, int M, int K) {
     Dev *d = dev_of(m);
@@ -231,7 +251,8 @@ void lin_dgrad(GpuModel *m, ParamKind kind, int layer, bf16 *dx, const bf16 *dy,
     if (d->dy_in_slot0 != dy || d->dy_in_slot0_n != N || d->dy_in_slot0_m != M)  // not made by lin_wgrad
         quantize_operand(m, layer, li, 1, &dyq, NULL, dy, N, M);
     d->dy_in_slot0 = NULL;
-    linear_fp8_dgrad_gpu(dx, &dyq, &d->wt8[li], fast_accum(m, p, 1), d->stream);  // W^T (K, M)
+    const Fp8Operand wt = weight_t(d, li);                                          // W^T (K, M)
+    linear_fp8_dgrad_gpu(dx, &dyq, &wt, fast_accum(m, p, 1), d->stream);
     d->fp8_gemms++;
 }
 
@@ -277,7 +298,7 @@ void fp8_refresh_weights(GpuModel *m) {
         for (int i = 0; i < 4; i++) {
             Fp8Operand *w = &d->w8[4 * l + i], *wt = &d->wt8[4 * l + i];
             if (!w->codes) continue;  // a BF16 block
-            fp8_quantize_gpu(w, wt, W(m, fp8_lin_kind[i], l), w->rows, w->cols, NULL, d->stream);
+            fp8_quantize_gpu(w, wt->codes ? wt : NULL, W(m, fp8_lin_kind[i], l), w->rows, w->cols, NULL, d->stream);
             d->fp8_weight_refreshes++;
         }
     if (d->head_w8.codes) {  // an FP8 LM head: its weight (wte when tied)
@@ -291,13 +312,14 @@ void fp8_refresh_weights(GpuModel *m) {
 // The fused LM head's GEMMs for one chunk of n tokens in FP8 (model_gpu.cu's head_and_loss runs
 // the chunks and the cross-entropy): logits (n, Vp) = Q(hf) Q(W)^T, with Q(hf^T) kept for the
 // wgrad when want_grad; then, once the chunk holds dlogits, head_fp8_backward: dhf (n, C) =
-// Q(dy) Q(W^T)^T and dW (Vp, C) += Q(dy^T) Q(hf^T)^T, with Q(dy) and Q(dy^T) made in one pass.
-// Codes and scales as linear_fp8.c's linear_forward / dgrad / wgrad make them for the CPU's
-// chunks (fp8_head_chunk): fp8_block's 1x128 slices, or fp8_tensor's scales of the micro-batch,
-// hf's amax taken by head_fp8_begin into head_xt's scales[1] (each chunk's quantization reads it
-// there and leaves it) and dlogits' bound written into slot 0's scales[1] before each chunk's;
-// with fusion on, the cross-entropy writes the chunk's Q(dlogits) codes itself
-// (head_fp8_cross_entropy) and head_fp8_backward transposes them for Q(dlogits^T).
+// Q(dy) Q(W^T)^T and dW (Vp, C) += Q(dy^T) Q(hf^T)^T, with fp8_block's Q(dy) and Q(dy^T) made
+// in one pass. Codes and scales as linear_fp8.c's linear_forward / dgrad / wgrad make them for the
+// CPU's chunks (fp8_head_chunk): fp8_block's 1x128 slices, or fp8_tensor's scales of the
+// micro-batch, hf's amax taken by head_fp8_begin into head_xt's scales[1] (each chunk's
+// quantization reads it there and leaves it) and dlogits' bound written into slot 0's scales[1]
+// before each chunk's; fp8_tensor's Q(dlogits) (with fusion on, the cross-entropy writes its codes
+// itself: head_fp8_cross_entropy) is transposed for Q(dlogits^T) into the chunk's logits buffer,
+// whose BF16 values nothing reads by then.
 void head_fp8_begin(GpuModel *m, const bf16 *hf, int rows) {
     Dev *d = dev_of(m);
     if (lin_prec(m, -1) != LINEAR_FP8_TENSOR) return;  // fp8_block: each slice's own scale
@@ -342,14 +364,24 @@ void head_fp8_backward(GpuModel *m, bf16 *dhf, float *gw, const bf16 *dlogits, i
     const int Vp = m->cfg.model.padded_vocab_size;
     const LinearPrecision hp = lin_prec(m, -1);
     Fp8Operand dyq, dyt;  // (n, Vp), (Vp, n)
-    dy_operands(m, hp, n, Vp, &dyq, &dyt);
     Fp8Operand xt = d->head_xt;
     xt.cols = n;
     if (hp == LINEAR_FP8_TENSOR) {  // the bound |dlogits| <= grad_scale is the amax of the scale
+        // Q(dy) in slot 0 (the cross-entropy's codes, or made here), then Q(dy^T), its transpose,
+        // into the chunk's logits buffer: its BF16 dlogits are not read again (gpu_fp8_slot_size)
+        if (dlogits != d->logits || d->q8_scales_cap[1] < (long)gpu_fp8_scales_tensor())
+            FATAL("model_gpu: the FP8 LM head's dlogits are not the chunk's logits buffer");
+        dyq = fp8_slot(d, 0, n, Vp, FP8_GROUP_TENSOR, grad_format(m));
+        dyt = dyq;
+        dyt.codes = (uint8_t *)d->logits;
+        dyt.scales = d->q8_scales[1];
+        dyt.rows = Vp;
+        dyt.cols = n;
         fp8_set_tensor_scale_gpu(&dyq, grad_scale, d->stream);
-        if (codes_ready) fp8_transpose_tensor_gpu(&dyq, &dyt, d->stream);  // the cross-entropy's codes
-        else fp8_quantize_gpu_with_amax(&dyq, &dyt, dlogits, n, Vp, dyq.scales + 1, NULL, NULL, d->stream);
+        if (!codes_ready) fp8_quantize_gpu_with_amax(&dyq, NULL, dlogits, n, Vp, dyq.scales + 1, NULL, NULL, d->stream);
+        fp8_transpose_tensor_gpu(&dyq, &dyt, d->stream);
     } else {
+        dy_operands(m, hp, n, Vp, &dyq, &dyt);
         fp8_quantize_gpu(&dyq, &dyt, dlogits, n, Vp, NULL, d->stream);
     }
     linear_fp8_dgrad_gpu(dhf, &dyq, &d->head_wt8, fast_accum(m, hp, 1), d->stream);  // W^T (C, Vp)

@@ -108,7 +108,8 @@ void gpu_model_probe(GpuModel *m, AttnPrecision precision, AttnPrecision local_r
     float scale_saved = m->loss_scale;
     if (gpu_model_set_attention(m, precision))
         FATAL("gpu_model_probe: attention %s cannot run on this GPU model (hint: diagnostics.reference must be "
-              "\"bf16\" on the GPU)", attn_precision_name(precision));
+              "\"bf16\" on the GPU, and a model for diagnostics needs a config with diagnostics.interval > 0, "
+              "which keeps the BF16 q, k, v and o its backward reads)", attn_precision_name(precision));
 
     AttnOptions ref_opt;
     attn_options_from_config(&ref_opt, &m->cfg.precision);

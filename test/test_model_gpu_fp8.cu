@@ -105,25 +105,32 @@ static void plan_tests(void) {
             memory_plan(&cb, 1, 0, B, &dry_b);
             gpu_model_plan(&cb, B, T, &gpu_b, &e);
             // FP8 adds: workspace, 2 code slots (BT*max(3C,2F) bytes each: Q(x) / Q(dy) and
-            // Q(dy^T)) and their scales (the FP8 GEMMs share matmul.cu's cuBLASLt workspace);
-            // weights, per FP8 block Q(W) and Q(W^T) of its 4 linears (2 bytes a weight);
-            // activations, per FP8 block Q(x^T) of the 4 linears' inputs (BT*(3C+F) bytes).
+            // Q(dy^T)) and their scales (the FP8 GEMMs share matmul.cu's cuBLASLt workspace), and
+            // with per-tensor weights the dgrad's Q(W^T) of the largest weight (max(3C, 2F)*C);
+            // weights, per FP8 block Q(W) and Q(W^T) of its 4 linears (2 bytes a weight; per
+            // tensor Q(W) alone, 1 byte: gpu_sizes.h's gpu_fp8_keeps_weight_t);
+            // activations, per FP8 block Q(x^T) of the 4 linears' inputs (BT*(3C+F) bytes), and it
+            // drops that block's BF16 h1, h2, sw (2*BT*(2C+F) bytes, model.h's
+            // gpu_keeps_linear_inputs: its wgrads read Q(x^T); with recompute none were kept).
             size_t BT = (size_t)B * T, C = c.model.d_model, F = c.model.ffn_hidden;
             size_t wide = 3 * C > 2 * F ? 3 * C : 2 * F, nf = (size_t)fp8_layers_of(c);
-            size_t min_ws = 2 * BT * wide, min_w = nf * 2 * (4 * C * C + 3 * C * F), min_a = nf * BT * (3 * C + F);
+            const int tensor = c.precision.linear == LINEAR_FP8_TENSOR;
+            size_t min_ws = 2 * BT * wide + (tensor ? (3 * C > 2 * F ? 3 * C : 2 * F) * C : 0);
+            size_t min_w = nf * (tensor ? 1 : 2) * (4 * C * C + 3 * C * F), min_a = nf * BT * (3 * C + F);
+            size_t dropped = c.train.recompute ? 0 : nf * (2 * gpu_align256(2 * BT * C) + gpu_align256(2 * BT * F));
             size_t ex_ws = gpu.workspace - gpu_b.workspace, ex_w = gpu.weights - gpu_b.weights;
-            size_t ex_a = gpu.activations - gpu_b.activations;
+            size_t ex_a = gpu.activations + dropped - gpu_b.activations;
             printf("# plan %s %s: FP8 slots %.3f MiB, FP8 weights %.3f MiB, saved Q(x^T) %.3f MiB (codes alone %.3f, "
                    "%.3f, %.3f MiB)\n", s.label, mode_names[mi], ex_ws / 1048576.0, ex_w / 1048576.0, ex_a / 1048576.0,
                    min_ws / 1048576.0, min_w / 1048576.0, min_a / 1048576.0);
-            snprintf(name, sizeof name, "plan %s %s: FP8 adds slots (workspace), Q(W) + Q(W^T) (weights), Q(x^T) "
-                     "(activations), nothing else", s.label, mode_names[mi]);
+            snprintf(name, sizeof name, "plan %s %s: FP8 adds slots (workspace), Q(W) (+ Q(W^T)) (weights), Q(x^T) "
+                     "(activations) and drops the BF16 h1, h2, sw, nothing else", s.label, mode_names[mi]);
             auto near = [](size_t ex, size_t lo, size_t n_bufs) {  // codes + scales (<= 1/4) + padding
                 return ex >= lo && ex <= lo + lo / 4 + 512 * n_bufs;
             };
             CHECK(gpu.master == gpu_b.master && gpu.optimizer == gpu_b.optimizer && gpu.grads == gpu_b.grads &&
-                      gpu.weights >= gpu_b.weights && gpu.activations >= gpu_b.activations &&
-                      gpu.workspace >= gpu_b.workspace && near(ex_ws, min_ws, 4) && near(ex_w, min_w, 16 * nf) &&
+                      gpu.weights >= gpu_b.weights && gpu.activations + dropped >= gpu_b.activations &&
+                      gpu.workspace >= gpu_b.workspace && near(ex_ws, min_ws, 6) && near(ex_w, min_w, 16 * nf) &&
                       near(ex_a, min_a, 8 * nf) && !memcmp(&dry_b, &gpu_b, sizeof dry_b),
                   name, "workspace +%zu (>= %zu), weights +%zu (>= %zu), activations +%zu (>= %zu)", ex_ws, min_ws,
                   ex_w, min_w, ex_a, min_a);
@@ -213,7 +220,8 @@ static void plan_tests(void) {
     // FP8 attention: --dry-run's plan equals the GPU allocation; the workspace grows by the codes
     // and transposed codes of Q, K, V, dO (8 * B*H*Tp*d bytes), their scales and (hybrid) the
     // dequantized Q̂ K̂ V̂ (6 * B*T*C bytes); with precision.attention_keep_codes (the default) the
-    // activations by the kept Q, K, V per layer (6 * B*H*Tp*d bytes + scales), else not at all.
+    // activations by the kept Q, K, V per layer (6 * B*H*Tp*d bytes + scales) less the BF16 qkv
+    // that the backward then does not read (6 * B*T*C bytes, model.h's gpu_keeps_qkv), else not at all.
     const char *amodes[] = {"precision.attention=\"fp8_naive\"", "precision.attention=\"fp8_hybrid\"",
                             "precision.attention=\"fp8_dm\"", "precision.attention=\"fp8_dm_approx\""};
     for (int ai = 0; ai < 4; ai++)
@@ -231,10 +239,13 @@ static void plan_tests(void) {
                 gpu_model_plan(&cb, B, T, &gpu_b, &e);
                 size_t Tp = (T + 127) / 128 * 128, C = ca.model.d_model, codes = 8 * (size_t)B * Tp * C;
                 size_t extra = gpu.workspace - gpu_b.workspace, deq = ai == 1 ? 6 * (size_t)B * T * C : 0;
-                size_t kept = keep ? (size_t)L * 6 * B * Tp * C : 0, extra_a = gpu.activations - gpu_b.activations;
+                size_t kept = keep ? (size_t)L * 6 * B * Tp * C : 0;
+                size_t qkv = keep ? (size_t)L * gpu_align256(6 * (size_t)B * T * C) : 0;
+                size_t extra_a = gpu.activations + qkv - gpu_b.activations;
                 snprintf(name, sizeof name, "plan %s keep_codes %d T %d: --dry-run's plan equals the GPU allocation, "
-                         "workspace +codes, activations +%s", amodes[ai], keep, T, keep ? "kept Q, K, V" : "nothing");
-                CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry) && gpu.activations >= gpu_b.activations &&
+                         "workspace +codes, activations +%s", amodes[ai], keep, T,
+                         keep ? "kept Q, K, V - BF16 qkv" : "nothing");
+                CHECK(rc == 0 && !memcmp(&dry, &gpu, sizeof dry) && gpu.activations + qkv >= gpu_b.activations &&
                           extra_a >= kept && extra_a < kept + (keep ? L * 4096 : 1) && extra >= codes + deq &&
                           extra < codes + deq + 64 * 1024,
                       name, "rc %d dry ws %zu gpu ws %zu, extra %zu expected %zu; activations extra %zu expected %zu",

@@ -11,7 +11,8 @@ Recipe (the usual "fast PyTorch" single-GPU setup, what our trainer is compared 
     and only the winner is enabled when the model is compiled (so Inductor bakes in that backend);
   - global gradient-norm clipping (our trainer computes the norm every step too) and
     torch.optim.AdamW(fused=True), weight decay on the 2-D tensors only;
-  - gradient accumulation 1, random tokens (the data pipeline is not what is compared).
+  - --accum micro-batches per optimizer step (gradient accumulation: scripts/gpu.sh gives both this
+    and train_gpt the same count), random tokens (the data pipeline is not what is compared).
 The architecture: pre-norm, no biases, RMSNorm (eps from the config) with gains, fused qkv
 [q | k | v], optional QK-RMSNorm per head, RoPE rotate-half (pairs (i, i + hd/2)) or none,
 SwiGLU with fc rows [gate | up], LM head over the vocabulary padded to a multiple of 128 (tied to
@@ -19,18 +20,22 @@ the embedding when tied_embeddings), cross-entropy over the real columns only.
 
 Timing: `--warmup` steps (compilation, autotuning, allocator warm-up) are excluded; then each of
 `--steps` steps is timed alone between torch.cuda.synchronize() calls, and the median is taken.
-tokens/s = micro_batch * seq_len / median step time; MFU = tokens/s * FLOPs/token / peak, with our
+tokens/s = accum * micro_batch * seq_len / median step time; MFU = tokens/s * FLOPs/token / peak, with our
 trainer's FLOP count (core/model.c model_flops_per_token: 6 * matmul params incl. the LM head at the
 padded vocabulary + 6 * n_layer * d_model * seq_len) and the H100/H200 dense BF16 peak of 989
 TFLOP/s (gpu/gpu_info.cu).
 
+Memory: the allocator's peak allocated and reserved bytes, and the device's used memory after the
+timed steps (cudaMemGetInfo: the CUDA context and the reserved pool, what nvidia-smi shows).
+
 Prints one human line per config ("torch-e2e ...") and one JSON line ("torch-e2e-json {...}") for
-scripts/gpu_e2e_bench.sh. --wait-for FILE: after compiling and warming up a config, wait (at most
+scripts/gpu.sh's bench e2e (dev/bench/e2e_table.py reads it). --wait-for FILE: after compiling and warming up a config, wait (at most
 --wait-max seconds) until FILE exists before timing, so a build running beside us does not share
 the CPU with the timed steps.
 
   python3 dev/bench/bench_e2e.py --config configs/small_125m.json --micro-batch 16 [--seq-len 1024]
   python3 dev/bench/bench_e2e.py --config configs/paper_569m.json --micro-batch 4 --config ... (repeatable)
+      [--accum 8 ...] (one per --config)
 """
 import argparse
 import json
@@ -193,7 +198,7 @@ def enable_only(backend):
     b.enable_math_sdp(all_on)
 
 
-def build_and_warm(args, m, train, B, T, backend, dev):
+def build_and_warm(args, m, train, B, T, accum, backend, dev):
     """The model, its optimizer and a compiled training step with `backend` for SDPA, run
     args.warmup times (compilation included). Returns (step, state, model, n_params, warmup s)."""
     enable_only(backend)
@@ -213,12 +218,13 @@ def build_and_warm(args, m, train, B, T, backend, dev):
                 torch.randint(0, m["vocab_size"], (B, T), device=dev, generator=gen)) for _ in range(4)]
     state = {"i": 0, "loss": None}
 
-    def step():
-        x, y = batches[state["i"] % len(batches)]
-        state["i"] += 1
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            loss = cmodel(x, y)
-        loss.backward()
+    def step():  # accum micro-batches, then one optimizer step (the loss their mean)
+        for _ in range(accum):
+            x, y = batches[state["i"] % len(batches)]
+            state["i"] += 1
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                loss = cmodel(x, y)
+            (loss / accum).backward()
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
         opt.step()
@@ -259,7 +265,7 @@ def top_kernels(step_fn, n=10):
     return total, rows[:n]
 
 
-def bench(args, config_path, micro_batch, dev):
+def bench(args, config_path, micro_batch, accum, dev):
     m, train = read_model_config(config_path)
     B = micro_batch or train.get("micro_batch", 8)
     T = args.seq_len or m["seq_len"]
@@ -277,7 +283,7 @@ def bench(args, config_path, micro_batch, dev):
     candidates = sorted((k for k, v in sdpa_ms.items() if v is not None), key=sdpa_ms.get) + ["default"]
     for backend in candidates:
         try:
-            run = build_and_warm(args, m, train, B, T, backend, dev)
+            run = build_and_warm(args, m, train, B, T, accum, backend, dev)
             break
         except Exception as ex:
             print(f"  compiling with sdpa {backend} failed: {type(ex).__name__}: {str(ex)[:300]}", flush=True)
@@ -297,21 +303,26 @@ def bench(args, config_path, micro_batch, dev):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - a)
     med = statistics.median(times)
-    tok_s = B * T / med
+    tok_s = accum * B * T / med
     mfu = tok_s * fpt / (PEAK_BF16_TFLOPS * 1e12)
     mem = torch.cuda.max_memory_allocated() / 2**30
+    reserved = torch.cuda.max_memory_reserved() / 2**30
+    free_b, total_b = torch.cuda.mem_get_info()
+    used = (total_b - free_b) / 2**30
     loss = float(state["loss"].detach())
-    print(f"torch-e2e {name}: B {B} T {T} | median step {med * 1e3:.2f} ms (min {min(times) * 1e3:.2f}, "
-          f"max {max(times) * 1e3:.2f}, {len(times)} steps) | {tok_s:.0f} tok/s | MFU {100 * mfu:.1f}% | "
-          f"sdpa {backend} | peak mem {mem:.1f} GiB | {n_params / 1e6:.1f}M params | warmup {t_warm:.0f} s "
+    print(f"torch-e2e {name}: B {B} T {T} x {accum} micro-batches a step | median step {med * 1e3:.2f} ms "
+          f"(min {min(times) * 1e3:.2f}, max {max(times) * 1e3:.2f}, {len(times)} steps) | {tok_s:.0f} tok/s | "
+          f"MFU {100 * mfu:.1f}% | sdpa {backend} | peak mem {mem:.1f} GiB allocated, {reserved:.1f} reserved, "
+          f"{used:.1f} used on the device | {n_params / 1e6:.1f}M params | warmup {t_warm:.0f} s "
           f"| loss {loss:.3f} | cpu quiet while timed: {'yes' if quiet else 'NO (build still running)'}", flush=True)
     if args.profile:
         total, rows = top_kernels(step)
         print(f"  profile of one step: {total / 1e3:.2f} ms of kernels; top {len(rows)}:")
         for t, cnt, key in rows:
             print(f"    {t / 1e3:8.2f} ms {100 * t / total:5.1f}%  x{cnt:<4d} {key[:110]}")
-    print("torch-e2e-json " + json.dumps({"config": name, "B": B, "T": T, "median_ms": med * 1e3, "tokens_per_s": tok_s,
-                                          "mfu": mfu, "sdpa": backend, "sdpa_ms": sdpa_ms, "peak_mem_gib": mem,
+    print("torch-e2e-json " + json.dumps({"config": name, "B": B, "T": T, "accum": accum, "median_ms": med * 1e3,
+                                          "tokens_per_s": tok_s, "mfu": mfu, "sdpa": backend, "sdpa_ms": sdpa_ms,
+                                          "peak_mem_gib": mem, "reserved_gib": reserved, "device_used_gib": used,
                                           "params": n_params, "quiet": quiet, "waited_s": waited}), flush=True)
     del step, state, model, run
     torch._dynamo.reset()
@@ -325,12 +336,17 @@ def main():
     ap.add_argument("--micro-batch", type=int, action="append", default=None,
                     help="sequences per step, one per --config (default: the config's train.micro_batch)")
     ap.add_argument("--seq-len", type=int, default=0, help="default: the config's model.seq_len")
+    ap.add_argument("--accum", type=int, action="append", default=None,
+                    help="micro-batches per optimizer step (gradient accumulation), one per --config (default 1)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--profile", action="store_true", help="print the top CUDA kernels of one step")
     ap.add_argument("--wait-for", default="", help="file whose existence means the CPU is free to time")
     ap.add_argument("--wait-max", type=float, default=300.0)
     args = ap.parse_args()
+    accs = args.accum or []
+    if any(a < 1 for a in accs):
+        ap.error(f"--accum {accs}: at least 1 micro-batch per step")
     if not torch.cuda.is_available():
         print("bench_e2e: no CUDA device")
         return 1
@@ -343,7 +359,7 @@ def main():
     rc = 0
     for i, path in enumerate(args.config):
         try:
-            bench(args, path, mbs[i] if i < len(mbs) else 0, dev)
+            bench(args, path, mbs[i] if i < len(mbs) else 0, accs[i] if i < len(accs) else 1, dev)
         except Exception as ex:  # report and go on with the next config
             rc = 1
             print(f"torch-e2e {os.path.basename(path)}: FAILED: {type(ex).__name__}: {str(ex)[:400]}", flush=True)
