@@ -515,37 +515,3 @@ static void backward(const AttnCall *c) {
     attn_gpu_backward_fp8(&a, B, H, T, d, stream);
 }
 
-// --- transitional: the old entry points, until every caller takes AttnCall --------------------
-extern "C" void attn_mode_forward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stride,
-                                  bf16 *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
-                                  const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
-                                  cudaStream_t stream) {
-    AttnCall c = {opt, B, H, T, d, q, k, v, qkv_stride, o, NULL, o_stride, lse, NULL, NULL, NULL, 0,
-                  NULL, 0, 0, saved, delayed, workspace, diag, stream};
-    attn_forward(&c);
-}
-extern "C" void attn_mode_forward_rope(const AttnOptions *opt, bf16 *qkv, const float *cos_sin, int rotate_in_place,
-                                       bf16 *o, int o_stride, float *lse, int B, int H, int T, int d,
-                                       AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
-                                       const AttnModeDiag *diag, cudaStream_t stream) {
-    const int C = H * d;
-    AttnCall c = {opt, B, H, T, d, qkv, qkv + C, qkv + 2 * C, 3 * C, o, NULL, o_stride, lse, NULL, NULL, NULL, 0,
-                  cos_sin, rotate_in_place, 0, saved, delayed, workspace, diag, stream};
-    attn_forward(&c);
-}
-extern "C" void attn_mode_forward_codes(const AttnOptions *opt, AttnSavedCodes *saved, bf16 *o, int o_stride,
-                                        float *lse, int B, int H, int T, int d, cudaStream_t stream) {
-    AttnCall c = {opt, B, H, T, d, NULL, NULL, NULL, 0, o, NULL, o_stride, lse, NULL, NULL, NULL, 0,
-                  NULL, 0, 1, saved, NULL, NULL, NULL, stream};
-    attn_forward(&c);
-}
-extern "C" void attn_mode_backward(const AttnOptions *opt, const bf16 *q, const bf16 *k, const bf16 *v,
-                                   int qkv_stride, const bf16 *o, const bf16 *dout, int o_stride, const float *lse,
-                                   bf16 *dq, bf16 *dk, bf16 *dv, int dqkv_stride, int B, int H, int T, int d,
-                                   const AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
-                                   const AttnModeDiag *diag, cudaStream_t stream) {
-    AttnCall c = {opt, B, H, T, d, q, k, v, qkv_stride, const_cast<bf16 *>(o), dout, o_stride,
-                  const_cast<float *>(lse), dq, dk, dv, dqkv_stride, NULL, 0, 0,
-                  const_cast<AttnSavedCodes *>(saved), delayed, workspace, diag, stream};
-    attn_backward(&c);
-}

@@ -69,7 +69,7 @@ size_t attn_mode_workspace_bytes(const AttnOptions *opt, int B, int H, int T, in
 typedef struct {
     void *buf;
     size_t bytes;
-    int valid;  // the last attn_mode_forward given this struct filled buf (an FP8 mode)
+    int valid;  // the last attn_forward given this struct filled buf (an FP8 mode)
     AttnPrecision precision;
     int B, H, T, d;
 } AttnSavedCodes;
@@ -182,23 +182,6 @@ void attn_backward(const AttnCall *c);
 int attn_mode_codes_upstream(const AttnOptions *opt, int d, int T);
 void attn_saved_codes_parts(const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T, int d,
                             uint8_t *codes[3], uint8_t *codes_t[3], float *scales[3]);
-
-// Transitional: the old entry points, until every caller takes AttnCall.
-void attn_mode_forward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                       int qkv_stride, uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d,
-                       AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
-                       const AttnModeDiag *diag, cudaStream_t stream);
-void attn_mode_forward_rope(const AttnOptions *opt, uint16_t *qkv, const float *cos_sin, int rotate_in_place,
-                            uint16_t *o, int o_stride, float *lse, int B, int H, int T, int d, AttnSavedCodes *saved,
-                            const AttnDelayedGpu *delayed, void *workspace, const AttnModeDiag *diag,
-                            cudaStream_t stream);
-void attn_mode_forward_codes(const AttnOptions *opt, AttnSavedCodes *saved, uint16_t *o, int o_stride, float *lse,
-                             int B, int H, int T, int d, cudaStream_t stream);
-void attn_mode_backward(const AttnOptions *opt, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                        int qkv_stride, const uint16_t *o, const uint16_t *dout, int o_stride, const float *lse,
-                        uint16_t *dq, uint16_t *dk, uint16_t *dv, int dqkv_stride, int B, int H, int T, int d,
-                        const AttnSavedCodes *saved, const AttnDelayedGpu *delayed, void *workspace,
-                        const AttnModeDiag *diag, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -25,7 +25,7 @@
 #include <vector>          // host buffers
 
 #include "cpu/attention_cpu.h"       // attn_quantize_operand, AttnOptions, AttnDelayedState (the oracle)
-#include "attention_fp8.h"           // attn_mode_forward / attn_mode_backward with and without kept codes
+#include "attention_fp8.h"           // attn_forward / attn_backward with and without kept codes
 #include "attention/common.cuh"      // causal_item_grouped, causal_heads_per_group (host-side checks); fast_exp2, poly_exp2
 #include "attention/fwd_fp8_step.cuh"  // quad_row_max_bits, fmax_rows: the FP8 forward's row max
 #include "attention/kernels_bf16.h"  // attn_gpu_backward (BF16; fp8_hybrid's backward)
@@ -1142,7 +1142,7 @@ static void bench_bwd(void) {
     cudaFree(x); cudaFree(dout); cudaFree(o); cudaFree(dqkv); cudaFree(lse); cudaFree(ws);
 }
 
-// --- attn_mode_forward / attn_mode_backward with kept codes (AttnSavedCodes) -------------------
+// --- attn_forward / attn_backward with kept codes (AttnSavedCodes) -------------------
 // Per FP8 mode, on fresh inputs: the layer run three times, (A) without kept codes, (B) with
 // them, (C) without again; the workspace poisoned between each forward and its backward (its
 // contents must not survive). Checked for (B) against (A):
@@ -1198,11 +1198,23 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
             diag.saturated = sat;
             AttnSavedCodes *kp = r == 1 ? &keep : NULL;
             CU(cudaMemset(ws, 0xFF, ws_bytes));
-            attn_mode_forward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, C, lse, B, H, T, d, kp,
-                              NULL, ws, &diag, 0);
+            {
+                AttnCall c_ = {};
+                c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = d_qkv + offs(0);
+                c_.k = d_qkv + offs(1), c_.v = d_qkv + offs(2), c_.qkv_stride = qs, c_.o = o;
+                c_.o_stride = C, c_.lse = lse, c_.saved = kp, c_.workspace = ws, c_.diag = &diag;
+                attn_forward(&c_);
+            }
             CU(cudaMemset(ws, 0xFF, ws_bytes));  // nothing of the forward's may survive in the workspace
-            attn_mode_backward(&opt, d_qkv + offs(0), d_qkv + offs(1), d_qkv + offs(2), qs, o, d_do, C, lse, dqkv,
-                               dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, NULL, ws, &diag, 0);
+            {
+                AttnCall c_ = {};
+                c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = d_qkv + offs(0);
+                c_.k = d_qkv + offs(1), c_.v = d_qkv + offs(2), c_.qkv_stride = qs, c_.o = o;
+                c_.dout = d_do, c_.o_stride = C, c_.lse = lse, c_.dq = dqkv, c_.dk = dqkv + C;
+                c_.dv = dqkv + 2 * C, c_.dqkv_stride = 3 * C, c_.saved = kp, c_.workspace = ws;
+                c_.diag = &diag;
+                attn_backward(&c_);
+            }
             cudaError_t err = cudaDeviceSynchronize();
             snprintf(name, sizeof name, "attn keep_codes %s run %d: %s", mname, r, tag);
             CHECK(err == cudaSuccess, name, "%s", cudaGetErrorString(err));
@@ -1296,16 +1308,16 @@ static void run_keep_case(const Case &cs, Fp8Format gfmt, int seed) {
     cudaFree(d_do);
 }
 
-// --- RoPE inside the quantize pass (AttnQuantTensor.rope, attn_mode_forward_rope) ---------------
+// --- RoPE inside the quantize pass (AttnQuantTensor.rope, attn_forward with RoPE) ---------------
 // On fresh packed q, k, v (not yet rotated) and rope_table_gpu's table (theta 10000):
 //   1. attn_gpu_quantize with the table on q and on k, with and without the rotated values written
 //      back in place, against rope_forward_gpu followed by attn_gpu_quantize: codes, transposed
 //      codes, scales, block amaxes, dequantized values bit for bit, and qkv afterwards rotated
 //      where written back (bit for bit), untouched elsewhere;
-//   2. attn_mode_forward_rope in every mode (fp8_dm also with delayed scaling: the first step,
+//   2. attn_forward with RoPE in every mode (fp8_dm also with delayed scaling: the first step,
 //      whose per-head scales come from the rotated values' amaxes, and a later one), with and
 //      without kept codes, with and without rotate_in_place (FP8 modes), against rope_forward_gpu +
-//      attn_mode_forward: O, LSE, the kept codes, the delayed amaxes and qkv afterwards the same
+//      attn_forward: O, LSE, the kept codes, the delayed amaxes and qkv afterwards the same
 //      bit for bit;
 //   3. with kept codes and q, k left unrotated (rotate_in_place 0), the backward against the
 //      reference's: dK, dV bit for bit, dQ within its FP32 atomics' order (rel L2 < 2e-3) — with
@@ -1397,14 +1409,27 @@ static void run_rope_case(const Case &cs, Fp8Format gfmt, int seed) {
                             keep[r].buf = dnew<char>(keep[r].bytes);
                         }
                     }
-                    // r 0: the reference (rope_forward_gpu, attn_mode_forward); r 1: fused
+                    // r 0: the reference (rope_forward_gpu, attn_forward); r 1: fused
                     rope_forward_gpu(x[0], rope, B, T, H, d, 0);
-                    attn_mode_forward(&opt, x[0], x[0] + C, x[0] + 2 * C, 3 * C, o[0], C, lse[0], B, H, T, d,
-                                      kc ? &keep[0] : NULL, sc ? &g[0] : NULL, ws, NULL, 0);
-                    attn_mode_forward_rope(&opt, x[1], rope, wb, o[1], C, lse[1], B, H, T, d, kc ? &keep[1] : NULL,
-                                           sc ? &g[1] : NULL, ws, NULL, 0);
+                    {
+                        AttnCall c_ = {};
+                        c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = x[0];
+                        c_.k = x[0] + C, c_.v = x[0] + 2 * C, c_.qkv_stride = 3 * C, c_.o = o[0];
+                        c_.o_stride = C, c_.lse = lse[0], c_.saved = kc ? &keep[0] : NULL;
+                        c_.delayed = sc ? &g[0] : NULL, c_.workspace = ws;
+                        attn_forward(&c_);
+                    }
+                    {
+                        AttnCall c_ = {};
+                        c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = x[1];
+                        c_.k = x[1] + H * d, c_.v = x[1] + 2 * H * d, c_.qkv_stride = 3 * H * d;
+                        c_.rope = rope, c_.rotate_in_place = wb, c_.o = o[1], c_.o_stride = C;
+                        c_.lse = lse[1], c_.saved = kc ? &keep[1] : NULL, c_.delayed = sc ? &g[1] : NULL;
+                        c_.workspace = ws;
+                        attn_forward(&c_);
+                    }
                     cudaError_t err = cudaDeviceSynchronize();
-                    snprintf(name, sizeof name, "attn_mode_forward_rope %s runs: %s", what, tag);
+                    snprintf(name, sizeof name, "attn_forward with RoPE %s runs: %s", what, tag);
                     CHECK(err == cudaSuccess, name, "%s", cudaGetErrorString(err));
                     if (err != cudaSuccess) exit(1);
                     long bad = 0;
@@ -1426,15 +1451,21 @@ static void run_rope_case(const Case &cs, Fp8Format gfmt, int seed) {
                             }
                         }
                     const long moved = qkv_moved(x[1], wb, -1);
-                    snprintf(name, sizeof name, "attn_mode_forward_rope %s = rope_forward_gpu + attn_mode_forward, bit for bit: %s",
+                    snprintf(name, sizeof name, "attn_forward with RoPE %s = rope_forward_gpu + attn_forward, bit for bit: %s",
                              what, tag);
                     CHECK(bad == 0 && moved == 0, name, "%ld of O, LSE, amaxes, kept codes differ; %ld qkv values not as "
                           "expected", bad, moved);
                     if (kc && !wb) {  // 3. the backward reads no q, k
                         for (int r = 0; r < 2; r++)
-                            attn_mode_backward(&opt, x[r], x[r] + C, x[r] + 2 * C, 3 * C, o[r], d_do, C, lse[r], dq[r],
-                                               dq[r] + C, dq[r] + 2 * C, 3 * C, B, H, T, d, &keep[r], sc ? &g[r] : NULL, ws,
-                                               NULL, 0);
+                            {
+                                AttnCall c_ = {};
+                                c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = x[r];
+                                c_.k = x[r] + C, c_.v = x[r] + 2 * C, c_.qkv_stride = 3 * C, c_.o = o[r];
+                                c_.dout = d_do, c_.o_stride = C, c_.lse = lse[r], c_.dq = dq[r];
+                                c_.dk = dq[r] + C, c_.dv = dq[r] + 2 * C, c_.dqkv_stride = 3 * C;
+                                c_.saved = &keep[r], c_.delayed = sc ? &g[r] : NULL, c_.workspace = ws;
+                                attn_backward(&c_);
+                            }
                         err = cudaDeviceSynchronize();
                         const std::vector<uint16_t> ga = back(dq[0], 3 * n_tok * C), gb = back(dq[1], 3 * n_tok * C);
                         long dkv = 0;
@@ -1448,7 +1479,7 @@ static void run_rope_case(const Case &cs, Fp8Format gfmt, int seed) {
                             num += (a - b) * (a - b), den += a * a;
                         }
                         const double rel = sqrt(num / (den > 0 ? den : 1));
-                        snprintf(name, sizeof name, "attn_mode_backward after attn_mode_forward_rope %s: dK, dV bit for "
+                        snprintf(name, sizeof name, "attn_backward after attn_forward with RoPE %s: dK, dV bit for "
                                  "bit, dQ rel L2 < 2e-3: %s", what, tag);
                         CHECK(err == cudaSuccess && dkv == 0 && rel < 2e-3 && den > 0, name,
                               "%s; %ld dK/dV values differ, dQ rel L2 %.3e", cudaGetErrorString(err), dkv, rel);
@@ -1486,10 +1517,21 @@ static void run_extreme_case(const Case &cs, Fp8Format gfmt, int seed) {
         float *lse = dnew<float>(in.nbht);
         AttnModeDiag diag;
         memset(&diag, 0, sizeof diag);
-        attn_mode_forward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), in.qs, o, C, lse, B, H, T,
-                          d, NULL, NULL, ws, &diag, 0);
-        attn_mode_backward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), in.qs, o, d_do, C, lse,
-                           dqkv, dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, NULL, NULL, ws, &diag, 0);
+        {
+            AttnCall c_ = {};
+            c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = d_qkv + in.offs(0);
+            c_.k = d_qkv + in.offs(1), c_.v = d_qkv + in.offs(2), c_.qkv_stride = in.qs, c_.o = o;
+            c_.o_stride = C, c_.lse = lse, c_.workspace = ws, c_.diag = &diag;
+            attn_forward(&c_);
+        }
+        {
+            AttnCall c_ = {};
+            c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = d_qkv + in.offs(0);
+            c_.k = d_qkv + in.offs(1), c_.v = d_qkv + in.offs(2), c_.qkv_stride = in.qs, c_.o = o;
+            c_.dout = d_do, c_.o_stride = C, c_.lse = lse, c_.dq = dqkv, c_.dk = dqkv + C;
+            c_.dv = dqkv + 2 * C, c_.dqkv_stride = 3 * C, c_.workspace = ws, c_.diag = &diag;
+            attn_backward(&c_);
+        }
         CU(cudaDeviceSynchronize());
         std::vector<uint16_t> ho = back(o, n_tok * C), hg = back(dqkv, 3 * n_tok * C);
         std::vector<float> hl = back(lse, in.nbht);
@@ -1556,10 +1598,23 @@ static void run_delayed_case(const Case &cs, Fp8Format gfmt, int keep_codes, int
         memset(&diag, 0, sizeof diag);
         diag.saturated = sat;
         AttnSavedCodes *kp = keep_codes ? &keep : NULL;
-        attn_mode_forward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), qs, o, C, lse, B, H, T, d,
-                          kp, &g, ws, &diag, 0);
-        attn_mode_backward(&opt, d_qkv + in.offs(0), d_qkv + in.offs(1), d_qkv + in.offs(2), qs, o, d_do, C, lse, dqkv,
-                           dqkv + C, dqkv + 2 * C, 3 * C, B, H, T, d, kp, &g, ws, &diag, 0);
+        {
+            AttnCall c_ = {};
+            c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = d_qkv + in.offs(0);
+            c_.k = d_qkv + in.offs(1), c_.v = d_qkv + in.offs(2), c_.qkv_stride = qs, c_.o = o;
+            c_.o_stride = C, c_.lse = lse, c_.saved = kp, c_.delayed = &g, c_.workspace = ws;
+            c_.diag = &diag;
+            attn_forward(&c_);
+        }
+        {
+            AttnCall c_ = {};
+            c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = d_qkv + in.offs(0);
+            c_.k = d_qkv + in.offs(1), c_.v = d_qkv + in.offs(2), c_.qkv_stride = qs, c_.o = o;
+            c_.dout = d_do, c_.o_stride = C, c_.lse = lse, c_.dq = dqkv, c_.dk = dqkv + C;
+            c_.dv = dqkv + 2 * C, c_.dqkv_stride = 3 * C, c_.saved = kp, c_.delayed = &g;
+            c_.workspace = ws, c_.diag = &diag;
+            attn_backward(&c_);
+        }
         cudaError_t err = cudaDeviceSynchronize();
         snprintf(name, sizeof name, "attn delayed%s step %d runs: %s", keep_codes ? " (kept codes)" : "", k, in.tag);
         CHECK(err == cudaSuccess, name, "%s", cudaGetErrorString(err));

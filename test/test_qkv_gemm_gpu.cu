@@ -4,7 +4,7 @@
 //   2. qkv_gemm_bf16 with RoPE: bit for bit its own unrotated output through rope_forward_gpu;
 //   3. qkv_gemm_quant: codes, transposed codes and scales of q, k, v bit for bit what
 //      attn_gpu_quantize (RoPE on q, k; V's scale bound) makes of qkv_gemm_bf16's output;
-//   4. attn_mode_forward_codes on those codes: O and LSE bit for bit attn_mode_forward_rope's on the
+//   4. attn_forward on upstream codes on those codes: O and LSE bit for bit attn_forward with RoPE's on the
 //      same BF16 qkv, and the backward on the kept codes identical too;
 //   5. what the quantizing form refuses (qkv_gemm_quant_supported, attn_mode_codes_upstream).
 // Shapes cover a grid smaller than the SMs (consumers idle), CTAs with many tiles, a cluster's two
@@ -132,14 +132,30 @@ static void check_quant(int B, int T, int C, AttnPrecision prec, int use_rope, u
     out.rope = rp;
     qkv_gemm_quant(&out, x, w, M, T, C, 0);
 
-    // the reference: BF16 output, then the quantize pass as attn_mode_forward_rope runs it
+    // the reference: BF16 output, then the quantize pass as attn_forward with RoPE runs it
     qkv_gemm_bf16(qkv, x, w, M, N, C, NULL, T, 0);
     void *ws = dnew<uint8_t>(attn_mode_workspace_bytes(&opt, B, H, T, d) + 256);
     uint16_t *o_ref = dnew<uint16_t>((size_t)M * C), *o_up = dnew<uint16_t>((size_t)M * C);
     float *lse_ref = dnew<float>((size_t)B * H * T), *lse_up = dnew<float>((size_t)B * H * T);
-    if (use_rope) attn_mode_forward_rope(&opt, qkv, rope, 0, o_ref, C, lse_ref, B, H, T, d, &ref, NULL, ws, NULL, 0);
-    else attn_mode_forward(&opt, qkv, qkv + C, qkv + 2 * C, N, o_ref, C, lse_ref, B, H, T, d, &ref, NULL, ws, NULL, 0);
-    attn_mode_forward_codes(&opt, &up, o_up, C, lse_up, B, H, T, d, 0);
+    if (use_rope) {
+        AttnCall c_ = {};
+        c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = qkv, c_.k = qkv + H * d;
+        c_.v = qkv + 2 * H * d, c_.qkv_stride = 3 * H * d, c_.rope = rope, c_.rotate_in_place = 0;
+        c_.o = o_ref, c_.o_stride = C, c_.lse = lse_ref, c_.saved = &ref, c_.workspace = ws;
+        attn_forward(&c_);
+    } else {
+        AttnCall c_ = {};
+        c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = qkv, c_.k = qkv + C;
+        c_.v = qkv + 2 * C, c_.qkv_stride = N, c_.o = o_ref, c_.o_stride = C, c_.lse = lse_ref;
+        c_.saved = &ref, c_.workspace = ws;
+        attn_forward(&c_);
+    }
+    {
+        AttnCall c_ = {};
+        c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.codes_ready = 1, c_.o = o_up;
+        c_.o_stride = C, c_.lse = lse_up, c_.saved = &up;
+        attn_forward(&c_);
+    }
     CU(cudaDeviceSynchronize());
 
     static const char *opn[3] = {"q", "k", "v"};
@@ -163,7 +179,7 @@ static void check_quant(int B, int T, int C, AttnPrecision prec, int use_rope, u
     CHECK(smax >= 4 * smin, name, "scales %g .. %g", smin, smax);
     const Bf go = back(o_up, (size_t)M * C), gor = back(o_ref, (size_t)M * C);
     const std::vector<float> gl = back(lse_up, (size_t)B * H * T), glr = back(lse_ref, (size_t)B * H * T);
-    snprintf(name, sizeof name, "attn_mode_forward_codes %s B=%d T=%d C=%d%s: O and LSE = attn_mode_forward%s's", pn, B,
+    snprintf(name, sizeof name, "attn_forward on upstream codes %s B=%d T=%d C=%d%s: O and LSE = attn_forward%s's", pn, B,
              T, C, use_rope ? " rope" : "", use_rope ? "_rope" : "");
     const int od = count_diff_v(go, gor), ld = count_diff_v(gl, glr);
     CHECK(od == 0 && ld == 0 && up.valid, name, "O %d bytes differ, LSE %d, valid %d", od, ld, up.valid);
@@ -171,10 +187,22 @@ static void check_quant(int B, int T, int C, AttnPrecision prec, int use_rope, u
     // the backward on either kept codes: the same gradients (q, k, v are not read with kept codes)
     uint16_t *dout = dnew<uint16_t>((size_t)M * C), *dq = dnew<uint16_t>((size_t)M * N), *dq2 = dnew<uint16_t>((size_t)M * N);
     gpu_test_fill_bf16(dout, (size_t)M * C, seed + 7, 1.0f);
-    attn_mode_backward(&opt, qkv, qkv + C, qkv + 2 * C, N, o_ref, dout, C, lse_ref, dq, dq + C, dq + 2 * C, N, B, H, T, d,
-                       &ref, NULL, ws, NULL, 0);
-    attn_mode_backward(&opt, qkv, qkv + C, qkv + 2 * C, N, o_up, dout, C, lse_up, dq2, dq2 + C, dq2 + 2 * C, N, B, H, T,
-                       d, &up, NULL, ws, NULL, 0);
+    {
+        AttnCall c_ = {};
+        c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = qkv, c_.k = qkv + C;
+        c_.v = qkv + 2 * C, c_.qkv_stride = N, c_.o = o_ref, c_.dout = dout, c_.o_stride = C;
+        c_.lse = lse_ref, c_.dq = dq, c_.dk = dq + C, c_.dv = dq + 2 * C, c_.dqkv_stride = N;
+        c_.saved = &ref, c_.workspace = ws;
+        attn_backward(&c_);
+    }
+    {
+        AttnCall c_ = {};
+        c_.opt = &opt, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = qkv, c_.k = qkv + C;
+        c_.v = qkv + 2 * C, c_.qkv_stride = N, c_.o = o_up, c_.dout = dout, c_.o_stride = C;
+        c_.lse = lse_up, c_.dq = dq2, c_.dk = dq2 + C, c_.dv = dq2 + 2 * C, c_.dqkv_stride = N;
+        c_.saved = &up, c_.workspace = ws;
+        attn_backward(&c_);
+    }
     const Bf g1 = back(dq, (size_t)M * N), g2 = back(dq2, (size_t)M * N);
     // dQ sums in FP32 atomics (order varies: its BF16 values flip an ulp here and there, rel L2 up
     // to 1.35e-5 seen under compute-sanitizer's scheduling; a code that differed would move
@@ -187,7 +215,7 @@ static void check_quant(int B, int T, int C, AttnPrecision prec, int use_rope, u
             if (c < C) eq.add(bf16_to_f32(g2[i]), bf16_to_f32(g1[i]));
             else dkv += g1[i] != g2[i];
         }
-    snprintf(name, sizeof name, "attn_mode_backward %s on upstream codes B=%d T=%d: dK, dV identical, dQ within FP32 order", pn,
+    snprintf(name, sizeof name, "attn_backward %s on upstream codes B=%d T=%d: dK, dV identical, dQ within FP32 order", pn,
              B, T);
     CHECK(dkv == 0 && eq.ok(1e-4), name, "dK/dV %d values differ, dQ rel %.3g, %ld non-finite", dkv, eq.rel(),
           eq.nonfinite);
@@ -199,7 +227,7 @@ static void check_quant(int B, int T, int C, AttnPrecision prec, int use_rope, u
             nf[(i % N) / C] += !isfinite(bf16_to_f32(g1[i]));
             amax[(i % N) / C] = fmaxf(amax[(i % N) / C], fabsf(bf16_to_f32(hq[i])));
         }
-        snprintf(name, sizeof name, "attn_mode_backward %s B=%d T=%d C=%d: dQ, dK, dV finite", pn, B, T, C);
+        snprintf(name, sizeof name, "attn_backward %s B=%d T=%d C=%d: dQ, dK, dV finite", pn, B, T, C);
         CHECK(nf[0] + nf[1] + nf[2] == 0, name, "non-finite dQ %ld, dK %ld, dV %ld (max |q| %g, |k| %g, |v| %g)", nf[0],
               nf[1], nf[2], amax[0], amax[1], amax[2]);
     }

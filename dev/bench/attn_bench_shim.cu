@@ -5,7 +5,7 @@
 // output (torch tensors), so it can compare the modes' results.
 //
 // Timed entry points (one stream, all asynchronous):
-//   shim_fwd / shim_bwd          attn_mode_forward / attn_mode_backward: what the trainer runs with
+//   shim_fwd / shim_bwd          attn_forward / attn_backward: what the trainer runs with
 //                                precision.attention_keep_codes = false (the backward quantizes Q,
 //                                K, V again)
 //   shim_fwd_keep / shim_bwd_keep  the same with the forward's Q, K, V codes kept for the backward
@@ -16,7 +16,7 @@
 //   shim_fp8_fwd / shim_fp8_bwd  attn_gpu_forward_fp8 / attn_gpu_backward_fp8 on those codes
 //   shim_delta                   fp8_dm's delta-pass kernel alone (attn_bench_shim_delta.cu)
 //   shim_rope / shim_fwd_rope    the forward as the model runs it after the QKV projection, RoPE
-//                                included: rope_forward_gpu alone; attn_mode_forward_rope (bf16:
+//                                included: rope_forward_gpu alone; attn_forward with RoPE (bf16:
 //                                rope_forward_gpu then the forward; FP8 modes: RoPE inside the
 //                                quantize pass, kept codes, q and k not written back, as the
 //                                trainer does without diagnostics). On the shim's own copy of qkv,
@@ -150,18 +150,27 @@ int shim_init(const void *qkv, const void *dout, int B, int H, int T, int d, int
 // (B, T, 3, H, d): Python's buffers for this mode.
 // The layer API on the shim's q, k, v, dout; keep: NULL (the backward quantizes Q, K, V again)
 // or the mode's kept-codes buffer.
-static void mode_fwd(int precision, void *o, float *lse, AttnSavedCodes *keep) {
-    AttnOptions opt = options(precision);
-    const int C = S.H * S.d;
-    attn_mode_forward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (uint16_t *)o, C, lse, S.B, S.H, S.T, S.d,
-                      keep, NULL, S.ws, NULL, S.stream);
-}
-static void mode_bwd(int precision, const void *o, const float *lse, void *dqkv, const AttnSavedCodes *keep) {
-    AttnOptions opt = options(precision);
+// The call of one layer on the shim's q, k, v (views of the packed qkv) and dO, into o, lse, dqkv.
+static AttnCall shim_call(const AttnOptions *opt, void *o, float *lse, void *dqkv, AttnSavedCodes *keep) {
     const int C = S.H * S.d;
     uint16_t *dq = (uint16_t *)dqkv;
-    attn_mode_backward(&opt, S.qkv, S.qkv + C, S.qkv + 2 * C, 3 * C, (const uint16_t *)o, S.dout, C, lse, dq,
-                       dq + C, dq + 2 * C, 3 * C, S.B, S.H, S.T, S.d, keep, NULL, S.ws, NULL, S.stream);
+    AttnCall c = {};
+    c.opt = opt, c.B = S.B, c.H = S.H, c.T = S.T, c.d = S.d;
+    c.q = S.qkv, c.k = S.qkv + C, c.v = S.qkv + 2 * C, c.qkv_stride = 3 * C;
+    c.o = (uint16_t *)o, c.dout = S.dout, c.o_stride = C, c.lse = lse;
+    if (dq) c.dq = dq, c.dk = dq + C, c.dv = dq + 2 * C, c.dqkv_stride = 3 * C;
+    c.saved = keep, c.workspace = S.ws, c.stream = S.stream;
+    return c;
+}
+static void mode_fwd(int precision, void *o, float *lse, AttnSavedCodes *keep) {
+    AttnOptions opt = options(precision);
+    const AttnCall c = shim_call(&opt, o, lse, NULL, keep);
+    attn_forward(&c);
+}
+static void mode_bwd(int precision, const void *o, const float *lse, void *dqkv, AttnSavedCodes *keep) {
+    AttnOptions opt = options(precision);
+    const AttnCall c = shim_call(&opt, const_cast<void *>(o), const_cast<float *>(lse), dqkv, keep);
+    attn_backward(&c);
 }
 
 void shim_fwd(int precision, void *o, float *lse) { mode_fwd(precision, o, lse, NULL); }
@@ -178,9 +187,11 @@ void shim_bwd_keep(int precision, const void *o, const float *lse, void *dqkv) {
 void shim_rope(void) { rope_forward_gpu(S.qkv_rope, S.rope, S.B, S.T, S.H, S.d, S.stream); }
 void shim_fwd_rope(int precision, void *o, float *lse) {
     AttnOptions opt = options(precision);
-    const int fp8 = precision != ATTN_BF16;
-    attn_mode_forward_rope(&opt, S.qkv_rope, S.rope, !fp8, (uint16_t *)o, S.H * S.d, lse, S.B, S.H, S.T, S.d,
-                           fp8 ? &S.keep_rope : NULL, NULL, S.ws, NULL, S.stream);
+    const int fp8 = precision != ATTN_BF16, C = S.H * S.d;
+    AttnCall c = shim_call(&opt, o, lse, NULL, fp8 ? &S.keep_rope : NULL);
+    c.q = S.qkv_rope, c.k = S.qkv_rope + C, c.v = S.qkv_rope + 2 * C;
+    c.rope = S.rope, c.rotate_in_place = !fp8;
+    attn_forward(&c);
 }
 
 static AttnQuantTensor tensor(int i, int with_codes, int with_t) {

@@ -12,7 +12,7 @@ The last tables are the issue's judging table (forward, backward, forward + back
 BF16, fp8_dm with kept codes and cuDNN BF16; dev/bench/peer_tables.py), the same-run numbers
 against NVIDIA's published cuDNN BF16 and FP8 figures, and the fp8_dm targets.
 
-The modes run through attention_fp8.h (attn_mode_forward / attn_mode_backward: quantization
+The modes run through attention_fp8.h (attn_forward / attn_backward: quantization
 included, what the trainer runs), via dev/bench/attn_bench_shim.cu in the same library. The bare
 FP8 kernels of attention/kernels_fp8.h are timed too, on operands quantized beforehand, and the
 quantize passes on their own, so the quantize cost shows separately. Every FP8 mode also runs
@@ -59,7 +59,7 @@ class Shim:
         lib.shim_fp8_fwd.argtypes = [P, P]
         lib.shim_fp8_bwd.argtypes = [I, P, P, P, P]
         lib.shim_delta.argtypes = [P, P]
-        # RoPE + forward (attn_mode_forward_rope), when the library has it
+        # RoPE + forward (attn_forward with RoPE), when the library has it
         self.has_rope = hasattr(lib, "shim_fwd_rope")
         if self.has_rope:
             lib.shim_fwd_rope.argtypes = [I, P, P]
@@ -272,7 +272,7 @@ def main():
     if any("fp8_dm_rope" in r["tf"] and "bf16_rope" in r["tf"] for r in rows):
         out("RoPE + forward, as the model runs them after the QKV projection (ms; TFLOP/s of the attention "
             "forward's count): rope_forward_gpu alone; ours = rope_forward_gpu + our BF16 forward; fp8_dm = "
-            "attn_mode_forward_rope, RoPE inside the quantize pass (kept codes, q, k not written back); "
+            "attn_forward with RoPE, RoPE inside the quantize pass (kept codes, q, k not written back); "
             "fp8_dm API = rope_forward_gpu + fp8_dm's forward with kept codes (the separate passes)")
         out("| T | RoPE ms | ours ms (TFLOP/s) | fp8_dm ms (TFLOP/s) | fp8_dm API: RoPE + keep ms | ours / fp8_dm |")
         out("|---|---|---|---|---|---|")
@@ -314,8 +314,8 @@ def main():
     out(f"== summary: causal attention, H={a.H}, d={a.d}, B*T={a.tokens}, FP8 grad format {a.grad_format}; "
         f"TFLOP/s (fwd 4BHT^2d/2, bwd 2.5x), medians of {a.rounds} interleaved rounds; "
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
-    out(f"ours = attn_gpu_forward / attn_gpu_backward (BF16); modes through attn_mode_forward / "
-        f"attn_mode_backward, quantization included")
+    out(f"ours = attn_gpu_forward / attn_gpu_backward (BF16); modes through attn_forward / "
+        f"attn_backward, quantization included")
     names = ["ours", "cudnn"] + modes
     head = [("ours" if n == "ours" else "cuDNN" if n == "cudnn" else SHORT[n]) for n in names]
     out("| T | " + " | ".join(h + " f" for h in head) + " | " + " | ".join(h + " b" for h in head)

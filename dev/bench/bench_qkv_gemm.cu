@@ -2,10 +2,10 @@
 // it, against cuBLASLt in the same process on the same GPU (random inputs, never zeros):
 //   bf16      cuBLASLt QKV GEMM, rope_forward_gpu, our BF16 flash forward
 //   fp8 pass  cuBLASLt QKV GEMM, then fp8_dm's forward with RoPE in its quantize pass
-//             (attn_mode_forward_rope, kept codes): the trainer's FP8 path where qkv_gemm does not
+//             (attn_forward with RoPE, kept codes): the trainer's FP8 path where qkv_gemm does not
 //             apply (precision.fuse_qkv_epilogue false, or shapes it does not take)
 //   fp8 epi   qkv_gemm_quant (our GEMM, quantizing epilogue, RoPE in it), then the FP8 forward on
-//             its codes (attn_mode_forward_codes)
+//             its codes (attn_forward on upstream codes)
 // and the parts: the GEMM alone (cuBLASLt BF16 out, ours quantizing), the quantize pass alone, the
 // two attention forwards alone. Interleaved rounds (each variant once per round, median of 10 runs
 // each), the median over rounds printed. Shapes: B T = 16384 tokens, head dim 128.
@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "attention_fp8.h"           // attn_mode_forward*, kept codes
+#include "attention_fp8.h"           // attn_forward, kept codes
 #include "attention/kernels_bf16.h"  // attn_gpu_forward (BF16)
 #include "attention/kernels_fp8.h"   // attn_gpu_quantize
 #include "bench_gpu.cuh"             // CU, random_bf16, bench_time_ms
@@ -192,7 +192,12 @@ int main(int argc, char **argv) {
         auto ours = [&] { qkv_gemm_quant(&qo, x, w, M, T, C, 0); };
         auto quant = [&] { attn_gpu_quantize(ts, 3, B, H, T, d, 0); };
         auto attn_bf = [&] { attn_gpu_forward(qkv, qkv + C, qkv + 2 * C, N, o, C, lse, B, H, T, d, 0); };
-        auto attn_f8 = [&] { attn_mode_forward_codes(&dm, &kc, o, C, lse, B, H, T, d, 0); };
+        auto attn_f8 = [&] {
+            AttnCall c_ = {};
+            c_.opt = &dm, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.codes_ready = 1, c_.o = o;
+            c_.o_stride = C, c_.lse = lse, c_.saved = &kc;
+            attn_forward(&c_);
+        };
         auto layer_bf = [&] {
             matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
             rope_forward_gpu(qkv, rope, B, T, H, d, 0);
@@ -200,11 +205,22 @@ int main(int argc, char **argv) {
         };
         auto layer_pass = [&] {
             matmul_forward_gpu(qkv, x, w, M, N, C, 0, 0);
-            attn_mode_forward_rope(&dm, qkv, rope, 0, o, C, lse, B, H, T, d, &kc, NULL, ws, NULL, 0);
+            {
+                AttnCall c_ = {};
+                c_.opt = &dm, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.q = qkv, c_.k = qkv + H * d;
+                c_.v = qkv + 2 * H * d, c_.qkv_stride = 3 * H * d, c_.rope = rope, c_.rotate_in_place = 0;
+                c_.o = o, c_.o_stride = C, c_.lse = lse, c_.saved = &kc, c_.workspace = ws;
+                attn_forward(&c_);
+            }
         };
         auto layer_epi = [&] {
             qkv_gemm_quant(&qo, x, w, M, T, C, 0);
-            attn_mode_forward_codes(&dm, &kc, o, C, lse, B, H, T, d, 0);
+            {
+                AttnCall c_ = {};
+                c_.opt = &dm, c_.B = B, c_.H = H, c_.T = T, c_.d = d, c_.codes_ready = 1, c_.o = o;
+                c_.o_stride = C, c_.lse = lse, c_.saved = &kc;
+                attn_forward(&c_);
+            }
         };
         auto rope_only = [&] { rope_forward_gpu(qkv, rope, B, T, H, d, 0); };
         const std::vector<double> m =
