@@ -11,7 +11,7 @@
 #include <sys/file.h>  // flock
 #include <sys/stat.h>  // stat, fstat: the lock file is still the one at the path
 #include <time.h>      // the holder's start time in the lock text
-#include <unistd.h>    // getpid, gethostname, ftruncate, pwrite, unlink, rmdir
+#include <unistd.h>    // getpid, gethostname, ftruncate, pwrite, unlink, rmdir, usleep
 
 static void host_name(char *out, size_t n) {
     if (gethostname(out, n) != 0 || !out[0]) snprintf(out, n, "unknown-host");
@@ -70,6 +70,11 @@ int run_lock_acquire(RunLock *l, const char *dir, char *note, size_t note_len, E
         int busy = !locked && (errno == EWOULDBLOCK || errno == EAGAIN);
         Holder h;
         read_holder(fd, &h);
+        // the holder writes its name right after it takes the lock: give it a moment to be named
+        for (int wait = 0; busy && !h.pid && wait < 50; wait++) {
+            usleep(10000);
+            read_holder(fd, &h);
+        }
         char who[512];
         describe(&h, who, sizeof who);
         if (busy) {
