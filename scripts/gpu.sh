@@ -26,7 +26,8 @@
 #                            (torch.compile); RUNS="CONFIG:ATTENTION:LINEAR[:KEY=VALUE,...] ..."
 #       dp                   tokens/s of paper_569m on 1 GPU against 2 and all GPUs, plain and ZeRO-1
 #       dp-sockets           tokens/s on 1 GPU, 2 over NVLink, 2 over sockets as two nodes, overlap on
-#                            and off; DP_CONFIG (paper_569m, paper_1p67b), DP_ACCUM ("own small")
+#                            and off, ZeRO-1 over sockets; DP_CONFIG (paper_569m, paper_1p67b),
+#                            DP_ACCUM ("own small")
 #       NAME [ARGS]          dev/bench/NAME.cu (a kernel lab benchmark) built and run with ARGS
 #   bash scripts/gpu.sh profile AREA       Nsight Compute: per kernel, pipes, stalls, hot SASS lines
 #       attention  the FP8 forward, backward and delta kernels at T 4096

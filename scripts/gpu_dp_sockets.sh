@@ -15,10 +15,11 @@
 #   and torchrun-style (the deadline, the collective named); SIGTERM to rank 1 (one checkpoint,
 #   which resumes).
 # bench dp-sockets: tokens/s of DP_CONFIG (paper_569m; or paper_1p67b, any configs/NAME) on 1 GPU,
-#   2 GPUs over NVLink and 2 over sockets, train.overlap_comm on and off, at DP_ACCUM's
-#   accumulations ("own small": the config's own batch_tokens; 2 micro-batches in all, one per
-#   GPU on 2). The table: scaling against 1 GPU, each setup's time per step over the ideal (half
-#   of 1 GPU's), what the overlap recovers of it, the reduction's bandwidth with the overlap off.
+#   2 GPUs over NVLink and 2 over sockets, train.overlap_comm on and off, ZeRO-1 over sockets
+#   (overlap on), at DP_ACCUM's accumulations ("own small": the config's own batch_tokens; 2
+#   micro-batches in all, one per GPU on 2). The table: scaling against 1 GPU, each setup's time
+#   per step over the ideal (half of 1 GPU's), what the overlap recovers of it, the reduction's
+#   bandwidth with the overlap off.
 
 # DP_SOCKETS_DEVICE=cpu runs the same steps on the CPU backend (the host transport stands in for
 # NCCL): test/cli_gpu_dp_sockets.sh drives the areas' control flow that way on machines without
@@ -36,7 +37,8 @@ dpn_check_args() {
   DPN_LONG=(--set train.steps=1000000 --set checkpoint.interval=0 --set eval.interval=0 --set log.interval=1
     --set train.comm_timeout_s=8)
 }
-# bench: one line per run in DPN_RUNS, "NAME GPUS HOW OVERLAP ACCUM SKIP" (HOW: - nvlink sockets),
+# bench: one line per run in DPN_RUNS, "NAME GPUS HOW OVERLAP ACCUM SKIP OPTIMIZER" (HOW: - nvlink
+# sockets; OPTIMIZER plain or zero1),
 # its options (%q-quoted, log.dir aside) in DPN_ARGS; DPN_CONFIG the config file
 dpn_bench_runs() {
   local cfg=${DP_CONFIG:-paper_569m} a how o steps skip micro seq args
@@ -52,18 +54,22 @@ print(c.get('train', {}).get('micro_batch', 1), c['model']['seq_len'])" "$DPN_CO
       --set checkpoint.interval=0 --set checkpoint.at_end=false --set train.warmup_steps=2 --set train.comm_timeout_s=300)
     case $a in  # own: the config's batch_tokens; small: 2 micro-batches in all
       own) steps=4 skip=2 ;;
-      small) steps=12 skip=4 set+=(--set train.batch_tokens=$((2 * micro * seq))) ;;
+      small) steps=10 skip=4 set+=(--set train.batch_tokens=$((2 * micro * seq))) ;;
       *) DPN_ERR="DP_ACCUM: '$a' is not own or small"; return 1 ;;
     esac
     set+=(--set train.steps=$steps)
     [ "$DPN_DEVICE" = cpu ] && set+=(--set train.threads=1)
-    DPN_RUNS+=("${a}_1gpu 1 - - $a $skip") DPN_ARGS+=("$(printf '%q ' "${set[@]}")")
+    DPN_RUNS+=("${a}_1gpu 1 - - $a $skip plain") DPN_ARGS+=("$(printf '%q ' "${set[@]}")")
     for how in nvlink sockets; do
       for o in true false; do
-        DPN_RUNS+=("${a}_${how}_o$o 2 $how $o $a $skip")
+        DPN_RUNS+=("${a}_${how}_o$o 2 $how $o $a $skip plain")
         DPN_ARGS+=("$(printf '%q ' "${set[@]}" --set train.overlap_comm=$o)")
       done
     done
+    # ZeRO-1 sends less over a slow link: for 2 ranks half the FP32 gradients (the reductions to
+    # their owners, overlapped) and, after the step, half the BF16 weights
+    DPN_RUNS+=("${a}_sockets_zero1 2 sockets true $a $skip zero1")
+    DPN_ARGS+=("$(printf '%q ' "${set[@]}" --set train.overlap_comm=true --set train.zero1=true)")
   done
 }
 # dpn_plan AREA: the --dry-run lines, every training command in full
@@ -82,7 +88,7 @@ dpn_plan() {
   dpn_bench_runs || return
   for i in "${!DPN_RUNS[@]}"; do
     read -ra w <<<"${DPN_RUNS[$i]}"
-    echo "${w[0]} ($([ "${w[1]}" = 1 ] && echo "1 GPU" || echo "2 GPUs over ${w[2]}")): ./train_gpt --config $DPN_CONFIG ${DPN_ARGS[$i]}"
+    echo "${w[0]} ($([ "${w[1]}" = 1 ] && echo "1 GPU" || echo "2 GPUs over ${w[2]}, ${w[6]}")): ./train_gpt --config $DPN_CONFIG ${DPN_ARGS[$i]}"
   done
   echo "then the table: tok/s, scaling against 1 GPU, time over the ideal step, what the overlap recovers"
 }
@@ -304,10 +310,10 @@ bench_dp_sockets() {
   dpn_bench_runs || { part "the runs" FAIL "$DPN_ERR"; return; }
   build 420 train_gpt || return
   dpn_setup
-  local i name gpus how o a skip tok bt m params="" args
+  local i name gpus how o a skip opt tok bt m params="" args
   : >"$WORK/dpn.tsv"
   for i in "${!DPN_RUNS[@]}"; do
-    read -r name gpus how o a skip <<<"${DPN_RUNS[$i]}"
+    read -r name gpus how o a skip opt <<<"${DPN_RUNS[$i]}"
     eval "args=(${DPN_ARGS[$i]})"
     if [ "$gpus" = 1 ]; then
       dpn_one "$name" "$(limit 300)" --config "$DPN_CONFIG" "${args[@]}" --set "log.dir=$WORK/$name"
@@ -322,9 +328,9 @@ bench_dp_sockets() {
     tok=$(median_tok "$WORK/$name/metrics.jsonl" "$skip")
     tok=${tok% *}
     part "$(basename "$DPN_CONFIG" .json), $a accumulation (${m:-?} per GPU), $([ "$gpus" = 1 ] && echo "1 GPU" ||
-      echo "2 GPUs over $how, overlap_comm $o")" \
+      echo "2 GPUs over $how, $opt, overlap_comm $o")" \
       "$(verdict $rc)" "$tok tok/s ($(note $rc))"
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$a" "${m:-0}" "$gpus" "$how" "$o" "${tok:-0}" "${bt:-0}" >>"$WORK/dpn.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$a" "${m:-0}" "$gpus" "$how" "$o" "${tok:-0}" "${bt:-0}" "$opt" >>"$WORK/dpn.tsv"
   done
   python3 - "$WORK/dpn.tsv" "$(basename "$DPN_CONFIG" .json)" "${params:-0}" "$DPN_LAUNCH" >"$LOG_DIR/table_dp_sockets.log" <<'EOF'
 import sys
@@ -332,22 +338,22 @@ rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 cfg, params, launch = sys.argv[2], float(sys.argv[3] or 0) * 1e6, sys.argv[4]
 one = {r[0]: float(r[5]) for r in rows if r[2] == "1" and float(r[5]) > 0}  # 1 GPU's tok/s per accumulation
 over = {}
-print("| config | accumulation | micro-batches per GPU | GPUs | transport | overlap | tok/s | vs 1 GPU | s/step | over ideal |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-for a, m, g, how, o, tok, bt in rows:
+print("| config | accumulation | micro-batches per GPU | GPUs | transport | optimizer | overlap | tok/s | vs 1 GPU | s/step | over ideal |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for a, m, g, how, o, tok, bt, opt in rows:
     tok, bt, t1 = float(tok), float(bt), one.get(a)
     s = bt / tok if tok > 0 and bt > 0 else None
     vs = "%.3fx" % (tok / t1) if t1 and tok > 0 else "n/a"
     extra = ""
     if g == "2" and s and t1:
-        over[(a, how, o)] = s - bt / t1 / 2  # the ideal: half of 1 GPU's time for the same tokens
-        extra = "%.0f ms" % (1000 * over[(a, how, o)])
-    print("| %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |" % (cfg, a, m, g, how, o, tok, vs,
-          "%.3f" % s if s else "n/a", extra))
+        over[(a, how, o, opt)] = s - bt / t1 / 2  # the ideal: half of 1 GPU's time for the same tokens
+        extra = "%.0f ms" % (1000 * over[(a, how, o, opt)])
+    print("| %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |" % (cfg, a, m, g, how, opt if g == "2" else "-",
+          o, tok, vs, "%.3f" % s if s else "n/a", extra))
 print()
 for a in dict.fromkeys(r[0] for r in rows):
     for how in ("nvlink", "sockets"):
-        on, off = over.get((a, how, "true")), over.get((a, how, "false"))
+        on, off = over.get((a, how, "true", "plain")), over.get((a, how, "false", "plain"))
         if on is None or off is None:
             continue
         bw = ("; the reduction alone (overlap off) moves the %.2f GB of FP32 gradients at %.1f GB/s" %
@@ -355,8 +361,12 @@ for a in dict.fromkeys(r[0] for r in rows):
         print("%s accumulation over %s: %.0f ms over the ideal step with the overlap off, %.0f ms with it on: "
               "the overlap recovers %.0f ms (%.0f%%)%s" % (a, how, 1000 * off, 1000 * on, 1000 * (off - on),
               100 * (off - on) / off if off > 0 else 0, bw))
+    z, on = over.get((a, "sockets", "true", "zero1")), over.get((a, "sockets", "true", "plain"))
+    if z is not None and on is not None:
+        print("%s accumulation over sockets, overlap on: ZeRO-1 %.0f ms over the ideal step, plain %.0f ms"
+              % (a, 1000 * z, 1000 * on))
 print("%s (%.0fM parameters) on data/austen; ideal step: half of 1 GPU's time for the same tokens; median tok/s "
-      "after the first steps (own: 4 steps, median of 3-4; small: 12 steps, median of 5-12); sockets: "
+      "after the first steps (own: 4 steps, median of 3-4; small: 10 steps, median of 5-10); sockets: "
       "launch_mpirun_multinode.sh with a two-entry hostfile, NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "
       "NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo (%s launcher)" % (cfg, params / 1e6, launch))
 EOF
