@@ -43,8 +43,7 @@
 # Stopping: SIGTERM to any one train_gpt process (e.g. rank 0's, on the first node) stops every
 # rank after the same step with one checkpoint; all exit 0, and so does mpirun. SIGTERM to mpirun
 # reaches every rank too, but OpenMPI sends SIGKILL one second later (odls_base_sigkill_timeout;
-# raising it stalls mpirun's forwarding of rank 0's output meanwhile, which blocks rank 0), enough
-# only for small checkpoints. A rank that dies ends the job: mpirun kills the others (~3 s).
+# raised to 10 s it left rank 0 unresponsive until the SIGKILL), enough for small checkpoints only. A rank that dies ends the job: mpirun kills the others (~3 s).
 set -euo pipefail
 usage="usage: HOSTFILE=FILE $0 CONFIG [train_gpt options...]  or  HOSTS=h1,h2 GPUS_PER_NODE=8 $0 CONFIG [...]"
 die() { echo "launch_mpirun_multinode.sh: $*" >&2; exit 2; }

@@ -180,6 +180,7 @@ good=0
 [ "$rc1p" -eq 0 ] && [ "$(wc -l <"$tmp/lr")" -eq 10 ] && [ "$(head -1 "$tmp/lr")" = "$(sed -n 11p "$tmp/lz")" ] && lt "$d" 5e-3 && good=1
 check "resume 2 (mpirun, ZeRO-1) -> 1: steps 11..20, step 11 as on 2 ranks, the rest within 5e-3" \
   "rc $rc1p, $(wc -l <"$tmp/lr") steps, step 11 $(head -1 "$tmp/lr") vs $(sed -n 11p "$tmp/lz"), max difference $d" [ $good = 1 ]
+echo "# resume 2 (mpirun, ZeRO-1) -> 1 from step 10: max |loss difference| over steps 11-20 $d"
 mp to2 --resume "$tmp/single/checkpoints/step_000010.ckpt"
 losses "$tmp/to2/metrics.jsonl" >"$tmp/lr"
 d=$(maxdiff "$tmp/l1" "$tmp/lr")
@@ -187,6 +188,7 @@ good=0
 [ "$rcm" -eq 0 ] && [ "$(wc -l <"$tmp/lr")" -eq 10 ] && [ "$(head -1 "$tmp/lr")" = "$(sed -n 11p "$tmp/l1")" ] && lt "$d" 5e-3 && good=1
 check "resume 1 -> 2 (mpirun): steps 11..20, step 11 as on 1 rank, the rest within 5e-3" \
   "rc $rcm, $(wc -l <"$tmp/lr") steps, step 11 $(head -1 "$tmp/lr") vs $(sed -n 11p "$tmp/l1"), max difference $d" [ $good = 1 ]
+echo "# resume 1 -> 2 (mpirun) from step 10: max |loss difference| over steps 11-20 $d"
 
 # (c) faults, comm timeout 5 s. mpirun ends the job when a rank fails; OpenMPI's teardown of a
 # two-node job takes about 3 s of its own.
@@ -239,7 +241,9 @@ for who in rank1 mpirun; do
   mp_start "term-$who" $long
   started 3 "term-$who"
   if [ $who = rank1 ]; then kill -TERM $(rank_pid "term-$who" 1); else kill -TERM "$lpid"; fi
+  _t0=$(date +%s.%N)
   wait_for "$lpid" 20
+  echo "# SIGTERM to $who: the job ended after $(seconds_since "$_t0") s (status $rc): $(grep -h '^stopped' "$tmp/term-$who.out")"
   want=0
   [ $who = mpirun ] && want=1
   last=$(ls "$tmp/term-$who/checkpoints" 2>/dev/null | sed -n 's/^step_0*\([0-9][0-9]*\)\.ckpt$/\1/p')
