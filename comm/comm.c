@@ -6,6 +6,7 @@
 
 #include <errno.h>   // errno of strtol
 #include <string.h>  // memset, strcmp
+#include <unistd.h>  // gethostname, close (rank 0's address under mpirun)
 
 #include <cuda_runtime.h>  // cudaSetDevice, cudaStreamQuery, scratch memory
 #include <nccl.h>          // ncclComm_t, non-blocking communicator, collectives
@@ -270,11 +271,57 @@ static int mpi_setup(Comm *c, ErrBuf *e) {
     return mpi_wait(&req, c->timeout_s, "count of nodes", c->rank, e);
 }
 
-static int mpi_bcast(Comm *c, void *buf, size_t n, ErrBuf *e) {
+// what: names the bytes in messages, e.g. "the NCCL id".
+static int mpi_bcast(Comm *c, void *buf, size_t n, const char *what, ErrBuf *e) {
     MPI_Request req;
+    char op[96];
+    snprintf(op, sizeof op, "broadcast of %s", what);
     if (MPI_Ibcast(buf, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
-        return errf(e, "rank %d: MPI_Ibcast of the NCCL id failed", c->rank);
-    return mpi_wait(&req, c->timeout_s, "broadcast of the NCCL id", c->rank, e);
+        return errf(e, "rank %d: MPI_Ibcast of %s failed", c->rank, what);
+    return mpi_wait(&req, c->timeout_s, op, c->rank, e);
+}
+
+// The CPU backend under mpirun: its collectives run over the host transport's TCP connections
+// (comm_tcp.h), like those of torchrun-style ranks, so that both launchers give the same sums.
+// Only the meeting point comes from MPI: rank 0 listens on MASTER_PORT, or a free port when it is
+// not set, and broadcasts the port and its host (MASTER_ADDR, or its host name: the name the
+// hostfile or the scheduler knows the node by) to the other ranks, which connect there.
+static int mpi_host_connect(Comm *c, ErrBuf *e) {
+    char where[300];  // "PORT HOST"
+    memset(where, 0, sizeof where);
+    int lfd = -1;
+    if (c->rank == 0) {
+        const char *addr = getenv("MASTER_ADDR");
+        char host[256] = "";
+        if (addr && *addr) {
+            if (strlen(addr) >= sizeof host) return errf(e, "MASTER_ADDR='%.60s...' is too long", addr);
+            strcpy(host, addr);
+        } else if (gethostname(host, sizeof host - 1)) {
+            return errf(e, "rank 0: cannot read its host name (%s): export MASTER_ADDR=<address of rank 0's node> "
+                           "and pass it to the ranks (mpirun -x MASTER_ADDR)", strerror(errno));
+        }
+        long port = 0;
+        if (env_int("MASTER_PORT", 1, 65535, &port, e) < 0) return -1;
+        int bound = 0;
+        lfd = comm_tcp_listen_any(host, (int)port, c->world, &bound, e);
+        if (lfd < 0) return -1;
+        snprintf(where, sizeof where, "%d %s", bound, host);
+    }
+    if (mpi_bcast(c, where, sizeof where, "rank 0's address", e)) {
+        if (lfd >= 0) close(lfd);
+        return -1;
+    }
+    char *space = strchr(where, ' ');
+    if (!space || sscanf(where, "%d", &c->master_port) != 1)
+        return errf(e, "rank %d: rank 0 sent an unreadable address '%.40s'", c->rank, where);
+    snprintf(c->master_addr, sizeof c->master_addr, "%s", space + 1);
+    if (comm_host_connect(c, lfd, e) == 0) return 0;
+    if (c->rank != 0)  // the likely fix, after the rendezvous' own message
+        snprintf(e->msg + strlen(e->msg), sizeof e->msg - strlen(e->msg),
+                 " [under mpirun rank 0 announced %s:%d; if this node cannot reach it there, export MASTER_ADDR=<an "
+                 "address of rank 0's node that every node reaches> and pass it with mpirun -x MASTER_ADDR]",
+                 c->master_addr, c->master_port);
+    return -1;
 }
 #endif
 
@@ -419,7 +466,7 @@ static int nccl_setup(Comm *c, ErrBuf *e) {
         return errf(e, "rank 0: ncclGetUniqueId failed: %s (check NCCL_SOCKET_IFNAME)", ncclGetErrorString(r));
 #ifdef USE_MPI
     if (c->launcher == COMM_MPI) {
-        if (mpi_bcast(c, &id, sizeof id, e)) return -1;
+        if (mpi_bcast(c, &id, sizeof id, "the NCCL id", e)) return -1;
     } else
 #endif
     if (comm_tcp_broadcast(&id, sizeof id, c->rank, c->world, c->master_addr, c->master_port, c->job_token,
@@ -450,10 +497,10 @@ int comm_init(Comm *c, const CommOptions *o, ErrBuf *e) {
     if (c->launcher == COMM_MPI && mpi_setup(c, e)) return -1;
 #endif
     if (c->world > 1 && o->host_transport) {
-        if (c->launcher == COMM_MPI)
-            return errf(e, "rank %d: the CPU backend's data parallelism talks over TCP and needs RANK, WORLD_SIZE, "
-                           "MASTER_ADDR and MASTER_PORT (or srun), not mpirun", c->rank);
-        return comm_host_connect(c, e);
+#ifdef USE_MPI
+        if (c->launcher == COMM_MPI) return mpi_host_connect(c, e);
+#endif
+        return comm_host_connect(c, -1, e);
     }
     if (c->world == 1 || !o->init_nccl) return 0;
     return nccl_setup(c, e);

@@ -6,7 +6,8 @@
 // Which launcher (first match wins; TRAIN_GPT_LAUNCHER=single|mpi|slurm|env forces one):
 //   MPI    built with -DUSE_MPI and OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set
 //          (mpirun of OpenMPI or MPICH): rank/world from MPI, local rank from a shared-memory
-//          split communicator, the NCCL id broadcast with MPI_Bcast.
+//          split communicator, the NCCL id (or, on the CPU, rank 0's TCP address) broadcast with
+//          MPI_Bcast.
 //   ENV    RANK and WORLD_SIZE are set (torchrun style; also LOCAL_RANK, LOCAL_WORLD_SIZE,
 //          MASTER_ADDR, MASTER_PORT): the id travels over TCP from rank 0 (comm_tcp_broadcast).
 //   SLURM  SLURM_PROCID and SLURM_NTASKS are set (srun without MPI): SLURM_LOCALID is the local
@@ -47,7 +48,9 @@ typedef struct {
                             // rank of another job, or with another config, is turned away
     int host_transport;     // 1 (with init_nccl 0): keep the TCP connections of the rendezvous and
                             // run the collectives on HOST memory over them (comm_tcp.h): data
-                            // parallelism of the CPU backend. Needs the ENV or SLURM launcher.
+                            // parallelism of the CPU backend. Under MPI, rank 0 announces where
+                            // it listens with MPI_Bcast (its host name, or MASTER_ADDR; a free
+                            // port, or MASTER_PORT); the collectives themselves stay on TCP.
 } CommOptions;
 
 typedef struct Comm {

@@ -80,9 +80,10 @@ static int send_reply(int fd, uint32_t status, int world, int arrived, uint64_t 
     return status == TCP_OK ? io_full(fd, (void *)buf, n, 1, deadline) : 0;
 }
 
-// Rank 0's listening socket on port: on the loopback address itself when addr is a loopback
-// address (tests stay off the network), else on every interface of addr's family.
-static int tcp_listen(const char *addr, int port, int world, ErrBuf *e) {
+// Rank 0's listening socket on port (0: a free one, written to *bound_port when not NULL): on the
+// loopback address itself when addr is a loopback address and any_interface is 0 (tests stay off
+// the network), else on every interface of addr's family.
+static int tcp_listen(const char *addr, int port, int world, int any_interface, int *bound_port, ErrBuf *e) {
     struct addrinfo hints = {0}, *ai = NULL;
     hints.ai_socktype = SOCK_STREAM;
     int family = AF_INET, loopback = 0;
@@ -93,6 +94,7 @@ static int tcp_listen(const char *addr, int port, int world, ErrBuf *e) {
             loopback = (ntohl(((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr) >> 24) == 127;
         else if (family == AF_INET6)
             loopback = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr);
+        if (any_interface) loopback = 0;
         if (loopback) memcpy(&sa, ai->ai_addr, ai->ai_addrlen);
     }
     if (ai) freeaddrinfo(ai);
@@ -116,20 +118,34 @@ static int tcp_listen(const char *addr, int port, int world, ErrBuf *e) {
         return errf(e, "rank 0 cannot listen on port %d (MASTER_PORT) for %s: %s%s", port, addr, strerror(err),
                     err == EADDRINUSE ? " (another program or job on this node uses the port: choose another MASTER_PORT)" : "");
     }
+    if (bound_port) {
+        struct sockaddr_storage got;
+        socklen_t glen = sizeof got;
+        if (getsockname(fd, (struct sockaddr *)&got, &glen)) {
+            int err = errno;
+            close(fd);
+            return errf(e, "rank 0: cannot read the port it listens on: %s", strerror(err));
+        }
+        *bound_port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                                      : ((struct sockaddr_in *)&got)->sin_port);
+    }
     return fd;
 }
 
-// Rank 0: waits for world - 1 ranks, then sends them buf.
-static int tcp_serve(const void *buf, size_t n, int world, const char *addr, int port, uint64_t token,
-                     double timeout_s, int *keep, ErrBuf *e) {
+int comm_tcp_listen_any(const char *host, int port, int world, int *bound_port, ErrBuf *e) {
+    return tcp_listen(host, port, world, 1, bound_port, e);
+}
+
+// Rank 0: waits for world - 1 ranks on the listening socket lfd (closed at the end, whatever
+// happens), then sends them buf.
+static int tcp_serve(int lfd, const void *buf, size_t n, int world, int port, uint64_t token, double timeout_s,
+                     int *keep, ErrBuf *e) {
     double deadline = now_seconds() + timeout_s;
     struct rlimit rl;  // rank 0 holds one socket per rank until everyone has arrived
     if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < (rlim_t)world + 64) {
         rl.rlim_cur = rl.rlim_max < (rlim_t)world + 64 ? rl.rlim_max : (rlim_t)world + 64;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-    int lfd = tcp_listen(addr, port, world, e);
-    if (lfd < 0) return -1;
     int *peer = xmalloc(sizeof(int) * (size_t)world);
     for (int r = 0; r < world; r++) peer[r] = -1;
     int arrived = 1, turned_away = 0;
@@ -298,7 +314,10 @@ int comm_tcp_broadcast(void *buf, size_t n, int rank, int world, const char *add
                        uint64_t job_token, double timeout_s, ErrBuf *e) {
     if (world <= 1) return 0;
     if (rank < 0 || rank >= world) return errf(e, "comm_tcp_broadcast: rank %d out of range for world %d", rank, world);
-    if (rank == 0) return tcp_serve(buf, n, world, addr, port, job_token, timeout_s, NULL, e);
+    if (rank == 0) {
+        int lfd = tcp_listen(addr, port, world, 0, NULL, e);
+        return lfd < 0 ? -1 : tcp_serve(lfd, buf, n, world, port, job_token, timeout_s, NULL, e);
+    }
     return tcp_fetch(buf, n, rank, world, addr, port, job_token, timeout_s, NULL, e);
 }
 
@@ -514,12 +533,16 @@ int comm_host_broadcast(Comm *c, void *buf, size_t bytes, ErrBuf *e) {
     return 0;
 }
 
-int comm_host_connect(Comm *c, ErrBuf *e) {
+int comm_host_connect(Comm *c, int listen_fd, ErrBuf *e) {
+    if (c->rank == 0 && listen_fd < 0) {
+        listen_fd = tcp_listen(c->master_addr, c->master_port, c->world, 0, NULL, e);
+        if (listen_fd < 0) return -1;
+    }
     c->host_fds = xmalloc(sizeof(int) * (size_t)c->world);
     for (int r = 0; r < c->world; r++) c->host_fds[r] = -1;
     c->host_seq = 0;
     uint64_t hello = c->job_token;  // the payload: nothing needed, but rank 0 checks its size
-    int rc = c->rank == 0 ? tcp_serve(&hello, sizeof hello, c->world, c->master_addr, c->master_port, c->job_token,
+    int rc = c->rank == 0 ? tcp_serve(listen_fd, &hello, sizeof hello, c->world, c->master_port, c->job_token,
                                       c->timeout_s, c->host_fds, e)
                           : tcp_fetch(&hello, sizeof hello, c->rank, c->world, c->master_addr, c->master_port,
                                       c->job_token, c->timeout_s, &c->host_fds[0], e);

@@ -22,9 +22,17 @@
 
 void comm_sleep_s(double s);
 
+// Rank 0's listening socket for the rendezvous under mpirun, where no MASTER_ADDR names it: on
+// port (0: a free one, written to *bound_port) of every interface of host's address family, so
+// that ranks on other nodes reach it by rank 0's host name even where that name resolves to a
+// loopback address on rank 0's own node. The socket, or -1 with e filled.
+int comm_tcp_listen_any(const char *host, int port, int world, int *bound_port, ErrBuf *e);
+
 // The rendezvous keeping its connections for the host transport (c->rank, world, master
-// address/port and job token already set by comm_detect). 0, or -1 with e filled.
-int comm_host_connect(Comm *c, ErrBuf *e);
+// address/port and job token already set). listen_fd: rank 0's socket from comm_tcp_listen_any
+// (taken over and closed), or -1: rank 0 listens on master_addr:master_port itself. 0, or -1
+// with e filled.
+int comm_host_connect(Comm *c, int listen_fd, ErrBuf *e);
 // Closes the host transport's sockets (safe when there are none).
 void comm_host_close(Comm *c);
 

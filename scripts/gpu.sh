@@ -13,6 +13,8 @@
 #                  small_125m: the loss falls, the plan is --dry-run's, diagnostics, sampling
 #       dp         data parallelism and ZeRO-1 on 2 GPUs against 1 GPU, resume across them, a
 #                  killed rank (needs 2 GPUs)
+#       dp-sockets the 2 GPUs as two nodes: launch_mpirun_multinode.sh with a two-entry hostfile,
+#                  NCCL over sockets; against 1 GPU and NVLink, resume, faults (needs 2 GPUs)
 #   bash scripts/gpu.sh bench AREA [ARGS]  one benchmark; its table is printed last
 #       attention            every attention precision, forward and backward, against our BF16
 #                            kernels and cuDNN at its best call (and FlashAttention-2), T = 1K..8K;
@@ -28,6 +30,9 @@
 #                            fp8 recipes on paper_569m and paper_1p67b;
 #                            RUNS="CONFIG:ATTENTION:LINEAR[:KEY=VALUE,...] ..."
 #       dp                   tokens/s of paper_569m on 1 GPU against 2 and all GPUs, plain and ZeRO-1
+#       dp-sockets           tokens/s on 1 GPU, 2 over NVLink, 2 over sockets as two nodes, overlap on
+#                            and off, ZeRO-1 over sockets; DP_CONFIG (paper_569m, paper_1p67b),
+#                            DP_ACCUM ("own small")
 #       NAME [ARGS]          dev/bench/NAME.cu (a kernel lab benchmark) built and run with ARGS
 #   bash scripts/gpu.sh profile AREA       Nsight Compute: per kernel, pipes, stalls, hot SASS lines
 #       attention  the FP8 forward, backward and delta kernels at T 4096
@@ -43,8 +48,8 @@ BUDGET=${BUDGET:-570}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1  # NVLink multicast off (docs/gpu.md)
 
-CHECK_AREAS="unit sanitizer torch train dp"
-BENCH_AREAS="attention attention-sustained qkv-gemm layers linear-fp8 e2e dp"
+CHECK_AREAS="unit sanitizer torch train dp dp-sockets"
+BENCH_AREAS="attention attention-sustained qkv-gemm layers linear-fp8 e2e dp dp-sockets"
 PROFILE_AREAS="attention qkv-gemm fp8-quant timeline"
 # check sanitizer: test, tool, the test's own switches for its small cases
 SANITIZED=("test_attention_gpu memcheck ATTN_TEST_SMALL=1" "test_attention_fp8_gpu memcheck ATTN_FP8_TEST_SMALL=1"
@@ -56,12 +61,12 @@ SANITIZED=("test_attention_gpu memcheck ATTN_TEST_SMALL=1" "test_attention_fp8_g
 TRAIN_RUNS=("bf16 bf16" "fp8_naive bf16" "fp8_hybrid bf16" "fp8_dm bf16" "fp8_dm_approx bf16"
   "bf16 fp8_tensor precision.linear_scaling=\"delayed\"" "fp8_dm fp8_block")
 TOL_FIRST=1e-2 TOL_CURVE=3e-2
-# bench e2e: the issue's judging runs, ours BF16 and the fp8 recipe (its attention and linear
-# given again: the configs' own precision.attention wins over a recipe) on the two paper configs;
+# bench e2e: ours BF16 and the fp8 recipe on the two paper configs;
 # ACCUM micro-batches a step for train_gpt and PyTorch alike, E2E_STEPS steps of train_gpt
 E2E_RUNS="paper_569m:bf16:bf16 paper_569m:fp8_dm:fp8_tensor:precision.recipe=fp8 \
 paper_1p67b:bf16:bf16 paper_1p67b:fp8_dm:fp8_tensor:precision.recipe=fp8"
 ACCUM=${ACCUM:-8} E2E_STEPS=${E2E_STEPS:-10}
+. scripts/lib/dp_sockets.sh  # the dp-sockets areas
 
 usage() { sed -n '2,/^set -u/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 die_usage() { echo "gpu.sh: $*" >&2; echo "(bash scripts/gpu.sh --help for the areas)" >&2; exit 2; }
@@ -98,7 +103,7 @@ AREAS=() ARGS=()
 if [ "$MODE" = check ]; then
   AREAS=("$@")
   if [ ${#AREAS[@]} -eq 0 ]; then  # every area this machine can run
-    for a in $CHECK_AREAS; do [ "$a" != dp ] || [ "$ngpu" -ge 2 ] && AREAS+=("$a"); done
+    for a in $CHECK_AREAS; do [ "${a%-sockets}" != dp ] || [ "$ngpu" -ge 2 ] && AREAS+=("$a"); done
   fi
   for a in "${AREAS[@]}"; do
     case " $known " in *" $a "*) ;; *) die_usage "unknown check area '$a' (areas: $known)" ;; esac
@@ -116,9 +121,10 @@ else
       else die_usage "unknown $MODE area '${AREAS[0]}' (areas: $known$labs)"; fi ;;
   esac
 fi
+if [ "$MODE" = bench ] && [ "${AREAS[0]}" = dp-sockets ]; then dpn_bench_runs || die_usage "$DPN_ERR"; fi
 for a in "${AREAS[@]}"; do
-  if [ "$a" = dp ] && [ "$dry" = 0 ] && [ "$ngpu" -lt 2 ]; then
-    echo "gpu.sh: $MODE dp needs at least 2 GPUs; nvidia-smi lists $ngpu" >&2; exit 2
+  if [ "${a%-sockets}" = dp ] && [ "$dry" = 0 ] && [ "$ngpu" -lt 2 ]; then
+    echo "gpu.sh: $MODE $a needs at least 2 GPUs; nvidia-smi lists $ngpu" >&2; exit 2
   fi
 done
 
@@ -154,6 +160,8 @@ plan() {  # AREA: what it runs, one line a step
         "micro-batches per run (nvidia-smi's peak memory), dev/bench/e2e_table.py:"
       for r in ${RUNS:-$E2E_RUNS}; do echo "  $r"; done ;;
     bench:dp) echo "train_gpt paper_569m, 6 steps of 131072 tokens: 1 GPU, 2 and all GPUs plain and ZeRO-1, overlap on/off" ;;
+    check:dp-sockets) dpn_plan check ;;
+    bench:dp-sockets) dpn_plan bench ;;
     bench:lab:*) echo "make build/bench/${1#lab:}; build/bench/${1#lab:} ${ARGS[*]}" ;;
     profile:attention) echo "the attention library; ncu --set full on one launch of attn_fwd_fp8_kernel,"
       echo "attn_bwd_fp8_kernel and attn_fp8_delta_kernel at T 4096" ;;
@@ -961,7 +969,7 @@ if [ "$MODE" = check ]; then
   finish
   for a in "${AREAS[@]}"; do
     begin "$a"
-    if [ $built -ne 0 ]; then part "$a" SKIP "not run: no build"; else "check_$a"; fi
+    if [ $built -ne 0 ]; then part "$a" SKIP "not run: no build"; else "check_${a//-/_}"; fi
     finish
   done
 else

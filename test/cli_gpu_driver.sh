@@ -41,7 +41,7 @@ gpu frobnicate
 check "unknown mode" "rc $rc: $(head -1 "$tmp/out")" sh -c "[ $rc -eq 2 ] && grep -q \"unknown mode 'frobnicate'\" '$tmp/out'"
 gpu check unitt
 check "unknown check area names the areas" "rc $rc: $(head -1 "$tmp/out")" \
-  sh -c "[ $rc -eq 2 ] && grep -q \"unknown check area 'unitt' (areas: unit sanitizer torch train dp)\" '$tmp/out'"
+  sh -c "[ $rc -eq 2 ] && grep -q \"unknown check area 'unitt' (areas: unit sanitizer torch train dp dp-sockets)\" '$tmp/out'"
 gpu bench
 check "bench without an area" "rc $rc: $(head -1 "$tmp/out")" sh -c "[ $rc -eq 2 ] && grep -q 'bench needs an area' '$tmp/out'"
 gpu bench attention extra

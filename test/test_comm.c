@@ -3,7 +3,8 @@
 // collectives, and the TCP exchange of the NCCL id between forked processes on 127.0.0.1 (all
 // ranks get rank 0's bytes; a rank of another job is turned away; a missing rank 0 and a missing
 // rank end in errors naming host:port and the count within the timeout), the host transport's
-// collectives between 3 forked ranks (CPU data parallelism) and its dead-rank drill. Where two GPUs are
+// collectives between 3 forked ranks (CPU data parallelism) and its dead-rank drill, the
+// rendezvous on a free port at rank 0's host name (as under mpirun). Where two GPUs are
 // present, it also runs NCCL collectives between two forked ranks and a dead-peer drill.
 #include <arpa/inet.h>   // htonl, htons for the probe and stray sockets
 #include <math.h>        // fabs, fmax: errors of the NCCL sums
@@ -17,7 +18,8 @@
 
 #include <cuda_runtime.h>  // the two-GPU section (device buffers)
 
-#include "comm/comm.h"  // the module under test
+#include "comm/comm.h"      // the module under test
+#include "comm/comm_tcp.h"  // comm_tcp_listen_any, comm_host_connect: the rendezvous under mpirun
 #include "test.h"       // CHECK
 
 static const char *comm_vars[] = {
@@ -551,6 +553,53 @@ static void test_host_transport(void) {
     munmap(res, sizeof(HostResult) * H_WORLD);
 }
 
+// The rendezvous as the CPU backend runs it under mpirun (comm.c's mpi_host_connect, without MPI
+// here): rank 0 listens on a free port of every interface and names its host; rank 1 connects to
+// that host name and port; a collective then runs over the connections.
+typedef struct { int rc, ok; char msg[512]; } AnyResult;
+
+static void test_host_free_port(void) {
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    ErrBuf e = {""};
+    int port = 0;
+    int lfd = comm_tcp_listen_any(host, 0, 2, &port, &e);
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    int any = lfd >= 0 && getsockname(lfd, (struct sockaddr *)&sa, &len) == 0 &&
+              ((sa.ss_family == AF_INET && ((struct sockaddr_in *)&sa)->sin_addr.s_addr == htonl(INADDR_ANY)) ||
+               (sa.ss_family == AF_INET6 && !memcmp(&((struct sockaddr_in6 *)&sa)->sin6_addr, &in6addr_any, 16)));
+    CHECK(lfd >= 0 && port > 0 && any, "host: rank 0 under mpirun listens on a free port of every interface",
+          "fd %d port %d any %d (host '%s'): %s", lfd, port, any, host, e.msg);
+    if (lfd < 0) return;
+    AnyResult *res = mmap(NULL, sizeof(AnyResult) * 2, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    memset(res, 0, sizeof(AnyResult) * 2);
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        fflush(stdout);
+        if ((pids[r] = fork()) == 0) {
+            alarm(20);  // a safety net: no test may hang
+            Comm c;
+            memset(&c, 0, sizeof c);
+            c.rank = r, c.world = 2, c.timeout_s = 5, c.master_port = port, c.job_token = 0x1234;
+            snprintf(c.master_addr, sizeof c.master_addr, "%s", host);
+            if (r != 0) close(lfd);
+            ErrBuf ce = {""};
+            float x[3] = {1.5f + (float)r, -2.0f, 0.25f * (float)r};
+            res[r].rc = comm_host_connect(&c, r == 0 ? lfd : -1, &ce) || comm_allreduce_sum_f32(&c, x, 3, &ce);
+            res[r].ok = !res[r].rc && x[0] == 4.0f && x[1] == -4.0f && x[2] == 0.25f;
+            snprintf(res[r].msg, sizeof res[r].msg, "%s (%g %g %g)", ce.msg, x[0], x[1], x[2]);
+            comm_host_close(&c);
+            _exit(0);
+        }
+    }
+    close(lfd);
+    for (int r = 0; r < 2; r++) waitpid(pids[r], NULL, 0);
+    CHECK(res[0].ok && res[1].ok, "host: ranks meet at rank 0's host name and free port; an all-reduce runs",
+          "rc %d %d: %s / %s", res[0].rc, res[1].rc, res[0].msg, res[1].msg);
+    munmap(res, sizeof(AnyResult) * 2);
+}
+
 static int gpu_count_in_child(void) {
     int *shared = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     *shared = 0;
@@ -689,6 +738,7 @@ int main(void) {
     test_single_process();
     test_tcp_exchange();
     test_host_transport();
+    test_host_free_port();
     test_two_gpus();
     clear_env();
     return test_summary("test_comm");
