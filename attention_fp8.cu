@@ -218,7 +218,7 @@ static void quantize_scaled(const AttnOptions *opt, const AttnDelayedGpu *delaye
     }
 }
 
-// The kept-codes buffer checked for this shape and mode (as forward_mode checks it).
+// The kept-codes buffer checked for this shape and mode (attn_forward's, and upstream_parts').
 static void check_saved_buffer(const AttnOptions *opt, const AttnSavedCodes *s, int B, int H, int T, int d) {
     const size_t need = attn_saved_codes_bytes(opt, B, H, T, d);
     if (!s || !s->buf || s->bytes < need || ((uintptr_t)s->buf) % 256)

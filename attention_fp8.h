@@ -115,12 +115,13 @@ typedef struct {
 } AttnModeDiag;
 
 // Delayed scaling of one layer on the GPU (opt->scaling == SCALING_DELAYED; required then, else
-// ignored). The history itself stays on the host in the CPU backend's AttnDelayedState (same
-// commits, same checkpoints); the caller derives from it, per step, what the kernels need:
+// ignored). The history itself stays on the host in an AttnDelayedState (core/precision.h), the
+// CPU backend's type (same commits, same checkpoints); the caller derives from it, per step, what
+// the kernels need:
 //   first_step: the history is empty, so each head's tensor scale comes from the head's own amax
 //     (attention_cpu.c's delayed_scale): one more quantize pass per tensor finds it;
 //   scale (4) device: else this step's scale of Q, K, V, dO, fp8_scale_for_amax of the history's
-//     max (attention_cpu.h's attn_delayed_scales);
+//     max (core/precision.h's attn_delayed_scales);
 //   cur_amax (4) device, or NULL: max-accumulates this step's amax of Q, K, V (forward) and dO
 //     (backward), the values attention_cpu.c collects in cur_amax with update_amax (a training
 //     step; NULL for evaluation forwards and probes, which the trainer does not let count).

@@ -366,9 +366,9 @@ static void backward_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_stri
     const CUtensorMap tv = bw_make_tmap(v, B, H, T, D, qkv_stride, BW_BC);
     const CUtensorMap tdo = bw_make_tmap(dout, B, H, T, D, o_stride, C::BR);
     // CTA order: heaviest first within groups of heads, about one wave of CTAs whose Q and dO
-    // (4 T D bytes per head) fit ~16 MiB of L2 (causal_heads_per_group). On one H200
-    // (docs/perf.md): 16-27% faster than heaviest first over all heads at T = 1K-2K (where the
-    // CTAs running at once then share each head's Q and dO in L2), the same at 4K-8K.
+    // (4 T D bytes per head) fit ~16 MiB of L2 (causal_heads_per_group). On one H200 (measured
+    // 2026-11-30): 16-27% faster than heaviest first over all heads at T = 1K-2K (where the CTAs
+    // running at once then share each head's Q and dO in L2), the same at 4K-8K.
     const int n_kb = (T + BW_BC - 1) / BW_BC;
     const int hg = causal_heads_per_group(4L * T * D, n_kb, B * H, attn_sm_count());
     attn_bwd_wgmma_kernel<D><<<(unsigned)n_cta, 384, C::SMEM, stream>>>(tq, tk, tv, tdo, lse, dlt, dq_acc, dk, dv,

@@ -41,7 +41,7 @@
 // the same codes as fp8.h's encoders); see the comment above attn_bwd_fp8_kernel.
 //
 // By a static count the main loop is bound by instruction issue, not by the tensor cores
-// (docs/perf.md, "FP8 backward trim"), so its bookkeeping is kept lean (none of it changes a
+// (docs/fp8-attention-kernels.md §11), so its bookkeeping is kept lean (none of it changes a
 // computed value): tiles are reached through pointers that keep the shared address space
 // (smem_align1024: LDS/STS with 32-bit addresses, not generic 64-bit LD/ST); wgmma descriptors
 // are 32-bit low words derived from one base by constant offsets (kmajor_desc_lo, wg_fp8_tile),
@@ -501,10 +501,10 @@ __global__ void __launch_bounds__(B8_THREADS, 1)
 
 // --- launchers ---------------------------------------------------------------------------------
 // The main backward's heads per group of its CTA order: about one wave of CTAs whose heads' Q̂, dÔ
-// and their transposed copies (4 T d bytes per head) fit ~16 MiB of L2 (causal_heads_per_group).
-// On one H200 (docs/perf.md): groups of 8-16 heads 2-4% faster than each head's key blocks in turn
-// at every T; more than a wave per group gained nothing. (Tests may force a count: dK, dV do not
-// depend on the order, dQ only through the order of its FP32 reductions.)
+// and their transposed copies (4 T d bytes per head) fit ~16 MiB of L2 (causal_heads_per_group). On
+// one H200 (measured 2026-11-30): groups of 8-16 heads 2-4% faster than each head's key blocks in
+// turn at every T; more than a wave per group gained nothing. (Tests may force a count: dK, dV do
+// not depend on the order, dQ only through the order of its FP32 reductions.)
 static int bwd_fp8_main_heads_per_group(int n_bh, int T, int d) {
     const int forced = gpu_test_hooks.bwd_fp8_group_heads;
     if (forced > 0) return forced < n_bh ? forced : n_bh;

@@ -144,7 +144,7 @@ __device__ __forceinline__ void tile_p_dp(uint32_t dKw, uint32_t dVw, uint32_t d
 // bits of both forms on the GPU). Q̂ and dÔ, the same for all key blocks of a tile, are the A
 // operands from registers (delta_a_frags, once per tile): a wgmma then reads only K̂ or V̂ from
 // shared memory, 4 KB per k32 step instead of 6 (at the tensor cores' full rate, 64 instead of
-// 96 bytes per clock of the SM's 128; measured: the pass 4-5% faster, docs/perf.md).
+// 96 bytes per clock of the SM's 128; measured on one H200, 2026-11-30: the pass 4-5% faster).
 
 // The A fragments of a warpgroup's 64 rows of a K-major tile (rows of 128 B, sw128's swizzle;
 // `rows`: the warpgroup's first row) for STEPS k32 steps: register q of step kk holds row

@@ -38,10 +38,10 @@ typedef __nv_bfloat16 bf16;
 // first over all heads; with the natural order (each head's blocks in turn) the last heads'
 // longest CTAs start near the end and run alone. Smaller groups keep the items that run at once
 // on fewer heads, whose K̂, V̂ blocks then stay in L2 (causal_heads_per_group picks hg).
-// On one H200 (docs/perf.md), against heaviest first over all heads: the persistent FP8 forward
-// in head groups of two waves of CTAs 2-5% faster, the delta pass 9-19% faster at 1K-2K; the main
-// FP8 backward in groups of one wave +2-4% over the natural order (over all heads, -18-21% at
-// 1K-2K: its CTAs running at once no longer share a head's Q̂, dÔ blocks and dQ rows in L2); the
+// On one H200 (measured 2026-11-30), against heaviest first over all heads: the persistent FP8
+// forward in head groups of two waves of CTAs 2-5% faster, the delta pass 9-19% faster at 1K-2K;
+// the main FP8 backward in groups of one wave +2-4% over the natural order (over all heads, -18-21%
+// at 1K-2K: its CTAs running at once no longer share a head's Q̂, dÔ blocks and dQ rows in L2); the
 // BF16 kernels in groups of about one wave: the forward 6-29% and the backward 0-27% faster (most
 // at T = 1K-2K).
 struct CausalItem {
@@ -108,13 +108,12 @@ static inline int attn_sm_count(void) {
 // --- the dK, dV epilogue of the backward kernels (attention/bwd_fp8.cu, attention/bwd_bf16.cu) ----------
 // A CTA's 128 keys x D of dV and tau dK go from the two consumer warpgroups' wgmma accumulators
 // (FP32, rows = keys) to BF16 rows of dv and dk through a staging area of 2 x 128 rows of 2D bytes
-// in shared memory: stmatrix writes the fragments as 8 x 8 tiles (a tile row is one 16-byte
-// chunk; chunk c of row r sits at c ^ (r % 8), so the 8 rows of a tile fall in 8 different bank
-// quads), then the threads copy whole rows out in 16-byte chunks. Stored straight from the
-// fragments, D / 2 four-byte stores per thread would each cover half of the sectors they touch:
-// on one H200 (docs/perf.md) the staged copy makes the FP8 backward 2-7.5% and the BF16 backward
-// 0-6% faster (most at T = 1K). Byte offset in the area of chunk c of row r of tensor t (0: dV,
-// 1: dK):
+// in shared memory: stmatrix writes the fragments as 8 x 8 tiles (a tile row is one 16-byte chunk;
+// chunk c of row r sits at c ^ (r % 8), so the 8 rows of a tile fall in 8 different bank quads),
+// then the threads copy whole rows out in 16-byte chunks. Stored straight from the fragments, D / 2
+// four-byte stores per thread would each cover half of the sectors they touch: on one H200
+// (measured 2026-11-30) the staged copy makes the FP8 backward 2-7.5% and the BF16 backward 0-6%
+// faster (most at T = 1K). Byte offset in the area of chunk c of row r of tensor t (0: dV, 1: dK):
 template <int D>
 __device__ __forceinline__ uint32_t dkdv_chunk(int t, int r, int c) {
     return (uint32_t)((t * 128 + r) * (2 * D) + 16 * (c ^ (r & 7)));

@@ -317,9 +317,9 @@ static void forward_d(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_strid
     const long n_cta = (long)((T + WG_BQ - 1) / WG_BQ) * B * H;
     if (n_cta > 0x7fffffffL) FATAL("attn_gpu_forward: B*H*ceil(T/%d) = %ld CTAs is too many", WG_BQ, n_cta);
     // heads per group of the CTA order: K and V of a head are 2 T D BF16 values, and at least one
-    // wave of CTAs per group (one CTA per SM): on one H200 (docs/perf.md) the best fixed group was
-    // about one wave of CTAs with K, V in 16 MiB at every T; two waves per group were 5-9% slower
-    // at 4K-8K.
+    // wave of CTAs per group (one CTA per SM): on one H200 (measured 2026-11-30) the best fixed
+    // group was about one wave of CTAs with K, V in 16 MiB at every T; two waves per group were
+    // 5-9% slower at 4K-8K.
     const int hg = causal_heads_per_group(4L * T * D, (T + WG_BQ - 1) / WG_BQ, B * H, attn_sm_count());
     // V's descriptor offsets: next 64-column region (leading), next 8 keys (stride).
     const uint32_t v_lbo = WG_BK * 128, v_sbo = 1024;

@@ -41,7 +41,8 @@ typedef enum { SCALING_BLOCK = 0, SCALING_DELAYED } ScalingKind;
 typedef enum { LINEAR_BF16 = 0, LINEAR_FP8_TENSOR, LINEAR_FP8_BLOCK } LinearPrecision;
 // fp8_block's weight-gradient operands: both in 1x128 slices along the tokens (none, DeepSeek-V3's
 // choice), or x^T (activation) or dy^T (gradient) in 128x128 blocks, which cuBLASLt multiplies
-// 1.25-1.5x faster against the other's 1x128 slices (docs/perf.md).
+// 1.25-1.5x faster against the other's 1x128 slices (docs/perf.md, "FP8 linears: quantize kernels
+// and GEMMs").
 typedef enum { WGRAD_BLOCKS_NONE = 0, WGRAD_BLOCKS_ACTIVATION, WGRAD_BLOCKS_GRADIENT } WgradBlocks;
 // fp8_tensor's activation and gradient scales: from the tensor itself (current), or from the
 // amax history of the previous micro-batches (delayed, Transformer Engine's DelayedScaling).

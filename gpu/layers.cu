@@ -191,15 +191,15 @@ __global__ void rmsnorm_backward_dx_kernel(bf16 *dx, const bf16 *dy, const bf16 
 
 // The vectorized form, dx and the gain gradient's partials in one pass: block k takes chunk k of
 // the rows (gpu_norm_chunks), warp w its rows r0 + w, r0 + w + 8, ...; lane j holds the row's
-// 16-byte chunks j, j + 32, ... (NV of them, 256 * NV >= dim) of dy and x in registers, so both
-// are read once and a row's loads are all in flight together (the scalar form waits for each
-// load: with dx aliasing dy the compiler cannot hoist a load above the previous store). It writes
-// dx from them and adds dy * x * rstd into per-lane column sums, which the block's 8 warps then
-// add up in warp order into partial row k: 8 bytes per element with accumulate, against 12 when
-// the gain had its own pass (measured 7% faster, perf.md). The sums' order is fixed (rows of a
-// warp in order, warps in order), so the result does not depend on timing; it is not the
-// two-kernel order of the scalar shapes. dx may alias dy: a warp reads a whole row before it
-// writes it. red: dim floats of shared memory (dynamic).
+// 16-byte chunks j, j + 32, ... (NV of them, 256 * NV >= dim) of dy and x in registers, so both are
+// read once and a row's loads are all in flight together (the scalar form waits for each load: with
+// dx aliasing dy the compiler cannot hoist a load above the previous store). It writes dx from them
+// and adds dy * x * rstd into per-lane column sums, which the block's 8 warps then add up in warp
+// order into partial row k: 8 bytes per element with accumulate, against 12 when the gain had its
+// own pass (7% faster at C 1536 on one H200, measured 2026-11-30). The sums' order is fixed (rows
+// of a warp in order, warps in order), so the result does not depend on timing; it is not the
+// two-kernel order of the scalar shapes. dx may alias dy: a warp reads a whole row before it writes
+// it. red: dim floats of shared memory (dynamic).
 template <int NV>
 __global__ void __launch_bounds__(ROW_BLOCK, NV <= 6 ? 2 : 1)  // NV 8, 12: 2 blocks per SM would spill
     rmsnorm_backward_fused_kernel(bf16 *dx, float *partial, const bf16 *dy, const bf16 *x, const bf16 *g,
@@ -334,9 +334,9 @@ __global__ void norm_gain_partial_vec_kernel(float *partial, const bf16 *dy, con
 }
 
 // The chunks are added strictly in order (so the result does not depend on the launch), but
-// their loads are issued GAIN_BATCH at a time: one thread per column has up to 1024 of them, and
-// a loop that waited for each load before the next add took ~1 ms (perf.md); batched, the
-// additions are the same, in the same order, and the loads overlap.
+// their loads are issued GAIN_BATCH at a time: one thread per column has up to 1024 of them, and a
+// loop that waited for each load before the next add took ~1 ms (one H200, 2026-11-30); batched,
+// the additions are the same, in the same order, and the loads overlap.
 #define GAIN_BATCH 32
 __global__ void norm_gain_reduce_kernel(float *dg, const float *partial, int n_chunks, int dim) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -571,7 +571,7 @@ __global__ void rope_kernel(bf16 *qkv, const float *cos_sin, long long n_pairs, 
 
 // Eight pairs per thread with 16-byte accesses (hd % 16 == 0, aligned): a block per token, the
 // threads over (q or k, head, group of 8 pairs). Same element math as rope_kernel, without its
-// chain of 64-bit divisions per pair (it ran at ~1.3 TB/s, perf.md).
+// chain of 64-bit divisions per pair (it ran at ~1.3 TB/s on one H200, measured 2026-11-30).
 __global__ void rope_vec_kernel(bf16 *qkv, const float *cos_sin, int T, int H, int hd, float sign) {
     const long long token = blockIdx.x;  // b * T + t
     const int t = (int)(token % T), half = hd / 2, groups = half / 8;
@@ -657,7 +657,7 @@ __global__ void swiglu_backward_kernel(bf16 *dfc, const bf16 *dout, const bf16 *
 
 // The same element math, 8 consecutive columns per thread with 16-byte accesses (F % 8 == 0,
 // aligned rows): one 32-bit division per 8 elements instead of a 64-bit one per element, which
-// held the scalar kernels to ~1.5-2.3 TB/s (perf.md).
+// held the scalar kernels to ~1.5-2.3 TB/s (one H200, measured 2026-11-30).
 __global__ void swiglu_forward_vec_kernel(bf16 *out, const bf16 *fc, unsigned n_vec, unsigned f8, unsigned *amax) {
     const unsigned idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= n_vec) return;

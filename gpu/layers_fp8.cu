@@ -36,7 +36,8 @@ typedef __nv_bfloat16 bf16;
 #define TILE_THREADS FQ_NT  // every tile kernel: a CTA per 128 x 128 output tile
 // Rows whose loads a thread has in flight together (vec128_tile's and tensor_tile's BATCH), and
 // the CTAs per SM every tile kernel is compiled for (__launch_bounds__' second argument: it caps
-// their registers). Timed at paper_569m's shapes with bench_fp8_quant (docs/perf.md):
+// their registers). Timed at paper_569m's shapes with dev/bench/bench_fp8_quant.cu on one H200
+// (2026-11-30; the kernels' times: docs/perf.md, "FP8 linears: quantize kernels and GEMMs"):
 constexpr int NORM_TILE_BATCH = 8;        // 8 rows of 2 loads (source, gains)
 constexpr int SWIGLU_BATCH = 8;           // 8 rows of 2 loads (gate, up)
 constexpr int SWIGLU_BWD_BATCH = 4;       // 3 loads a row (gate, up, dout): 12 words a row in flight

@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(THREADS)
 // vec128t_kernel read it twice). Same amax, scales and codes as those two; counts of Q(x) only
 // (each element once per call).
 // Rows of a thread whose loads are in flight together, and the CTAs per SM the tile kernels are
-// compiled for (their registers capped to fit), timed with bench_fp8_quant (docs/perf.md).
+// compiled for (their registers capped to fit), timed with dev/bench/bench_fp8_quant.cu on one H200
+// (2026-11-30; the kernels' times: docs/perf.md, "FP8 linears: quantize kernels and GEMMs").
 constexpr int VEC128_BATCH = 8;     // one load a row: 8 rows in flight
 constexpr int VEC128_MIN_CTAS = 4;  // a 128 x 128 tile per CTA, 4 resident
 // vec128_tile's producer when the tile is read from a BF16 x (rows, cols) as it is: the tile of
@@ -330,7 +331,7 @@ __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
 // (tensor_tile). The same codes as tile128_kernel with tensor_amax, made in registers
 // (fp8_quant.cuh's tensor_tile: Q(x^T) is the transpose of Q(x)'s codes) instead of from
 // tile128_kernel's shared-memory staging of the BF16 tile (0.198 against 0.220 ms for paper_569m's
-// (N, 2F), docs/perf.md).
+// (N, 2F) with the amax given, one H200, measured 2026-11-30).
 template <Fp8Format FMT>
 __global__ void __launch_bounds__(FQ_NT, VEC128_MIN_CTAS)
     tensor_both_kernel(const uint16_t *x, int rows, int cols, uint8_t *q, float *q_scales, uint8_t *qt,

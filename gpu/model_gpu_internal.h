@@ -51,7 +51,7 @@ typedef struct {
     AttnDelayedState *attn_delayed;  // (n_layer) within delayed, or NULL
     float *dl_dev, *dl_host;         // (n_layer * 8) device, host staging
     // All the delayed-scaling states, one array for checkpoints, probes and evaluations, in the
-    // CPU's layout (linear_fp8.h's delayed_states_new): attention's n_layer (attn_delayed points at
+    // CPU's layout (precision.h's delayed_states_new): attention's n_layer (attn_delayed points at
     // them when its scaling is delayed), then the FP8 linears' (lin_delayed: two per layer,
     // linear_delayed_slot, when precision.linear_scaling is delayed)
     AttnDelayedState *delayed;
@@ -75,7 +75,7 @@ typedef struct {
     float fwd_loss_scale;            // loss scale the last forward put into the head gradient
     float *host_losses;              // (BT) host copy of the per-token losses
     bf16 *host_logits;               // (Vp) host copy for next_logits
-    // FP8 linears (precision.linear != bf16 only): operand slots, see fp8_slot_shapes
+    // FP8 linears (precision.linear != bf16 only): operand slots, see fp8_slot_size
     uint8_t *q8_codes[2];            // slot 0: Q(x) of the forward, Q(dy) of dgrad;
     float *q8_scales[2];             // slot 1: Q(dy^T) of wgrad
     size_t q8_codes_cap[2];          // bytes
@@ -151,7 +151,7 @@ static inline const bf16 *W(GpuModel *m, ParamKind kind, int layer) { return dev
 static inline float *G(GpuModel *m, ParamKind kind, int layer) { return dev_of(m)->g + param_offset(m, kind, layer); }
 
 // --- linear layers (model_gpu_linear.cu) ------------------------------------------------------
-// (Groupings: linear_fp8.h's linear_act_grouping, linear_weight_grouping, and for the wgrad
+// (Groupings: precision.h's linear_act_grouping, linear_weight_grouping, and for the wgrad
 // operands linear_xt_grouping, linear_dyt_grouping.)
 // The FP8 linears of a block, i = 0..3: qkv, attention projection, MLP in, MLP out as W (M, K).
 void fp8_lin_shape(int i, int C, int F, int *M, int *K);

@@ -16,8 +16,8 @@
 // Mainloop per K block: 4 k16 steps of m64n256k16, one commit group per block; after the block's
 // group is issued, the previous one is waited for and its stage released. Between the two, the
 // consumer runs one slice of the previous tile's quantizing epilogue (qkv_gemm_overlap.cuh), so
-// that the epilogue's ~1240 instructions a warp run with the tensor cores busy: 0.90-1.00x
-// cuBLASLt's rate for a BF16 output (docs/perf.md).
+// that the epilogue's ~1240 instructions a warp run with the tensor cores busy: 0.90-0.99x
+// cuBLASLt's rate for a BF16 output (docs/perf.md, "QKV projection GEMM with the FP8 epilogue").
 //
 // Accumulator layout (m64n256k16 as two m64n128 halves acc[h], h the tile's head): thread (warp w,
 // lane 4 g + t4) holds rows 16 w + g + 8 rr (rr = 0, 1) of its consumer's 64 and columns

@@ -4,9 +4,10 @@
 //
 // Why a GEMM of our own: cuBLASLt writes y in BF16; FP8 attention then reads y again to rotate q
 // and k (RoPE), find each (128-token block, head)'s amax and cast Q, K, V to E4M3 with that block's
-// power-of-two scale (attention/kernels_fp8.h), a pass over 3 BT C BF16 values that costs 12-43% of the
-// FP8 forward (docs/perf.md). No cuBLASLt epilogue makes per-(128 x 128) block scales. Here every
-// 128-token x 128-column output block, which is exactly one scale block of one head of q, k or v
+// power-of-two scale (attention/kernels_fp8.h), a pass over 3 BT C BF16 values that costs 12-43% of
+// the FP8 forward (docs/perf.md, "FP8 backward and forward + backward"). No cuBLASLt epilogue makes
+// per-(128 x 128) block scales. Here every 128-token x 128-column output block, which is exactly
+// one scale block of one head of q, k or v
 // (N = 3 C, C = H 128: column n is operand n / C, head (n % C) / 128), is computed by one CTA, so
 // its epilogue can do the whole quantization in registers and shared memory: round to BF16 (the
 // value cuBLASLt's y would hold), RoPE on q and k (rope_forward_gpu's arithmetic), the tile's amax,

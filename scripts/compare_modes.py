@@ -23,7 +23,7 @@ OUT/M/seed_S/metrics.jsonl and writes
 
 usage:
     scripts/compare_modes.py --config configs/tiny.json --modes bf16,fp8_dm --seeds 1,2
-    scripts/compare_modes.py --config configs/reduced_125m_t4k_amplified.json \\
+    scripts/compare_modes.py --config configs/reduced_125m_t8k_amplified.json \\
         --out docs/data/reduced_amplified --summarize-only      # runs brought back from the GPU
     scripts/compare_modes.py --config configs/paper_569m.json --out runs/cmp_569m \\
         --launcher "scripts/launch_mpirun_node.sh 8"

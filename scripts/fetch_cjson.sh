@@ -1,7 +1,7 @@
 #!/bin/bash
 # fetch_cjson.sh: cJSON's headers and shared library under DEST (default .deps/cjson), taken from
 # Debian's packages without installing them, for a machine that has no libcjson-dev and cannot
-# reach a package mirror (a lent GPU machine): run it where Debian's packages are reachable, carry
+# reach a package mirror (GPU machines often): run it where Debian's packages are reachable, carry
 # DEST along, and build there with `make CJSON_PREFIX=DEST` (the binaries find the library by
 # rpath). Needs apt-get and dpkg-deb; the packages are those of this machine's architecture unless
 # ARCH names another (the GPU machine's, e.g. ARCH=amd64).

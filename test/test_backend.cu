@@ -173,7 +173,7 @@ static void cpu_facade_tests(void) {
     Config c = make_config(BACKEND_JSON, NULL, 0);
     const int steps = 3, accum = 2, B = c.train.micro_batch, T = c.model.seq_len;
     Batches bt = make_batches(steps + 2, accum, B, T, c.model.vocab_size);
-    // The reference: the CPU model and AdamW called directly, as the trainer used to.
+    // The reference: the CPU model and AdamW called directly, without the backend facade.
     CpuModel ref;
     AdamW adam;
     cpu_model_init(&ref, &c, B, T, 1234);

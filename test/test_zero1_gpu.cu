@@ -1,5 +1,5 @@
 // test_zero1_gpu.cu: ZeRO-1 on the GPU backend, the parts one process can check (the NCCL
-// collectives around them run in scripts/gpu_dp_check.sh on two GPUs).
+// collectives around them run in `bash scripts/gpu.sh check dp` on two GPUs).
 //
 // Everywhere (host code): the GPU allocation of one ZeRO-1 rank (gpu_model_plan_sharded) equals
 // model.c's memory_plan(c, world, zero1, B), i.e. what --dry-run --world-size N --zero1 prints,
@@ -32,7 +32,7 @@
 static void plan_tests(void) {
     const char *ov_rc[] = {"train.recompute=true"};
     const char *ov_qk[] = {"model.qk_norm=true", "model.tied_embeddings=true"};
-    // The 569M config's shapes (configs/paper_569m.json): the scaling run of gpu_dp_check.sh.
+    // The 569M config's shapes (configs/paper_569m.json): the scaling run of `scripts/gpu.sh bench dp`.
     const char *ov_569m[] = {"model.d_model=1536", "model.n_layer=15", "model.n_head=12", "model.ffn_hidden=3968",
                              "model.seq_len=4096", "model.vocab_size=50257", "train.micro_batch=4"};
     struct { const char *label; const char *const *ov; int n; } cases[] = {

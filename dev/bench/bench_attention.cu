@@ -4,7 +4,7 @@
 // FLOPs (causal): forward 4*B*H*T^2*d/2, backward 2.5x that. Median of timed runs (CUDA events,
 // after warm-up), inputs random (not zeros), q/k/v views of a packed (B, T, 3, H, d) buffer as in
 // the model. For the comparison with PyTorch SDPA (cuDNN, FA2), timed interleaved in one process,
-// see dev/bench/bench_attention.py; for the earlier forms of the kernels, dev/cuda/.
+// see dev/bench/bench_attention.py; for other forms of the kernels (lab versions), dev/cuda/.
 //
 //   bench_attention [tokens=16384] [H=16] [d=128] [T list, default 1024 2048 4096 8192]
 #include <cuda_runtime.h>  // events, memory

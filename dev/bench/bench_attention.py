@@ -11,17 +11,18 @@ directly) and its column is the fastest of them per direction: the peer at its b
 64 heads of 128, T 4K and 8K; their runs use 8 KV heads), and sets the result beside NVIDIA's
 published H200 figures.
 
-Our kernels are called in this process through ctypes from a shared library built from
-attention/fwd_bf16.cu, attention/bwd_bf16.cu and core/common.c (scripts/gpu_attention_check.sh
-builds it), so every implementation runs on the same tensors and the timings interleave: each
-round times one call of every implementation, in a rotating order, between its own CUDA events;
-the table gives the median over the rounds. Interleaving spreads clock and thermal drift evenly
-over the implementations instead of letting the one timed last run on a hotter, slower chip.
+Our kernels are called in this process through ctypes from the attention library (the kernels, the
+dispatcher and dev/bench's shims; `bash scripts/gpu.sh bench attention` builds it as
+build/gpu_sh/attn/libattn_fp8.so), so every implementation runs on the same tensors and the timings
+interleave: each round times one call of every implementation, in a rotating order, between its own
+CUDA events; the table gives the median over the rounds. Interleaving spreads clock and thermal
+drift evenly over the implementations instead of letting the one timed last run on a hotter, slower
+chip.
 
-"ours" is the library's forward and backward. The earlier forms of the forward (mma.sync, cp.async
+"ours" is the library's forward and backward. Other forms of the forward (mma.sync, cp.async
 loads) are lab versions in dev/cuda/, each timed against the library's by its own program.
 
-  python3 dev/bench/bench_attention.py --lib /tmp/gpu_attn_build/libattn.so [--tokens 16384]
+  python3 dev/bench/bench_attention.py --lib build/gpu_sh/attn/libattn_fp8.so [--tokens 16384]
                                    [--T 1024 2048] [--rounds 30] [--nvidia-shape]
 """
 import argparse

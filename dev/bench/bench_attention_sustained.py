@@ -19,7 +19,7 @@ BF16 forward), fp8 (the bare FP8 forward on codes made beforehand, what the trai
 QKV projection) and cuDNN's BF16 forward (PyTorch SDPA, its fastest call of bench_attention.py's
 cudnn_variants, a training forward writing the LSE). Two passes, the kernels in turn; medians.
 
-  python3 dev/bench/bench_attention_sustained.py --lib /tmp/gpu_fp8_bench_build/libattn_fp8.so
+  python3 dev/bench/bench_attention_sustained.py --lib build/gpu_sh/attn/libattn_fp8.so
       [--T 1024 2048 4096 8192] [--warm 1.0] [--secs 1.0] [--no-cudnn]
 """
 import argparse

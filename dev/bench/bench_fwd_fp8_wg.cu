@@ -1,10 +1,11 @@
 // bench_fwd_fp8_wg.cu: does a third consumer warpgroup (three warps per scheduler instead of two)
-// shorten the FP8 forward's loop? Stop 31 found the loop latency-bound per warpgroup (the chain
-// S wait -> softmax -> O update, every pipe slowed by a third beside the tensor cores), which more
-// warps per scheduler could hide. Three consumer warpgroups fit the register file only at ~160
-// registers each, so the kernel's plain step (O 64 + S 64 + the PV accumulator 64 + P̂ 16) does
-// not fit; the serial step does: S_j issued and waited for, its softmax, P̂_j packed, PV_j issued
-// into S_j's own registers (S is dead once packed) and waited for, O updated: O 64 + S 64 + P̂ 16.
+// shorten the FP8 forward's loop? The loop is latency-bound per warpgroup (the chain S wait ->
+// softmax -> O update, the work beside the tensor cores slowed while they run:
+// docs/fp8-attention-kernels.md §11), which more warps per scheduler could hide. Three consumer
+// warpgroups fit the register file only at ~160 registers each, so the kernel's plain step (O 64 +
+// S 64 + the PV accumulator 64 + P̂ 16) does not fit; the serial step does: S_j issued and waited
+// for, its softmax, P̂_j packed, PV_j issued into S_j's own registers (S is dead once packed) and
+// waited for, O updated: O 64 + S 64 + P̂ 16.
 // The same functions as the kernel (attention/fwd_fp8_step.cuh), on fixed shared tiles, one CTA
 // per SM, no ring (compare bench_mufu_qgmma.cu's plain_real: 1875 clocks per two key blocks).
 //   forms: wg2_plain   the kernel's plain step, 2 warpgroups (the reference)
@@ -20,7 +21,8 @@
 // (the unit of bench_mufu_qgmma.cu's table).
 //   build (GPU machine): nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I. -Xptxas -v
 //                        dev/bench/bench_fwd_fp8_wg.cu core/common.c -o /tmp/bench_fwd_fp8_wg
-//   run: /tmp/bench_fwd_fp8_wg [iterations]   (scripts/gpu_mufu_qgmma.sh runs it after the other)
+//   run: /tmp/bench_fwd_fp8_wg [iterations]
+//   or on the GPU machine: bash scripts/gpu.sh bench bench_fwd_fp8_wg [iterations]
 #include <cuda_runtime.h>  // launches
 #include <math.h>          // INFINITY
 #include <stdint.h>        // uint8_t, uint32_t

@@ -1,10 +1,10 @@
 // bench_mufu_qgmma.cu: do the special-function unit's exponentials (MUFU.EX2) and the FP8 tensor
 // cores (QGMMA) run at the same time on one SM? The FP8 forward's loop measures as if they did not
-// (docs/fp8-attention-kernels.md §8.17: its clocks per key block are the tensor time plus the
-// exponentials' time), and every loop built to overlap them was slower. This isolates the
-// question from the attention kernel: one CTA per SM, two warpgroups, each iteration one forward
-// key block's worth of work per warpgroup (8 m64n128k32 e4m3 wgmmas: 4.2 MFLOP; 64 exponentials
-// per thread: 8192), in these forms:
+// (its clocks per key block are about the tensor time plus the exponentials' time: docs/perf.md,
+// "FP8 forward"; docs/fp8-attention-kernels.md §11), and every loop built to overlap them was
+// slower. This isolates the question from the attention kernel: one CTA per SM, two warpgroups,
+// each iteration one forward key block's worth of work per warpgroup (8 m64n128k32 e4m3 wgmmas:
+// 4.2 MFLOP; 64 exponentials per thread: 8192), in these forms:
 //   tensor      the wgmmas alone (4 SS + 4 RS, A from registers, as the forward's S and PV)
 //   mufu        the exponentials alone (FFMA + ex2.approx, 64 independent chains per thread)
 //   both_wg     each warpgroup issues its wgmmas, computes its exponentials (independent of the
@@ -76,7 +76,8 @@
 // exponentials feed a checksum, so nothing is optimized away; the data are fixed small E4M3 codes.
 //   build (GPU machine): nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I.
 //                        dev/bench/bench_mufu_qgmma.cu core/common.c -o /tmp/bench_mufu_qgmma
-//   run: /tmp/bench_mufu_qgmma [iterations]        (scripts/gpu_mufu_qgmma.sh does both)
+//   run: /tmp/bench_mufu_qgmma [iterations]
+//   or on the GPU machine: bash scripts/gpu.sh bench bench_mufu_qgmma [iterations]
 #include <cuda_runtime.h>  // launches, events
 #include <stdint.h>        // uint8_t, uint32_t, uint64_t
 #include <stdio.h>         // printf

@@ -12,7 +12,7 @@ and prints, per arrangement, the min / median / max, the share of launches more 
 min, and the first launches' times in order (a drift over the series shows there). The SM clock is
 sampled by nvidia-smi every 20 ms meanwhile (its min / median / max per arrangement).
 
-  python3 dev/bench/fwd_fp8_series.py --lib /tmp/gpu_fp8_bench_build/libattn_fp8.so [--T 8192] [--n 60]
+  python3 dev/bench/fwd_fp8_series.py --lib build/gpu_sh/attn/libattn_fp8.so [--T 8192] [--n 60]
 """
 import argparse
 import ctypes
