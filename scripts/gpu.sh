@@ -37,7 +37,6 @@
 #   bash scripts/gpu.sh profile AREA       Nsight Compute: per kernel, pipes, stalls, hot SASS lines
 #       attention  the FP8 forward, backward and delta kernels at T 4096
 #       qkv-gemm   the QKV GEMM against cuBLASLt's      fp8-quant  the linears' quantization kernels
-#       timeline   per-CTA timestamps of the attention kernels (a -DATTN_TIMELINE build)
 #   bash scripts/gpu.sh --list | --dry-run MODE [AREA ...] | --help
 # Variables: OUT (the logs: MODE_AREA.log, summary.txt; default /tmp/gpu_out), BUDGET (seconds,
 # default 570). cJSON comes from .deps/cjson when it is there (scripts/fetch_cjson.sh).
@@ -50,7 +49,7 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1  # NVLink multicast off (docs/gpu.m
 
 CHECK_AREAS="unit sanitizer torch train dp dp-sockets"
 BENCH_AREAS="attention attention-sustained qkv-gemm layers linear-fp8 e2e dp dp-sockets"
-PROFILE_AREAS="attention qkv-gemm fp8-quant timeline"
+PROFILE_AREAS="attention qkv-gemm fp8-quant"
 # check sanitizer: test, tool, the test's own switches for its small cases
 SANITIZED=("test_attention_gpu memcheck ATTN_TEST_SMALL=1" "test_attention_fp8_gpu memcheck ATTN_FP8_TEST_SMALL=1"
   "test_attention_fp8_gpu racecheck ATTN_FP8_TEST_SMALL=1" "test_attention_delta_fp8_gpu memcheck"
@@ -167,7 +166,6 @@ plan() {  # AREA: what it runs, one line a step
       echo "attn_bwd_fp8_kernel and attn_fp8_delta_kernel at T 4096" ;;
     profile:qkv-gemm) echo "ncu --set full on build/bench/bench_qkv_gemm profile cublas|default 2048" ;;
     profile:fp8-quant) echo "ncu --set full on build/bench/bench_fp8_quant's quantization kernels" ;;
-    profile:timeline) echo "the attention library with -DATTN_TIMELINE (build/gpu_sh/attn_timeline); dev/bench/attn_timeline.py" ;;
   esac
 }
 if [ "$dry" = 1 ]; then
@@ -952,15 +950,6 @@ profile_fp8_quant() {
     ncu_run "$re" 120 --kernel-name-base demangled -k "regex:$re" -s 3 -c 1 -- build/bench/bench_fp8_quant
   done
 }
-profile_timeline() {
-  attn_lib build/gpu_sh/attn_timeline -DATTN_TIMELINE || return
-  step attn_timeline 300 python3 dev/bench/attn_timeline.py --lib "$LIB" --T 2048 8192 --modes bf16 fp8_naive fp8_dm \
-    --dirs fwd bwd
-  part "attn_timeline.py, T 2048 8192" "$(verdict $rc)" "$(note $rc), $took s"
-  cp "$log" "$LOG_DIR/table_timeline.log"
-  tables+=("$LOG_DIR/table_timeline.log")
-}
-
 # --- run ---------------------------------------------------------------------------------------------
 if [ "$MODE" = check ]; then
   begin build
