@@ -950,6 +950,7 @@ profile_fp8_quant() {
     ncu_run "$re" 120 --kernel-name-base demangled -k "regex:$re" -s 3 -c 1 -- build/bench/bench_fp8_quant
   done
 }
+
 # --- run ---------------------------------------------------------------------------------------------
 if [ "$MODE" = check ]; then
   begin build
