@@ -38,7 +38,8 @@ static void passkey_usage(FILE *f) {
             "  --samples N          sequences per distance (default 50)\n"
             "  --distances D,D,...  distances (default: --min-distance, doubling while it fits, then the\n"
             "                       largest that fits T: the key at the start)\n"
-            "  --min-distance D     the first default distance (default 512; e.g. 16 for a T = 128 model)\n"
+            "  --min-distance D     the first default distance (default 512, or for a model too short for\n"
+            "                       it the largest power of two that fits)\n"
             "  --seed S             seed of the filler rows and the numbers (default 1)\n"
             "  --vocab-size V       generate: the shards' vocabulary (default 50257)\n"
             "  --batch B            eval: sequences per forward (default 4)\n"
@@ -118,7 +119,7 @@ int cmd_passkey(int argc, char **argv) {
     if (!generate && strcmp(verb, "eval"))
         return bad("unknown subcommand '%s' (expected generate or eval)", verb);
     const char *data = NULL, *out = NULL, *ckpt_arg = NULL, *json = NULL, *dist_arg = NULL;
-    long seq_len = 0, samples = 50, min_distance = 512, vocab = 50257, batch = 4;
+    long seq_len = 0, samples = 50, min_distance = 0, vocab = 50257, batch = 4;  // min_distance 0: the default
     unsigned long long seed = 1;
     DeviceKind device = DEVICE_AUTO;
     for (int i = 2; i < argc; i++) {
@@ -187,8 +188,14 @@ int cmd_passkey(int argc, char **argv) {
     if (dist_arg) {
         if ((n_distances = parse_distances(dist_arg, distances, PASSKEY_MAX_DISTANCES)) < 0)
             return bad("--distances '%s': expected comma-separated non-negative integers (at most 16)", dist_arg);
-    } else if ((n_distances = passkey_distances(&t, (int)seq_len, (int)min_distance, distances,
-                                                PASSKEY_MAX_DISTANCES)) == 0) {
+    } else {
+        if (min_distance == 0) {  // 512, or for a short model the largest power of two that fits
+            const int max = passkey_max_distance(&t, (int)seq_len, PASSKEY_MAX_DIGITS);
+            for (min_distance = 512; min_distance > 1 && min_distance > max; min_distance /= 2) {}
+        }
+        n_distances = passkey_distances(&t, (int)seq_len, (int)min_distance, distances, PASSKEY_MAX_DISTANCES);
+    }
+    if (!dist_arg && n_distances == 0) {
         errf(&e, "--min-distance %ld does not fit a passkey sequence of %ld tokens (at most %d)", min_distance, seq_len,
              passkey_max_distance(&t, (int)seq_len, PASSKEY_MAX_DIGITS));
         die_user(&e);

@@ -81,6 +81,10 @@ check "passkey eval --json" "$(cat "$tmp/pk_eval.json")" python3 -c "
 import json, sys
 j = json.load(open('$tmp/pk_eval.json'))
 sys.exit(0 if j['step'] == 6 and j['passkey']['n'] == [3, 3, 3] else 1)"
+# without --min-distance a model too short for 512 starts at the largest power of two that fits
+"$BIN" passkey eval --checkpoint "$run" --samples 2 --batch 2 --device cpu >"$tmp/eval_default.out" 2>&1; rc=$?
+check "passkey eval's default distances fit a T = 64 model" "rc $rc: $(cat "$tmp/eval_default.out")" \
+  sh -c "[ $rc -eq 0 ] && [ \$(grep -cE '^ +(16|2[0-9]) +2 ' '$tmp/eval_default.out') -eq 2 ]"
 "$BIN" passkey eval --checkpoint "$tmp/nowhere" >"$tmp/err" 2>&1; rc=$?
 check "passkey eval of a missing checkpoint: an error" "rc $rc: $(cat "$tmp/err")" \
   sh -c "[ $rc -ne 0 ] && grep -q 'nowhere' '$tmp/err'"
