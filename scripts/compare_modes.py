@@ -52,7 +52,7 @@ import time  # run wall time, the summary's date
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare_stats import finite, mean_sd, moving_average, paired, verdict  # noqa: E402
 
-KNOWN_MODES = ("bf16", "fp8_naive", "fp8_hybrid", "fp8_dm", "fp8_dm_approx", "fp32")
+KNOWN_MODES = ("bf16", "fp8_naive", "fp8_hybrid", "fp8_dm", "fp8_dm_approx", "fp8_hybrid_dm", "fp32")
 DEFAULT_MODES = "bf16,fp8_naive,fp8_hybrid,fp8_dm"
 DEFAULT_PAIRS = "fp8_naive-fp8_dm,fp8_hybrid-fp8_dm,fp8_dm-bf16"
 # The thresholds of the decision rule (docs/results.md, "Reduced-scale plan"): the smallest
