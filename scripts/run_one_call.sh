@@ -17,6 +17,11 @@
 #   --corpus-dir D   where it is unpacked (default data/corpus, where the plan's configs look)
 #   --checkpoint     keep a checkpoint of the last step (default: none; a 125M run's is ~1.5 GB)
 #   --set KEY=VALUE  another config override for every run (repeatable)
+#   --per-gpu K      runs that share one GPU, side by side (default 1): run i goes to GPU i / K;
+#                    the plan then gives each run RATE / K tokens/s (check it with --probe)
+#   --probe N        check the backend and measure, train nothing: attn-check --device gpu at
+#                    T = 4096, d = 128, E4M3 and E5M2; then N steps of each run alone, then of all
+#                    runs side by side as --per-gpu places them; a table of tokens/s, last
 #   --device D       gpu (default) or cpu (the CPU backend: tests of this script)
 #   --no-build       use ./train_gpt as it is (default: make it, cJSON from .deps/cjson)
 #   --dry-run        print the plan and the start-up check, build and train nothing
@@ -38,7 +43,7 @@ elapsed() { echo $(( $(date +%s) - t_start )); }
 die() { echo "run_one_call: error: $*" >&2; exit 2; }
 
 CONFIG="" TOKENS="" RATE=380000 LIMIT=540 OUTDIR=${OUT:-/tmp/run_one_call} CORPUS=data/corpus.tar.xz CORPUS_DIR=data/corpus
-KEEP_CKPT=0 DEVICE=gpu BUILD=1 DRY=0
+KEEP_CKPT=0 DEVICE=gpu BUILD=1 DRY=0 PER_GPU=1 PROBE=0
 SETS=() RUNS=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -50,6 +55,8 @@ while [ $# -gt 0 ]; do
     --corpus) CORPUS=${2:?--corpus needs a file}; shift 2 ;;
     --corpus-dir) CORPUS_DIR=${2:?--corpus-dir needs a directory}; shift 2 ;;
     --checkpoint) KEEP_CKPT=1; shift ;;
+    --per-gpu) PER_GPU=${2:?--per-gpu needs a number}; shift 2 ;;
+    --probe) PROBE=${2:?--probe needs a number of steps}; shift 2 ;;
     --set) SETS+=(--set "${2:?--set needs KEY=VALUE}"); shift 2 ;;
     --device) DEVICE=${2:?--device needs gpu or cpu}; shift 2 ;;
     --no-build) BUILD=0; shift ;;
@@ -64,10 +71,11 @@ done
 [ -f "$CONFIG" ] || die "--config $CONFIG: no such file"
 [ ${#RUNS[@]} -ge 1 ] || die "no run given: name one or two MODE:SEED, e.g. fp8_dm:1"
 case $DEVICE in gpu|cpu) ;; *) die "--device '$DEVICE': expected gpu or cpu" ;; esac
-for n in "$RATE" "$LIMIT" ${TOKENS:+"$TOKENS"}; do
-  case $n in ''|*[!0-9]*) die "'$n': --tokens, --rate and --limit-s take positive integers" ;; esac
-  [ "$n" -gt 0 ] || die "--tokens, --rate and --limit-s must be positive"
+for n in "$RATE" "$LIMIT" "$PER_GPU" ${TOKENS:+"$TOKENS"}; do
+  case $n in ''|*[!0-9]*) die "'$n': --tokens, --rate, --limit-s and --per-gpu take positive integers" ;; esac
+  [ "$n" -gt 0 ] || die "--tokens, --rate, --limit-s and --per-gpu must be positive"
 done
+case $PROBE in ''|*[!0-9]*) die "--probe '$PROBE': expected a number of steps" ;; esac
 for r in "${RUNS[@]}"; do
   m=${r%%:*} s=${r#*:}
   case $m in bf16|fp8_naive|fp8_hybrid|fp8_dm|fp8_dm_approx|fp32) ;; *) die "'$r': unknown mode '$m'" ;; esac
@@ -77,7 +85,8 @@ NGPU=0
 if [ "$DEVICE" = gpu ] && [ "$DRY" = 0 ]; then
   NGPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
   [ "$NGPU" -ge 1 ] || die "no GPU found (nvidia-smi); --device cpu runs the CPU backend"
-  [ ${#RUNS[@]} -le "$NGPU" ] || die "${#RUNS[@]} runs but $NGPU GPU(s): one run per GPU"
+  [ ${#RUNS[@]} -le $(( NGPU * PER_GPU )) ] ||
+    die "${#RUNS[@]} runs but $NGPU GPU(s) x --per-gpu $PER_GPU: raise --per-gpu or run fewer"
   export NCCL_NVLS_ENABLE=0
 fi
 
@@ -112,13 +121,16 @@ train_s = steps * bt / rate
 print(steps, bt, steps * bt, int(train_s + 0.999), int(eval_s + 0.999), min(t.get("warmup_steps", 0), steps))
 PYEOF
 }
+RATE_ALL=$RATE
+RATE=$(( RATE / PER_GPU ))  # each run's share of its GPU
 read -r STEPS BATCH TOK TRAIN_S EVAL_S WARMUP < <(plan) || die "cannot read the plan from $CONFIG"
 [ -n "${STEPS:-}" ] || die "cannot read the plan from $CONFIG"
-echo "run_one_call: ${RUNS[*]} | $CONFIG | $STEPS steps x $BATCH tokens = $TOK tokens per run | planned $RATE tok/s:" \
+echo "run_one_call: ${RUNS[*]} | $CONFIG | $STEPS steps x $BATCH tokens = $TOK tokens per run | planned $RATE tok/s a run ($PER_GPU a GPU):" \
      "training ${TRAIN_S} s + evaluations ~${EVAL_S} s | limit ${LIMIT} s | device $DEVICE"
 
 # check_eta WHAT: refuses (exit 3) when what is left of the limit cannot hold the plan.
 check_eta() {
+  [ "$PROBE" -gt 0 ] && return 0  # a probe trains only its few steps
   local need=$(( $(elapsed) + TRAIN_S + EVAL_S + 15 ))
   if [ "$need" -gt "$LIMIT" ]; then
     echo "run_one_call: REFUSED ($1): $(elapsed) s spent + ${TRAIN_S} s training + ~${EVAL_S} s evaluation + 15 s" \
@@ -150,6 +162,59 @@ if ! ls $pattern > /dev/null 2>&1; then
 fi
 check_eta "after the build and the data"
 
+# --probe N: is the backend right, and how fast are the runs? Trains nothing.
+if [ "$PROBE" -gt 0 ]; then
+  mkdir -p "$OUTDIR"
+  table=()
+  for g in e4m3 e5m2; do
+    log=/tmp/run_one_call_attn_check_$g.log
+    timeout 120 ./train_gpt attn-check --device "$DEVICE" --T 4096 --d 128 --grad-format $g > "$log" 2>&1
+    rc=$?
+    cp "$log" "$OUTDIR/" 2> /dev/null
+    table+=("$(printf '%-34s %s' "attn-check $DEVICE T 4096 d 128 $g" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL (exit $rc)")")")
+  done
+  # probe_runs LABEL RUN...: N steps of each RUN at once, placed as --per-gpu says; tokens/s each
+  probe_runs() {
+    local label=$1 r m s dir k=0 pids=() names=()
+    shift
+    for r in "$@"; do
+      m=${r%%:*} s=${r#*:}
+      dir=/tmp/run_one_call_probe/$label/${m}_seed$s
+      rm -rf "$dir"; mkdir -p "$dir"
+      CUDA_VISIBLE_DEVICES=$(( k / PER_GPU )) timeout -s KILL $(( LIMIT - $(elapsed) - 5 )) ./train_gpt --config "$CONFIG" \
+        --set "train.device=$DEVICE" --set "precision.attention=$m" --set "train.seed=$s" --set "data.seed=$s" --set "train.steps=$PROBE" \
+        --set "train.warmup_steps=$(( WARMUP < PROBE ? WARMUP : PROBE ))" --set eval.interval=0 --set eval.passkey_interval=0 \
+        --set checkpoint.interval=0 --set checkpoint.at_end=false --set log.interval=1 \
+        --set "log.dir=$dir/run" "${SETS[@]}" > "$dir/train.log" 2>&1 &
+      pids+=($!) names+=("$r")
+      k=$((k + 1))
+    done
+    for k in "${!pids[@]}"; do
+      wait "${pids[$k]}"; rc=$?
+      r=${names[$k]} m=${r%%:*} s=${r#*:}
+      dir=/tmp/run_one_call_probe/$label/${m}_seed$s
+      tail -40 "$dir/train.log" > "$OUTDIR/probe_${label}_${m}_$s.log"
+      tok=$(python3 - "$dir/run/metrics.jsonl" <<'PYEOF'
+import json, statistics, sys
+try: rows = [json.loads(l) for l in open(sys.argv[1])]
+except Exception: rows = []
+rows = [r for r in rows if "tokens_per_s" in r]
+tail = rows[len(rows) // 4:]  # past the start-up steps
+print("%.0f tok/s, loss %.3f -> %.3f" % (statistics.median(r["tokens_per_s"] for r in tail), rows[0]["loss"], rows[-1]["loss"])
+      if tail else "no steps")
+PYEOF
+)
+      table+=("$(printf '%-34s %s' "$label $r" "$([ $rc -eq 0 ] && echo "$tok" || echo "FAIL (exit $rc): $tok")")")
+    done
+  }
+  for r in "${RUNS[@]}"; do probe_runs alone "$r"; done
+  [ ${#RUNS[@]} -gt 1 ] && [ "$PER_GPU" -gt 1 ] && probe_runs shared "${RUNS[@]}"
+  echo "run_one_call: probe done at $(elapsed) s: $PROBE steps of $BATCH tokens"
+  printf '%s\n' "${table[@]}"
+  case "${table[*]}" in *FAIL*) exit 1 ;; esac
+  exit 0
+fi
+
 # Start every run, then watch them.
 pids=() dirs=() outs=()
 i=0
@@ -164,7 +229,7 @@ for r in "${RUNS[@]}"; do
         --set "train.device=$DEVICE" "${SETS[@]}")
   left=$(( LIMIT - $(elapsed) - 5 ))
   if [ "$DEVICE" = gpu ]; then
-    CUDA_VISIBLE_DEVICES=$i timeout -s KILL "$left" ./train_gpt "${opts[@]}" > "$dir/train.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$(( i / PER_GPU )) timeout -s KILL "$left" ./train_gpt "${opts[@]}" > "$dir/train.log" 2>&1 &
   else
     timeout -s KILL "$left" ./train_gpt "${opts[@]}" > "$dir/train.log" 2>&1 &
   fi
