@@ -340,15 +340,27 @@ def seed_map(runs, mode, key):
     return {r["seed"]: r[key] for r in runs if r["mode"] == mode and r["complete"] and finite(r.get(key))}
 
 
+def shared_seeds(runs, modes):
+    """The seeds every mode with a complete run has: profiles (passkey per distance, loss per
+    position and per source) compare modes on these alone, else a seed's offset reads as a mode's."""
+    sets = [set(r["seed"] for r in runs if r["mode"] == m and r["complete"]) for m in modes]
+    sets = [x for x in sets if x]
+    return sorted(set.intersection(*sets)) if sets else []
+
+
 def per_mode(runs, modes):
     out = {}
+    shared = shared_seeds(runs, modes)
     for m in modes:
         mine = [r for r in runs if r["mode"] == m and r["complete"]]
-        entry = {"seeds": [r["seed"] for r in mine]}
+        entry = {"seeds": [r["seed"] for r in mine], "profile_seeds": shared}
+        stats_runs = mine
+        mine = [r for r in mine if r["seed"] in shared] if shared else mine
         for key in ("final_val", "final_train", "passkey_accuracy", "tokens_per_s"):
-            mean, sd = mean_sd([r.get(key) for r in mine])
-            entry[key] = {"mean": mean, "sd": sd, "n": len([r for r in mine if finite(r.get(key))])}
-        # Passkey accuracy per distance, and loss per position bucket: seed means.
+            mean, sd = mean_sd([r.get(key) for r in stats_runs])
+            entry[key] = {"mean": mean, "sd": sd, "n": len([r for r in stats_runs if finite(r.get(key))])}
+        # Passkey accuracy per distance, loss per position bucket and per source: means over the
+        # shared seeds.
         dist = {}
         for r in mine:
             p = r.get("passkey") or {}
@@ -448,6 +460,10 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
                  time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), a.config,
                  "".join(" `--set %s`" % s for s in a.sets), ", ".join(map(str, a.seeds)), a.out))
     L.append("")
+    shared = next((e.get("profile_seeds") for e in modes_summary.values() if e.get("seeds")), [])
+    all_same = all(sorted(e["seeds"]) == shared for e in modes_summary.values() if e["seeds"])
+    profile_note = "seed mean" if all_same else (
+        "mean over seed%s %s, the seeds every mode ran" % ("s" if len(shared) > 1 else "", ", ".join(map(str, shared))))
     L.append("## Per mode (mean ± sd over seeds)")
     L.append("")
     L.append("| mode | seeds | final val loss | final train loss | passkey accuracy | tokens/s |")
@@ -464,7 +480,7 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
     L.append("")
     dists = sorted({int(d) for m in a.modes for d in modes_summary[m]["passkey_by_distance"]})
     if dists:
-        L.append("Passkey accuracy per distance (tokens between the key and the question):")
+        L.append("Passkey accuracy per distance (tokens between the key and the question; %s):" % profile_note)
         L.append("")
         L.append("| mode | " + " | ".join(str(d) for d in dists) + " |")
         L.append("|---|" + "---|" * len(dists))
@@ -474,7 +490,7 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
         L.append("")
     buckets = sorted({(b["start"], b["end"]) for m in a.modes for b in modes_summary[m]["val_by_position"]})
     if buckets:
-        L.append("Final validation loss per position bucket (seed mean):")
+        L.append("Final validation loss per position bucket (%s):" % profile_note)
         L.append("")
         L.append("| mode | " + " | ".join("%d–%d" % (s, e - 1) for s, e in buckets) + " |")
         L.append("|---|" + "---|" * len(buckets))
@@ -484,7 +500,7 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
         L.append("")
     sources = sorted({s for m in a.modes for s in modes_summary[m]["val_by_source"]})
     if len(sources) > 1:
-        L.append("Final validation loss per source (seed mean):")
+        L.append("Final validation loss per source (%s):" % profile_note)
         L.append("")
         L.append("| mode | " + " | ".join(sources) + " |")
         L.append("|---|" + "---|" * len(sources))
@@ -578,6 +594,7 @@ def plot(a, runs, comps, window):
               "python3-matplotlib)", file=sys.stderr)
         return []
     paths = []
+    shared = shared_seeds(runs, a.modes)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
     colors = {}
     for m in a.modes:
@@ -633,7 +650,7 @@ def plot(a, runs, comps, window):
         for m in a.modes:
             bucket = {}
             for r in runs:
-                if r["mode"] != m or not r["complete"] or not r.get("val_pos"):
+                if r["mode"] != m or not r["complete"] or not r.get("val_pos") or (shared and r["seed"] not in shared):
                     continue
                 vp = r["val_pos"]
                 for s, e, l in zip(vp["start"], vp["end"], vp["mean"]):
@@ -645,7 +662,7 @@ def plot(a, runs, comps, window):
                         label=m, color=colors.get(m))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("position in the context (bucket middle)")
-        ax.set_ylabel("final validation loss (seed mean)")
+        ax.set_ylabel("final validation loss (mean over seeds %s)" % ",".join(map(str, shared)))
         ax.set_title("loss per position bucket")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
