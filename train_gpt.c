@@ -815,8 +815,14 @@ static double evaluate_and_log(Run *r, long long step, int steps) {
     printf("step %lld/%d | val loss %.4f\n", step, steps, val);
     if (v->n_sources > 1) {
         printf("step %lld/%d | val by source:", step, steps);
-        for (int i = 0; i < v->n_sources; i++) printf(" %s %.3f", r->val.source_names[i], val_stats_source(v, i, NULL));
-        printf("\n");
+        int unseen = 0;
+        for (int i = 0; i < v->n_sources; i++) {
+            double t, x = val_stats_source(v, i, &t);
+            if (t > 0) printf(" %s %.3f", r->val.source_names[i], x);
+            else printf(" %s n/a", r->val.source_names[i]), unseen = 1;
+        }
+        // a source whose validation split is shorter than one row, or outside eval.batches' rows
+        printf("%s\n", unseen ? " (n/a: no row of the evaluation comes from it)" : "");
     }
     if (!r->metrics) return val;  // ranks other than 0
     FILE *f = r->metrics;

@@ -19,7 +19,11 @@ static double log_softmax_at(const float *row, int V, int target) {
     return row[target] - mx - log(sum);
 }
 
-static void check_mode(const char *label, const char *const *sets, int n_sets) {
+// logits_tol: the rows' logits against the CPU's. FP8 code differences between the backends
+// (an input a rounding apart lands on the next code) reach the logits: measured on an H200, worst
+// of the four rows, below 2e-2 in BF16, 2.3e-2 with FP8 attention, 6.6e-2 with the FP8 LM head too
+// (test_model_gpu_fp8's next-logit bounds, for the same reason).
+static void check_mode(const char *label, const char *const *sets, int n_sets, double logits_tol) {
     Config c = make_config(TINY_JSON, sets, n_sets);
     attn_gpu_block_sizes(c.model.head_dim, &c.precision.attention_block_q, &c.precision.attention_block_k);
     const int B = c.train.micro_batch, T = c.model.seq_len, BT = B * T, V = c.model.vocab_size,
@@ -61,8 +65,8 @@ static void check_mode(const char *label, const char *const *sets, int n_sets) {
     }
     snprintf(name, sizeof name, "%s: row logits give the row's loss (|d| < 2e-2)", label);
     CHECK(self < 2e-2, name, "max |d| %.4f", self);
-    snprintf(name, sizeof name, "%s: row logits match the CPU's (rel L2 < 2e-2)", label);
-    CHECK(vs_cpu < 2e-2, name, "rel L2 %.3e", vs_cpu);
+    snprintf(name, sizeof name, "%s: row logits match the CPU's (rel L2 < %.0e)", label, logits_tol);
+    CHECK(vs_cpu < logits_tol, name, "rel L2 %.3e", vs_cpu);
     gpu_model_free(&gpu);
     cpu_model_free(&cpu);
 }
@@ -75,10 +79,10 @@ int main(void) {
     const char *dm[] = {"precision.attention=fp8_dm"};
     const char *fp8_head[] = {"precision.attention=fp8_dm", "precision.linear=fp8_tensor",
                               "precision.linear_keep_lm_head_bf16=false", "precision.linear_grad_format=e5m2"};
-    check_mode("bf16", bf16, 1);
-    check_mode("fp8_naive", naive, 1);
-    check_mode("fp8_hybrid", hybrid, 1);
-    check_mode("fp8_dm", dm, 1);
-    check_mode("fp8_dm + fp8_tensor head", fp8_head, 4);
+    check_mode("bf16", bf16, 1, 2e-2);
+    check_mode("fp8_naive", naive, 1, 5e-2);
+    check_mode("fp8_hybrid", hybrid, 1, 5e-2);
+    check_mode("fp8_dm", dm, 1, 5e-2);
+    check_mode("fp8_dm + fp8_tensor head", fp8_head, 4, 1e-1);
     return test_summary("test_eval_gpu");
 }
