@@ -1,14 +1,15 @@
 #!/bin/bash
-# run_one_call.sh: one (mode, seed) training run end to end inside one GPU-machine call of at most
-# ~9 minutes, or two side by side on two GPUs: build, unpack the corpus, check that the plan can
-# finish, train to a token budget, and keep only small files.
+# run_one_call.sh: (mode, seed) training runs end to end inside one GPU-machine call of at most
+# ~9 minutes, side by side (one a GPU, or --per-gpu K sharing each): build, unpack the corpus,
+# check that the plan can finish, train to a token budget, and keep only small files.
 #
-#   usage: scripts/run_one_call.sh --config FILE [options] MODE:SEED [MODE:SEED]
+#   usage: scripts/run_one_call.sh --config FILE [options] MODE:SEED [MODE:SEED ...]
 #     e.g. scripts/run_one_call.sh --config configs/reduced_125m_t8k_amplified.json fp8_naive:1 fp8_dm:1
+#          scripts/run_one_call.sh --config ... --per-gpu 4 --probe 40 bf16:1 fp8_naive:1 fp8_dm:1 fp8_hybrid:1
 #
 #   --tokens N       training tokens per run (default: the config's train.steps x batch tokens);
 #                    train.steps = N / train.batch_tokens, the same for every run of a recipe
-#   --rate R         planned tokens/s of one run on its GPU (default 380000; the plan's, see
+#   --rate R         planned tokens/s of one GPU (default 380000; the plan's, see
 #                    docs/results.md): the start-up check and the default use it
 #   --limit-s S      the whole call's limit in seconds, this script's start to its end (default 540)
 #   --out DIR        where the small files go (default $OUT, else /tmp/run_one_call)
@@ -27,7 +28,7 @@
 #   --dry-run        print the plan and the start-up check, build and train nothing
 #
 # Each run R = MODE:SEED trains with precision.attention = MODE and train.seed = data.seed = SEED
-# (scripts/compare_modes.py's convention) on GPU number i (the i-th run), into /tmp, and leaves in
+# (scripts/compare_modes.py's convention) on GPU number i / K (the i-th run), into /tmp, and leaves in
 # OUT/MODE/seed_SEED/ its metrics.jsonl, config.json, summary.json and train.log (the last 300
 # lines of its output): what scripts/compare_modes.py --summarize-only reads, 4 files a run.
 #

@@ -104,6 +104,11 @@ $R --config configs/reduced_125m_t4k.json --dry-run fp8_fast:1 >"$tmp/err" 2>&1;
 check "an unknown mode is an error" "rc $rc: $(cat "$tmp/err")" sh -c "[ $rc -eq 2 ] && grep -q \"unknown mode 'fp8_fast'\" '$tmp/err'"
 $R --config configs/reduced_125m_t4k.json --dry-run >"$tmp/err" 2>&1; rc=$?
 check "no run given is an error" "rc $rc: $(cat "$tmp/err")" sh -c "[ $rc -eq 2 ] && grep -q 'no run given' '$tmp/err'"
+$R --config configs/reduced_125m_t4k.json --rate 800000 --per-gpu 2 --dry-run fp8_naive:1 fp8_dm:1 >"$tmp/dry" 2>&1; rc=$?
+check "--per-gpu 2: each run plans half the GPU's rate" "rc $rc: $(cat "$tmp/dry")" \
+  sh -c "[ $rc -eq 0 ] && grep -q 'planned 400000 tok/s a run (2 a GPU)' '$tmp/dry'"
+$R --config configs/reduced_125m_t4k.json --per-gpu 0 --dry-run fp8_dm:1 >"$tmp/err" 2>&1; rc=$?
+check "--per-gpu 0 is an error" "rc $rc: $(cat "$tmp/err")" sh -c "[ $rc -eq 2 ] && grep -q 'must be positive' '$tmp/err'"
 
 # A whole call on the CPU: a tiny model on shards that come out of a packed corpus.
 mkdir -p "$tmp/src/austen"
@@ -132,6 +137,15 @@ sys.exit(0 if ok else 1)"
 check "the call's results are what compare_modes.py reads" "$(cat "$tmp/cs.out" 2>/dev/null)" \
   sh -c "python3 scripts/compare_modes.py --config configs/tiny.json --modes fp8_dm --seeds 3 --out '$tmp/call' \
            --summarize-only --no-plot >'$tmp/cs.out' 2>&1 && grep -q '^| \`fp8_dm\` | 3 | ' '$tmp/call/summary.md'"
+# --probe: attn-check at T = 4096, d = 128 in both formats, then each run alone and both side by
+# side; a table of tokens/s last, nothing trained beyond the probe's steps
+$R --config configs/tiny.json --device cpu --no-build --probe 2 --per-gpu 2 --limit-s 300 --out "$tmp/probe" $TINY \
+  --set "data.train=$tmp/unpacked/*/train_*.bin" --set "data.val=$tmp/unpacked/*/val_*.bin" bf16:1 fp8_dm:1 \
+  >"$tmp/probe.out" 2>&1; rc=$?
+check "--probe: attn-check and a tokens/s table, alone and shared" "rc $rc: $(tail -8 "$tmp/probe.out")" \
+  sh -c "[ $rc -eq 0 ] && [ \$(grep -cE '^attn-check cpu T 4096 d 128 e(4m3|5m2) +PASS' '$tmp/probe.out') -eq 2 ] &&
+         [ \$(grep -cE '^(alone|shared) (bf16|fp8_dm):1 +[0-9]+ tok/s' '$tmp/probe.out') -eq 4 ] &&
+         [ ! -e '$tmp/probe/fp8_dm' ]"
 # The watchdog: a claimed rate far above the CPU's passes the start, then the run is stopped.
 # (2M tokens: minutes at any CPU speed, so the limit always cuts it short)
 $R --config configs/tiny.json --device cpu --no-build --tokens 2048000 --rate 1000000000 --limit-s 40 --out "$tmp/stop" \
