@@ -79,7 +79,7 @@ done
 case $PROBE in ''|*[!0-9]*) die "--probe '$PROBE': expected a number of steps" ;; esac
 for r in "${RUNS[@]}"; do
   m=${r%%:*} s=${r#*:}
-  case $m in bf16|fp8_naive|fp8_hybrid|fp8_dm|fp8_dm_approx|fp32) ;; *) die "'$r': unknown mode '$m'" ;; esac
+  case $m in bf16|fp8_naive|fp8_hybrid|fp8_dm|fp8_dm_approx|fp8_hybrid_dm|fp32) ;; *) die "'$r': unknown mode '$m'" ;; esac
   case $s in ''|*[!0-9]*) die "'$r': the seed must be a non-negative integer" ;; esac
 done
 NGPU=0
