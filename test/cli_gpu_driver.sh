@@ -83,7 +83,8 @@ check "check unit: the table last, in OUT too" "$(tail -4 "$tmp/out")" \
 check "check unit: make test's summary in its row" "$(grep '^unit' "$tmp/out")" \
   grep -Eq '^unit +make test +PASS +2 passed, 0 failed, 0 skipped$' "$tmp/out"
 check "check unit: the steps' logs in OUT" "$(ls "$tmp/o")" \
-  sh -c "grep -q '^make SETUP=0 test' '$tmp/o/check_unit.log' && grep -q '^make -j[0-9]* SETUP=0 train_gpt tests' '$tmp/o/check_build.log'"
+  sh -c "grep -Eq '^make SETUP=0 (CJSON_PREFIX=[^ ]+ )?test' '$tmp/o/check_unit.log' &&
+         grep -Eq '^make -j[0-9]+ SETUP=0 (CJSON_PREFIX=[^ ]+ )?train_gpt tests' '$tmp/o/check_build.log'"
 check "the temporary folder is removed" "$(ls "$tmp/tmp")" [ -z "$(ls "$tmp/tmp")" ]
 FAKE_TEST_FAIL=1 gpu check unit
 check "a failing make test: status 1, FAIL with its counts" "rc $rc: $(grep '^unit' "$tmp/out")" \
