@@ -155,37 +155,11 @@ static void forward_mma(const bf16 *q, const bf16 *k, const bf16 *v, int qkv_str
 }
 
 int main(int argc, char **argv) {
-    const LabShapes sh(argc, argv);
-    const int d = sh.d, H = sh.H, C = H * d;
-    bool ok = true;
-    for (int T : sh.Ts) {
-        const int B = sh.batch(T);
-        const size_t n_tok = (size_t)B * T;
-        uint16_t *qkv = random_bf16(n_tok * 3 * C, 1234u + T), *o_ref, *o_lab;
-        float *lse_ref, *lse_lab;
-        CU(cudaMalloc(&o_ref, n_tok * C * 2));
-        CU(cudaMalloc(&o_lab, n_tok * C * 2));
-        CU(cudaMalloc(&lse_ref, (size_t)B * H * T * 4));
-        CU(cudaMalloc(&lse_lab, (size_t)B * H * T * 4));
-        const uint16_t *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
-        auto lib = [&] { attn_gpu_forward(q, k, v, 3 * C, o_ref, C, lse_ref, B, H, T, d, 0); };
-        auto lab = [&] {
-            if (d == 64) forward_mma<64>((const bf16 *)q, (const bf16 *)k, (const bf16 *)v, 3 * C, (bf16 *)o_lab, C, lse_lab, B, H, T);
-            else forward_mma<128>((const bf16 *)q, (const bf16 *)k, (const bf16 *)v, 3 * C, (bf16 *)o_lab, C, lse_lab, B, H, T);
-        };
-        lib();
-        lab();
-        CU(cudaDeviceSynchronize());
-        printf("T=%d B=%d H=%d d=%d\n", T, B, H, d);
-        LabDiff dO, dL;
-        lab_diff_bf16(&dO, o_lab, C, o_ref, C, n_tok, C);
-        lab_diff_f32(&dL, lse_lab, lse_ref, (size_t)B * H * T);
-        ok &= lab_report("O against the library's", dO, false, 1e-2);
-        ok &= lab_report("LSE against the library's", dL, false, 1e-4);
-        const double flops = lab_fwd_flops(B, H, T, d);
-        lab_time_line("library (wgmma, TMA)", T, B, H, d, bench_time_ms(lib), flops);
-        lab_time_line("lab 1 (mma.sync)", T, B, H, d, bench_time_ms(lab), flops);
-        cudaFree(qkv); cudaFree(o_ref); cudaFree(o_lab); cudaFree(lse_ref); cudaFree(lse_lab);
-    }
-    return ok ? 0 : 1;
+    return lab_forward_main(argc, argv, "library (wgmma, TMA)", "lab 1 (mma.sync)", false, 1e-2,
+                            [](int d, const uint16_t *q, const uint16_t *k, const uint16_t *v, int ld, uint16_t *o,
+                               int ldo, float *lse, int B, int H, int T) {
+                                const bf16 *bq = (const bf16 *)q, *bk = (const bf16 *)k, *bv = (const bf16 *)v;
+                                if (d == 64) forward_mma<64>(bq, bk, bv, ld, (bf16 *)o, ldo, lse, B, H, T);
+                                else forward_mma<128>(bq, bk, bv, ld, (bf16 *)o, ldo, lse, B, H, T);
+                            });
 }

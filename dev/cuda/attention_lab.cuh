@@ -12,6 +12,7 @@
 #include <string.h>        // memcpy
 #include <vector>          // host copies, the T list
 
+#include "attention/kernels_bf16.h"   // attn_gpu_forward: the library's version, the labs' reference
 #include "dev/bench/bench_gpu.cuh"  // CU, random_bf16, bench_time_ms
 
 // The shapes of a run: `prog [d=128] [T ...]` (T default 1024 2048 4096 8192), tokens = B * T =
@@ -99,4 +100,43 @@ static inline bool lab_report(const char *what, const LabDiff &dd, bool exact, d
 static inline double lab_fwd_flops(int B, int H, int T, int d) { return 4.0 * B * H * (double)T * T * d / 2.0; }
 static inline void lab_time_line(const char *who, int T, int B, int H, int d, double ms, double flops) {
     printf("  %-28s T=%5d B=%2d H=%d d=%3d  %8.4f ms  %6.1f TFLOP/s\n", who, T, B, H, d, ms, flops / (ms * 1e-3) / 1e12);
+}
+
+// The whole program of a BF16 forward lab version: per T, random packed qkv (B, T, 3 H d), the
+// library's attn_gpu_forward and the lab's forward on it, O and LSE compared (bit for bit when
+// `exact`, else within `tol`), both timed. lab_forward(d, q, k, v, ld_qkv, o, ld_o, lse, B, H, T)
+// runs the lab version on device pointers.
+template <class LabForward>
+static int lab_forward_main(int argc, char **argv, const char *lib_name, const char *lab_name, bool exact, double tol,
+                            LabForward lab_forward) {
+    const LabShapes sh(argc, argv);
+    const int d = sh.d, H = sh.H, C = H * d;
+    bool ok = true;
+    for (int T : sh.Ts) {
+        const int B = sh.batch(T);
+        const size_t n_tok = (size_t)B * T;
+        uint16_t *qkv = random_bf16(n_tok * 3 * C, 1234u + T), *o_ref, *o_lab;  // (B, T, 3 C)
+        float *lse_ref, *lse_lab;                                                // (B, H, T)
+        CU(cudaMalloc(&o_ref, n_tok * C * 2));
+        CU(cudaMalloc(&o_lab, n_tok * C * 2));
+        CU(cudaMalloc(&lse_ref, (size_t)B * H * T * 4));
+        CU(cudaMalloc(&lse_lab, (size_t)B * H * T * 4));
+        const uint16_t *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
+        auto lib = [&] { attn_gpu_forward(q, k, v, 3 * C, o_ref, C, lse_ref, B, H, T, d, 0); };
+        auto lab = [&] { lab_forward(d, q, k, v, 3 * C, o_lab, C, lse_lab, B, H, T); };
+        lib();
+        lab();
+        CU(cudaDeviceSynchronize());
+        printf("T=%d B=%d H=%d d=%d\n", T, B, H, d);
+        LabDiff dO, dL;
+        lab_diff_bf16(&dO, o_lab, C, o_ref, C, n_tok, C);
+        lab_diff_f32(&dL, lse_lab, lse_ref, (size_t)B * H * T);
+        ok &= lab_report("O against the library's", dO, exact, tol);
+        ok &= lab_report("LSE against the library's", dL, exact, exact ? 0 : tol * 1e-2);
+        const double flops = lab_fwd_flops(B, H, T, d);
+        lab_time_line(lib_name, T, B, H, d, bench_time_ms(lib), flops);
+        lab_time_line(lab_name, T, B, H, d, bench_time_ms(lab), flops);
+        cudaFree(qkv); cudaFree(o_ref); cudaFree(o_lab); cudaFree(lse_ref); cudaFree(lse_lab);
+    }
+    return ok ? 0 : 1;
 }
