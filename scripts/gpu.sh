@@ -4,7 +4,10 @@
 # logs under OUT and prints a short table last. docs/gpu.md says how to run it.
 #
 #   bash scripts/gpu.sh check [AREA ...]   correctness, PASS or FAIL per part (default: every area
-#                                          the machine can run; one call per area fits 10 minutes)
+#                                          the machine can run but kernels; one call per area fits
+#                                          10 minutes)
+#       kernels    the GPU test binaries alone (build/tests/test_*gpu*, test_backend): a row each, the
+#                  quick first check of a fresh machine (unit runs them too, with every CPU test)
 #       unit       make test with the GPU present (a GPU test that skips there fails)
 #       sanitizer  compute-sanitizer memcheck and racecheck over the kernel tests' small cases
 #       torch      test_model_gpu --dump, then test/torch_parity.py: the GPU model against PyTorch
@@ -47,7 +50,7 @@ BUDGET=${BUDGET:-570}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1  # NVLink multicast off (docs/gpu.md)
 
-CHECK_AREAS="unit sanitizer torch train dp dp-sockets"
+CHECK_AREAS="kernels unit sanitizer torch train dp dp-sockets"
 BENCH_AREAS="attention attention-sustained qkv-gemm layers linear-fp8 e2e dp dp-sockets"
 PROFILE_AREAS="attention qkv-gemm fp8-quant"
 # check sanitizer: test, tool, the test's own switches for its small cases
@@ -69,6 +72,10 @@ ACCUM=${ACCUM:-8} E2E_STEPS=${E2E_STEPS:-10}
 
 usage() { sed -n '2,/^set -u/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 die_usage() { echo "gpu.sh: $*" >&2; echo "(bash scripts/gpu.sh --help for the areas)" >&2; exit 2; }
+gpu_test_binaries() {  # the tests that need a GPU, by their sources' names
+  local f
+  for f in test/test_*gpu*.cu test/test_backend.cu; do [ -f "$f" ] && basename "$f" .cu; done
+}
 bench_files() {  # the programs among dev/bench/*.cu (not the libraries' shims)
   local f
   for f in dev/bench/*.cu; do grep -q 'int main' "$f" 2>/dev/null && basename "$f" .cu; done
@@ -102,7 +109,9 @@ AREAS=() ARGS=()
 if [ "$MODE" = check ]; then
   AREAS=("$@")
   if [ ${#AREAS[@]} -eq 0 ]; then  # every area this machine can run
-    for a in $CHECK_AREAS; do [ "${a%-sockets}" != dp ] || [ "$ngpu" -ge 2 ] && AREAS+=("$a"); done
+    for a in $CHECK_AREAS; do  # (kernels: unit runs its binaries too)
+      [ "$a" != kernels ] && { [ "${a%-sockets}" != dp ] || [ "$ngpu" -ge 2 ]; } && AREAS+=("$a")
+    done
   fi
   for a in "${AREAS[@]}"; do
     case " $known " in *" $a "*) ;; *) die_usage "unknown check area '$a' (areas: $known)" ;; esac
@@ -130,6 +139,7 @@ done
 # --- the plan (--dry-run) ----------------------------------------------------------------------
 plan() {  # AREA: what it runs, one line a step
   case $MODE:$1 in
+    check:kernels) echo "each GPU test binary: $(gpu_test_binaries | tr '\n' ' ')" ;;
     check:unit) echo "make test (every test binary and CLI test; its status passed through)" ;;
     check:sanitizer)
       for s in "${SANITIZED[@]}"; do
@@ -378,6 +388,21 @@ EOF
 }
 
 # --- check areas ---------------------------------------------------------------------------------
+check_kernels() {
+  local t n bad res
+  for t in $(gpu_test_binaries); do
+    n=$(basename "$t")
+    [ -x "build/tests/$n" ] || { part "$n" FAIL "not built"; continue; }
+    step "$n" 300 "build/tests/$n"
+    bad=$(grep -c '^skipped' "$log")  # with a GPU present a skip is a failure (test/run_tests.sh)
+    fails "$log" 6
+    if [ $rc -eq $NOT_RUN ]; then res=SKIP
+    elif [ $rc -eq 0 ] && [ "$bad" -eq 0 ] && grep -q '^ok - ' "$log"; then res=PASS
+    else res=FAIL; fi
+    part "$n" "$res" "$(counts "$log"), $bad skipped; $(note $rc), $took s"
+  done
+}
+
 check_unit() {
   step make_test 3600 make SETUP=0 "${CJ[@]}" test
   local line

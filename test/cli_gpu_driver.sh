@@ -41,7 +41,7 @@ gpu frobnicate
 check "unknown mode" "rc $rc: $(head -1 "$tmp/out")" sh -c "[ $rc -eq 2 ] && grep -q \"unknown mode 'frobnicate'\" '$tmp/out'"
 gpu check unitt
 check "unknown check area names the areas" "rc $rc: $(head -1 "$tmp/out")" \
-  sh -c "[ $rc -eq 2 ] && grep -q \"unknown check area 'unitt' (areas: unit sanitizer torch train dp dp-sockets)\" '$tmp/out'"
+  sh -c "[ $rc -eq 2 ] && grep -q \"unknown check area 'unitt' (areas: kernels unit sanitizer torch train dp dp-sockets)\" '$tmp/out'"
 gpu bench
 check "bench without an area" "rc $rc: $(head -1 "$tmp/out")" sh -c "[ $rc -eq 2 ] && grep -q 'bench needs an area' '$tmp/out'"
 gpu bench attention extra
@@ -54,7 +54,7 @@ check "BUDGET not a number" "rc $rc: $(head -1 "$tmp/out")" sh -c "[ $rc -eq 2 ]
 # --- what a call would run ---
 gpu --list
 check "--list: the three modes and dev/bench's programs, not its shims" "$(cat "$tmp/out")" \
-  sh -c "[ $rc -eq 0 ] && grep -q '^check: *unit sanitizer torch train dp' '$tmp/out' && grep -q '^profile:' '$tmp/out' &&
+  sh -c "[ $rc -eq 0 ] && grep -q '^check: *kernels unit sanitizer torch train dp' '$tmp/out' && grep -q '^profile:' '$tmp/out' &&
          grep -q 'dev/bench: .*bench_qkv_gemm' '$tmp/out' && ! grep -q 'attn_bench_shim' '$tmp/out'"
 gpu --dry-run check
 check "--dry-run check on 1 GPU: every area but dp" "rc $rc: $(head -1 "$tmp/out")" \
@@ -86,6 +86,11 @@ check "check unit: the steps' logs in OUT" "$(ls "$tmp/o")" \
   sh -c "grep -Eq '^make SETUP=0 (CJSON_PREFIX=[^ ]+ )?test' '$tmp/o/check_unit.log' &&
          grep -Eq '^make -j[0-9]+ SETUP=0 (CJSON_PREFIX=[^ ]+ )?train_gpt tests' '$tmp/o/check_build.log'"
 check "the temporary folder is removed" "$(ls "$tmp/tmp")" [ -z "$(ls "$tmp/tmp")" ]
+# check kernels runs the GPU test binaries themselves: here they find no driver and skip, which
+# where nvidia-smi lists a GPU is a failure, row by row
+gpu check kernels
+check "check kernels: a row per GPU test binary; a skip with a GPU listed fails" "rc $rc: $(tail -4 "$tmp/out")" \
+  sh -c "[ $rc -eq 1 ] && [ \$(grep -cE '^kernels +test_[a-z0-9_]+ +FAIL ' '$tmp/out') -eq $(ls test/test_*gpu*.cu test/test_backend.cu | wc -l) ]"
 FAKE_TEST_FAIL=1 gpu check unit
 check "a failing make test: status 1, FAIL with its counts" "rc $rc: $(grep '^unit' "$tmp/out")" \
   sh -c "[ $rc -eq 1 ] && grep -Eq '^unit +make test +FAIL +1 passed, 1 failed, 0 skipped \(exit 2\)$' '$tmp/out' && grep -q 'FAIL - b: broken' '$tmp/out'"
