@@ -296,6 +296,8 @@ def summarize_run(mode, seed, run_dir):
     r["passkey_step"] = pk[-1][0] if pk else None
     accs = [x for x in (r["passkey"] or {}).get("accuracy", []) if finite(x)]
     r["passkey_accuracy"] = sum(accs) / len(accs) if accs else None
+    lps = [x for x in (r["passkey"] or {}).get("logp_answer", []) if finite(x)]
+    r["passkey_logp"] = sum(lps) / len(lps) if lps else None  # descriptive: not in the rule
     r["passkey_curve"] = [(s, sum(x for x in p.get("accuracy", []) if finite(x)) / max(1, len(p.get("accuracy", []))))
                           for s, p in pk]
     if diag:
@@ -425,6 +427,9 @@ def compare(a, runs):
                 text, code = "undecided (both at accuracy 0: no retrieval learned, nothing to compare)", "undecided"
             p.update(verdict=text, verdict_code=code, threshold=threshold)
             c["metrics"][key] = p
+        # the answer's log-probability: reported beside the rule, never judged by it (it moves
+        # before accuracy does, so it says which way retrieval is heading while accuracy is 0)
+        c["passkey_logp"] = paired(seed_map(runs, x, "passkey_logp"), seed_map(runs, y, "passkey_logp"))
         per_seed, mean = train_diff_curves(runs, x, y, window)
         c["train_diff"] = {"window": window, "per_seed": {str(s): thin(v) for s, v in per_seed.items()},
                            "mean": thin(mean)}
@@ -528,6 +533,19 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
     if not comps:
         L.append("| (no comparison: --pairs names no two modes that ran) | | | | | |")
     L.append("")
+    logp = [c for c in comps if c["passkey_logp"]["n"]]
+    if logp:
+        L.append("Passkey answer log-probability (teacher-forced, mean over distances, last evaluation), A − B: "
+                 "descriptive, not judged by the rule.")
+        L.append("")
+        L.append("| A − B | per-seed differences (nats) | mean | 95% interval |")
+        L.append("|---|---|---|---|")
+        for c in logp:
+            p = c["passkey_logp"]
+            L.append("| `%s` − `%s` | %s | %s | %s |" % (
+                c["a"], c["b"], ", ".join("s%d: %+.2f" % (sd, d) for sd, d in zip(p["seeds"], p["diffs"])),
+                fmt(p["mean"], "%+.2f"), "[%+.2f, %+.2f]" % (p["lo"], p["hi"]) if p["lo"] is not None else "–"))
+        L.append("")
     L.append("Train-loss difference curves: moving mean over %d steps, A − B per seed (see curves.png)." % window)
     for c in comps:
         mean = c["train_diff"]["mean"]
@@ -573,7 +591,7 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
             "comparisons": [{k: v for k, v in c.items() if k != "train_diff_full"} for c in comps],
             "runs": [{k: r.get(k) for k in ("mode", "seed", "run_dir", "steps", "target_steps", "complete",
                                              "final_val", "final_val_step", "val_tokens", "final_train",
-                                             "passkey_accuracy", "passkey_step", "tokens_per_s")} for r in runs],
+                                             "passkey_accuracy", "passkey_logp", "passkey_step", "tokens_per_s")} for r in runs],
             "missing": ["%s/seed_%d" % m for m in missing]}
     js = os.path.join(a.out, "summary.json")
     write_atomic(js, json.dumps(data, indent=1, sort_keys=True) + "\n")

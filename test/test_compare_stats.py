@@ -96,7 +96,9 @@ def write_run(root, mode, seed, val, passkey, steps=10, base=5.0):
                                         "tokens": [512, 3584]},
                             "val_source": {"a": {"mean": val, "tokens": 4096}}}) + "\n")
         f.write(json.dumps({"step": steps, "passkey": {"distance": [8, 16], "n": [4, 4], "accuracy": [passkey, passkey],
-                                                       "accuracy_se": [0, 0], "p_answer": [0.5, 0.5]}}) + "\n")
+                                                       "accuracy_se": [0, 0], "p_answer": [0.5, 0.5],
+                                                       "logp_answer": [math.log(passkey), math.log(passkey) - 1.0]}})
+                + "\n")
 
 
 class Summary(unittest.TestCase):
@@ -137,6 +139,14 @@ class Summary(unittest.TestCase):
             self.assertIn("| `fp8_naive` − `fp8_dm` | final val loss |", md)
             self.assertIn("gap seen", md)
             self.assertIn("ruled out above", md)
+            # the answer's log-probability: paired like the rule's metrics, reported, not judged
+            lp = next(c for c in s["comparisons"] if (c["a"], c["b"]) == ("fp8_naive", "fp8_dm"))["passkey_logp"]
+            want = [math.log(0.2 + 0.01 * s) - math.log(0.8 + 0.01 * s) for s in (1, 2, 3)]
+            self.assertEqual(lp["seeds"], [1, 2, 3])
+            for got, w in zip(lp["diffs"], want):
+                self.assertAlmostEqual(got, w, places=9)
+            self.assertNotIn("verdict", lp)
+            self.assertIn("| `fp8_naive` − `fp8_dm` | s1: %+.2f, s2: %+.2f, s3: %+.2f |" % tuple(want), md)
             # the train-loss difference curve: naive - dm = 0.3 - 0.001 ... per seed, constant over steps
             curve = [c for c in s["comparisons"] if c["a"] == "fp8_naive"][0]["train_diff"]["mean"]
             self.assertTrue(all(abs(v - 0.30933) < 1e-3 for _, v in curve), curve[:3])
