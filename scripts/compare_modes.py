@@ -591,7 +591,8 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
             "comparisons": [{k: v for k, v in c.items() if k != "train_diff_full"} for c in comps],
             "runs": [{k: r.get(k) for k in ("mode", "seed", "run_dir", "steps", "target_steps", "complete",
                                              "final_val", "final_val_step", "val_tokens", "final_train",
-                                             "passkey_accuracy", "passkey_logp", "passkey_step", "tokens_per_s")} for r in runs],
+                                             "passkey_accuracy", "passkey_logp", "passkey_step", "tokens_per_s")}
+                     for r in runs],
             "missing": ["%s/seed_%d" % m for m in missing]}
     js = os.path.join(a.out, "summary.json")
     write_atomic(js, json.dumps(data, indent=1, sort_keys=True) + "\n")
