@@ -70,7 +70,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$CONFIG" ] || die "--config is required"
 [ -f "$CONFIG" ] || die "--config $CONFIG: no such file"
-[ ${#RUNS[@]} -ge 1 ] || die "no run given: name one or two MODE:SEED, e.g. fp8_dm:1"
+[ ${#RUNS[@]} -ge 1 ] || die "no run given: name one or more MODE:SEED, e.g. fp8_dm:1"
 case $DEVICE in gpu|cpu) ;; *) die "--device '$DEVICE': expected gpu or cpu" ;; esac
 for n in "$RATE" "$LIMIT" "$PER_GPU" ${TOKENS:+"$TOKENS"}; do
   case $n in ''|*[!0-9]*) die "'$n': --tokens, --rate, --limit-s and --per-gpu take positive integers" ;; esac
@@ -79,7 +79,10 @@ done
 case $PROBE in ''|*[!0-9]*) die "--probe '$PROBE': expected a number of steps" ;; esac
 for r in "${RUNS[@]}"; do
   m=${r%%:*} s=${r#*:}
-  case $m in bf16|fp8_naive|fp8_hybrid|fp8_dm|fp8_dm_approx|fp8_hybrid_dm|fp32) ;; *) die "'$r': unknown mode '$m'" ;; esac
+  case $m in
+    bf16|fp8_naive|fp8_hybrid|fp8_dm|fp8_dm_approx|fp8_hybrid_dm|fp32) ;;
+    *) die "'$r': unknown mode '$m'" ;;
+  esac
   case $s in ''|*[!0-9]*) die "'$r': the seed must be a non-negative integer" ;; esac
 done
 NGPU=0
@@ -122,12 +125,11 @@ train_s = steps * bt / rate
 print(steps, bt, steps * bt, int(train_s + 0.999), int(eval_s + 0.999), min(t.get("warmup_steps", 0), steps))
 PYEOF
 }
-RATE_ALL=$RATE
 RATE=$(( RATE / PER_GPU ))  # each run's share of its GPU
 read -r STEPS BATCH TOK TRAIN_S EVAL_S WARMUP < <(plan) || die "cannot read the plan from $CONFIG"
 [ -n "${STEPS:-}" ] || die "cannot read the plan from $CONFIG"
-echo "run_one_call: ${RUNS[*]} | $CONFIG | $STEPS steps x $BATCH tokens = $TOK tokens per run | planned $RATE tok/s a run ($PER_GPU a GPU):" \
-     "training ${TRAIN_S} s + evaluations ~${EVAL_S} s | limit ${LIMIT} s | device $DEVICE"
+echo "run_one_call: ${RUNS[*]} | $CONFIG | $STEPS steps x $BATCH tokens = $TOK tokens per run |" \
+     "planned $RATE tok/s a run ($PER_GPU a GPU): training ${TRAIN_S} s + evaluations ~${EVAL_S} s | limit ${LIMIT} s | device $DEVICE"
 
 # check_eta WHAT: refuses (exit 3) when what is left of the limit cannot hold the plan.
 check_eta() {
@@ -172,7 +174,8 @@ if [ "$PROBE" -gt 0 ]; then
     timeout 120 ./train_gpt attn-check --device "$DEVICE" --T 4096 --d 128 --grad-format $g > "$log" 2>&1
     rc=$?
     cp "$log" "$OUTDIR/" 2> /dev/null
-    table+=("$(printf '%-34s %s' "attn-check $DEVICE T 4096 d 128 $g" "$([ $rc -eq 0 ] && echo PASS || echo "FAIL (exit $rc)")")")
+    res=PASS; [ $rc -eq 0 ] || res="FAIL (exit $rc)"
+    table+=("$(printf '%-34s %s' "attn-check $DEVICE T 4096 d 128 $g" "$res")")
   done
   # probe_runs LABEL RUN...: N steps of each RUN at once, placed as --per-gpu says; tokens/s each
   probe_runs() {
@@ -182,11 +185,12 @@ if [ "$PROBE" -gt 0 ]; then
       m=${r%%:*} s=${r#*:}
       dir=/tmp/run_one_call_probe/$label/${m}_seed$s
       rm -rf "$dir"; mkdir -p "$dir"
-      CUDA_VISIBLE_DEVICES=$(( k / PER_GPU )) timeout -s KILL $(( LIMIT - $(elapsed) - 5 )) ./train_gpt --config "$CONFIG" \
-        --set "train.device=$DEVICE" --set "precision.attention=$m" --set "train.seed=$s" --set "data.seed=$s" --set "train.steps=$PROBE" \
-        --set "train.warmup_steps=$(( WARMUP < PROBE ? WARMUP : PROBE ))" --set eval.interval=0 --set eval.passkey_interval=0 \
-        --set checkpoint.interval=0 --set checkpoint.at_end=false --set log.interval=1 \
-        --set "log.dir=$dir/run" "${SETS[@]}" > "$dir/train.log" 2>&1 &
+      CUDA_VISIBLE_DEVICES=$(( k / PER_GPU )) timeout -s KILL $(( LIMIT - $(elapsed) - 5 )) \
+        ./train_gpt --config "$CONFIG" --set "train.device=$DEVICE" --set "precision.attention=$m" \
+        --set "train.seed=$s" --set "data.seed=$s" --set "train.steps=$PROBE" \
+        --set "train.warmup_steps=$(( WARMUP < PROBE ? WARMUP : PROBE ))" --set eval.interval=0 \
+        --set eval.passkey_interval=0 --set checkpoint.interval=0 --set checkpoint.at_end=false \
+        --set log.interval=1 --set "log.dir=$dir/run" "${SETS[@]}" > "$dir/train.log" 2>&1 &
       pids+=($!) names+=("$r")
       k=$((k + 1))
     done
@@ -201,7 +205,8 @@ try: rows = [json.loads(l) for l in open(sys.argv[1])]
 except Exception: rows = []
 rows = [r for r in rows if "tokens_per_s" in r]
 tail = rows[len(rows) // 4:]  # past the start-up steps
-print("%.0f tok/s, loss %.3f -> %.3f" % (statistics.median(r["tokens_per_s"] for r in tail), rows[0]["loss"], rows[-1]["loss"])
+print("%.0f tok/s, loss %.3f -> %.3f" % (statistics.median(r["tokens_per_s"] for r in tail), rows[0]["loss"],
+                                        rows[-1]["loss"])
       if tail else "no steps")
 PYEOF
 )
