@@ -389,9 +389,8 @@ EOF
 
 # --- check areas ---------------------------------------------------------------------------------
 check_kernels() {
-  local t n bad res
-  for t in $(gpu_test_binaries); do
-    n=$(basename "$t")
+  local n bad res
+  for n in $(gpu_test_binaries); do
     [ -x "build/tests/$n" ] || { part "$n" FAIL "not built"; continue; }
     step "$n" 300 "build/tests/$n"
     bad=$(grep -c '^skipped' "$log")  # with a GPU present a skip is a failure (test/run_tests.sh)
