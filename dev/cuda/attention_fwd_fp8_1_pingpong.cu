@@ -315,14 +315,10 @@ int main(int argc, char **argv) {
     bool ok = true;
     for (int T : sh.Ts) {
         const int B = sh.batch(T), Tp = attn_quant_padded_len(T), nblk = attn_quant_n_blocks(T);
-        const size_t n_tok = (size_t)B * T;
-        uint16_t *qkv = random_bf16(n_tok * 3 * C, 1234u + T), *o_ref, *o_lab;
-        float *lse_ref, *lse_lab, *scales[3];
+        uint16_t *qkv = random_bf16((size_t)B * T * 3 * C, 1234u + T);  // (B, T, 3 C)
+        const LabForwardOut out(B, H, T, d);
+        float *scales[3];
         uint8_t *codes[3];
-        CU(cudaMalloc(&o_ref, n_tok * C * 2));
-        CU(cudaMalloc(&o_lab, n_tok * C * 2));
-        CU(cudaMalloc(&lse_ref, (size_t)B * H * T * 4));
-        CU(cudaMalloc(&lse_lab, (size_t)B * H * T * 4));
         // Q, K codes (B, H, Tp, d) and V's transposed codes (B, H, d, Tp), E4M3, as the FP8 modes
         // quantize them for the forward
         AttnQuantTensor ts[3];
@@ -340,30 +336,19 @@ int main(int argc, char **argv) {
         }
         attn_gpu_quantize(ts, 3, B, H, T, d, 0);
         auto lib = [&] {
-            attn_gpu_forward_fp8(codes[0], codes[1], codes[2], scales[0], scales[1], scales[2], p_scale, o_ref, C,
-                                 lse_ref, B, H, T, d, 0);
+            attn_gpu_forward_fp8(codes[0], codes[1], codes[2], scales[0], scales[1], scales[2], p_scale, out.o_ref, C,
+                                 out.lse_ref, B, H, T, d, 0);
         };
         auto lab = [&] {
             if (d == 64)
                 forward_pingpong<64>(codes[0], codes[1], codes[2], scales[0], scales[1], scales[2], p_scale,
-                                     (bf16 *)o_lab, C, lse_lab, B, H, T);
+                                     (bf16 *)out.o_lab, C, out.lse_lab, B, H, T);
             else
                 forward_pingpong<128>(codes[0], codes[1], codes[2], scales[0], scales[1], scales[2], p_scale,
-                                      (bf16 *)o_lab, C, lse_lab, B, H, T);
+                                      (bf16 *)out.o_lab, C, out.lse_lab, B, H, T);
         };
-        lib();
-        lab();
-        CU(cudaDeviceSynchronize());
-        printf("T=%d B=%d H=%d d=%d\n", T, B, H, d);
-        LabDiff dO, dL;
-        lab_diff_bf16(&dO, o_lab, C, o_ref, C, n_tok, C);
-        lab_diff_f32(&dL, lse_lab, lse_ref, (size_t)B * H * T);
-        ok &= lab_report("O against the library's", dO, true, 0);
-        ok &= lab_report("LSE against the library's", dL, true, 0);
-        const double flops = lab_fwd_flops(B, H, T, d);
-        lab_time_line("library (plain loop)", T, B, H, d, bench_time_ms(lib), flops);
-        lab_time_line("lab 1 (ping-pong)", T, B, H, d, bench_time_ms(lab), flops);
-        cudaFree(qkv); cudaFree(o_ref); cudaFree(o_lab); cudaFree(lse_ref); cudaFree(lse_lab);
+        ok &= lab_forward_compare(out, lib, lab, "library (plain loop)", "lab 1 (ping-pong)", true, 0, B, H, T, d);
+        cudaFree(qkv);
         for (int i = 0; i < 3; i++) {
             cudaFree(codes[i]);
             cudaFree(scales[i]);

@@ -102,10 +102,46 @@ static inline void lab_time_line(const char *who, int T, int B, int H, int d, do
     printf("  %-28s T=%5d B=%2d H=%d d=%3d  %8.4f ms  %6.1f TFLOP/s\n", who, T, B, H, d, ms, flops / (ms * 1e-3) / 1e12);
 }
 
+// A forward's outputs twice, the library's and the lab's: O (B, T, H d) and LSE (B, H, T).
+struct LabForwardOut {
+    uint16_t *o_ref, *o_lab;
+    float *lse_ref, *lse_lab;
+    LabForwardOut(int B, int H, int T, int d) {
+        const size_t n_tok = (size_t)B * T;
+        CU(cudaMalloc(&o_ref, n_tok * H * d * 2));
+        CU(cudaMalloc(&o_lab, n_tok * H * d * 2));
+        CU(cudaMalloc(&lse_ref, (size_t)B * H * T * 4));
+        CU(cudaMalloc(&lse_lab, (size_t)B * H * T * 4));
+    }
+    ~LabForwardOut() { cudaFree(o_ref); cudaFree(o_lab); cudaFree(lse_ref); cudaFree(lse_lab); }
+    LabForwardOut(const LabForwardOut &) = delete;  // owns its buffers
+    LabForwardOut &operator=(const LabForwardOut &) = delete;
+};
+
+// Runs the library's forward (lib) and the lab's (lab) once, compares O and LSE (bit for bit when
+// `exact`, else O within `tol` and LSE within tol / 100) and times both; true when both compare.
+template <class Lib, class Lab>
+static bool lab_forward_compare(const LabForwardOut &out, Lib lib, Lab lab, const char *lib_name, const char *lab_name,
+                                bool exact, double tol, int B, int H, int T, int d) {
+    const int C = H * d;
+    lib();
+    lab();
+    CU(cudaDeviceSynchronize());
+    printf("T=%d B=%d H=%d d=%d\n", T, B, H, d);
+    LabDiff dO, dL;
+    lab_diff_bf16(&dO, out.o_lab, C, out.o_ref, C, (size_t)B * T, C);
+    lab_diff_f32(&dL, out.lse_lab, out.lse_ref, (size_t)B * H * T);
+    bool ok = lab_report("O against the library's", dO, exact, tol);
+    ok &= lab_report("LSE against the library's", dL, exact, exact ? 0 : tol * 1e-2);
+    const double flops = lab_fwd_flops(B, H, T, d);
+    lab_time_line(lib_name, T, B, H, d, bench_time_ms(lib), flops);
+    lab_time_line(lab_name, T, B, H, d, bench_time_ms(lab), flops);
+    return ok;
+}
+
 // The whole program of a BF16 forward lab version: per T, random packed qkv (B, T, 3 H d), the
-// library's attn_gpu_forward and the lab's forward on it, O and LSE compared (bit for bit when
-// `exact`, else within `tol`), both timed. lab_forward(d, q, k, v, ld_qkv, o, ld_o, lse, B, H, T)
-// runs the lab version on device pointers.
+// library's attn_gpu_forward and the lab's forward on it, compared and timed (lab_forward_compare).
+// lab_forward(d, q, k, v, ld_qkv, o, ld_o, lse, B, H, T) runs the lab version on device pointers.
 template <class LabForward>
 static int lab_forward_main(int argc, char **argv, const char *lib_name, const char *lab_name, bool exact, double tol,
                             LabForward lab_forward) {
@@ -114,29 +150,13 @@ static int lab_forward_main(int argc, char **argv, const char *lib_name, const c
     bool ok = true;
     for (int T : sh.Ts) {
         const int B = sh.batch(T);
-        const size_t n_tok = (size_t)B * T;
-        uint16_t *qkv = random_bf16(n_tok * 3 * C, 1234u + T), *o_ref, *o_lab;  // (B, T, 3 C)
-        float *lse_ref, *lse_lab;                                                // (B, H, T)
-        CU(cudaMalloc(&o_ref, n_tok * C * 2));
-        CU(cudaMalloc(&o_lab, n_tok * C * 2));
-        CU(cudaMalloc(&lse_ref, (size_t)B * H * T * 4));
-        CU(cudaMalloc(&lse_lab, (size_t)B * H * T * 4));
+        uint16_t *qkv = random_bf16((size_t)B * T * 3 * C, 1234u + T);  // (B, T, 3 C)
+        const LabForwardOut out(B, H, T, d);
         const uint16_t *q = qkv, *k = qkv + C, *v = qkv + 2 * C;
-        auto lib = [&] { attn_gpu_forward(q, k, v, 3 * C, o_ref, C, lse_ref, B, H, T, d, 0); };
-        auto lab = [&] { lab_forward(d, q, k, v, 3 * C, o_lab, C, lse_lab, B, H, T); };
-        lib();
-        lab();
-        CU(cudaDeviceSynchronize());
-        printf("T=%d B=%d H=%d d=%d\n", T, B, H, d);
-        LabDiff dO, dL;
-        lab_diff_bf16(&dO, o_lab, C, o_ref, C, n_tok, C);
-        lab_diff_f32(&dL, lse_lab, lse_ref, (size_t)B * H * T);
-        ok &= lab_report("O against the library's", dO, exact, tol);
-        ok &= lab_report("LSE against the library's", dL, exact, exact ? 0 : tol * 1e-2);
-        const double flops = lab_fwd_flops(B, H, T, d);
-        lab_time_line(lib_name, T, B, H, d, bench_time_ms(lib), flops);
-        lab_time_line(lab_name, T, B, H, d, bench_time_ms(lab), flops);
-        cudaFree(qkv); cudaFree(o_ref); cudaFree(o_lab); cudaFree(lse_ref); cudaFree(lse_lab);
+        auto lib = [&] { attn_gpu_forward(q, k, v, 3 * C, out.o_ref, C, out.lse_ref, B, H, T, d, 0); };
+        auto lab = [&] { lab_forward(d, q, k, v, 3 * C, out.o_lab, C, out.lse_lab, B, H, T); };
+        ok &= lab_forward_compare(out, lib, lab, lib_name, lab_name, exact, tol, B, H, T, d);
+        cudaFree(qkv);
     }
     return ok ? 0 : 1;
 }
