@@ -452,6 +452,13 @@ def fmt_ms(e, spec="%.4f"):
     return (spec % e["mean"]) + (" ± " + spec % e["sd"] if finite(e.get("sd")) else "")
 
 
+def fmt_paired(p, spec):
+    """A paired comparison's per-seed differences, mean and interval as table cells."""
+    diffs = ", ".join(("s%d: " + spec) % (s, d) for s, d in zip(p["seeds"], p["diffs"])) or "–"
+    interval = ("[" + spec + ", " + spec + "]") % (p["lo"], p["hi"]) if p["lo"] is not None else "–"
+    return diffs, fmt(p["mean"], spec), interval
+
+
 def write_atomic(path, text):
     with open(path + ".tmp", "w") as f:  # written whole, then renamed: never half a file
         f.write(text)
@@ -526,10 +533,8 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
     for c in comps:
         for key, label in (("final_val", "final val loss"), ("passkey_accuracy", "passkey accuracy")):
             p = c["metrics"][key]
-            diffs = ", ".join("s%d: %+.4f" % (s, d) for s, d in zip(p["seeds"], p["diffs"])) or "–"
-            interval = "[%+.4f, %+.4f]" % (p["lo"], p["hi"]) if p["lo"] is not None else "–"
-            L.append("| `%s` − `%s` | %s | %s | %s | %s | %s |" % (
-                c["a"], c["b"], label, diffs, fmt(p["mean"], "%+.4f"), interval, p["verdict"]))
+            L.append("| `%s` − `%s` | %s | %s | %s | %s | %s |" % ((c["a"], c["b"], label) + fmt_paired(p, "%+.4f") +
+                                                                 (p["verdict"],)))
     if not comps:
         L.append("| (no comparison: --pairs names no two modes that ran) | | | | | |")
     L.append("")
@@ -541,10 +546,7 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
         L.append("| A − B | per-seed differences (nats) | mean | 95% interval |")
         L.append("|---|---|---|---|")
         for c in logp:
-            p = c["passkey_logp"]
-            L.append("| `%s` − `%s` | %s | %s | %s |" % (
-                c["a"], c["b"], ", ".join("s%d: %+.2f" % (sd, d) for sd, d in zip(p["seeds"], p["diffs"])),
-                fmt(p["mean"], "%+.2f"), "[%+.2f, %+.2f]" % (p["lo"], p["hi"]) if p["lo"] is not None else "–"))
+            L.append("| `%s` − `%s` | %s | %s | %s |" % ((c["a"], c["b"]) + fmt_paired(c["passkey_logp"], "%+.2f")))
         L.append("")
     L.append("Train-loss difference curves: moving mean over %d steps, A − B per seed (see curves.png)." % window)
     for c in comps:
