@@ -11,7 +11,7 @@
 
 // ---------------------------------------------------------------------------------------------
 // FNV-1a 64: a simple checksum that catches any flipped byte of a stored file.
-static uint64_t fnv1a64(const unsigned char *p, size_t n) {
+uint64_t checkpoint_checksum(const unsigned char *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < n; i++) {
         h ^= p[i];
@@ -197,7 +197,7 @@ int checkpoint_save(const char *path, const CheckpointState *s, ErrBuf *e) {
     if (n_center) put(&w, kc->center, n_center * sizeof(float));
     uint64_t size = w.len + 8;
     memcpy(w.buf + 8, &size, sizeof size);
-    put_u64(&w, fnv1a64(w.buf, w.len));
+    put_u64(&w, checkpoint_checksum(w.buf, w.len));
     int rc = write_file_atomic(path, w.buf, w.len, e);
     free(w.buf);
     return rc;
@@ -243,7 +243,7 @@ static unsigned char *read_validated(const char *path, ByteReader *r, uint32_t *
     }
     uint64_t stored;
     memcpy(&stored, buf + len - 8, sizeof stored);
-    if (fnv1a64(buf, len - 8) != stored) {
+    if (checkpoint_checksum(buf, len - 8) != stored) {
         free(buf);
         errf(e, "checkpoint %s: corrupt: the checksum does not match its contents", path);
         return NULL;

@@ -61,6 +61,9 @@ typedef struct {
     AttnKeyCenters *key_centers; // centred keys' delayed c, or NULL (save: kept when ready; load: fills it)
 } CheckpointState;
 
+// The file's last 8 bytes: FNV-1a 64 of every byte before them (tests that forge a file use it).
+uint64_t checkpoint_checksum(const unsigned char *p, size_t n);
+
 // Writes the state to path atomically (temp file + fsync + rename). 0, or -1 with e filled;
 // the previous file at path is untouched on failure. A state that is not finite (a NaN or Inf in
 // the parameters, the moments or the delayed-scaling amaxes) is refused: a diverged model is

@@ -223,8 +223,7 @@ int main(void) {
         size_t at = 16 + 8 * 12 + 8 + cfg_len + (size_t)a.t.n * 80 + (which ? 2 * nb : 0) + 4 * 1000;
         float nan = NAN;
         memcpy(bytes + at, &nan, 4);
-        uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64, as the file's checksum
-        for (size_t i = 0; i + 8 < len; i++) h = (h ^ bytes[i]) * 0x100000001b3ull;
+        uint64_t h = checkpoint_checksum(bytes, len - 8);
         memcpy(bytes + len - 8, &h, 8);
         FILE *f = fopen(nf_path, "wb");
         fwrite(bytes, 1, len, f);

@@ -10,7 +10,8 @@
 #include <stdlib.h>       // malloc, mkdtemp
 #include <string.h>       // memcmp, strstr
 
-#include "core/checkpoint.h"   // checkpoint_save, checkpoint_load
+#include "core/checkpoint.h"   // checkpoint_save, checkpoint_load, checkpoint_checksum
+#include "core/common.h"       // read_file_text
 #include "core/config.h"       // Config, config_defaults
 #include "core/fp8.h"          // bf16_round
 #include "cpu/model_cpu.h"     // CpuModel, key centres, cpu_model_attention_inputs
@@ -169,32 +170,11 @@ static void test_model_centers(void) {
 
 // --- checkpoint versions ---------------------------------------------------------------------
 
-static uint64_t fnv1a64(const unsigned char *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-static unsigned char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(*len + 16);
-    if (fread(b, 1, *len, f) != *len) { free(b); b = NULL; }
-    fclose(f);
-    return b;
-}
-
 // Writes bytes with the file size field and the checksum made to fit.
 static void write_fixed(const char *path, unsigned char *b, size_t len) {
     uint64_t size = len;
     memcpy(b + 8, &size, 8);
-    uint64_t h = fnv1a64(b, len - 8);
+    uint64_t h = checkpoint_checksum(b, len - 8);
     memcpy(b + len - 8, &h, 8);
     FILE *f = fopen(path, "wb");
     fwrite(b, 1, len, f);
@@ -215,7 +195,7 @@ static void test_checkpoint_versions(void) {
                          .adam_m = m.params, .adam_v = m.params, .key_centers = &m.key_centers};
     int rc = checkpoint_save(v2, &s, &e);
     size_t len = 0;
-    unsigned char *b = rc == 0 ? read_all(v2, &len) : NULL;
+    unsigned char *b = rc == 0 ? (unsigned char *)read_file_text(v2, &len, &e) : NULL;
     uint64_t count = 1;
     uint32_t version = 0;
     if (b) { memcpy(&count, b + len - 16, 8); memcpy(&version, b + 4, 4); }
