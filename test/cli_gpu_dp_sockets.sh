@@ -13,15 +13,9 @@ trap 'rm -rf "$tmp"' EXIT
 . test/cli_lib.sh
 
 mkdir -p "$tmp/bin" "$tmp/tmp"
-cat >"$tmp/bin/nvidia-smi" <<'EOF'
-#!/bin/sh
-case "$*" in
-  -L*) i=0; while [ "$i" -lt "${FAKE_NGPU:-2}" ]; do echo "GPU $i: NVIDIA H200 (UUID: GPU-stand-in-$i)"; i=$((i + 1)); done ;;
-  *--query-gpu*) echo "NVIDIA H200, 580.00, 143771 MiB, 1980 MHz" ;;
-esac
-EOF
+stub_nvidia_smi "$tmp/bin" 2
 printf '#!/bin/sh\necho "make $*"\n' >"$tmp/bin/make"
-chmod +x "$tmp/bin/nvidia-smi" "$tmp/bin/make"
+chmod +x "$tmp/bin/make"
 # gpu ARGS...: gpu.sh with the stand-ins first on PATH; output in $tmp/out, status in rc
 gpu() { PATH="$tmp/bin:$PATH" TMPDIR="$tmp/tmp" OUT="$tmp/o" bash scripts/gpu.sh "$@" >"$tmp/out" 2>&1; rc=$?; }
 

@@ -10,13 +10,7 @@ trap 'rm -rf "$tmp"' EXIT
 . test/cli_lib.sh
 
 mkdir -p "$tmp/bin" "$tmp/tmp"
-cat >"$tmp/bin/nvidia-smi" <<'EOF'
-#!/bin/sh
-case "$*" in
-  -L*) i=0; while [ "$i" -lt "${FAKE_NGPU:-1}" ]; do echo "GPU $i: NVIDIA H200 (UUID: GPU-stand-in-$i)"; i=$((i + 1)); done ;;
-  *--query-gpu*) echo "NVIDIA H200, 580.00, 143771 MiB, 1980 MHz" ;;
-esac
-EOF
+stub_nvidia_smi "$tmp/bin" 1
 cat >"$tmp/bin/make" <<'EOF'
 #!/bin/sh
 echo "make $*"
@@ -28,7 +22,7 @@ case " $* " in
   *) if [ -n "$FAKE_BUILD_FAIL" ]; then echo "x.cu(3): error: stand-in"; exit 2; fi ;;
 esac
 EOF
-chmod +x "$tmp/bin/nvidia-smi" "$tmp/bin/make"
+chmod +x "$tmp/bin/make"
 
 # gpu ARGS...: gpu.sh with the stand-ins first on PATH; output in $tmp/out, status in rc
 gpu() { PATH="$tmp/bin:$PATH" TMPDIR="$tmp/tmp" OUT="$tmp/o" bash scripts/gpu.sh "$@" >"$tmp/out" 2>&1; rc=$?; }

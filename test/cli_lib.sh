@@ -24,3 +24,19 @@ for spec in sys.argv[2:]:
         f.write(struct.pack("<%dH" % n, *toks))
 PYEOF
 }
+
+# stub_nvidia_smi DIR DEFAULT_NGPU: an nvidia-smi in DIR that lists FAKE_NGPU (default DEFAULT_NGPU)
+# H200s and answers --query-gpu, for tests of the GPU scripts on a machine without one.
+stub_nvidia_smi() {
+  cat >"$1/nvidia-smi" <<EOF
+#!/bin/sh
+case "\$*" in
+  -L*) i=0
+       while [ "\$i" -lt "\${FAKE_NGPU:-$2}" ]; do
+         echo "GPU \$i: NVIDIA H200 (UUID: GPU-stand-in-\$i)"; i=\$((i + 1))
+       done ;;
+  *--query-gpu*) echo "NVIDIA H200, 580.00, 143771 MiB, 1980 MHz" ;;
+esac
+EOF
+  chmod +x "$1/nvidia-smi"
+}
