@@ -173,22 +173,23 @@ mp stop --zero1 --resume
 losses "$tmp/stop/metrics.jsonl" >"$tmp/lr"
 check "ZeRO-1 under mpirun: --stop-after 7, --resume: all 20 losses bit for bit" \
   "rc $r_stop $rcm: $(diff "$tmp/lz" "$tmp/lr" | head -4 | tr '\n' ' ')" sh -c "[ $r_stop$rcm = 00 ] && cmp -s '$tmp/lz' '$tmp/lr'"
+# resumed RC METRICS REF WHAT: a run resumed from step 10 of 20 against the uninterrupted REF
+# losses: steps 11..20, step 11 exactly as in REF (the checkpoint's state), the rest within 5e-3
+resumed() {
+  losses "$2" >"$tmp/lr"
+  d=$(maxdiff "$3" "$tmp/lr")
+  good=0
+  [ "$1" -eq 0 ] && [ "$(wc -l <"$tmp/lr")" -eq 10 ] && [ "$(head -1 "$tmp/lr")" = "$(sed -n 11p "$3")" ] &&
+    lt "$d" 5e-3 && good=1
+  check "resume $4: steps 11..20, step 11 as in the uninterrupted run, the rest within 5e-3" \
+    "rc $1, $(wc -l <"$tmp/lr") steps, step 11 $(head -1 "$tmp/lr") vs $(sed -n 11p "$3"), max difference $d" \
+    [ $good = 1 ]
+  echo "# resume $4 from step 10: max |loss difference| over steps 11-20 $d"
+}
 run1 to1 --set "log.dir=$tmp/to1" --resume "$tmp/mpiz/checkpoints/step_000010.ckpt"
-losses "$tmp/to1/metrics.jsonl" >"$tmp/lr"
-d=$(maxdiff "$tmp/lz" "$tmp/lr")
-good=0
-[ "$rc1p" -eq 0 ] && [ "$(wc -l <"$tmp/lr")" -eq 10 ] && [ "$(head -1 "$tmp/lr")" = "$(sed -n 11p "$tmp/lz")" ] && lt "$d" 5e-3 && good=1
-check "resume 2 (mpirun, ZeRO-1) -> 1: steps 11..20, step 11 as on 2 ranks, the rest within 5e-3" \
-  "rc $rc1p, $(wc -l <"$tmp/lr") steps, step 11 $(head -1 "$tmp/lr") vs $(sed -n 11p "$tmp/lz"), max difference $d" [ $good = 1 ]
-echo "# resume 2 (mpirun, ZeRO-1) -> 1 from step 10: max |loss difference| over steps 11-20 $d"
+resumed "$rc1p" "$tmp/to1/metrics.jsonl" "$tmp/lz" "2 (mpirun, ZeRO-1) -> 1"
 mp to2 --resume "$tmp/single/checkpoints/step_000010.ckpt"
-losses "$tmp/to2/metrics.jsonl" >"$tmp/lr"
-d=$(maxdiff "$tmp/l1" "$tmp/lr")
-good=0
-[ "$rcm" -eq 0 ] && [ "$(wc -l <"$tmp/lr")" -eq 10 ] && [ "$(head -1 "$tmp/lr")" = "$(sed -n 11p "$tmp/l1")" ] && lt "$d" 5e-3 && good=1
-check "resume 1 -> 2 (mpirun): steps 11..20, step 11 as on 1 rank, the rest within 5e-3" \
-  "rc $rcm, $(wc -l <"$tmp/lr") steps, step 11 $(head -1 "$tmp/lr") vs $(sed -n 11p "$tmp/l1"), max difference $d" [ $good = 1 ]
-echo "# resume 1 -> 2 (mpirun) from step 10: max |loss difference| over steps 11-20 $d"
+resumed "$rcm" "$tmp/to2/metrics.jsonl" "$tmp/l1" "1 -> 2 (mpirun)"
 
 # (c) faults, comm timeout 5 s. mpirun ends the job when a rank fails; OpenMPI's teardown of a
 # two-node job takes about 3 s of its own.
