@@ -6,8 +6,9 @@
 #   bash scripts/gpu.sh check [AREA ...]   correctness, PASS or FAIL per part (default: every area
 #                                          the machine can run but kernels; one call per area fits
 #                                          10 minutes)
-#       kernels    the GPU test binaries alone (build/tests/test_*gpu*, test_backend): a row each, the
-#                  quick first check of a fresh machine (unit runs them too, with every CPU test)
+#       kernels    test/run_tests.sh on the GPU test programs alone (build/tests/test_*gpu*,
+#                  test_backend): the quick first check of a fresh machine (unit runs them too,
+#                  with every CPU test)
 #       unit       make test with the GPU present (a GPU test that skips there fails)
 #       sanitizer  compute-sanitizer memcheck and racecheck over the kernel tests' small cases
 #       torch      test_model_gpu --dump, then test/torch_parity.py: the GPU model against PyTorch
@@ -139,7 +140,7 @@ done
 # --- the plan (--dry-run) ----------------------------------------------------------------------
 plan() {  # AREA: what it runs, one line a step
   case $MODE:$1 in
-    check:kernels) echo "each GPU test binary: $(gpu_test_binaries | tr '\n' ' ')" ;;
+    check:kernels) echo "TESTS=\"$(gpu_test_binaries | tr '\n' ' ')\" sh test/run_tests.sh" ;;
     check:unit) echo "make test (every test binary and CLI test; its status passed through)" ;;
     check:sanitizer)
       for s in "${SANITIZED[@]}"; do
@@ -388,28 +389,21 @@ EOF
 }
 
 # --- check areas ---------------------------------------------------------------------------------
-check_kernels() {
-  local n bad res
-  for n in $(gpu_test_binaries); do
-    [ -x "build/tests/$n" ] || { part "$n" FAIL "not built"; continue; }
-    step "$n" 300 "build/tests/$n"
-    bad=$(grep -c '^skipped' "$log")  # with a GPU present a skip is a failure (test/run_tests.sh)
-    fails "$log" 6
-    if [ $rc -eq $NOT_RUN ]; then res=SKIP
-    elif [ $rc -eq 0 ] && [ "$bad" -eq 0 ] && grep -q '^ok - ' "$log"; then res=PASS
-    else res=FAIL; fi
-    part "$n" "$res" "$(counts "$log"), $bad skipped; $(note $rc), $took s"
-  done
-}
-
-check_unit() {
-  step make_test 3600 make SETUP=0 "${CJ[@]}" test
-  local line
+# tests_row STEP PART CMD...: a run of the test harness (test/run_tests.sh, or make test) as one row:
+# its "N passed, M failed, K skipped" line, its status passed through; the failures listed under it
+tests_row() {
+  local name=$1 what=$2 line
+  shift 2
+  step "$name" 3600 "$@"
   line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
   fails "$log" 20
   grep -E '^skipped' "$log" | head -10 | cut -c1-200 | sed 's/^/     /'
-  part "make test" "$(verdict $rc)" "${line:-no summary line}$([ $rc -ne 0 ] && echo " ($(note $rc))")"
+  part "$what" "$(verdict $rc)" "${line:-no summary line}$([ $rc -ne 0 ] && echo " ($(note $rc))")"
 }
+check_kernels() {
+  tests_row kernel_tests "the GPU test programs" env TESTS="$(gpu_test_binaries | tr '\n' ' ')" sh test/run_tests.sh
+}
+check_unit() { tests_row make_test "make test" make SETUP=0 "${CJ[@]}" test; }
 
 check_sanitizer() {
   local cs entry t tool res sum w envs

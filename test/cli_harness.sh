@@ -55,4 +55,12 @@ harness "$tmp/nogpu"
 took=$(( $(date +%s) - start ))
 check "a test past TEST_TIMEOUT is stopped and fails" "took $took s: $(grep test_hang "$tmp/log")" \
   sh -c "[ $rc -ne 0 ] && [ $took -lt 20 ] && grep -q '^FAIL - test_hang timed out after 3 s (TEST_TIMEOUT)' '$tmp/log'"
+rm "$root/build/tests/test_hang"
+# TESTS names the programs to run: only those, no shell test; one not built is a failure
+PATH=$tmp/nogpu TESTS="test_good test_absent" sh test/run_tests.sh "$root" >"$tmp/log" 2>&1
+rc=$?
+check "TESTS: only the named programs, no shell test; an unbuilt one fails" "rc $rc: $(tr '\n' ' ' <"$tmp/log")" \
+  sh -c "[ $rc -ne 0 ] && [ \"\$(grep '^== ' '$tmp/log' | tr '\n' ' ')\" = '== test_good == test_absent ' ] &&
+         grep -q '^FAIL - test_absent: build/tests/test_absent is not built' '$tmp/log' &&
+         [ \"\$(tail -1 '$tmp/log')\" = '2 passed, 1 failed, 0 skipped' ]"
 exit 0

@@ -9,7 +9,8 @@
 #     "skipped: <what> (no GPU: <why>)" (test/gpu_test.h decides). Where nvidia-smi lists a GPU,
 #     every skip is a failure: the GPU was there and the test did not use it.
 # Usage: sh test/run_tests.sh [ROOT]   (ROOT: the tree holding build/tests and test/; default: this
-# repository; test/cli_harness.sh points it at a tree of its own)
+# repository; test/cli_harness.sh points it at a tree of its own). TESTS="NAME ..." runs only those
+# programs of build/tests and no shell test (scripts/gpu.sh check kernels: the GPU tests alone).
 cd "${1:-$(dirname "$0")/..}" || exit 1
 log=$(mktemp)
 limit=${TEST_TIMEOUT:-1200}
@@ -38,12 +39,19 @@ run_one() {  # name, command...
   fi
   pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
 }
-for t in build/tests/test_*; do
-  [ -x "$t" ] && run_one "$(basename "$t")" "$t"
-done
-for t in test/cli_*.sh; do
-  [ -f "$t" ] && [ "$t" != test/cli_lib.sh ] && run_one "$(basename "$t")" sh "$t"
-done
+if [ -n "${TESTS:-}" ]; then
+  for n in $TESTS; do
+    if [ -x "build/tests/$n" ]; then run_one "$n" "build/tests/$n"
+    else echo "== $n"; echo "FAIL - $n: build/tests/$n is not built"; fail=$((fail + 1)); fi
+  done
+else
+  for t in build/tests/test_*; do
+    [ -x "$t" ] && run_one "$(basename "$t")" "$t"
+  done
+  for t in test/cli_*.sh; do
+    [ -f "$t" ] && [ "$t" != test/cli_lib.sh ] && run_one "$(basename "$t")" sh "$t"
+  done
+fi
 rm -f "$log"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
