@@ -165,6 +165,18 @@ if ! ls $pattern > /dev/null 2>&1; then
 fi
 check_eta "after the build and the data"
 
+# run_opts MODE SEED STEPS WARMUP DIR [KEY=VALUE ...]: train_gpt's options for one run into OPTS,
+# the extra overrides before --set's own (which win)
+run_opts() {
+  local m=$1 s=$2 steps=$3 warmup=$4 dir=$5 kv
+  shift 5
+  OPTS=(--config "$CONFIG" --set "train.device=$DEVICE" --set "precision.attention=$m" --set "train.seed=$s"
+        --set "data.seed=$s" --set "train.steps=$steps" --set "train.warmup_steps=$warmup" --set "log.dir=$dir/run"
+        --set checkpoint.interval=0)
+  for kv in "$@"; do OPTS+=(--set "$kv"); done
+  OPTS+=("${SETS[@]}")
+}
+
 # --probe N: is the backend right, and how fast are the runs? Trains nothing.
 if [ "$PROBE" -gt 0 ]; then
   mkdir -p "$OUTDIR"
@@ -185,12 +197,10 @@ if [ "$PROBE" -gt 0 ]; then
       m=${r%%:*} s=${r#*:}
       dir=/tmp/run_one_call_probe/$label/${m}_seed$s
       rm -rf "$dir"; mkdir -p "$dir"
+      run_opts "$m" "$s" "$PROBE" $(( WARMUP < PROBE ? WARMUP : PROBE )) "$dir" eval.interval=0 \
+        eval.passkey_interval=0 checkpoint.at_end=false log.interval=1
       CUDA_VISIBLE_DEVICES=$(( k / PER_GPU )) timeout -s KILL $(( LIMIT - $(elapsed) - 5 )) \
-        ./train_gpt --config "$CONFIG" --set "train.device=$DEVICE" --set "precision.attention=$m" \
-        --set "train.seed=$s" --set "data.seed=$s" --set "train.steps=$PROBE" \
-        --set "train.warmup_steps=$(( WARMUP < PROBE ? WARMUP : PROBE ))" --set eval.interval=0 \
-        --set eval.passkey_interval=0 --set checkpoint.interval=0 --set checkpoint.at_end=false \
-        --set log.interval=1 --set "log.dir=$dir/run" "${SETS[@]}" > "$dir/train.log" 2>&1 &
+        ./train_gpt "${OPTS[@]}" > "$dir/train.log" 2>&1 &
       pids+=($!) names+=("$r")
       k=$((k + 1))
     done
@@ -229,15 +239,12 @@ for r in "${RUNS[@]}"; do
   dir=/tmp/run_one_call_runs/${m}_seed$s
   rm -rf "$dir"
   mkdir -p "$dir"
-  opts=(--config "$CONFIG" --set "precision.attention=$m" --set "train.seed=$s" --set "data.seed=$s"
-        --set "train.steps=$STEPS" --set "train.warmup_steps=$WARMUP" --set "log.dir=$dir/run"
-        --set "checkpoint.interval=0" --set "checkpoint.at_end=$([ $KEEP_CKPT = 1 ] && echo true || echo false)"
-        --set "train.device=$DEVICE" "${SETS[@]}")
+  run_opts "$m" "$s" "$STEPS" "$WARMUP" "$dir" "checkpoint.at_end=$([ $KEEP_CKPT = 1 ] && echo true || echo false)"
   left=$(( LIMIT - $(elapsed) - 5 ))
   if [ "$DEVICE" = gpu ]; then
-    CUDA_VISIBLE_DEVICES=$(( i / PER_GPU )) timeout -s KILL "$left" ./train_gpt "${opts[@]}" > "$dir/train.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$(( i / PER_GPU )) timeout -s KILL "$left" ./train_gpt "${OPTS[@]}" > "$dir/train.log" 2>&1 &
   else
-    timeout -s KILL "$left" ./train_gpt "${opts[@]}" > "$dir/train.log" 2>&1 &
+    timeout -s KILL "$left" ./train_gpt "${OPTS[@]}" > "$dir/train.log" 2>&1 &
   fi
   pids+=($!) dirs+=("$dir") outs+=("$OUTDIR/$m/seed_$s")
   i=$((i + 1))
