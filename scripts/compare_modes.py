@@ -356,28 +356,27 @@ def per_mode(runs, modes):
     for m in modes:
         mine = [r for r in runs if r["mode"] == m and r["complete"]]
         entry = {"seeds": [r["seed"] for r in mine], "profile_seeds": shared}
-        stats_runs = mine
-        mine = [r for r in mine if r["seed"] in shared] if shared else mine
         for key in ("final_val", "final_train", "passkey_accuracy", "tokens_per_s"):
-            mean, sd = mean_sd([r.get(key) for r in stats_runs])
-            entry[key] = {"mean": mean, "sd": sd, "n": len([r for r in stats_runs if finite(r.get(key))])}
+            mean, sd = mean_sd([r.get(key) for r in mine])
+            entry[key] = {"mean": mean, "sd": sd, "n": len([r for r in mine if finite(r.get(key))])}
         # Passkey accuracy per distance, loss per position bucket and per source: means over the
         # shared seeds.
+        profile = [r for r in mine if r["seed"] in shared] if shared else mine
         dist = {}
-        for r in mine:
+        for r in profile:
             p = r.get("passkey") or {}
             for d, acc in zip(p.get("distance", []), p.get("accuracy", [])):
                 dist.setdefault(d, []).append(acc)
         entry["passkey_by_distance"] = {str(d): dict(zip(("mean", "sd"), mean_sd(v))) for d, v in sorted(dist.items())}
         buckets = {}
-        for r in mine:
+        for r in profile:
             vp = r.get("val_pos") or {}
             for s, e, l in zip(vp.get("start", []), vp.get("end", []), vp.get("mean", [])):
                 buckets.setdefault((s, e), []).append(l)
         entry["val_by_position"] = [{"start": s, "end": e, "mean": mean_sd(v)[0], "sd": mean_sd(v)[1]}
                                     for (s, e), v in sorted(buckets.items())]
         sources = {}
-        for r in mine:
+        for r in profile:
             for name, v in (r.get("val_source") or {}).items():
                 sources.setdefault(name, []).append(v.get("mean") if isinstance(v, dict) else v)
         entry["val_by_source"] = {n: mean_sd(v)[0] for n, v in sorted(sources.items())}
