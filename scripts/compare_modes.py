@@ -604,7 +604,16 @@ def write_summary(a, runs, missing, modes_summary, comps, window, plots):
 # plotting
 
 
-def plot(a, runs, comps, window):
+def save_figure(plt, fig, path):
+    """Writes fig to path whole (a temporary file, then renamed) and closes it; returns path."""
+    fig.tight_layout()
+    fig.savefig(path + ".tmp.png", dpi=90)
+    os.replace(path + ".tmp.png", path)
+    plt.close(fig)
+    return path
+
+
+def plot(a, runs, comps, window, modes_summary):
     try:
         import matplotlib
         matplotlib.use("Agg")  # no display on the training machines
@@ -659,39 +668,21 @@ def plot(a, runs, comps, window):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("%s: attention modes over seeds %s" % (os.path.basename(a.config), ",".join(map(str, a.seeds))))
-    fig.tight_layout()
-    path = os.path.join(a.out, "curves.png")
-    fig.savefig(path + ".tmp.png", dpi=90)
-    os.replace(path + ".tmp.png", path)
-    plt.close(fig)
-    paths.append(path)
-    if any(r.get("val_pos") for r in runs):
+    paths.append(save_figure(plt, fig, os.path.join(a.out, "curves.png")))
+    if any(modes_summary[m]["val_by_position"] for m in a.modes):
         fig, ax = plt.subplots(figsize=(7, 4.4))
-        for m in a.modes:
-            bucket = {}
-            for r in runs:
-                if r["mode"] != m or not r["complete"] or not r.get("val_pos") or (shared and r["seed"] not in shared):
-                    continue
-                vp = r["val_pos"]
-                for s, e, l in zip(vp["start"], vp["end"], vp["mean"]):
-                    if finite(l):
-                        bucket.setdefault((s, e), []).append(l)
-            if bucket:
-                keys = sorted(bucket)
-                ax.plot([(s + e) / 2 for s, e in keys], [sum(bucket[k]) / len(bucket[k]) for k in keys], marker="o",
-                        label=m, color=colors.get(m))
+        for m in a.modes:  # per_mode's means over the seeds every mode ran
+            pos = [b for b in modes_summary[m]["val_by_position"] if finite(b["mean"])]
+            if pos:
+                ax.plot([(b["start"] + b["end"]) / 2 for b in pos], [b["mean"] for b in pos], marker="o", label=m,
+                        color=colors.get(m))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("position in the context (bucket middle)")
         ax.set_ylabel("final validation loss (mean over seeds %s)" % ",".join(map(str, shared)))
         ax.set_title("loss per position bucket")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(a.out, "positions.png")
-        fig.savefig(path + ".tmp.png", dpi=90)
-        os.replace(path + ".tmp.png", path)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(plt, fig, os.path.join(a.out, "positions.png")))
     return paths
 
 
@@ -723,7 +714,7 @@ def main(argv):
                         % (a.out, ",".join(a.modes), ",".join(map(str, a.seeds))))
     modes_summary = per_mode(runs, a.modes)
     comps, window = compare(a, runs)
-    plots = [] if a.no_plot else plot(a, runs, comps, window)
+    plots = [] if a.no_plot else plot(a, runs, comps, window, modes_summary)
     md, js, text = write_summary(a, runs, missing, modes_summary, comps, window, plots)
     print(text)
     print("wrote %s, %s%s" % (md, js, "".join(", " + p for p in plots)))
